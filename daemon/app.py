@@ -1,0 +1,161 @@
+"""The composition root: builds every component from :class:`Settings`, once.
+
+Factories are cached properties; tests replace parts with ``Application.replace(**parts)``
+instead of patching modules.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lakemirror import __version__
+from lakemirror.checkpoints.delta_store import DeltaCheckpointStore
+from lakemirror.checkpoints.state import FileStateStore
+from lakemirror.daemon.config import Settings
+from lakemirror.daemon.http import ControlServer
+from lakemirror.daemon.metrics import Metrics
+from lakemirror.identifiers import TableName
+from lakemirror.sources.catalog import Catalog, LocalCatalog, UnityCatalog
+from lakemirror.supervisor.runner import RunnerContext, TableRunner
+from lakemirror.supervisor.spec import PipelineSpec, TableOptions
+from lakemirror.supervisor.state import RestartPolicy
+from lakemirror.supervisor.supervisor import Supervisor
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+
+def pipeline_spec(s: Settings) -> PipelineSpec:
+    return PipelineSpec(
+        pipeline_id=s.effective_pipeline_id, source_catalog=s.source_catalog,
+        destination_catalog=s.destination_catalog, schema_name=s.schema_name,
+        destination_schema=s.destination_schema or s.schema_name,
+        checkpoint_root=s.checkpoint_volume,
+        tables=tuple(s.tables) if s.tables is not None else None,
+        exclude_tables=tuple(s.exclude_tables),
+        options={t: TableOptions(tuple(o.keys), tuple(o.include_columns), tuple(o.exclude_columns))
+                 for t, o in s.table_overrides.items()},
+        trigger_interval_seconds=s.trigger_interval_seconds,
+        allow_schema_evolution=s.allow_schema_evolution,
+        max_files_per_trigger=s.max_files_per_trigger, max_bytes_per_trigger=s.max_bytes_per_trigger)
+
+
+@dataclass
+class Application:
+    settings: Settings
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    def replace(self, **parts: Any) -> "Application":
+        return Application(self.settings, {**self.overrides, **parts})
+
+    def _get(self, name: str, build: Any) -> Any:
+        return self.overrides[name] if name in self.overrides else build()
+
+    @cached_property
+    def spark(self) -> "SparkSession":
+        from lakemirror.daemon.spark import create_session
+
+        return self._get("spark", lambda: create_session(self.settings.runtime))  # type: ignore[no-any-return]
+
+    @cached_property
+    def spec(self) -> PipelineSpec:
+        return self._get("spec", lambda: pipeline_spec(self.settings))  # type: ignore[no-any-return]
+
+    @cached_property
+    def catalog(self) -> Catalog:
+        def build() -> Catalog:
+            if self.settings.runtime.mode == "databricks":
+                return UnityCatalog()
+            return LocalCatalog(self.settings.runtime.warehouse)
+
+        return self._get("catalog", build)  # type: ignore[no-any-return]
+
+    @cached_property
+    def pipeline_dir(self) -> Path:
+        return Path(self.settings.checkpoint_volume) / self.spec.pipeline_id
+
+    @cached_property
+    def states(self) -> FileStateStore:
+        return self._get("states", lambda: FileStateStore(self.pipeline_dir))  # type: ignore[no-any-return]
+
+    @cached_property
+    def checkpoints(self) -> DeltaCheckpointStore:
+        def build() -> DeltaCheckpointStore:
+            name = TableName.parse(self.settings.effective_checkpoint_table)
+            store = DeltaCheckpointStore(self.spark, self.catalog.locate(name))
+            self.catalog.ensure_schema(self.spark, name.catalog, name.schema)
+            store.ensure()
+            return store
+
+        return self._get("checkpoints", build)  # type: ignore[no-any-return]
+
+    @cached_property
+    def metrics(self) -> Metrics:
+        return self._get("metrics", lambda: Metrics(self.spec.pipeline_id))  # type: ignore[no-any-return]
+
+    @cached_property
+    def runner_context(self) -> RunnerContext:
+        return RunnerContext(self.spark, self.catalog, self.states, self.checkpoints, self.spec)
+
+    def list_tables(self) -> list[str]:
+        spec = self.spec
+        if spec.tables is not None:
+            return [t for t in spec.tables if t not in spec.exclude_tables]
+        found = self.catalog.list_tables(self.spark, spec.source_catalog, spec.schema_name)
+        return [t.table for t in found if t.table not in spec.exclude_tables]
+
+    @cached_property
+    def supervisor(self) -> Supervisor:
+        r = self.settings.restart
+        return Supervisor(
+            runner_factory=lambda table: TableRunner(table, self.runner_context),
+            list_tables=self.list_tables,
+            policy=RestartPolicy(r.base_delay_seconds, r.max_delay_seconds, 2.0, r.jitter),
+            observer=self.metrics, lag_interval_seconds=self.settings.lag_interval_seconds,
+            discover_interval_seconds=self.settings.discover_interval_seconds if self.spec.tables is None else None)
+
+    @cached_property
+    def server(self) -> ControlServer:
+        h = self.settings.http
+        info = {"pipeline_id": self.spec.pipeline_id, "version": __version__,
+                "source": f"{self.spec.source_catalog}.{self.spec.schema_name}",
+                "destination": f"{self.spec.destination_catalog}.{self.spec.destination_schema}"}
+        return ControlServer(h.host, h.port, self.metrics.registry, self.supervisor.views, info)
+
+    # -- running --------------------------------------------------------------------------------
+
+    def write_endpoint_file(self) -> None:
+        """Tell `lakemirror status` where the running daemon listens."""
+        self.pipeline_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.pipeline_dir / ".daemon.json.tmp"
+        tmp.write_text(json.dumps({"url": self.server.url, "pid": os.getpid(), "started_at": time.time()}))
+        os.replace(tmp, self.pipeline_dir / "daemon.json")
+
+    def run(self, stop: threading.Event, on_tick: Any = None) -> None:
+        """Run until ``stop`` is set, then drain. Blocks; call from the main thread."""
+        self.server.start()
+        self.write_endpoint_file()
+        log.info("pipeline %s: serving %s/metrics", self.spec.pipeline_id, self.server.url)
+        sup = self.supervisor
+        sup.start()
+        try:
+            while not stop.is_set():
+                sup.tick()
+                if on_tick is not None:
+                    on_tick(sup.views())
+                stop.wait(0.5)
+        finally:
+            log.info("draining: letting batches in flight finish (up to %.0fs)", self.settings.drain_timeout_seconds)
+            sup.shutdown(self.settings.drain_timeout_seconds)
+            self.server.close()
+            (self.pipeline_dir / "daemon.json").unlink(missing_ok=True)

@@ -1,0 +1,176 @@
+"""The ``lakemirror`` command line: thin commands that build an Application and call one method."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any, Sequence
+
+from lakemirror import __version__
+from lakemirror.errors import ConfigError
+
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    from lakemirror.daemon.config import parse_set_flags
+
+    out: dict[str, Any] = parse_set_flags(getattr(args, "set", None) or [])
+    if getattr(args, "trigger_interval_seconds", None) is not None:
+        out["trigger_interval_seconds"] = args.trigger_interval_seconds
+    runtime: dict[str, Any] = out.setdefault("runtime", {})
+    if getattr(args, "spark_remote", None):
+        runtime.update(mode="connect", spark_remote=args.spark_remote)
+    if getattr(args, "warehouse", None):
+        runtime["warehouse"] = args.warehouse
+    if getattr(args, "http_port", None) is not None:
+        out.setdefault("http", {})["port"] = args.http_port
+    if not runtime:
+        out.pop("runtime")
+    return out
+
+
+def _load(args: argparse.Namespace) -> Any:
+    from lakemirror.daemon.config import load_settings
+
+    return load_settings(args.config, _overrides(args))
+
+
+def _print_problems(err: ConfigError) -> int:
+    print(f"invalid configuration ({len(err.problems)} problem{'s' if len(err.problems) != 1 else ''}):",
+          file=sys.stderr)
+    for where, msg in err.problems:
+        print(f"  {where}: {msg}", file=sys.stderr)
+    return EXIT_CONFIG
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    settings = _load(args)
+    tables = ", ".join(settings.tables) if settings.tables is not None else "every table of the schema"
+    print(f"{args.config}: valid. Pipeline {settings.effective_pipeline_id}: "
+          f"{settings.source_catalog}.{settings.schema_name} -> "
+          f"{settings.destination_catalog}.{settings.destination_schema or settings.schema_name} ({tables}).")
+    return EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from lakemirror.daemon.app import Application
+    from lakemirror.daemon.signals import ShutdownSignals
+
+    settings = _load(args)
+    signals = ShutdownSignals()
+    signals.install()
+    app = Application(settings)
+    app.run(signals.stop)
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from lakemirror.daemon.status import render_table
+
+    url = args.url
+    if url is None and args.config:
+        settings = _load(args)
+        endpoint = Path(settings.checkpoint_volume) / settings.effective_pipeline_id / "daemon.json"
+        if endpoint.is_file():
+            url = json.loads(endpoint.read_text())["url"]
+    if url:
+        try:
+            with urllib.request.urlopen(f"{url.rstrip('/')}/status", timeout=5) as resp:
+                payload = json.load(resp)
+        except OSError as exc:
+            print(f"the daemon at {url} did not answer ({exc}); reading the checkpoint table instead",
+                  file=sys.stderr)
+        else:
+            print(json.dumps(payload, indent=2) if args.json else render_table(payload["tables"]))
+            return EXIT_OK
+    if not args.config:
+        print("give CONFIG (to find the daemon or its checkpoint table) or --url", file=sys.stderr)
+        return EXIT_CONFIG
+    return _status_from_checkpoints(_load(args), args.json)
+
+
+def _status_from_checkpoints(settings: Any, as_json: bool) -> int:
+    from lakemirror.daemon.app import Application
+
+    app = Application(settings)
+    latest = app.checkpoints.latest(app.spec.pipeline_id)
+    rows = [{"table": r.source_fqn, "state": "degraded" if r.degraded else "stopped (last seen)",
+             "lag_seconds": r.lag_seconds, "applied_through": r.last_committed_version,
+             "rows_applied": r.rows_merged, "batches": r.batch_id + 1, "last_batch_at": r.ended_at.timestamp(),
+             "last_error": r.error} for r in latest.values()]
+    from lakemirror.daemon.status import render_table
+
+    print(json.dumps(rows, indent=2, default=str) if as_json else render_table(rows))
+    return EXIT_OK
+
+
+def cmd_fetch_jars(args: argparse.Namespace) -> int:
+    from lakemirror.daemon.jars import fetch
+
+    folder = fetch(args.dest)
+    print(f"Delta jars cached in {folder}")
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from lakemirror.daemon.demo import run_demo
+
+    return run_demo(workdir=Path(args.workdir), duration=args.duration, http_port=args.http_port)
+
+
+def _add_config_flags(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument("config", nargs=None if required else "?", help="pipeline YAML file")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override any setting, e.g. runtime.master=local[4]")
+    p.add_argument("--trigger-interval-seconds", type=float)
+    p.add_argument("--spark-remote", metavar="sc://HOST:PORT", help="run through a Spark Connect server")
+    p.add_argument("--warehouse", help="local mode: the lakehouse directory")
+    p.add_argument("--http-port", type=int)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lakemirror", description="Live, exact replicas of Delta tables.")
+    parser.add_argument("--version", action="version", version=f"lakemirror {__version__}")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("run", help="run the replication daemon until SIGTERM")
+    _add_config_flags(p)
+    p.set_defaults(func=cmd_run)
+    p = sub.add_parser("validate", help="check a config file; exit 2 listing every problem")
+    _add_config_flags(p)
+    p.set_defaults(func=cmd_validate)
+    p = sub.add_parser("status", help="per-table state and lag, from the daemon or its checkpoint table")
+    _add_config_flags(p, required=False)
+    p.add_argument("--url", help="the daemon's HTTP endpoint, e.g. http://127.0.0.1:9464")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_status)
+    p = sub.add_parser("demo", help="a live demo on the embedded lakehouse (until Ctrl-C)")
+    p.add_argument("--workdir", default=".lakemirror-demo")
+    p.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    p.add_argument("--http-port", type=int, default=9464)
+    p.set_defaults(func=cmd_demo)
+    p = sub.add_parser("fetch-jars", help="resolve Delta's jars from Maven Central into the local cache")
+    p.add_argument("--dest", help="target folder (default ~/.cache/lakemirror/jars-…)")
+    p.set_defaults(func=cmd_fetch_jars)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("py4j", "pyspark"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        return int(args.func(args))
+    except ConfigError as err:
+        return _print_problems(err)
+    except KeyboardInterrupt:
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

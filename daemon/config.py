@@ -1,0 +1,256 @@
+"""The pipeline configuration: a YAML file, overridden by environment variables, then CLI flags.
+
+Typed and validated once, at start; every problem is reported with its location, and an invalid
+configuration stops the daemon before anything starts (``lakemirror validate`` exits 2).
+Environment variables use the prefix ``LAKEMIRROR_`` and ``__`` for nesting, e.g.
+``LAKEMIRROR_TRIGGER_INTERVAL_SECONDS=5`` or ``LAKEMIRROR_RUNTIME__MODE=connect``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from lakemirror.errors import ConfigError
+
+_NAME = re.compile(r"^[^\x00-\x1f/`.]+$")
+_PIPELINE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def _check_name(value: str, what: str) -> str:
+    if not value or not value.strip():
+        raise ValueError(f"{what} cannot be empty")
+    if not _NAME.match(value):
+        raise ValueError(f"{what} {value!r} may not contain '.', '/', '`' or control characters")
+    return value
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TableOverride(Strict):
+    """Per-table settings under ``table_overrides: {<table>: …}``."""
+
+    keys: list[str] = Field(default_factory=list, description="Primary-key columns; empty = infer.")
+    include_columns: list[str] = Field(default_factory=list, description="Only these columns reach the replica.")
+    exclude_columns: list[str] = Field(default_factory=list, description="These columns never reach the replica.")
+
+    @field_validator("keys", "include_columns", "exclude_columns")
+    @classmethod
+    def _names(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not name or "\x00" in name:
+                raise ValueError("column names cannot be empty or contain NUL")
+        if len(set(v)) != len(v):
+            raise ValueError(f"names repeat: {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "TableOverride":
+        if self.include_columns and self.exclude_columns:
+            raise ValueError("give include_columns or exclude_columns, not both")
+        return self
+
+
+class RuntimeSettings(Strict):
+    """Where Spark runs."""
+
+    mode: Literal["local", "connect", "databricks"] = Field(
+        "local", description="local: embedded Spark + Delta (default); connect: a Spark Connect server; "
+                             "databricks: the session of a Databricks job.")
+    master: str = Field("local[2]", description="Spark master URL in local mode.")
+    warehouse: str = Field("./lakehouse", description="Local mode: the directory holding catalogs/schemas/tables.")
+    spark_remote: str | None = Field(None, description="Connect mode: the server, e.g. sc://host:15002.")
+    jars_dir: str | None = Field(None, description="Directory of Delta's jars (default: ~/.cache/lakemirror/jars).")
+    shuffle_partitions: int = Field(4, ge=1, description="spark.sql.shuffle.partitions for the daemon's session.")
+    driver_memory: str = Field("2g", description="Local mode: spark.driver.memory.")
+    spark_conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark confs.")
+
+    @model_validator(mode="after")
+    def _remote(self) -> "RuntimeSettings":
+        if self.mode == "connect" and not (self.spark_remote or "").startswith("sc://"):
+            raise ValueError("runtime.mode connect needs runtime.spark_remote = sc://host:port")
+        return self
+
+
+class HttpSettings(Strict):
+    host: str = Field("127.0.0.1", description="Interface of the /metrics, /healthz and /status endpoint.")
+    port: int = Field(9464, ge=0, le=65535, description="Port (0 = any free port).")
+    auth_token: SecretStr | None = Field(None, description="Bearer token for the control API (never logged).")
+
+
+class RestartSettings(Strict):
+    base_delay_seconds: float = Field(2.0, gt=0, description="First retry delay of a degraded table.")
+    max_delay_seconds: float = Field(300.0, gt=0, description="Cap of the exponential backoff.")
+    jitter: float = Field(0.2, ge=0, le=1, description="Fraction by which a delay is randomly shortened.")
+
+
+class Settings(BaseSettings):
+    """A Continuous Sync pipeline. Field names follow the seed's YAML."""
+
+    model_config = SettingsConfigDict(env_prefix="LAKEMIRROR_", env_nested_delimiter="__",
+                                      extra="forbid", frozen=True)
+
+    pipeline_id: str | None = Field(None, description="Stable id of the pipeline (default derived from the names).")
+    source_catalog: str = Field(description="Catalog of the source tables.")
+    destination_catalog: str = Field(description="Catalog of the replicas.")
+    schema_name: str = Field(description="Schema replicated (same name in the destination unless destination_schema).")
+    destination_schema: str | None = Field(None, description="Schema of the replicas (default: schema_name).")
+    tables: list[str] | None = Field(None, description="Tables to mirror; omit for every table, new ones picked up live.")
+    exclude_tables: list[str] = Field(default_factory=list, description="Tables never mirrored.")
+    checkpoint_volume: str = Field(description="Root directory of stream checkpoints and pipeline state.")
+    trigger_interval_seconds: float = Field(5.0, gt=0, le=86400, description="Micro-batch trigger interval.")
+    allow_schema_evolution: bool = Field(True, description="New source columns reach the replica without a restart by hand.")
+    table_overrides: dict[str, TableOverride] = Field(default_factory=dict, description="Per-table keys/columns.")
+    audit_catalog: str | None = Field(None, description="Catalog of the checkpoint table (default: destination_catalog).")
+    checkpoint_table: str | None = Field(None, description="Full name of the checkpoint table "
+                                                           "(default <audit_catalog>.continuous_sync.checkpoints).")
+    discover_interval_seconds: float = Field(30.0, gt=0, description="How often new tables are looked for.")
+    lag_interval_seconds: float = Field(2.0, gt=0, description="How often lag is measured per table.")
+    drain_timeout_seconds: float = Field(120.0, gt=0, description="SIGTERM: how long to wait for batches in flight.")
+    max_files_per_trigger: int | None = Field(None, gt=0, description="Cap on source files per micro-batch.")
+    max_bytes_per_trigger: str | None = Field(None, description="Soft cap on bytes per micro-batch, e.g. '512m'.")
+    runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)  # type: ignore[arg-type]
+    http: HttpSettings = Field(default_factory=HttpSettings)  # type: ignore[arg-type]
+    restart: RestartSettings = Field(default_factory=RestartSettings)  # type: ignore[arg-type]
+
+    @field_validator("source_catalog", "destination_catalog", "schema_name", "destination_schema", "audit_catalog")
+    @classmethod
+    def _ident(cls, v: str | None, info: Any) -> str | None:
+        return None if v is None else _check_name(v, info.field_name)
+
+    @field_validator("pipeline_id")
+    @classmethod
+    def _pid(cls, v: str | None) -> str | None:
+        if v is not None and not _PIPELINE_ID.match(v):
+            raise ValueError("pipeline_id must be 1-64 characters of letters, digits, '_', '.', '-', "
+                             "starting with a letter or digit")
+        return v
+
+    @field_validator("tables", "exclude_tables")
+    @classmethod
+    def _table_names(cls, v: list[str] | None, info: Any) -> list[str] | None:
+        if v is None:
+            return v
+        for name in v:
+            _check_name(name, "table name")
+        if len(set(v)) != len(v):
+            raise ValueError(f"table names repeat: {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _cross(self) -> "Settings":
+        if self.tables is not None:
+            unknown = sorted(set(self.table_overrides) - set(self.tables))
+            if unknown:
+                raise ValueError(f"table_overrides names tables not in `tables`: {unknown}")
+        if self.restart.base_delay_seconds > self.restart.max_delay_seconds:
+            raise ValueError("restart.base_delay_seconds is larger than restart.max_delay_seconds")
+        if self.checkpoint_table is not None:
+            from lakemirror.identifiers import TableName
+            TableName.parse(self.checkpoint_table)
+        return self
+
+    # -- derived ----------------------------------------------------------------------------
+
+    @property
+    def effective_pipeline_id(self) -> str:
+        if self.pipeline_id:
+            return self.pipeline_id
+        raw = f"{self.source_catalog}.{self.schema_name}-to-{self.destination_catalog}"
+        return re.sub(r"[^A-Za-z0-9_.-]", "_", raw)[:64]
+
+    @property
+    def effective_checkpoint_table(self) -> str:
+        if self.checkpoint_table:
+            return self.checkpoint_table
+        return f"{self.audit_catalog or self.destination_catalog}.continuous_sync.checkpoints"
+
+
+class _DictSource(PydanticBaseSettingsSource):
+    """The YAML file's content as the lowest-priority settings source."""
+
+    def __init__(self, settings_cls: type[BaseSettings], data: dict[str, Any]) -> None:
+        super().__init__(settings_cls)
+        self.data = data
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return self.data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self.data)
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError([(str(p), "file not found")])
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark else str(p)
+        raise ConfigError([(where, f"not valid YAML: {getattr(exc, 'problem', exc)}")]) from exc
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError([(str(p), "the top level must be a mapping of settings")])
+    return data
+
+
+def _loc(parts: tuple[Any, ...]) -> str:
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def load_settings(path: str | Path | None, overrides: dict[str, Any] | None = None) -> Settings:
+    """Load and validate; raise :class:`ConfigError` listing every problem with its location."""
+    data = read_yaml(path) if path is not None else {}
+    origin = str(path) if path is not None else "settings"
+
+    class _Bound(Settings):
+        @classmethod
+        def settings_customise_sources(cls, settings_cls: type[BaseSettings],
+                                       init_settings: PydanticBaseSettingsSource,
+                                       env_settings: PydanticBaseSettingsSource,
+                                       dotenv_settings: PydanticBaseSettingsSource,
+                                       file_secret_settings: PydanticBaseSettingsSource,
+                                       ) -> tuple[PydanticBaseSettingsSource, ...]:
+            return (init_settings, env_settings, _DictSource(settings_cls, data))
+
+    try:
+        bound = _Bound(**(overrides or {}))
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors(include_url=False):
+            msg = err["msg"]
+            if err["type"] == "extra_forbidden":
+                msg = "unknown setting (check the spelling; see the README's configuration reference)"
+            elif err["type"] == "missing":
+                msg = "required setting is missing"
+            problems.append((f"{origin}: {_loc(tuple(err['loc']))}", msg))
+        raise ConfigError(problems) from None
+    return Settings.model_validate(bound.model_dump())
+
+
+def parse_set_flags(values: list[str]) -> dict[str, Any]:
+    """``--set a.b=c`` flags as a nested dict (values parsed as YAML scalars)."""
+    out: dict[str, Any] = {}
+    for item in values:
+        if "=" not in item:
+            raise ConfigError([(f"--set {item}", "expected KEY=VALUE, e.g. --set runtime.master=local[4]")])
+        key, raw = item.split("=", 1)
+        node = out
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = yaml.safe_load(raw) if raw else raw
+    return out

@@ -1,0 +1,85 @@
+"""Every Prometheus metric lakemirror exports, declared once, with units in the names.
+
+Labels stay bounded: pipeline, table, op, state. Never keys, never error texts.
+This module is the supervisor's :class:`~lakemirror.supervisor.observer.Observer`.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+
+from lakemirror import __version__
+from lakemirror.daemon.jars import DELTA_VERSION, SPARK_VERSION
+from lakemirror.supervisor.lag import LagReading
+from lakemirror.supervisor.runner import BatchReport
+from lakemirror.supervisor.state import TableState, TableStatus
+
+STATES = [s.value for s in TableState]
+
+
+class Metrics:
+    """The daemon's registry; one instance per process (tests make their own)."""
+
+    def __init__(self, pipeline_id: str, registry: CollectorRegistry | None = None) -> None:
+        self.pipeline = pipeline_id
+        self.registry = registry or CollectorRegistry()
+        r, t = self.registry, ["pipeline", "table"]
+        self.lag = Gauge("lakemirror_lag_seconds", "Seconds since the oldest source commit not yet applied "
+                         "(0 when caught up).", t, registry=r)
+        self.behind = Gauge("lakemirror_versions_behind", "Source versions committed but not yet applied.", t, registry=r)
+        self.last_version = Gauge("lakemirror_last_applied_version", "Highest source version fully applied.", t, registry=r)
+        self.source_version = Gauge("lakemirror_source_latest_version", "Latest source version seen.", t, registry=r)
+        self.rows = Counter("lakemirror_rows_applied_total", "Replica rows changed, by operation.",
+                            [*t, "op"], registry=r)
+        self.rows_read = Counter("lakemirror_change_rows_read_total", "Change-feed rows read.", t, registry=r)
+        self.batches = Counter("lakemirror_batches_total", "Micro-batches applied.", t, registry=r)
+        self.replays = Counter("lakemirror_batches_replayed_total", "Micro-batches found already committed "
+                               "(skipped by Delta transaction ids).", t, registry=r)
+        self.duration = Histogram("lakemirror_batch_duration_seconds", "Time to apply one micro-batch.", t,
+                                  buckets=(0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128), registry=r)
+        self.last_success = Gauge("lakemirror_last_batch_success_timestamp_seconds",
+                                  "Unix time of the last applied micro-batch.", t, registry=r)
+        self.state = Gauge("lakemirror_table_state", "1 for the table's current state, 0 for the others.",
+                           [*t, "state"], registry=r)
+        self.retries = Counter("lakemirror_retries_total", "Retries scheduled for degraded tables.", t, registry=r)
+        self.failures = Gauge("lakemirror_consecutive_failures", "Consecutive failures of the table.", t, registry=r)
+        self.next_retry = Gauge("lakemirror_next_retry_timestamp_seconds",
+                                "Unix time of the next retry of a degraded table (0 if none).", t, registry=r)
+        self.build = Info("lakemirror_build", "Versions of lakemirror, Spark and Delta.", registry=r)
+        self.build.info({"version": __version__, "spark": SPARK_VERSION, "delta": DELTA_VERSION})
+
+    def _l(self, table: str) -> dict[str, str]:
+        return {"pipeline": self.pipeline, "table": table}
+
+    # Observer ---------------------------------------------------------------------------------
+
+    def state_changed(self, table: str, status: TableStatus) -> None:
+        for s in STATES:
+            self.state.labels(**self._l(table), state=s).set(1 if s == status.state.value else 0)
+        self.failures.labels(**self._l(table)).set(status.failures)
+        self.next_retry.labels(**self._l(table)).set(status.next_retry_at or 0)
+
+    def batch_applied(self, table: str, report: BatchReport) -> None:
+        lab = self._l(table)
+        counts = report.outcome.counts
+        for op, n in (("insert", counts.inserted), ("update", counts.updated), ("delete", counts.deleted)):
+            self.rows.labels(**lab, op=op).inc(n)
+        self.rows_read.labels(**lab).inc(report.outcome.stats.rows_read)
+        self.batches.labels(**lab).inc()
+        if report.outcome.replayed:
+            self.replays.labels(**lab).inc()
+        self.duration.labels(**lab).observe(report.duration_seconds)
+        self.last_success.labels(**lab).set(report.ended_at)
+
+    def lag_measured(self, table: str, reading: LagReading) -> None:
+        lab = self._l(table)
+        self.lag.labels(**lab).set(reading.lag_seconds)
+        self.behind.labels(**lab).set(reading.versions_behind)
+        self.last_version.labels(**lab).set(reading.applied_through_version)
+        self.source_version.labels(**lab).set(reading.latest_source_version)
+
+    def retry_scheduled(self, table: str, status: TableStatus) -> None:
+        self.retries.labels(**self._l(table)).inc()
+
+    def table_removed(self, table: str) -> None:
+        pass

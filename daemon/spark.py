@@ -1,0 +1,93 @@
+"""The Spark session factory, for the three places lakemirror runs.
+
+- ``local`` (default): embedded Spark with Delta from the cached jars; small, UI off.
+- ``connect``: a Spark Connect server (``sc://host:port``) with Delta's Connect plugin.
+- ``databricks``: the session the Databricks job runtime already has.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from lakemirror.daemon.config import RuntimeSettings
+from lakemirror.daemon.jars import jar_paths
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
+
+DELTA_CONFS = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
+
+
+class JavaMissing(RuntimeError):
+    pass
+
+
+def check_java(required_major: int = 17) -> str:
+    """Return the Java version, or raise with what to install."""
+    java = shutil.which("java")
+    if java is None:
+        raise JavaMissing(f"Java {required_major} is required and `java` is not on PATH. Install it "
+                          f"(Debian: apt-get install openjdk-{required_major}-jre-headless) or set JAVA_HOME.")
+    out = subprocess.run([java, "-version"], capture_output=True, text=True, check=False).stderr
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', out)
+    if not match:
+        raise JavaMissing(f"could not read the Java version from: {out.strip()[:200]}")
+    major = int(match.group(1))
+    if major == 1 and match.group(2):
+        major = int(match.group(2))
+    if major < required_major:
+        raise JavaMissing(f"Java {major} found at {java}; Spark 4 needs Java {required_major} or newer.")
+    return out.splitlines()[0] if out else str(major)
+
+
+def local_session(rt: RuntimeSettings, app_name: str = "lakemirror") -> "SparkSession":
+    from pyspark.sql import SparkSession
+
+    check_java()
+    builder = (SparkSession.builder.master(rt.master).appName(app_name)
+               .config("spark.jars", ",".join(jar_paths(rt.jars_dir)))
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", str(rt.shuffle_partitions))
+               .config("spark.default.parallelism", str(rt.shuffle_partitions))
+               .config("spark.driver.memory", rt.driver_memory)
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.databricks.delta.snapshotPartitions", "2")
+               .config("spark.sql.streaming.stopTimeout", "120s")
+               .config("spark.scheduler.mode", "FAIR")
+               .config("spark.log.structuredLogging.enabled", "false")
+               .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG4J_CONFIG}"))
+    for k, v in {**DELTA_CONFS, **rt.spark_conf}.items():
+        builder = builder.config(k, v)
+    return builder.getOrCreate()
+
+
+def connect_session(rt: RuntimeSettings) -> "SparkSession":
+    from pyspark.sql import SparkSession
+
+    assert rt.spark_remote
+    return SparkSession.builder.remote(rt.spark_remote).getOrCreate()
+
+
+def databricks_session() -> "SparkSession":
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    return active if active is not None else SparkSession.builder.getOrCreate()
+
+
+def create_session(rt: RuntimeSettings) -> "SparkSession":
+    if rt.mode == "local":
+        return local_session(rt)
+    if rt.mode == "connect":
+        return connect_session(rt)
+    return databricks_session()

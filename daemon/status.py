@@ -1,0 +1,32 @@
+"""Rendering per-table status as a plain-text table (for `lakemirror status` and the demo)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterable, Mapping
+
+
+def _fmt_lag(v: Any) -> str:
+    return "-" if v is None else f"{float(v):.1f}s"
+
+
+def _fmt_age(ts: Any, now: float) -> str:
+    return "-" if not ts else f"{max(0.0, now - float(ts)):.0f}s ago"
+
+
+def render_table(rows: Iterable[Mapping[str, Any]], now: float | None = None) -> str:
+    now = time.time() if now is None else now
+    header = ("TABLE", "STATE", "LAG", "BEHIND", "APPLIED@V", "ROWS", "BATCHES", "LAST BATCH", "LAST ERROR")
+    lines = [header]
+    for r in rows:
+        error = r.get("last_error") or ""
+        if r.get("state") == "degraded" and r.get("next_retry_at"):
+            error = f"retry in {max(0.0, float(r['next_retry_at']) - now):.0f}s: {error}"
+        lines.append((
+            str(r.get("table")), str(r.get("state")), _fmt_lag(r.get("lag_seconds")),
+            "-" if r.get("versions_behind") is None else str(r.get("versions_behind")),
+            "-" if r.get("applied_through") is None else str(r.get("applied_through")),
+            str(r.get("rows_applied", 0)), str(r.get("batches", 0)),
+            _fmt_age(r.get("last_batch_at"), now), error[:80]))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(line)).rstrip() for line in lines)

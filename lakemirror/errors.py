@@ -1,0 +1,80 @@
+"""The error taxonomy: vendor errors are translated once, at the boundary, into these types.
+
+``TransientError``: may succeed if retried as is (a concurrent commit, a network blip).
+``TerminalError``: will fail again until a person changes something; the message says what.
+Both carry the table they concern and a short machine-readable ``code``.
+"""
+
+from __future__ import annotations
+
+
+class LakemirrorError(Exception):
+    """Base of every error lakemirror raises on purpose."""
+
+    code = "error"
+
+    def __init__(self, message: str, *, table: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.table = table
+        if code is not None:
+            self.code = code
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+class TransientError(LakemirrorError):
+    """Retrying the same operation may succeed."""
+
+    code = "transient"
+
+
+class TerminalError(LakemirrorError):
+    """Retrying will not help until the cause named in the message is fixed."""
+
+    code = "terminal"
+
+
+class ConfigError(TerminalError):
+    """The configuration is invalid; ``problems`` lists each (location, message)."""
+
+    code = "config"
+
+    def __init__(self, problems: list[tuple[str, str]]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(f"{loc}: {msg}" for loc, msg in problems))
+
+
+class SchemaChangeRestart(TransientError):
+    """The source gained columns; the stream must restart to read them (no backoff needed)."""
+
+    code = "schema_additive"
+
+
+class SchemaIncompatible(TerminalError):
+    """The source schema changed in a way the replica cannot follow by adding columns."""
+
+    code = "schema_breaking"
+
+
+class NoUsableKey(TerminalError):
+    code = "no_key"
+
+
+class ChangeWindowExpired(TerminalError):
+    """A source version the replica still needs is no longer in the change feed."""
+
+    code = "window_expired"
+
+
+class SourceReplaced(TerminalError):
+    """The source table was dropped and recreated (new table id) since the replica was built."""
+
+    code = "source_replaced"
+
+
+class DestinationConflict(TerminalError):
+    """The destination exists but was not created by this pipeline."""
+
+    code = "destination_conflict"

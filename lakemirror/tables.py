@@ -1,0 +1,74 @@
+"""Where a table lives, and the few Delta I/O calls every layer shares.
+
+A :class:`TableLocation` is either path-based (the embedded local lakehouse, where a three-part
+name maps to ``<warehouse>/<catalog>/<schema>/<table>``) or catalog-managed (Unity Catalog on
+Databricks, addressed by name). pyspark is imported lazily so pure modules may import the type.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from lakemirror.identifiers import TableName, quote
+
+if TYPE_CHECKING:
+    from delta.tables import DeltaTable
+    from pyspark.sql import DataFrame, DataFrameReader, SparkSession
+
+
+@dataclass(frozen=True)
+class TableLocation:
+    name: TableName
+    path: str | None = None  # set: a path-based Delta table; None: resolved by the catalog
+
+    @property
+    def sql(self) -> str:
+        """How SQL text refers to the table (``delta.`/path``` or the quoted name)."""
+        return f"delta.{quote(self.path)}" if self.path else self.name.sql
+
+    def __str__(self) -> str:
+        return str(self.name)
+
+
+def reader(spark: "SparkSession", loc: TableLocation, **options: Any) -> "DataFrameReader":
+    r = spark.read.format("delta")
+    for k, v in options.items():
+        r = r.option(k, v)
+    return r
+
+
+def read(spark: "SparkSession", loc: TableLocation, **options: Any) -> "DataFrame":
+    r = reader(spark, loc, **options)
+    return r.load(loc.path) if loc.path else r.table(str(loc.name.sql))
+
+
+def read_stream(spark: "SparkSession", loc: TableLocation, **options: Any) -> "DataFrame":
+    r = spark.readStream.format("delta")
+    for k, v in options.items():
+        r = r.option(k, v)
+    return r.load(loc.path) if loc.path else r.table(loc.name.sql)
+
+
+def delta_table(spark: "SparkSession", loc: TableLocation) -> "DeltaTable":
+    from delta.tables import DeltaTable
+
+    return DeltaTable.forPath(spark, loc.path) if loc.path else DeltaTable.forName(spark, loc.name.sql)
+
+
+def exists(spark: "SparkSession", loc: TableLocation) -> bool:
+    from delta.tables import DeltaTable
+
+    if loc.path:
+        return bool(DeltaTable.isDeltaTable(spark, loc.path))
+    return bool(spark.catalog.tableExists(loc.name.sql))
+
+
+def write(df: "DataFrame", loc: TableLocation, mode: str, **options: Any) -> None:
+    w = df.write.format("delta").mode(mode)
+    for k, v in options.items():
+        w = w.option(k, v)
+    if loc.path:
+        w.save(loc.path)
+    else:
+        w.saveAsTable(loc.name.sql)

@@ -1,0 +1,120 @@
+"""Catalog introspection: list a schema's tables, locate them, describe them.
+
+Two implementations of one :class:`Catalog` protocol:
+
+- :class:`LocalCatalog`, the embedded default: a local lakehouse under one warehouse directory.
+  ``prod.orders.order_items`` lives at ``<warehouse>/prod/orders/order_items`` as a path-based
+  Delta table, so configs written for Unity Catalog read the same locally. A primary key is
+  declared with the table property ``lakemirror.primaryKey``.
+- :class:`UnityCatalog`, on Databricks: tables by name, keys from PRIMARY KEY constraints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from lakemirror import tables
+from lakemirror.errors import TerminalError
+from lakemirror.identifiers import TableName, quote
+from lakemirror.schema import Column, columns_from_struct
+from lakemirror.sources.keys import PRIMARY_KEY_PROPERTY, parse_declared
+from lakemirror.tables import TableLocation
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+CDF_PROPERTY = "delta.enableChangeDataFeed"
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    location: TableLocation
+    table_id: str | None
+    columns: tuple[Column, ...]
+    properties: dict[str, str] = field(default_factory=dict)
+    declared_key: tuple[str, ...] = ()
+
+    @property
+    def cdf_enabled(self) -> bool:
+        return self.properties.get(CDF_PROPERTY, "false").lower() == "true"
+
+
+class TableMissing(TerminalError):
+    code = "table_missing"
+
+
+class Catalog(Protocol):
+    def locate(self, name: TableName) -> TableLocation: ...
+    def list_tables(self, spark: "SparkSession", catalog: str, schema: str) -> list[TableName]: ...
+    def describe(self, spark: "SparkSession", name: TableName) -> TableInfo: ...
+    def ensure_schema(self, spark: "SparkSession", catalog: str, schema: str) -> None: ...
+
+
+def _detail(spark: "SparkSession", loc: TableLocation) -> tuple[str | None, dict[str, str]]:
+    row = spark.sql(f"DESCRIBE DETAIL {loc.sql}").collect()[0]
+    return row["id"], dict(row["properties"] or {})
+
+
+class LocalCatalog:
+    """Path-based Delta tables under ``warehouse/<catalog>/<schema>/<table>``."""
+
+    def __init__(self, warehouse: str | Path) -> None:
+        self.warehouse = Path(warehouse).resolve()
+
+    def locate(self, name: TableName) -> TableLocation:
+        return TableLocation(name, str(self.warehouse / name.catalog / name.schema / name.table))
+
+    def list_tables(self, spark: "SparkSession", catalog: str, schema: str) -> list[TableName]:
+        folder = self.warehouse / catalog / schema
+        if not folder.is_dir():
+            return []
+        return sorted(TableName(catalog, schema, p.name) for p in folder.iterdir()
+                      if (p / "_delta_log").is_dir() and not p.name.startswith("."))
+
+    def describe(self, spark: "SparkSession", name: TableName) -> TableInfo:
+        loc = self.locate(name)
+        if not tables.exists(spark, loc):
+            raise TableMissing(f"table {name} does not exist (no Delta table at {loc.path})", table=str(name))
+        table_id, props = _detail(spark, loc)
+        columns = columns_from_struct(tables.read(spark, loc).schema)
+        return TableInfo(loc, table_id, columns, props, parse_declared(props.get(PRIMARY_KEY_PROPERTY)))
+
+    def ensure_schema(self, spark: "SparkSession", catalog: str, schema: str) -> None:
+        (self.warehouse / catalog / schema).mkdir(parents=True, exist_ok=True)
+
+
+class UnityCatalog:
+    """Tables addressed by three-part name in the session's catalog (Databricks Unity Catalog)."""
+
+    def locate(self, name: TableName) -> TableLocation:
+        return TableLocation(name, None)
+
+    def list_tables(self, spark: "SparkSession", catalog: str, schema: str) -> list[TableName]:
+        rows = spark.sql(f"SHOW TABLES IN {quote(catalog)}.{quote(schema)}").collect()
+        return sorted(TableName(catalog, schema, r["tableName"]) for r in rows if not r["isTemporary"])
+
+    def declared_key(self, spark: "SparkSession", name: TableName) -> tuple[str, ...]:
+        info = f"{quote(name.catalog)}.information_schema"
+        rows = spark.sql(
+            f"SELECT k.column_name FROM {info}.table_constraints c "
+            f"JOIN {info}.key_column_usage k ON c.constraint_catalog = k.constraint_catalog "
+            f"AND c.constraint_schema = k.constraint_schema AND c.constraint_name = k.constraint_name "
+            f"WHERE c.constraint_type = 'PRIMARY KEY' AND c.table_schema = :schema "
+            f"AND c.table_name = :table ORDER BY k.ordinal_position",
+            args={"schema": name.schema, "table": name.table},
+        ).collect()
+        return tuple(r["column_name"] for r in rows)
+
+    def describe(self, spark: "SparkSession", name: TableName) -> TableInfo:
+        loc = self.locate(name)
+        if not tables.exists(spark, loc):
+            raise TableMissing(f"table {name} does not exist or is not visible to this principal", table=str(name))
+        table_id, props = _detail(spark, loc)
+        columns = columns_from_struct(spark.table(name.sql).schema)
+        declared = self.declared_key(spark, name) or parse_declared(props.get(PRIMARY_KEY_PROPERTY))
+        return TableInfo(loc, table_id, columns, props, declared)
+
+    def ensure_schema(self, spark: "SparkSession", catalog: str, schema: str) -> None:
+        spark.sql(f"CREATE SCHEMA IF NOT EXISTS {quote(catalog)}.{quote(schema)}")

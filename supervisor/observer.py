@@ -1,0 +1,38 @@
+"""How the supervisor reports what happens, without knowing about Prometheus.
+
+The daemon implements :class:`Observer` with Prometheus metrics; tests use the recording twin.
+Lower layers return results; only the supervisor calls the observer.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from lakemirror.supervisor.lag import LagReading
+from lakemirror.supervisor.runner import BatchReport
+from lakemirror.supervisor.state import TableStatus
+
+
+class Observer(Protocol):
+    def state_changed(self, table: str, status: TableStatus) -> None: ...
+    def batch_applied(self, table: str, report: BatchReport) -> None: ...
+    def lag_measured(self, table: str, reading: LagReading) -> None: ...
+    def retry_scheduled(self, table: str, status: TableStatus) -> None: ...
+    def table_removed(self, table: str) -> None: ...
+
+
+class NoopObserver:
+    def state_changed(self, table: str, status: TableStatus) -> None:
+        pass
+
+    def batch_applied(self, table: str, report: BatchReport) -> None:
+        pass
+
+    def lag_measured(self, table: str, reading: LagReading) -> None:
+        pass
+
+    def retry_scheduled(self, table: str, status: TableStatus) -> None:
+        pass
+
+    def table_removed(self, table: str) -> None:
+        pass

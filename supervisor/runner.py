@@ -1,0 +1,329 @@
+"""The per-table runner: prepares a table (key, plan, bootstrap) and runs its streaming query.
+
+One runner per table, each with its own Spark session (``newSession``), so Delta's session-wide
+transaction confs never race between tables. ``launch`` works in a background thread (a bootstrap
+may take long and must not hold up other tables); everything the supervisor needs to know comes
+back through :meth:`poll` as state-machine events and :class:`BatchReport` values.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Callable
+
+from lakemirror.checkpoints.records import CheckpointRow, CheckpointStore
+from lakemirror.checkpoints.state import StateStore, TableProgress
+from lakemirror.errors import (
+    DestinationConflict, LakemirrorError, SchemaChangeRestart, SchemaIncompatible, SourceReplaced,
+)
+from lakemirror.sinks import snapshot_copy
+from lakemirror.sinks.delta_merge import DeltaMergeSink, MergeOutcome, TxnId, txn_app_id
+from lakemirror.sinks.planner import ColumnSelection, MergePlan, diff_schema, plan_merge
+from lakemirror.sources import change_feed
+from lakemirror.sources.catalog import Catalog
+from lakemirror.sources.keys import KeyChoice, choose_key
+from lakemirror.supervisor import state as sm
+from lakemirror.supervisor.classify import classify
+from lakemirror.supervisor.lag import LagReading, compute_lag
+from lakemirror.supervisor.offsets import applied_through_from_offset
+from lakemirror.supervisor.spec import PipelineSpec
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+log = logging.getLogger(__name__)
+
+
+class Drained(Exception):
+    """Raised inside a batch that begins after a drain was requested: nothing was applied."""
+
+
+@dataclass(frozen=True)
+class BatchReport:
+    table: str
+    batch_id: int
+    outcome: MergeOutcome
+    duration_seconds: float
+    ended_at: float
+
+
+@dataclass(frozen=True)
+class Prepared:
+    key: KeyChoice
+    plan: MergePlan
+    progress: TableProgress
+
+
+@dataclass
+class RunnerContext:
+    """Shared dependencies of every runner; built once by the composition root."""
+
+    spark: "SparkSession"
+    catalog: Catalog
+    states: StateStore
+    checkpoints: CheckpointStore
+    spec: PipelineSpec
+    clock: Callable[[], float] = time.time
+
+
+class TableRunner:
+    def __init__(self, table: str, ctx: RunnerContext) -> None:
+        self.table = table
+        self.ctx = ctx
+        self.source = ctx.spec.source(table)
+        self.destination = ctx.spec.destination(table)
+        self.slug = self.source.slug
+        self._events: list[sm.Event | BatchReport] = []
+        self._lock = threading.Lock()
+        self._batch_lock = threading.Lock()
+        self._draining = False
+        self._query: StreamingQuery | None = None
+        self._thread: threading.Thread | None = None
+        self._session: SparkSession | None = None
+        self._batch_error: LakemirrorError | None = None
+        self.prepared: Prepared | None = None
+        self.applied_through: int | None = None
+        self.last_batch_at: float | None = None
+        self.last_lag: LagReading | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    @property
+    def session(self) -> "SparkSession":
+        if self._session is None:
+            self._session = self.ctx.spark.newSession()
+        return self._session
+
+    def launch(self) -> None:
+        """Prepare and start the stream in the background; outcome arrives through ``poll``."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._draining = False
+        self._batch_error = None
+        self._thread = threading.Thread(target=self._launch, name=f"launch:{self.table}", daemon=True)
+        self._thread.start()
+
+    def halt(self, timeout: float = 60.0) -> None:
+        """Stop the stream after the batch in flight (if any) has finished."""
+        self._draining = True
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        query = self._query
+        if query is None:
+            return
+        acquired = self._batch_lock.acquire(timeout=timeout)
+        try:
+            query.stop()
+        except Exception as exc:  # a query that already died cannot be stopped: nothing to do
+            log.debug("stopping %s: %s", self.table, exc)
+        finally:
+            if acquired:
+                self._batch_lock.release()
+            self._query = None
+
+    def persisted_pause(self) -> bool:
+        return self.ctx.states.load(self.slug).paused
+
+    def pause_persisted(self, paused: bool) -> None:
+        progress = self.ctx.states.load(self.slug)
+        self.ctx.states.save(self.slug, replace(progress, paused=paused))
+
+    # -- events ---------------------------------------------------------------------------------
+
+    def _emit(self, item: "sm.Event | BatchReport") -> None:
+        with self._lock:
+            self._events.append(item)
+
+    def poll(self) -> list["sm.Event | BatchReport"]:
+        """Events since the last poll, plus a failure event if the query died."""
+        query = self._query
+        if query is not None and not query.isActive and not self._draining:
+            self._query = None
+            exc = query.exception()
+            error = self._batch_error or classify(exc or RuntimeError("the stream stopped"), table=str(self.source))
+            self._emit(self._failed(error))
+        elif query is not None:
+            self._track_progress(query)
+        with self._lock:
+            out, self._events = self._events, []
+        return out
+
+    def _failed(self, error: LakemirrorError) -> sm.Failed:
+        restart = isinstance(error, SchemaChangeRestart) and self.ctx.spec.allow_schema_evolution
+        return sm.Failed(error=str(error), code=error.code, restart_now=restart, rand=random.random())
+
+    def _track_progress(self, query: "StreamingQuery") -> None:
+        progress = query.lastProgress
+        if not progress:
+            return
+        try:
+            payload = json.loads(progress.json) if hasattr(progress, "json") else progress
+            through = applied_through_from_offset(payload["sources"][0].get("endOffset"))
+        except (KeyError, IndexError, TypeError, ValueError):
+            return
+        if through is not None and (self.applied_through is None or through > self.applied_through):
+            self.applied_through = through
+
+    # -- lag ------------------------------------------------------------------------------------
+
+    def probe_lag(self, now: float) -> LagReading | None:
+        if self.applied_through is None or self.prepared is None:
+            return None
+        loc = self.ctx.catalog.locate(self.source)
+        head = change_feed.source_head(self.session, loc, self.applied_through)
+        self.last_lag = compute_lag(applied_through=self.applied_through, latest_version=head.latest_version,
+                                    commit_times=head.commit_times, now=now)
+        return self.last_lag
+
+    # -- preparation and bootstrap --------------------------------------------------------------
+
+    def _launch(self) -> None:
+        try:
+            prepared = self.prepare()
+            if self._draining:
+                return
+            self.prepared = prepared
+            self.applied_through = (prepared.progress.bootstrap_version
+                                    if self.applied_through is None else self.applied_through)
+            self._start_stream(prepared)
+            self._emit(sm.StreamStarted())
+        except Exception as exc:  # every failure becomes a visible state, never a dead thread
+            log.warning("table %s failed to start: %s", self.source, exc)
+            self._emit(self._failed(classify(exc, table=str(self.source))))
+
+    def prepare(self) -> Prepared:
+        spark, spec = self.session, self.ctx.spec
+        info = self.ctx.catalog.describe(spark, self.source)
+        opts = spec.options_for(self.table)
+        key = choose_key(str(self.source), info.columns, configured=opts.keys, declared=info.declared_key)
+        plan = plan_merge(info.columns, key.columns,
+                          ColumnSelection(opts.include_columns, opts.exclude_columns))
+        if not info.cdf_enabled:
+            raise LakemirrorError(
+                f"{self.source}: Change Data Feed is not enabled. Run: ALTER TABLE {info.location.sql} "
+                f"SET TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')", table=str(self.source),
+                code="cdf_disabled")
+        progress = self.ctx.states.load(self.slug)
+        if progress.source_table_id and info.table_id and progress.source_table_id != info.table_id:
+            raise SourceReplaced(
+                f"{self.source}: the source was dropped and recreated (table id {progress.source_table_id} "
+                f"is now {info.table_id}); the replica no longer follows it. Resync the table.",
+                table=str(self.source))
+        if not progress.bootstrapped:
+            progress = self._bootstrap(progress, info.table_id, plan)
+        self._evolve_replica(plan)
+        log.info("table %s: key %s", self.source, key.describe())
+        return Prepared(key, plan, progress)
+
+    def _bootstrap(self, progress: TableProgress, table_id: str | None, plan: MergePlan) -> TableProgress:
+        spark = self.session
+        src = self.ctx.catalog.locate(self.source)
+        dst = self.ctx.catalog.locate(self.destination)
+        if progress.epoch == 0 and snapshot_copy.tables.exists(spark, dst):
+            owner = snapshot_copy.replica_properties(spark, dst).get(snapshot_copy.PIPELINE_PROPERTY)
+            if owner != self.ctx.spec.pipeline_id:
+                raise DestinationConflict(
+                    f"{self.destination} already exists and was not created by pipeline "
+                    f"{self.ctx.spec.pipeline_id!r}; drop it or choose another destination", table=str(self.source))
+        self._emit(sm.BootstrapStarted())
+        if progress.bootstrap_version is None or progress.epoch == 0:
+            head = change_feed.source_head(spark, src, since_version=1 << 62, window=1)
+            progress = progress.next_epoch(head.latest_version, table_id)
+            self.ctx.states.save(self.slug, progress)
+        version = progress.bootstrap_version
+        assert version is not None
+        self.ctx.catalog.ensure_schema(spark, self.destination.catalog, self.destination.schema)
+        snapshot_copy.write_snapshot(
+            change_feed.snapshot(spark, src, version), dst, plan.columns,
+            {snapshot_copy.PIPELINE_PROPERTY: self.ctx.spec.pipeline_id,
+             snapshot_copy.SOURCE_PROPERTY: str(self.source),
+             snapshot_copy.EPOCH_PROPERTY: str(progress.epoch),
+             snapshot_copy.BOOTSTRAP_VERSION_PROPERTY: str(version)})
+        progress = replace(progress, bootstrapped=True)
+        self.ctx.states.save(self.slug, progress)
+        log.info("table %s: bootstrapped %s at source version %d (epoch %d)",
+                 self.source, self.destination, version, progress.epoch)
+        return progress
+
+    def _evolve_replica(self, plan: MergePlan) -> None:
+        spark = self.session
+        dst = self.ctx.catalog.locate(self.destination)
+        diff = diff_schema(plan.columns, snapshot_copy.replica_columns(spark, dst))
+        if diff.is_empty:
+            return
+        if not diff.is_additive:
+            raise SchemaIncompatible(
+                f"{self.source}: the replica cannot follow the source schema ({diff.describe()}). "
+                f"Resync the table to rebuild the replica, or revert the change on the source.",
+                table=str(self.source))
+        if not self.ctx.spec.allow_schema_evolution:
+            raise SchemaIncompatible(
+                f"{self.source}: the source has new columns ({diff.describe()}) and allow_schema_evolution "
+                f"is false. Set allow_schema_evolution: true, or exclude the columns.", table=str(self.source))
+        snapshot_copy.add_columns(spark, dst, diff.added)
+        log.info("table %s: added columns to %s: %s", self.source, self.destination, diff.describe())
+
+    # -- the stream -----------------------------------------------------------------------------
+
+    def _start_stream(self, prepared: Prepared) -> None:
+        spec, progress = self.ctx.spec, prepared.progress
+        assert progress.bootstrap_version is not None
+        src = self.ctx.catalog.locate(self.source)
+        options: dict[str, Any] = {}
+        if spec.max_files_per_trigger:
+            options["maxFilesPerTrigger"] = spec.max_files_per_trigger
+        if spec.max_bytes_per_trigger:
+            options["maxBytesPerTrigger"] = spec.max_bytes_per_trigger
+        stream = change_feed.change_stream(self.session, src, progress.bootstrap_version, options)
+        sink = DeltaMergeSink(self.ctx.catalog.locate(self.destination), prepared.plan)
+        app_id = txn_app_id(spec.pipeline_id, self.slug, progress.epoch)
+        checkpoint = f"{spec.checkpoint_root.rstrip('/')}/{spec.pipeline_id}/{self.slug}/e{progress.epoch}"
+
+        def apply_batch(batch: "DataFrame", batch_id: int) -> None:
+            self._apply_batch(sink, TxnId(app_id, batch_id), batch, progress.epoch)
+
+        self._query = (stream.writeStream.queryName(f"lakemirror:{spec.pipeline_id}:{self.source}")
+                       .option("checkpointLocation", checkpoint)
+                       .trigger(processingTime=f"{spec.trigger_interval_seconds} seconds")
+                       .foreachBatch(apply_batch)
+                       .start())
+
+    def _apply_batch(self, sink: DeltaMergeSink, txn: TxnId, batch: "DataFrame", epoch: int) -> None:
+        with self._batch_lock:
+            if self._draining:
+                raise Drained(f"{self.source}: draining; batch {txn.version} left for the next run")
+            started = self.ctx.clock()
+            try:
+                outcome = sink.apply(batch, txn)
+                if outcome.stats.rows_read:
+                    self.ctx.checkpoints.append(self._checkpoint_row(txn, epoch, outcome, started), batch.sparkSession)  # type: ignore[call-arg]
+            except Exception as exc:
+                self._batch_error = classify(exc, table=str(self.source))
+                raise
+            ended = self.ctx.clock()
+            if outcome.stats.last_version is not None:
+                self.applied_through = max(self.applied_through or -1, outcome.stats.last_version)
+            self.last_batch_at = ended
+            self._emit(BatchReport(self.table, txn.version, outcome, ended - started, ended))
+            self._emit(sm.BatchApplied())
+
+    def _checkpoint_row(self, txn: TxnId, epoch: int, outcome: MergeOutcome, started: float) -> CheckpointRow:
+        lag = self.last_lag.lag_seconds if self.last_lag else None
+        return CheckpointRow(
+            pipeline_id=self.ctx.spec.pipeline_id, source_fqn=str(self.source), dest_fqn=str(self.destination),
+            epoch=epoch, batch_id=txn.version, txn_app_id=txn.app_id,
+            first_version=outcome.stats.first_version, last_version=outcome.stats.last_version,
+            last_committed_version=outcome.stats.last_version, rows_read=outcome.stats.rows_read,
+            rows_merged=outcome.counts.total, rows_inserted=outcome.counts.inserted,
+            rows_updated=outcome.counts.updated, rows_deleted=outcome.counts.deleted,
+            lag_seconds=lag, error=None, degraded=False,
+            started_at=datetime.fromtimestamp(started, tz=timezone.utc),
+            ended_at=datetime.fromtimestamp(self.ctx.clock(), tz=timezone.utc))
+

@@ -1,0 +1,42 @@
+"""What the supervisor is asked to replicate: plain frozen data, built by the daemon's config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lakemirror.identifiers import TableName
+
+
+@dataclass(frozen=True)
+class TableOptions:
+    """Per-table overrides. Empty ``keys`` means infer (see :mod:`lakemirror.sources.keys`)."""
+
+    keys: tuple[str, ...] = ()
+    include_columns: tuple[str, ...] = ()
+    exclude_columns: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    pipeline_id: str
+    source_catalog: str
+    destination_catalog: str
+    schema_name: str
+    destination_schema: str
+    checkpoint_root: str
+    tables: tuple[str, ...] | None = None       # None: every table of the schema, discovered live
+    exclude_tables: tuple[str, ...] = ()
+    options: dict[str, TableOptions] = field(default_factory=dict)
+    trigger_interval_seconds: float = 5.0
+    allow_schema_evolution: bool = True
+    max_files_per_trigger: int | None = None
+    max_bytes_per_trigger: str | None = None
+
+    def source(self, table: str) -> TableName:
+        return TableName(self.source_catalog, self.schema_name, table)
+
+    def destination(self, table: str) -> TableName:
+        return TableName(self.destination_catalog, self.destination_schema, table)
+
+    def options_for(self, table: str) -> TableOptions:
+        return self.options.get(table, TableOptions())

@@ -1,0 +1,170 @@
+"""The per-table state machine: a pure function of (status, event, now, policy).
+
+States::
+
+    STARTING ──bootstrap──▶ BOOTSTRAPPING ──▶ RUNNING
+        ▲  │                                     │
+        │  └────────────── failure ──────────────┴──▶ DEGRADED ──retry due──▶ STARTING
+    PAUSED ◀── pause (from any state but STOPPED); resume ──▶ STARTING
+    STOPPED ◀── stop (final)
+
+``step`` returns the new status and the actions the runner must take; it never does I/O, and
+time and randomness (jitter) arrive as arguments, so every transition is testable without Spark.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+
+
+class TableState(str, enum.Enum):
+    STARTING = "starting"
+    BOOTSTRAPPING = "bootstrapping"
+    RUNNING = "running"
+    DEGRADED = "degraded"
+    PAUSED = "paused"
+    STOPPED = "stopped"
+
+
+class Action(str, enum.Enum):
+    LAUNCH = "launch"   # prepare (bootstrap if needed) and start the table's stream
+    HALT = "halt"       # stop the table's stream, letting the running batch finish
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """Exponential backoff with jitter for a failing table; visible state, not hidden sleeps.
+
+    The n-th consecutive failure waits ``min(max_delay, base_delay * multiplier**(n-1))``,
+    shortened by up to ``jitter`` (a fraction) so that tables failing together spread out.
+    """
+
+    base_delay_seconds: float = 2.0
+    max_delay_seconds: float = 300.0
+    multiplier: float = 2.0
+    jitter: float = 0.2
+
+    def delay(self, attempt: int, rand: float) -> float:
+        if attempt < 1:
+            raise ValueError("attempt counts from 1")
+        raw = min(self.max_delay_seconds, self.base_delay_seconds * self.multiplier ** (attempt - 1))
+        return raw * (1.0 - self.jitter * min(max(rand, 0.0), 1.0))
+
+
+@dataclass(frozen=True)
+class TableStatus:
+    state: TableState = TableState.STARTING
+    failures: int = 0                  # consecutive failures since the last good batch
+    retries: int = 0                   # retries scheduled over the table's life
+    next_retry_at: float | None = None
+    last_error: str | None = None
+    error_code: str | None = None
+    quick_restarts: int = 0            # immediate restarts (additive schema change) without progress
+    since: float = 0.0                 # when the state was entered
+
+
+# Events -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Launch:
+    """Begin (or resume) replicating the table."""
+
+
+@dataclass(frozen=True)
+class BootstrapStarted:
+    pass
+
+
+@dataclass(frozen=True)
+class StreamStarted:
+    pass
+
+
+@dataclass(frozen=True)
+class BatchApplied:
+    pass
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: str
+    code: str = "error"
+    restart_now: bool = False          # e.g. the source gained columns: restart without backoff
+    rand: float = 0.0                  # in [0, 1): the jitter draw, injected for purity
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Time passed; a degraded table whose retry is due is relaunched."""
+
+
+@dataclass(frozen=True)
+class Pause:
+    pass
+
+
+@dataclass(frozen=True)
+class Resume:
+    pass
+
+
+@dataclass(frozen=True)
+class Stop:
+    pass
+
+
+Event = Launch | BootstrapStarted | StreamStarted | BatchApplied | Failed | Tick | Pause | Resume | Stop
+
+#: An immediate restart that recurs this often without a good batch in between falls back to backoff.
+MAX_QUICK_RESTARTS = 2
+
+
+def _enter(status: TableStatus, state: TableState, now: float, **changes: object) -> TableStatus:
+    return replace(status, state=state, since=now if state != status.state else status.since, **changes)  # type: ignore[arg-type]
+
+
+def step(status: TableStatus, event: Event, now: float,
+         policy: RestartPolicy) -> tuple[TableStatus, tuple[Action, ...]]:
+    """Return the table's next status and the actions to carry out."""
+    s = status.state
+    if s == TableState.STOPPED:
+        return status, ()
+    if isinstance(event, Stop):
+        return _enter(status, TableState.STOPPED, now, next_retry_at=None), (Action.HALT,)
+    if isinstance(event, Pause):
+        if s == TableState.PAUSED:
+            return status, ()
+        return _enter(status, TableState.PAUSED, now, next_retry_at=None), (Action.HALT,)
+    if s == TableState.PAUSED:
+        if isinstance(event, Resume):
+            return _enter(status, TableState.STARTING, now, failures=0, quick_restarts=0), (Action.LAUNCH,)
+        return status, ()
+    if isinstance(event, Launch):
+        if s in (TableState.STARTING, TableState.DEGRADED):
+            return _enter(status, TableState.STARTING, now, next_retry_at=None), (Action.LAUNCH,)
+        return status, ()
+    if isinstance(event, BootstrapStarted):
+        return _enter(status, TableState.BOOTSTRAPPING, now), ()
+    if isinstance(event, StreamStarted):
+        if s in (TableState.STARTING, TableState.BOOTSTRAPPING):
+            return _enter(status, TableState.RUNNING, now), ()
+        return status, ()
+    if isinstance(event, BatchApplied):
+        return _enter(status, TableState.RUNNING, now, failures=0, quick_restarts=0,
+                      last_error=None, error_code=None, next_retry_at=None), ()
+    if isinstance(event, Failed):
+        if event.restart_now and status.quick_restarts < MAX_QUICK_RESTARTS:
+            return _enter(status, TableState.STARTING, now, quick_restarts=status.quick_restarts + 1,
+                          last_error=event.error, error_code=event.code), (Action.HALT, Action.LAUNCH)
+        failures = status.failures + 1
+        due = now + policy.delay(failures, event.rand)
+        return _enter(status, TableState.DEGRADED, now, failures=failures, retries=status.retries + 1,
+                      next_retry_at=due, last_error=event.error, error_code=event.code), (Action.HALT,)
+    if isinstance(event, Tick):
+        if s == TableState.DEGRADED and status.next_retry_at is not None and now >= status.next_retry_at:
+            return _enter(status, TableState.STARTING, now, next_retry_at=None), (Action.LAUNCH,)
+        return status, ()
+    if isinstance(event, Resume):
+        return status, ()
+    raise TypeError(f"unknown event {event!r}")

@@ -1,0 +1,206 @@
+"""The supervisor: one control loop for all of a pipeline's tables.
+
+Each tick it applies queued commands (pause, resume), discovers new tables when the config names
+none, collects every runner's events and feeds them through the pure state machine, carries out
+the resulting actions, and probes lag. A failing table only ever changes its own state: its
+backoff is state with a due time, not a sleep, so no other table waits for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+from lakemirror.supervisor import state as sm
+from lakemirror.supervisor.lag import LagReading
+from lakemirror.supervisor.observer import NoopObserver, Observer
+from lakemirror.supervisor.runner import BatchReport
+
+log = logging.getLogger(__name__)
+
+
+class Runner(Protocol):
+    applied_through: int | None
+    last_batch_at: float | None
+    last_lag: LagReading | None
+
+    def launch(self) -> None: ...
+    def halt(self, timeout: float = 60.0) -> None: ...
+    def poll(self) -> list[sm.Event | BatchReport]: ...
+    def probe_lag(self, now: float) -> LagReading | None: ...
+    def pause_persisted(self, paused: bool) -> None: ...
+    def persisted_pause(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class TableView:
+    """A read-only snapshot of one table for status output and the HTTP API."""
+
+    table: str
+    state: str
+    lag_seconds: float | None
+    versions_behind: int | None
+    applied_through: int | None
+    rows_applied: int
+    batches: int
+    failures: int
+    retries: int
+    next_retry_at: float | None
+    last_error: str | None
+    last_batch_at: float | None
+
+
+@dataclass
+class _Table:
+    runner: Runner
+    status: sm.TableStatus
+    rows_applied: int = 0
+    batches: int = 0
+
+
+class Supervisor:
+    def __init__(self, *, runner_factory: Callable[[str], Runner], list_tables: Callable[[], list[str]],
+                 policy: sm.RestartPolicy = sm.RestartPolicy(), observer: Observer | None = None,
+                 clock: Callable[[], float] = time.time, rand: Callable[[], float] = random.random,
+                 lag_interval_seconds: float = 2.0, discover_interval_seconds: float | None = None) -> None:
+        self._factory = runner_factory
+        self._list_tables = list_tables
+        self.policy = policy
+        self.observer = observer or NoopObserver()
+        self.clock = clock
+        self.rand = rand
+        self.lag_interval = lag_interval_seconds
+        self.discover_interval = discover_interval_seconds
+        self._tables: dict[str, _Table] = {}
+        self._commands: "queue.Queue[tuple[str, str]]" = queue.Queue()
+        self._view_lock = threading.Lock()
+        self._next_lag = 0.0
+        self._next_discovery = 0.0
+
+    # -- commands (any thread) ------------------------------------------------------------------
+
+    def pause(self, table: str) -> None:
+        self._commands.put(("pause", table))
+
+    def resume(self, table: str) -> None:
+        self._commands.put(("resume", table))
+
+    # -- loop (the supervisor thread) -----------------------------------------------------------
+
+    def start(self) -> None:
+        self._discover(self.clock())
+
+    def run(self, stop: threading.Event, interval_seconds: float = 0.5) -> None:
+        self.start()
+        while not stop.is_set():
+            self.tick()
+            stop.wait(interval_seconds)
+
+    def tick(self) -> None:
+        now = self.clock()
+        self._apply_commands(now)
+        if self.discover_interval is not None and now >= self._next_discovery:
+            self._discover(now)
+        for name, entry in list(self._tables.items()):
+            for item in entry.runner.poll():
+                if isinstance(item, BatchReport):
+                    entry.rows_applied += item.outcome.counts.total
+                    entry.batches += 1
+                    self.observer.batch_applied(name, item)
+                else:
+                    self._dispatch(name, item, now)
+            self._dispatch(name, sm.Tick(), now)
+        if now >= self._next_lag:
+            self._next_lag = now + self.lag_interval
+            for name, entry in list(self._tables.items()):
+                if entry.status.state in (sm.TableState.RUNNING, sm.TableState.DEGRADED):
+                    self._probe(name, entry, now)
+
+    def shutdown(self, timeout_seconds: float = 60.0) -> None:
+        """Drain: every table finishes its batch in flight, then its stream stops."""
+        now = self.clock()
+        for name in list(self._tables):
+            self._dispatch(name, sm.Stop(), now)
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _discover(self, now: float) -> None:
+        if self.discover_interval is not None:
+            self._next_discovery = now + self.discover_interval
+        try:
+            names = self._list_tables()
+        except Exception as exc:  # the catalog may be briefly unreachable: keep what runs
+            log.warning("listing tables failed: %s", exc)
+            return
+        for name in names:
+            if name in self._tables:
+                continue
+            runner = self._factory(name)
+            entry = _Table(runner, sm.TableStatus(since=now))
+            with self._view_lock:
+                self._tables[name] = entry
+            log.info("table %s: added to the pipeline", name)
+            self._dispatch(name, sm.Pause() if runner.persisted_pause() else sm.Launch(), now)
+
+    def _apply_commands(self, now: float) -> None:
+        while True:
+            try:
+                verb, table = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            entry = self._tables.get(table)
+            if entry is None:
+                log.warning("%s: no such table %r in this pipeline", verb, table)
+                continue
+            entry.runner.pause_persisted(verb == "pause")
+            self._dispatch(table, sm.Pause() if verb == "pause" else sm.Resume(), now)
+
+    def _dispatch(self, name: str, event: sm.Event, now: float) -> None:
+        entry = self._tables[name]
+        before = entry.status
+        after, actions = sm.step(before, event, now, self.policy)
+        entry.status = after
+        if after != before:
+            if after.state != before.state:
+                log.info("table %s: %s -> %s%s", name, before.state.value, after.state.value,
+                         f" ({after.last_error})" if after.state == sm.TableState.DEGRADED else "")
+            self.observer.state_changed(name, after)
+            if after.retries > before.retries:
+                self.observer.retry_scheduled(name, after)
+        for action in actions:
+            if action == sm.Action.HALT:
+                entry.runner.halt()
+            elif action == sm.Action.LAUNCH:
+                entry.runner.launch()
+
+    def _probe(self, name: str, entry: _Table, now: float) -> None:
+        try:
+            reading = entry.runner.probe_lag(now)
+        except Exception as exc:  # a lag probe failure must not disturb replication
+            log.debug("table %s: lag probe failed: %s", name, exc)
+            return
+        if reading is not None:
+            self.observer.lag_measured(name, reading)
+
+    # -- views (any thread) ---------------------------------------------------------------------
+
+    def views(self) -> list[TableView]:
+        with self._view_lock:
+            items = list(self._tables.items())
+        out = []
+        for name, e in sorted(items):
+            lag = e.runner.last_lag
+            st = e.status
+            out.append(TableView(
+                table=name, state=st.state.value,
+                lag_seconds=lag.lag_seconds if lag else None,
+                versions_behind=lag.versions_behind if lag else None,
+                applied_through=e.runner.applied_through, rows_applied=e.rows_applied, batches=e.batches,
+                failures=st.failures, retries=st.retries, next_retry_at=st.next_retry_at,
+                last_error=st.last_error, last_batch_at=e.runner.last_batch_at))
+        return out
