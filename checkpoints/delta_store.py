@@ -41,9 +41,11 @@ class DeltaCheckpointStore:
     def latest(self, pipeline_id: str) -> dict[str, CheckpointRow]:
         if not tables.exists(self.spark, self.location):
             return {}
-        picked = self.spark.sql(
-            f"SELECT r.* FROM (SELECT max_by(struct(*), struct(ended_at, batch_id)) AS r "
-            f"FROM {self.location.sql} WHERE pipeline_id = :pid GROUP BY source_fqn)",
-            args={"pid": pipeline_id},
-        ).collect()
+        from pyspark.sql import functions as F
+
+        df = tables.read(self.spark, self.location)
+        picked = (df.where(F.col("pipeline_id") == F.lit(pipeline_id))
+                  .groupBy("source_fqn")
+                  .agg(F.max_by(F.struct(*df.columns), F.struct("ended_at", "batch_id")).alias("r"))
+                  .select("r.*").collect())
         return {r["source_fqn"]: CheckpointRow(**r.asDict()) for r in picked}

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from lakemirror import __version__
+from lakemirror.daemon.jars import JarsMissing
+from lakemirror.daemon.spark import JavaMissing
 from lakemirror.errors import ConfigError
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
@@ -110,8 +112,15 @@ def _status_from_checkpoints(settings: Any, as_json: bool) -> int:
 
 
 def cmd_fetch_jars(args: argparse.Namespace) -> int:
-    from lakemirror.daemon.jars import fetch
+    from lakemirror.daemon.jars import JarsMissing, fetch, jar_paths
 
+    if args.check:
+        try:
+            print(f"{len(jar_paths(args.dest))} jars cached")
+        except JarsMissing as exc:
+            print(exc, file=sys.stderr)
+            return EXIT_FAILED
+        return EXIT_OK
     folder = fetch(args.dest)
     print(f"Delta jars cached in {folder}")
     return EXIT_OK
@@ -155,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
     p = sub.add_parser("fetch-jars", help="resolve Delta's jars from Maven Central into the local cache")
     p.add_argument("--dest", help="target folder (default ~/.cache/lakemirror/jars-…)")
+    p.add_argument("--check", action="store_true", help="only check that the jars are cached")
     p.set_defaults(func=cmd_fetch_jars)
     return parser
 
@@ -168,6 +178,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except ConfigError as err:
         return _print_problems(err)
+    except (JarsMissing, JavaMissing) as err:
+        print(f"lakemirror: {err}", file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         return EXIT_FAILED
 

@@ -20,6 +20,13 @@ def quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
+def sql_string(value: str) -> str:
+    """A Spark SQL string literal: single quotes, with backslashes and quotes escaped."""
+    if "\x00" in value:
+        raise ValueError("a SQL string literal cannot contain NUL")
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def split_name(text: str) -> list[str]:
     """Split a dotted name into its parts; parts may be backtick-quoted (``a.`b.c`.d``)."""
     parts: list[str] = []

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from lakemirror import tables
-from lakemirror.identifiers import quote
+from lakemirror.identifiers import sql_string
 from lakemirror.schema import Column, columns_from_struct
 from lakemirror.sinks.planner import add_columns_sql
 from lakemirror.tables import TableLocation
@@ -35,7 +35,7 @@ def write_snapshot(snapshot: "DataFrame", target: TableLocation, columns: Sequen
 def set_properties(spark: "SparkSession", target: TableLocation, properties: Mapping[str, str]) -> None:
     if not properties:
         return
-    pairs = ", ".join(f"{_literal(k)} = {_literal(v)}" for k, v in sorted(properties.items()))
+    pairs = ", ".join(f"{sql_string(k)} = {sql_string(v)}" for k, v in sorted(properties.items()))
     spark.sql(f"ALTER TABLE {target.sql} SET TBLPROPERTIES ({pairs})")
 
 
@@ -51,11 +51,3 @@ def replica_properties(spark: "SparkSession", target: TableLocation) -> dict[str
 def add_columns(spark: "SparkSession", target: TableLocation, added: Sequence[Column]) -> None:
     spark.sql(add_columns_sql(target.sql, added))
 
-
-def _literal(value: str) -> str:
-    """A Spark SQL string literal: single quotes, with quotes and backslashes escaped."""
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-__all__ = ["write_snapshot", "set_properties", "replica_columns", "replica_properties",
-           "add_columns", "quote"]

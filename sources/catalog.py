@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from lakemirror import tables
 from lakemirror.errors import TerminalError
-from lakemirror.identifiers import TableName, quote
+from lakemirror.identifiers import TableName, quote, sql_string
 from lakemirror.schema import Column, columns_from_struct
 from lakemirror.sources.keys import PRIMARY_KEY_PROPERTY, parse_declared
 from lakemirror.tables import TableLocation
@@ -101,9 +101,8 @@ class UnityCatalog:
             f"SELECT k.column_name FROM {info}.table_constraints c "
             f"JOIN {info}.key_column_usage k ON c.constraint_catalog = k.constraint_catalog "
             f"AND c.constraint_schema = k.constraint_schema AND c.constraint_name = k.constraint_name "
-            f"WHERE c.constraint_type = 'PRIMARY KEY' AND c.table_schema = :schema "
-            f"AND c.table_name = :table ORDER BY k.ordinal_position",
-            args={"schema": name.schema, "table": name.table},
+            f"WHERE c.constraint_type = 'PRIMARY KEY' AND c.table_schema = {sql_string(name.schema)} "
+            f"AND c.table_name = {sql_string(name.table)} ORDER BY k.ordinal_position"
         ).collect()
         return tuple(r["column_name"] for r in rows)
 

@@ -6,6 +6,8 @@ original Java exception only survives as text), never imports pyspark.
 
 from __future__ import annotations
 
+import re
+
 from lakemirror.errors import (
     ChangeWindowExpired, LakemirrorError, SchemaChangeRestart, SchemaIncompatible, TerminalError,
     TransientError,
@@ -25,8 +27,26 @@ _RETRYABLE = ("ConcurrentAppendException", "ConcurrentDeleteReadException", "Con
               "ProtocolChangedException", "DELTA_CONCURRENT_", "Connection reset", "SocketTimeout")
 
 
+_ERROR_CLASS = re.compile(r"\[[A-Z][A-Z0-9_.]+\]")
+_JAVA_EXCEPTION = re.compile(r"^:?\s*[a-z][\w.]*\.(\w*(Exception|Error))\b:?\s*(.*)$")
+
+
 def first_line(text: str, limit: int = 500) -> str:
-    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), text.strip())
+    """The most telling line of an error: the one naming an error class, else a Java exception
+    line, else the first line. (A Py4J error's first line only names the failed Py4J call.)"""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("at ")]
+    line = next((ln for ln in lines if _ERROR_CLASS.search(ln)), None)
+    if line is not None and (m := _JAVA_EXCEPTION.match(line)):
+        line = f"{m.group(1)}: {m.group(3)}"
+    if line is None:
+        for ln in lines:
+            m = _JAVA_EXCEPTION.match(ln)
+            if m:
+                line = f"{m.group(1)}: {m.group(3)}".rstrip(": ")
+                break
+    if line is None:
+        line = lines[0] if lines else text.strip()
+    line = line.lstrip(": ")
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 

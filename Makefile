@@ -1,0 +1,30 @@
+# lakemirror: the two commands of the README are `make demo` and `make test`.
+# Each installs what it needs first (scripts/setup.sh is idempotent and quick once done).
+VENV := .venv/bin
+PYTEST := $(VENV)/python -m pytest
+
+.PHONY: setup demo run test test-unit test-integration test-e2e bench clean
+
+setup:
+	@scripts/setup.sh
+
+demo: setup
+	$(VENV)/lakemirror demo
+
+run: setup
+	$(VENV)/lakemirror run $(CONFIG)
+
+test: setup
+	$(PYTEST) tests
+
+test-unit: setup
+	$(PYTEST) tests/unit
+
+test-integration: setup
+	$(PYTEST) tests/integration
+
+test-e2e: setup
+	$(PYTEST) tests/e2e
+
+clean:
+	rm -rf .lakemirror-demo .pytest_cache build dist *.egg-info

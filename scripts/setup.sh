@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs everything lakemirror needs on a fresh machine, idempotently:
+#   - checks Python >= 3.11 and Java >= 17 (with a message saying what to install),
+#   - creates .venv and installs lakemirror with its pinned dependencies and test extras,
+#   - resolves Delta's jars from Maven Central once into the local cache (~/.cache/lakemirror),
+#     so that every later run, test and demo starts offline.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+if ! command -v "$PY" >/dev/null; then
+  echo "setup: $PY not found; install Python 3.11 or newer" >&2; exit 1
+fi
+"$PY" - <<'PYEOF' || { echo "setup: Python 3.11 or newer is required" >&2; exit 1; }
+import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)
+PYEOF
+if ! command -v java >/dev/null; then
+  echo "setup: Java 17 is required (Debian: apt-get install openjdk-17-jre-headless)" >&2; exit 1
+fi
+java_major=$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1)
+if [ "${java_major:-0}" -lt 17 ]; then
+  echo "setup: Java $java_major found; Spark 4 needs Java 17 or newer" >&2; exit 1
+fi
+
+stamp=.venv/.lakemirror-installed
+want=$(cat pyproject.toml | sha256sum | cut -c1-16)
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  .venv/bin/python -m pip install --quiet --upgrade pip
+  .venv/bin/python -m pip install --quiet -e '.[test]'
+  echo "$want" > "$stamp"
+fi
+.venv/bin/lakemirror fetch-jars --check >/dev/null 2>&1 || .venv/bin/lakemirror fetch-jars
