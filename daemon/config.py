@@ -8,6 +8,8 @@ Environment variables use the prefix ``LAKEMIRROR_`` and ``__`` for nesting, e.g
 
 from __future__ import annotations
 
+import os
+
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -211,6 +213,25 @@ def _loc(parts: tuple[Any, ...]) -> str:
     return out or "(top level)"
 
 
+def _origin_of(loc: tuple[Any, ...], file_origin: str, overrides: dict[str, Any]) -> str:
+    """Name where a bad value came from: a command-line flag, an environment variable or the file."""
+    if not loc:
+        return f"{file_origin}: {_loc(loc)}"
+    node: Any = overrides
+    for part in loc:
+        if not isinstance(node, dict) or part not in node:
+            break
+        node = node[part]
+    else:
+        return f"command line: {_loc(loc)}"
+    keys = [str(p) for p in loc if not isinstance(p, int)]
+    for depth in range(len(keys), 0, -1):  # the variable may set a whole nested model as JSON
+        var = "LAKEMIRROR_" + "__".join(keys[:depth]).upper()
+        if any(name.upper() == var for name in os.environ):
+            return f"environment variable {var}"
+    return f"{file_origin}: {_loc(loc)}"
+
+
 def load_settings(path: str | Path | None, overrides: dict[str, Any] | None = None) -> Settings:
     """Load and validate; raise :class:`ConfigError` listing every problem with its location."""
     data = read_yaml(path) if path is not None else {}
@@ -236,7 +257,7 @@ def load_settings(path: str | Path | None, overrides: dict[str, Any] | None = No
                 msg = "unknown setting (check the spelling; see the README's configuration reference)"
             elif err["type"] == "missing":
                 msg = "required setting is missing"
-            problems.append((f"{origin}: {_loc(tuple(err['loc']))}", msg))
+            problems.append((_origin_of(tuple(err["loc"]), origin, overrides or {}), msg))
         raise ConfigError(problems) from None
     return Settings.model_validate(bound.model_dump())
 

@@ -81,6 +81,9 @@ class TableName:
     @property
     def slug(self) -> str:
         """A filesystem-safe, collision-free name for checkpoint folders."""
+        # Percent-encode the UTF-8 bytes of everything but [A-Za-z0-9-]; '_' is encoded too so
+        # the '__' separator can never occur inside a part. The mapping is injective.
         def enc(p: str) -> str:
-            return "".join(c if (c.isascii() and (c.isalnum() or c in "_-")) else f"%{ord(c):02X}" for c in p)
+            return "".join(c if (c.isascii() and (c.isalnum() or c == "-")) else
+                           "".join(f"%{b:02X}" for b in c.encode("utf-8")) for c in p)
         return "__".join(enc(p) for p in (self.catalog, self.schema, self.table))

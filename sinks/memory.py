@@ -59,9 +59,9 @@ class InMemoryReplica:
         if app_id is not None and batch_id is not None:
             if batch_id <= self.txn_versions.get(app_id, -1):
                 return ApplyCounts()
-            self.txn_versions[app_id] = batch_id
+        latest = latest_per_key(self.plan, changes)  # validates the whole batch before any write
         ins = upd = dele = 0
-        for key, row in latest_per_key(self.plan, changes).items():
+        for key, row in latest.items():
             exists = key in self.rows
             if row[CHANGE_TYPE] == DELETE:
                 if exists:
@@ -73,4 +73,6 @@ class InMemoryReplica:
                     upd += 1
                 else:
                     ins += 1
+        if app_id is not None and batch_id is not None:
+            self.txn_versions[app_id] = batch_id  # like Delta: recorded with the commit, never before
         return ApplyCounts(ins, upd, dele)

@@ -56,17 +56,18 @@ def classify(exc: BaseException, *, table: str | None = None) -> LakemirrorError
         return exc
     text = f"{type(exc).__name__}: {exc}"
     summary = first_line(text)
+    who = f"{table}: " if table else ""
     if any(code in text for code in _BREAKING):
         return SchemaIncompatible(
-            f"{table}: the source schema changed in a way the stream cannot follow ({summary}). "
+            f"{who}the source schema changed in a way the stream cannot follow ({summary}). "
             f"Resync the table (a new bootstrap), or revert the change on the source.", table=table)
     if any(code in text for code in _ADDITIVE):
-        return SchemaChangeRestart(f"{table}: the source schema changed; restarting the stream to read it "
+        return SchemaChangeRestart(f"{who}the source schema changed; restarting the stream to read it "
                                    f"({summary})", table=table)
     if any(code in text for code in _WINDOW):
         return ChangeWindowExpired(
-            f"{table}: a source version the replica still needs is no longer available ({summary}). "
+            f"{who}a source version the replica still needs is no longer available ({summary}). "
             f"The change window expired (VACUUM or log retention); resync the table.", table=table)
     if any(code in text for code in _RETRYABLE):
-        return TransientError(f"{table}: {summary}", table=table)
-    return TerminalError(f"{table}: {summary}", table=table, code="failed")
+        return TransientError(f"{who}{summary}", table=table)
+    return TerminalError(f"{who}{summary}", table=table, code="failed")

@@ -81,6 +81,7 @@ class TableRunner:
         self.destination = ctx.spec.destination(table)
         self.slug = self.source.slug
         self._events: list[sm.Event | BatchReport] = []
+        self._healthy_query: "StreamingQuery | None" = None
         self._lock = threading.Lock()
         self._batch_lock = threading.Lock()
         self._draining = False
@@ -112,13 +113,14 @@ class TableRunner:
 
     def halt(self, timeout: float = 60.0) -> None:
         """Stop the stream after the batch in flight (if any) has finished."""
+        deadline = time.monotonic() + timeout
         self._draining = True
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
         query = self._query
         if query is None:
             return
-        acquired = self._batch_lock.acquire(timeout=timeout)
+        acquired = self._batch_lock.acquire(timeout=max(0.0, deadline - time.monotonic()))
         try:
             query.stop()
         except Exception as exc:  # a query that already died cannot be stopped: nothing to do
@@ -163,6 +165,10 @@ class TableRunner:
         progress = query.lastProgress
         if not progress:
             return
+        if query is not self._healthy_query:
+            # A completed trigger of this query (even one with no data) proves it healthy.
+            self._healthy_query = query
+            self._emit(sm.BatchApplied())
         try:
             payload = json.loads(progress.json) if hasattr(progress, "json") else progress
             through = applied_through_from_offset(payload["sources"][0].get("endOffset"))

@@ -48,7 +48,9 @@ class RestartPolicy:
     def delay(self, attempt: int, rand: float) -> float:
         if attempt < 1:
             raise ValueError("attempt counts from 1")
-        raw = min(self.max_delay_seconds, self.base_delay_seconds * self.multiplier ** (attempt - 1))
+        # Grow in log space so a table failing for days never overflows the float.
+        exponent = min(attempt - 1, 64)
+        raw = min(self.max_delay_seconds, self.base_delay_seconds * self.multiplier ** exponent)
         return raw * (1.0 - self.jitter * min(max(rand, 0.0), 1.0))
 
 
@@ -147,8 +149,12 @@ def step(status: TableStatus, event: Event, now: float,
     if isinstance(event, BootstrapStarted):
         return _enter(status, TableState.BOOTSTRAPPING, now), ()
     if isinstance(event, StreamStarted):
-        if s in (TableState.STARTING, TableState.BOOTSTRAPPING):
+        # A table retrying after failures is not "running" until a batch (or an empty trigger)
+        # succeeds: otherwise a table that fails every retry would flap running/degraded.
+        if s in (TableState.STARTING, TableState.BOOTSTRAPPING) and status.failures == 0:
             return _enter(status, TableState.RUNNING, now), ()
+        if s == TableState.BOOTSTRAPPING:
+            return _enter(status, TableState.STARTING, now), ()
         return status, ()
     if isinstance(event, BatchApplied):
         return _enter(status, TableState.RUNNING, now, failures=0, quick_restarts=0,

@@ -122,10 +122,15 @@ class Supervisor:
                     self._probe(name, entry, now)
 
     def shutdown(self, timeout_seconds: float = 60.0) -> None:
-        """Drain: every table finishes its batch in flight, then its stream stops."""
+        """Drain: every table finishes its batch in flight, then its stream stops.
+
+        The whole drain shares one deadline: each table gets what is left of it, so N tables
+        never take N times the timeout."""
+        deadline = time.monotonic() + timeout_seconds
         now = self.clock()
         for name in list(self._tables):
-            self._dispatch(name, sm.Stop(), now)
+            remaining = max(0.0, deadline - time.monotonic())
+            self._dispatch(name, sm.Stop(), now, halt_timeout=remaining)
 
     # -- internals ------------------------------------------------------------------------------
 
@@ -160,7 +165,7 @@ class Supervisor:
             entry.runner.pause_persisted(verb == "pause")
             self._dispatch(table, sm.Pause() if verb == "pause" else sm.Resume(), now)
 
-    def _dispatch(self, name: str, event: sm.Event, now: float) -> None:
+    def _dispatch(self, name: str, event: sm.Event, now: float, *, halt_timeout: float = 60.0) -> None:
         entry = self._tables[name]
         before = entry.status
         after, actions = sm.step(before, event, now, self.policy)
@@ -174,7 +179,7 @@ class Supervisor:
                 self.observer.retry_scheduled(name, after)
         for action in actions:
             if action == sm.Action.HALT:
-                entry.runner.halt()
+                entry.runner.halt(halt_timeout)
             elif action == sm.Action.LAUNCH:
                 entry.runner.launch()
 

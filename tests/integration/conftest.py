@@ -12,21 +12,11 @@ from prometheus_client import CollectorRegistry
 
 from lakemirror import tables
 from lakemirror.daemon.app import Application
-from lakemirror.daemon.config import RuntimeSettings, load_settings
+from lakemirror.daemon.config import load_settings
 from lakemirror.daemon.metrics import Metrics
 from lakemirror.identifiers import TableName
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    from lakemirror.daemon.spark import local_session
-
-    session = local_session(RuntimeSettings(master="local[2]", shuffle_partitions=2, driver_memory="3g"),
-                            app_name="lakemirror-tests")
-    yield session
-    session.stop()
 
 
 class Pipeline:

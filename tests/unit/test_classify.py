@@ -1,0 +1,93 @@
+"""lakemirror.supervisor.classify: vendor errors into the Transient / Terminal taxonomy."""
+
+from __future__ import annotations
+
+import pytest
+
+from lakemirror.errors import (
+    ChangeWindowExpired, ConfigError, LakemirrorError, NoUsableKey, SchemaChangeRestart, SchemaIncompatible,
+    TerminalError, TransientError,
+)
+from lakemirror.supervisor.classify import classify, first_line
+
+
+class Py4JJavaError(Exception):
+    pass
+
+
+class StreamingQueryException(Exception):
+    pass
+
+
+WINDOW = Py4JJavaError(
+    "An error occurred while calling o88.awaitTermination.\n"
+    ": org.apache.spark.sql.delta.DeltaFileNotFoundException: [DELTA_MISSING_FILES_UNEXPECTED_VERSION] "
+    "The stream from your Delta table was expecting process data from version 3,\n"
+    "\tat org.apache.spark.sql.delta.DeltaErrors$.missingFiles(DeltaErrors.scala:10)")
+ADDITIVE = StreamingQueryException("[DELTA_SCHEMA_CHANGED_WITH_VERSION] Detected schema change in version 5:\n"
+                                   "streaming source schema: struct<id:int>")
+BREAKING = StreamingQueryException("[DELTA_STREAMING_INCOMPATIBLE_SCHEMA_CHANGE_USE_SCHEMA_LOG] Streaming read "
+                                   "is not supported on tables with read-incompatible schema changes")
+CONCURRENT = Py4JJavaError("An error occurred while calling o1.merge.\n: io.delta.exceptions."
+                           "ConcurrentAppendException: Files were added to the root of the table by a "
+                           "concurrent update.")
+
+
+@pytest.mark.parametrize("exc, kind, code", [
+    (WINDOW, ChangeWindowExpired, "window_expired"),
+    (ADDITIVE, SchemaChangeRestart, "schema_additive"),
+    (BREAKING, SchemaIncompatible, "schema_breaking"),
+    (CONCURRENT, TransientError, "transient"),
+    (RuntimeError("Connection reset by peer"), TransientError, "transient"),
+    (ValueError("something odd"), TerminalError, "failed"),
+])
+def test_category(exc: BaseException, kind: type, code: str) -> None:
+    err = classify(exc, table="c.s.t")
+    assert type(err) is kind
+    assert err.code == code
+    assert err.table == "c.s.t"
+
+
+def test_schema_restart_is_transient_and_breaking_change_is_terminal() -> None:
+    assert isinstance(classify(ADDITIVE, table="t"), TransientError)
+    assert isinstance(classify(BREAKING, table="t"), TerminalError)
+    assert isinstance(classify(WINDOW, table="t"), TerminalError)
+
+
+def test_messages_say_what_happened_and_what_to_do() -> None:
+    assert str(classify(WINDOW, table="c.s.t")) == (
+        "c.s.t: a source version the replica still needs is no longer available (DeltaFileNotFoundException: "
+        "[DELTA_MISSING_FILES_UNEXPECTED_VERSION] The stream from your Delta table was expecting process data "
+        "from version 3,). The change window expired (VACUUM or log retention); resync the table.")
+    assert str(classify(BREAKING, table="c.s.t")).endswith(
+        "Resync the table (a new bootstrap), or revert the change on the source.")
+    assert str(classify(CONCURRENT, table="c.s.t")) == (
+        "c.s.t: ConcurrentAppendException: Files were added to the root of the table by a concurrent update.")
+    assert str(classify(ValueError("something odd"), table="c.s.t")) == "c.s.t: ValueError: something odd"
+
+
+@pytest.mark.parametrize("err", [
+    TransientError("x", table="a"), NoUsableKey("no key", table="b"), ConfigError([("f", "bad")]),
+    LakemirrorError("cdf off", table="c", code="cdf_disabled"),
+])
+def test_lakemirror_errors_pass_through_unchanged(err: LakemirrorError) -> None:
+    assert classify(err, table="other") is err
+
+
+def test_first_line_prefers_the_error_class_line_over_the_py4j_call() -> None:
+    assert first_line(str(WINDOW)) == ("DeltaFileNotFoundException: [DELTA_MISSING_FILES_UNEXPECTED_VERSION] "
+                                       "The stream from your Delta table was expecting process data from version 3,")
+
+
+def test_first_line_uses_a_java_exception_line_when_no_error_class() -> None:
+    text = "An error occurred while calling o5.start.\n: java.io.IOException: disk full\n\tat x.y(Z.java:1)"
+    assert first_line(text) == "IOException: disk full"
+
+
+def test_first_line_truncates() -> None:
+    assert first_line("x" * 600, limit=10) == "xxxxxxxxx…"
+    assert first_line("\n\n  plain message \n more") == "plain message"
+
+
+def test_message_without_a_table_does_not_say_none() -> None:
+    assert not str(classify(ValueError("odd"))).startswith("None")

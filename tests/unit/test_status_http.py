@@ -1,0 +1,71 @@
+"""lakemirror.daemon.status.render_table and lakemirror.daemon.http.readiness."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, replace
+
+from lakemirror.daemon.http import readiness
+from lakemirror.daemon.status import render_table
+from lakemirror.supervisor.supervisor import TableView
+
+RUNNING = TableView(table="orders", state="running", lag_seconds=1.234, versions_behind=2, applied_through=10,
+                    rows_applied=55, batches=3, failures=0, retries=0, next_retry_at=None, last_error=None,
+                    last_batch_at=990.0)
+DEGRADED = TableView(table="customers", state="degraded", lag_seconds=None, versions_behind=None,
+                     applied_through=None, rows_applied=0, batches=0, failures=2, retries=2, next_retry_at=1030.4,
+                     last_error="boom " * 30, last_batch_at=None)
+
+
+def test_render_table_aligns_columns_and_formats_values() -> None:
+    text = render_table([asdict(RUNNING), asdict(DEGRADED)], now=1000.0)
+    assert text.splitlines() == [
+        "TABLE      STATE     LAG   BEHIND  APPLIED@V  ROWS  BATCHES  LAST BATCH  LAST ERROR",
+        "orders     running   1.2s  2       10         55    3        10s ago",
+        "customers  degraded  -     -       -          0     0        -           "
+        + ("retry in 30s: " + "boom " * 30)[:80],
+    ]
+
+
+def test_render_table_with_no_rows_is_the_header() -> None:
+    assert render_table([], now=0.0) == "TABLE  STATE  LAG  BEHIND  APPLIED@V  ROWS  BATCHES  LAST BATCH  LAST ERROR"
+
+
+def test_render_table_tolerates_sparse_rows_from_the_checkpoint_table() -> None:
+    text = render_table([{"table": "t", "state": "stopped (last seen)", "lag_seconds": 0,
+                          "applied_through": 0, "last_batch_at": 500.0}], now=400.0)
+    assert text.splitlines()[1] == "t      stopped (last seen)  0.0s  -       0          0     0        0s ago"
+
+
+def test_overdue_retry_shows_zero() -> None:
+    row = {**asdict(DEGRADED), "last_error": "x", "next_retry_at": 900.0}
+    assert render_table([row], now=1000.0).splitlines()[1].endswith("retry in 0s: x")
+
+
+# -- readiness ----------------------------------------------------------------------------------
+
+def test_ready_when_all_running_within_slo() -> None:
+    assert readiness([RUNNING, replace(RUNNING, table="b", lag_seconds=None)], lag_slo_seconds=60) == (True, [])
+
+
+def test_ready_with_no_tables() -> None:
+    assert readiness([], lag_slo_seconds=60) == (True, [])
+
+
+def test_paused_tables_do_not_count() -> None:
+    assert readiness([RUNNING, replace(RUNNING, table="p", state="paused")], 60) == (True, [])
+
+
+def test_not_ready_reasons() -> None:
+    views = [
+        replace(RUNNING, table="slow", lag_seconds=400.26),
+        replace(DEGRADED, last_error="ConcurrentAppendException"),
+        replace(RUNNING, table="new", state="starting"),
+        replace(RUNNING, table="at_slo", lag_seconds=300.0),
+    ]
+    ok, reasons = readiness(views, lag_slo_seconds=300)
+    assert ok is False
+    assert reasons == [
+        "slow lags 400.3s > SLO 300s",
+        "customers is degraded: ConcurrentAppendException",
+        "new is starting",
+    ]

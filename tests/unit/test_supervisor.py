@@ -1,0 +1,259 @@
+"""lakemirror.supervisor.supervisor: the control loop, driven by fake runners and a fake clock."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from lakemirror.sinks.delta_merge import BatchStats, MergeOutcome
+from lakemirror.sinks.memory import ApplyCounts
+from lakemirror.supervisor import state as sm
+from lakemirror.supervisor.lag import LagReading
+from lakemirror.supervisor.runner import BatchReport
+from lakemirror.supervisor.supervisor import Supervisor, TableView
+
+POLICY = sm.RestartPolicy(base_delay_seconds=10.0, max_delay_seconds=100.0, jitter=0.2)
+
+
+class FakeClock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeRunner:
+    """Implements the Runner protocol; the test scripts what poll() returns."""
+
+    def __init__(self, name: str, paused: bool = False) -> None:
+        self.name = name
+        self.applied_through: int | None = None
+        self.last_batch_at: float | None = None
+        self.last_lag: LagReading | None = None
+        self.launches = 0
+        self.halts: list[float] = []
+        self.pending: list[Any] = []
+        self.paused = paused
+        self.lag_to_report: LagReading | None = None
+        self.probes = 0
+
+    def launch(self) -> None:
+        self.launches += 1
+
+    def halt(self, timeout: float = 60.0) -> None:
+        self.halts.append(timeout)
+
+    def poll(self) -> list[Any]:
+        out, self.pending = self.pending, []
+        return out
+
+    def probe_lag(self, now: float) -> LagReading | None:
+        self.probes += 1
+        self.last_lag = self.lag_to_report
+        return self.lag_to_report
+
+    def pause_persisted(self, paused: bool) -> None:
+        self.paused = paused
+
+    def persisted_pause(self) -> bool:
+        return self.paused
+
+    def batch(self, batch_id: int, rows: int, at: float) -> None:
+        outcome = MergeOutcome(BatchStats(rows, 1, 1, None), ApplyCounts(inserted=rows), replayed=False)
+        self.pending += [BatchReport(self.name, batch_id, outcome, 0.5, at), sm.BatchApplied()]
+        self.applied_through, self.last_batch_at = batch_id, at
+
+
+class RecordingObserver:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, Any]] = []
+
+    def state_changed(self, table: str, status: sm.TableStatus) -> None:
+        self.calls.append(("state", table, status.state.value))
+
+    def batch_applied(self, table: str, report: BatchReport) -> None:
+        self.calls.append(("batch", table, report.batch_id))
+
+    def lag_measured(self, table: str, reading: LagReading) -> None:
+        self.calls.append(("lag", table, reading.lag_seconds))
+
+    def retry_scheduled(self, table: str, status: sm.TableStatus) -> None:
+        self.calls.append(("retry", table, status.next_retry_at))
+
+    def table_removed(self, table: str) -> None:
+        self.calls.append(("removed", table, None))
+
+
+class World:
+    def __init__(self, tables: list[str], paused: tuple[str, ...] = (), discover: float | None = None) -> None:
+        self.clock = FakeClock()
+        self.tables = list(tables)
+        self.runners: dict[str, FakeRunner] = {}
+        self.observer = RecordingObserver()
+        self.paused = paused
+        self.list_error: Exception | None = None
+        self.sup = Supervisor(runner_factory=self.make, list_tables=self.list_tables, policy=POLICY,
+                              observer=self.observer, clock=self.clock, rand=lambda: 0.0,
+                              lag_interval_seconds=5.0, discover_interval_seconds=discover)
+
+    def list_tables(self) -> list[str]:
+        if self.list_error is not None:
+            raise self.list_error
+        return list(self.tables)
+
+    def make(self, name: str) -> FakeRunner:
+        self.runners[name] = FakeRunner(name, paused=name in self.paused)
+        return self.runners[name]
+
+    def state(self, name: str) -> str:
+        return {v.table: v.state for v in self.sup.views()}[name]
+
+
+def started(tables: list[str]) -> World:
+    w = World(tables)
+    w.sup.start()
+    for r in w.runners.values():
+        r.pending.append(sm.StreamStarted())
+    w.sup.tick()
+    return w
+
+
+def test_start_launches_every_table() -> None:
+    w = started(["a", "b"])
+    assert {n: (r.launches, r.halts) for n, r in w.runners.items()} == {"a": (1, []), "b": (1, [])}
+    assert [v.state for v in w.sup.views()] == ["running", "running"]
+
+
+def test_failing_table_backs_off_while_the_other_keeps_running() -> None:
+    w = started(["a", "b"])
+    a, b = w.runners["a"], w.runners["b"]
+    a.pending.append(sm.Failed("boom", code="transient", rand=0.0))
+    b.batch(0, rows=3, at=w.clock.now)
+    w.sup.tick()
+    assert (w.state("a"), w.state("b")) == ("degraded", "running")
+    assert a.halts == [60.0]
+    view_a = {v.table: v for v in w.sup.views()}["a"]
+    assert (view_a.failures, view_a.retries, view_a.next_retry_at, view_a.last_error) == (1, 1, 1010.0, "boom")
+    assert ("retry", "a", 1010.0) in w.observer.calls
+
+    w.clock.now = 1009.9
+    b.batch(1, rows=2, at=w.clock.now)
+    w.sup.tick()
+    assert (w.state("a"), a.launches) == ("degraded", 1)
+    assert {v.table: (v.batches, v.rows_applied) for v in w.sup.views()}["b"] == (2, 5)
+
+    w.clock.now = 1010.0
+    w.sup.tick()
+    assert (w.state("a"), a.launches) == ("starting", 2)
+    assert b.launches == 1 and b.halts == []
+    assert [c for c in w.observer.calls if c[0] == "batch"] == [("batch", "b", 0), ("batch", "b", 1)]
+
+
+def test_pause_and_resume_commands() -> None:
+    w = started(["a", "b"])
+    a = w.runners["a"]
+    w.sup.pause("a")
+    w.sup.pause("nope")  # unknown tables are ignored
+    w.sup.tick()
+    assert (w.state("a"), a.halts, a.paused) == ("paused", [60.0], True)
+    w.clock.now += 1000
+    w.sup.tick()
+    assert (w.state("a"), a.launches) == ("paused", 1)
+    w.sup.resume("a")
+    w.sup.tick()
+    assert (w.state("a"), a.launches, a.paused) == ("starting", 2, False)
+    assert w.state("b") == "running" and w.runners["b"].halts == []
+
+
+def test_persisted_pause_keeps_a_table_paused_at_start() -> None:
+    w = World(["a", "b"], paused=("a",))
+    w.sup.start()
+    w.sup.tick()
+    assert (w.state("a"), w.runners["a"].launches) == ("paused", 0)
+    assert (w.state("b"), w.runners["b"].launches) == ("starting", 1)
+
+
+def test_discovery_adds_new_tables_on_its_interval() -> None:
+    w = World(["a"], discover=30.0)
+    w.sup.start()
+    w.tables.append("b")
+    w.clock.now += 29.0
+    w.sup.tick()
+    assert list(w.runners) == ["a"]
+    w.clock.now += 1.0
+    w.sup.tick()
+    assert list(w.runners) == ["a", "b"]
+    assert (w.state("b"), w.runners["b"].launches) == ("starting", 1)
+    assert w.runners["a"].launches == 1
+
+
+def test_no_discovery_without_an_interval() -> None:
+    w = World(["a"])
+    w.sup.start()
+    w.tables.append("b")
+    w.clock.now += 10_000
+    w.sup.tick()
+    assert list(w.runners) == ["a"]
+
+
+def test_listing_failure_keeps_what_runs() -> None:
+    w = World(["a"], discover=1.0)
+    w.sup.start()
+    w.list_error = OSError("catalog unreachable")
+    w.clock.now += 5
+    w.sup.tick()
+    assert [(v.table, v.state) for v in w.sup.views()] == [("a", "starting")]
+    w.list_error = None
+    w.tables.append("b")
+    w.clock.now += 1
+    w.sup.tick()
+    assert [v.table for v in w.sup.views()] == ["a", "b"]
+
+
+def test_views_content_and_lag_probe() -> None:
+    w = started(["b", "a"])
+    a = w.runners["a"]
+    a.lag_to_report = LagReading(12.5, 3, 40, 37)
+    a.batch(4, rows=7, at=1000.0)
+    w.sup.tick()  # same instant as the first lag probe: next probe is due 5s later
+    w.clock.now += 5
+    w.sup.tick()
+    views = w.sup.views()
+    assert [v.table for v in views] == ["a", "b"]
+    assert views[0] == TableView(table="a", state="running", lag_seconds=12.5, versions_behind=3, applied_through=4,
+                                 rows_applied=7, batches=1, failures=0, retries=0, next_retry_at=None,
+                                 last_error=None, last_batch_at=1000.0)
+    assert views[1].lag_seconds is None and views[1].batches == 0
+    assert ("lag", "a", 12.5) in w.observer.calls
+
+
+def test_lag_is_probed_once_per_interval_and_only_for_running_or_degraded() -> None:
+    w = World(["a"])
+    w.sup.start()
+    w.sup.tick()  # still starting: no probe
+    assert w.runners["a"].probes == 0
+    w.runners["a"].pending.append(sm.StreamStarted())
+    w.clock.now += 5
+    w.sup.tick()
+    w.clock.now += 4.9
+    w.sup.tick()
+    assert w.runners["a"].probes == 1
+
+
+def test_shutdown_halts_every_runner() -> None:
+    w = started(["a", "b", "c"])
+    w.sup.pause("c")
+    w.sup.tick()
+    w.sup.shutdown(30.0)
+    assert [v.state for v in w.sup.views()] == ["stopped", "stopped", "stopped"]
+    assert [len(w.runners[n].halts) for n in "abc"] == [1, 1, 2]
+    w.sup.tick()
+    assert all(r.launches == 1 for r in w.runners.values())
+
+
+def test_shutdown_honours_the_drain_timeout() -> None:
+    w = started(["a", "b"])
+    w.sup.shutdown(10.0)
+    assert all(t <= 10.0 for r in w.runners.values() for t in r.halts)
