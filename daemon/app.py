@@ -130,7 +130,8 @@ class Application:
         info = {"pipeline_id": self.spec.pipeline_id, "version": __version__,
                 "source": f"{self.spec.source_catalog}.{self.spec.schema_name}",
                 "destination": f"{self.spec.destination_catalog}.{self.spec.destination_schema}"}
-        return ControlServer(h.host, h.port, self.metrics.registry, self.supervisor.views, info)
+        return ControlServer(h.host, h.port, self.metrics.registry, self.supervisor.views, info,
+                             lag_slo_seconds=self.settings.lag_slo_seconds)
 
     # -- running --------------------------------------------------------------------------------
 

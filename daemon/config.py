@@ -115,6 +115,7 @@ class Settings(BaseSettings):
                                                            "(default <audit_catalog>.continuous_sync.checkpoints).")
     discover_interval_seconds: float = Field(30.0, gt=0, description="How often new tables are looked for.")
     lag_interval_seconds: float = Field(2.0, gt=0, description="How often lag is measured per table.")
+    lag_slo_seconds: float = Field(300.0, gt=0, description="/readyz fails when a table lags more than this.")
     drain_timeout_seconds: float = Field(120.0, gt=0, description="SIGTERM: how long to wait for batches in flight.")
     max_files_per_trigger: int | None = Field(None, gt=0, description="Cap on source files per micro-batch.")
     max_bytes_per_trigger: str | None = Field(None, description="Soft cap on bytes per micro-batch, e.g. '512m'.")

@@ -1,0 +1,37 @@
+# lakemirror daemon image: Python 3.11, Java 17, Delta's jars baked in (no network at start).
+#   docker build -t lakemirror .
+#   docker run --rm -v $PWD/pipeline.yaml:/etc/lakemirror/pipeline.yaml -p 9464:9464 lakemirror
+
+FROM python:3.11-slim-bookworm AS build
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY lakemirror ./lakemirror
+COPY daemon ./daemon
+COPY supervisor ./supervisor
+COPY sources ./sources
+COPY sinks ./sinks
+COPY checkpoints ./checkpoints
+RUN python -m venv /opt/lakemirror/venv \
+ && /opt/lakemirror/venv/bin/pip install --no-cache-dir . \
+ && /opt/lakemirror/venv/bin/lakemirror fetch-jars --dest /opt/lakemirror/jars
+
+FROM python:3.11-slim-bookworm
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends openjdk-17-jre-headless tini \
+ && rm -rf /var/lib/apt/lists/* \
+ && useradd --system --uid 10001 --home-dir /var/lib/lakemirror --create-home lakemirror
+COPY --from=build /opt/lakemirror /opt/lakemirror
+ENV PATH=/opt/lakemirror/venv/bin:$PATH \
+    LAKEMIRROR_JARS_DIR=/opt/lakemirror/jars \
+    LAKEMIRROR_HTTP__HOST=0.0.0.0 \
+    PYTHONUNBUFFERED=1
+USER 10001
+WORKDIR /var/lib/lakemirror
+EXPOSE 9464
+HEALTHCHECK --interval=30s --timeout=5s CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9464/healthz', timeout=4)"
+# Exec form: tini is PID 1 and forwards SIGTERM to the daemon, which drains and exits 0.
+ENTRYPOINT ["/usr/bin/tini", "--", "lakemirror"]
+CMD ["run", "/etc/lakemirror/pipeline.yaml"]
