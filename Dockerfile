@@ -2,7 +2,10 @@
 #   docker build -t lakemirror .
 #   docker run --rm -v $PWD/pipeline.yaml:/etc/lakemirror/pipeline.yaml -p 9464:9464 lakemirror
 
+# Debian's openjdk-17 and tini are not pinned to a version (hadolint DL3008): bookworm replaces a
+# package's version with each security update and drops the old one, so a pin breaks the build.
 FROM python:3.11-slim-bookworm AS build
+# hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
  && rm -rf /var/lib/apt/lists/*
@@ -19,6 +22,7 @@ RUN python -m venv /opt/lakemirror/venv \
  && /opt/lakemirror/venv/bin/lakemirror fetch-jars --dest /opt/lakemirror/jars
 
 FROM python:3.11-slim-bookworm
+# hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends openjdk-17-jre-headless tini \
  && rm -rf /var/lib/apt/lists/* \
@@ -31,7 +35,8 @@ ENV PATH=/opt/lakemirror/venv/bin:$PATH \
 USER 10001
 WORKDIR /var/lib/lakemirror
 EXPOSE 9464
-HEALTHCHECK --interval=30s --timeout=5s CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9464/healthz', timeout=4)"
+HEALTHCHECK --interval=30s --timeout=5s \
+  CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9464/healthz', timeout=4)"]
 # Exec form: tini is PID 1 and forwards SIGTERM to the daemon, which drains and exits 0.
 ENTRYPOINT ["/usr/bin/tini", "--", "lakemirror"]
 CMD ["run", "/etc/lakemirror/pipeline.yaml"]
