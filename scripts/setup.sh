@@ -33,3 +33,5 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 .venv/bin/lakemirror fetch-jars --check >/dev/null 2>&1 || .venv/bin/lakemirror fetch-jars
+# Debian packages the deployment tests run for real (promtool); their tests are skipped if this fails.
+[ ! -x scripts/install-services.sh ] || scripts/install-services.sh || echo "setup: could not install the Debian packages of scripts/install-services.sh; the tests that need them are skipped" >&2
