@@ -132,6 +132,25 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(workdir=Path(args.workdir), duration=args.duration, http_port=args.http_port)
 
 
+def cmd_replicate(args: argparse.Namespace) -> int:
+    """Batch clone / reconcile / metadata sync; exit 0 only if every object succeeded."""
+    from lakemirror.daemon.replicate_app import ReplicateApp
+    from lakemirror.daemon.replicate_config import cli_overrides, load_replicate_config
+
+    cli = cli_overrides(args.target_catalog, args.target_schemas, args.operation, args.uc_object_types)
+    config = load_replicate_config(args.config, cli)
+    if args.validate_only:
+        print(f"{args.config}: valid ({len(config.selected_catalogs())} catalog(s), max_workers {config.max_workers}).")
+        return EXIT_OK
+    summary = ReplicateApp(config).run()
+    for o in summary.failed:
+        print(f"FAILED {o.operation} {o.job.source} -> {o.job.target} after {o.attempts} attempt(s): {o.error}",
+              file=sys.stderr)
+    print(f"run {summary.run_id}: {len(summary.outcomes) - len(summary.failed)} succeeded, "
+          f"{len(summary.failed)} failed")
+    return EXIT_OK if summary.ok else EXIT_FAILED
+
+
 def _add_config_flags(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("config", nargs=None if required else "?", help="pipeline YAML file")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override any setting, e.g. runtime.master=local[4]")
@@ -162,6 +181,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
     p.add_argument("--http-port", type=int, default=9464)
     p.set_defaults(func=cmd_demo)
+    p = sub.add_parser("replicate", help="batch clone, reconciliation or metadata sync (one shot)")
+    p.add_argument("config", help="replication YAML file")
+    p.add_argument("--validate-only", action="store_true", help="check the config; exit 2 listing every problem")
+    p.add_argument("--target-catalog", help="only the catalog entry replicating into this catalog")
+    p.add_argument("--target-schemas", metavar="A,B", help="only these schemas (replaces include_schemas)")
+    p.add_argument("--uc-object-types", metavar="T,…", help="metadata object types, e.g. table_tag,column_comment")
+    p.add_argument("--operation", metavar="OP[,OP]", help="clone, reconcile and/or metadata (overrides the file)")
+    p.set_defaults(func=cmd_replicate)
     p = sub.add_parser("fetch-jars", help="resolve Delta's jars from Maven Central into the local cache")
     p.add_argument("--dest", help="target folder (default ~/.cache/lakemirror/jars-…)")
     p.add_argument("--check", action="store_true", help="only check that the jars are cached")

@@ -1,0 +1,154 @@
+"""The Spark implementations behind :mod:`lakemirror.supervisor.replicate`: discovery and the
+three operations (clone, reconcile, metadata) for one table.
+
+Each attempt runs on its own Spark session (``newSession``: Delta's transaction-id confs are
+session-wide) and tags its Spark jobs with the attempt's tag, so a timed-out attempt is
+cancelled by :meth:`SparkOperations.cancel`.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+from lakemirror.errors import NoUsableKey, TerminalError
+from lakemirror.sinks.clone import DeepCloner, DeltaCloner
+from lakemirror.sinks.metadata_sync import CATALOG_TAG, SCHEMA_TAG, VOLUME_TAG, MetadataSync, Overwrite
+from lakemirror.sinks.reconcile import ReconcileOptions, Reconciler
+from lakemirror.sinks.reconcile_plan import ReconcileResult
+from lakemirror.sinks.sql import SparkSql
+from lakemirror.sources.catalog import Catalog, LocalCatalog
+from lakemirror.sources.keys import choose_key
+from lakemirror.supervisor.replicate import TableJob
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+class ReplicaMismatch(TerminalError):
+    """Reconciliation ran and found the replica different from its source (not repaired)."""
+
+    code = "mismatch"
+
+    def __init__(self, message: str, *, table: str, details: Mapping[str, Any]) -> None:
+        super().__init__(message, table=table)
+        self.details = dict(details)
+
+
+class SparkDiscovery:
+    """Schemas and tables of a source catalog, local lakehouse or Unity Catalog."""
+
+    def __init__(self, spark: "SparkSession", catalog: Catalog) -> None:
+        self.spark = spark
+        self.catalog = catalog
+
+    def list_schemas(self, catalog: str) -> list[str]:
+        if isinstance(self.catalog, LocalCatalog):
+            folder = Path(self.catalog.warehouse) / catalog
+            return sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")) \
+                if folder.is_dir() else []
+        from lakemirror.identifiers import quote
+
+        rows = self.spark.sql(f"SHOW SCHEMAS IN {quote(catalog)}").collect()
+        return sorted(r[0] for r in rows)
+
+    def list_tables(self, catalog: str, schema: str) -> list[str]:
+        return [t.table for t in self.catalog.list_tables(self.spark, catalog, schema)]
+
+
+class SparkOperations:
+    """Clone, reconcile and metadata sync of one table; results of reconciliations are kept in
+    :attr:`latest_results` (per source table) for a metrics layer to export."""
+
+    def __init__(self, spark: "SparkSession", catalog: Catalog, results: Any, *, unity_catalog: bool = False,
+                 run_id: str = "") -> None:
+        self.spark = spark
+        self.catalog = catalog
+        self.results = results
+        self.unity_catalog = unity_catalog
+        self.run_id = run_id
+        self.latest_results: dict[str, ReconcileResult] = {}
+        self._lock = threading.Lock()
+
+    def cancel(self, tag: str) -> None:
+        try:
+            self.spark.interruptTag(tag)
+        except AttributeError:  # older APIs: job groups
+            self.spark.sparkContext.cancelJobGroup(tag)
+
+    def run(self, operation: str, job: TableJob, tag: str) -> Mapping[str, Any]:
+        session = self.spark.newSession()
+        try:
+            session.addTag(tag)
+        except AttributeError:
+            session.sparkContext.setJobGroup(tag, tag, interruptOnCancel=True)
+        try:
+            if operation == "clone":
+                return self._clone(session, job)
+            if operation == "reconcile":
+                return self._reconcile(session, job)
+            if operation == "metadata":
+                return self._metadata(session, job)
+            raise TerminalError(f"unknown operation {operation!r}", table=str(job.source))
+        finally:
+            try:
+                session.removeTag(tag)
+            except AttributeError:
+                pass
+
+    def _keys(self, session: "SparkSession", job: TableJob, *, required: bool) -> tuple[str, ...]:
+        info = self.catalog.describe(session, job.source)
+        try:
+            return choose_key(str(job.source), info.columns, configured=job.settings.keys,
+                              declared=info.declared_key).columns
+        except NoUsableKey:
+            if required:
+                raise
+            return ()
+
+    def _clone(self, session: "SparkSession", job: TableJob) -> Mapping[str, Any]:
+        if self.unity_catalog:
+            return DeepCloner(SparkSql(session)).clone(job.source, job.target).details()
+        self.catalog.ensure_schema(session, job.target.catalog, job.target.schema)
+        opts = job.settings.options.get("clone", {})
+        result = DeltaCloner(session).clone(self.catalog.locate(job.source), self.catalog.locate(job.target),
+                                            keys=self._keys(session, job, required=False),
+                                            force_full=bool(opts.get("force_full", False)))
+        return result.details()
+
+    def _reconcile(self, session: "SparkSession", job: TableJob) -> Mapping[str, Any]:
+        opts = job.settings.options.get("reconcile", {})
+        options = ReconcileOptions(buckets=int(opts.get("buckets", 1024)),
+                                   exclude_columns=tuple(opts.get("exclude_columns", ())),
+                                   max_keys_reported=int(opts.get("max_keys_reported", 1000)),
+                                   repair=bool(opts.get("repair", False)))
+        result = Reconciler(session).reconcile(self.catalog.locate(job.source), self.catalog.locate(job.target),
+                                               self._keys(session, job, required=True), options, run_id=self.run_id)
+        self.results.append(self.run_id, result)
+        with self._lock:
+            self.latest_results[str(job.source)] = result
+        details = {"status": result.status, "source_version": result.source_version,
+                   "source_rows": result.source_rows, "replica_rows": result.replica_rows,
+                   "missing": result.missing, "extra": result.extra, "different": result.different,
+                   "schema_diff": result.schema.describe(), "repaired": result.repaired}
+        if not result.equal and not result.repaired:
+            raise ReplicaMismatch(
+                f"{job.target} differs from {job.source} at source version {result.source_version}: "
+                f"{result.missing} missing, {result.extra} extra, {result.different} different keys; "
+                f"rows {result.source_rows} vs {result.replica_rows}; schema: {result.schema.describe()}",
+                table=str(job.source), details=details)
+        return details
+
+    def _metadata(self, session: "SparkSession", job: TableJob) -> Mapping[str, Any]:
+        opts = job.settings.options.get("metadata", {})
+        kinds = list(opts.get("object_types", ()))
+        overwrite = Overwrite(comments=bool(opts.get("overwrite_comments", True)),
+                              properties=bool(opts.get("overwrite_properties", True)),
+                              tags=bool(opts.get("overwrite_tags", True)))
+        sync = MetadataSync(SparkSql(session), unity_catalog=self.unity_catalog)
+        result = sync.sync_table(self.catalog.locate(job.source), self.catalog.locate(job.target), kinds, overwrite)
+        container = []
+        if set(kinds) & {CATALOG_TAG, SCHEMA_TAG, VOLUME_TAG}:
+            container = sync.sync_container_tags(job.source, job.target, kinds, overwrite)
+        return {"statements": len(result.statements) + len(container)}
