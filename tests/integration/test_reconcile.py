@@ -87,3 +87,61 @@ def test_incremental_clone_applies_only_the_change_feed(spark, tmp_path):
     spark.sql(f"INSERT INTO {src.sql} VALUES (501, 'x')")
     assert cloner.clone(src, rep).mode == "full"
     assert _rows(spark, rep) == _rows(spark, src)
+
+
+def test_replicate_command_end_to_end_with_audit_metadata_and_a_failure(spark, tmp_path):
+    from lakemirror.daemon.replicate_app import ReplicateApp
+    from lakemirror.daemon.replicate_config import load_replicate_config
+
+    cat = LocalCatalog(tmp_path)
+    orders, nokey = cat.locate(TableName("prod", "sales", "orders")), cat.locate(TableName("prod", "sales", "nokey"))
+    comment = "it's a `tick` and a \\ backslash"
+    spark.sql(f"CREATE TABLE {orders.sql} (id BIGINT NOT NULL, `no``te` STRING COMMENT 'col''s `c`') USING DELTA "
+              f"TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true', 'team' = 'o''hara')")
+    spark.sql(f"COMMENT ON TABLE {orders.sql} IS 'it\\'s a `tick` and a \\\\ backslash'")
+    spark.sql(f"INSERT INTO {orders.sql} SELECT id, CAST(id AS STRING) FROM range(0, 100)")
+    spark.sql(f"CREATE TABLE {nokey.sql} (a STRING, b STRING) USING DELTA")
+    spark.sql(f"INSERT INTO {nokey.sql} VALUES ('x', 'y')")
+
+    cfg = load_replicate_config(None, data={
+        "operations": ["clone", "reconcile", "metadata"], "max_workers": 2,
+        "retry": {"max_attempts": 2, "base_delay_seconds": 0.01},
+        "runtime": {"warehouse": str(tmp_path)},
+        "catalogs": [{"name": "prod", "target_catalog": "dr"}]})
+    app = ReplicateApp(cfg, {"spark": spark, "run_id": "run-1", "execution_user": "tester"})
+    summary = app.run()
+
+    assert not summary.ok
+    assert [(o.operation, str(o.job.source), o.attempts) for o in summary.failed] == [
+        ("reconcile", "prod.sales.nokey", 1)]
+    audit = tables.read(spark, cat.locate(TableName("dr", "continuous_sync", "audit_log"))).collect()
+    by = sorted((r["object_name"], r["operation_type"], r["status"], r["attempt_number"]) for r in audit)
+    assert by == [("nokey", "reconciliation", "failed", 1), ("nokey", "replication", "success", 1),
+                  ("nokey", "uc_replication", "success", 1), ("orders", "reconciliation", "success", 1),
+                  ("orders", "replication", "success", 1), ("orders", "uc_replication", "success", 1)]
+    failed = next(r for r in audit if r["status"] == "failed")
+    assert "no usable primary key" in failed["error_message"] and failed["max_attempts"] == 2
+    assert {r["run_id"] for r in audit} == {"run-1"} and {r["execution_user"] for r in audit} == {"tester"}
+
+    recon = tables.read(spark, cat.locate(TableName("dr", "continuous_sync", "reconciliation"))).collect()
+    assert [(r["source_table"], r["status"], r["source_rows"]) for r in recon] == [("prod.sales.orders", "equal", 100)]
+    assert app.operations.latest_results["prod.sales.orders"].mismatched_keys == 0
+
+    replica = cat.locate(TableName("dr", "sales", "orders"))
+    detail = spark.sql(f"DESCRIBE DETAIL {replica.sql}").collect()[0]
+    assert detail["description"] == comment
+    assert detail["properties"]["team"] == "o'hara"
+    field = tables.read(spark, replica).schema["no`te"]
+    assert field.metadata.get("comment") == "col's `c`"
+
+    # Metadata alone, from the CLI: changed comments (quotes, backticks) reach the existing replica.
+    from lakemirror.daemon.replicate_config import CliOverrides
+
+    spark.sql(f"ALTER TABLE {orders.sql} ALTER COLUMN `no``te` COMMENT 'new \"q\" `b` \\'s'")
+    spark.sql(f"COMMENT ON TABLE {orders.sql} IS 'v2 `x`'")
+    again = ReplicateApp(load_replicate_config(None, CliOverrides(operations=["metadata"], target_schemas=["sales"]),
+                                               data=cfg.model_dump(exclude={"cli"})),
+                         {"spark": spark, "run_id": "run-2", "execution_user": "tester"}).run()
+    assert again.ok and {o.operation for o in again.outcomes} == {"metadata"}
+    assert spark.sql(f"DESCRIBE DETAIL {replica.sql}").collect()[0]["description"] == "v2 `x`"
+    assert tables.read(spark, replica).schema["no`te"].metadata.get("comment") == "new \"q\" `b` 's"
