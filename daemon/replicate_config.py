@@ -89,14 +89,14 @@ class MetadataSettings(Strict):
 class ObjectSettings(Strict):
     """Settings of one object (table), after inheritance. Any level may set any of these."""
 
-    operations: list[Operation] = Field(default_factory=lambda: ["clone"],  # type: ignore[arg-type]
+    operations: list[Operation] = Field(default_factory=lambda: ["clone"],
                                         description="Operations run, in this order, per table.")
     timeout_seconds: float = Field(3600.0, gt=0, description="Per object and attempt.")
     keys: list[str] = Field(default_factory=list, description="Key columns; empty = inferred.")
-    retry: RetrySettings = Field(default_factory=RetrySettings)  # type: ignore[arg-type]
-    clone: CloneOptions = Field(default_factory=CloneOptions)  # type: ignore[arg-type]
-    reconcile: ReconcileSettings = Field(default_factory=ReconcileSettings)  # type: ignore[arg-type]
-    metadata: MetadataSettings = Field(default_factory=MetadataSettings)  # type: ignore[arg-type]
+    retry: RetrySettings = Field(default_factory=RetrySettings)
+    clone: CloneOptions = Field(default_factory=CloneOptions)
+    reconcile: ReconcileSettings = Field(default_factory=ReconcileSettings)
+    metadata: MetadataSettings = Field(default_factory=MetadataSettings)
 
 
 TUNABLE = frozenset(ObjectSettings.model_fields)
@@ -226,8 +226,8 @@ class ReplicateConfig(_Level):
     audit_table: str | None = Field(None, description="Default <audit_catalog>.continuous_sync.audit_log.")
     reconciliation_table: str | None = Field(
         None, description="Default <audit_catalog>.continuous_sync.reconciliation.")
-    runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)  # type: ignore[arg-type]
-    cli: CliOverrides = Field(default_factory=CliOverrides)  # type: ignore[arg-type]
+    runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
+    cli: CliOverrides = Field(default_factory=CliOverrides)
 
     @model_validator(mode="after")
     def _check(self) -> "ReplicateConfig":
@@ -333,7 +333,7 @@ def cli_overrides(target_catalog: str | None, target_schemas: str | None, operat
                   uc_object_types: str | None) -> CliOverrides:
     try:
         return CliOverrides(target_catalog=target_catalog, target_schemas=split_list(target_schemas),
-                            operations=split_list(operation),  # type: ignore[arg-type]
+                            operations=split_list(operation),
                             uc_object_types=split_list(uc_object_types))
     except ValidationError as exc:
         raise ConfigError(_problems(exc.errors(include_url=False), "", "command line")) from None

@@ -190,7 +190,7 @@ class DeltaCloner:
                               endingVersion=str(last))
         sink = DeltaMergeSink(target, plan_merge(columns, key))
         outcome = sink.apply(changes, TxnId(f"lakemirror-clone/{target.name.slug}/{source_id or 'unknown'}", last))
-        return outcome.counts.total
+        return int(outcome.counts.total)
 
 
 class DeepCloner:

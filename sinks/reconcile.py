@@ -32,7 +32,7 @@ from lakemirror.sinks.reconcile_plan import (
 from lakemirror.tables import TableLocation
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column as SparkColumn, DataFrame, GroupedData, SparkSession
 
 KIND_COLUMN = "__lm_kind"
 
@@ -97,7 +97,7 @@ class Reconciler:
 
     @staticmethod
     def _buckets(projected: "DataFrame", plan: ReconcilePlan) -> dict[int, tuple[int, int, int]]:
-        rows = projected.groupBy(BUCKET_COLUMN).agg(*[_expr(a) for a in plan.bucket_aggregates()]).collect()
+        rows = _agg(projected.groupBy(BUCKET_COLUMN), plan.bucket_aggregates()).collect()
         return {int(r[BUCKET_COLUMN]): (int(r[ROWS_COLUMN]), int(r[LANE1_COLUMN]), int(r[LANE2_COLUMN]))
                 for r in rows}
 
@@ -105,16 +105,16 @@ class Reconciler:
     def _key_diff(src_p: "DataFrame", rep_p: "DataFrame", plan: ReconcilePlan,
                   bad: list[int]) -> "DataFrame":
         where = plan.in_buckets_sql(bad)
-        aggs = [_expr(a) for a in plan.key_aggregates()]
-        s = src_p.where(where).groupBy(KEY_COLUMN).agg(*aggs).alias("s")
-        r = rep_p.where(where).groupBy(KEY_COLUMN).agg(*aggs).alias("r")
+        s = _agg(src_p.where(where).groupBy(KEY_COLUMN), plan.key_aggregates()).alias("s")
+        r = _agg(rep_p.where(where).groupBy(KEY_COLUMN), plan.key_aggregates()).alias("r")
         from pyspark.sql import functions as F
 
         joined = s.join(r, s[KEY_COLUMN] == r[KEY_COLUMN], "full_outer")
         out = joined.select(F.coalesce(s[KEY_COLUMN], r[KEY_COLUMN]).alias(KEY_COLUMN),
                             F.expr(classify_sql("s", "r")).alias(KIND_COLUMN),
                             F.coalesce(r[ROWS_COLUMN], F.lit(0)).alias(ROWS_COLUMN))
-        return out.where(F.col(KIND_COLUMN).isNotNull())
+        filtered: DataFrame = out.where(F.col(KIND_COLUMN).isNotNull())
+        return filtered
 
     def _repair(self, src_p: "DataFrame", rep_p: "DataFrame", diff: "DataFrame", replica: TableLocation,
                 plan: ReconcilePlan, src_cols: Sequence[Column], rep_cols: Sequence[Column],
@@ -142,10 +142,15 @@ class Reconciler:
         merge.apply(change_rows(src_p.join(fix, KEY_COLUMN, "left_semi"), INSERT, data=True), TxnId(app_id, 2))
 
 
-def _expr(text: str) -> "object":
+def _expr(text: str) -> "SparkColumn":
     from pyspark.sql import functions as F
 
     return F.expr(text)
+
+
+def _agg(grouped: "GroupedData", aggregates: Sequence[str]) -> "DataFrame":
+    first, *rest = [_expr(a) for a in aggregates]
+    return grouped.agg(first, *rest)
 
 
 class DeltaReconciliationStore:

@@ -100,8 +100,8 @@ class SparkOperations:
     def _keys(self, session: "SparkSession", job: TableJob, *, required: bool) -> tuple[str, ...]:
         info = self.catalog.describe(session, job.source)
         try:
-            return choose_key(str(job.source), info.columns, configured=job.settings.keys,
-                              declared=info.declared_key).columns
+            return tuple(choose_key(str(job.source), info.columns, configured=job.settings.keys,
+                                    declared=info.declared_key).columns)
         except NoUsableKey:
             if required:
                 raise
@@ -109,13 +109,13 @@ class SparkOperations:
 
     def _clone(self, session: "SparkSession", job: TableJob) -> Mapping[str, Any]:
         if self.unity_catalog:
-            return DeepCloner(SparkSql(session)).clone(job.source, job.target).details()
+            return dict(DeepCloner(SparkSql(session)).clone(job.source, job.target).details())
         self.catalog.ensure_schema(session, job.target.catalog, job.target.schema)
         opts = job.settings.options.get("clone", {})
         result = DeltaCloner(session).clone(self.catalog.locate(job.source), self.catalog.locate(job.target),
                                             keys=self._keys(session, job, required=False),
                                             force_full=bool(opts.get("force_full", False)))
-        return result.details()
+        return dict(result.details())
 
     def _reconcile(self, session: "SparkSession", job: TableJob) -> Mapping[str, Any]:
         opts = job.settings.options.get("reconcile", {})

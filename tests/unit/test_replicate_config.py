@@ -107,3 +107,17 @@ def test_audit_and_reconciliation_tables_default_to_the_first_target():
     cfg = load_replicate_config(None, data=CONFIG)
     assert cfg.effective_audit_table == "dr.continuous_sync.audit_log"
     assert cfg.effective_reconciliation_table == "dr.continuous_sync.reconciliation"
+
+
+def test_the_readme_example_is_valid():
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    readme = Path(__file__).resolve().parents[2] / "README.md"
+    section = readme.read_text().split("## Batch replication, reconciliation and metadata sync", 1)[1]
+    block = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
+    cfg = load_replicate_config(None, data=yaml.safe_load(block))
+    t = task_settings(cfg, cfg.catalogs[0], "sales", "order_items")
+    assert t.keys == ("order_id", "line_no") and t.max_attempts == 5 and t.options["reconcile"]["repair"] is True
