@@ -8,7 +8,7 @@ a live mirror once it has caught up to ``source_version``, or expect the keys ch
 Repair re-applies the source rows of the mismatched keys through the normal MERGE path
 (:class:`~lakemirror.sinks.delta_merge.DeltaMergeSink`): synthesised change rows, inserts for
 missing and different keys, deletes for extra ones, under a transaction id of its own
-(``lakemirror-reconcile/<run id>/<table>``), never the stream's. Keys the replica holds more
+(``lakemirror-reconcile/<run id>/<nonce>/<table>``), never the stream's. Keys the replica holds more
 than once are deleted in a first MERGE and re-inserted from the source in a second.
 """
 
@@ -124,7 +124,9 @@ class Reconciler:
         rep_names = {c.name.lower() for c in rep_cols}
         columns = [c for c in src_cols if c.name.lower() in rep_names]
         merge = DeltaMergeSink(replica, plan_merge(columns, plan.keys))
-        app_id = f"lakemirror-reconcile/{run_id}/{replica.name.slug}"
+        # A fresh app id per repair: a retried attempt of the same run must not be skipped by
+        # Delta as a replay of the first attempt's transaction versions.
+        app_id = f"lakemirror-reconcile/{run_id}/{uuid.uuid4().hex[:12]}/{replica.name.slug}"
         now = F.lit(datetime.now(timezone.utc))
 
         def change_rows(rows: "DataFrame", op: str, data: bool) -> "DataFrame":

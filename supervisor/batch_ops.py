@@ -70,15 +70,23 @@ class SparkOperations:
         self.run_id = run_id
         self.latest_results: dict[str, ReconcileResult] = {}
         self._lock = threading.Lock()
+        self._sessions: dict[str, "SparkSession"] = {}  # tag -> the session running that attempt
 
     def cancel(self, tag: str) -> None:
+        """Interrupt the attempt's Spark operations (tags are per session: use the attempt's)."""
+        with self._lock:
+            session = self._sessions.get(tag)
+        if session is None:
+            return
         try:
-            self.spark.interruptTag(tag)
+            session.interruptTag(tag)
         except AttributeError:  # older APIs: job groups
-            self.spark.sparkContext.cancelJobGroup(tag)
+            session.sparkContext.cancelJobGroup(tag)
 
     def run(self, operation: str, job: TableJob, tag: str) -> Mapping[str, Any]:
         session = self.spark.newSession()
+        with self._lock:
+            self._sessions[tag] = session
         try:
             session.addTag(tag)
         except AttributeError:
@@ -92,6 +100,8 @@ class SparkOperations:
                 return self._metadata(session, job)
             raise TerminalError(f"unknown operation {operation!r}", table=str(job.source))
         finally:
+            with self._lock:
+                self._sessions.pop(tag, None)
             try:
                 session.removeTag(tag)
             except AttributeError:

@@ -42,24 +42,25 @@ def test_clone_reconcile_finds_each_kind_of_mismatch_and_repair_fixes_them(spark
     spark.sql(f"UPDATE {rep.sql} SET amount = amount + 0.01 WHERE id = 20")             # different
     spark.sql(f"UPDATE {rep.sql} SET name = '' WHERE id = 14")                          # NULL -> ''
     spark.sql(f"UPDATE {rep.sql} SET ts = ts + INTERVAL 1 MICROSECOND WHERE id = 30")  # sub-millisecond
+    spark.sql(f"INSERT INTO {rep.sql} SELECT * FROM {rep.sql} WHERE id = 40")           # duplicated key
 
     found = rec.reconcile(src, rep, ["id"], ReconcileOptions(buckets=64))
-    assert (found.missing, found.extra, found.different) == (1, 1, 3)
+    assert (found.missing, found.extra, found.different) == (1, 1, 4)
     assert found.sample_keys["missing"] == ('{"id":10}',)
     assert found.sample_keys["extra"] == ('{"id":5000}',)
-    assert sorted(json.loads(k)["id"] for k in found.sample_keys["different"]) == [14, 20, 30]
-    assert 1 <= found.buckets_differing <= 5 and found.status == "different"
-    assert found.metric_samples() == {"missing": 1, "extra": 1, "different": 3}
+    assert sorted(json.loads(k)["id"] for k in found.sample_keys["different"]) == [14, 20, 30, 40]
+    assert 1 <= found.buckets_differing <= 6 and found.status == "different"
+    assert found.metric_samples() == {"missing": 1, "extra": 1, "different": 4}
 
     repaired = rec.reconcile(src, rep, ["id"], ReconcileOptions(buckets=64, repair=True), run_id="r1")
-    assert repaired.repaired and repaired.mismatched_keys == 5
+    assert repaired.repaired and repaired.mismatched_keys == 6
     assert rec.reconcile(src, rep, ["id"], ReconcileOptions(buckets=64)).equal
     assert _rows(spark, rep) == _rows(spark, src)
 
     store = DeltaReconciliationStore(spark, cat.locate(TableName("dst", "continuous_sync", "reconciliation")))
     store.append("r1", found)
     row = tables.read(spark, store.location).collect()[0]
-    assert (row["missing_keys"], row["extra_keys"], row["different_keys"], row["status"]) == (1, 1, 3, "different")
+    assert (row["missing_keys"], row["extra_keys"], row["different_keys"], row["status"]) == (1, 1, 4, "different")
 
 
 def test_incremental_clone_applies_only_the_change_feed(spark, tmp_path):
