@@ -121,3 +121,20 @@ def test_the_readme_example_is_valid():
     cfg = load_replicate_config(None, data=yaml.safe_load(block))
     t = task_settings(cfg, cfg.catalogs[0], "sales", "order_items")
     assert t.keys == ("order_id", "line_no") and t.max_attempts == 5 and t.options["reconcile"]["repair"] is True
+
+
+def test_cli_validate_only_exit_codes(tmp_path, capsys):
+    import yaml
+
+    from lakemirror.daemon.cli import main
+
+    good = tmp_path / "r.yaml"
+    good.write_text(yaml.safe_dump(CONFIG))
+    assert main(["replicate", str(good), "--validate-only", "--target-catalog", "dr"]) == 0
+    assert "valid (1 catalog(s)" in capsys.readouterr().out
+    assert main(["replicate", str(good), "--validate-only", "--operation", "copy"]) == 2
+    assert "command line: operations[0]" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("catalogs:\n  - name: prod\n    target_catalog: dr\n    retry: {max_attempts: 0}\n")
+    assert main(["replicate", str(bad), "--validate-only"]) == 2
+    assert f"{bad}: catalogs[0].retry.max_attempts" in capsys.readouterr().err
