@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from lakemirror.errors import NoUsableKey, TerminalError
-from lakemirror.sinks.clone import DeepCloner, DeltaCloner
+from lakemirror.sinks.clone import CLONE_VERSION_PROPERTY, DeepCloner, DeltaCloner
 from lakemirror.sinks.metadata_sync import CATALOG_TAG, SCHEMA_TAG, VOLUME_TAG, MetadataSync, Overwrite
 from lakemirror.sinks.reconcile import ReconcileOptions, Reconciler
 from lakemirror.sinks.reconcile_plan import ReconcileResult
+from lakemirror.sinks.snapshot_copy import replica_properties
 from lakemirror.sinks.sql import SparkSql
 from lakemirror.sources.catalog import Catalog, LocalCatalog
 from lakemirror.sources.keys import choose_key
@@ -133,8 +134,13 @@ class SparkOperations:
                                    exclude_columns=tuple(opts.get("exclude_columns", ())),
                                    max_keys_reported=int(opts.get("max_keys_reported", 1000)),
                                    repair=bool(opts.get("repair", False)))
-        result = Reconciler(session).reconcile(self.catalog.locate(job.source), self.catalog.locate(job.target),
-                                               self._keys(session, job, required=True), options, run_id=self.run_id)
+        source, target = self.catalog.locate(job.source), self.catalog.locate(job.target)
+        # A cloned replica mirrors a known source version: compare with the source as of then,
+        # so writes to the source since the clone are not reported as mismatches.
+        mirrored = replica_properties(session, target).get(CLONE_VERSION_PROPERTY)
+        version = int(mirrored) if mirrored and mirrored.isdigit() else None
+        result = Reconciler(session).reconcile(source, target, self._keys(session, job, required=True), options,
+                                               source_version=version, run_id=self.run_id)
         self.results.append(self.run_id, result)
         with self._lock:
             self.latest_results[str(job.source)] = result

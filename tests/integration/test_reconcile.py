@@ -109,7 +109,20 @@ def test_replicate_command_end_to_end_with_audit_metadata_and_a_failure(spark, t
         "retry": {"max_attempts": 2, "base_delay_seconds": 0.01},
         "runtime": {"warehouse": str(tmp_path)},
         "catalogs": [{"name": "prod", "target_catalog": "dr"}]})
+    # The source moves on after its clone (a writer in another thread would do the same): the
+    # reconciliation compares with the version the clone mirrors, so it finds nothing.
+    from lakemirror.supervisor.batch_ops import SparkOperations
+
+    class WriteAfterClone(SparkOperations):
+        def run(self, operation, job, tag):
+            out = super().run(operation, job, tag)
+            if operation == "clone" and job.source.table == "orders":
+                spark.sql(f"INSERT INTO {orders.sql} VALUES (1000, 'late')")
+            return out
+
     app = ReplicateApp(cfg, {"spark": spark, "run_id": "run-1", "execution_user": "tester"})
+    app = ReplicateApp(cfg, {**app.overrides, "operations": WriteAfterClone(spark, app.catalog, app.results,
+                                                                            run_id="run-1")})
     summary = app.run()
 
     assert not summary.ok
