@@ -35,8 +35,12 @@ class DeltaCheckpointStore:
     def append(self, row: CheckpointRow, spark: "SparkSession | None" = None) -> None:
         session = spark or self.spark
         df = session.createDataFrame([tuple(row.as_dict().values())], CHECKPOINT_DDL)
-        tables.write(df, self.location, "append",
-                     txnAppId=f"{row.txn_app_id}/checkpoints", txnVersion=row.batch_id)
+        if row.is_batch:
+            # A replayed batch must not add its row twice: the append is idempotent per batch.
+            tables.write(df, self.location, "append",
+                         txnAppId=f"{row.txn_app_id}/checkpoints", txnVersion=row.batch_id)
+        else:  # failures and resyncs are events, recorded each time they happen
+            tables.write(df, self.location, "append")
 
     def latest(self, pipeline_id: str) -> dict[str, CheckpointRow]:
         if not tables.exists(self.spark, self.location):

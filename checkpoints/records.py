@@ -39,6 +39,11 @@ class CheckpointRow:
     def column_names(cls) -> list[str]:
         return [f.name for f in fields(cls)]
 
+    @property
+    def is_batch(self) -> bool:
+        """A row for an applied batch (as opposed to a failure or resync event row)."""
+        return self.batch_id >= 0 and self.error is None
+
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
 
@@ -72,7 +77,8 @@ class InMemoryCheckpointStore:
 
     def append(self, row: CheckpointRow) -> None:
         with self._lock:
-            if any(r.txn_app_id == row.txn_app_id and r.batch_id >= row.batch_id for r in self.rows):
+            if row.is_batch and any(r.is_batch and r.txn_app_id == row.txn_app_id and r.batch_id >= row.batch_id
+                                    for r in self.rows):
                 return
             self.rows.append(row)
 

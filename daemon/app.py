@@ -47,7 +47,8 @@ def pipeline_spec(s: Settings) -> PipelineSpec:
                  for t, o in s.table_overrides.items()},
         trigger_interval_seconds=s.trigger_interval_seconds,
         allow_schema_evolution=s.allow_schema_evolution,
-        max_files_per_trigger=s.max_files_per_trigger, max_bytes_per_trigger=s.max_bytes_per_trigger)
+        max_files_per_trigger=s.max_files_per_trigger, max_bytes_per_trigger=s.max_bytes_per_trigger,
+        change_window_policy=s.change_window_policy, retention_warning_seconds=s.retention_warning_seconds)
 
 
 @dataclass

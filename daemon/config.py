@@ -115,6 +115,12 @@ class Settings(BaseSettings):
                                                            "(default <audit_catalog>.continuous_sync.checkpoints).")
     discover_interval_seconds: float = Field(30.0, gt=0, description="How often new tables are looked for.")
     lag_interval_seconds: float = Field(2.0, gt=0, description="How often lag is measured per table.")
+    change_window_policy: Literal["fail", "resync"] = Field(
+        "fail", description="When a source version the replica needs is gone (VACUUM, log cleanup, source "
+                            "recreated): fail = the table stops in state failed, saying what happened; "
+                            "resync = a new bootstrap at a pinned version with a new epoch and checkpoint.")
+    retention_warning_seconds: float = Field(86400.0, gt=0, description="Warn when a table's change window "
+                                             "(retention headroom) is closer than this.")
     lag_slo_seconds: float = Field(300.0, gt=0, description="/readyz fails when a table lags more than this.")
     drain_timeout_seconds: float = Field(120.0, gt=0, description="SIGTERM: how long to wait for batches in flight.")
     max_files_per_trigger: int | None = Field(None, gt=0, description="Cap on source files per micro-batch.")

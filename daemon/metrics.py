@@ -28,6 +28,9 @@ class Metrics:
                          "(0 when caught up).", t, registry=r)
         self.behind = Gauge("lakemirror_versions_behind", "Source versions committed but not yet applied.", t, registry=r)
         self.last_version = Gauge("lakemirror_last_applied_version", "Highest source version fully applied.", t, registry=r)
+        self.headroom = Gauge("lakemirror_retention_headroom_seconds",
+                              "Seconds until the oldest source version not yet applied may be vacuumed or "
+                              "log-cleaned (the whole retention window when caught up).", t, registry=r)
         self.source_version = Gauge("lakemirror_source_latest_version", "Latest source version seen.", t, registry=r)
         self.rows = Counter("lakemirror_rows_applied_total", "Replica rows changed, by operation.",
                             [*t, "op"], registry=r)
@@ -77,6 +80,8 @@ class Metrics:
         self.behind.labels(**lab).set(reading.versions_behind)
         self.last_version.labels(**lab).set(reading.applied_through_version)
         self.source_version.labels(**lab).set(reading.latest_source_version)
+        if reading.retention_headroom_seconds is not None:
+            self.headroom.labels(**lab).set(reading.retention_headroom_seconds)
 
     def retry_scheduled(self, table: str, status: TableStatus) -> None:
         self.retries.labels(**self._l(table)).inc()

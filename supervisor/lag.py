@@ -18,6 +18,7 @@ class LagReading:
     versions_behind: int
     latest_source_version: int
     applied_through_version: int
+    retention_headroom_seconds: float | None = None  # see retention.py; None = not measured
 
 
 def compute_lag(*, applied_through: int, latest_version: int,

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from lakemirror.checkpoints.records import CheckpointRow, CheckpointStore
 from lakemirror.checkpoints.state import StateStore, TableProgress
 from lakemirror.errors import (
-    DestinationConflict, LakemirrorError, SchemaChangeRestart, SchemaIncompatible, SourceReplaced,
+    ChangeWindowExpired, DestinationConflict, LakemirrorError, SchemaChangeRestart, SchemaIncompatible,
+    SourceReplaced,
 )
 from lakemirror.sinks import snapshot_copy
 from lakemirror.sinks.delta_merge import DeltaMergeSink, MergeOutcome, TxnId, txn_app_id
@@ -32,6 +33,7 @@ from lakemirror.supervisor import state as sm
 from lakemirror.supervisor.classify import classify
 from lakemirror.supervisor.lag import LagReading, compute_lag
 from lakemirror.supervisor.offsets import applied_through_from_offset
+from lakemirror.supervisor.retention import RetentionWindow, headroom_seconds
 from lakemirror.supervisor.spec import PipelineSpec
 
 if TYPE_CHECKING:
@@ -59,6 +61,7 @@ class Prepared:
     key: KeyChoice
     plan: MergePlan
     progress: TableProgress
+    retention: RetentionWindow = RetentionWindow()
 
 
 @dataclass
@@ -89,6 +92,8 @@ class TableRunner:
         self._thread: threading.Thread | None = None
         self._session: SparkSession | None = None
         self._batch_error: LakemirrorError | None = None
+        self._resync_reason: str | None = None
+        self._headroom_low = False
         self.prepared: Prepared | None = None
         self.applied_through: int | None = None
         self.last_batch_at: float | None = None
@@ -159,7 +164,29 @@ class TableRunner:
 
     def _failed(self, error: LakemirrorError) -> sm.Failed:
         restart = isinstance(error, SchemaChangeRestart) and self.ctx.spec.allow_schema_evolution
-        return sm.Failed(error=str(error), code=error.code, restart_now=restart, rand=random.random())
+        window_lost = isinstance(error, (ChangeWindowExpired, SourceReplaced))
+        resync = window_lost and self.ctx.spec.change_window_policy == "resync"
+        message = str(error)
+        if window_lost:
+            message += (" The table was resynced (new bootstrap epoch)." if resync else
+                        " Policy change_window_policy=fail: the table stays failed; run `lakemirror resync` "
+                        "for it, or set change_window_policy: resync.")
+        return sm.Failed(error=message, code=error.code, restart_now=restart, rand=random.random(),
+                         fatal=window_lost and not resync, resync=resync)
+
+    def resync(self, reason: str) -> None:
+        """Forget the replica's progress so the next launch bootstraps a new epoch.
+
+        Persisted at once (a crash before the bootstrap still resyncs); the old checkpoint and
+        transaction ids belong to the old epoch and are never reused."""
+        progress = self.ctx.states.load(self.slug)
+        self.ctx.states.save(self.slug, replace(progress, bootstrapped=False, bootstrap_version=None,
+                                                source_table_id=None))
+        self.applied_through = None
+        self.last_lag = None
+        self.prepared = None
+        self._resync_reason = reason
+        log.warning("table %s: resync (%s)", self.source, reason)
 
     def _track_progress(self, query: "StreamingQuery") -> None:
         progress = query.lastProgress
@@ -184,9 +211,27 @@ class TableRunner:
             return None
         loc = self.ctx.catalog.locate(self.source)
         head = change_feed.source_head(self.session, loc, self.applied_through)
-        self.last_lag = compute_lag(applied_through=self.applied_through, latest_version=head.latest_version,
-                                    commit_times=head.commit_times, now=now)
+        times = dict(head.commit_times)
+        headroom = headroom_seconds(applied_through=self.applied_through, latest_version=head.latest_version,
+                                    commit_times=times, window=self.prepared.retention, now=now)
+        needed = self.applied_through + 1
+        if head.latest_version >= needed and needed not in times:
+            # The needed commit is gone from the log: lag is at least the oldest commit still there.
+            times[needed] = min(t for v, t in times.items() if v > self.applied_through)
+        reading = compute_lag(applied_through=self.applied_through, latest_version=head.latest_version,
+                              commit_times=times, now=now)
+        self.last_lag = replace(reading, retention_headroom_seconds=headroom)
+        self._warn_on_headroom(headroom)
         return self.last_lag
+
+    def _warn_on_headroom(self, headroom: float) -> None:
+        low = headroom < self.ctx.spec.retention_warning_seconds
+        if low and not self._headroom_low:
+            log.warning("table %s: the change window closes in %.0fs: source versions the replica still needs "
+                        "may be vacuumed or log-cleaned (raise delta.deletedFileRetentionDuration / "
+                        "delta.logRetentionDuration on the source, or let the table catch up)",
+                        self.source, headroom)
+        self._headroom_low = low
 
     # -- preparation and bootstrap --------------------------------------------------------------
 
@@ -196,13 +241,18 @@ class TableRunner:
             if self._draining:
                 return
             self.prepared = prepared
+            if self._resync_reason is not None:
+                self._record_event(f"resync: {self._resync_reason}", prepared.progress, degraded=False)
+                self._resync_reason = None
             self.applied_through = (prepared.progress.bootstrap_version
                                     if self.applied_through is None else self.applied_through)
             self._start_stream(prepared)
             self._emit(sm.StreamStarted())
         except Exception as exc:  # every failure becomes a visible state, never a dead thread
             log.warning("table %s failed to start: %s", self.source, exc)
-            self._emit(self._failed(classify(exc, table=str(self.source))))
+            error = classify(exc, table=str(self.source))
+            self._record_event(str(error), self.ctx.states.load(self.slug), degraded=True)
+            self._emit(self._failed(error))
 
     def prepare(self) -> Prepared:
         spark, spec = self.session, self.ctx.spec
@@ -226,7 +276,7 @@ class TableRunner:
             progress = self._bootstrap(progress, info.table_id, plan)
         self._evolve_replica(plan)
         log.info("table %s: key %s", self.source, key.describe())
-        return Prepared(key, plan, progress)
+        return Prepared(key, plan, progress, RetentionWindow.from_properties(info.properties))
 
     def _bootstrap(self, progress: TableProgress, table_id: str | None, plan: MergePlan) -> TableProgress:
         spark = self.session
@@ -312,6 +362,8 @@ class TableRunner:
                     self.ctx.checkpoints.append(self._checkpoint_row(txn, epoch, outcome, started), batch.sparkSession)  # type: ignore[call-arg]
             except Exception as exc:
                 self._batch_error = classify(exc, table=str(self.source))
+                self._record_event(str(self._batch_error), self.ctx.states.load(self.slug), degraded=True,
+                                   batch_id=txn.version, txn_app_id=txn.app_id)
                 raise
             ended = self.ctx.clock()
             if outcome.stats.last_version is not None:
@@ -319,6 +371,22 @@ class TableRunner:
             self.last_batch_at = ended
             self._emit(BatchReport(self.table, txn.version, outcome, ended - started, ended))
             self._emit(sm.BatchApplied())
+
+    def _record_event(self, error: str, progress: TableProgress, *, degraded: bool, batch_id: int = -1,
+                      txn_app_id: str = "") -> None:
+        """A checkpoint row that records a failure or a resync (best effort: never masks the cause)."""
+        now = datetime.fromtimestamp(self.ctx.clock(), tz=timezone.utc)
+        row = CheckpointRow(
+            pipeline_id=self.ctx.spec.pipeline_id, source_fqn=str(self.source), dest_fqn=str(self.destination),
+            epoch=progress.epoch, batch_id=batch_id, txn_app_id=txn_app_id, first_version=None,
+            last_version=None, last_committed_version=self.applied_through if degraded else progress.bootstrap_version,
+            rows_read=0, rows_merged=0, rows_inserted=0, rows_updated=0, rows_deleted=0,
+            lag_seconds=self.last_lag.lag_seconds if self.last_lag else None, error=error[:4000],
+            degraded=degraded, started_at=now, ended_at=now)
+        try:
+            self.ctx.checkpoints.append(row, self.session)  # type: ignore[call-arg]
+        except Exception as exc:
+            log.warning("table %s: could not record %r in the checkpoint table: %s", self.source, error[:80], exc)
 
     def _checkpoint_row(self, txn: TxnId, epoch: int, outcome: MergeOutcome, started: float) -> CheckpointRow:
         lag = self.last_lag.lag_seconds if self.last_lag else None

@@ -5,6 +5,8 @@ States::
     STARTING ──bootstrap──▶ BOOTSTRAPPING ──▶ RUNNING
         ▲  │                                     │
         │  └────────────── failure ──────────────┴──▶ DEGRADED ──retry due──▶ STARTING
+        │                  fatal failure (e.g. change window expired, policy `fail`) ──▶ FAILED
+        └── resync (new bootstrap epoch), from any state but STOPPED; resume also leaves FAILED
     PAUSED ◀── pause (from any state but STOPPED); resume ──▶ STARTING
     STOPPED ◀── stop (final)
 
@@ -24,12 +26,14 @@ class TableState(str, enum.Enum):
     RUNNING = "running"
     DEGRADED = "degraded"
     PAUSED = "paused"
+    FAILED = "failed"       # needs a person (or a resync): never retried by itself
     STOPPED = "stopped"
 
 
 class Action(str, enum.Enum):
     LAUNCH = "launch"   # prepare (bootstrap if needed) and start the table's stream
     HALT = "halt"       # stop the table's stream, letting the running batch finish
+    RESYNC = "resync"   # forget the replica's progress: the next launch bootstraps a new epoch
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,7 @@ class TableStatus:
     last_error: str | None = None
     error_code: str | None = None
     quick_restarts: int = 0            # immediate restarts (additive schema change) without progress
+    resync_on_retry: bool = False      # the retry that is due must start a new bootstrap epoch
     since: float = 0.0                 # when the state was entered
 
 
@@ -93,6 +98,8 @@ class Failed:
     error: str
     code: str = "error"
     restart_now: bool = False          # e.g. the source gained columns: restart without backoff
+    fatal: bool = False                # no automatic retry: the table goes to FAILED
+    resync: bool = False               # recover by a new bootstrap (e.g. change window expired)
     rand: float = 0.0                  # in [0, 1): the jitter draw, injected for purity
 
 
@@ -116,7 +123,13 @@ class Stop:
     pass
 
 
-Event = Launch | BootstrapStarted | StreamStarted | BatchApplied | Failed | Tick | Pause | Resume | Stop
+@dataclass(frozen=True)
+class Resync:
+    """An operator asked for a new bootstrap of the table."""
+
+
+Event = (Launch | BootstrapStarted | StreamStarted | BatchApplied | Failed | Tick | Pause | Resume | Stop
+         | Resync)
 
 #: An immediate restart that recurs this often without a good batch in between falls back to backoff.
 MAX_QUICK_RESTARTS = 2
@@ -138,7 +151,10 @@ def step(status: TableStatus, event: Event, now: float,
         if s == TableState.PAUSED:
             return status, ()
         return _enter(status, TableState.PAUSED, now, next_retry_at=None), (Action.HALT,)
-    if s == TableState.PAUSED:
+    if isinstance(event, Resync):
+        return (_enter(status, TableState.STARTING, now, failures=0, quick_restarts=0, next_retry_at=None,
+                       resync_on_retry=False), (Action.HALT, Action.RESYNC, Action.LAUNCH))
+    if s in (TableState.PAUSED, TableState.FAILED):
         if isinstance(event, Resume):
             return _enter(status, TableState.STARTING, now, failures=0, quick_restarts=0), (Action.LAUNCH,)
         return status, ()
@@ -160,16 +176,25 @@ def step(status: TableStatus, event: Event, now: float,
         return _enter(status, TableState.RUNNING, now, failures=0, quick_restarts=0,
                       last_error=None, error_code=None, next_retry_at=None), ()
     if isinstance(event, Failed):
+        if event.fatal:
+            return _enter(status, TableState.FAILED, now, failures=status.failures + 1, next_retry_at=None,
+                          last_error=event.error, error_code=event.code), (Action.HALT,)
+        if event.resync and status.failures == 0:
+            return _enter(status, TableState.STARTING, now, failures=1, retries=status.retries + 1,
+                          last_error=event.error, error_code=event.code),\
+                (Action.HALT, Action.RESYNC, Action.LAUNCH)
         if event.restart_now and status.quick_restarts < MAX_QUICK_RESTARTS:
             return _enter(status, TableState.STARTING, now, quick_restarts=status.quick_restarts + 1,
                           last_error=event.error, error_code=event.code), (Action.HALT, Action.LAUNCH)
         failures = status.failures + 1
         due = now + policy.delay(failures, event.rand)
         return _enter(status, TableState.DEGRADED, now, failures=failures, retries=status.retries + 1,
-                      next_retry_at=due, last_error=event.error, error_code=event.code), (Action.HALT,)
+                      next_retry_at=due, last_error=event.error, error_code=event.code,
+                      resync_on_retry=event.resync), (Action.HALT,)
     if isinstance(event, Tick):
         if s == TableState.DEGRADED and status.next_retry_at is not None and now >= status.next_retry_at:
-            return _enter(status, TableState.STARTING, now, next_retry_at=None), (Action.LAUNCH,)
+            actions = (Action.RESYNC, Action.LAUNCH) if status.resync_on_retry else (Action.LAUNCH,)
+            return _enter(status, TableState.STARTING, now, next_retry_at=None, resync_on_retry=False), actions
         return status, ()
     if isinstance(event, Resume):
         return status, ()

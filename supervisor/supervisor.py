@@ -35,6 +35,7 @@ class Runner(Protocol):
     def probe_lag(self, now: float) -> LagReading | None: ...
     def pause_persisted(self, paused: bool) -> None: ...
     def persisted_pause(self) -> bool: ...
+    def resync(self, reason: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,13 @@ class Supervisor:
     def resume(self, table: str) -> None:
         self._commands.put(("resume", table))
 
+    def resync(self, table: str) -> None:
+        """Rebuild the table's replica from a new snapshot (a new transaction-id epoch)."""
+        self._commands.put(("resync", table))
+
+    def has_table(self, table: str) -> bool:
+        return table in self._tables
+
     # -- loop (the supervisor thread) -----------------------------------------------------------
 
     def start(self) -> None:
@@ -118,7 +126,7 @@ class Supervisor:
         if now >= self._next_lag:
             self._next_lag = now + self.lag_interval
             for name, entry in list(self._tables.items()):
-                if entry.status.state in (sm.TableState.RUNNING, sm.TableState.DEGRADED):
+                if entry.status.state in (sm.TableState.RUNNING, sm.TableState.DEGRADED, sm.TableState.FAILED):
                     self._probe(name, entry, now)
 
     def shutdown(self, timeout_seconds: float = 60.0) -> None:
@@ -162,10 +170,14 @@ class Supervisor:
             if entry is None:
                 log.warning("%s: no such table %r in this pipeline", verb, table)
                 continue
+            if verb == "resync":
+                self._dispatch(table, sm.Resync(), now, reason="resync requested by an operator")
+                continue
             entry.runner.pause_persisted(verb == "pause")
             self._dispatch(table, sm.Pause() if verb == "pause" else sm.Resume(), now)
 
-    def _dispatch(self, name: str, event: sm.Event, now: float, *, halt_timeout: float = 60.0) -> None:
+    def _dispatch(self, name: str, event: sm.Event, now: float, *, halt_timeout: float = 60.0,
+                  reason: str | None = None) -> None:
         entry = self._tables[name]
         before = entry.status
         after, actions = sm.step(before, event, now, self.policy)
@@ -180,6 +192,8 @@ class Supervisor:
         for action in actions:
             if action == sm.Action.HALT:
                 entry.runner.halt(halt_timeout)
+            elif action == sm.Action.RESYNC:
+                entry.runner.resync(reason or after.last_error or "resync")
             elif action == sm.Action.LAUNCH:
                 entry.runner.launch()
 

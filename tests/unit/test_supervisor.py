@@ -29,6 +29,7 @@ class FakeRunner:
 
     def __init__(self, name: str, paused: bool = False) -> None:
         self.name = name
+        self.resyncs: list[str] = []
         self.applied_through: int | None = None
         self.last_batch_at: float | None = None
         self.last_lag: LagReading | None = None
@@ -56,6 +57,9 @@ class FakeRunner:
 
     def pause_persisted(self, paused: bool) -> None:
         self.paused = paused
+
+    def resync(self, reason: str) -> None:
+        self.resyncs.append(reason)
 
     def persisted_pause(self) -> bool:
         return self.paused
