@@ -1,0 +1,89 @@
+"""A source version the replica still needs is vacuumed while the daemon is stopped.
+
+It is never skipped silently: with ``change_window_policy: fail`` the table stops in ``failed``
+and says what happened (the replica is left as it was); with ``resync`` it is bootstrapped again
+under a new epoch, and a checkpoint row records the resync. A RESTORE of the source, on the other
+hand, is an ordinary commit in the change feed and is followed exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def vacuum_everything(pipeline: Any, table: str) -> None:
+    spark = pipeline.spark
+    spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+    try:
+        pipeline.sql(table, "VACUUM {t} RETAIN 0 HOURS")
+    finally:
+        spark.conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
+
+
+def changes_then_vacuum_while_stopped(p: Any) -> None:
+    p.create("w", "id BIGINT NOT NULL, v INT")
+    p.sql("w", "INSERT INTO {t} VALUES (1, 1), (2, 2)")
+    p.start()
+    p.wait_caught_up("w")
+    p.stop()
+    p.sql("w", "UPDATE {t} SET v = 10 WHERE id = 1")
+    p.sql("w", "UPDATE {t} SET v = 20 WHERE id = 1")
+    p.sql("w", "DELETE FROM {t} WHERE id = 2")
+    p.sql("w", "INSERT INTO {t} VALUES (3, 3)")
+    vacuum_everything(p, "w")
+    p.app = p._new_app()  # noqa: SLF001 (a new daemon process over the same folders)
+    p.start()
+
+
+def test_expired_window_with_policy_fail_stops_the_table_and_says_why(make_pipeline: Any) -> None:
+    p = make_pipeline(change_window_policy="fail")
+    changes_then_vacuum_while_stopped(p)
+    p.tick_until(lambda: p.views()["w"].state == "failed", what="the table to fail")
+    error = p.views()["w"].last_error
+    assert "change window expired" in error and "lakemirror resync" in error, error
+    for _ in range(10):  # failed is final: no retry happens by itself
+        p.app.supervisor.tick()
+    assert p.views()["w"].state == "failed"
+    assert p.rows(p.replica("w")) == [(1, 1), (2, 2)], "nothing half-applied"
+
+    p.app.supervisor.resync("w")
+    p.wait_caught_up("w")
+    p.assert_replica_equals_source("w")
+    assert p.app.states.load(p.runner("w").slug).epoch == 2
+
+
+def test_expired_window_with_policy_resync_rebuilds_under_a_new_epoch(make_pipeline: Any) -> None:
+    p = make_pipeline(change_window_policy="resync")
+    changes_then_vacuum_while_stopped(p)
+    p.wait_caught_up("w")
+    p.assert_replica_equals_source("w")
+    assert p.app.states.load(p.runner("w").slug).epoch == 2
+    from lakemirror import tables
+    rows = tables.read(p.spark, p.app.checkpoints.location).where("error LIKE 'resync:%'")
+    recorded = rows.collect()
+    assert len(recorded) == 1 and "change window expired" in recorded[0]["error"]
+    assert recorded[0]["epoch"] == 2
+    # and it keeps streaming afterwards, in the new epoch
+    p.sql("w", "UPDATE {t} SET v = v + 1")
+    p.wait_caught_up("w")
+    p.assert_replica_equals_source("w")
+
+
+def test_restore_of_the_source_is_followed_exactly(pipeline: Any) -> None:
+    pipeline.create("r", "id BIGINT NOT NULL, v STRING")
+    pipeline.sql("r", "INSERT INTO {t} VALUES (1, 'a'), (2, 'b')")
+    good = pipeline.latest_version("r")
+    pipeline.start()
+    pipeline.wait_caught_up("r")
+    pipeline.sql("r", "UPDATE {t} SET v = 'changed' WHERE id = 1")
+    pipeline.sql("r", "DELETE FROM {t} WHERE id = 2")
+    pipeline.sql("r", "INSERT INTO {t} VALUES (3, 'c')")
+    pipeline.wait_caught_up("r")
+    pipeline.sql("r", f"RESTORE TABLE {{t}} TO VERSION AS OF {good}")
+    pipeline.wait_caught_up("r")
+    pipeline.assert_replica_equals_source("r")
+    assert pipeline.rows(pipeline.replica("r")) == [(1, "a"), (2, "b")]
