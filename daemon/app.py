@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from lakemirror import __version__
 from lakemirror.checkpoints.delta_store import DeltaCheckpointStore
@@ -22,9 +23,10 @@ from lakemirror.checkpoints.state import FileStateStore
 from lakemirror.daemon.config import Settings
 from lakemirror.daemon.http import ControlServer
 from lakemirror.daemon.metrics import Metrics
+from lakemirror.errors import ConfigError
 from lakemirror.identifiers import TableName
 from lakemirror.sources.catalog import Catalog, LocalCatalog, UnityCatalog
-from lakemirror.supervisor.runner import RunnerContext, TableRunner
+from lakemirror.supervisor.runner import FAULT_POINTS, RunnerContext, TableRunner
 from lakemirror.supervisor.spec import PipelineSpec, TableOptions
 from lakemirror.supervisor.state import RestartPolicy
 from lakemirror.supervisor.supervisor import Supervisor
@@ -49,6 +51,29 @@ def pipeline_spec(s: Settings) -> PipelineSpec:
         allow_schema_evolution=s.allow_schema_evolution,
         max_files_per_trigger=s.max_files_per_trigger, max_bytes_per_trigger=s.max_bytes_per_trigger,
         change_window_policy=s.change_window_policy, retention_warning_seconds=s.retention_warning_seconds)
+
+
+#: The torture harness (tests/torture) names crash points here, e.g. ``after_merge`` or
+#: ``after_merge:3`` (the third time the point is reached); never set in production.
+KILL_AT_ENV = "LAKEMIRROR_TEST_KILL_AT"
+
+
+def crash_points_from_environment() -> Callable[[str], None]:
+    """A fault hook that SIGKILLs this process at the armed point, or a no-op when none is armed."""
+    armed = os.environ.get(KILL_AT_ENV, "").strip()
+    if not armed:
+        return lambda point: None
+    name, _, nth = armed.partition(":")
+    if name not in FAULT_POINTS:
+        raise ConfigError([(KILL_AT_ENV, f"unknown crash point {name!r}; known: {', '.join(FAULT_POINTS)}")])
+    remaining = [int(nth or 1)]
+
+    def fault(point: str) -> None:
+        if point == name:
+            remaining[0] -= 1
+            if remaining[0] <= 0:
+                os.kill(os.getpid(), signal.SIGKILL)
+    return fault
 
 
 @dataclass
@@ -106,7 +131,8 @@ class Application:
 
     @cached_property
     def runner_context(self) -> RunnerContext:
-        return RunnerContext(self.spark, self.catalog, self.states, self.checkpoints, self.spec)
+        return RunnerContext(self.spark, self.catalog, self.states, self.checkpoints, self.spec,
+                             fault=crash_points_from_environment())
 
     def list_tables(self) -> list[str]:
         spec = self.spec

@@ -74,6 +74,21 @@ class RunnerContext:
     checkpoints: CheckpointStore
     spec: PipelineSpec
     clock: Callable[[], float] = time.time
+    #: Crash-test hook: called at named points of a batch's life (see FAULT_POINTS); a no-op
+    #: unless the torture harness arms it to kill the process there.
+    fault: Callable[[str], None] = lambda point: None
+
+
+#: Where the torture harness may kill the daemon (tests/torture): each is a moment at which a
+#: crash must lose nothing and apply nothing twice.
+FAULT_POINTS = (
+    "bootstrap_before_snapshot",   # the new epoch is saved, the snapshot not yet written
+    "bootstrap_after_snapshot",    # the snapshot is committed, the state does not say so yet
+    "schema_change",               # the replica gained columns, the stream not restarted yet
+    "before_merge",                # a micro-batch is planned (offsets logged), nothing written
+    "after_merge",                 # the MERGE is committed, its checkpoint row is not
+    "before_commit_log",           # the checkpoint row is written, Spark's commit log is not
+)
 
 
 class TableRunner:
@@ -295,6 +310,7 @@ class TableRunner:
             self.ctx.states.save(self.slug, progress)
         version = progress.bootstrap_version
         assert version is not None
+        self.ctx.fault("bootstrap_before_snapshot")
         self.ctx.catalog.ensure_schema(spark, self.destination.catalog, self.destination.schema)
         snapshot_copy.write_snapshot(
             change_feed.snapshot(spark, src, version), dst, plan.columns,
@@ -302,6 +318,7 @@ class TableRunner:
              snapshot_copy.SOURCE_PROPERTY: str(self.source),
              snapshot_copy.EPOCH_PROPERTY: str(progress.epoch),
              snapshot_copy.BOOTSTRAP_VERSION_PROPERTY: str(version)})
+        self.ctx.fault("bootstrap_after_snapshot")
         progress = replace(progress, bootstrapped=True)
         self.ctx.states.save(self.slug, progress)
         log.info("table %s: bootstrapped %s at source version %d (epoch %d)",
@@ -324,6 +341,7 @@ class TableRunner:
                 f"{self.source}: the source has new columns ({diff.describe()}) and allow_schema_evolution "
                 f"is false. Set allow_schema_evolution: true, or exclude the columns.", table=str(self.source))
         snapshot_copy.add_columns(spark, dst, diff.added)
+        self.ctx.fault("schema_change")
         log.info("table %s: added columns to %s: %s", self.source, self.destination, diff.describe())
 
     # -- the stream -----------------------------------------------------------------------------
@@ -357,9 +375,12 @@ class TableRunner:
                 raise Drained(f"{self.source}: draining; batch {txn.version} left for the next run")
             started = self.ctx.clock()
             try:
+                self.ctx.fault("before_merge")
                 outcome = sink.apply(batch, txn)
                 if outcome.stats.rows_read:
+                    self.ctx.fault("after_merge")
                     self.ctx.checkpoints.append(self._checkpoint_row(txn, epoch, outcome, started), batch.sparkSession)  # type: ignore[call-arg]
+                    self.ctx.fault("before_commit_log")
             except Exception as exc:
                 self._batch_error = classify(exc, table=str(self.source))
                 self._record_event(str(self._batch_error), self.ctx.states.load(self.slug), degraded=True,
