@@ -1,0 +1,36 @@
+"""The short crash-torture run of CI: one SIGKILL at every named crash point, then the proof.
+
+The full run (`make torture`: more kills, at random moments too) writes docs/RELIABILITY.md.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.torture.harness import NAMED_POINTS, Torture
+
+pytestmark = pytest.mark.e2e
+
+
+def test_killed_at_every_crash_point_the_replica_stays_exact(spark: Any, tmp_path: Path) -> None:
+    report = Torture(spark, tmp_path, seed=11).run(kills=len(NAMED_POINTS))
+    assert report.kill_count == len(NAMED_POINTS)
+    not_reached = [k.point for k in report.kills if not k.reached]
+    assert not not_reached, f"crash points never reached: {not_reached}"
+    assert len(report.checks) == 6
+
+
+def test_the_crash_hook_kills_at_the_nth_arrival_and_rejects_unknown_points() -> None:
+    program = ("from lakemirror.daemon.app import crash_points_from_environment as c\n"
+               "f = c()\nfor i in range(5):\n    print(i, flush=True); f('after_merge')\n")
+    env = {"LAKEMIRROR_TEST_KILL_AT": "after_merge:3", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == -9 and done.stdout.split() == ["0", "1", "2"]
+    env["LAKEMIRROR_TEST_KILL_AT"] = "after_lunch"
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode != 0 and "unknown crash point 'after_lunch'" in done.stderr
