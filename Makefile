@@ -3,7 +3,7 @@
 VENV := .venv/bin
 PYTEST := $(VENV)/python -m pytest
 
-.PHONY: setup demo run test test-unit test-integration test-e2e bench clean
+.PHONY: setup demo run test test-unit test-integration test-e2e torture bench clean
 
 setup:
 	@scripts/setup.sh
@@ -25,6 +25,10 @@ test-integration: setup
 
 test-e2e: setup
 	$(PYTEST) tests/e2e
+
+# The full crash-torture run (>= 25 SIGKILLs); writes docs/RELIABILITY.md. KILLS=n to change.
+torture: setup
+	$(VENV)/python scripts/torture.py --kills $(or $(KILLS),25)
 
 clean:
 	rm -rf .lakemirror-demo .pytest_cache build dist *.egg-info

@@ -42,6 +42,19 @@ LAKEMIRROR = [sys.executable, "-m", "lakemirror.daemon.cli"]
 NAMED_POINTS = ("bootstrap_before_snapshot", "bootstrap_after_snapshot", "before_merge", "after_merge",
                 "before_commit_log", "schema_change")
 TABLES = ("events", "pairs")
+#: Points a restarted daemon passes again and again (bootstrap and the schema change happen once).
+REPEATABLE_POINTS = ("before_merge", "after_merge", "before_commit_log")
+
+
+def schedule(kills: int, seed: int) -> list[str]:
+    """The order of kills: every named point once, then random moments alternating with repeatable
+    points reached at a later arrival (``point:n``), so crashes also land mid-stream, not only on
+    a restarted daemon's first batch."""
+    rng = random.Random(seed)
+    plan = list(NAMED_POINTS[:kills])
+    while len(plan) < kills:
+        plan.append("random" if len(plan) % 2 else f"{rng.choice(REPEATABLE_POINTS)}:{rng.randint(2, 6)}")
+    return plan
 
 
 @dataclass
@@ -251,14 +264,13 @@ class Torture:
 
     # -- the run -----------------------------------------------------------------------------
 
-    def run(self, kills: int, point_timeout: float = 150.0, rng_kill: tuple[float, float] = (4.0, 20.0)) -> TortureReport:
+    def run(self, kills: int, point_timeout: float = 150.0, rng_kill: tuple[float, float] = (4.0, 20.0),
+            progress: Any = None) -> TortureReport:
         started = time.time()
         rng = random.Random(self.seed + 1)
         self.writer.create()
-        schedule = list(NAMED_POINTS) + ["random"] * max(0, kills - len(NAMED_POINTS))
-        schedule = schedule[:kills] if kills < len(NAMED_POINTS) else schedule
         writer_started = False
-        for point in schedule:
+        for point in schedule(kills, self.seed):
             if point == "schema_change":
                 self.writer.add_column()
             t0 = time.time()
@@ -276,6 +288,8 @@ class Torture:
                     raise AssertionError(f"the daemon exited with {code} instead of dying at {point}:\n"
                                          f"{self.daemon.tail()}")
                 self.report.kills.append(KillRecord(point, code == -signal.SIGKILL, time.time() - t0))
+            if progress is not None:
+                progress(len(self.report.kills), self.report.kills[-1])
             if not writer_started and not point.startswith("bootstrap"):
                 self.writer.start(self.writer_interval)
                 writer_started = True
