@@ -178,7 +178,7 @@ class DeltaCloner:
                                  f"({type(exc).__name__}); copied in full instead")
         if plan.mode == "full":
             snap = tables.read(spark, source, versionAsOf=version)
-            write_snapshot(snap, target, src_cols, props)
+            write_snapshot(snap, target, src_cols, props, src_props)
         elif plan.mode == "incremental":
             set_properties(spark, target, props)
         return CloneResult(str(source.name), str(target.name), plan.mode, version, plan.from_version,

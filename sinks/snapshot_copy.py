@@ -22,13 +22,25 @@ PIPELINE_PROPERTY = "lakemirror.pipelineId"
 SOURCE_PROPERTY = "lakemirror.source"
 EPOCH_PROPERTY = "lakemirror.epoch"
 BOOTSTRAP_VERSION_PROPERTY = "lakemirror.bootstrapVersion"
+#: The Delta table feature that lets column names hold characters Parquet cannot (spaces, commas…).
+COLUMN_MAPPING_PROPERTY = "delta.columnMapping.mode"
+
+
+def creation_options(source_properties: Mapping[str, str]) -> dict[str, str]:
+    """Writer options for a replica of a source with these properties.
+
+    A source with column mapping may have column names Parquet cannot hold (``' ,;{}()\\n\\t='``),
+    now or after a later ADD COLUMNS, so its replica is created with column mapping too (by name:
+    physical names are the replica's own business)."""
+    mode = (source_properties.get(COLUMN_MAPPING_PROPERTY) or "none").lower()
+    return {COLUMN_MAPPING_PROPERTY: "name"} if mode in ("name", "id") else {}
 
 
 def write_snapshot(snapshot: "DataFrame", target: TableLocation, columns: Sequence[Column],
-                   properties: Mapping[str, str]) -> None:
+                   properties: Mapping[str, str], source_properties: Mapping[str, str] | None = None) -> None:
     """Replace ``target`` with ``snapshot``'s ``columns``, then stamp the replica's properties."""
     projected = snapshot.select(*[f"`{c.name.replace('`', '``')}`" for c in columns])
-    tables.write(projected, target, "overwrite", overwriteSchema="true")
+    tables.write(projected, target, "overwrite", overwriteSchema="true", **creation_options(source_properties or {}))
     set_properties(snapshot.sparkSession, target, properties)
 
 

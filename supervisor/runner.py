@@ -288,12 +288,13 @@ class TableRunner:
                 f"is now {info.table_id}); the replica no longer follows it. Resync the table.",
                 table=str(self.source))
         if not progress.bootstrapped:
-            progress = self._bootstrap(progress, info.table_id, plan)
+            progress = self._bootstrap(progress, info.table_id, plan, info.properties)
         self._evolve_replica(plan)
         log.info("table %s: key %s", self.source, key.describe())
         return Prepared(key, plan, progress, RetentionWindow.from_properties(info.properties))
 
-    def _bootstrap(self, progress: TableProgress, table_id: str | None, plan: MergePlan) -> TableProgress:
+    def _bootstrap(self, progress: TableProgress, table_id: str | None, plan: MergePlan,
+                   source_properties: dict[str, str]) -> TableProgress:
         spark = self.session
         src = self.ctx.catalog.locate(self.source)
         dst = self.ctx.catalog.locate(self.destination)
@@ -317,7 +318,7 @@ class TableRunner:
             {snapshot_copy.PIPELINE_PROPERTY: self.ctx.spec.pipeline_id,
              snapshot_copy.SOURCE_PROPERTY: str(self.source),
              snapshot_copy.EPOCH_PROPERTY: str(progress.epoch),
-             snapshot_copy.BOOTSTRAP_VERSION_PROPERTY: str(version)})
+             snapshot_copy.BOOTSTRAP_VERSION_PROPERTY: str(version)}, source_properties)
         self.ctx.fault("bootstrap_after_snapshot")
         progress = replace(progress, bootstrapped=True)
         self.ctx.states.save(self.slug, progress)

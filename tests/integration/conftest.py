@@ -14,7 +14,7 @@ from lakemirror import tables
 from lakemirror.daemon.app import Application
 from lakemirror.daemon.config import load_settings
 from lakemirror.daemon.metrics import Metrics
-from lakemirror.identifiers import TableName
+from lakemirror.identifiers import TableName, quote
 
 pytestmark = pytest.mark.integration
 
@@ -111,7 +111,7 @@ class Pipeline:
     def rows(self, loc: tables.TableLocation, columns: list[str] | None = None) -> list[tuple[Any, ...]]:
         df = tables.read(self.spark, loc)
         if columns:
-            df = df.select(*columns)
+            df = df.select(*[quote(c) for c in columns])
         return sorted((tuple(r) for r in df.collect()), key=repr)
 
     def assert_replica_equals_source(self, table: str) -> None:

@@ -59,3 +59,12 @@ def test_deep_cloner_runs_exactly_these_statements():
         "'lakemirror.cloneSourceId' = 'tid-1', 'lakemirror.cloneSourceVersion' = '17')",
     ]
     assert result.source_version == 17
+
+
+def test_a_replica_gets_column_mapping_when_its_source_has_it() -> None:
+    from lakemirror.sinks.snapshot_copy import creation_options
+
+    assert creation_options({"delta.columnMapping.mode": "name"}) == {"delta.columnMapping.mode": "name"}
+    assert creation_options({"delta.columnMapping.mode": "ID"}) == {"delta.columnMapping.mode": "name"}
+    assert creation_options({"delta.columnMapping.mode": "none"}) == {}
+    assert creation_options({}) == {}
