@@ -54,6 +54,7 @@ class TableView:
     next_retry_at: float | None
     last_error: str | None
     last_batch_at: float | None
+    retry_delay_seconds: float | None = None   # the backoff chosen for the pending retry (degraded)
 
 
 @dataclass
@@ -221,5 +222,6 @@ class Supervisor:
                 versions_behind=lag.versions_behind if lag else None,
                 applied_through=e.runner.applied_through, rows_applied=e.rows_applied, batches=e.batches,
                 failures=st.failures, retries=st.retries, next_retry_at=st.next_retry_at,
-                last_error=st.last_error, last_batch_at=e.runner.last_batch_at))
+                last_error=st.last_error, last_batch_at=e.runner.last_batch_at,
+                retry_delay_seconds=(st.next_retry_at - st.since) if st.next_retry_at is not None else None))
         return out

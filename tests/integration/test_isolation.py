@@ -2,18 +2,43 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 pytestmark = pytest.mark.integration
 
 
-def test_poisoned_table_is_isolated_and_recovers(pipeline):
+def _catch_up_seconds(pipeline, table: str, key: int) -> float:
+    """Outside view of one source commit: seconds until the replica has applied it."""
+    pipeline.sql(table, f"INSERT INTO {{t}} VALUES ({key}, {key})")
+    t0 = time.monotonic()
+    pipeline.wait_caught_up(table)
+    return time.monotonic() - t0
+
+
+def test_poisoned_table_is_isolated_and_recovers(make_pipeline):
+    policy = {"base_delay_seconds": 0.5, "max_delay_seconds": 4, "jitter": 0.3}
+    pipeline = make_pipeline(restart=policy)
     pipeline.create("good", "id BIGINT NOT NULL, v INT")
     pipeline.create("bad", "id BIGINT NOT NULL, v INT")
     pipeline.sql("good", "INSERT INTO {t} VALUES (1, 1)")
     pipeline.sql("bad", "INSERT INTO {t} VALUES (1, 1)")
     pipeline.start()
     pipeline.wait_caught_up("good", "bad")
+    normal = [_catch_up_seconds(pipeline, "good", k) for k in range(100, 103)]
+
+    # Every retry the supervisor schedules for the poisoned table, as its observer sees it.
+    delays: dict[int, float] = {}
+    observer = pipeline.app.supervisor.observer
+    scheduled = observer.retry_scheduled
+
+    def record(table, status):
+        if table == "bad":
+            delays[status.failures] = status.next_retry_at - status.since
+        scheduled(table, status)
+
+    observer.retry_scheduled = record
 
     # Someone adds a constraint to the replica that the next source change violates.
     replica = pipeline.replica("bad").sql
@@ -23,16 +48,34 @@ def test_poisoned_table_is_isolated_and_recovers(pipeline):
     degraded = pipeline.views()["bad"]
     assert "small" in degraded.last_error or "CHECK" in degraded.last_error.upper()
 
-    # The healthy table keeps replicating while the other one is degraded.
-    for i in range(2, 5):
-        pipeline.sql("good", f"INSERT INTO {{t}} VALUES ({i}, {i})")
-        pipeline.wait_caught_up("good")
-    assert pipeline.views()["bad"].state in ("degraded", "starting")
-    assert pipeline.views()["bad"].retries >= 1
+    # While it fails again and again, the healthy table keeps replicating at its normal pace,
+    # and the poisoned one waits longer after each failure (jittered, capped), visibly.
+    during: list[float] = []
+    key, deadline = 200, time.monotonic() + 240
+    while 4 not in delays or len(during) < 3:
+        assert time.monotonic() < deadline, f"the poisoned table stopped retrying: {delays}, {pipeline.views()}"
+        during.append(_catch_up_seconds(pipeline, "good", key))
+        key += 1
+    reported_lag = pipeline.views()["good"].lag_seconds
+    print(f"\nisolation: the good table caught up in {', '.join(f'{x:.1f}' for x in normal)} s before the poison, "
+          f"{', '.join(f'{x:.1f}' for x in during)} s while the other failed (daemon lag {reported_lag}); "
+          f"backoff per failure: {delays}")
+    assert max(during) <= 3 * max(normal) + 10, (normal, during)
+    for failures, delay in delays.items():
+        expected = min(4.0, 0.5 * 2 ** (failures - 1))
+        assert expected * 0.7 - 1e-6 <= delay <= expected + 1e-6, (failures, delay)
+    firsts = [delays[f] for f in (2, 3, 4)]
+    assert firsts == sorted(firsts), f"the delays must grow: {delays}"
+    assert pipeline.views()["bad"].retry_delay_seconds in (None, delays[max(delays)])
+    samples = {s.name: s.value for m in pipeline.app.metrics.registry.collect() for s in m.samples
+               if s.labels.get("table", "").endswith("bad")}
+    assert samples["lakemirror_retries_total"] >= 4
+    assert samples["lakemirror_consecutive_failures"] >= 1
 
     # Fix the cause: the table recovers by itself and catches up exactly.
     pipeline.spark.sql(f"ALTER TABLE {replica} DROP CONSTRAINT small")
     pipeline.wait_caught_up("bad")
+    assert pipeline.views()["bad"].failures == 0
     pipeline.assert_replica_equals_source("bad")
     pipeline.assert_replica_equals_source("good")
 

@@ -140,6 +140,7 @@ def test_failing_table_backs_off_while_the_other_keeps_running() -> None:
     assert a.halts == [60.0]
     view_a = {v.table: v for v in w.sup.views()}["a"]
     assert (view_a.failures, view_a.retries, view_a.next_retry_at, view_a.last_error) == (1, 1, 1010.0, "boom")
+    assert view_a.retry_delay_seconds == 10.0
     assert ("retry", "a", 1010.0) in w.observer.calls
 
     w.clock.now = 1009.9
@@ -151,6 +152,7 @@ def test_failing_table_backs_off_while_the_other_keeps_running() -> None:
     w.clock.now = 1010.0
     w.sup.tick()
     assert (w.state("a"), a.launches) == ("starting", 2)
+    assert {v.table: v for v in w.sup.views()}["a"].retry_delay_seconds is None
     assert b.launches == 1 and b.halts == []
     assert [c for c in w.observer.calls if c[0] == "batch"] == [("batch", "b", 0), ("batch", "b", 1)]
 
