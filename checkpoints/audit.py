@@ -13,13 +13,13 @@ another: the table tells how often an object needed a second try.
 from __future__ import annotations
 
 import json
-import re
 import threading
 from dataclasses import astuple, dataclass, fields
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from lakemirror import tables
+from lakemirror.secrets import MASK, mask_secrets  # noqa: F401  (MASK: part of this module's API)
 from lakemirror.tables import TableLocation
 
 if TYPE_CHECKING:
@@ -27,12 +27,6 @@ if TYPE_CHECKING:
 
 SUCCESS = "success"
 FAILED = "failed"
-MASK = "**********"
-
-#: Keys whose values are secrets wherever they appear in a configuration (case-insensitive).
-_SECRET_KEY = re.compile(r"(^|_)(token|secret|password|passwd|pwd|credentials?|private_key|api_key|"
-                         r"access_key|client_secret|auth_token|bearer)($|_)", re.IGNORECASE)
-
 
 @dataclass(frozen=True)
 class AuditRecord:
@@ -67,22 +61,6 @@ AUDIT_DDL = ", ".join([
     "details STRING", "attempt_number INT", "max_attempts INT", "config_details STRING",
     "execution_user STRING",
 ])
-
-
-def mask_secrets(config: Any) -> Any:
-    """A copy of ``config`` (dicts, lists, scalars) with secret values replaced by ``MASK``.
-
-    A value is secret when its key names a secret (token, password, secret, credential, …) or
-    when it is a pydantic ``SecretStr``/``SecretBytes`` (anything with ``get_secret_value``).
-    """
-    if hasattr(config, "get_secret_value"):
-        return MASK
-    if isinstance(config, Mapping):
-        return {k: (MASK if (isinstance(k, str) and _SECRET_KEY.search(k) and v is not None) else mask_secrets(v))
-                for k, v in config.items()}
-    if isinstance(config, (list, tuple)):
-        return [mask_secrets(v) for v in config]
-    return config
 
 
 def config_json(config: Any) -> str:

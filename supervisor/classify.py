@@ -12,6 +12,7 @@ from lakemirror.errors import (
     ChangeWindowExpired, LakemirrorError, SchemaChangeRestart, SchemaIncompatible, TerminalError,
     TransientError,
 )
+from lakemirror.secrets import redact
 
 _WINDOW = ("DELTA_MISSING_FILES_UNEXPECTED_VERSION", "DELTA_MISSING_CHANGE_DATA",
            "DELTA_FILE_NOT_FOUND_DETAILED", "VersionNotFoundException", "DELTA_VERSION_NOT_FOUND",
@@ -58,7 +59,7 @@ def classify(exc: BaseException, *, table: str | None = None) -> LakemirrorError
     """Return a lakemirror error for ``exc`` (unchanged if it already is one)."""
     if isinstance(exc, LakemirrorError):
         return exc
-    text = f"{type(exc).__name__}: {exc}"
+    text = redact(f"{type(exc).__name__}: {exc}")  # Spark quotes URLs and options, credentials included
     summary = first_line(text)
     who = f"{table}: " if table else ""
     if any(code in text for code in _BREAKING):

@@ -30,6 +30,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence, TextIO
 from lakemirror.checkpoints.audit import FAILED, SUCCESS, AuditLog, AuditRecord, config_json
 from lakemirror.errors import TerminalError, TransientError
 from lakemirror.identifiers import TableName
+from lakemirror.secrets import redact
 from lakemirror.supervisor.classify import classify
 from lakemirror.supervisor.state import RestartPolicy
 
@@ -287,7 +288,7 @@ class BatchRunner:
             run_id=self.run_id, logging_time=ts(self.clock()), operation_type=OPERATION_TYPE.get(operation, operation),
             catalog_name=job.target.catalog, schema_name=job.target.schema, object_name=job.target.table,
             object_type="table", status=status, start_time=ts(start), end_time=ts(end),
-            duration_seconds=round(end - start, 6), error_message=error,
+            duration_seconds=round(end - start, 6), error_message=redact(error) if error else error,
             details=json.dumps({"operation": operation, "source": str(job.source), **details}, default=str,
                                sort_keys=True),
             attempt_number=attempt, max_attempts=job.settings.max_attempts,
