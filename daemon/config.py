@@ -239,6 +239,40 @@ def _origin_of(loc: tuple[Any, ...], file_origin: str, overrides: dict[str, Any]
     return f"{file_origin}: {_loc(loc)}"
 
 
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+
+
+def local_path_problem(value: str) -> str | None:
+    """Why a local directory cannot be used (created if missing), or None. URIs are not checked."""
+    if _SCHEME.match(value):
+        return None
+    path = Path(value).expanduser().absolute()
+    if path.exists():
+        if not path.is_dir():
+            return f"{path} is a file, not a directory; point it at a directory"
+        return None if os.access(path, os.W_OK | os.X_OK) else f"{path} is not writable by this user"
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                return f"{path} cannot be created: {parent} is a file, not a directory"
+            if not os.access(parent, os.W_OK | os.X_OK):
+                return f"{path} cannot be created: {parent} is not writable by this user"
+            return None
+    return None
+
+
+def _path_problems(settings: Settings, origin: str, overrides: dict[str, Any]) -> list[tuple[str, str]]:
+    if settings.runtime.mode != "local":
+        return []
+    found = []
+    for loc, value in ((("checkpoint_volume",), settings.checkpoint_volume),
+                       (("runtime", "warehouse"), settings.runtime.warehouse)):
+        problem = local_path_problem(value)
+        if problem:
+            found.append((_origin_of(loc, origin, overrides), problem))
+    return found
+
+
 def load_settings(path: str | Path | None, overrides: dict[str, Any] | None = None) -> Settings:
     """Load and validate; raise :class:`ConfigError` listing every problem with its location."""
     data = read_yaml(path) if path is not None else {}
@@ -266,7 +300,11 @@ def load_settings(path: str | Path | None, overrides: dict[str, Any] | None = No
                 msg = "required setting is missing"
             problems.append((_origin_of(tuple(err["loc"]), origin, overrides or {}), msg))
         raise ConfigError(problems) from None
-    return Settings.model_validate(bound.model_dump())
+    settings = Settings.model_validate(bound.model_dump())
+    unusable = _path_problems(settings, origin, overrides or {})
+    if unusable:
+        raise ConfigError(unusable)
+    return settings
 
 
 def parse_set_flags(values: list[str]) -> dict[str, Any]:
