@@ -378,6 +378,9 @@ class TableRunner:
             try:
                 self.ctx.fault("before_merge")
                 outcome = sink.apply(batch, txn)
+                if outcome.replayed:
+                    log.info("table %s: batch %d of %s was already committed to the replica (a restart "
+                             "replays it); Delta skipped the write", self.source, txn.version, txn.app_id)
                 if outcome.stats.rows_read:
                     self.ctx.fault("after_merge")
                     self.ctx.checkpoints.append(self._checkpoint_row(txn, epoch, outcome, started), batch.sparkSession)  # type: ignore[call-arg]

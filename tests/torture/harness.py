@@ -297,6 +297,7 @@ class Torture:
         self.report.writer_commits = self.writer.commits
         self.report.writer_ops = self.writer.seq
         self.catch_up_and_drain()
+        self.report.batches_replayed = self.daemon.log.read_text(errors="replace").count("was already committed")
         self.verify()
         self.report.elapsed_seconds = time.time() - started
         return self.report
@@ -370,7 +371,8 @@ def render_markdown(report: TortureReport, machine: str, command: str) -> str:
         f"Command: `{command}`  ", f"Machine: {machine}  ", f"Seed: {report.seed}", "",
         f"**{report.kill_count} SIGKILLs** ({reached} at the intended moment), "
         f"{report.writer_commits} source commits carrying {report.writer_ops} sequence-numbered operations, "
-        f"{report.elapsed_seconds:.0f} s in all.", "",
+        f"{report.elapsed_seconds:.0f} s in all. {report.batches_replayed} micro-batches were replayed after a "
+        f"crash and found already committed (Delta skipped them by transaction id).", "",
         "| # | crash point | reached | seconds |", "|---|---|---|---|",
     ]
     for i, k in enumerate(report.kills, 1):
