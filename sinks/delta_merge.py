@@ -26,6 +26,7 @@ from lakemirror.sinks.planner import COMMIT_TIMESTAMP, COMMIT_VERSION, LATEST_CO
 from lakemirror.tables import TableLocation
 
 if TYPE_CHECKING:
+    from delta.tables import DeltaTable
     from pyspark.sql import DataFrame, SparkSession
 
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
@@ -104,6 +105,7 @@ class DeltaMergeSink:
                 return MergeOutcome(stats, ApplyCounts(), replayed=False)
             source = self.latest_changes(batch)
             target = tables.delta_table(session, self.target)
+            before = self._newest(target)
             builder = (target.alias(TARGET_ALIAS)
                        .merge(source.alias(SOURCE_ALIAS), self.plan.match_condition)
                        .whenMatchedDelete(condition=self.plan.delete_condition)
@@ -111,16 +113,26 @@ class DeltaMergeSink:
                        .whenNotMatchedInsert(condition=self.plan.upsert_condition, values=self.plan.assignments))
             with transaction(session, txn):
                 builder.execute()
-            return self._outcome(session, stats, txn)
+            return self._outcome(session, stats, txn, before)
         finally:
             batch.unpersist()
 
-    def _outcome(self, session: "SparkSession", stats: BatchStats, txn: TxnId) -> MergeOutcome:
+    @staticmethod
+    def _newest(table: "DeltaTable") -> Any:
+        rows = table.history(1).select("version", "userMetadata", "operationMetrics").collect()
+        return rows[0] if rows else None
+
+    def _outcome(self, session: "SparkSession", stats: BatchStats, txn: TxnId, before: Any) -> MergeOutcome:
+        """Fresh when this MERGE made the newest commit; replayed when Delta skipped it because the
+        transaction was committed before (by a run that crashed before Spark's commit log). The
+        version seen before the MERGE tells the two apart even when the skipped transaction's
+        commit is still the newest one."""
         table = tables.delta_table(session, self.target)
         tag = txn.tag()
-        newest = table.history(1).select("userMetadata", "operationMetrics").collect()
-        if newest and newest[0]["userMetadata"] == tag:
-            return MergeOutcome(stats, _counts_from_metrics(newest[0]["operationMetrics"]), replayed=False)
+        newest = self._newest(table)
+        advanced = newest is not None and (before is None or newest["version"] > before["version"])
+        if advanced and newest["userMetadata"] == tag:
+            return MergeOutcome(stats, _counts_from_metrics(newest["operationMetrics"]), replayed=False)
         earlier = (table.history().where(f"userMetadata = '{tag.replace(chr(39), chr(39) * 2)}'")
                    .select("operationMetrics").collect())
         counts = _counts_from_metrics(earlier[0]["operationMetrics"]) if earlier else ApplyCounts()

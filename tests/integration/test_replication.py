@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from lakemirror.identifiers import TableName
+
 pytestmark = pytest.mark.integration
 
 
@@ -112,3 +114,30 @@ def test_bootstrap_copies_the_snapshot_then_streams_from_the_next_version(pipeli
     pipeline.wait_caught_up("b")
     pipeline.assert_replica_equals_source("b")
     assert pipeline.app.checkpoints.latest("test")["src.sales.b"].first_version == v + 1
+
+
+def test_a_batch_applied_twice_is_skipped_and_reported_as_replayed(spark, tmp_path):
+    """The crash window after the MERGE commit: the same (app id, batch) again is skipped by Delta
+    and reported as a replay, even though its earlier commit is still the replica's newest."""
+    from datetime import datetime
+
+    from lakemirror import tables
+    from lakemirror.schema import Column
+    from lakemirror.sinks.delta_merge import DeltaMergeSink, TxnId
+    from lakemirror.sinks.planner import plan_merge
+    from lakemirror.tables import TableLocation
+
+    replica = TableLocation(TableName("dst", "s", "t"), str(tmp_path / "replica"))
+    spark.sql(f"CREATE TABLE {replica.sql} (id BIGINT NOT NULL, v STRING) USING DELTA")
+    plan = plan_merge((Column("id", "bigint", False), Column("v", "string")), ["id"])
+    now = datetime(2026, 1, 1)
+    batch = spark.createDataFrame(
+        [(1, "a", "insert", 5, now), (2, "b", "insert", 5, now), (1, "a2", "update_postimage", 6, now)],
+        "id BIGINT, v STRING, _change_type STRING, _commit_version BIGINT, _commit_timestamp TIMESTAMP")
+    sink = DeltaMergeSink(replica, plan)
+    first = sink.apply(batch, TxnId("lakemirror/test/t/e1", 0))
+    again = sink.apply(batch, TxnId("lakemirror/test/t/e1", 0))
+    assert (first.replayed, first.counts.inserted) == (False, 2)
+    assert (again.replayed, again.counts.inserted) == (True, 2), "the replay reports the earlier commit's counts"
+    assert tables.delta_table(spark, replica).history().count() == 2  # CREATE + one MERGE
+    assert sorted(tuple(r) for r in tables.read(spark, replica).collect()) == [(1, "a2"), (2, "b")]
