@@ -57,6 +57,11 @@ def _detail(spark: "SparkSession", loc: TableLocation) -> tuple[str | None, dict
     return row["id"], dict(row["properties"] or {})
 
 
+def table_id(spark: "SparkSession", loc: TableLocation) -> str | None:
+    """The Delta table id (``metaData.id``): it changes when a table is dropped and recreated."""
+    return _detail(spark, loc)[0]
+
+
 class LocalCatalog:
     """Path-based Delta tables under ``warehouse/<catalog>/<schema>/<table>``."""
 

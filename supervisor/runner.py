@@ -27,7 +27,7 @@ from lakemirror.sinks import snapshot_copy
 from lakemirror.sinks.delta_merge import DeltaMergeSink, MergeOutcome, TxnId, txn_app_id
 from lakemirror.sinks.planner import ColumnSelection, MergePlan, diff_schema, plan_merge
 from lakemirror.sources import change_feed
-from lakemirror.sources.catalog import Catalog
+from lakemirror.sources.catalog import Catalog, table_id
 from lakemirror.sources.keys import KeyChoice, choose_key
 from lakemirror.supervisor import state as sm
 from lakemirror.supervisor.classify import classify
@@ -362,7 +362,7 @@ class TableRunner:
         checkpoint = f"{spec.checkpoint_root.rstrip('/')}/{spec.pipeline_id}/{self.slug}/e{progress.epoch}"
 
         def apply_batch(batch: "DataFrame", batch_id: int) -> None:
-            self._apply_batch(sink, TxnId(app_id, batch_id), batch, progress.epoch)
+            self._apply_batch(sink, TxnId(app_id, batch_id), batch, progress.epoch, progress.source_table_id)
 
         self._query = (stream.writeStream.queryName(f"lakemirror:{spec.pipeline_id}:{self.source}")
                        .option("checkpointLocation", checkpoint)
@@ -370,12 +370,14 @@ class TableRunner:
                        .foreachBatch(apply_batch)
                        .start())
 
-    def _apply_batch(self, sink: DeltaMergeSink, txn: TxnId, batch: "DataFrame", epoch: int) -> None:
+    def _apply_batch(self, sink: DeltaMergeSink, txn: TxnId, batch: "DataFrame", epoch: int,
+                     source_table_id: str | None = None) -> None:
         with self._batch_lock:
             if self._draining:
                 raise Drained(f"{self.source}: draining; batch {txn.version} left for the next run")
             started = self.ctx.clock()
             try:
+                self._check_same_source(source_table_id, batch)
                 self.ctx.fault("before_merge")
                 outcome = sink.apply(batch, txn)
                 if outcome.replayed:
@@ -396,6 +398,23 @@ class TableRunner:
             self.last_batch_at = ended
             self._emit(BatchReport(self.table, txn.version, outcome, ended - started, ended))
             self._emit(sm.BatchApplied())
+
+    def _check_same_source(self, expected: str | None, batch: "DataFrame") -> None:
+        """Refuse a batch read from a different table than the replica mirrors.
+
+        A source dropped and recreated under its name while the stream runs has new version
+        numbers that the stream would silently continue from (skipping the new table's first
+        versions). Spark planned this batch's files before calling us, so a table id still equal
+        to the one bootstrapped from proves the batch came from that table.
+        """
+        if expected is None:
+            return
+        current = table_id(batch.sparkSession, self.ctx.catalog.locate(self.source))
+        if current != expected:
+            raise SourceReplaced(
+                f"{self.source}: the source was dropped and recreated while streaming (table id {expected} "
+                f"is now {current}); the batch was refused and the replica no longer follows it. "
+                f"Resync the table.", table=str(self.source))
 
     def _record_event(self, error: str, progress: TableProgress, *, degraded: bool, batch_id: int = -1,
                       txn_app_id: str = "") -> None:

@@ -87,3 +87,29 @@ def test_restore_of_the_source_is_followed_exactly(pipeline: Any) -> None:
     pipeline.wait_caught_up("r")
     pipeline.assert_replica_equals_source("r")
     assert pipeline.rows(pipeline.replica("r")) == [(1, "a"), (2, "b")]
+
+
+def test_a_source_dropped_and_recreated_under_its_name_is_never_followed_silently(make_pipeline: Any) -> None:
+    import shutil
+
+    p = make_pipeline(change_window_policy="resync")
+    p.create("re", "id BIGINT NOT NULL, v STRING")
+    p.sql("re", "INSERT INTO {t} VALUES (1, 'old'), (2, 'old')")
+    p.start()
+    p.wait_caught_up("re")
+    old_id = p.app.states.load(p.runner("re").slug).source_table_id
+
+    # Dropped and recreated while the daemon runs: a new table (new id, versions from 0 again)
+    # whose version numbers the replica's checkpoint would otherwise mistake for its own.
+    shutil.rmtree(p.source("re").path)
+    p.create("re", "id BIGINT NOT NULL, v STRING")
+    p.sql("re", "INSERT INTO {t} VALUES (2, 'new'), (3, 'new')")
+    p.sql("re", "INSERT INTO {t} VALUES (4, 'new')")
+    p.sql("re", "INSERT INTO {t} VALUES (5, 'new')")
+    p.wait_caught_up("re", timeout=180)
+    p.assert_replica_equals_source("re")
+    progress = p.app.states.load(p.runner("re").slug)
+    assert progress.epoch == 2 and progress.source_table_id not in (None, old_id)
+    from lakemirror import tables
+    recorded = tables.read(p.spark, p.app.checkpoints.location).where("error LIKE 'resync:%'").collect()
+    assert len(recorded) == 1 and "dropped and recreated" in recorded[0]["error"], recorded
