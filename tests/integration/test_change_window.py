@@ -113,3 +113,41 @@ def test_a_source_dropped_and_recreated_under_its_name_is_never_followed_silentl
     from lakemirror import tables
     recorded = tables.read(p.spark, p.app.checkpoints.location).where("error LIKE 'resync:%'").collect()
     assert len(recorded) == 1 and "dropped and recreated" in recorded[0]["error"], recorded
+
+
+def test_log_cleanup_past_the_needed_version_is_detected_and_resynced(make_pipeline: Any) -> None:
+    """The other way a change window closes: the source's log files for the versions the replica
+    still needs are cleaned up (log retention at a checkpoint) while the daemon is stopped."""
+    import os
+    import time
+    from pathlib import Path
+
+    p = make_pipeline(change_window_policy="resync")
+    p.create("lg", "id BIGINT NOT NULL, v INT")
+    p.sql("lg", "ALTER TABLE {t} SET TBLPROPERTIES ('delta.checkpointInterval' = '2', "
+                "'delta.logRetentionDuration' = 'interval 1 hours', 'delta.deletedFileRetentionDuration' = 'interval 1 hours')")
+    p.sql("lg", "INSERT INTO {t} VALUES (1, 1), (2, 2)")
+    p.start()
+    p.wait_caught_up("lg")
+    p.stop()
+    needed = p.latest_version("lg") + 1
+    for i in range(3):
+        p.sql("lg", f"UPDATE {{t}} SET v = v + 1 WHERE id = {1 + i % 2}")
+    # Age every log file by two days; the next checkpoint's cleanup then drops the expired ones.
+    log_dir = Path(p.source("lg").path) / "_delta_log"
+    old = time.time() - 2 * 86400
+    for f in log_dir.iterdir():
+        if f.is_file():
+            os.utime(f, (old, old))
+    p.sql("lg", "INSERT INTO {t} VALUES (3, 3)")
+    p.sql("lg", "INSERT INTO {t} VALUES (4, 4)")
+    assert not (log_dir / f"{needed:020d}.json").exists(), "the test needs the log of the next version gone"
+
+    p.app = p._new_app()  # noqa: SLF001 (a new daemon process over the same folders)
+    p.start()
+    p.wait_caught_up("lg", timeout=180)
+    p.assert_replica_equals_source("lg")
+    assert p.app.states.load(p.runner("lg").slug).epoch == 2
+    from lakemirror import tables
+    recorded = tables.read(p.spark, p.app.checkpoints.location).where("error LIKE 'resync:%'").collect()
+    assert len(recorded) == 1, recorded
