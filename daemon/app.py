@@ -157,8 +157,10 @@ class Application:
         info = {"pipeline_id": self.spec.pipeline_id, "version": __version__,
                 "source": f"{self.spec.source_catalog}.{self.spec.schema_name}",
                 "destination": f"{self.spec.destination_catalog}.{self.spec.destination_schema}"}
+        token = h.auth_token.get_secret_value() if h.auth_token is not None else None
         return ControlServer(h.host, h.port, self.metrics.registry, self.supervisor.views, info,
-                             lag_slo_seconds=self.settings.lag_slo_seconds)
+                             lag_slo_seconds=self.settings.lag_slo_seconds,
+                             commands=self.supervisor.command, auth_token=token)
 
     # -- running --------------------------------------------------------------------------------
 

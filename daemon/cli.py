@@ -71,15 +71,47 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _daemon_url(settings: Any) -> str | None:
+    """The running daemon's endpoint, as it recorded it in its pipeline folder."""
+    endpoint = Path(settings.checkpoint_volume) / settings.effective_pipeline_id / "daemon.json"
+    return json.loads(endpoint.read_text())["url"] if endpoint.is_file() else None  # type: ignore[no-any-return]
+
+
+def cmd_control(args: argparse.Namespace) -> int:
+    """pause / resume / resync one table of the running daemon (through its HTTP endpoint)."""
+    from urllib.error import HTTPError
+    from urllib.parse import quote
+
+    settings = _load(args)
+    url = args.url or _daemon_url(settings)
+    if not url:
+        print(f"no running daemon for pipeline {settings.effective_pipeline_id} (no daemon.json under "
+              f"{settings.checkpoint_volume}); start it with `lakemirror run`, or pass --url", file=sys.stderr)
+        return EXIT_FAILED
+    request = urllib.request.Request(f"{url.rstrip('/')}/tables/{quote(args.table, safe='')}/{args.command}",
+                                     data=b"", method="POST")
+    if settings.http.auth_token is not None:
+        request.add_header("Authorization", f"Bearer {settings.http.auth_token.get_secret_value()}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            json.load(resp)
+    except HTTPError as exc:
+        reason = json.loads(exc.read() or b"{}").get("error", exc.reason)
+        print(f"lakemirror {args.command} {args.table}: refused ({exc.code}): {reason}", file=sys.stderr)
+        return EXIT_FAILED
+    except OSError as exc:
+        print(f"lakemirror {args.command} {args.table}: the daemon at {url} did not answer ({exc})", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"{args.command} {args.table}: accepted; `lakemirror status` shows the table's state")
+    return EXIT_OK
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from lakemirror.daemon.status import render_table
 
     url = args.url
     if url is None and args.config:
-        settings = _load(args)
-        endpoint = Path(settings.checkpoint_volume) / settings.effective_pipeline_id / "daemon.json"
-        if endpoint.is_file():
-            url = json.loads(endpoint.read_text())["url"]
+        url = _daemon_url(_load(args))
     if url:
         try:
             with urllib.request.urlopen(f"{url.rstrip('/')}/status", timeout=5) as resp:
@@ -176,6 +208,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--url", help="the daemon's HTTP endpoint, e.g. http://127.0.0.1:9464")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_status)
+    for verb, what in (("pause", "stop replicating a table (kept across restarts)"),
+                       ("resume", "resume a paused or failed table"),
+                       ("resync", "rebuild a table's replica from a new snapshot (new epoch)")):
+        p = sub.add_parser(verb, help=f"{what}, in the running daemon")
+        _add_config_flags(p)
+        p.add_argument("table", help="the table's name in the source schema")
+        p.add_argument("--url", help="the daemon's HTTP endpoint (default: the one it recorded)")
+        p.set_defaults(func=cmd_control)
     p = sub.add_parser("demo", help="a live demo on the embedded lakehouse (until Ctrl-C)")
     p.add_argument("--workdir", default=".lakemirror-demo")
     p.add_argument("--duration", type=float, default=None, help="stop after this many seconds")

@@ -1,7 +1,9 @@
-"""The daemon's HTTP endpoint: ``/metrics``, ``/healthz``, ``/readyz`` and ``/status``.
+"""The daemon's HTTP endpoint: ``/metrics``, ``/healthz``, ``/readyz``, ``/status`` and the control
+commands ``POST /tables/{table}/pause|resume|resync`` (see :mod:`lakemirror.daemon.control`).
 
-Read-only here; the HTTP threads never call Spark: they read the supervisor's views, which are
-plain data. Served by the standard library's threading server on the configured interface.
+The HTTP threads never call Spark: they read the supervisor's views, which are plain data, and
+queue commands that the supervisor applies on its own thread. Served by the standard library's
+threading server on the configured interface.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from lakemirror.daemon import control
 
 from lakemirror.supervisor.supervisor import TableView
 
@@ -35,9 +39,12 @@ def readiness(views: list[TableView], lag_slo_seconds: float) -> tuple[bool, lis
 
 class ControlServer:
     def __init__(self, host: str, port: int, registry: CollectorRegistry,
-                 views: Callable[[], list[TableView]], info: dict[str, Any], lag_slo_seconds: float = 300.0) -> None:
+                 views: Callable[[], list[TableView]], info: dict[str, Any], lag_slo_seconds: float = 300.0,
+                 commands: Callable[[str, str], bool] | None = None, auth_token: str | None = None) -> None:
         self.registry = registry
         self.views = views
+        self.commands = commands  # (verb, table) -> queued? (False: no such table)
+        self.auth_token = auth_token
         self.info = info
         self.lag_slo = lag_slo_seconds
         handler = self._handler()
@@ -94,6 +101,24 @@ class ControlServer:
                     self._json(200, {**outer.info, "tables": [asdict(v) for v in outer.views()]})
                 else:
                     self._json(404, {"error": f"no such endpoint {path}",
-                                     "endpoints": ["/metrics", "/healthz", "/readyz", "/status"]})
+                                     "endpoints": ["/metrics", "/healthz", "/readyz", "/status",
+                                                   "POST /tables/{table}/pause|resume|resync"]})
+
+            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+                request = control.route(self.path)
+                if request is None or outer.commands is None:
+                    self._json(404, {"error": f"no such command {self.path.split('?', 1)[0]}",
+                                     "commands": ["POST /tables/{table}/pause|resume|resync"]})
+                    return
+                denied = control.authorize(self.headers.get("Authorization"), outer.auth_token,
+                                           str(outer.server.server_address[0]))
+                if denied is not None:
+                    self._json(denied[0], {"error": denied[1]})
+                    return
+                if not outer.commands(request.verb, request.table):
+                    self._json(404, {"error": f"no table {request.table!r} in this pipeline"})
+                    return
+                log.info("control: %s %s (queued)", request.verb, request.table)
+                self._json(202, {"accepted": request.verb, "table": request.table})
 
         return Handler

@@ -184,8 +184,8 @@ class TableRunner:
         message = str(error)
         if window_lost:
             message += (" The table was resynced (new bootstrap epoch)." if resync else
-                        " Policy change_window_policy=fail: the table stays failed; run `lakemirror resync` "
-                        "for it, or set change_window_policy: resync.")
+                        f" Policy change_window_policy=fail: the table stays failed; run `lakemirror resync CONFIG "
+                        f"{self.table}` (or POST /tables/{self.table}/resync), or set change_window_policy: resync.")
         return sm.Failed(error=message, code=error.code, restart_now=restart, rand=random.random(),
                          fatal=window_lost and not resync, resync=resync)
 

@@ -99,6 +99,15 @@ class Supervisor:
     def has_table(self, table: str) -> bool:
         return table in self._tables
 
+    def command(self, verb: str, table: str) -> bool:
+        """Queue ``verb`` (pause, resume, resync) for ``table``; False if the pipeline has no such table."""
+        if verb not in ("pause", "resume", "resync"):
+            raise ValueError(f"unknown command {verb!r}")
+        if not self.has_table(table):
+            return False
+        self._commands.put((verb, table))
+        return True
+
     # -- loop (the supervisor thread) -----------------------------------------------------------
 
     def start(self) -> None:

@@ -173,6 +173,19 @@ def test_pause_and_resume_commands() -> None:
     assert w.state("b") == "running" and w.runners["b"].halts == []
 
 
+def test_command_queues_for_known_tables_and_refuses_unknown_ones() -> None:
+    w = started(["a"])
+    assert w.sup.command("pause", "nope") is False
+    assert w.sup.command("pause", "a") is True
+    w.sup.tick()
+    assert w.state("a") == "paused"
+    assert w.sup.command("resync", "a") is True
+    w.sup.tick()
+    assert w.runners["a"].resyncs
+    with pytest.raises(ValueError):
+        w.sup.command("drop", "a")
+
+
 def test_persisted_pause_keeps_a_table_paused_at_start() -> None:
     w = World(["a", "b"], paused=("a",))
     w.sup.start()
