@@ -30,5 +30,10 @@ test-e2e: setup
 torture: setup
 	$(VENV)/python scripts/torture.py --kills $(or $(KILLS),25)
 
+# lakemirror against its baselines (delta-rs CDF loop, full refresh); docs/BENCHMARKS.md. QUICK=1: a smoke run.
+bench: setup
+	$(VENV)/python -m pip install --quiet -e '.[bench]'
+	$(VENV)/python -m bench $(if $(QUICK),--quick,)
+
 clean:
 	rm -rf .lakemirror-demo .pytest_cache build dist *.egg-info

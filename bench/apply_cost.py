@@ -1,0 +1,74 @@
+"""The cost of one micro-batch apply, phase by phase: where lakemirror's lag comes from.
+
+Runs lakemirror's own sink (``DeltaMergeSink.apply``) on a local Spark session against a replica
+of a ``rows``-row source, one source commit (``fraction`` of the rows changed) per apply, with and
+without deletion vectors on the replica; the median of the applies after two warm-up ones.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.workload import SourceTable
+
+
+def apply_cost(rows: int, fraction: float, applies: int, seed: int) -> list[dict[str, Any]]:
+    from lakemirror import tables
+    from lakemirror.daemon.config import RuntimeSettings
+    from lakemirror.daemon.spark import local_session
+    from lakemirror.identifiers import TableName
+    from lakemirror.schema import columns_from_struct
+    from lakemirror.sinks import snapshot_copy
+    from lakemirror.sinks.delta_merge import DeltaMergeSink, TxnId
+    from lakemirror.sinks.planner import plan_merge
+    from lakemirror.sources.catalog import table_id
+    from lakemirror.tables import TableLocation
+
+    workdir = Path(tempfile.mkdtemp(prefix="bench-apply-"))
+    src = SourceTable(workdir / "src" / "bench" / "t", rows)
+    src.create()
+    rng = random.Random(seed)
+    for i in range(applies + 2):
+        src.change(rng, fraction, i + 1)
+    spark = local_session(RuntimeSettings(master="local[2]", shuffle_partitions=2), app_name="lakemirror-bench")
+    source = TableLocation(TableName("src", "bench", "t"), str(src.path))
+    snapshot = tables.read(spark, source, versionAsOf=0)
+    columns = columns_from_struct(snapshot.schema)
+    plan = plan_merge(columns, ["id"])
+    out = []
+    try:
+        for dv in (False, True):
+            replica = TableLocation(TableName("dst", "bench", f"t_dv_{dv}"), str(workdir / "dst" / f"t_dv_{dv}"))
+            snapshot_copy.write_snapshot(snapshot, replica, columns, {})
+            spark.sql(f"ALTER TABLE {replica.sql} SET TBLPROPERTIES ('delta.enableDeletionVectors' = '{str(dv).lower()}')")
+            sink = DeltaMergeSink(replica, plan)
+            phases: dict[str, list[float]] = {"source table id": [], "batch stats": [], "sink apply": [],
+                                              "whole apply": []}
+            for v in range(1, applies + 3):
+                batch = tables.read(spark, source, readChangeFeed="true", startingVersion=v, endingVersion=v)
+                t0 = time.perf_counter()
+                table_id(spark, source)
+                t1 = time.perf_counter()
+                sink.stats(batch)
+                t2 = time.perf_counter()
+                sink.apply(batch, TxnId(f"bench/{dv}", v))
+                t3 = time.perf_counter()
+                if v > 2:
+                    phases["source table id"].append(t1 - t0)
+                    phases["batch stats"].append(t2 - t1)
+                    phases["sink apply"].append(t3 - t2)
+                    phases["whole apply"].append((t1 - t0) + (t3 - t2))
+            exact = sorted(map(tuple, tables.read(spark, source).collect())) == sorted(
+                map(tuple, tables.read(spark, replica).select("id", "v", "payload").collect()))
+            out.append({"deletion_vectors": dv, "rows": rows, "change_rows_per_apply": int(rows * fraction * 1.1),
+                        "applies": applies, "exact": exact,
+                        **{f"median_{k.replace(' ', '_')}_s": round(statistics.median(x), 3)
+                           for k, x in phases.items()}})
+    finally:
+        spark.stop()
+    return out

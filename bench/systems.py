@@ -1,0 +1,225 @@
+"""The systems under test, each replicating the same source tables, with its apply events recorded.
+
+- ``LakemirrorDaemon``: the real daemon (`lakemirror run`) as a subprocess; its apply events are
+  read afterwards from the replicas' Delta logs (the time each MERGE commit file appeared) joined
+  with the checkpoint rows (which source version each batch reached), not from its own metrics.
+- ``DeltaRsLoop``: the single-machine alternative: per table, ``load_cdf`` from the last applied
+  version, keep the latest change per key, one ``merge`` into the replica, every trigger interval.
+- ``FullRefresh``: overwrite each replica with the whole source, cycle after cycle, as fast as it
+  can go (a scheduled CTAS at its most favourable schedule), done with delta-rs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import yaml
+from deltalake import DeltaTable, write_deltalake
+
+from bench.measure import Apply
+
+RANK = {"delete": 1, "insert": 2, "update_postimage": 2}
+
+
+# -- lakemirror ---------------------------------------------------------------------------------
+
+class LakemirrorDaemon:
+    name = "lakemirror"
+
+    def __init__(self, workdir: Path, warehouse: Path, tables: list[str], trigger_seconds: float,
+                 shuffle_partitions: int = 2) -> None:
+        self.workdir, self.warehouse, self.tables = workdir, warehouse, tables
+        self.config = workdir / "lakemirror.yaml"
+        self.config.write_text(yaml.safe_dump({
+            "pipeline_id": "bench", "source_catalog": "src", "destination_catalog": "dst", "schema_name": "bench",
+            "tables": tables, "checkpoint_volume": str(workdir / "ck"), "trigger_interval_seconds": trigger_seconds,
+            "lag_interval_seconds": 1, "runtime": {"warehouse": str(warehouse), "shuffle_partitions": shuffle_partitions},
+            "http": {"port": 0}}))
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.metric_lag: list[tuple[float, float]] = []  # (time, max lakemirror_lag_seconds over tables)
+        self._scrape_stop = threading.Event()
+        self.started_at = 0.0
+
+    def start(self) -> None:
+        self.started_at = time.time()
+        log = (self.workdir / "daemon.log").open("ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "lakemirror.daemon.cli", "run", str(self.config)],
+                                     stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def url(self) -> str | None:
+        try:
+            return json.loads((self.workdir / "ck" / "bench" / "daemon.json").read_text())["url"]  # type: ignore[no-any-return]
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def status(self) -> dict[str, Any]:
+        url = self.url()
+        if url is None:
+            return {}
+        try:
+            with urllib.request.urlopen(f"{url}/status", timeout=5) as resp:
+                return {t["table"]: t for t in json.load(resp)["tables"]}
+        except OSError:
+            return {}
+
+    def wait_through(self, versions: dict[str, int], timeout: float) -> float:
+        """Seconds until every table has applied through its version (raises on timeout)."""
+        t0 = time.time()
+        while time.time() - t0 < timeout:
+            assert self.proc is not None and self.proc.poll() is None, "the daemon died: see daemon.log"
+            st = self.status()
+            if all(st.get(t, {}).get("state") == "running" and _through(st[t]) >= v for t, v in versions.items()):
+                return time.time() - t0
+            time.sleep(0.2)
+        raise TimeoutError(f"lakemirror did not reach {versions} in {timeout}s: {self.status()}")
+
+    def scrape_lag(self) -> None:
+        def loop() -> None:
+            while not self._scrape_stop.wait(1.0):
+                url = self.url()
+                if not url:
+                    continue
+                try:
+                    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
+                        text = resp.read().decode()
+                except OSError:
+                    continue
+                values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                          if line.startswith("lakemirror_lag_seconds{")]
+                if values:
+                    self.metric_lag.append((time.time(), max(values)))
+        threading.Thread(target=loop, daemon=True).start()
+
+    def stop(self) -> None:
+        self._scrape_stop.set()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(180)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+    def applies(self, table: str) -> list[Apply]:
+        """The replica's MERGE commits (file time) mapped to the source version each batch reached."""
+        reached: dict[int, int] = {}
+        ck = DeltaTable(str(self.warehouse / "dst" / "continuous_sync" / "checkpoints")).to_pyarrow_table(
+            columns=["source_fqn", "batch_id", "epoch", "last_committed_version", "error"])
+        for row in ck.to_pylist():
+            if row["source_fqn"].endswith(f".{table}") and row["error"] is None and row["batch_id"] >= 0:
+                reached[row["batch_id"]] = row["last_committed_version"]
+        out = []
+        for commit in sorted((self.warehouse / "dst" / "bench" / table / "_delta_log").glob("*.json")):
+            for line in commit.read_text().splitlines():
+                info = json.loads(line).get("commitInfo")
+                if info and info.get("userMetadata"):
+                    batch = json.loads(info["userMetadata"]).get("batch")
+                    if batch in reached:
+                        out.append(Apply(commit.stat().st_mtime, reached[batch]))
+        return out
+
+
+def _through(view: dict[str, Any]) -> int:
+    value = view.get("applied_through")
+    return -1 if value is None else int(value)
+
+
+# -- delta-rs -----------------------------------------------------------------------------------
+
+def plain_strings(table: pa.Table) -> pa.Table:
+    """delta-rs reads strings as ``string_view``, which some Arrow kernels do not take yet."""
+    schema = pa.schema([f.with_type(pa.string()) if f.type == pa.string_view() else f for f in table.schema])
+    return table.cast(schema)
+
+
+def latest_per_key(changes: pa.Table) -> pa.Table:
+    """One row per id: the last change by (_commit_version, rank of the change type)."""
+    changes = plain_strings(changes)
+    changes = changes.filter(pc.field("_change_type") != "update_preimage")
+    rank = pa.array([RANK[c] for c in changes.column("_change_type").to_pylist()], pa.int8())
+    changes = changes.append_column("_rank", rank).sort_by([("id", "ascending"), ("_commit_version", "ascending"),
+                                                             ("_rank", "ascending")])
+    cols = ["v", "payload", "_change_type"]
+    latest = changes.group_by("id", use_threads=False).aggregate([(c, "last") for c in cols])
+    return latest.rename_columns(["id", *cols])
+
+
+def merge_changes(replica: Path, latest: pa.Table) -> None:
+    (DeltaTable(str(replica)).merge(latest, "t.id = s.id", source_alias="s", target_alias="t")
+     .when_matched_delete(predicate="s._change_type = 'delete'")
+     .when_matched_update(updates={"v": "s.v", "payload": "s.payload"}, predicate="s._change_type != 'delete'")
+     .when_not_matched_insert(updates={"id": "s.id", "v": "s.v", "payload": "s.payload"},
+                              predicate="s._change_type != 'delete'")
+     .execute())
+
+
+class DeltaRsLoop:
+    name = "delta-rs CDF loop"
+
+    def __init__(self, sources: dict[str, Path], replicas: dict[str, Path], trigger_seconds: float) -> None:
+        self.sources, self.replicas, self.trigger = sources, replicas, trigger_seconds
+        self.applied: dict[str, int] = {}
+        self.events: dict[str, list[Apply]] = {t: [] for t in sources}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def bootstrap(self) -> None:
+        for t, src in self.sources.items():
+            dt = DeltaTable(str(src))
+            self.applied[t] = int(dt.version())
+            write_deltalake(str(self.replicas[t]), dt.to_pyarrow_table(), mode="overwrite")
+
+    def sweep(self, table: str) -> int:
+        dt = DeltaTable(str(self.sources[table]))
+        head = int(dt.version())
+        if head <= self.applied[table]:
+            return 0
+        changes = pa.table(dt.load_cdf(starting_version=self.applied[table] + 1, ending_version=head))
+        latest = latest_per_key(changes)
+        merge_changes(self.replicas[table], latest)
+        self.applied[table] = head
+        self.events[table].append(Apply(time.time(), head))
+        return changes.num_rows
+
+    def start(self) -> None:
+        def loop() -> None:
+            while not self._stop.is_set():
+                t0 = time.time()
+                for t in self.sources:
+                    self.sweep(t)
+                self._stop.wait(max(0.0, self.trigger - (time.time() - t0)))
+        self._thread = threading.Thread(target=loop, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(120)
+
+    def applies(self, table: str) -> list[Apply]:
+        return self.events[table]
+
+
+class FullRefresh(DeltaRsLoop):
+    name = "full refresh"
+
+    def sweep(self, table: str) -> int:
+        dt = DeltaTable(str(self.sources[table]))
+        head = int(dt.version())
+        if head <= self.applied[table]:
+            return 0
+        data = dt.to_pyarrow_table()
+        write_deltalake(str(self.replicas[table]), data, mode="overwrite")
+        self.applied[table] = head
+        self.events[table].append(Apply(time.time(), head))
+        return data.num_rows

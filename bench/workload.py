@@ -1,0 +1,64 @@
+"""Source tables and their writer, driven with delta-rs (no JVM in the benchmark's own process).
+
+Every table has ``rows`` rows (id BIGINT, v BIGINT, payload STRING) with the Change Data Feed on.
+One writer step is one MERGE per table touching ``change_fraction`` of its rows: mostly updates,
+some deletes and inserts of new ids, so the feed carries all three kinds of change.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+
+CDF = {"delta.enableChangeDataFeed": "true"}
+
+
+def table_path(warehouse: Path, catalog: str, schema: str, table: str) -> Path:
+    return warehouse / catalog / schema / table
+
+
+@dataclass
+class SourceTable:
+    path: Path
+    rows: int
+    next_id: int = 0
+    live: list[int] = field(default_factory=list)
+    commits: dict[int, float] = field(default_factory=dict)  # version -> wall time the commit returned
+
+    def create(self) -> None:
+        ids = pa.array(range(self.rows), pa.int64())
+        write_deltalake(str(self.path), pa.table({"id": ids, "v": ids, "payload": pa.array([f"p{i}" for i in range(self.rows)])}),
+                        configuration=CDF)
+        self.next_id = self.rows
+        self.live = list(range(self.rows))
+
+    def version(self) -> int:
+        return int(DeltaTable(str(self.path)).version())
+
+    def change(self, rng: random.Random, fraction: float, stamp: int) -> int:
+        """One MERGE changing about ``fraction`` of the rows; returns the number of change rows."""
+        n = max(3, int(self.rows * fraction))
+        touched = rng.sample(self.live, min(len(self.live), n))
+        deletes = set(touched[: n // 10])
+        updates = touched[n // 10:]
+        inserts = list(range(self.next_id, self.next_id + n // 10))
+        self.next_id += len(inserts)
+        ids = [*deletes, *updates, *inserts]
+        ops = ["d"] * len(deletes) + ["u"] * len(updates) + ["i"] * len(inserts)
+        source = pa.table({"id": pa.array(ids, pa.int64()), "v": pa.array([stamp] * len(ids), pa.int64()),
+                           "payload": pa.array([f"s{stamp}"] * len(ids)), "op": pa.array(ops)})
+        (DeltaTable(str(self.path)).merge(source, "t.id = s.id", source_alias="s", target_alias="t")
+         .when_matched_delete(predicate="s.op = 'd'")
+         .when_matched_update(updates={"v": "s.v", "payload": "s.payload"}, predicate="s.op = 'u'")
+         .when_not_matched_insert(updates={"id": "s.id", "v": "s.v", "payload": "s.payload"}, predicate="s.op = 'i'")
+         .execute())
+        self.commits[self.version()] = time.time()
+        live = set(self.live) - deletes
+        live.update(inserts)
+        self.live = sorted(live)
+        return len(ids)
