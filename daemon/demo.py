@@ -87,9 +87,11 @@ class DemoWriter:
         roll = r.random()
         if table == "customers":
             if roll < 0.75:
-                rows = ", ".join(f"({r.randint(1, 400)}, 'name-{r.randint(1, 9999)}', "
+                # distinct ids: a MERGE inserts every unmatched source row, so a repeated id would
+                # give the *source* two rows for one key, which no keyed replica can mirror
+                rows = ", ".join(f"({key}, 'name-{r.randint(1, 9999)}', "
                                  f"'{r.choice(['gold', 'silver', 'bronze'])}', {r.uniform(0, 500):.2f})"
-                                 for _ in range(r.randint(1, 20)))
+                                 for key in r.sample(range(1, 401), r.randint(1, 20)))
                 self.spark.sql(f"MERGE INTO {t} AS t USING (SELECT * FROM VALUES {rows} AS v(id, name, tier, balance)) AS s "
                                f"ON t.id = s.id WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *")
             else:
