@@ -93,6 +93,17 @@ class RestartSettings(Strict):
     jitter: float = Field(0.2, ge=0, le=1, description="Fraction by which a delay is randomly shortened.")
 
 
+class DatabricksSettings(Strict):
+    """Where pipelines submitted through ``POST /api/continuous-sync`` in databricks mode run."""
+
+    wheel: str | None = Field(None, description="The built lakemirror wheel in the workspace (a .whl path).")
+    config_dir: str | None = Field(None, description="Workspace folder (e.g. a volume) the daemon writes "
+                                                     "each submitted pipeline's YAML to.")
+    spark_version: str = Field("17.3.x-scala2.13", description="Runtime of the job cluster.")
+    node_type_id: str = Field("i3.xlarge", description="Node type of the job cluster.")
+    num_workers: int = Field(1, ge=0, description="Workers of the job cluster.")
+
+
 class Settings(BaseSettings):
     """A Continuous Sync pipeline. Field names follow the seed's YAML."""
 
@@ -128,6 +139,7 @@ class Settings(BaseSettings):
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)  # type: ignore[arg-type]
     http: HttpSettings = Field(default_factory=HttpSettings)  # type: ignore[arg-type]
     restart: RestartSettings = Field(default_factory=RestartSettings)  # type: ignore[arg-type]
+    databricks: DatabricksSettings = Field(default_factory=DatabricksSettings)  # type: ignore[arg-type]
 
     @field_validator("source_catalog", "destination_catalog", "schema_name", "destination_schema", "audit_catalog")
     @classmethod

@@ -1,0 +1,244 @@
+"""The REST control API under ``/api``: Continuous Sync pipelines and the CDF readiness check.
+
+Each handler takes a matched route (and a parsed body) and returns ``(HTTP status, JSON payload)``;
+:mod:`lakemirror.daemon.http` does the transport and the authorization. Work that needs Spark
+(starting or stopping a local pipeline, describing tables) runs on the :class:`CommandWorker`,
+never on the HTTP thread: the handler waits at most ``timeout_seconds`` and answers 504 after.
+
+Local and connect mode run a posted pipeline in this daemon, beside the one of its configuration
+file (``job_id`` = the pipeline id, ``run_url`` = ""); databricks mode submits it as a job.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+from dataclasses import asdict
+from typing import Any, Callable
+
+from pydantic import ValidationError
+
+from lakemirror.daemon.config import Settings, local_path_problem
+from lakemirror.daemon.databricks_pipelines import DAEMON_ONLY_KEYS, DatabricksNotConfigured, DatabricksPipelines
+from lakemirror.daemon.pipelines import PipelineExists, PipelineHandle, PipelineRegistry, checkpoint_dir_to_delete
+from lakemirror.daemon.routes import Match
+from lakemirror.daemon.worker import CommandWorker, WorkerClosed, WorkerTimeout
+from lakemirror.supervisor.cdf_check import Readiness
+
+log = logging.getLogger(__name__)
+
+Reply = tuple[int, Any]
+_NAME = re.compile(r"^[^\x00-\x1f`]{1,255}$")
+
+
+def _loc(parts: tuple[Any, ...]) -> str:
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(body)"
+
+
+def settings_from_body(body: Any, mode: str) -> Settings | list[dict[str, str]]:
+    """The pipeline a request body describes, or every problem with its field (for a 422)."""
+    if not isinstance(body, dict):
+        return [{"field": "(body)", "message": "the body must be a JSON object of pipeline settings"}]
+    problems = [{"field": k, "message": "set by the daemon's own configuration, not per pipeline"}
+                for k in DAEMON_ONLY_KEYS if k in body]
+    try:
+        settings = Settings.model_validate({k: v for k, v in body.items() if k not in DAEMON_ONLY_KEYS})
+    except ValidationError as exc:
+        for err in exc.errors(include_url=False):
+            msg = err["msg"]
+            if err["type"] == "extra_forbidden":
+                msg = "unknown setting (see the README's configuration reference)"
+            elif err["type"] == "missing":
+                msg = "required setting is missing"
+            problems.append({"field": _loc(tuple(err["loc"])), "message": msg})
+        return problems
+    if mode != "databricks":
+        problem = local_path_problem(settings.checkpoint_volume)
+        if problem:
+            problems.append({"field": "checkpoint_volume", "message": problem})
+    return problems or settings
+
+
+def pipeline_json(h: PipelineHandle) -> dict[str, Any]:
+    s = h.settings
+    return {"job_id": h.pipeline_id, "pipeline_id": h.pipeline_id, "origin": h.origin, "state": h.state,
+            "source": f"{s.source_catalog}.{s.schema_name}",
+            "destination": f"{s.destination_catalog}.{s.destination_schema or s.schema_name}",
+            "run_url": "", "started_at": h.started_at, "tables": [asdict(v) for v in h.views()]}
+
+
+def readiness_json(r: Readiness) -> dict[str, Any]:
+    out = asdict(r)
+    out["key"] = list(r.key) if r.key is not None else None
+    return out
+
+
+class ContinuousSyncApi:
+    def __init__(self, *, mode: str, registry: PipelineRegistry, worker: CommandWorker,
+                 start_pipeline: Callable[[Settings], PipelineHandle],
+                 cdf_check: Callable[[str, str], list[Readiness]],
+                 databricks: Callable[[], DatabricksPipelines] | None = None,
+                 timeout_seconds: float = 30.0, drain_timeout_seconds: float = 120.0) -> None:
+        self.mode = mode
+        self.registry = registry
+        self.worker = worker
+        self.start_pipeline = start_pipeline   # runs on the worker: builds, registers, starts
+        self.cdf_check_fn = cdf_check          # runs on the worker
+        self.databricks = databricks           # databricks mode only; built lazily by the root
+        self.timeout = timeout_seconds
+        self.drain_timeout = drain_timeout_seconds
+
+    def handle(self, m: Match, body: Any) -> Reply:
+        try:
+            return getattr(self, f"_{m.route.name}")(m, body)  # type: ignore[no-any-return]
+        except WorkerTimeout as exc:
+            return 504, {"error": str(exc)}
+        except WorkerClosed as exc:
+            return 503, {"error": str(exc)}
+        except DatabricksNotConfigured as exc:
+            return 503, {"error": str(exc)}
+
+    # -- pipelines --------------------------------------------------------------------------------
+
+    def _create(self, m: Match, body: Any) -> Reply:
+        parsed = settings_from_body(body, self.mode)
+        if isinstance(parsed, list):
+            return 422, {"error": "invalid pipeline", "problems": parsed}
+        if self.mode == "databricks" and self.databricks is not None:
+            submitted = self.databricks().submit(parsed)
+            log.info("api: pipeline %s submitted as job %s", parsed.effective_pipeline_id, submitted.job_id)
+            return 201, {"job_id": submitted.job_id, "run_url": submitted.run_url}
+        pid = parsed.effective_pipeline_id
+        if self.registry.get(pid) is not None:
+            return 409, {"error": f"pipeline {pid!r} already runs in this daemon (DELETE it first, or set "
+                                  f"another pipeline_id)"}
+        try:
+            handle = self.worker.call(f"start pipeline {pid}", lambda: self.start_pipeline(parsed), self.timeout)
+        except PipelineExists:
+            return 409, {"error": f"pipeline {pid!r} already runs in this daemon"}
+        log.info("api: pipeline %s started", pid)
+        return 201, {"job_id": handle.pipeline_id, "run_url": ""}
+
+    def _list(self, m: Match, body: Any) -> Reply:
+        out = [pipeline_json(h) for h in self.registry.all()]
+        if self.mode == "databricks" and self.databricks is not None:
+            out += self.databricks().list()
+        return 200, {"pipelines": out}
+
+    def _job_id(self, m: Match) -> int | None:
+        raw = m.params["job_id"]
+        if self.mode == "databricks" and self.databricks is not None and raw.isdigit() \
+                and self.registry.get(raw) is None:
+            return int(raw)
+        return None
+
+    def _unknown(self, job_id: str) -> Reply:
+        return 404, {"error": f"no pipeline {job_id!r} in this daemon"}
+
+    def _get(self, m: Match, body: Any) -> Reply:
+        remote = self._job_id(m)
+        if remote is not None:
+            try:
+                return 200, self.databricks().describe(remote)  # type: ignore[misc]
+            except KeyError:
+                return self._unknown(m.params["job_id"])
+        h = self.registry.get(m.params["job_id"])
+        return (200, pipeline_json(h)) if h is not None else self._unknown(m.params["job_id"])
+
+    def _delete(self, m: Match, body: Any) -> Reply:
+        cleanup = (m.arg("cleanup_checkpoints") or "false").lower()
+        if cleanup not in ("true", "false"):
+            return 422, {"error": "invalid query", "problems": [
+                {"field": "cleanup_checkpoints", "message": "must be true or false"}]}
+        remote = self._job_id(m)
+        if remote is not None:
+            if cleanup == "true":
+                return 409, {"error": "cleanup_checkpoints=true is not done for a Databricks job: its cancelled run "
+                                      "may still be draining; delete its checkpoint folder once the run has ended"}
+            try:
+                self.databricks().delete(remote)  # type: ignore[misc]
+            except KeyError:
+                return self._unknown(m.params["job_id"])
+            return 200, {"job_id": remote, "stopped": True, "checkpoints_deleted": False}
+        h = self.registry.get(m.params["job_id"])
+        if h is None:
+            return self._unknown(m.params["job_id"])
+        if h.origin == "config":
+            return 409, {"error": f"pipeline {h.pipeline_id!r} comes from the daemon's configuration file; stop "
+                                  f"the daemon (SIGTERM) to stop it"}
+        target = None
+        if cleanup == "true":
+            try:
+                target = checkpoint_dir_to_delete(h.settings.checkpoint_volume, h.pipeline_id,
+                                                  [o.directory for o in self.registry.all() if o is not h])
+            except ValueError as exc:
+                return 409, {"error": f"checkpoints not deleted and pipeline not stopped: {exc}"}
+
+        def stop() -> bool:
+            h.stop(self.drain_timeout)
+            self.registry.remove(h.pipeline_id)
+            if target is not None and target.is_dir():
+                shutil.rmtree(target)
+                log.info("api: deleted %s", target)
+            return target is not None
+
+        try:
+            deleted = self.worker.call(f"stop pipeline {h.pipeline_id}", stop, self.timeout)
+        except WorkerTimeout as exc:
+            if not exc.started:
+                raise
+            return 202, {"job_id": h.pipeline_id, "stopped": False, "state": "stopping",
+                         "message": "the pipeline is draining; it disappears from the list when stopped"}
+        log.info("api: pipeline %s stopped", h.pipeline_id)
+        return 200, {"job_id": h.pipeline_id, "stopped": True, "checkpoints_deleted": deleted}
+
+    def _pause(self, m: Match, body: Any) -> Reply:
+        return self._pause_or_resume(m, "pause")
+
+    def _resume(self, m: Match, body: Any) -> Reply:
+        return self._pause_or_resume(m, "resume")
+
+    def _pause_or_resume(self, m: Match, verb: str) -> Reply:
+        remote = self._job_id(m)
+        if remote is not None:
+            try:
+                getattr(self.databricks(), verb)(remote)  # type: ignore[misc]
+            except KeyError:
+                return self._unknown(m.params["job_id"])
+            return 202, {"job_id": remote, "accepted": verb}
+        h = self.registry.get(m.params["job_id"])
+        if h is None or h.state != "running":
+            return self._unknown(m.params["job_id"])
+        tables = [v.table for v in h.views() if h.supervisor.command(verb, v.table)]
+        return 202, {"job_id": h.pipeline_id, "accepted": verb, "tables": tables}
+
+    def _resync(self, m: Match, body: Any) -> Reply:
+        if self._job_id(m) is not None:
+            return 501, {"error": "resync a table of a Databricks job through that job's own daemon "
+                                  "(POST /tables/{table}/resync on its endpoint)"}
+        h = self.registry.get(m.params["job_id"])
+        if h is None or h.state != "running":
+            return self._unknown(m.params["job_id"])
+        table = m.params["table"]
+        if not h.supervisor.command("resync", table):
+            return 404, {"error": f"no table {table!r} in pipeline {h.pipeline_id!r}"}
+        return 202, {"job_id": h.pipeline_id, "accepted": "resync", "table": table}
+
+    # -- readiness --------------------------------------------------------------------------------
+
+    def _cdf_check(self, m: Match, body: Any) -> Reply:
+        catalog, schema = m.arg("catalog"), m.arg("schema")
+        problems = [{"field": name, "message": "required; a catalog or schema name"}
+                    for name, value in (("catalog", catalog), ("schema", schema))
+                    if value is None or not _NAME.match(value) or "." in value]
+        if problems:
+            return 422, {"error": "invalid query", "problems": problems}
+        assert catalog is not None and schema is not None
+        verdicts = self.worker.call(f"cdf-check {catalog}.{schema}",
+                                    lambda: self.cdf_check_fn(catalog, schema), self.timeout)
+        return 200, {"catalog": catalog, "schema": schema, "ready": all(v.ready for v in verdicts),
+                     "tables": [readiness_json(v) for v in verdicts]}

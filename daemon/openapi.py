@@ -1,0 +1,168 @@
+"""The OpenAPI 3 document of the daemon's HTTP endpoint, served at ``GET /api/openapi.json``.
+
+Written by hand (it is the published contract); a unit test checks that it names exactly the
+routes of :data:`lakemirror.daemon.routes.ROUTES`, which are the ones the server answers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lakemirror import __version__
+
+_ERR = {"$ref": "#/components/schemas/Error"}
+_PROBLEMS = {"$ref": "#/components/schemas/Problems"}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _auth_errors() -> dict[str, Any]:
+    return {"401": _json(_ERR, "Missing or wrong bearer token (a token is configured)."),
+            "403": _json(_ERR, "No token configured and the endpoint is not on a loopback interface.")}
+
+
+def _param(name: str, where: str, description: str, schema: dict[str, Any] | None = None,
+           required: bool = True) -> dict[str, Any]:
+    return {"name": name, "in": where, "required": required, "description": description,
+            "schema": schema or {"type": "string"}}
+
+
+JOB_ID = _param("job_id", "path", "The pipeline id (local and connect mode) or the Databricks job id.")
+TABLE = _param("table", "path", "The table name (URL-encoded).")
+_SECURE = [{"bearer": []}]
+
+
+def _op(summary: str, responses: dict[str, Any], *, params: list[dict[str, Any]] | None = None,
+        secured: bool = False, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    op: dict[str, Any] = {"summary": summary, "responses": {**responses, **(_auth_errors() if secured else {})}}
+    if params:
+        op["parameters"] = params
+    if secured:
+        op["security"] = _SECURE
+    if body is not None:
+        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
+    return op
+
+
+def _table_command(verb: str) -> dict[str, Any]:
+    return _op(f"{verb.capitalize()} one table of the daemon's configured pipeline (queued for its supervisor).",
+               {"202": _json({"type": "object"}, "Queued."), "404": _json(_ERR, "No such table.")},
+               params=[TABLE], secured=True)
+
+
+def document() -> dict[str, Any]:
+    """The whole document (a new dict each call)."""
+    text = {"text/plain": {"schema": {"type": "string"}}}
+    one = {"$ref": "#/components/schemas/Pipeline"}
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": "lakemirror daemon", "version": __version__,
+                 "description": "Metrics, health, status and control of a lakemirror replication daemon."},
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
+                                           "description": "http.auth_token; without one, loopback only."}},
+            "schemas": {
+                "Error": {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]},
+                "Problems": {"type": "object", "required": ["error", "problems"], "properties": {
+                    "error": {"type": "string"},
+                    "problems": {"type": "array", "items": {"type": "object", "properties": {
+                        "field": {"type": "string"}, "message": {"type": "string"}}}}}},
+                "PipelineSettings": {"type": "object", "additionalProperties": True,
+                                     "required": ["source_catalog", "destination_catalog", "schema_name",
+                                                  "checkpoint_volume"],
+                                     "description": "The settings of the pipeline YAML (see the README's "
+                                                    "configuration reference) except runtime, http and databricks.",
+                                     "properties": {k: {"type": t} for k, t in (
+                                         ("pipeline_id", "string"), ("source_catalog", "string"),
+                                         ("destination_catalog", "string"), ("schema_name", "string"),
+                                         ("destination_schema", "string"), ("checkpoint_volume", "string"),
+                                         ("trigger_interval_seconds", "number"),
+                                         ("allow_schema_evolution", "boolean"), ("table_overrides", "object"))}
+                                     | {"tables": {"type": "array", "items": {"type": "string"}}}},
+                "Submitted": {"type": "object", "required": ["job_id", "run_url"], "properties": {
+                    "job_id": {"oneOf": [{"type": "string"}, {"type": "integer"}]},
+                    "run_url": {"type": "string", "description": "Empty where there is no workspace."}}},
+                "TableView": {"type": "object", "properties": {
+                    "table": {"type": "string"}, "state": {"type": "string"},
+                    "lag_seconds": {"type": "number", "nullable": True},
+                    "versions_behind": {"type": "integer", "nullable": True},
+                    "applied_through": {"type": "integer", "nullable": True},
+                    "rows_applied": {"type": "integer"}, "last_error": {"type": "string", "nullable": True}}},
+                "Pipeline": {"type": "object", "properties": {
+                    "job_id": {"oneOf": [{"type": "string"}, {"type": "integer"}]},
+                    "origin": {"type": "string", "enum": ["config", "api", "databricks"]},
+                    "state": {"type": "string"}, "source": {"type": "string"}, "destination": {"type": "string"},
+                    "run_url": {"type": "string"},
+                    "tables": {"type": "array", "items": {"$ref": "#/components/schemas/TableView"}}}},
+                "Readiness": {"type": "object", "properties": {
+                    "table": {"type": "string"}, "ready": {"type": "boolean"}, "cdf_enabled": {"type": "boolean"},
+                    "key": {"type": "array", "items": {"type": "string"}, "nullable": True},
+                    "key_rule": {"type": "string", "nullable": True},
+                    "retention_headroom_seconds": {"type": "number", "nullable": True},
+                    "problems": {"type": "array", "items": {"type": "string"}},
+                    "fixes": {"type": "array", "items": {"type": "string"}},
+                    "warnings": {"type": "array", "items": {"type": "string"}}}},
+            },
+        },
+        "paths": {
+            "/metrics": {"get": _op("Prometheus metrics.", {"200": {"description": "Text format.", "content": text}})},
+            "/healthz": {"get": _op("The process is alive.", {"200": _json({"type": "object"}, "Alive.")})},
+            "/readyz": {"get": _op("Every table that is not paused runs within the lag SLO.", {
+                "200": _json({"type": "object"}, "Ready."), "503": _json({"type": "object"}, "Not ready, with reasons.")})},
+            "/status": {"get": _op("Per-table state of the configured pipeline.",
+                                   {"200": _json({"type": "object"}, "Status.")})},
+            "/tables/{table}/pause": {"post": _table_command("pause")},
+            "/tables/{table}/resume": {"post": _table_command("resume")},
+            "/tables/{table}/resync": {"post": _table_command("resync")},
+            "/api/openapi.json": {"get": _op("This document.", {"200": _json({"type": "object"}, "OpenAPI 3.")})},
+            "/api/continuous-sync": {
+                "post": _op("Start a Continuous Sync pipeline (in this daemon, or as a Databricks job).", {
+                    "201": _json({"$ref": "#/components/schemas/Submitted"}, "Started or submitted."),
+                    "409": _json(_ERR, "A pipeline of that id already runs."),
+                    "422": _json(_PROBLEMS, "Invalid settings: every problem with its field."),
+                    "504": _json(_ERR, "Not started within the API timeout.")},
+                    secured=True, body={"$ref": "#/components/schemas/PipelineSettings"}),
+                "get": _op("Every pipeline, with per-table state and lag.", {"200": _json(
+                    {"type": "object", "properties": {"pipelines": {"type": "array", "items": one}}}, "Pipelines.")},
+                    secured=True)},
+            "/api/continuous-sync/{job_id}": {
+                "get": _op("One pipeline, with per-table state and lag.", {
+                    "200": _json(one, "The pipeline."), "404": _json(_ERR, "No such pipeline.")},
+                    params=[JOB_ID], secured=True),
+                "delete": _op("Stop (drain) the pipeline or cancel and delete its Databricks job.", {
+                    "200": _json({"type": "object"}, "Stopped."),
+                    "202": _json({"type": "object"}, "Still draining after the API timeout."),
+                    "404": _json(_ERR, "No such pipeline."),
+                    "409": _json(_ERR, "The configured pipeline, or checkpoints that may not be deleted."),
+                    "422": _json(_PROBLEMS, "Invalid query.")},
+                    params=[JOB_ID, _param("cleanup_checkpoints", "query",
+                                           "Also delete <checkpoint_volume>/<pipeline_id> (default false).",
+                                           {"type": "boolean", "default": False}, required=False)],
+                    secured=True)},
+            "/api/continuous-sync/{job_id}/pause": {"post": _op(
+                "Pause every table of the pipeline (a Databricks job: pause its trigger and cancel its run).",
+                {"202": _json({"type": "object"}, "Queued."), "404": _json(_ERR, "No such pipeline.")},
+                params=[JOB_ID], secured=True)},
+            "/api/continuous-sync/{job_id}/resume": {"post": _op(
+                "Resume every table of the pipeline (a Databricks job: unpause its trigger).",
+                {"202": _json({"type": "object"}, "Queued."), "404": _json(_ERR, "No such pipeline.")},
+                params=[JOB_ID], secured=True)},
+            "/api/continuous-sync/{job_id}/resync/{table}": {"post": _op(
+                "Rebuild one table's replica from a new snapshot (queued for the pipeline's supervisor).",
+                {"202": _json({"type": "object"}, "Queued."), "404": _json(_ERR, "No such pipeline or table."),
+                 "501": _json(_ERR, "A Databricks job: resync through its own daemon.")},
+                params=[JOB_ID, TABLE], secured=True)},
+            "/api/incremental/cdf-check": {"get": _op(
+                "Per table of a schema: ready for continuous sync? (CDF, key and rule, retention) and the fixes.", {
+                    "200": _json({"type": "object", "properties": {
+                        "catalog": {"type": "string"}, "schema": {"type": "string"}, "ready": {"type": "boolean"},
+                        "tables": {"type": "array", "items": {"$ref": "#/components/schemas/Readiness"}}}},
+                        "Verdicts."),
+                    "422": _json(_PROBLEMS, "Missing or invalid catalog or schema."),
+                    "504": _json(_ERR, "The tables were not described within the API timeout.")},
+                params=[_param("catalog", "query", "Source catalog."), _param("schema", "query", "Schema.")],
+                secured=True)},
+        },
+    }

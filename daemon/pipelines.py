@@ -1,0 +1,135 @@
+"""The pipelines one daemon runs: the one of its configuration file, and those started over the API.
+
+Each pipeline has its own :class:`~lakemirror.supervisor.supervisor.Supervisor` (and so its own
+runners, state folder and checkpoints), and they all share the daemon's one Spark session. The
+registry is the daemon layer's book of them; the supervisor layer knows nothing of it, nor of HTTP.
+
+Threads: the daemon's main loop ticks every pipeline (:meth:`PipelineRegistry.tick_all`); the API
+worker adds and stops pipelines; HTTP threads only read (views are plain data). A pipeline's own
+lock makes a tick and a stop never overlap.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from lakemirror.daemon.config import Settings
+from lakemirror.supervisor.supervisor import Supervisor, TableView
+
+log = logging.getLogger(__name__)
+
+Origin = Literal["config", "api"]
+
+
+@dataclass
+class PipelineHandle:
+    """One running pipeline: its settings, supervisor and where its files live."""
+
+    settings: Settings
+    supervisor: Supervisor
+    origin: Origin
+    started_at: float = field(default_factory=time.time)
+    state: Literal["running", "stopping", "stopped"] = "running"
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def pipeline_id(self) -> str:
+        return self.settings.effective_pipeline_id
+
+    @property
+    def directory(self) -> Path:
+        return Path(self.settings.checkpoint_volume) / self.pipeline_id
+
+    def views(self) -> list[TableView]:
+        return self.supervisor.views()
+
+    def tick(self) -> None:
+        with self.lock:
+            if self.state == "running":
+                self.supervisor.tick()
+
+    def stop(self, drain_timeout_seconds: float) -> None:
+        """Drain and stop every table; waits for a tick in progress first. Idempotent."""
+        with self.lock:
+            if self.state == "stopped":
+                return
+            self.state = "stopping"
+            try:
+                self.supervisor.shutdown(drain_timeout_seconds)
+            finally:
+                self.state = "stopped"
+
+
+class PipelineExists(Exception):
+    pass
+
+
+class PipelineRegistry:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pipelines: dict[str, PipelineHandle] = {}
+
+    def add(self, handle: PipelineHandle) -> None:
+        with self._lock:
+            if handle.pipeline_id in self._pipelines:
+                raise PipelineExists(handle.pipeline_id)
+            self._pipelines[handle.pipeline_id] = handle
+
+    def reserve_check(self, pipeline_id: str) -> bool:
+        """True when no pipeline of that id runs (a hint: :meth:`add` is the authority)."""
+        with self._lock:
+            return pipeline_id not in self._pipelines
+
+    def get(self, pipeline_id: str) -> PipelineHandle | None:
+        with self._lock:
+            return self._pipelines.get(pipeline_id)
+
+    def remove(self, pipeline_id: str) -> PipelineHandle | None:
+        with self._lock:
+            return self._pipelines.pop(pipeline_id, None)
+
+    def all(self) -> list[PipelineHandle]:
+        with self._lock:
+            return sorted(self._pipelines.values(), key=lambda h: (h.origin != "config", h.pipeline_id))
+
+    def tick_all(self) -> None:
+        """One supervisor tick per pipeline; a failing tick is logged and never stops the others."""
+        for handle in self.all():
+            try:
+                handle.tick()
+            except Exception:
+                log.exception("pipeline %s: supervisor tick failed", handle.pipeline_id)
+
+    def shutdown_all(self, drain_timeout_seconds: float) -> None:
+        """Drain every pipeline under one shared deadline."""
+        deadline = time.monotonic() + drain_timeout_seconds
+        for handle in self.all():
+            handle.stop(max(0.0, deadline - time.monotonic()))
+
+
+def checkpoint_dir_to_delete(checkpoint_volume: str, pipeline_id: str, protected: list[Path]) -> Path:
+    """The directory ``DELETE …?cleanup_checkpoints=true`` may remove, or ValueError saying why not.
+
+    Only ``<checkpoint_volume>/<pipeline_id>`` itself: a real directory (not a symlink) strictly
+    inside the volume, holding no other running pipeline's directory and not inside one. Pure
+    apart from resolving paths.
+    """
+    volume = Path(checkpoint_volume).expanduser().absolute()
+    if not pipeline_id or pipeline_id in (".", "..") or "/" in pipeline_id or "\\" in pipeline_id:
+        raise ValueError(f"refusing to delete checkpoints of a pipeline id like {pipeline_id!r}")
+    target = volume / pipeline_id
+    if target.is_symlink():
+        raise ValueError(f"{target} is a symbolic link; delete it by hand if it is really this pipeline's")
+    resolved, root = target.resolve(), volume.resolve()
+    if resolved == root or root not in resolved.parents:
+        raise ValueError(f"{target} is not inside the checkpoint volume {volume}")
+    for other in protected:
+        o = other.expanduser().absolute().resolve()
+        if o == resolved or resolved in o.parents or o in resolved.parents:
+            raise ValueError(f"{target} overlaps {o}, the directory of a pipeline that still runs")
+    return target
