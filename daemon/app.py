@@ -6,6 +6,7 @@ instead of patching modules.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -20,18 +21,24 @@ from typing import TYPE_CHECKING, Any, Callable
 from lakemirror import __version__
 from lakemirror.checkpoints.delta_store import DeltaCheckpointStore
 from lakemirror.checkpoints.state import FileStateStore
+from lakemirror.daemon.api import ContinuousSyncApi
 from lakemirror.daemon.config import Settings
+from lakemirror.daemon.databricks_pipelines import DatabricksPipelines
 from lakemirror.daemon.http import ControlServer
 from lakemirror.daemon.metrics import Metrics
+from lakemirror.daemon.pipelines import PipelineHandle, PipelineRegistry
+from lakemirror.daemon.worker import CommandWorker
 from lakemirror.errors import ConfigError
 from lakemirror.identifiers import TableName
 from lakemirror.sources.catalog import Catalog, LocalCatalog, UnityCatalog
+from lakemirror.supervisor import cdf_check
 from lakemirror.supervisor.runner import FAULT_POINTS, RunnerContext, TableRunner
 from lakemirror.supervisor.spec import PipelineSpec, TableOptions
 from lakemirror.supervisor.state import RestartPolicy
 from lakemirror.supervisor.supervisor import Supervisor
 
 if TYPE_CHECKING:
+    from databricks.sdk import WorkspaceClient
     from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
@@ -134,22 +141,93 @@ class Application:
         return RunnerContext(self.spark, self.catalog, self.states, self.checkpoints, self.spec,
                              fault=crash_points_from_environment())
 
-    def list_tables(self) -> list[str]:
-        spec = self.spec
+    def list_tables(self, spec: PipelineSpec | None = None) -> list[str]:
+        spec = spec or self.spec
         if spec.tables is not None:
             return [t for t in spec.tables if t not in spec.exclude_tables]
         found = self.catalog.list_tables(self.spark, spec.source_catalog, spec.schema_name)
         return [t.table for t in found if t.table not in spec.exclude_tables]
 
+    def _supervisor_for(self, settings: Settings, spec: PipelineSpec, ctx: Callable[[], RunnerContext],
+                        metrics: Metrics) -> Supervisor:
+        r = settings.restart
+        return Supervisor(
+            runner_factory=lambda table: TableRunner(table, ctx()),
+            list_tables=lambda: self.list_tables(spec),
+            policy=RestartPolicy(r.base_delay_seconds, r.max_delay_seconds, 2.0, r.jitter),
+            observer=metrics, lag_interval_seconds=settings.lag_interval_seconds,
+            discover_interval_seconds=settings.discover_interval_seconds if spec.tables is None else None)
+
     @cached_property
     def supervisor(self) -> Supervisor:
-        r = self.settings.restart
-        return Supervisor(
-            runner_factory=lambda table: TableRunner(table, self.runner_context),
-            list_tables=self.list_tables,
-            policy=RestartPolicy(r.base_delay_seconds, r.max_delay_seconds, 2.0, r.jitter),
-            observer=self.metrics, lag_interval_seconds=self.settings.lag_interval_seconds,
-            discover_interval_seconds=self.settings.discover_interval_seconds if self.spec.tables is None else None)
+        return self._supervisor_for(self.settings, self.spec, lambda: self.runner_context, self.metrics)
+
+    # -- the control API: more pipelines in this daemon, or Databricks jobs ---------------------
+
+    @cached_property
+    def pipelines(self) -> PipelineRegistry:
+        return self._get("pipelines", PipelineRegistry)  # type: ignore[no-any-return]
+
+    @cached_property
+    def worker(self) -> CommandWorker:
+        """The one thread that makes the API's Spark calls (HTTP threads never do)."""
+        return self._get("worker", CommandWorker)  # type: ignore[no-any-return]
+
+    @cached_property
+    def workspace(self) -> "WorkspaceClient":
+        """Databricks mode: the workspace of the job this daemon runs in (ambient authentication)."""
+        def build() -> "WorkspaceClient":
+            from databricks.sdk import WorkspaceClient
+
+            return WorkspaceClient()
+        return self._get("workspace", build)  # type: ignore[no-any-return]
+
+    def start_pipeline(self, settings: Settings) -> PipelineHandle:
+        """Build, register and start a pipeline posted to the API. Runs on the worker thread."""
+        spec = pipeline_spec(settings)
+        if settings.effective_checkpoint_table == self.settings.effective_checkpoint_table:
+            checkpoints = self.checkpoints
+        else:
+            name = TableName.parse(settings.effective_checkpoint_table)
+            checkpoints = DeltaCheckpointStore(self.spark, self.catalog.locate(name))
+            self.catalog.ensure_schema(self.spark, name.catalog, name.schema)
+            checkpoints.ensure()
+        states = FileStateStore(Path(settings.checkpoint_volume) / spec.pipeline_id)
+        ctx = RunnerContext(self.spark, self.catalog, states, checkpoints, spec,
+                            fault=crash_points_from_environment())
+        # The same collectors, labelled with this pipeline's id (one registry per process).
+        metrics = copy.copy(self.metrics)
+        metrics.pipeline = spec.pipeline_id
+        handle = PipelineHandle(settings, self._supervisor_for(settings, spec, lambda: ctx, metrics), "api")
+        self.pipelines.add(handle)
+        with handle.lock:
+            handle.supervisor.start()
+        return handle
+
+    def check_cdf(self, catalog: str, schema: str) -> list[cdf_check.Readiness]:
+        """Describe every table of ``catalog.schema`` and judge it. Runs on the worker thread."""
+        out = []
+        declaration: cdf_check.KeyDeclaration = "constraint" if self.settings.runtime.mode == "databricks" \
+            else "property"
+        for name in self.catalog.list_tables(self.spark, catalog, schema):
+            try:
+                info = self.catalog.describe(self.spark, name)
+            except Exception as exc:  # one unreadable table is a verdict, not a failed request
+                out.append(cdf_check.unreadable(str(name), str(exc)))
+                continue
+            out.append(cdf_check.assess(info, key_declaration=declaration,
+                                        retention_warning_seconds=self.settings.retention_warning_seconds))
+        return out
+
+    @cached_property
+    def api(self) -> ContinuousSyncApi:
+        databricks = None
+        if self.settings.runtime.mode == "databricks":
+            databricks = lambda: DatabricksPipelines(self.workspace, self.settings.databricks)  # noqa: E731
+        return self._get("api", lambda: ContinuousSyncApi(  # type: ignore[no-any-return]
+            mode=self.settings.runtime.mode, registry=self.pipelines, worker=self.worker,
+            start_pipeline=self.start_pipeline, cdf_check=self.check_cdf, databricks=databricks,
+            drain_timeout_seconds=self.settings.drain_timeout_seconds))
 
     @cached_property
     def server(self) -> ControlServer:
@@ -160,7 +238,7 @@ class Application:
         token = h.auth_token.get_secret_value() if h.auth_token is not None else None
         return ControlServer(h.host, h.port, self.metrics.registry, self.supervisor.views, info,
                              lag_slo_seconds=self.settings.lag_slo_seconds,
-                             commands=self.supervisor.command, auth_token=token)
+                             commands=self.supervisor.command, auth_token=token, api=self.api)
 
     # -- running --------------------------------------------------------------------------------
 
@@ -177,15 +255,19 @@ class Application:
         self.write_endpoint_file()
         log.info("pipeline %s: serving %s/metrics", self.spec.pipeline_id, self.server.url)
         sup = self.supervisor
-        sup.start()
+        config_pipeline = PipelineHandle(self.settings, sup, "config")
+        self.pipelines.add(config_pipeline)
+        with config_pipeline.lock:
+            sup.start()
         try:
             while not stop.is_set():
-                sup.tick()
+                self.pipelines.tick_all()
                 if on_tick is not None:
                     on_tick(sup.views())
                 stop.wait(0.5)
         finally:
             log.info("draining: letting batches in flight finish (up to %.0fs)", self.settings.drain_timeout_seconds)
-            sup.shutdown(self.settings.drain_timeout_seconds)
+            self.worker.close(wait=False)
+            self.pipelines.shutdown_all(self.settings.drain_timeout_seconds)
             self.server.close()
             (self.pipeline_dir / "daemon.json").unlink(missing_ok=True)
