@@ -1,0 +1,97 @@
+"""The control API on a running daemon (real Spark + Delta): a pipeline POSTed over HTTP replicates,
+shows its state, cdf-check judges a schema, and DELETE stops it and removes its checkpoints."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+from urllib.error import HTTPError
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from lakemirror import tables
+from lakemirror.daemon.app import Application
+from lakemirror.daemon.config import load_settings
+from lakemirror.daemon.metrics import Metrics
+from lakemirror.identifiers import TableName
+
+pytestmark = pytest.mark.integration
+
+
+def call(method: str, url: str, body: Any = None) -> tuple[int, Any]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            return resp.status, json.loads(resp.read())
+    except HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_post_get_cdf_check_and_delete_on_a_running_daemon(spark: Any, tmp_path: Path) -> None:
+    warehouse, checkpoints = tmp_path / "lakehouse", tmp_path / "checkpoints"
+    settings = load_settings(None, {
+        "pipeline_id": "main", "source_catalog": "src", "destination_catalog": "dst", "schema_name": "sales",
+        "tables": [], "checkpoint_volume": str(checkpoints), "http": {"port": 0},
+        "runtime": {"mode": "local", "warehouse": str(warehouse)}})
+    app = Application(settings).replace(spark=spark, metrics=Metrics("main", CollectorRegistry()))
+    source = app.catalog.locate(TableName("src", "sales", "orders"))
+    raw = app.catalog.locate(TableName("src", "sales", "raw_events"))
+    spark.sql(f"CREATE TABLE {source.sql} (id BIGINT NOT NULL, status STRING) USING DELTA "
+              f"TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')")
+    spark.sql(f"INSERT INTO {source.sql} SELECT id, 'new' FROM range(0, 30)")
+    spark.sql(f"CREATE TABLE {raw.sql} (payload STRING) USING DELTA")
+    url = app.server.url
+    stop = threading.Event()
+    daemon = threading.Thread(target=app.run, args=(stop,), name="daemon", daemon=True)
+    daemon.start()
+    try:
+        code, answer = call("POST", f"{url}/api/continuous-sync", {
+            "pipeline_id": "api1", "source_catalog": "src", "destination_catalog": "dst", "schema_name": "sales",
+            "tables": ["orders"], "checkpoint_volume": str(checkpoints), "trigger_interval_seconds": 0.5,
+            "lag_interval_seconds": 0.5, "allow_schema_evolution": True})
+        assert (code, answer) == (201, {"job_id": "api1", "run_url": ""})
+
+        spark.sql(f"UPDATE {source.sql} SET status = 'paid' WHERE id % 3 = 0")
+        latest = int(tables.delta_table(spark, source).history(1).collect()[0]["version"])
+        deadline, view = time.time() + 120, {}
+        while time.time() < deadline:
+            view = call("GET", f"{url}/api/continuous-sync/api1")[1]["tables"][0]
+            if view["state"] == "running" and (view["applied_through"] or -1) >= latest \
+                    and view["lag_seconds"] == 0:
+                break
+            time.sleep(0.5)
+        assert view["table"] == "orders" and view["state"] == "running", view
+        assert view["applied_through"] >= latest and view["versions_behind"] == 0, view
+        replica = app.catalog.locate(TableName("dst", "sales", "orders"))
+        rows = sorted(tuple(r) for r in tables.read(spark, replica).select("id", "status").collect())
+        assert rows == sorted(tuple(r) for r in tables.read(spark, source).collect())
+
+        code, listed = call("GET", f"{url}/api/continuous-sync")
+        assert code == 200 and [p["job_id"] for p in listed["pipelines"]] == ["main", "api1"]
+
+        code, check = call("GET", f"{url}/api/incremental/cdf-check?catalog=src&schema=sales")
+        assert code == 200 and check["ready"] is False
+        verdicts = {t["table"]: t for t in check["tables"]}
+        assert verdicts["src.sales.orders"]["ready"] and verdicts["src.sales.orders"]["key"] == ["id"]
+        assert verdicts["src.sales.orders"]["key_rule"] == "column named id"
+        not_ready = verdicts["src.sales.raw_events"]
+        assert not not_ready["ready"] and not not_ready["cdf_enabled"] and not_ready["key"] is None
+        assert not_ready["fixes"][0] == (f"ALTER TABLE {raw.sql} SET TBLPROPERTIES "
+                                         f"('delta.enableChangeDataFeed' = 'true')")
+
+        assert (checkpoints / "api1").is_dir()
+        code, answer = call("DELETE", f"{url}/api/continuous-sync/api1?cleanup_checkpoints=true")
+        assert (code, answer) == (200, {"job_id": "api1", "stopped": True, "checkpoints_deleted": True})
+        assert not (checkpoints / "api1").exists()
+        assert call("GET", f"{url}/api/continuous-sync/api1")[0] == 404
+        assert not [q for q in spark.streams.active if "api1" in (q.name or "")]
+    finally:
+        stop.set()
+        daemon.join(60)
+    assert not daemon.is_alive()
