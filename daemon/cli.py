@@ -227,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target-catalog", help="only the catalog entry replicating into this catalog")
     p.add_argument("--target-schemas", metavar="A,B", help="only these schemas (replaces include_schemas)")
     p.add_argument("--uc-object-types", metavar="T,…", help="metadata object types, e.g. table_tag,column_comment")
-    p.add_argument("--operation", metavar="OP[,OP]", help="clone, reconcile and/or metadata (overrides the file)")
+    p.add_argument("--operation", metavar="OP[,OP]", help="clone, incremental, reconcile and/or metadata (overrides the file)")
     p.set_defaults(func=cmd_replicate)
     p = sub.add_parser("fetch-jars", help="resolve Delta's jars from Maven Central into the local cache")
     p.add_argument("--dest", help="target folder (default ~/.cache/lakemirror/jars-…)")

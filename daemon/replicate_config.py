@@ -43,8 +43,8 @@ from lakemirror.daemon.config import RuntimeSettings, read_yaml
 from lakemirror.errors import ConfigError
 from lakemirror.sinks.metadata_sync import DEFAULT_OBJECT_TYPES, OBJECT_TYPES
 
-Operation = Literal["clone", "reconcile", "metadata"]
-OPERATIONS: tuple[str, ...] = ("clone", "reconcile", "metadata")
+Operation = Literal["clone", "reconcile", "metadata", "incremental"]
+OPERATIONS: tuple[str, ...] = ("clone", "reconcile", "metadata", "incremental")
 
 
 class Strict(BaseModel):
@@ -226,6 +226,8 @@ class ReplicateConfig(_Level):
     audit_table: str | None = Field(None, description="Default <audit_catalog>.continuous_sync.audit_log.")
     reconciliation_table: str | None = Field(
         None, description="Default <audit_catalog>.continuous_sync.reconciliation.")
+    checkpoint_volume: str | None = Field(
+        None, description="Root of the incremental sweeps' checkpoints and state (needed by `incremental`).")
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
     cli: CliOverrides = Field(default_factory=CliOverrides)
 
@@ -317,6 +319,12 @@ def load_replicate_config(path: str | Path | None, cli: CliOverrides | None = No
                 if ident not in seen:
                     seen.add(ident)
                     problems += _problems([err], where, origin)
+    if cfg.checkpoint_volume is None:
+        for where, c, s, t in cfg.levels():
+            if "incremental" in cfg.resolve(c, s, t).operations:
+                problems.append((f"{origin}: checkpoint_volume", f"operation incremental ({where}) keeps its "
+                                 f"stream checkpoints there; set checkpoint_volume"))
+                break
     if problems:
         raise ConfigError(problems)
     return cfg
