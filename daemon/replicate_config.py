@@ -319,7 +319,7 @@ def load_replicate_config(path: str | Path | None, cli: CliOverrides | None = No
                 if ident not in seen:
                     seen.add(ident)
                     problems += _problems([err], where, origin)
-    if cfg.checkpoint_volume is None:
+    if cfg.checkpoint_volume is None and not problems:
         for where, c, s, t in cfg.levels():
             if "incremental" in cfg.resolve(c, s, t).operations:
                 problems.append((f"{origin}: checkpoint_volume", f"operation incremental ({where}) keeps its "
