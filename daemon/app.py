@@ -23,12 +23,14 @@ from lakemirror.checkpoints.state import FileStateStore
 from lakemirror.daemon.config import Settings
 from lakemirror.daemon.http import ControlServer
 from lakemirror.daemon.metrics import Metrics
+from lakemirror.daemon.subtask_app import SubtaskComposer
 from lakemirror.errors import ConfigError
 from lakemirror.identifiers import TableName
 from lakemirror.sources.catalog import Catalog, LocalCatalog, UnityCatalog
 from lakemirror.supervisor.runner import FAULT_POINTS, RunnerContext, TableRunner
 from lakemirror.supervisor.spec import PipelineSpec, TableOptions
 from lakemirror.supervisor.state import RestartPolicy
+from lakemirror.supervisor.subtasks import SubtaskService
 from lakemirror.supervisor.supervisor import Supervisor
 
 if TYPE_CHECKING:
@@ -152,6 +154,16 @@ class Application:
             discover_interval_seconds=self.settings.discover_interval_seconds if self.spec.tables is None else None)
 
     @cached_property
+    def subtasks(self) -> SubtaskService:
+        """The scheduled sub-tasks (``schedules``); runs them on worker threads of their own."""
+        def build() -> SubtaskService:
+            composer = SubtaskComposer(self.settings, self.spec, lambda: self.spark, self.catalog, self.list_tables,
+                                       self.metrics, self._get("subtask_parts", dict))
+            return composer.service()
+
+        return self._get("subtasks", build)  # type: ignore[no-any-return]
+
+    @cached_property
     def server(self) -> ControlServer:
         h = self.settings.http
         info = {"pipeline_id": self.spec.pipeline_id, "version": __version__,
@@ -160,7 +172,7 @@ class Application:
         token = h.auth_token.get_secret_value() if h.auth_token is not None else None
         return ControlServer(h.host, h.port, self.metrics.registry, self.supervisor.views, info,
                              lag_slo_seconds=self.settings.lag_slo_seconds,
-                             commands=self.supervisor.command, auth_token=token)
+                             commands=self.supervisor.command, auth_token=token, subtasks=self.subtasks.status)
 
     # -- running --------------------------------------------------------------------------------
 
@@ -176,16 +188,19 @@ class Application:
         self.server.start()
         self.write_endpoint_file()
         log.info("pipeline %s: serving %s/metrics", self.spec.pipeline_id, self.server.url)
-        sup = self.supervisor
+        sup, subtasks = self.supervisor, self.subtasks
         sup.start()
         try:
             while not stop.is_set():
                 sup.tick()
+                subtasks.tick()  # starts due sub-tasks on their own threads; never blocks
                 if on_tick is not None:
                     on_tick(sup.views())
                 stop.wait(0.5)
         finally:
             log.info("draining: letting batches in flight finish (up to %.0fs)", self.settings.drain_timeout_seconds)
+            deadline = time.monotonic() + self.settings.drain_timeout_seconds
             sup.shutdown(self.settings.drain_timeout_seconds)
+            subtasks.shutdown(max(0.0, deadline - time.monotonic()))
             self.server.close()
             (self.pipeline_dir / "daemon.json").unlink(missing_ok=True)

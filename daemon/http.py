@@ -40,8 +40,10 @@ def readiness(views: list[TableView], lag_slo_seconds: float) -> tuple[bool, lis
 class ControlServer:
     def __init__(self, host: str, port: int, registry: CollectorRegistry,
                  views: Callable[[], list[TableView]], info: dict[str, Any], lag_slo_seconds: float = 300.0,
-                 commands: Callable[[str, str], bool] | None = None, auth_token: str | None = None) -> None:
+                 commands: Callable[[str, str], bool] | None = None, auth_token: str | None = None,
+                 subtasks: Callable[[], list[dict[str, Any]]] | None = None) -> None:
         self.registry = registry
+        self.subtasks = subtasks  # the scheduled sub-tasks' views, shown by /status
         self.views = views
         self.commands = commands  # (verb, table) -> queued? (False: no such table)
         self.auth_token = auth_token
@@ -98,7 +100,8 @@ class ControlServer:
                     ok, reasons = readiness(outer.views(), outer.lag_slo)
                     self._json(200 if ok else 503, {"ready": ok, "reasons": reasons})
                 elif path == "/status":
-                    self._json(200, {**outer.info, "tables": [asdict(v) for v in outer.views()]})
+                    self._json(200, {**outer.info, "tables": [asdict(v) for v in outer.views()],
+                                     "subtasks": outer.subtasks() if outer.subtasks else []})
                 else:
                     self._json(404, {"error": f"no such endpoint {path}",
                                      "endpoints": ["/metrics", "/healthz", "/readyz", "/status",
