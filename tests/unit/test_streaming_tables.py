@@ -113,5 +113,3 @@ def test_clone_of_an_ordinary_table_is_unchanged() -> None:
                                     "DESCRIBE DETAIL `prod`.`sales`.`events`",
                                     "CREATE OR REPLACE TABLE `dr`.`sales`.`events` DEEP CLONE "
                                     "`prod`.`sales`.`events` VERSION AS OF 12"]
-
-
