@@ -124,3 +124,40 @@ def test_a_replica_of_a_continuous_pipeline_is_refused(spark: Any, tmp_path: Pat
     with pytest.raises(DestinationConflict, match="continuously by pipeline 'live'"):
         sweeper(spark, tmp_path).sweep(SRC, DST)
     shutil.rmtree(tmp_path / "lh" / "dst")
+
+
+def test_the_daemon_runs_a_scheduled_sweep_and_reconcile_with_audit_rows(make_pipeline: Any) -> None:
+    from lakemirror.daemon.subtask_app import SubtaskComposer
+
+    p = make_pipeline(tables=["orders"], schedules=[
+        {"name": "archive-sweep", "operations": ["incremental", "reconcile"], "every_seconds": 60,
+         "tables": ["archive"], "reconcile": {"buckets": 16}}])
+    p.create("archive", "id INT NOT NULL, v STRING", key="id")
+    p.sql("archive", "INSERT INTO {t} SELECT id, concat('v', id) FROM range(0, 30)")
+    now = [1000.0]
+
+    def inline(target: Any, name: str) -> Any:
+        target()
+        return type("Done", (), {"join": lambda self, t=None: None, "is_alive": lambda self: False})()
+
+    app = p.app
+    service = SubtaskComposer(p.settings, app.spec, lambda: p.spark, app.catalog, app.list_tables,
+                              app.metrics).service(clock=lambda: now[0], spawn=inline)
+    now[0] += 60
+    service.tick()                                                     # bootstrap + reconcile
+    p.sql("archive", "UPDATE {t} SET v = 'x' WHERE id < 3")
+    p.sql("archive", "DELETE FROM {t} WHERE id >= 25")
+    now[0] += 60
+    service.tick()                                                     # sweep + reconcile
+    [view] = service.views()
+    assert (view.runs, view.last_outcome, view.last_error) == (2, "success", None)
+    p.assert_replica_equals_source("archive")
+    audit = tables.read(p.spark, app.catalog.locate(TableName("dst", "continuous_sync", "audit_log"))).collect()
+    ops = sorted((json.loads(r["details"])["operation"], r["status"], r["object_name"]) for r in audit)
+    assert ops == [("incremental", "success", "archive")] * 2 + [("reconcile", "success", "archive")] * 2
+    assert len({r["run_id"] for r in audit}) == 2
+    labels = {"pipeline": "test", "task": "archive-sweep"}
+    registry = app.metrics.registry
+    assert registry.get_sample_value("lakemirror_subtask_runs_total", {**labels, "status": "success"}) == 2
+    assert registry.get_sample_value("lakemirror_reconcile_mismatched_keys",
+                                     {"pipeline": "test", "table": "archive", "kind": "different"}) == 0
