@@ -120,7 +120,13 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"the daemon at {url} did not answer ({exc}); reading the checkpoint table instead",
                   file=sys.stderr)
         else:
-            print(json.dumps(payload, indent=2) if args.json else render_table(payload["tables"]))
+            if args.json:
+                print(json.dumps(payload, indent=2))
+            else:
+                from lakemirror.daemon.status import render_subtasks
+
+                subtasks = render_subtasks(payload.get("subtasks", []))
+                print(render_table(payload["tables"]) + (f"\n\n{subtasks}" if subtasks else ""))
             return EXIT_OK
     if not args.config:
         print("give CONFIG (to find the daemon or its checkpoint table) or --url", file=sys.stderr)

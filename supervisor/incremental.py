@@ -133,6 +133,15 @@ class IncrementalSweep:
 
     def sweep(self, source: TableName, target: TableName, *, keys: Sequence[str] = (),
               columns: ColumnSelection = ColumnSelection(), tag: str = "") -> SweepResult:
+        """Apply the source's changes since the last sweep to ``target``; see the module docstring."""
+        try:
+            return self._sweep(source, target, keys, columns, tag)
+        finally:
+            with self._lock:
+                self._cancelled.discard(tag)
+
+    def _sweep(self, source: TableName, target: TableName, keys: Sequence[str], columns: ColumnSelection,
+               tag: str) -> SweepResult:
         spark = self.spark.newSession()
         info = self.catalog.describe(spark, source)
         if not info.cdf_enabled:

@@ -239,3 +239,14 @@ def test_status_serves_the_subtasks() -> None:
     [task] = body["subtasks"]
     assert (task["task"], task["schedule"], task["next_run_at"], task["last_outcome"]) == (
         "rec", "every 60 s", 1060.0, None)
+
+
+def test_status_text_lists_the_subtasks() -> None:
+    from lakemirror.daemon.status import render_subtasks
+
+    assert render_subtasks([], now=0) == ""
+    text = render_subtasks([{"task": "rec", "schedule": "every 60 s", "running": False, "next_run_at": 1060.0,
+                             "last_started_at": 990.0, "last_outcome": "failed", "last_error": "boom"}], now=1000.0)
+    assert text.splitlines() == [
+        "SUB-TASK  SCHEDULE    STATE  NEXT RUN  LAST RUN  LAST OUTCOME  LAST ERROR",
+        "rec       every 60 s  idle   in 60s    10s ago   failed        boom"]
