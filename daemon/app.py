@@ -27,6 +27,7 @@ from lakemirror.daemon.databricks_pipelines import DatabricksPipelines
 from lakemirror.daemon.http import ControlServer
 from lakemirror.daemon.metrics import Metrics
 from lakemirror.daemon.pipelines import PipelineHandle, PipelineRegistry
+from lakemirror.daemon.subtask_app import SubtaskComposer
 from lakemirror.daemon.worker import CommandWorker
 from lakemirror.errors import ConfigError
 from lakemirror.identifiers import TableName
@@ -35,6 +36,7 @@ from lakemirror.supervisor import cdf_check
 from lakemirror.supervisor.runner import FAULT_POINTS, RunnerContext, TableRunner
 from lakemirror.supervisor.spec import PipelineSpec, TableOptions
 from lakemirror.supervisor.state import RestartPolicy
+from lakemirror.supervisor.subtasks import SubtaskService
 from lakemirror.supervisor.supervisor import Supervisor
 
 if TYPE_CHECKING:
@@ -230,6 +232,16 @@ class Application:
             drain_timeout_seconds=self.settings.drain_timeout_seconds))
 
     @cached_property
+    def subtasks(self) -> SubtaskService:
+        """The scheduled sub-tasks (``schedules``); runs them on worker threads of their own."""
+        def build() -> SubtaskService:
+            composer = SubtaskComposer(self.settings, self.spec, lambda: self.spark, self.catalog, self.list_tables,
+                                       self.metrics, self._get("subtask_parts", dict))
+            return composer.service()
+
+        return self._get("subtasks", build)  # type: ignore[no-any-return]
+
+    @cached_property
     def server(self) -> ControlServer:
         h = self.settings.http
         info = {"pipeline_id": self.spec.pipeline_id, "version": __version__,
@@ -238,7 +250,8 @@ class Application:
         token = h.auth_token.get_secret_value() if h.auth_token is not None else None
         return ControlServer(h.host, h.port, self.metrics.registry, self.supervisor.views, info,
                              lag_slo_seconds=self.settings.lag_slo_seconds,
-                             commands=self.supervisor.command, auth_token=token, api=self.api)
+                             commands=self.supervisor.command, auth_token=token, api=self.api,
+                             subtasks=self.subtasks.status)
 
     # -- running --------------------------------------------------------------------------------
 
@@ -254,7 +267,7 @@ class Application:
         self.server.start()
         self.write_endpoint_file()
         log.info("pipeline %s: serving %s/metrics", self.spec.pipeline_id, self.server.url)
-        sup = self.supervisor
+        sup, subtasks = self.supervisor, self.subtasks
         config_pipeline = PipelineHandle(self.settings, sup, "config")
         self.pipelines.add(config_pipeline)
         with config_pipeline.lock:
@@ -262,12 +275,15 @@ class Application:
         try:
             while not stop.is_set():
                 self.pipelines.tick_all()
+                subtasks.tick()  # starts due sub-tasks on their own threads; never blocks
                 if on_tick is not None:
                     on_tick(sup.views())
                 stop.wait(0.5)
         finally:
             log.info("draining: letting batches in flight finish (up to %.0fs)", self.settings.drain_timeout_seconds)
+            deadline = time.monotonic() + self.settings.drain_timeout_seconds
             self.worker.close(wait=False)
             self.pipelines.shutdown_all(self.settings.drain_timeout_seconds)
+            subtasks.shutdown(max(0.0, deadline - time.monotonic()))
             self.server.close()
             (self.pipeline_dir / "daemon.json").unlink(missing_ok=True)

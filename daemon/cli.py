@@ -120,7 +120,13 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"the daemon at {url} did not answer ({exc}); reading the checkpoint table instead",
                   file=sys.stderr)
         else:
-            print(json.dumps(payload, indent=2) if args.json else render_table(payload["tables"]))
+            if args.json:
+                print(json.dumps(payload, indent=2))
+            else:
+                from lakemirror.daemon.status import render_subtasks
+
+                subtasks = render_subtasks(payload.get("subtasks", []))
+                print(render_table(payload["tables"]) + (f"\n\n{subtasks}" if subtasks else ""))
             return EXIT_OK
     if not args.config:
         print("give CONFIG (to find the daemon or its checkpoint table) or --url", file=sys.stderr)
@@ -227,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target-catalog", help="only the catalog entry replicating into this catalog")
     p.add_argument("--target-schemas", metavar="A,B", help="only these schemas (replaces include_schemas)")
     p.add_argument("--uc-object-types", metavar="T,…", help="metadata object types, e.g. table_tag,column_comment")
-    p.add_argument("--operation", metavar="OP[,OP]", help="clone, reconcile and/or metadata (overrides the file)")
+    p.add_argument("--operation", metavar="OP[,OP]", help="clone, incremental, reconcile and/or metadata (overrides the file)")
     p.set_defaults(func=cmd_replicate)
     p = sub.add_parser("fetch-jars", help="resolve Delta's jars from Maven Central into the local cache")
     p.add_argument("--dest", help="target folder (default ~/.cache/lakemirror/jars-…)")

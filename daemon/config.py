@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from lakemirror.daemon.schedule_config import ScheduleSettings, schedule_problems
 from lakemirror.errors import ConfigError
 
 _NAME = re.compile(r"^[^\x00-\x1f/`.]+$")
@@ -140,6 +141,9 @@ class Settings(BaseSettings):
     http: HttpSettings = Field(default_factory=HttpSettings)  # type: ignore[arg-type]
     restart: RestartSettings = Field(default_factory=RestartSettings)  # type: ignore[arg-type]
     databricks: DatabricksSettings = Field(default_factory=DatabricksSettings)  # type: ignore[arg-type]
+    schedules: list[ScheduleSettings] = Field(
+        default_factory=list, description="Batch sub-tasks (clone, incremental, reconcile, metadata) the daemon "
+                                          "runs on a schedule; see lakemirror.daemon.schedule_config.")
 
     @field_validator("source_catalog", "destination_catalog", "schema_name", "destination_schema", "audit_catalog")
     @classmethod
@@ -314,6 +318,8 @@ def load_settings(path: str | Path | None, overrides: dict[str, Any] | None = No
         raise ConfigError(problems) from None
     settings = Settings.model_validate(bound.model_dump())
     unusable = _path_problems(settings, origin, overrides or {})
+    unusable += [(_origin_of(loc, origin, overrides or {}), msg)
+                 for loc, msg in schedule_problems(settings.schedules, settings.tables, settings.exclude_tables)]
     if unusable:
         raise ConfigError(unusable)
     return settings

@@ -48,8 +48,10 @@ class ControlServer:
     def __init__(self, host: str, port: int, registry: CollectorRegistry,
                  views: Callable[[], list[TableView]], info: dict[str, Any], lag_slo_seconds: float = 300.0,
                  commands: Callable[[str, str], bool] | None = None, auth_token: str | None = None,
-                 api: "ContinuousSyncApi | None" = None) -> None:
+                 api: "ContinuousSyncApi | None" = None,
+                 subtasks: Callable[[], list[dict[str, Any]]] | None = None) -> None:
         self.registry = registry
+        self.subtasks = subtasks  # the scheduled sub-tasks' views, shown by /status
         self.views = views
         self.commands = commands  # (verb, table) -> queued? (False: no such table)
         self.auth_token = auth_token
@@ -91,7 +93,8 @@ class ControlServer:
             ok, reasons = readiness(self.views(), self.lag_slo)
             return (200 if ok else 503), {"ready": ok, "reasons": reasons}
         if name == "status":
-            return 200, {**self.info, "tables": [asdict(v) for v in self.views()]}
+            return 200, {**self.info, "tables": [asdict(v) for v in self.views()],
+                         "subtasks": self.subtasks() if self.subtasks else []}
         if name == "openapi":
             return 200, openapi.document()
         if name.startswith("table_"):

@@ -1,10 +1,14 @@
 """Every Prometheus metric lakemirror exports, declared once, with units in the names.
 
-Labels stay bounded: pipeline, table, op, state. Never keys, never error texts.
-This module is the supervisor's :class:`~lakemirror.supervisor.observer.Observer`.
+Labels stay bounded: pipeline, table, op, state, task (a configured sub-task name), status
+(success | failed), kind (missing | extra | different). Never keys, never error texts.
+This module is the supervisor's :class:`~lakemirror.supervisor.observer.Observer` and the
+scheduled sub-tasks' :class:`~lakemirror.supervisor.subtasks.SubtaskObserver`.
 """
 
 from __future__ import annotations
+
+from typing import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
@@ -48,6 +52,17 @@ class Metrics:
         self.failures = Gauge("lakemirror_consecutive_failures", "Consecutive failures of the table.", t, registry=r)
         self.next_retry = Gauge("lakemirror_next_retry_timestamp_seconds",
                                 "Unix time of the next retry of a degraded table (0 if none).", t, registry=r)
+        k = ["pipeline", "task"]
+        self.subtask_runs = Counter("lakemirror_subtask_runs_total", "Runs of a scheduled sub-task, by outcome "
+                                    "(status = success | failed).", [*k, "status"], registry=r)
+        self.subtask_last_success = Gauge("lakemirror_subtask_last_success_timestamp_seconds",
+                                          "Unix time a scheduled sub-task last finished with every operation "
+                                          "succeeding.", k, registry=r)
+        self.subtask_next_run = Gauge("lakemirror_subtask_next_run_timestamp_seconds",
+                                      "Unix time of a scheduled sub-task's next run.", k, registry=r)
+        self.mismatched = Gauge("lakemirror_reconcile_mismatched_keys", "Keys the last reconciliation found "
+                                "different from the source, by kind (missing | extra | different).",
+                                [*t, "kind"], registry=r)
         self.build = Info("lakemirror_build", "Versions of lakemirror, Spark and Delta.", registry=r)
         self.build.info({"version": __version__, "spark": SPARK_VERSION, "delta": DELTA_VERSION})
 
@@ -88,3 +103,18 @@ class Metrics:
 
     def table_removed(self, table: str) -> None:
         pass
+
+    # SubtaskObserver ---------------------------------------------------------------------------
+
+    def subtask_scheduled(self, task: str, next_run_at: float | None) -> None:
+        self.subtask_next_run.labels(pipeline=self.pipeline, task=task).set(next_run_at or 0)
+
+    def subtask_finished(self, task: str, ok: bool, finished_at: float, next_run_at: float | None) -> None:
+        self.subtask_runs.labels(pipeline=self.pipeline, task=task, status="success" if ok else "failed").inc()
+        if ok:
+            self.subtask_last_success.labels(pipeline=self.pipeline, task=task).set(finished_at)
+        self.subtask_scheduled(task, next_run_at)
+
+    def reconcile_measured(self, table: str, samples: Mapping[str, int]) -> None:
+        for kind, n in samples.items():
+            self.mismatched.labels(**self._l(table), kind=kind).set(n)

@@ -8,16 +8,19 @@ import getpass
 import logging
 import sys
 import uuid
+from pathlib import Path
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, TextIO
 
 from lakemirror.checkpoints.audit import AuditLog, DeltaAuditLog
+from lakemirror.checkpoints.state import FileStateStore
 from lakemirror.daemon.replicate_config import CatalogEntry, ReplicateConfig
 from lakemirror.identifiers import TableName
 from lakemirror.sinks.reconcile import DeltaReconciliationStore
 from lakemirror.sources.catalog import Catalog, LocalCatalog, UnityCatalog
 from lakemirror.supervisor.batch_ops import SparkDiscovery, SparkOperations
+from lakemirror.supervisor.incremental import IncrementalOperations, IncrementalSweep, WithIncremental
 from lakemirror.supervisor.replicate import (
     BatchRunner, CatalogSelection, Discovery, Operations, RunSummary, SchemaSelection, TableJob, TaskSettings,
     TextProgress, plan_work,
@@ -28,6 +31,10 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
+
+#: Where ``lakemirror replicate`` keeps incremental sweeps under ``checkpoint_volume`` (a daemon
+#: uses its pipeline id instead), and part of their transaction ids.
+REPLICATE_NAMESPACE = "replicate"
 
 
 def selections(cfg: ReplicateConfig) -> list[CatalogSelection]:
@@ -111,8 +118,17 @@ class ReplicateApp:
 
     @cached_property
     def operations(self) -> Operations:
-        return self._get("operations", lambda: SparkOperations(  # type: ignore[no-any-return]
-            self.spark, self.catalog, self.results, unity_catalog=self.unity_catalog, run_id=self.run_id))
+        def build() -> Operations:
+            ops: Operations = SparkOperations(self.spark, self.catalog, self.results,
+                                              unity_catalog=self.unity_catalog, run_id=self.run_id)
+            if self.config.checkpoint_volume is None:
+                return ops
+            states = FileStateStore(Path(self.config.checkpoint_volume) / REPLICATE_NAMESPACE / "incremental")
+            sweep = IncrementalSweep(self.spark, self.catalog, states, self.config.checkpoint_volume,
+                                     REPLICATE_NAMESPACE)
+            return WithIncremental(ops, IncrementalOperations(sweep))
+
+        return self._get("operations", build)  # type: ignore[no-any-return]
 
     @cached_property
     def execution_user(self) -> str:

@@ -41,49 +41,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from lakemirror.daemon.config import RuntimeSettings, read_yaml
 from lakemirror.errors import ConfigError
-from lakemirror.sinks.metadata_sync import DEFAULT_OBJECT_TYPES, OBJECT_TYPES
+from lakemirror.daemon.task_options import CloneOptions, MetadataSettings, ReconcileSettings, RetrySettings
 
-Operation = Literal["clone", "reconcile", "metadata"]
-OPERATIONS: tuple[str, ...] = ("clone", "reconcile", "metadata")
+Operation = Literal["clone", "reconcile", "metadata", "incremental"]
+OPERATIONS: tuple[str, ...] = ("clone", "reconcile", "metadata", "incremental")
 
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class RetrySettings(Strict):
-    max_attempts: int = Field(3, ge=1, le=100, description="Attempts per object, the first included.")
-    base_delay_seconds: float = Field(2.0, ge=0, description="Delay before the second attempt.")
-    max_delay_seconds: float = Field(120.0, gt=0, description="Cap of the exponential backoff.")
-    multiplier: float = Field(2.0, ge=1, description="Growth of the delay per attempt.")
-    jitter: float = Field(0.2, ge=0, le=1, description="Fraction by which a delay is randomly shortened.")
-
-
-class CloneOptions(Strict):
-    force_full: bool = Field(False, description="Always copy in full (never apply the change feed).")
-
-
-class ReconcileSettings(Strict):
-    buckets: int = Field(1024, ge=1, le=65536, description="Key buckets compared before keys.")
-    repair: bool = Field(False, description="Re-apply the source rows of mismatched keys through MERGE.")
-    max_keys_reported: int = Field(1000, ge=0, description="Mismatched keys kept per kind in the results.")
-    exclude_columns: list[str] = Field(default_factory=list, description="Columns not compared.")
-
-
-class MetadataSettings(Strict):
-    object_types: list[str] = Field(default_factory=lambda: list(DEFAULT_OBJECT_TYPES),
-                                    description=f"What to sync: {', '.join(OBJECT_TYPES)}.")
-    overwrite_comments: bool = True
-    overwrite_properties: bool = True
-    overwrite_tags: bool = True
-
-    @field_validator("object_types")
-    @classmethod
-    def _types(cls, v: list[str]) -> list[str]:
-        unknown = [t for t in v if t not in OBJECT_TYPES]
-        if unknown:
-            raise ValueError(f"unknown object types {unknown}; choose from {', '.join(OBJECT_TYPES)}")
-        return v
 
 
 class ObjectSettings(Strict):
@@ -226,6 +191,8 @@ class ReplicateConfig(_Level):
     audit_table: str | None = Field(None, description="Default <audit_catalog>.continuous_sync.audit_log.")
     reconciliation_table: str | None = Field(
         None, description="Default <audit_catalog>.continuous_sync.reconciliation.")
+    checkpoint_volume: str | None = Field(
+        None, description="Root of the incremental sweeps' checkpoints and state (needed by `incremental`).")
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
     cli: CliOverrides = Field(default_factory=CliOverrides)
 
@@ -317,6 +284,12 @@ def load_replicate_config(path: str | Path | None, cli: CliOverrides | None = No
                 if ident not in seen:
                     seen.add(ident)
                     problems += _problems([err], where, origin)
+    if cfg.checkpoint_volume is None and not problems:
+        for where, c, s, t in cfg.levels():
+            if "incremental" in cfg.resolve(c, s, t).operations:
+                problems.append((f"{origin}: checkpoint_volume", f"operation incremental ({where}) keeps its "
+                                 f"stream checkpoints there; set checkpoint_volume"))
+                break
     if problems:
         raise ConfigError(problems)
     return cfg

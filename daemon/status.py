@@ -1,4 +1,4 @@
-"""Rendering per-table status as a plain-text table (for `lakemirror status` and the demo)."""
+"""Rendering per-table and per-sub-task status as plain-text tables (`lakemirror status`, the demo)."""
 
 from __future__ import annotations
 
@@ -28,5 +28,24 @@ def render_table(rows: Iterable[Mapping[str, Any]], now: float | None = None) ->
             "-" if r.get("applied_through") is None else str(r.get("applied_through")),
             str(r.get("rows_applied", 0)), str(r.get("batches", 0)),
             _fmt_age(r.get("last_batch_at"), now), error[:80]))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(line)).rstrip() for line in lines)
+
+
+def _fmt_in(ts: Any, now: float) -> str:
+    return "-" if not ts else f"in {max(0.0, float(ts) - now):.0f}s"
+
+
+def render_subtasks(rows: Iterable[Mapping[str, Any]], now: float | None = None) -> str:
+    """The scheduled sub-tasks of ``/status`` (empty string when there are none)."""
+    now = time.time() if now is None else now
+    header = ("SUB-TASK", "SCHEDULE", "STATE", "NEXT RUN", "LAST RUN", "LAST OUTCOME", "LAST ERROR")
+    lines = [header]
+    for r in rows:
+        lines.append((str(r.get("task")), str(r.get("schedule")), "running" if r.get("running") else "idle",
+                      _fmt_in(r.get("next_run_at"), now), _fmt_age(r.get("last_started_at"), now),
+                      str(r.get("last_outcome") or "-"), str(r.get("last_error") or "")[:80]))
+    if len(lines) == 1:
+        return ""
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(line)).rstrip() for line in lines)

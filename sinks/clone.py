@@ -199,14 +199,19 @@ class DeepCloner:
     def __init__(self, sql: SqlExecutor) -> None:
         self.sql = sql
 
-    def clone(self, source: TableName, target: TableName) -> CloneResult:
-        history = self.sql.sql(f"DESCRIBE HISTORY {source.sql} LIMIT 1")
+    def clone(self, source: TableName, target: TableName, *, read_from: TableName | None = None) -> CloneResult:
+        """Deep-clone ``source`` into ``target``. ``read_from`` is the Delta table actually cloned
+        when it differs from ``source`` (a Streaming Table's backing table); the replica still
+        records ``source`` as what it mirrors, with the version and id of ``read_from``."""
+        data = read_from or source
+        history = self.sql.sql(f"DESCRIBE HISTORY {data.sql} LIMIT 1")
         if not history:
-            raise ValueError(f"{source}: DESCRIBE HISTORY returned nothing")
+            raise ValueError(f"{data}: DESCRIBE HISTORY returned nothing")
         version = int(history[0]["version"])
-        detail = self.sql.sql(f"DESCRIBE DETAIL {source.sql}")
+        detail = self.sql.sql(f"DESCRIBE DETAIL {data.sql}")
         source_id = detail[0].get("id") if detail else None
-        self.sql.sql(deep_clone_sql(source, target, version))
+        self.sql.sql(deep_clone_sql(data, target, version))
         self.sql.sql(set_properties_sql(target.sql, clone_properties(str(source), source_id, version)))
+        via = f" of its backing table {data}" if data != source else ""
         return CloneResult(str(source), str(target), "full", version, None,
-                           "DEEP CLONE (Databricks copies only files it has not copied before)")
+                           f"DEEP CLONE{via} (Databricks copies only files it has not copied before)")

@@ -6,7 +6,8 @@ Two implementations of one :class:`Catalog` protocol:
   ``prod.orders.order_items`` lives at ``<warehouse>/prod/orders/order_items`` as a path-based
   Delta table, so configs written for Unity Catalog read the same locally. A primary key is
   declared with the table property ``lakemirror.primaryKey``.
-- :class:`UnityCatalog`, on Databricks: tables by name, keys from PRIMARY KEY constraints.
+- :class:`UnityCatalog`, on Databricks: tables by name, keys from PRIMARY KEY constraints, and
+  the backing tables of Streaming Tables (:meth:`UnityCatalog.backing_table`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from lakemirror.errors import TerminalError
 from lakemirror.identifiers import TableName, quote, sql_string
 from lakemirror.schema import Column, columns_from_struct
 from lakemirror.sources.keys import PRIMARY_KEY_PROPERTY, parse_declared
+from lakemirror.sources.streaming_tables import SqlRunner, resolve_backing_table
 from lakemirror.tables import TableLocation
 
 if TYPE_CHECKING:
@@ -122,3 +124,10 @@ class UnityCatalog:
 
     def ensure_schema(self, spark: "SparkSession", catalog: str, schema: str) -> None:
         spark.sql(f"CREATE SCHEMA IF NOT EXISTS {quote(catalog)}.{quote(schema)}")
+
+    @staticmethod
+    def backing_table(sql: "SqlRunner", name: TableName) -> TableName:
+        """The Delta table holding ``name``'s data: ``name`` itself, or for a Streaming Table (or
+        materialized view) of a declarative pipeline its backing table in ``__databricks_internal``
+        (see :mod:`lakemirror.sources.streaming_tables`)."""
+        return resolve_backing_table(sql, name)

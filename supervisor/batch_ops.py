@@ -19,7 +19,7 @@ from lakemirror.sinks.reconcile import ReconcileOptions, Reconciler
 from lakemirror.sinks.reconcile_plan import ReconcileResult
 from lakemirror.sinks.snapshot_copy import replica_properties
 from lakemirror.sinks.sql import SparkSql
-from lakemirror.sources.catalog import Catalog, LocalCatalog
+from lakemirror.sources.catalog import Catalog, LocalCatalog, UnityCatalog
 from lakemirror.sources.keys import choose_key
 from lakemirror.supervisor.replicate import TableJob
 
@@ -120,7 +120,9 @@ class SparkOperations:
 
     def _clone(self, session: "SparkSession", job: TableJob) -> Mapping[str, Any]:
         if self.unity_catalog:
-            return dict(DeepCloner(SparkSql(session)).clone(job.source, job.target).details())
+            sql = SparkSql(session)
+            backing = UnityCatalog.backing_table(sql, job.source)  # a Streaming Table clones its backing table
+            return dict(DeepCloner(sql).clone(job.source, job.target, read_from=backing).details())
         self.catalog.ensure_schema(session, job.target.catalog, job.target.schema)
         opts = job.settings.options.get("clone", {})
         result = DeltaCloner(session).clone(self.catalog.locate(job.source), self.catalog.locate(job.target),

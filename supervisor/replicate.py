@@ -35,7 +35,8 @@ from lakemirror.supervisor.classify import classify
 from lakemirror.supervisor.state import RestartPolicy
 
 #: The seed's operation_type for each operation.
-OPERATION_TYPE = {"clone": "replication", "reconcile": "reconciliation", "metadata": "uc_replication"}
+OPERATION_TYPE = {"clone": "replication", "incremental": "replication", "reconcile": "reconciliation",
+                  "metadata": "uc_replication"}
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import get_args, get_origin
 
 from pydantic import BaseModel
 from prometheus_client import CollectorRegistry
@@ -15,19 +16,27 @@ ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 
+#: Models documented as one row (their fields are listed in that row's text).
+LEAVES = {"TableOverride", "RetrySettings", "CloneOptions", "ReconcileSettings", "MetadataSettings"}
+
+
 def setting_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
     out = []
     for name, field in model.model_fields.items():
         sub = field.annotation
-        if isinstance(sub, type) and issubclass(sub, BaseModel) and sub.__name__ != "TableOverride":
+        args = get_args(sub)
+        item = args[0] if get_origin(sub) is list and args else None
+        if isinstance(sub, type) and issubclass(sub, BaseModel) and sub.__name__ not in LEAVES:
             out += setting_paths(sub, f"{prefix}{name}.")
+        elif isinstance(item, type) and issubclass(item, BaseModel):  # a list of entries: schedules[].name
+            out += [f"{prefix}{name}", *setting_paths(item, f"{prefix}{name}[].")]
         else:
             out.append(f"{prefix}{name}")
     return out
 
 
 def test_every_setting_is_in_the_configuration_reference() -> None:
-    documented = set(re.findall(r"^\| `([a-z_.]+)` \|", README, flags=re.M))
+    documented = set(re.findall(r"^\| `([a-z_.\[\]]+)` \|", README, flags=re.M))
     missing = [p for p in setting_paths(Settings) if p not in documented]
     assert not missing, f"add these settings to the README's configuration reference: {missing}"
     unknown = documented - set(setting_paths(Settings)) - {m for m in documented if m.startswith("lakemirror_")}

@@ -1,0 +1,271 @@
+"""Incremental Sync: a periodic change-feed sweep per table, through the stream's apply path.
+
+A sweep is the continuous stream run with ``trigger(availableNow=True)``: the CDF rows committed
+since the last sweep are read in micro-batches and each batch goes through the same
+:class:`~lakemirror.sinks.delta_merge.DeltaMergeSink` as the stream, under a Delta transaction id
+``lakemirror-incremental/<namespace>/<replica>/e<epoch>-v<start>`` (version = batch id). The
+sweep has its own checkpoint location, ``<checkpoint root>/<namespace>/incremental/<replica>/
+e<epoch>``, and its own state (:class:`~lakemirror.checkpoints.state.FileStateStore` under
+``…/incremental``), so it never shares an offset or a transaction id with a continuous stream.
+A sweep interrupted anywhere is finished by the next one; a batch it already committed is skipped
+by Delta.
+
+Where a sweep starts (:func:`plan_sweep`, pure): its own epoch when it has one for the same
+source table; else the version a cloned replica records (``lakemirror.cloneSourceVersion`` of
+the same source id, same schema: no copy at all); else a snapshot at the source's current version
+replaces the replica (a new epoch). After each sweep the replica's ``lakemirror.cloneSourceVersion``
+says which source version it now mirrors, so a reconciliation compares it with the right version.
+A replica owned by a continuous pipeline is refused: a sweep would race its stream.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
+
+from lakemirror import tables
+from lakemirror.checkpoints.state import StateStore, TableProgress
+from lakemirror.errors import DestinationConflict, TerminalError
+from lakemirror.identifiers import TableName
+from lakemirror.sinks.clone import CLONE_SOURCE_ID_PROPERTY, CLONE_VERSION_PROPERTY, clone_properties
+from lakemirror.sinks.delta_merge import DeltaMergeSink, TxnId
+from lakemirror.sinks.planner import ColumnSelection, diff_schema, plan_merge
+from lakemirror.sinks import snapshot_copy
+from lakemirror.sources import change_feed
+from lakemirror.sources.catalog import Catalog
+from lakemirror.sources.keys import choose_key
+from lakemirror.supervisor.offsets import applied_through_from_offset
+from lakemirror.supervisor.replicate import Operations, TableJob
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+
+log = logging.getLogger(__name__)
+
+Action = Literal["stream", "adopt", "bootstrap"]
+
+
+@dataclass(frozen=True)
+class SweepFacts:
+    progress: TableProgress            # the sweep's own state for this replica
+    source_id: str | None
+    source_version: int
+    replica_exists: bool
+    mirrored_version: int | None = None
+    mirrored_source_id: str | None = None
+    schema_breaking: bool = False      # the replica cannot take the source's schema by adding columns
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    action: Action    # stream: continue the epoch; adopt: new epoch at the clone's version; bootstrap: copy
+    start_version: int
+    reason: str
+
+
+def plan_sweep(f: SweepFacts) -> SweepPlan:
+    """Where the sweep starts; see the module docstring."""
+    p = f.progress
+    if f.schema_breaking:
+        return SweepPlan("bootstrap", f.source_version, "the replica's schema cannot follow the source's")
+    if p.bootstrapped and p.bootstrap_version is not None and f.replica_exists and p.source_table_id == f.source_id:
+        return SweepPlan("stream", p.bootstrap_version, f"epoch {p.epoch} continues")
+    if (f.replica_exists and f.mirrored_version is not None and f.mirrored_source_id == f.source_id
+            and f.mirrored_version <= f.source_version):
+        return SweepPlan("adopt", f.mirrored_version, f"the replica mirrors source version {f.mirrored_version}")
+    if not f.replica_exists:
+        return SweepPlan("bootstrap", f.source_version, "the replica does not exist")
+    if p.source_table_id is not None and p.source_table_id != f.source_id:
+        return SweepPlan("bootstrap", f.source_version, "the source was replaced (another table id)")
+    return SweepPlan("bootstrap", f.source_version, "the replica records no usable mirrored source version")
+
+
+def sweep_app_id(namespace: str, replica_slug: str, epoch: int, start_version: int) -> str:
+    """Never equal to the continuous stream's ``lakemirror/<pipeline>/<table>/e<epoch>``."""
+    return f"lakemirror-incremental/{namespace}/{replica_slug}/e{epoch}-v{start_version}"
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    source: str
+    replica: str
+    action: Action
+    epoch: int
+    start_version: int
+    mirrored_version: int
+    batches: int
+    rows_read: int
+    rows_inserted: int
+    rows_updated: int
+    rows_deleted: int
+    batches_replayed: int
+
+    def details(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in ("source", "replica")}
+
+
+class IncrementalSweep:
+    """Runs sweeps; :meth:`cancel` stops the sweep of one attempt tag (its query stops)."""
+
+    def __init__(self, spark: "SparkSession", catalog: Catalog, states: StateStore, checkpoint_root: str,
+                 namespace: str) -> None:
+        self.spark = spark
+        self.catalog = catalog
+        self.states = states
+        self.checkpoint_root = checkpoint_root.rstrip("/")
+        self.namespace = namespace
+        self._lock = threading.Lock()
+        self._queries: dict[str, "StreamingQuery"] = {}
+        self._cancelled: set[str] = set()
+
+    def cancel(self, tag: str) -> None:
+        with self._lock:
+            self._cancelled.add(tag)
+            query = self._queries.get(tag)
+        if query is not None:
+            try:
+                query.stop()
+            except Exception as exc:  # already stopped
+                log.debug("stopping sweep %s: %s", tag, exc)
+
+    def sweep(self, source: TableName, target: TableName, *, keys: Sequence[str] = (),
+              columns: ColumnSelection = ColumnSelection(), tag: str = "") -> SweepResult:
+        """Apply the source's changes since the last sweep to ``target``; see the module docstring."""
+        try:
+            return self._sweep(source, target, keys, columns, tag)
+        finally:
+            with self._lock:
+                self._cancelled.discard(tag)
+
+    def _sweep(self, source: TableName, target: TableName, keys: Sequence[str], columns: ColumnSelection,
+               tag: str) -> SweepResult:
+        spark = self.spark.newSession()
+        info = self.catalog.describe(spark, source)
+        if not info.cdf_enabled:
+            raise TerminalError(f"{source}: Change Data Feed is not enabled; an incremental sweep reads it. Run: "
+                                f"ALTER TABLE {info.location.sql} SET TBLPROPERTIES "
+                                f"('delta.enableChangeDataFeed' = 'true')", table=str(source))
+        key = choose_key(str(source), info.columns, configured=tuple(keys), declared=info.declared_key)
+        plan = plan_merge(info.columns, key.columns, columns)
+        src, dst = self.catalog.locate(source), self.catalog.locate(target)
+        version = int(tables.delta_table(spark, src).history(1).collect()[0]["version"])
+        exists = tables.exists(spark, dst)
+        props = snapshot_copy.replica_properties(spark, dst) if exists else {}
+        owner = props.get(snapshot_copy.PIPELINE_PROPERTY)
+        if owner:
+            raise DestinationConflict(f"{target} is replicated continuously by pipeline {owner!r}; an incremental "
+                                      f"sweep into it would race that stream", table=str(source))
+        diff = diff_schema(plan.columns, snapshot_copy.replica_columns(spark, dst)) if exists else None
+        raw = props.get(CLONE_VERSION_PROPERTY)
+        mirrored = int(raw) if raw and raw.isdigit() else None
+        slug = target.slug
+        progress = self.states.load(slug)
+        decided = plan_sweep(SweepFacts(progress, info.table_id, version, exists, mirrored,
+                                        props.get(CLONE_SOURCE_ID_PROPERTY),
+                                        schema_breaking=diff is not None and not diff.is_additive))
+        log.info("incremental %s -> %s: %s (%s)", source, target, decided.action, decided.reason)
+        if decided.action != "stream":
+            progress = progress.next_epoch(decided.start_version, info.table_id)
+            self.states.save(slug, progress)
+            if decided.action == "bootstrap":
+                self.catalog.ensure_schema(spark, target.catalog, target.schema)
+                snapshot_copy.write_snapshot(change_feed.snapshot(spark, src, decided.start_version), dst,
+                                             plan.columns, clone_properties(str(source), info.table_id,
+                                                                            decided.start_version), info.properties)
+                mirrored = decided.start_version
+            progress = replace(progress, bootstrapped=True)
+            self.states.save(slug, progress)
+        elif diff is not None and not diff.is_empty:
+            snapshot_copy.add_columns(spark, dst, diff.added)
+        return self._stream(spark, source, target, plan, progress, -1 if mirrored is None else mirrored,
+                            version, decided.action, tag)
+
+    def _stream(self, spark: "SparkSession", source: TableName, target: TableName, plan: Any,
+                progress: TableProgress, mirrored: int, head: int, action: Action, tag: str) -> SweepResult:
+        assert progress.bootstrap_version is not None
+        start = progress.bootstrap_version
+        src, dst = self.catalog.locate(source), self.catalog.locate(target)
+        sink = DeltaMergeSink(dst, plan)
+        app_id = sweep_app_id(self.namespace, target.slug, progress.epoch, start)
+        checkpoint = f"{self.checkpoint_root}/{self.namespace}/incremental/{target.slug}/e{progress.epoch}"
+        totals = {"batches": 0, "rows_read": 0, "ins": 0, "upd": 0, "del": 0, "replayed": 0, "last": -1}
+
+        def apply(batch: "DataFrame", batch_id: int) -> None:
+            outcome = sink.apply(batch, TxnId(app_id, batch_id))
+            totals["batches"] += 1
+            totals["rows_read"] += outcome.stats.rows_read
+            totals["ins"] += outcome.counts.inserted
+            totals["upd"] += outcome.counts.updated
+            totals["del"] += outcome.counts.deleted
+            totals["replayed"] += int(outcome.replayed)
+            if outcome.stats.last_version is not None:
+                totals["last"] = max(totals["last"], int(outcome.stats.last_version))
+
+        stream = change_feed.change_stream(spark, src, start)
+        with self._lock:
+            if tag and tag in self._cancelled:
+                raise TerminalError(f"{source}: the incremental sweep was cancelled", table=str(source))
+            query = (stream.writeStream.queryName(f"lakemirror-incremental:{self.namespace}:{source}")
+                     .option("checkpointLocation", checkpoint).trigger(availableNow=True)
+                     .foreachBatch(apply).start())
+            if tag:
+                self._queries[tag] = query
+        try:
+            query.awaitTermination()
+        finally:
+            with self._lock:
+                self._queries.pop(tag, None)
+        error = query.exception()
+        if error is not None:  # awaitTermination raises it already; kept for runtimes that do not
+            raise error
+        with self._lock:
+            if tag in self._cancelled:
+                raise TerminalError(f"{source}: the incremental sweep was cancelled", table=str(source))
+        through = max(head, totals["last"], _offset_through(query.lastProgress))
+        if through > mirrored:
+            snapshot_copy.set_properties(spark, dst, {CLONE_VERSION_PROPERTY: str(through)})
+        return SweepResult(str(source), str(target), action, progress.epoch, start, max(through, mirrored),
+                           totals["batches"], totals["rows_read"], totals["ins"], totals["upd"], totals["del"],
+                           totals["replayed"])
+
+
+def _offset_through(progress: Mapping[str, Any] | None) -> int:
+    """The source version an availableNow run ended at, from its last progress (-1 if unknown)."""
+    if not progress:
+        return -1
+    ends = [applied_through_from_offset(s.get("endOffset")) for s in progress.get("sources", [])]
+    return max((e for e in ends if e is not None), default=-1)
+
+
+class IncrementalOperations:
+    """The ``incremental`` operation of the batch runner (see :mod:`lakemirror.supervisor.replicate`)."""
+
+    def __init__(self, sweep: IncrementalSweep) -> None:
+        self.sweeper = sweep
+
+    def run(self, operation: str, job: TableJob, tag: str) -> Mapping[str, Any]:
+        opts = job.settings.options.get("incremental", {})
+        selection = ColumnSelection(tuple(opts.get("include_columns", ())), tuple(opts.get("exclude_columns", ())))
+        return self.sweeper.sweep(job.source, job.target, keys=job.settings.keys, columns=selection,
+                                  tag=tag).details()
+
+    def cancel(self, tag: str) -> None:
+        self.sweeper.cancel(tag)
+
+
+class WithIncremental:
+    """``incremental`` goes to the sweep, every other operation to ``base``."""
+
+    def __init__(self, base: Operations, incremental: Operations) -> None:
+        self.base = base
+        self.incremental = incremental
+
+    def run(self, operation: str, job: TableJob, tag: str) -> Mapping[str, Any]:
+        return (self.incremental if operation == "incremental" else self.base).run(operation, job, tag)
+
+    def cancel(self, tag: str) -> None:
+        self.base.cancel(tag)
+        self.incremental.cancel(tag)
