@@ -59,9 +59,10 @@ CHECKPOINT_DDL = ", ".join([
 
 
 class CheckpointStore(Protocol):
-    """Where checkpoint rows go. ``append`` must be idempotent per (txn_app_id, batch_id)."""
+    """Where checkpoint rows go. ``append`` must be idempotent per (txn_app_id, batch_id);
+    ``known_new`` says no earlier attempt wrote that batch's row, so the store need not look."""
 
-    def append(self, row: CheckpointRow) -> None: ...
+    def append(self, row: CheckpointRow, *, known_new: bool = False) -> None: ...
 
     def latest(self, pipeline_id: str) -> dict[str, CheckpointRow]:
         """The newest row per source table of a pipeline."""
@@ -69,16 +70,19 @@ class CheckpointStore(Protocol):
 
 
 class InMemoryCheckpointStore:
-    """The twin used by unit tests; keeps rows in a list, skipping replays like Delta does."""
+    """The twin used by unit tests; keeps rows in a list, skipping a batch row already there."""
 
     def __init__(self) -> None:
         self.rows: list[CheckpointRow] = []
         self._lock = threading.Lock()
 
-    def append(self, row: CheckpointRow) -> None:
+    def append(self, row: CheckpointRow, *, known_new: bool = False) -> None:
         with self._lock:
-            if row.is_batch and any(r.is_batch and r.txn_app_id == row.txn_app_id and r.batch_id >= row.batch_id
-                                    for r in self.rows):
+            present = any(r.is_batch and (r.txn_app_id, r.batch_id) == (row.txn_app_id, row.batch_id)
+                          for r in self.rows)
+            if row.is_batch and present:
+                if known_new:
+                    raise AssertionError(f"batch {row.batch_id} of {row.txn_app_id} was declared new but has a row")
                 return
             self.rows.append(row)
 

@@ -10,8 +10,10 @@ Delta transaction identifiers (CDC_SEMANTICS.md §2):
   unrelated write in that session is skipped;
 - one MERGE per target per batch; source rows are deduplicated per key first.
 
-Each MERGE commit carries ``userMetadata`` naming its transaction, which is how a replayed batch
-recovers the counts of the commit that already applied it, and how audits find duplicates.
+A MERGE Delta skipped as a replay answers with no row (a MERGE it ran answers with one row of
+counts): that is how a replay is told apart without reading the replica's history. Each MERGE
+commit carries ``userMetadata`` naming its transaction, which is how a replayed batch recovers the
+counts of the commit that already applied it, and how audits find duplicates.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ from lakemirror.sinks.planner import COMMIT_TIMESTAMP, COMMIT_VERSION, LATEST_CO
 from lakemirror.tables import TableLocation
 
 if TYPE_CHECKING:
-    from delta.tables import DeltaTable
     from pyspark.sql import DataFrame, SparkSession
 
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
@@ -96,7 +97,13 @@ class DeltaMergeSink:
         return BatchStats(int(row["n"]), row["lo"], row["hi"], ts)
 
     def apply(self, batch: "DataFrame", txn: TxnId) -> MergeOutcome:
-        """MERGE ``batch`` (raw change-feed rows) into the replica under transaction ``txn``."""
+        """MERGE ``batch`` (raw change-feed rows) into the replica under transaction ``txn``.
+
+        Delta answers a MERGE it ran with one row of counts, and a MERGE it skipped as a replay
+        of a committed transaction with no row at all: that answer alone tells fresh from
+        replayed, so the fresh path reads no table history (the replica's log is read again
+        only for a replay, to recover the counts of the commit that applied the batch first).
+        """
         session = batch.sparkSession
         batch = batch.persist()
         try:
@@ -105,38 +112,31 @@ class DeltaMergeSink:
                 return MergeOutcome(stats, ApplyCounts(), replayed=False)
             source = self.latest_changes(batch)
             target = tables.delta_table(session, self.target)
-            before = self._newest(target)
             builder = (target.alias(TARGET_ALIAS)
                        .merge(source.alias(SOURCE_ALIAS), self.plan.match_condition)
                        .whenMatchedDelete(condition=self.plan.delete_condition)
                        .whenMatchedUpdate(set=self.plan.assignments)
                        .whenNotMatchedInsert(condition=self.plan.upsert_condition, values=self.plan.assignments))
             with transaction(session, txn):
-                builder.execute()
-            return self._outcome(session, stats, txn, before)
+                answer = builder.execute().collect()
+            if answer:
+                return MergeOutcome(stats, counts_from_answer(answer[0].asDict()), replayed=False)
+            return MergeOutcome(stats, self._replayed_counts(session, txn), replayed=True)
         finally:
             batch.unpersist()
 
-    @staticmethod
-    def _newest(table: "DeltaTable") -> Any:
-        rows = table.history(1).select("version", "userMetadata", "operationMetrics").collect()
-        return rows[0] if rows else None
+    def _replayed_counts(self, session: "SparkSession", txn: TxnId) -> ApplyCounts:
+        """The counts of the earlier commit that applied transaction ``txn`` (found by its tag)."""
+        tag = txn.tag().replace("'", "''")
+        earlier = (tables.delta_table(session, self.target).history()
+                   .where(f"userMetadata = '{tag}'").select("operationMetrics").collect())
+        return _counts_from_metrics(earlier[0]["operationMetrics"]) if earlier else ApplyCounts()
 
-    def _outcome(self, session: "SparkSession", stats: BatchStats, txn: TxnId, before: Any) -> MergeOutcome:
-        """Fresh when this MERGE made the newest commit; replayed when Delta skipped it because the
-        transaction was committed before (by a run that crashed before Spark's commit log). The
-        version seen before the MERGE tells the two apart even when the skipped transaction's
-        commit is still the newest one."""
-        table = tables.delta_table(session, self.target)
-        tag = txn.tag()
-        newest = self._newest(table)
-        advanced = newest is not None and (before is None or newest["version"] > before["version"])
-        if advanced and newest["userMetadata"] == tag:
-            return MergeOutcome(stats, _counts_from_metrics(newest["operationMetrics"]), replayed=False)
-        earlier = (table.history().where(f"userMetadata = '{tag.replace(chr(39), chr(39) * 2)}'")
-                   .select("operationMetrics").collect())
-        counts = _counts_from_metrics(earlier[0]["operationMetrics"]) if earlier else ApplyCounts()
-        return MergeOutcome(stats, counts, replayed=True)
+
+def counts_from_answer(row: dict[str, Any]) -> ApplyCounts:
+    """Counts from the row a Delta MERGE returns (``num_inserted_rows`` …)."""
+    return ApplyCounts(int(row.get("num_inserted_rows") or 0), int(row.get("num_updated_rows") or 0),
+                       int(row.get("num_deleted_rows") or 0))
 
 
 class transaction:

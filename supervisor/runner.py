@@ -385,7 +385,9 @@ class TableRunner:
                              "replays it); Delta skipped the write", self.source, txn.version, txn.app_id)
                 if outcome.stats.rows_read:
                     self.ctx.fault("after_merge")
-                    self.ctx.checkpoints.append(self._checkpoint_row(txn, epoch, outcome, started), batch.sparkSession)  # type: ignore[call-arg]
+                    # After a fresh MERGE no earlier attempt can have written this batch's row.
+                    self.ctx.checkpoints.append(self._checkpoint_row(txn, epoch, outcome, started),  # type: ignore[call-arg]
+                                                batch.sparkSession, known_new=not outcome.replayed)
                     self.ctx.fault("before_commit_log")
             except Exception as exc:
                 self._batch_error = classify(exc, table=str(self.source))

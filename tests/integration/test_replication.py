@@ -141,3 +141,54 @@ def test_a_batch_applied_twice_is_skipped_and_reported_as_replayed(spark, tmp_pa
     assert (again.replayed, again.counts.inserted) == (True, 2), "the replay reports the earlier commit's counts"
     assert tables.delta_table(spark, replica).history().count() == 2  # CREATE + one MERGE
     assert sorted(tuple(r) for r in tables.read(spark, replica).collect()) == [(1, "a2"), (2, "b")]
+
+
+def test_checkpoint_rows_are_written_once_per_batch_with_or_without_the_known_new_hint(spark, tmp_path):
+    """Fresh batches append blindly; a replayed batch appends only when its row is missing."""
+    from datetime import datetime, timezone
+
+    from lakemirror import tables
+    from lakemirror.checkpoints.delta_store import DeltaCheckpointStore
+    from lakemirror.checkpoints.records import CheckpointRow
+    from lakemirror.tables import TableLocation
+
+    store = DeltaCheckpointStore(spark, TableLocation(TableName("a", "b", "ck"), str(tmp_path / "ck")))
+    store.ensure()
+    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+    def row(batch_id: int, error: str | None = None) -> CheckpointRow:
+        return CheckpointRow(pipeline_id="p", source_fqn="s.s.t", dest_fqn="d.s.t", epoch=1, batch_id=batch_id,
+                             txn_app_id="lakemirror/p/t/e1", first_version=1, last_version=1,
+                             last_committed_version=1, rows_read=1, rows_merged=1, rows_inserted=1,
+                             rows_updated=0, rows_deleted=0, lag_seconds=0.0, error=error, degraded=error is not None,
+                             started_at=now, ended_at=now)
+
+    store.append(row(0), known_new=True)
+    store.append(row(1, error="boom"))   # a failure event of batch 1 is not batch 1's row
+    store.append(row(0))                 # replay of batch 0: its row is there
+    store.append(row(1))                 # replay of batch 1: its row is missing
+    store.append(row(1))
+    got = sorted((r["batch_id"], r["error"] or "") for r in tables.read(spark, store.location).collect())
+    assert got == [(0, ""), (1, ""), (1, "boom")]
+
+
+def test_a_merge_that_changes_nothing_is_fresh_not_a_replay(spark, tmp_path):
+    """Deleting a key the replica lacks changes no row; Delta still answers the MERGE it ran."""
+    from datetime import datetime
+
+    from lakemirror.schema import Column
+    from lakemirror.sinks.delta_merge import DeltaMergeSink, TxnId
+    from lakemirror.sinks.planner import plan_merge
+    from lakemirror.tables import TableLocation
+
+    replica = TableLocation(TableName("dst", "s", "noop"), str(tmp_path / "replica"))
+    spark.sql(f"CREATE TABLE {replica.sql} (id BIGINT NOT NULL, v STRING) USING DELTA")
+    plan = plan_merge((Column("id", "bigint", False), Column("v", "string")), ["id"])
+    batch = spark.createDataFrame([(7, "x", "delete", 3, datetime(2026, 1, 1))],
+                                  "id BIGINT, v STRING, _change_type STRING, _commit_version BIGINT, "
+                                  "_commit_timestamp TIMESTAMP")
+    sink = DeltaMergeSink(replica, plan)
+    first = sink.apply(batch, TxnId("lakemirror/test/noop/e1", 0))
+    again = sink.apply(batch, TxnId("lakemirror/test/noop/e1", 0))
+    assert (first.replayed, first.counts.total) == (False, 0)
+    assert again.replayed

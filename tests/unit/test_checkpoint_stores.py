@@ -111,3 +111,29 @@ def test_checkpoint_row_columns_match_the_ddl() -> None:
     assert CheckpointRow.column_names() == [c.split()[0] for c in CHECKPOINT_DDL.split(", ")]
     r = replace(row("src.s.a", 3), error="boom", degraded=True)
     assert r.as_dict()["error"] == "boom" and r.as_dict()["batch_id"] == 3
+
+
+def _batch_row(batch_id: int, app: str = "lakemirror/p/t/e1") -> CheckpointRow:
+    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    return CheckpointRow(pipeline_id="p", source_fqn="a.b.c", dest_fqn="d.e.f", epoch=1, batch_id=batch_id,
+                         txn_app_id=app, first_version=batch_id, last_version=batch_id,
+                         last_committed_version=batch_id, rows_read=1, rows_merged=1, rows_inserted=1,
+                         rows_updated=0, rows_deleted=0, lag_seconds=0.0, error=None, degraded=False,
+                         started_at=now, ended_at=now)
+
+
+def test_a_replayed_batch_writes_its_row_only_if_the_first_attempt_did_not() -> None:
+    store = InMemoryCheckpointStore()
+    store.append(_batch_row(0), known_new=True)
+    store.append(_batch_row(0))          # replay after a crash past the row: skipped
+    store.append(_batch_row(1))          # replay after a crash before the row: written
+    store.append(_batch_row(1))
+    store.append(_batch_row(0, app="lakemirror/p/t/e2"), known_new=True)  # a new epoch's batch 0
+    assert [(r.txn_app_id[-2:], r.batch_id) for r in store.rows] == [("e1", 0), ("e1", 1), ("e2", 0)]
+
+
+def test_a_row_declared_new_that_exists_is_a_bug_the_twin_reports() -> None:
+    store = InMemoryCheckpointStore()
+    store.append(_batch_row(3), known_new=True)
+    with pytest.raises(AssertionError):
+        store.append(_batch_row(3), known_new=True)
