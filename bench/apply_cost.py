@@ -2,7 +2,10 @@
 
 Runs lakemirror's own sink (``DeltaMergeSink.apply``) on a local Spark session against a replica
 of a ``rows``-row source, one source commit (``fraction`` of the rows changed) per apply, with and
-without deletion vectors on the replica; the median of the applies after two warm-up ones.
+without deletion vectors on the replica; the median of the applies after two warm-up ones. Each
+apply is followed by its checkpoint row, written the way the runner writes it (a blind append for
+a fresh batch) and, for comparison, the way it was written before (an append with Delta writer
+transaction ids, which makes Delta reconstruct the table's transaction state on every append).
 """
 
 from __future__ import annotations
@@ -17,8 +20,22 @@ from typing import Any
 from bench.workload import SourceTable
 
 
+def checkpoint_row(batch_id: int, rows_read: int) -> Any:
+    from datetime import datetime, timezone
+
+    from lakemirror.checkpoints.records import CheckpointRow
+
+    now = datetime.now(timezone.utc)
+    return CheckpointRow(pipeline_id="bench", source_fqn="src.bench.t", dest_fqn="dst.bench.t", epoch=1,
+                         batch_id=batch_id, txn_app_id="bench", first_version=batch_id, last_version=batch_id,
+                         last_committed_version=batch_id, rows_read=rows_read, rows_merged=rows_read,
+                         rows_inserted=0, rows_updated=0, rows_deleted=0, lag_seconds=0.0, error=None,
+                         degraded=False, started_at=now, ended_at=now)
+
+
 def apply_cost(rows: int, fraction: float, applies: int, seed: int) -> list[dict[str, Any]]:
     from lakemirror import tables
+    from lakemirror.checkpoints.records import CHECKPOINT_DDL
     from lakemirror.daemon.config import RuntimeSettings
     from lakemirror.daemon.spark import local_session
     from lakemirror.identifiers import TableName
@@ -26,6 +43,7 @@ def apply_cost(rows: int, fraction: float, applies: int, seed: int) -> list[dict
     from lakemirror.sinks import snapshot_copy
     from lakemirror.sinks.delta_merge import DeltaMergeSink, TxnId
     from lakemirror.sinks.planner import plan_merge
+    from lakemirror.checkpoints.delta_store import DeltaCheckpointStore
     from lakemirror.sources.catalog import table_id
     from lakemirror.tables import TableLocation
 
@@ -47,8 +65,12 @@ def apply_cost(rows: int, fraction: float, applies: int, seed: int) -> list[dict
             snapshot_copy.write_snapshot(snapshot, replica, columns, {})
             spark.sql(f"ALTER TABLE {replica.sql} SET TBLPROPERTIES ('delta.enableDeletionVectors' = '{str(dv).lower()}')")
             sink = DeltaMergeSink(replica, plan)
+            store = DeltaCheckpointStore(spark, TableLocation(TableName("a", "b", f"ck_{dv}"), str(workdir / f"ck_{dv}")))
+            store.ensure()
+            txn_rows = TableLocation(TableName("a", "b", f"ck_txn_{dv}"), str(workdir / f"ck_txn_{dv}"))
+            DeltaCheckpointStore(spark, txn_rows).ensure()
             phases: dict[str, list[float]] = {"source table id": [], "batch stats": [], "sink apply": [],
-                                              "whole apply": []}
+                                              "whole apply": [], "checkpoint row": [], "checkpoint row txn": []}
             for v in range(1, applies + 3):
                 batch = tables.read(spark, source, readChangeFeed="true", startingVersion=v, endingVersion=v)
                 t0 = time.perf_counter()
@@ -56,13 +78,21 @@ def apply_cost(rows: int, fraction: float, applies: int, seed: int) -> list[dict
                 t1 = time.perf_counter()
                 sink.stats(batch)
                 t2 = time.perf_counter()
-                sink.apply(batch, TxnId(f"bench/{dv}", v))
+                outcome = sink.apply(batch, TxnId(f"bench/{dv}", v))
                 t3 = time.perf_counter()
+                row = checkpoint_row(v, outcome.stats.rows_read)
+                store.append(row, known_new=True)
+                t4 = time.perf_counter()
+                tables.write(spark.createDataFrame([tuple(row.as_dict().values())], CHECKPOINT_DDL), txn_rows,
+                             "append", txnAppId=f"bench/{dv}/checkpoints", txnVersion=v)
+                t5 = time.perf_counter()
                 if v > 2:
+                    phases["checkpoint row"].append(t4 - t3)
+                    phases["checkpoint row txn"].append(t5 - t4)
                     phases["source table id"].append(t1 - t0)
                     phases["batch stats"].append(t2 - t1)
                     phases["sink apply"].append(t3 - t2)
-                    phases["whole apply"].append((t1 - t0) + (t3 - t2))
+                    phases["whole apply"].append((t1 - t0) + (t3 - t2) + (t4 - t3))
             exact = sorted(map(tuple, tables.read(spark, source).collect())) == sorted(
                 map(tuple, tables.read(spark, replica).select("id", "v", "payload").collect()))
             out.append({"deletion_vectors": dv, "rows": rows, "change_rows_per_apply": int(rows * fraction * 1.1),

@@ -49,14 +49,15 @@ def source_head(spark: "SparkSession", loc: TableLocation, since_version: int,
     """The latest version and the commit times of versions after ``since_version``.
 
     Reads only the newest ``window`` commits of the log unless the table is further behind;
-    then it also fetches the single commit ``since_version + 1`` that lag is measured from.
+    then it reads back to the commit ``since_version + 1`` that lag is measured from (never the
+    whole history).
     """
     history = tables.delta_table(spark, loc).history(window).select("version", "timestamp").collect()
     times = {int(r["version"]): r["timestamp"].timestamp() for r in history}
     latest = max(times)
     needed = since_version + 1
     if latest >= needed and needed not in times:
-        rows = (tables.delta_table(spark, loc).history()
+        rows = (tables.delta_table(spark, loc).history(latest - needed + 1)
                 .where(f"version = {int(needed)}").select("version", "timestamp").collect())
         times.update({int(r["version"]): r["timestamp"].timestamp() for r in rows})
     return SourceHead(latest, times)
