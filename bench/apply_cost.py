@@ -35,6 +35,7 @@ def checkpoint_row(batch_id: int, rows_read: int) -> Any:
 
 def apply_cost(rows: int, fraction: float, applies: int, seed: int) -> list[dict[str, Any]]:
     from lakemirror import tables
+    from lakemirror.checkpoints.delta_store import DeltaCheckpointStore
     from lakemirror.checkpoints.records import CHECKPOINT_DDL
     from lakemirror.daemon.config import RuntimeSettings
     from lakemirror.daemon.spark import local_session
@@ -43,7 +44,6 @@ def apply_cost(rows: int, fraction: float, applies: int, seed: int) -> list[dict
     from lakemirror.sinks import snapshot_copy
     from lakemirror.sinks.delta_merge import DeltaMergeSink, TxnId
     from lakemirror.sinks.planner import plan_merge
-    from lakemirror.checkpoints.delta_store import DeltaCheckpointStore
     from lakemirror.sources.catalog import table_id
     from lakemirror.tables import TableLocation
 

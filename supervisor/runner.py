@@ -226,9 +226,9 @@ class TableRunner:
             return None
         loc = self.ctx.catalog.locate(self.source)
         # Read only as many of the newest commits as the table was behind at the last probe (plus
-        # one new commit): a caught-up table reads 2 commit files per probe instead of 32.
-        behind = (self.last_lag.versions_behind if self.last_lag is not None else 30)
-        head = change_feed.source_head(self.session, loc, self.applied_through, window=min(32, behind + 2))
+        # two): a caught-up table reads 2 commit files per probe instead of 32.
+        window = 32 if self.last_lag is None else min(32, self.last_lag.versions_behind + 2)
+        head = change_feed.source_head(self.session, loc, self.applied_through, window=window)
         times = dict(head.commit_times)
         headroom = headroom_seconds(applied_through=self.applied_through, latest_version=head.latest_version,
                                     commit_times=times, window=self.prepared.retention, now=now)

@@ -41,11 +41,15 @@ def sweeper(spark: Any, root: Path) -> IncrementalSweep:
                             str(root / "cp"), "p1")
 
 
+def create_source(spark: Any, src: Any) -> None:
+    spark.sql(f"CREATE TABLE {src.sql} (id INT NOT NULL, v STRING, n BIGINT) USING DELTA "
+              f"TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')")
+
+
 def test_sweeps_apply_every_change_once_and_a_second_sweep_is_a_noop(spark: Any, tmp_path: Path) -> None:
     cat = LocalCatalog(tmp_path / "lh")
     src, rep = cat.locate(SRC), cat.locate(DST)
-    spark.sql(f"CREATE TABLE {src.sql} (id INT NOT NULL, v STRING, n BIGINT) USING DELTA "
-              f"TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')")
+    create_source(spark, src)
     spark.sql(f"INSERT INTO {src.sql} SELECT id, concat('v', id), id FROM range(0, 50)")
     sweep = sweeper(spark, tmp_path)
 
@@ -91,8 +95,7 @@ def test_sweeps_apply_every_change_once_and_a_second_sweep_is_a_noop(spark: Any,
 def test_a_cloned_replica_is_adopted_without_a_copy_and_replicate_runs_the_operation(spark: Any, tmp_path: Path) -> None:
     cat = LocalCatalog(tmp_path / "lh")
     src, rep = cat.locate(SRC), cat.locate(DST)
-    spark.sql(f"CREATE TABLE {src.sql} (id INT NOT NULL, v STRING, n BIGINT) USING DELTA "
-              f"TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')")
+    create_source(spark, src)
     spark.sql(f"INSERT INTO {src.sql} SELECT id, 'a', id FROM range(0, 20)")
     DeltaCloner(spark).clone(src, rep, keys=["id"])
     cloned_at = version(spark, rep)
@@ -117,8 +120,7 @@ def test_a_cloned_replica_is_adopted_without_a_copy_and_replicate_runs_the_opera
 def test_a_replica_of_a_continuous_pipeline_is_refused(spark: Any, tmp_path: Path) -> None:
     cat = LocalCatalog(tmp_path / "lh")
     src, rep = cat.locate(SRC), cat.locate(DST)
-    spark.sql(f"CREATE TABLE {src.sql} (id INT NOT NULL, v STRING, n BIGINT) USING DELTA "
-              f"TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')")
+    create_source(spark, src)
     spark.sql(f"CREATE TABLE {rep.sql} (id INT NOT NULL, v STRING, n BIGINT) USING DELTA")
     set_properties(spark, rep, {PIPELINE_PROPERTY: "live"})
     with pytest.raises(DestinationConflict, match="continuously by pipeline 'live'"):
