@@ -74,6 +74,7 @@ class RunnerContext:
     checkpoints: CheckpointStore
     spec: PipelineSpec
     clock: Callable[[], float] = time.time
+    sleep: Callable[[float], None] = time.sleep
     #: Crash-test hook: called at named points of a batch's life (see FAULT_POINTS); a no-op
     #: unless the torture harness arms it to kill the process there.
     fault: Callable[[str], None] = lambda point: None
@@ -108,6 +109,7 @@ class TableRunner:
         self._session: SparkSession | None = None
         self._batch_error: LakemirrorError | None = None
         self._resync_reason: str | None = None
+        self._resynced_from_table_id: str | None = None
         self._headroom_low = False
         self.prepared: Prepared | None = None
         self.applied_through: int | None = None
@@ -201,6 +203,7 @@ class TableRunner:
         self.last_lag = None
         self.prepared = None
         self._resync_reason = reason
+        self._resynced_from_table_id = progress.source_table_id
         log.warning("table %s: resync (%s)", self.source, reason)
 
     def _track_progress(self, query: "StreamingQuery") -> None:
@@ -260,7 +263,8 @@ class TableRunner:
                 return
             self.prepared = prepared
             if self._resync_reason is not None:
-                self._record_event(f"resync: {self._resync_reason}", prepared.progress, degraded=False)
+                self._record_event(f"resync: {self._resync_reason}{self._replacement_note(prepared.progress)}",
+                                   prepared.progress, degraded=False)
                 self._resync_reason = None
             self.applied_through = (prepared.progress.bootstrap_version
                                     if self.applied_through is None else self.applied_through)
@@ -271,6 +275,15 @@ class TableRunner:
             error = classify(exc, table=str(self.source))
             self._record_event(str(error), self.ctx.states.load(self.slug), degraded=True)
             self._emit(self._failed(error))
+
+    def _replacement_note(self, progress: TableProgress) -> str:
+        """Name a replaced source in the resync record, whichever error first noticed it: the
+        stream's reader can fail on the vanished log of the old table (reported as an expired
+        window) before any batch sees the new table id."""
+        before, after = self._resynced_from_table_id, progress.source_table_id
+        if before and after and before != after:
+            return f" The source was dropped and recreated (table id {before} is now {after})."
+        return ""
 
     def prepare(self) -> Prepared:
         spark, spec = self.session, self.ctx.spec
@@ -414,12 +427,33 @@ class TableRunner:
         """
         if expected is None:
             return
-        current = table_id(batch.sparkSession, self.ctx.catalog.locate(self.source))
+        current = self._settled_source_table_id(batch.sparkSession)
         if current != expected:
             raise SourceReplaced(
                 f"{self.source}: the source was dropped and recreated while streaming (table id {expected} "
                 f"is now {current}); the batch was refused and the replica no longer follows it. "
                 f"Resync the table.", table=str(self.source))
+
+    #: Pauses between re-reads of an unreadable source's table id (7.5 s in all).
+    SOURCE_ID_RETRY_DELAYS = (0.5, 1.0, 2.0, 4.0)
+
+    def _settled_source_table_id(self, spark: "SparkSession") -> str:
+        """The source's table id, read again while the table cannot be described.
+
+        A table being dropped and recreated under its name cannot be described for a moment
+        (its log files vanish while Delta reads them). Taking that for an expired change window
+        would misname the cause; once the new table is there its new id names it. An error that
+        outlasts the retries is raised as it is (and still ends in a resync or a failed table).
+        """
+        location = self.ctx.catalog.locate(self.source)
+        for delay in self.SOURCE_ID_RETRY_DELAYS:
+            try:
+                return table_id(spark, location)
+            except Exception as exc:  # noqa: BLE001 (re-raised below if it persists)
+                log.info("table %s: cannot describe the source (%s); reading its id again in %.1f s",
+                         self.source, str(exc).splitlines()[0][:200], delay)
+                self.ctx.sleep(delay)
+        return table_id(spark, location)
 
     def _record_event(self, error: str, progress: TableProgress, *, degraded: bool, batch_id: int = -1,
                       txn_app_id: str = "") -> None:
