@@ -198,12 +198,12 @@ def render(results: dict[str, Any]) -> str:
         lines += ["", "## Where lakemirror's time goes: one micro-batch apply", "",
                   "lakemirror's own sink on a warm local Spark (`local[2]`, 2 shuffle partitions), one source commit "
                   "per apply; medians after two warm-up applies.", "",
-                  "| replica deletion vectors | rows | change rows / apply | source table id s | batch stats alone s | "
+                  "| apply path | replica deletion vectors | rows | change rows / apply | source table id s | batch stats alone s | "
                   "sink.apply (stats, MERGE, replay check) s | checkpoint row s | checkpoint row with writer txn id "
                   "(before) s | per batch (id check + apply + row) s | exact |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in results["apply_cost"]:
-            lines.append(f"| {'on' if r['deletion_vectors'] else 'off'} | {r['rows']:,} | {r['change_rows_per_apply']:,} | "
+            lines.append(f"| {r.get('apply_path', 'materialized')} | {'on' if r['deletion_vectors'] else 'off'} | {r['rows']:,} | {r['change_rows_per_apply']:,} | "
                          f"{r['median_source_table_id_s']} | {r['median_batch_stats_s']} | "
                          f"{r['median_sink_apply_s']} | {r['median_checkpoint_row_s']} | "
                          f"{r['median_checkpoint_row_txn_s']} | {r['median_whole_apply_s']} | "

@@ -1,8 +1,11 @@
 """The cost of one micro-batch apply, phase by phase: where lakemirror's lag comes from.
 
 Runs lakemirror's own sink (``DeltaMergeSink.apply``) on a local Spark session against a replica
-of a ``rows``-row source, one source commit (``fraction`` of the rows changed) per apply, with and
-without deletion vectors on the replica; the median of the applies after two warm-up ones. Each
+of a ``rows``-row source, one source commit (``fraction`` of the rows changed) per apply; the
+median of the applies after two warm-up ones. Side by side: the stable-source path the runner
+uses (the batch read in place, statistics observed during the MERGE, no AQE), with and without
+deletion vectors on the replica, and the materialized path it used before (the batch persisted,
+counted by an action of its own, then copied again by Delta before the MERGE). Each
 apply is followed by its checkpoint row, written the way the runner writes it (a blind append for
 a fresh batch) and, for comparison, the way it was written before (an append with Delta writer
 transaction ids, which makes Delta reconstruct the table's transaction state on every append).
@@ -60,14 +63,17 @@ def apply_cost(rows: int, fraction: float, applies: int, seed: int) -> list[dict
     plan = plan_merge(columns, ["id"])
     out = []
     try:
-        for dv in (False, True):
-            replica = TableLocation(TableName("dst", "bench", f"t_dv_{dv}"), str(workdir / "dst" / f"t_dv_{dv}"))
+        for path, dv in (("materialized (before)", False), ("stable", False), ("stable", True)):
+            stable = path == "stable"
+            replica = TableLocation(TableName("dst", "bench", f"t_{stable}_dv_{dv}"),
+                                    str(workdir / "dst" / f"t_{stable}_dv_{dv}"))
             snapshot_copy.write_snapshot(snapshot, replica, columns, {})
             spark.sql(f"ALTER TABLE {replica.sql} SET TBLPROPERTIES ('delta.enableDeletionVectors' = '{str(dv).lower()}')")
-            sink = DeltaMergeSink(replica, plan)
-            store = DeltaCheckpointStore(spark, TableLocation(TableName("a", "b", f"ck_{dv}"), str(workdir / f"ck_{dv}")))
+            sink = DeltaMergeSink(replica, plan, stable_source=stable)
+            tag = f"{stable}_{dv}"
+            store = DeltaCheckpointStore(spark, TableLocation(TableName("a", "b", f"ck_{tag}"), str(workdir / f"ck_{tag}")))
             store.ensure()
-            txn_rows = TableLocation(TableName("a", "b", f"ck_txn_{dv}"), str(workdir / f"ck_txn_{dv}"))
+            txn_rows = TableLocation(TableName("a", "b", f"ck_txn_{tag}"), str(workdir / f"ck_txn_{tag}"))
             DeltaCheckpointStore(spark, txn_rows).ensure()
             phases: dict[str, list[float]] = {"source table id": [], "batch stats": [], "sink apply": [],
                                               "whole apply": [], "checkpoint row": [], "checkpoint row txn": []}
@@ -78,13 +84,13 @@ def apply_cost(rows: int, fraction: float, applies: int, seed: int) -> list[dict
                 t1 = time.perf_counter()
                 sink.stats(batch)
                 t2 = time.perf_counter()
-                outcome = sink.apply(batch, TxnId(f"bench/{dv}", v))
+                outcome = sink.apply(batch, TxnId(f"bench/{tag}", v))
                 t3 = time.perf_counter()
                 row = checkpoint_row(v, outcome.stats.rows_read)
                 store.append(row, known_new=True)
                 t4 = time.perf_counter()
                 tables.write(spark.createDataFrame([tuple(row.as_dict().values())], CHECKPOINT_DDL), txn_rows,
-                             "append", txnAppId=f"bench/{dv}/checkpoints", txnVersion=v)
+                             "append", txnAppId=f"bench/{tag}/checkpoints", txnVersion=v)
                 t5 = time.perf_counter()
                 if v > 2:
                     phases["checkpoint row"].append(t4 - t3)
@@ -95,7 +101,7 @@ def apply_cost(rows: int, fraction: float, applies: int, seed: int) -> list[dict
                     phases["whole apply"].append((t1 - t0) + (t3 - t2) + (t4 - t3))
             exact = sorted(map(tuple, tables.read(spark, source).collect())) == sorted(
                 map(tuple, tables.read(spark, replica).select("id", "v", "payload").collect()))
-            out.append({"deletion_vectors": dv, "rows": rows, "change_rows_per_apply": int(rows * fraction * 1.1),
+            out.append({"apply_path": path, "deletion_vectors": dv, "rows": rows, "change_rows_per_apply": int(rows * fraction * 1.1),
                         "applies": applies, "exact": exact,
                         **{f"median_{k.replace(' ', '_')}_s": round(statistics.median(x), 3)
                            for k, x in phases.items()}})

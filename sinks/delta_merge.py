@@ -14,11 +14,19 @@ A MERGE Delta skipped as a replay answers with no row (a MERGE it ran answers wi
 counts): that is how a replay is told apart without reading the replica's history. Each MERGE
 commit carries ``userMetadata`` naming its transaction, which is how a replayed batch recovers the
 counts of the commit that already applied it, and how audits find duplicates.
+
+A change-feed micro-batch is *stable*: it reads immutable files at fixed versions, so reading it
+twice gives the same rows. For such a batch (``stable_source=True``) the MERGE reads it directly
+(Delta does not copy it first), its statistics are observed while the MERGE runs instead of by an
+action of their own, and adaptive execution is off for the MERGE (on two partitions it only
+splits the MERGE into more jobs). ``make bench`` measures the difference; docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +42,10 @@ TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 _TXN_CONFS = (TXN_APP_ID, TXN_VERSION, USER_METADATA)
+#: For a stable batch: read it in place (no copy before the MERGE's two passes), no AQE.
+STABLE_SOURCE_CONFS = {"spark.databricks.delta.merge.materializeSource": "none",
+                       "spark.sql.adaptive.enabled": "false"}
+_observation_ids = itertools.count()
 
 
 @dataclass(frozen=True)
@@ -74,9 +86,12 @@ def _counts_from_metrics(metrics: dict[str, Any] | None) -> ApplyCounts:
 class DeltaMergeSink:
     """Applies change batches to a Delta replica with one idempotent MERGE per batch."""
 
-    def __init__(self, target: TableLocation, plan: MergePlan) -> None:
+    def __init__(self, target: TableLocation, plan: MergePlan, *, stable_source: bool = False) -> None:
         self.target = target
         self.plan = plan
+        #: True when every batch reads immutable files at fixed versions (a change-feed batch);
+        #: never for a source derived from the replica itself (reconcile's repair, clone's diff).
+        self.stable_source = stable_source
 
     def latest_changes(self, batch: "DataFrame") -> "DataFrame":
         """One row per key: the winning change, with its operation in ``__lm_op``."""
@@ -88,13 +103,23 @@ class DeltaMergeSink:
                 .select(f"{LATEST_COLUMN}.*"))
 
     @staticmethod
-    def stats(batch: "DataFrame") -> BatchStats:
+    def _stats_columns() -> list[Any]:
         from pyspark.sql import functions as F
 
-        row = batch.agg(F.count(F.lit(1)).alias("n"), F.min(COMMIT_VERSION).alias("lo"),
-                        F.max(COMMIT_VERSION).alias("hi"), F.max(COMMIT_TIMESTAMP).alias("ts")).collect()[0]
-        ts = row["ts"].timestamp() if row["ts"] is not None else None
-        return BatchStats(int(row["n"]), row["lo"], row["hi"], ts)
+        return [F.count(F.lit(1)).alias("n"), F.min(COMMIT_VERSION).alias("lo"),
+                F.max(COMMIT_VERSION).alias("hi"), F.max(COMMIT_TIMESTAMP).alias("ts")]
+
+    @classmethod
+    def stats(cls, batch: "DataFrame") -> BatchStats:
+        return _stats_from(batch.agg(*cls._stats_columns()).collect()[0].asDict())
+
+    def _merge(self, session: "SparkSession", source: "DataFrame") -> Any:
+        target = tables.delta_table(session, self.target)
+        return (target.alias(TARGET_ALIAS)
+                .merge(source.alias(SOURCE_ALIAS), self.plan.match_condition)
+                .whenMatchedDelete(condition=self.plan.delete_condition)
+                .whenMatchedUpdate(set=self.plan.assignments)
+                .whenNotMatchedInsert(condition=self.plan.upsert_condition, values=self.plan.assignments))
 
     def apply(self, batch: "DataFrame", txn: TxnId) -> MergeOutcome:
         """MERGE ``batch`` (raw change-feed rows) into the replica under transaction ``txn``.
@@ -104,26 +129,43 @@ class DeltaMergeSink:
         replayed, so the fresh path reads no table history (the replica's log is read again
         only for a replay, to recover the counts of the commit that applied the batch first).
         """
+        if self.stable_source:
+            return self._apply_stable(batch, txn)
         session = batch.sparkSession
         batch = batch.persist()
         try:
             stats = self.stats(batch)
             if stats.rows_read == 0:
                 return MergeOutcome(stats, ApplyCounts(), replayed=False)
-            source = self.latest_changes(batch)
-            target = tables.delta_table(session, self.target)
-            builder = (target.alias(TARGET_ALIAS)
-                       .merge(source.alias(SOURCE_ALIAS), self.plan.match_condition)
-                       .whenMatchedDelete(condition=self.plan.delete_condition)
-                       .whenMatchedUpdate(set=self.plan.assignments)
-                       .whenNotMatchedInsert(condition=self.plan.upsert_condition, values=self.plan.assignments))
             with transaction(session, txn):
-                answer = builder.execute().collect()
-            if answer:
-                return MergeOutcome(stats, counts_from_answer(answer[0].asDict()), replayed=False)
-            return MergeOutcome(stats, self._replayed_counts(session, txn), replayed=True)
+                answer = self._merge(session, self.latest_changes(batch)).execute().collect()
+            return self._outcome(session, txn, stats, answer)
         finally:
             batch.unpersist()
+
+    def _apply_stable(self, batch: "DataFrame", txn: TxnId) -> MergeOutcome:
+        """One MERGE straight from the batch, its statistics observed while the MERGE reads it.
+
+        A MERGE Delta skips as a replay never reads its source, and an empty batch may be
+        optimised away: then (only then) the statistics cost an action of their own. An empty
+        batch (a source commit without data changes) still commits a no-op MERGE, which records
+        the transaction like any other batch.
+        """
+        from pyspark.sql import Observation
+
+        session = batch.sparkSession
+        observation = Observation(f"lakemirror_batch_{next(_observation_ids)}")
+        watched = batch.observe(observation, *self._stats_columns())
+        with scoped_confs(session, STABLE_SOURCE_CONFS), transaction(session, txn):
+            answer = self._merge(session, self.latest_changes(watched)).execute().collect()
+        observed = observed_metrics(observation)
+        stats = _stats_from(observed) if observed is not None else self.stats(batch)
+        return self._outcome(session, txn, stats, answer)
+
+    def _outcome(self, session: "SparkSession", txn: TxnId, stats: BatchStats, answer: list[Any]) -> MergeOutcome:
+        if answer:
+            return MergeOutcome(stats, counts_from_answer(answer[0].asDict()), replayed=False)
+        return MergeOutcome(stats, self._replayed_counts(session, txn), replayed=True)
 
     def _replayed_counts(self, session: "SparkSession", txn: TxnId) -> ApplyCounts:
         """The counts of the earlier commit that applied transaction ``txn`` (found by its tag)."""
@@ -133,10 +175,58 @@ class DeltaMergeSink:
         return _counts_from_metrics(earlier[0]["operationMetrics"]) if earlier else ApplyCounts()
 
 
+def _stats_from(row: dict[str, Any]) -> BatchStats:
+    ts = row["ts"].timestamp() if row.get("ts") is not None else None
+    return BatchStats(int(row.get("n") or 0), row.get("lo"), row.get("hi"), ts)
+
+
+def observed_metrics(observation: Any, wait_seconds: float = 1.0) -> dict[str, Any] | None:
+    """The metrics an action observed, or None when no action reported them (yet).
+
+    ``Observation.get`` blocks until an action reports, forever if none does (a MERGE skipped as
+    a replay never reads its source), so readiness is polled first, for at most ``wait_seconds``.
+    """
+    handle = getattr(observation, "_jo", None)  # the JVM Observation, attached by DataFrame.observe
+    if handle is None:
+        return None
+    deadline = time.monotonic() + wait_seconds
+    while not handle.future().isCompleted():
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.005)
+    try:
+        metrics: dict[str, Any] = observation.get
+    except Exception:  # noqa: BLE001 (an empty metrics row: the batch was optimised away)
+        return None
+    return metrics if "n" in metrics else None
+
+
 def counts_from_answer(row: dict[str, Any]) -> ApplyCounts:
     """Counts from the row a Delta MERGE returns (``num_inserted_rows`` …)."""
     return ApplyCounts(int(row.get("num_inserted_rows") or 0), int(row.get("num_updated_rows") or 0),
                        int(row.get("num_deleted_rows") or 0))
+
+
+class scoped_confs:
+    """Context manager: set ``confs`` on ``session``; restore each one's earlier value after."""
+
+    def __init__(self, session: "SparkSession", confs: dict[str, str]) -> None:
+        self.session = session
+        self.confs = confs
+        self.saved: dict[str, str | None] = {}
+
+    def __enter__(self) -> None:
+        conf = self.session.conf
+        for key, value in self.confs.items():
+            self.saved[key] = conf.get(key, None)
+            conf.set(key, value)
+
+    def __exit__(self, *exc: object) -> None:
+        for key, value in self.saved.items():
+            if value is None:
+                self.session.conf.unset(key)
+            else:
+                self.session.conf.set(key, value)
 
 
 class transaction:

@@ -188,7 +188,7 @@ class IncrementalSweep:
         assert progress.bootstrap_version is not None
         start = progress.bootstrap_version
         src, dst = self.catalog.locate(source), self.catalog.locate(target)
-        sink = DeltaMergeSink(dst, plan)
+        sink = DeltaMergeSink(dst, plan, stable_source=True)
         app_id = sweep_app_id(self.namespace, target.slug, progress.epoch, start)
         checkpoint = f"{self.checkpoint_root}/{self.namespace}/incremental/{target.slug}/e{progress.epoch}"
         totals = {"batches": 0, "rows_read": 0, "ins": 0, "upd": 0, "del": 0, "replayed": 0, "last": -1}

@@ -225,21 +225,25 @@ class TableRunner:
     # -- lag ------------------------------------------------------------------------------------
 
     def probe_lag(self, now: float) -> LagReading | None:
-        if self.applied_through is None or self.prepared is None:
+        # One reading of the applied version for the whole probe: batches advance it on the
+        # stream's thread meanwhile, and commit times read for one version cannot price another
+        # (that mix once reported a 0 s change window and a lag off by whole batches).
+        through, prepared = self.applied_through, self.prepared
+        if through is None or prepared is None:
             return None
         loc = self.ctx.catalog.locate(self.source)
         # Read only as many of the newest commits as the table was behind at the last probe (plus
         # two): a caught-up table reads 2 commit files per probe instead of 32.
         window = 32 if self.last_lag is None else min(32, self.last_lag.versions_behind + 2)
-        head = change_feed.source_head(self.session, loc, self.applied_through, window=window)
+        head = change_feed.source_head(self.session, loc, through, window=window)
         times = dict(head.commit_times)
-        headroom = headroom_seconds(applied_through=self.applied_through, latest_version=head.latest_version,
-                                    commit_times=times, window=self.prepared.retention, now=now)
-        needed = self.applied_through + 1
+        headroom = headroom_seconds(applied_through=through, latest_version=head.latest_version,
+                                    commit_times=times, window=prepared.retention, now=now)
+        needed = through + 1
         if head.latest_version >= needed and needed not in times:
             # The needed commit is gone from the log: lag is at least the oldest commit still there.
-            times[needed] = min(t for v, t in times.items() if v > self.applied_through)
-        reading = compute_lag(applied_through=self.applied_through, latest_version=head.latest_version,
+            times[needed] = min(t for v, t in times.items() if v > through)
+        reading = compute_lag(applied_through=through, latest_version=head.latest_version,
                               commit_times=times, now=now)
         self.last_lag = replace(reading, retention_headroom_seconds=headroom)
         self._warn_on_headroom(headroom)
@@ -373,7 +377,7 @@ class TableRunner:
         if spec.max_bytes_per_trigger:
             options["maxBytesPerTrigger"] = spec.max_bytes_per_trigger
         stream = change_feed.change_stream(self.session, src, progress.bootstrap_version, options)
-        sink = DeltaMergeSink(self.ctx.catalog.locate(self.destination), prepared.plan)
+        sink = DeltaMergeSink(self.ctx.catalog.locate(self.destination), prepared.plan, stable_source=True)
         app_id = txn_app_id(spec.pipeline_id, self.slug, progress.epoch)
         checkpoint = f"{spec.checkpoint_root.rstrip('/')}/{spec.pipeline_id}/{self.slug}/e{progress.epoch}"
 

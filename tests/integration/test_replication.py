@@ -192,3 +192,44 @@ def test_a_merge_that_changes_nothing_is_fresh_not_a_replay(spark, tmp_path):
     again = sink.apply(batch, TxnId("lakemirror/test/noop/e1", 0))
     assert (first.replayed, first.counts.total) == (False, 0)
     assert again.replayed
+
+
+@pytest.mark.parametrize("stable", [True, False], ids=["stable-observed", "materialized"])
+def test_both_apply_paths_report_the_batch_as_an_action_would(spark, tmp_path, stable):
+    """A change-feed batch applied with its statistics observed during the MERGE (stable) or
+    counted first (materialized): same replica, same statistics as a separate count, a replay
+    still recognised (its statistics then come from an action), and an empty batch harmless."""
+    from lakemirror import tables
+    from lakemirror.schema import Column
+    from lakemirror.sinks.delta_merge import DeltaMergeSink, TxnId
+    from lakemirror.sinks.planner import plan_merge
+    from lakemirror.tables import TableLocation
+
+    name = "stable" if stable else "mat"
+    source = TableLocation(TableName("src", "s", name), str(tmp_path / "source"))
+    replica = TableLocation(TableName("dst", "s", name), str(tmp_path / "replica"))
+    ddl = "a BIGINT, b STRING, v INT"  # a nullable composite key: NULL is a key value like any other
+    spark.sql(f"CREATE TABLE {source.sql} ({ddl}) USING DELTA TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')")
+    spark.sql(f"CREATE TABLE {replica.sql} ({ddl}) USING DELTA")
+    spark.sql(f"INSERT INTO {source.sql} VALUES (1, NULL, 1), (1, 'x', 2), (NULL, NULL, 3)")       # v1
+    spark.sql(f"UPDATE {source.sql} SET v = v * 10 WHERE b IS NULL")                               # v2
+    spark.sql(f"DELETE FROM {source.sql} WHERE a = 1 AND b = 'x'")                                 # v3
+    spark.sql(f"INSERT INTO {source.sql} VALUES (1, 'x', 4)")                                      # v4
+    spark.sql(f"ALTER TABLE {source.sql} SET TBLPROPERTIES ('lakemirror.test' = 'no data')")       # v5
+    plan = plan_merge((Column("a", "bigint"), Column("b", "string"), Column("v", "int")), ["a", "b"])
+    sink = DeltaMergeSink(replica, plan, stable_source=stable)
+
+    def feed(lo: int, hi: int):
+        return tables.read(spark, source, readChangeFeed="true", startingVersion=lo, endingVersion=hi)
+
+    first = sink.apply(feed(1, 4), TxnId(f"lakemirror/test/{name}/e1", 0))
+    assert first.stats == sink.stats(feed(1, 4)) and first.stats.rows_read == 9
+    assert (first.stats.first_version, first.stats.last_version) == (1, 4)
+    assert (first.replayed, first.counts.inserted) == (False, 3)
+    again = sink.apply(feed(1, 4), TxnId(f"lakemirror/test/{name}/e1", 0))
+    assert again.replayed and again.stats == first.stats and again.counts == first.counts
+    empty = sink.apply(feed(5, 5), TxnId(f"lakemirror/test/{name}/e1", 1))
+    assert empty.stats.rows_read == 0 and not empty.replayed and empty.counts.total == 0
+    assert sorted(map(tuple, tables.read(spark, replica).collect()), key=repr) == \
+        sorted(map(tuple, tables.read(spark, source).collect()), key=repr)
+    assert spark.conf.get("spark.sql.adaptive.enabled") == "true", "the MERGE's confs are restored after it"
