@@ -7,6 +7,10 @@ replayed batch (a restart after a crash) asks the table whether its row is alrea
 replaced Delta writer transaction ids on every append, which made each append reconstruct the
 table's transaction state (1.48 s a row against 0.56 s blind in `make bench` on the 2-core machine;
 docs/BENCHMARKS.md).
+
+Rows handed in at the same time by several tables' streams are written together, in one Delta
+commit (group commit, :mod:`lakemirror.checkpoints.group_commit`), on the store's own session: a
+session no batch ever sets Delta transaction confs on.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from lakemirror import tables
+from lakemirror.checkpoints.group_commit import GroupCommit
 from lakemirror.checkpoints.records import CHECKPOINT_DDL, CheckpointRow
 from lakemirror.tables import TableLocation
 
@@ -25,6 +30,8 @@ class DeltaCheckpointStore:
     def __init__(self, spark: "SparkSession", location: TableLocation) -> None:
         self.spark = spark
         self.location = location
+        self._writer_session: "SparkSession | None" = None
+        self._group: GroupCommit[CheckpointRow] = GroupCommit(self._write)
 
     def ensure(self) -> None:
         """Create the table if it does not exist (idempotent)."""
@@ -43,10 +50,14 @@ class DeltaCheckpointStore:
         ``known_new``: the caller knows no earlier attempt wrote this batch's row (its MERGE was
         fresh), so the existence check is skipped. Failure and resync rows are events, recorded
         each time they happen."""
-        session = spark or self.spark
-        if row.is_batch and not known_new and self._has_batch(session, row):
+        if row.is_batch and not known_new and self._has_batch(spark or self.spark, row):
             return
-        df = session.createDataFrame([tuple(row.as_dict().values())], CHECKPOINT_DDL)
+        self._group.submit(row)
+
+    def _write(self, rows: list[CheckpointRow]) -> None:
+        if self._writer_session is None:
+            self._writer_session = self.spark.newSession()
+        df = self._writer_session.createDataFrame([tuple(r.as_dict().values()) for r in rows], CHECKPOINT_DDL)
         tables.write(df, self.location, "append")
 
     def _has_batch(self, session: "SparkSession", row: CheckpointRow) -> bool:
