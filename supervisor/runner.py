@@ -28,6 +28,8 @@ from lakemirror.sinks.delta_merge import DeltaMergeSink, MergeOutcome, TxnId, tx
 from lakemirror.sinks.planner import ColumnSelection, MergePlan, diff_schema, plan_merge
 from lakemirror.sources import change_feed
 from lakemirror.sources.catalog import Catalog, table_id
+from lakemirror.sources.change_feed import SourceHead
+from lakemirror.sources.commit_log import HadoopCommitLog, probe_head
 from lakemirror.sources.keys import KeyChoice, choose_key
 from lakemirror.supervisor import state as sm
 from lakemirror.supervisor.classify import classify
@@ -39,6 +41,8 @@ from lakemirror.supervisor.spec import PipelineSpec
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
+
+    from lakemirror.tables import TableLocation
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +115,9 @@ class TableRunner:
         self._resync_reason: str | None = None
         self._resynced_from_table_id: str | None = None
         self._headroom_low = False
+        self._commit_log: HadoopCommitLog | bool | None = None  # None: not tried; False: unavailable
+        self._commit_times: dict[int, float] = {}
+        self._known_latest: int | None = None
         self.prepared: Prepared | None = None
         self.applied_through: int | None = None
         self.last_batch_at: float | None = None
@@ -202,6 +209,7 @@ class TableRunner:
         self.applied_through = None
         self.last_lag = None
         self.prepared = None
+        self._commit_log, self._commit_times, self._known_latest = None, {}, None
         self._resync_reason = reason
         self._resynced_from_table_id = progress.source_table_id
         log.warning("table %s: resync (%s)", self.source, reason)
@@ -235,7 +243,9 @@ class TableRunner:
         # Read only as many of the newest commits as the table was behind at the last probe (plus
         # two): a caught-up table reads 2 commit files per probe instead of 32.
         window = 32 if self.last_lag is None else min(32, self.last_lag.versions_behind + 2)
-        head = change_feed.source_head(self.session, loc, through, window=window)
+        head = (self._head_from_commit_files(loc, through)
+                or change_feed.source_head(self.session, loc, through, window=window))
+        self._known_latest = head.latest_version
         times = dict(head.commit_times)
         headroom = headroom_seconds(applied_through=through, latest_version=head.latest_version,
                                     commit_times=times, window=prepared.retention, now=now)
@@ -248,6 +258,16 @@ class TableRunner:
         self.last_lag = replace(reading, retention_headroom_seconds=headroom)
         self._warn_on_headroom(headroom)
         return self.last_lag
+
+    def _head_from_commit_files(self, loc: TableLocation, through: int) -> SourceHead | None:
+        """The head read from the source's commit files (no Spark job), or None: use history."""
+        if self._commit_log is None:
+            self._commit_log = HadoopCommitLog.for_table(self.session, loc) or False
+        log = self._commit_log
+        if not isinstance(log, HadoopCommitLog):
+            return None
+        return probe_head(log.commit_time, applied_through=through,
+                          known_latest=self._known_latest, cache=self._commit_times)
 
     def _warn_on_headroom(self, headroom: float) -> None:
         low = headroom < self.ctx.spec.retention_warning_seconds

@@ -1,0 +1,56 @@
+"""The Spark-free lag probe's walk over commit files (pure: a dict stands in for _delta_log)."""
+
+from __future__ import annotations
+
+from lakemirror.sources.commit_log import probe_head
+
+
+def log_of(versions: range) -> tuple[dict[int, float], list[int]]:
+    files = {v: 1000.0 + v for v in versions}
+    return files, []
+
+
+def probe(files: dict[int, float], calls: list[int], **kw: object):  # type: ignore[no-untyped-def]
+    def commit_time(v: int) -> float | None:
+        calls.append(v)
+        return files.get(v)
+    return probe_head(commit_time, **kw)  # type: ignore[arg-type]
+
+
+def test_caught_up_reads_two_files_and_reports_no_commit_to_wait_for() -> None:
+    files, calls = log_of(range(0, 8))
+    head = probe(files, calls, applied_through=7, known_latest=7, cache={})
+    assert head is not None and head.latest_version == 7 and head.commit_times == {7: 1007.0}
+    assert calls == [7, 8]
+
+
+def test_behind_walks_forward_and_prices_the_oldest_unapplied_commit() -> None:
+    files, calls = log_of(range(0, 13))
+    cache: dict[int, float] = {}
+    head = probe(files, calls, applied_through=4, known_latest=6, cache=cache)
+    assert head is not None and head.latest_version == 12
+    assert head.commit_times == {12: 1012.0, 5: 1005.0}
+    calls.clear()
+    files[13] = 1013.0
+    again = probe(files, calls, applied_through=4, known_latest=12, cache=cache)
+    assert again is not None and again.latest_version == 13
+    assert calls == [13, 14], "commit times already read are never read again"
+
+
+def test_gives_up_when_far_behind_or_a_needed_commit_file_is_gone() -> None:
+    files, calls = log_of(range(0, 200))
+    assert probe(files, calls, applied_through=3, known_latest=3, cache={}, max_steps=64) is None
+    cleaned = {v: t for v, t in log_of(range(0, 20))[0].items() if v > 10}
+    assert probe(cleaned, [], applied_through=5, known_latest=15, cache={}) is None
+
+
+def test_a_table_recreated_under_the_same_path_is_not_read_as_the_old_one() -> None:
+    files, calls = log_of(range(0, 3))  # the new table has versions 0..2; the old one reached 40
+    assert probe(files, calls, applied_through=38, known_latest=40, cache={}) is None
+
+
+def test_the_cache_forgets_versions_already_applied() -> None:
+    files, calls = log_of(range(0, 10))
+    cache: dict[int, float] = {v: 1000.0 + v for v in range(0, 10)}
+    probe(files, calls, applied_through=8, known_latest=9, cache=cache)
+    assert min(cache) == 8
