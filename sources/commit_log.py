@@ -43,8 +43,10 @@ def probe_head(commit_time: CommitTime, *, applied_through: int, known_latest: i
         return cache[version]
 
     latest = max(applied_through, known_latest if known_latest is not None else applied_through)
-    if time_of(latest) is None:
+    start = commit_time(latest)  # always read afresh: a cached time cannot prove the file is there
+    if start is None:
         return None  # the version we walk from has no commit file: recreated or cleaned up
+    cache[latest] = start
     for _ in range(max_steps):
         if time_of(latest + 1) is None:
             break

@@ -461,7 +461,7 @@ class TableRunner:
     #: Pauses between re-reads of an unreadable source's table id (7.5 s in all).
     SOURCE_ID_RETRY_DELAYS = (0.5, 1.0, 2.0, 4.0)
 
-    def _settled_source_table_id(self, spark: "SparkSession") -> str:
+    def _settled_source_table_id(self, spark: "SparkSession") -> str | None:
         """The source's table id, read again while the table cannot be described.
 
         A table being dropped and recreated under its name cannot be described for a moment

@@ -34,7 +34,7 @@ def test_behind_walks_forward_and_prices_the_oldest_unapplied_commit() -> None:
     files[13] = 1013.0
     again = probe(files, calls, applied_through=4, known_latest=12, cache=cache)
     assert again is not None and again.latest_version == 13
-    assert calls == [13, 14], "commit times already read are never read again"
+    assert calls == [12, 13, 14], "only the walk's start is read again; older commit times come from the cache"
 
 
 def test_gives_up_when_far_behind_or_a_needed_commit_file_is_gone() -> None:
@@ -47,6 +47,14 @@ def test_gives_up_when_far_behind_or_a_needed_commit_file_is_gone() -> None:
 def test_a_table_recreated_under_the_same_path_is_not_read_as_the_old_one() -> None:
     files, calls = log_of(range(0, 3))  # the new table has versions 0..2; the old one reached 40
     assert probe(files, calls, applied_through=38, known_latest=40, cache={}) is None
+
+
+def test_a_warm_cache_does_not_hide_a_recreated_table() -> None:
+    files, calls = log_of(range(0, 41))
+    cache: dict[int, float] = {}
+    assert probe(files, calls, applied_through=38, known_latest=40, cache=cache) is not None
+    recreated = {v: 5000.0 + v for v in range(0, 3)}
+    assert probe(recreated, calls, applied_through=38, known_latest=40, cache=cache) is None
 
 
 def test_the_cache_forgets_versions_already_applied() -> None:
