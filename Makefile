@@ -30,10 +30,11 @@ test-e2e: setup
 torture: setup
 	$(VENV)/python scripts/torture.py --kills $(or $(KILLS),25)
 
-# lakemirror against its baselines (delta-rs CDF loop, full refresh); docs/BENCHMARKS.md. QUICK=1: a smoke run.
+# lakemirror against its baselines (delta-rs CDF loop, full refresh, copy floor); docs/BENCHMARKS.md.
+# QUICK=1: a smoke run. ONLY=steady,scale,...: rerun some workloads, keep the other figures.
 bench: setup
 	$(VENV)/python -m pip install --quiet -e '.[bench]'
-	$(VENV)/python -m bench $(if $(QUICK),--quick,)
+	$(VENV)/python -m bench $(if $(QUICK),--quick,) $(if $(ONLY),--only $(ONLY),)
 
 clean:
 	rm -rf .lakemirror-demo .pytest_cache build dist *.egg-info

@@ -17,13 +17,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 from deltalake import DeltaTable
 
 from bench.apply_cost import apply_cost
+from bench.big import bootstrap, peak_resident_mib, steady_cost
 from bench.measure import summarize_runs
-from bench.systems import DeltaRsLoop, FullRefresh, LakemirrorDaemon, latest_per_key, merge_changes
-from bench.workload import SourceTable, table_path
+from bench.systems import DeltaRsLoop, FullRefresh, LakemirrorDaemon
+from bench.workload import SourceTable, same_rows, table_path
 
 ROOT = Path(__file__).resolve().parent.parent
 #: What follows this marker in docs/BENCHMARKS.md is written by hand (diagnosis, optimisations) and kept.
@@ -40,16 +40,17 @@ def machine() -> dict[str, Any]:
             "load_average_at_start": os.getloadavg()}
 
 
-def same_rows(a: Path, b: Path) -> bool:
-    def rows(p: Path) -> pa.Table:
-        return DeltaTable(str(p)).to_pyarrow_table(columns=["id", "v", "payload"]).sort_by("id")
-    return rows(a).equals(rows(b))
-
-
 # -- steady lag ---------------------------------------------------------------------------------
 
 def steady_lag(system: str, tables: int, rows: int, seconds: float, fraction: float, trigger: float,
-               seed: int) -> dict[str, Any]:
+               seed: int, warmup: float = 0.0) -> dict[str, Any]:
+    """Lag of every source commit while a writer changes every table once a second.
+
+    The writer runs ``warmup`` seconds before the measured ``seconds``: a long-running daemon's
+    JVM has compiled its hot code long since, one just started has not (on two cores its JIT
+    compiler takes about half the CPU for the first minutes). Commits of the warm-up are
+    reported apart, never mixed into the steady figures.
+    """
     workdir = Path(tempfile.mkdtemp(prefix=f"bench-{system.split()[0]}-"))
     warehouse = workdir / "lakehouse"
     names = [f"t{i:02d}" for i in range(tables)]
@@ -74,7 +75,8 @@ def steady_lag(system: str, tables: int, rows: int, seconds: float, fraction: fl
     started = time.time()
     stamp = 0
     change_rows = 0
-    while time.time() - started < seconds:
+    measured_from = started + warmup
+    while time.time() - started < warmup + seconds:
         tick = time.time()
         stamp += 1
         for s in sources.values():
@@ -82,24 +84,31 @@ def steady_lag(system: str, tables: int, rows: int, seconds: float, fraction: fl
         time.sleep(max(0.0, 1.0 - (time.time() - tick)))
     finals = {t: s.version() for t, s in sources.items()}
     if system == "lakemirror":
-        runner.wait_through(finals, timeout=300)
+        runner.wait_through(finals, timeout=600)
+        runner.peak_memory = peak_resident_mib(runner.proc.pid)
     else:
         deadline = time.time() + 300
         while time.time() < deadline and any(runner.applied[t] < v for t, v in finals.items()):
             time.sleep(0.2)
     runner.stop()
-    summary = summarize_runs((sources[t].commits, runner.applies(t)) for t in names)
+    def window(commits: dict[int, float], steady: bool) -> dict[int, float]:
+        return {v: t for v, t in commits.items() if (t >= measured_from) == steady}
+    summary = summarize_runs((window(sources[t].commits, True), runner.applies(t)) for t in names)
     exact = all(same_rows(sources[t].path, replicas[t]) for t in names)
     result: dict[str, Any] = {
         "system": runner.name, "tables": tables, "rows_per_table": rows, "seconds": seconds,
         "source_commits": sum(len(s.commits) for s in sources.values()), "change_rows_written": change_rows,
         "ready_seconds": round(ready, 2), "lag": summary.as_dict(), "replicas_equal_sources": exact,
+        "warmup_seconds": warmup,
+        "warmup_lag": summarize_runs((window(sources[t].commits, False), runner.applies(t)) for t in names).as_dict()
+        if warmup else None,
         "series": sorted((t_made - started, lag) for t in names
                          for v, t_made in sources[t].commits.items()
                          for lag in [_lag_of(v, t_made, runner.applies(t))] if lag is not None),
     }
     if system == "lakemirror":
-        metric = [v for _, v in runner.metric_lag]
+        result["peak_resident_mib"] = runner.peak_memory
+        metric = [v for at, v in runner.metric_lag if at >= measured_from]
         result["daemon_metric_lag"] = {"samples": len(metric), "max": max(metric) if metric else None,
                                        "mean": sum(metric) / len(metric) if metric else None}
     shutil.rmtree(workdir, ignore_errors=True)
@@ -153,40 +162,89 @@ def catch_up(system: str, rows: int, commits: int, fraction: float, seed: int) -
 
 # -- report ---------------------------------------------------------------------------------------
 
-def render(results: dict[str, Any]) -> str:
-    m = results["machine"]
-    p = results["parameters"]
-    lines = ["# Benchmarks", "",
-             f"Command: `{results['command']}` on {time.strftime('%Y-%m-%d', time.gmtime(results['finished']))}.  ",
-             f"Machine: {m['cores']} cores, {m['memory_gib']} GiB, Python {m['python']}, PySpark {m['pyspark']}, "
-             f"deltalake {m['deltalake']}, kernel {m['kernel']}; load average at start "
-             f"{', '.join(f'{x:.2f}' for x in m['load_average_at_start'])}.  ",
-             "Raw figures: [bench/results.json](bench/results.json); lag over time: [bench/lag.png](bench/lag.png).",
-             "", "## Steady lag", "",
-             f"{p['steady_tables']} tables of {p['steady_rows']:,} rows; a writer (delta-rs, in the benchmark process) "
-             f"commits one MERGE per table every second touching {p['fraction']:.0%} of its rows "
-             f"(updates, deletes, inserts) for {p['steady_seconds']:.0f} s. Lag of a source commit = from the moment "
-             f"its commit returned to the moment the replica's commit covering it appeared (lakemirror: the replica's "
-             f"Delta log file time joined with the checkpoint rows; the baselines record it as they commit). "
-             f"Trigger interval {p['trigger']} s for lakemirror and the delta-rs loop; the full refresh loops without pause.",
-             "", "| system | commits | p50 s | p95 s | p99 s | max s | unapplied | replicas exact | p99 vs lakemirror |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    base = next((r["lag"]["p99"] for r in results["steady"] if r["system"] == "lakemirror"), None)
-    for r in results["steady"]:
+WORKLOADS = ("steady", "scale", "catch_up", "steady_cost", "bootstrap", "apply_cost")
+
+
+def _when(section: dict[str, Any]) -> str:
+    at = section.get("measured_at")
+    load = section.get("load_average_at_start")
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(at)) if at else "?"
+    return f"Measured {when}" + (f", load average at start {load[0]:.2f}." if load else ".")
+
+
+def _mem(r: dict[str, Any]) -> str:
+    m = r.get("peak_resident_mib") or {}
+    return f"{m.get('python', 0):.0f} / {m.get('jvm', 0):.0f}" if m else "-"
+
+
+def _steady_table(runs: list[dict[str, Any]]) -> list[str]:
+    lines = ["| system | source commits | p50 s | p95 s | p99 s | max s | unapplied | replicas exact | "
+             "p99 vs lakemirror | peak RSS MiB (daemon Python / JVM) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    base = next((r["lag"]["p99"] for r in runs if r["system"] == "lakemirror"), None)
+    for r in runs:
         lag = r["lag"]
         ratio = f"{lag['p99'] / base:.2f}x" if base else "-"
         lines.append(f"| {r['system']} | {lag['commits']} | {lag['p50']:.2f} | {lag['p95']:.2f} | {lag['p99']:.2f} | "
-                     f"{lag['max']:.2f} | {lag['unapplied']} | {'yes' if r['replicas_equal_sources'] else 'NO'} | {ratio} |")
-    for r in results["steady"]:
+                     f"{lag['max']:.2f} | {lag['unapplied']} | {'yes' if r['replicas_equal_sources'] else 'NO'} | "
+                     f"{ratio} | {_mem(r)} |")
+    warm = [r for r in runs if r.get("warmup_lag")]
+    if warm:
+        lines += ["", f"The first {warm[0]['warmup_seconds']:.0f} s of the writer (the warm-up, after every replica "
+                      "was bootstrapped; not in the figures above):", "",
+                  "| system | source commits | p50 s | p99 s | max s | unapplied |", "|---|---|---|---|---|---|"]
+        for r in warm:
+            w = r["warmup_lag"]
+            lines.append(f"| {r['system']} | {w['commits']} | {w['p50']:.2f} | {w['p99']:.2f} | {w['max']:.2f} | "
+                         f"{w['unapplied']} |")
+    for r in runs:
         if "daemon_metric_lag" in r:
             d = r["daemon_metric_lag"]
             lines += ["", f"lakemirror's own `lakemirror_lag_seconds` (scraped every second, max over tables): "
                           f"mean {d['mean']:.2f} s, max {d['max']:.2f} s over {d['samples']} scrapes; outside "
                           f"measure: mean {r['lag']['mean']:.2f} s, max {r['lag']['max']:.2f} s. "
                           f"Time from daemon start to every replica bootstrapped and running: {r['ready_seconds']} s."]
+    return lines
+
+
+def render(results: dict[str, Any]) -> str:
+    m = results["machine"]
+    p = results["parameters"]
+    lines = ["# Benchmarks", "",
+             f"Command: `{results['command']}`.  ",
+             f"Machine: {m['cores']} cores, {m['memory_gib']} GiB, Python {m['python']}, PySpark {m['pyspark']}, "
+             f"deltalake {m['deltalake']}, kernel {m['kernel']}. Each section says when it was measured "
+             f"(`--only` reruns some sections and keeps the others).  ",
+             "Raw figures: [bench/results.json](bench/results.json); lag over time: [bench/lag.png](bench/lag.png)."]
+    by_tables: dict[int, list[dict[str, Any]]] = {}
+    for r in results.get("steady", []):
+        by_tables.setdefault(r["tables"], []).append(r)
+    for n, runs in sorted(by_tables.items()):
+        r0 = runs[0]
+        lines += ["", f"## Steady lag, {n} tables", "", _when(r0) + " "
+                  f"{n} tables of {r0['rows_per_table']:,} rows; a writer (delta-rs, in the benchmark process) "
+                  f"commits one MERGE per table every second (or as fast as it can when that takes longer) touching "
+                  f"{p['fraction']:.0%} of its rows (updates, deletes, inserts) for {r0['seconds']:.0f} s measured "
+                  f"(lakemirror: after {r0.get('warmup_seconds', 0):.0f} s of warm-up with the same writer, reported "
+                  f"below; the baselines from their first commit). Lag of a "
+                  f"source commit = from the moment its commit returned to the moment the replica's commit covering "
+                  f"it appeared (lakemirror: the replica's Delta log file time joined with the checkpoint rows; the "
+                  f"baselines record it as they commit). Trigger interval {p['trigger']} s for lakemirror and the "
+                  f"delta-rs loop; the full refresh loops without pause.", "", *_steady_table(runs)]
+    if results.get("scale"):
+        r = results["scale"][0]
+        lines += ["", f"## Scale: {r['tables']} tables on one driver", "", _when(r) + " "
+                  f"lakemirror alone, {r['tables']} tables of {r['rows_per_table']:,} rows, the same writer for "
+                  f"{r['seconds']:.0f} s.", "", *_steady_table(results["scale"])]
+    mem = [(r["tables"], r["peak_resident_mib"]) for r in [*results.get("steady", []), *results.get("scale", [])]
+           if r.get("peak_resident_mib")]
+    if mem:
+        lines += ["", "Driver memory by number of tables (peak resident MiB of the daemon's Python process and its "
+                      "JVM, from `/proc/<pid>/status` VmHWM): " +
+                  "; ".join(f"{n} tables: {m.get('python', 0):.0f} + {m.get('jvm', 0):.0f}" for n, m in sorted(mem)) + "."]
     if results.get("catch_up"):
-        lines += ["", "## Catch-up", "",
-                  f"A {p['catchup_rows']:,}-row table, a backlog of {p['catchup_commits']} MERGE commits written while "
+        r0 = results["catch_up"][0]
+        lines += ["", "## Catch-up", "", _when(r0) + " "
+                  f"A {r0['rows']:,}-row table, a backlog of {r0['backlog_commits']} MERGE commits written while "
                   f"the replicator was stopped; time to drain it.", "",
                   "| system | change rows | drain s | change rows / s | batches | wall incl. process start s | replica exact |",
                   "|---|---|---|---|---|---|---|"]
@@ -194,8 +252,37 @@ def render(results: dict[str, Any]) -> str:
             lines.append(f"| {r['system']} | {r['change_rows']:,} | {r['drain_seconds']} | {r['rows_per_second']:,.0f} | "
                          f"{r['batches']} | {r.get('seconds_including_process_start', '-')} | "
                          f"{'yes' if r['replicas_equal_sources'] else 'NO'} |")
+    if results.get("steady_cost"):
+        r0 = results["steady_cost"][0]
+        refresh = next((r for r in results["steady_cost"] if r["system"].startswith("full refresh (Spark")), None)
+        lines += ["", "## Steady cost of one cycle", "", _when(r0) + " "
+                  f"A {r0['rows']:,}-row table; one cycle = one source MERGE changing about "
+                  f"{r0['change_rows_per_cycle']:,} rows, then the replica brought up to date. lakemirror: wall "
+                  f"from the source commit to the replica reflecting it, CPU of the daemon's processes (Python and "
+                  f"JVM) meanwhile. Full refresh: overwrite the replica from the whole source, with Spark (a warm "
+                  f"session in its own process, its process and JVM's CPU) and with delta-rs. "
+                  f"{r0['cycles']} cycles each (lakemirror's first, warm-up cycle not counted).", "",
+                  "| system | wall s (median, min-max) | CPU s (median, min-max) | CPU vs the Spark full refresh | replica exact |",
+                  "|---|---|---|---|---|"]
+        for r in results["steady_cost"]:
+            ratio = f"{refresh['cpu_s']['median'] / r['cpu_s']['median']:.1f}x cheaper" if refresh and r is not refresh and r['cpu_s']['median'] else "-"
+            lines.append(f"| {r['system']} | {r['wall_s']['median']} ({r['wall_s']['min']}-{r['wall_s']['max']}) | "
+                         f"{r['cpu_s']['median']} ({r['cpu_s']['min']}-{r['cpu_s']['max']}) | {ratio} | "
+                         f"{'yes' if r['replica_equal_source'] else 'NO'} |")
+    if results.get("bootstrap"):
+        r0 = results["bootstrap"][0]
+        floor = r0["seconds_to_replica"]
+        lines += ["", "## Bootstrap", "", _when(r0) + " "
+                  f"A {r0['rows']:,}-row table. Both sides start their own process and JVM (`local[2]`); the copy "
+                  f"alone is the copy floor's write, and lakemirror's bootstrap step from its log (key settled to "
+                  f"bootstrap done).", "",
+                  "| system | start to replica s | vs copy floor | copy alone s | replica exact |", "|---|---|---|---|---|"]
+        for r in results["bootstrap"]:
+            lines.append(f"| {r['system']} | {r['seconds_to_replica']} | {r['seconds_to_replica'] / floor:.2f}x | "
+                         f"{r.get('copy_seconds', '-')} | {'yes' if r['replica_equal_source'] else 'NO'} |")
     if results.get("apply_cost"):
-        lines += ["", "## Where lakemirror's time goes: one micro-batch apply", "",
+        r0 = results["apply_cost"][0]
+        lines += ["", "## Where lakemirror's time goes: one micro-batch apply", "", _when(r0) + " "
                   "lakemirror's own sink on a warm local Spark (`local[2]`, 2 shuffle partitions), one source commit "
                   "per apply; medians after two warm-up applies.", "",
                   "| apply path | replica deletion vectors | rows | change rows / apply | source table id s | batch stats alone s | "
@@ -217,64 +304,131 @@ def plot(results: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    for r in results["steady"]:
-        xs = [x for x, _ in r["series"]]
-        ys = [y for _, y in r["series"]]
-        ax.plot(xs, ys, ".", markersize=3, label=r["system"])
-    ax.set_xlabel("seconds into the run (source commit time)")
-    ax.set_ylabel("lag of the commit, s")
-    ax.set_yscale("log")
-    ax.set_title(f"Steady lag, {results['parameters']['steady_tables']} tables")
-    ax.legend()
+    runs = [*results.get("steady", []), *results.get("scale", [])]
+    sizes = sorted({r["tables"] for r in runs})
+    if not sizes:
+        return
+    fig, axes = plt.subplots(len(sizes), 1, figsize=(9, 3.5 * len(sizes)), squeeze=False)
+    for ax, n in zip(axes[:, 0], sizes):
+        for r in (r for r in runs if r["tables"] == n):
+            ax.plot([x for x, _ in r["series"]], [y for _, y in r["series"]], ".", markersize=3, label=r["system"])
+        ax.set_xlabel("seconds into the run (source commit time)")
+        ax.set_ylabel("lag of the commit, s")
+        ax.set_yscale("log")
+        warmup = max((r.get("warmup_seconds") or 0 for r in runs if r["tables"] == n), default=0)
+        if warmup:
+            ax.axvline(warmup, color="grey", linestyle="--", linewidth=1)
+        ax.set_title(f"Lag of every source commit, {n} tables (dashed: end of the warm-up)")
+        ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+NOTES = [
+    "- The writer and both delta-rs baselines run in the benchmark's Python process; lakemirror runs as its "
+    "own daemon process with its own JVM (`local[2]`), as a user would run it. All of them share the machine's "
+    "two cores, so a run's figures include the writer's own load.",
+    "- The full refresh rewrites each replica whenever its source has a new version, without pause: its "
+    "most favourable schedule. At 100k rows a rewrite costs tens of milliseconds with delta-rs.",
+    "- The 64-table scale run uses smaller tables than the steady runs, to keep `make bench` within an hour "
+    "on two cores; the issue gives no size for it.",
+]
+
+
+#: How long the writer runs before the steady figures are measured (see ``steady_lag``).
+WARMUP_SECONDS = 120.0
+
+
+def parameters(quick: bool) -> dict[str, Any]:
+    return {"steady_tables": [4] if quick else [4, 16], "steady_rows": 20_000 if quick else 100_000,
+            "fraction": 0.01, "steady_seconds": 30.0 if quick else 120.0, "trigger": 1.0,
+            "steady_warmup": 10.0 if quick else WARMUP_SECONDS,
+            "scale_tables": 8 if quick else 64, "scale_rows": 5_000 if quick else 10_000,
+            "catchup_rows": 100_000 if quick else 1_000_000, "catchup_commits": 5 if quick else 10,
+            "cost_rows": 500_000 if quick else 10_000_000, "cost_cycles": 2 if quick else 4,
+            "bootstrap_rows": 500_000 if quick else 5_000_000}
+
+
+def run_workload(name: str, p: dict[str, Any], seed: int) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    if name == "steady":
+        for n in p["steady_tables"]:
+            for system in ("lakemirror", "delta-rs", "full refresh"):
+                print(f"steady lag, {n} tables: {system} ...", flush=True)
+                # only lakemirror's JVM needs the warm-up; the baselines are measured from their first commit
+                warmup = p["steady_warmup"] if system == "lakemirror" else 0.0
+                out.append(steady_lag(system, n, p["steady_rows"], p["steady_seconds"], p["fraction"], p["trigger"], seed,
+                                      warmup))
+                print(f"  {out[-1]['lag']}", flush=True)
+    elif name == "scale":
+        print(f"scale, {p['scale_tables']} tables: lakemirror ...", flush=True)
+        out.append(steady_lag("lakemirror", p["scale_tables"], p["scale_rows"], p["steady_seconds"], p["fraction"],
+                              p["trigger"], seed, p["steady_warmup"]))
+        print(f"  {out[-1]['lag']} {out[-1].get('peak_resident_mib')}", flush=True)
+    elif name == "catch_up":
+        for system in ("lakemirror", "delta-rs"):
+            print(f"catch-up: {system} ...", flush=True)
+            # the backlog: `catchup_commits` MERGEs of 10% of the rows each, i.e. >= 1M change rows at full size
+            out.append(catch_up(system, p["catchup_rows"], p["catchup_commits"], 0.1, seed))
+            print(f"  {out[-1]}", flush=True)
+    elif name == "steady_cost":
+        print("steady cost ...", flush=True)
+        out = steady_cost(p["cost_rows"], p["cost_cycles"], p["fraction"], seed)
+        print(f"  {out}", flush=True)
+    elif name == "bootstrap":
+        print("bootstrap ...", flush=True)
+        out = bootstrap(p["bootstrap_rows"])
+        print(f"  {out}", flush=True)
+    elif name == "apply_cost":
+        print("apply cost ...", flush=True)
+        out = apply_cost(p["steady_rows"], p["fraction"], 6 if p["steady_rows"] < 100_000 else 10, seed)
+        print(f"  {out}", flush=True)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="a smoke run: smaller tables, shorter runs")
+    parser.add_argument("--only", default="", help=f"comma-separated workloads to run ({', '.join(WORKLOADS)}); "
+                        "the other sections are kept from the last docs/bench/results.json")
     parser.add_argument("--out", type=Path, default=ROOT / "docs")
     parser.add_argument("--seed", type=int, default=42)
     args = parser.parse_args(argv)
-    p = {"steady_tables": 4, "steady_rows": 20_000 if args.quick else 100_000, "fraction": 0.01,
-         "steady_seconds": 30.0 if args.quick else 120.0, "trigger": 1.0,
-         "catchup_rows": 100_000 if args.quick else 1_000_000, "catchup_commits": 5 if args.quick else 10}
-    results: dict[str, Any] = {"command": "make bench" + (" QUICK=1  # python -m bench --quick" if args.quick else
-                                                           "  # python -m bench"),
-                               "machine": machine(), "parameters": p, "steady": [], "catch_up": [], "notes": [
-        "- Scaled to this machine and a run of minutes: 4 tables only (the issue's 16- and 64-table runs, the "
-        "10M-row steady-cost table and the 5M-row bootstrap are not in this suite yet).",
-        "- The writer and both delta-rs baselines run in the benchmark's Python process; lakemirror runs as its "
-        "own daemon process with its own JVM (`local[2]`), as a user would run it.",
-        "- The full refresh rewrites each replica whenever its source has a new version, without pause: its "
-        "most favourable schedule. At these table sizes a rewrite costs tens of milliseconds with delta-rs.",
-    ]}
-    for system in ("lakemirror", "delta-rs", "full refresh"):
-        print(f"steady lag: {system} ...", flush=True)
-        r = steady_lag(system, p["steady_tables"], p["steady_rows"], p["steady_seconds"], p["fraction"],
-                       p["trigger"], args.seed)
-        print(f"  {r['lag']}", flush=True)
-        results["steady"].append(r)
-    for system in ("lakemirror", "delta-rs"):
-        print(f"catch-up: {system} ...", flush=True)
-        # the backlog: `catchup_commits` MERGEs of 10% of the rows each, i.e. >= 1M change rows at full size
-        r = catch_up(system, p["catchup_rows"], p["catchup_commits"], 0.1, args.seed)
-        print(f"  {r}", flush=True)
-        results["catch_up"].append(r)
-    print("apply cost ...", flush=True)
-    results["apply_cost"] = apply_cost(p["steady_rows"], p["fraction"], 6 if args.quick else 10, args.seed)
-    print(f"  {results['apply_cost']}", flush=True)
+    only = [w for w in args.only.split(",") if w] or list(WORKLOADS)
+    unknown = sorted(set(only) - set(WORKLOADS))
+    if unknown:
+        parser.error(f"unknown workload(s) {unknown}; choose from {', '.join(WORKLOADS)}")
+    p = parameters(args.quick)
+    raw = args.out / "bench" / "results.json"
+    kept: dict[str, Any] = json.loads(raw.read_text()) if args.only and raw.is_file() else {}
+    if kept and kept.get("quick") != args.quick:
+        kept = {}  # never mix a smoke run's figures with a full run's
+    results: dict[str, Any] = {
+        "command": "make bench" + (" QUICK=1  # python -m bench --quick" if args.quick else "  # python -m bench"),
+        "quick": args.quick, "machine": machine(), "parameters": p, "notes": NOTES,
+        **{w: kept.get(w, []) for w in WORKLOADS}}
+    for name in only:
+        load = list(os.getloadavg())
+        started = time.time()
+        section = run_workload(name, p, args.seed)
+        for r in section:
+            r.setdefault("measured_at", started)
+            r.setdefault("load_average_at_start", load)
+        results[name] = section
+        write_report(results, args.out)  # after every workload: a run stopped half-way keeps what it measured
+    return 0
+
+
+def write_report(results: dict[str, Any], out: Path) -> None:
     results["finished"] = time.time()
-    out = args.out
     (out / "bench").mkdir(parents=True, exist_ok=True)
     (out / "bench" / "results.json").write_text(json.dumps(results, indent=2, default=str))
     plot(results, out / "bench" / "lag.png")
     target = out / "BENCHMARKS.md"
-    kept = target.read_text().split(ANALYSIS, 1)[1] if target.is_file() and ANALYSIS in target.read_text() else ""
-    target.write_text(render(results) + (f"\n{ANALYSIS}{kept}" if kept else ""))
-    print(f"written: {out / 'BENCHMARKS.md'}")
-    return 0
+    text = target.read_text() if target.is_file() else ""
+    analysis = text.split(ANALYSIS, 1)[1] if ANALYSIS in text else ""
+    target.write_text(render(results) + (f"\n{ANALYSIS}{analysis}" if analysis else ""))
+    print(f"written: {target}", flush=True)
 
 
 if __name__ == "__main__":

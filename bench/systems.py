@@ -38,18 +38,24 @@ class LakemirrorDaemon:
     name = "lakemirror"
 
     def __init__(self, workdir: Path, warehouse: Path, tables: list[str], trigger_seconds: float,
-                 shuffle_partitions: int = 2) -> None:
+                 shuffle_partitions: int = 2, replica_properties: dict[str, str] | None = None,
+                 destination_catalog: str = "dst") -> None:
         self.workdir, self.warehouse, self.tables = workdir, warehouse, tables
+        self.destination_catalog = destination_catalog
+        workdir.mkdir(parents=True, exist_ok=True)
         self.config = workdir / "lakemirror.yaml"
         self.config.write_text(yaml.safe_dump({
-            "pipeline_id": "bench", "source_catalog": "src", "destination_catalog": "dst", "schema_name": "bench",
-            "tables": tables, "checkpoint_volume": str(workdir / "ck"), "trigger_interval_seconds": trigger_seconds,
-            "lag_interval_seconds": 1, "runtime": {"warehouse": str(warehouse), "shuffle_partitions": shuffle_partitions},
+            "pipeline_id": "bench", "source_catalog": "src", "destination_catalog": destination_catalog,
+            "schema_name": "bench", "tables": tables, "checkpoint_volume": str(workdir / "ck"),
+            "trigger_interval_seconds": trigger_seconds, "lag_interval_seconds": 1,
+            "replica_properties": replica_properties or {},
+            "runtime": {"warehouse": str(warehouse), "shuffle_partitions": shuffle_partitions},
             "http": {"port": 0}}))
         self.proc: subprocess.Popen[bytes] | None = None
         self.metric_lag: list[tuple[float, float]] = []  # (time, max lakemirror_lag_seconds over tables)
         self._scrape_stop = threading.Event()
         self.started_at = 0.0
+        self.peak_memory: dict[str, float] = {}  # peak resident MiB of the daemon's processes, by kind
 
     def start(self) -> None:
         self.started_at = time.time()
@@ -110,16 +116,31 @@ class LakemirrorDaemon:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
 
+    def replica_path(self, table: str) -> Path:
+        return self.warehouse / self.destination_catalog / "bench" / table
+
+    def bootstrap_seconds(self, table: str) -> float | None:
+        """From the daemon's log: the snapshot copy's start to its end (the replica written and stamped)."""
+        from datetime import datetime
+
+        marks: dict[str, float] = {}
+        for line in (self.workdir / "daemon.log").read_text(errors="replace").splitlines():
+            for mark, text in (("start", f"table src.bench.{table}: bootstrapping "),
+                               ("done", f"table src.bench.{table}: bootstrapped ")):
+                if text in line and mark not in marks:
+                    marks[mark] = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        return round(marks["done"] - marks["start"], 2) if len(marks) == 2 else None
+
     def applies(self, table: str) -> list[Apply]:
         """The replica's MERGE commits (file time) mapped to the source version each batch reached."""
         reached: dict[int, int] = {}
-        ck = DeltaTable(str(self.warehouse / "dst" / "continuous_sync" / "checkpoints")).to_pyarrow_table(
+        ck = DeltaTable(str(self.warehouse / self.destination_catalog / "continuous_sync" / "checkpoints")).to_pyarrow_table(
             columns=["source_fqn", "batch_id", "epoch", "last_committed_version", "error"])
         for row in ck.to_pylist():
             if row["source_fqn"].endswith(f".{table}") and row["error"] is None and row["batch_id"] >= 0:
                 reached[row["batch_id"]] = row["last_committed_version"]
         out = []
-        for commit in sorted((self.warehouse / "dst" / "bench" / table / "_delta_log").glob("*.json")):
+        for commit in sorted((self.replica_path(table) / "_delta_log").glob("*.json")):
             for line in commit.read_text().splitlines():
                 info = json.loads(line).get("commitInfo")
                 if info and info.get("userMetadata"):

@@ -13,9 +13,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
-from deltalake import DeltaTable, write_deltalake
+from deltalake import DeltaTable, QueryBuilder, write_deltalake
 
 CDF = {"delta.enableChangeDataFeed": "true"}
+
+
+def same_rows(a: Path, b: Path) -> bool:
+    """Row-for-row equality of two tables of the benchmark's schema (sorted by id, in Arrow).
+
+    Read through delta-rs's query engine, which honours deletion vectors (its plain Arrow reader
+    refuses tables that have them)."""
+    def rows(p: Path) -> pa.Table:
+        reader = QueryBuilder().register("t", DeltaTable(str(p))).execute("SELECT id, v, payload FROM t ORDER BY id")
+        table = pa.table(reader.read_all())
+        return table.cast(pa.schema([pa.field("id", pa.int64()), pa.field("v", pa.int64()),
+                                     pa.field("payload", pa.string())]))
+    return bool(rows(a).equals(rows(b)))
 
 
 def table_path(warehouse: Path, catalog: str, schema: str, table: str) -> Path:

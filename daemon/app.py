@@ -59,6 +59,7 @@ def pipeline_spec(s: Settings) -> PipelineSpec:
         trigger_interval_seconds=s.trigger_interval_seconds,
         allow_schema_evolution=s.allow_schema_evolution,
         max_files_per_trigger=s.max_files_per_trigger, max_bytes_per_trigger=s.max_bytes_per_trigger,
+        replica_properties=dict(s.replica_properties),
         change_window_policy=s.change_window_policy, retention_warning_seconds=s.retention_warning_seconds)
 
 

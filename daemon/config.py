@@ -137,6 +137,10 @@ class Settings(BaseSettings):
     drain_timeout_seconds: float = Field(120.0, gt=0, description="SIGTERM: how long to wait for batches in flight.")
     max_files_per_trigger: int | None = Field(None, gt=0, description="Cap on source files per micro-batch.")
     max_bytes_per_trigger: str | None = Field(None, description="Soft cap on bytes per micro-batch, e.g. '512m'.")
+    replica_properties: dict[str, str] = Field(
+        default_factory=dict, description="Delta table properties set on every replica at bootstrap, e.g. "
+        "{'delta.enableDeletionVectors': 'true'} for large replicas (a MERGE then rewrites only the changed "
+        "rows, not every file they touch; docs/BENCHMARKS.md).")
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)  # type: ignore[arg-type]
     http: HttpSettings = Field(default_factory=HttpSettings)  # type: ignore[arg-type]
     restart: RestartSettings = Field(default_factory=RestartSettings)  # type: ignore[arg-type]
@@ -167,6 +171,15 @@ class Settings(BaseSettings):
             _check_name(name, "table name")
         if len(set(v)) != len(v):
             raise ValueError(f"table names repeat: {v}")
+        return v
+
+    @field_validator("replica_properties")
+    @classmethod
+    def _replica_properties(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in v:
+            if not key.startswith("delta."):
+                raise ValueError(f"replica_properties: {key!r} is not a Delta table property; only 'delta.*' "
+                                 f"properties may be set (lakemirror.* ones are lakemirror's own)")
         return v
 
     @model_validator(mode="after")

@@ -353,9 +353,12 @@ class TableRunner:
         assert version is not None
         self.ctx.fault("bootstrap_before_snapshot")
         self.ctx.catalog.ensure_schema(spark, self.destination.catalog, self.destination.schema)
+        log.info("table %s: bootstrapping %s from source version %d (epoch %d)",
+                 self.source, self.destination, version, progress.epoch)
         snapshot_copy.write_snapshot(
             change_feed.snapshot(spark, src, version), dst, plan.columns,
-            {snapshot_copy.PIPELINE_PROPERTY: self.ctx.spec.pipeline_id,
+            {**self.ctx.spec.replica_properties,
+             snapshot_copy.PIPELINE_PROPERTY: self.ctx.spec.pipeline_id,
              snapshot_copy.SOURCE_PROPERTY: str(self.source),
              snapshot_copy.EPOCH_PROPERTY: str(progress.epoch),
              snapshot_copy.BOOTSTRAP_VERSION_PROPERTY: str(version)}, source_properties)

@@ -31,6 +31,7 @@ class PipelineSpec:
     allow_schema_evolution: bool = True
     max_files_per_trigger: int | None = None
     max_bytes_per_trigger: str | None = None
+    replica_properties: dict[str, str] = field(default_factory=dict)  # delta.* properties set at bootstrap
     change_window_policy: str = "fail"          # fail | resync: when a needed source version is gone
     retention_warning_seconds: float = 86400.0  # warn when the change window is closer than this
 

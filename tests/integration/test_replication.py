@@ -116,6 +116,30 @@ def test_bootstrap_copies_the_snapshot_then_streams_from_the_next_version(pipeli
     assert pipeline.app.checkpoints.latest("test")["src.sales.b"].first_version == v + 1
 
 
+def test_replica_properties_are_set_at_bootstrap_and_a_deletion_vector_replica_stays_exact(make_pipeline):
+    """``replica_properties`` reach the replica; with deletion vectors on, MERGEs mark changed rows
+    deleted instead of rewriting their files, and the replica must still equal the source."""
+    pipeline = make_pipeline(replica_properties={"delta.enableDeletionVectors": "true"})
+    pipeline.create("dv", "id BIGINT NOT NULL, v STRING", key="id")
+    pipeline.sql("dv", "INSERT INTO {t} SELECT id, 'a' FROM range(0, 200)")
+    pipeline.start()
+    pipeline.wait_caught_up("dv")
+    from lakemirror.sinks import snapshot_copy
+    props = snapshot_copy.replica_properties(pipeline.spark, pipeline.replica("dv"))
+    assert props["delta.enableDeletionVectors"] == "true" and props[snapshot_copy.PIPELINE_PROPERTY] == "test"
+    pipeline.sql("dv", "UPDATE {t} SET v = 'b' WHERE id % 3 = 0")
+    pipeline.sql("dv", "DELETE FROM {t} WHERE id % 5 = 0")
+    pipeline.sql("dv", "INSERT INTO {t} SELECT id, 'c' FROM range(0, 200) WHERE id % 10 = 0")
+    pipeline.wait_caught_up("dv")
+    pipeline.assert_replica_equals_source("dv")
+    from lakemirror import tables
+    merges = [h for h in tables.delta_table(pipeline.spark, pipeline.replica("dv")).history().collect()
+              if h["operation"] == "MERGE"]
+    # the changed rows were marked deleted in place: no MERGE copied an unchanged row to a new file
+    assert merges and any(int(h["operationMetrics"]["numTargetDeletionVectorsAdded"]) > 0 for h in merges)
+    assert all(int(h["operationMetrics"]["numTargetRowsCopied"]) == 0 for h in merges)
+
+
 def test_a_batch_applied_twice_is_skipped_and_reported_as_replayed(spark, tmp_path):
     """The crash window after the MERGE commit: the same (app id, batch) again is skipped by Delta
     and reported as a replay, even though its earlier commit is still the replica's newest."""

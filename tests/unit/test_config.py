@@ -75,6 +75,8 @@ def test_valid_file(tmp_path: Path) -> None:
     ({"runtime": {"mode": "cluster"}}, (), "runtime.mode", "Input should be 'local', 'connect' or 'databricks'"),
     ({"http": {"port": 70000}}, (), "http.port", "less than or equal to 65535"),
     ({"pipeline_id": "-bad"}, (), "pipeline_id", "pipeline_id must be 1-64 characters"),
+    ({"replica_properties": {"lakemirror.epoch": "9"}}, (), "replica_properties",
+     "'lakemirror.epoch' is not a Delta table property; only 'delta.*' properties may be set"),
 ])
 def test_invalid_settings_report_location_and_message(tmp_path: Path, changes: dict[str, Any],
                                                       drop: tuple[str, ...], where: str, message: str) -> None:
@@ -180,3 +182,11 @@ def test_validate_applies_cli_flags(tmp_path: Path, capsys: pytest.CaptureFixtur
     path = write(tmp_path)
     assert main(["validate", str(path), "--trigger-interval-seconds", "-3"]) == 2
     assert "trigger_interval_seconds: Input should be greater than 0" in capsys.readouterr().err
+
+
+def test_replica_properties_reach_the_pipeline_spec(tmp_path: Path) -> None:
+    from lakemirror.daemon.app import pipeline_spec
+
+    settings = load_settings(write(tmp_path, {"replica_properties": {"delta.enableDeletionVectors": "true"}}))
+    assert pipeline_spec(settings).replica_properties == {"delta.enableDeletionVectors": "true"}
+    assert pipeline_spec(load_settings(write(tmp_path))).replica_properties == {}

@@ -1,0 +1,177 @@
+"""The large-table workloads: the cost of one steady cycle on a big table, and the bootstrap.
+
+- ``steady_cost``: a ``rows``-row table where ``fraction`` of the rows change per cycle (one source
+  MERGE). For lakemirror, one cycle is the commit made and the daemon applying it; its cost is the
+  wall time until the replica reflects it and the CPU seconds the daemon's processes (Python and
+  JVM) used meanwhile. For the full refresh, one cycle is overwriting the replica with the whole
+  source, twice: as a scheduled Spark job does it (``python -m bench.spark_refresh``, a warm
+  session in a process of its own) and with delta-rs in this process (its CPU seconds are this
+  process's). lakemirror runs twice:
+  with deletion vectors off on the replica (each MERGE rewrites every file a changed row is in)
+  and on (``replica_properties``: a MERGE writes only the changed rows).
+- ``bootstrap``: the time from starting the daemon to a live replica of a ``rows``-row table,
+  against the copy floor: a plain Spark read of the source at the same version written as a new
+  Delta table, in a process of its own with the same Spark settings (``python -m bench.copy_floor``).
+  Both include starting the process and its JVM; the copy alone is reported too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from deltalake import DeltaTable, write_deltalake
+
+from bench.systems import LakemirrorDaemon
+from bench.workload import SourceTable, same_rows, table_path
+
+
+def process_tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) used so far by ``pid`` and its live descendants."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    children: dict[int, list[int]] = {}
+    stats: dict[int, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        child = int(entry.name)
+        children.setdefault(int(fields[1]), []).append(child)
+        stats[child] = (int(fields[11]) + int(fields[12])) / ticks
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        total += stats.get(p, 0.0)
+        todo.extend(children.get(p, []))
+    return total
+
+
+def peak_resident_mib(pid: int) -> dict[str, float]:
+    """Peak resident memory (VmHWM) of ``pid`` and of each descendant, by command name."""
+    out: dict[str, float] = {}
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            status = Path(f"/proc/{p}/status").read_text()
+            kids = Path(f"/proc/{p}/task/{p}/children").read_text().split()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        name = "jvm" if fields.get("Name", "").strip() == "java" else "python"
+        out[name] = out.get(name, 0.0) + int(fields.get("VmHWM", "0 kB").split()[0]) / 1024
+        todo.extend(int(k) for k in kids)
+    return out
+
+
+def _summary(values: list[float]) -> dict[str, float]:
+    return {"median": round(statistics.median(values), 2), "min": round(min(values), 2),
+            "max": round(max(values), 2)}
+
+
+def steady_cost(rows: int, cycles: int, fraction: float, seed: int) -> list[dict[str, Any]]:
+    workdir = Path(tempfile.mkdtemp(prefix="bench-cost-"))
+    warehouse = workdir / "lakehouse"
+    src = SourceTable(table_path(warehouse, "src", "bench", "big"), rows)
+    src.create()
+    rng = random.Random(seed)
+    out: list[dict[str, Any]] = []
+    try:
+        for dv in (False, True):
+            props = {"delta.enableDeletionVectors": "true"} if dv else {}
+            daemon = LakemirrorDaemon(workdir / f"dv_{dv}", warehouse, ["big"], trigger_seconds=1.0,
+                                      replica_properties=props, destination_catalog=f"dst_dv_{dv}".lower())
+            daemon.start()
+            daemon.wait_through({"big": src.version()}, timeout=1800)
+            assert daemon.proc is not None
+            walls, cpus = [], []
+            for i in range(cycles + 1):  # the first cycle warms the daemon up and is not counted
+                changed = src.change(rng, fraction, 1000 * (dv + 1) + i)
+                committed, cpu0 = time.time(), process_tree_cpu(daemon.proc.pid)
+                daemon.wait_through({"big": src.version()}, timeout=1800)
+                if i:
+                    walls.append(time.time() - committed)
+                    cpus.append(process_tree_cpu(daemon.proc.pid) - cpu0)
+            memory = peak_resident_mib(daemon.proc.pid)
+            daemon.stop()
+            replica = daemon.replica_path("big")
+            out.append({"system": f"lakemirror (deletion vectors {'on' if dv else 'off'})", "rows": rows,
+                        "change_rows_per_cycle": changed, "cycles": cycles, "wall_s": _summary(walls),
+                        "cpu_s": _summary(cpus), "peak_resident_mib": memory,
+                        "replica_equal_source": same_rows(src.path, replica)})
+        replica = table_path(warehouse, "dst_spark_refresh", "bench", "big")
+        refresher = subprocess.Popen([sys.executable, "-m", "bench.spark_refresh", str(src.path), str(replica)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert refresher.stdin is not None and refresher.stdout is not None
+        json.loads(refresher.stdout.readline())  # the session is up
+        walls, cpus = [], []
+        for i in range(cycles + 1):  # the first cycle warms the JVM up and is not counted
+            changed = src.change(rng, fraction, 8000 + i)
+            refresher.stdin.write("refresh\n")
+            refresher.stdin.flush()
+            answer = json.loads(refresher.stdout.readline())
+            if i:
+                walls.append(answer["wall"])
+                cpus.append(answer["cpu"])
+        refresher.stdin.close()
+        refresher.wait(300)
+        out.append({"system": "full refresh (Spark overwrite, warm session)", "rows": rows,
+                    "change_rows_per_cycle": changed, "cycles": cycles, "wall_s": _summary(walls),
+                    "cpu_s": _summary(cpus), "replica_equal_source": same_rows(src.path, replica)})
+        replica = table_path(warehouse, "dst_refresh", "bench", "big")
+        walls, cpus = [], []
+        for i in range(cycles):
+            changed = src.change(rng, fraction, 9000 + i)
+            cpu0, t0 = time.process_time(), time.time()
+            write_deltalake(str(replica), DeltaTable(str(src.path)).to_pyarrow_table(), mode="overwrite")
+            walls.append(time.time() - t0)
+            cpus.append(time.process_time() - cpu0)
+        out.append({"system": "full refresh (delta-rs overwrite)", "rows": rows, "change_rows_per_cycle": changed,
+                    "cycles": cycles, "wall_s": _summary(walls), "cpu_s": _summary(cpus),
+                    "replica_equal_source": same_rows(src.path, replica)})
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return out
+
+
+def bootstrap(rows: int) -> list[dict[str, Any]]:
+    workdir = Path(tempfile.mkdtemp(prefix="bench-bootstrap-"))
+    warehouse = workdir / "lakehouse"
+    src = SourceTable(table_path(warehouse, "src", "bench", "big"), rows)
+    src.create()
+    version = src.version()
+    out: list[dict[str, Any]] = []
+    try:
+        floor_dst = workdir / "floor"
+        t0 = time.time()
+        done = subprocess.run([sys.executable, "-m", "bench.copy_floor", str(src.path), str(floor_dst), str(version)],
+                              check=True, capture_output=True, text=True)
+        total = time.time() - t0
+        inner = json.loads(done.stdout.strip().splitlines()[-1])
+        out.append({"system": "copy floor (Spark read at V, written as a new Delta table)", "rows": rows,
+                    "seconds_to_replica": round(total, 2), "copy_seconds": inner["copy_seconds"],
+                    "replica_equal_source": same_rows(src.path, floor_dst)})
+        daemon = LakemirrorDaemon(workdir / "lm", warehouse, ["big"], trigger_seconds=1.0)
+        t0 = time.time()
+        daemon.start()
+        daemon.wait_through({"big": version}, timeout=1800)
+        total = time.time() - t0
+        daemon.stop()
+        out.append({"system": "lakemirror (start to live replica)", "rows": rows, "seconds_to_replica": round(total, 2),
+                    "copy_seconds": daemon.bootstrap_seconds("big"),
+                    "replica_equal_source": same_rows(src.path, daemon.replica_path("big"))})
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return out
