@@ -201,7 +201,8 @@ def _steady_table(runs: list[dict[str, Any]]) -> list[str]:
     for r in runs:
         if r.get("drained_within_seconds", 1) is None:
             lines += ["", f"**{r['system']} had not applied every commit {DRAIN_SECONDS:.0f} s after the writer "
-                          f"stopped**: the unapplied commits are counted above, and the replicas were not compared."]
+                          f"stopped.** Commits it applied later (while draining on SIGTERM) count above with "
+                          f"their real lag, commits never applied as unapplied; the replicas were not compared."]
     warm = [r for r in runs if r.get("warmup_lag")]
     if warm:
         lines += ["", f"The first {warm[0]['warmup_seconds']:.0f} s of the writer (the warm-up, after every replica "
@@ -239,8 +240,9 @@ def render(results: dict[str, Any]) -> str:
                   f"{n} tables of {r0['rows_per_table']:,} rows; a writer (delta-rs, in the benchmark process) "
                   f"commits one MERGE per table every second (or as fast as it can when that takes longer) touching "
                   f"{p['fraction']:.0%} of its rows (updates, deletes, inserts) for {r0['seconds']:.0f} s measured "
-                  f"(lakemirror: after {r0.get('warmup_seconds', 0):.0f} s of warm-up with the same writer, reported "
-                  f"below; the baselines from their first commit). Lag of a "
+                  + (f"(lakemirror: after {r0['warmup_seconds']:.0f} s of warm-up with the same writer, reported "
+                     f"below; the baselines from their first commit). " if r0.get("warmup_seconds") else
+                     "(no warm-up: this run predates it). ") + "Lag of a "
                   f"source commit = from the moment its commit returned to the moment the replica's commit covering "
                   f"it appeared (lakemirror: the replica's Delta log file time joined with the checkpoint rows; the "
                   f"baselines record it as they commit). Trigger interval {p['trigger']} s for lakemirror and the "

@@ -138,9 +138,9 @@ class Settings(BaseSettings):
     max_files_per_trigger: int | None = Field(None, gt=0, description="Cap on source files per micro-batch.")
     max_bytes_per_trigger: str | None = Field(None, description="Soft cap on bytes per micro-batch, e.g. '512m'.")
     replica_properties: dict[str, str] = Field(
-        default_factory=dict, description="Delta table properties set on every replica at bootstrap, e.g. "
-        "{'delta.enableDeletionVectors': 'true'} for large replicas (a MERGE then rewrites only the changed "
-        "rows, not every file they touch; docs/BENCHMARKS.md).")
+        default_factory=dict, description="Delta table properties set on every streamed replica at bootstrap, "
+        "e.g. {'delta.enableDeletionVectors': 'true'}: a MERGE then writes only the changed rows instead of "
+        "every file they are in (not faster for uniformly random changes here: docs/BENCHMARKS.md).")
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)  # type: ignore[arg-type]
     http: HttpSettings = Field(default_factory=HttpSettings)  # type: ignore[arg-type]
     restart: RestartSettings = Field(default_factory=RestartSettings)  # type: ignore[arg-type]
