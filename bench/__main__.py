@@ -424,7 +424,8 @@ def main(argv: list[str] | None = None) -> int:
     if kept and kept.get("quick", "--quick" in kept.get("command", "")) != args.quick:
         kept = {}  # never mix a smoke run's figures with a full run's
     results: dict[str, Any] = {
-        "command": "make bench" + (" QUICK=1  # python -m bench --quick" if args.quick else "  # python -m bench"),
+        "command": "make bench" + (" QUICK=1" if args.quick else "") + (f" ONLY={args.only}" if args.only else "")
+                   + "  # python -m bench" + (" --quick" if args.quick else "") + (f" --only {args.only}" if args.only else ""),
         "quick": args.quick, "machine": machine(), "parameters": p, "notes": NOTES,
         **{w: kept.get(w, []) for w in WORKLOADS}}
     for name in only:
