@@ -22,7 +22,7 @@ from deltalake import DeltaTable
 from bench.apply_cost import apply_cost
 from bench.big import bootstrap, peak_resident_mib, steady_cost
 from bench.measure import summarize_runs
-from bench.systems import DeltaRsLoop, FullRefresh, LakemirrorDaemon
+from bench.systems import ALWAYS_ON, DeltaRsLoop, FullRefresh, LakemirrorDaemon
 from bench.workload import SourceTable, same_rows, table_path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,8 +59,9 @@ def steady_lag(system: str, tables: int, rows: int, seconds: float, fraction: fl
         s.create()
     replicas = {t: table_path(warehouse, "dst", "bench", t) for t in names}
     runner: Any
-    if system == "lakemirror":
-        runner = LakemirrorDaemon(workdir, warehouse, names, trigger)
+    lakemirror = system in ("lakemirror", ALWAYS_ON)
+    if lakemirror:
+        runner = LakemirrorDaemon(workdir, warehouse, names, trigger, apply_workers=0 if system == ALWAYS_ON else None)
         runner.start()
         ready = runner.wait_through({t: s.version() for t, s in sources.items()}, timeout=600)
         runner.scrape_lag()
@@ -84,7 +85,7 @@ def steady_lag(system: str, tables: int, rows: int, seconds: float, fraction: fl
         time.sleep(max(0.0, 1.0 - (time.time() - tick)))
     finals = {t: s.version() for t, s in sources.items()}
     drained = True
-    if system == "lakemirror":
+    if lakemirror:
         try:
             runner.wait_through(finals, timeout=DRAIN_SECONDS)
         except TimeoutError:
@@ -111,7 +112,7 @@ def steady_lag(system: str, tables: int, rows: int, seconds: float, fraction: fl
                          for v, t_made in sources[t].commits.items()
                          for lag in [_lag_of(v, t_made, runner.applies(t))] if lag is not None),
     }
-    if system == "lakemirror":
+    if lakemirror:
         result["peak_resident_mib"] = runner.peak_memory
         metric = [v for at, v in runner.metric_lag if at >= measured_from]
         result["daemon_metric_lag"] = {"samples": len(metric), "max": max(metric) if metric else None,
@@ -373,10 +374,12 @@ def run_workload(name: str, p: dict[str, Any], seed: int) -> list[dict[str, Any]
     out: list[dict[str, Any]] = []
     if name == "steady":
         for n in p["steady_tables"]:
-            for system in ("lakemirror", "delta-rs", "full refresh"):
+            # lakemirror's always-on queries (apply_workers: 0), the design before turns, side by side at 4 tables
+            always_on = (ALWAYS_ON,) if n == min(p["steady_tables"]) else ()
+            for system in ("lakemirror", *always_on, "delta-rs", "full refresh"):
                 print(f"steady lag, {n} tables: {system} ...", flush=True)
                 # only lakemirror's JVM needs the warm-up; the baselines are measured from their first commit
-                warmup = p["steady_warmup"] if system == "lakemirror" else 0.0
+                warmup = p["steady_warmup"] if system.startswith("lakemirror") else 0.0
                 out.append(steady_lag(system, n, p["steady_rows"], p["steady_seconds"], p["fraction"], p["trigger"], seed,
                                       warmup))
                 print(f"  {out[-1]['lag']}", flush=True)

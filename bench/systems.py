@@ -34,13 +34,20 @@ RANK = {"delete": 1, "insert": 2, "update_postimage": 2}
 
 # -- lakemirror ---------------------------------------------------------------------------------
 
+#: lakemirror with ``apply_workers: 0``: one always-on streaming query per table (the design before
+#: turns), run side by side with the default in the steady workload.
+ALWAYS_ON = "lakemirror, always-on queries"
+
+
 class LakemirrorDaemon:
     name = "lakemirror"
 
     def __init__(self, workdir: Path, warehouse: Path, tables: list[str], trigger_seconds: float,
                  shuffle_partitions: int = 2, replica_properties: dict[str, str] | None = None,
-                 destination_catalog: str = "dst") -> None:
+                 destination_catalog: str = "dst", apply_workers: int | None = None) -> None:
         self.workdir, self.warehouse, self.tables = workdir, warehouse, tables
+        if apply_workers == 0:
+            self.name = ALWAYS_ON
         self.destination_catalog = destination_catalog
         workdir.mkdir(parents=True, exist_ok=True)
         self.config = workdir / "lakemirror.yaml"
@@ -49,6 +56,7 @@ class LakemirrorDaemon:
             "schema_name": "bench", "tables": tables, "checkpoint_volume": str(workdir / "ck"),
             "trigger_interval_seconds": trigger_seconds, "lag_interval_seconds": 1,
             "replica_properties": replica_properties or {},
+            **({"apply_workers": apply_workers} if apply_workers is not None else {}),
             "runtime": {"warehouse": str(warehouse), "shuffle_partitions": shuffle_partitions},
             "http": {"port": 0}}))
         self.proc: subprocess.Popen[bytes] | None = None

@@ -56,7 +56,7 @@ def pipeline_spec(s: Settings) -> PipelineSpec:
         exclude_tables=tuple(s.exclude_tables),
         options={t: TableOptions(tuple(o.keys), tuple(o.include_columns), tuple(o.exclude_columns))
                  for t, o in s.table_overrides.items()},
-        trigger_interval_seconds=s.trigger_interval_seconds,
+        trigger_interval_seconds=s.trigger_interval_seconds, apply_workers=s.apply_workers,
         allow_schema_evolution=s.allow_schema_evolution,
         max_files_per_trigger=s.max_files_per_trigger, max_bytes_per_trigger=s.max_bytes_per_trigger,
         replica_properties=dict(s.replica_properties),
@@ -159,6 +159,7 @@ class Application:
             list_tables=lambda: self.list_tables(spec),
             policy=RestartPolicy(r.base_delay_seconds, r.max_delay_seconds, 2.0, r.jitter),
             observer=metrics, lag_interval_seconds=settings.lag_interval_seconds,
+            apply_workers=spec.apply_workers, min_turn_interval_seconds=spec.trigger_interval_seconds,
             discover_interval_seconds=settings.discover_interval_seconds if spec.tables is None else None)
 
     @cached_property

@@ -119,7 +119,13 @@ class Settings(BaseSettings):
     tables: list[str] | None = Field(None, description="Tables to mirror; omit for every table, new ones picked up live.")
     exclude_tables: list[str] = Field(default_factory=list, description="Tables never mirrored.")
     checkpoint_volume: str = Field(description="Root directory of stream checkpoints and pipeline state.")
-    trigger_interval_seconds: float = Field(5.0, gt=0, le=86400, description="Micro-batch trigger interval.")
+    trigger_interval_seconds: float = Field(5.0, gt=0, le=86400, description="Micro-batch trigger interval: "
+                                            "the shortest time between two batches of one table.")
+    apply_workers: int = Field(1, ge=0, le=1024, description="How many tables apply changes at the same time. "
+                               "Tables with unapplied commits take turns, the longest-waiting first; a turn applies "
+                               "everything the table accumulated (one availableNow run of its query). 0: one "
+                               "always-on streaming query per table instead (for drivers with a core or more per "
+                               "table).")
     allow_schema_evolution: bool = Field(True, description="New source columns reach the replica without a restart by hand.")
     table_overrides: dict[str, TableOverride] = Field(default_factory=dict, description="Per-table keys/columns.")
     audit_catalog: str | None = Field(None, description="Catalog of the checkpoint table (default: destination_catalog).")

@@ -85,6 +85,10 @@ class HadoopCommitLog:
         except Exception:  # noqa: BLE001 (the history read remains)
             return None
 
+    def has_commit(self, version: int) -> bool:
+        """Whether ``version`` is committed (one existence check, no exception on the way)."""
+        return bool(self._fs.exists(self._path(self._log_dir, f"{version:020d}.json")))
+
     def commit_time(self, version: int) -> float | None:
         try:
             status = self._fs.getFileStatus(self._path(self._log_dir, f"{version:020d}.json"))

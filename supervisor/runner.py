@@ -4,6 +4,12 @@ One runner per table, each with its own Spark session (``newSession``), so Delta
 transaction confs never race between tables. ``launch`` works in a background thread (a bootstrap
 may take long and must not hold up other tables); everything the supervisor needs to know comes
 back through :meth:`poll` as state-machine events and :class:`BatchReport` values.
+
+The table's query runs one of two ways (``apply_workers``): always on, with a processing-time
+trigger, or in turns (:mod:`lakemirror.supervisor.turns`): once prepared, the runner waits for
+the turn pool to call :meth:`TableRunner.take_turn`, which runs the same query, from the same
+checkpoint, with an ``availableNow`` trigger. Both apply batches through the same
+:meth:`TableRunner._apply_batch`, with the same transaction ids.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable
 
 from lakemirror.checkpoints.records import CheckpointRow, CheckpointStore
+from lakemirror.checkpoints import stream_dir
 from lakemirror.checkpoints.state import StateStore, TableProgress
 from lakemirror.errors import (
     ChangeWindowExpired, DestinationConflict, LakemirrorError, SchemaChangeRestart, SchemaIncompatible,
@@ -107,6 +114,9 @@ class TableRunner:
         self._healthy_query: "StreamingQuery | None" = None
         self._lock = threading.Lock()
         self._batch_lock = threading.Lock()
+        self._turn_lock = threading.Lock()
+        self._turn_query: Callable[[], "StreamingQuery"] | None = None  # turns: set while ready for one
+        self._turn_proven = False
         self._draining = False
         self._query: StreamingQuery | None = None
         self._thread: threading.Thread | None = None
@@ -137,6 +147,7 @@ class TableRunner:
             return
         self._draining = False
         self._batch_error = None
+        self._turn_query, self._turn_proven = None, False
         self._thread = threading.Thread(target=self._launch, name=f"launch:{self.table}", daemon=True)
         self._thread.start()
 
@@ -144,20 +155,23 @@ class TableRunner:
         """Stop the stream after the batch in flight (if any) has finished."""
         deadline = time.monotonic() + timeout
         self._draining = True
+        self._turn_query = None
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
         query = self._query
-        if query is None:
-            return
-        acquired = self._batch_lock.acquire(timeout=max(0.0, deadline - time.monotonic()))
-        try:
-            query.stop()
-        except Exception as exc:  # a query that already died cannot be stopped: nothing to do
-            log.debug("stopping %s: %s", self.table, exc)
-        finally:
-            if acquired:
-                self._batch_lock.release()
-            self._query = None
+        if query is not None:
+            acquired = self._batch_lock.acquire(timeout=max(0.0, deadline - time.monotonic()))
+            try:
+                query.stop()
+            except Exception as exc:  # a query that already died cannot be stopped: nothing to do
+                log.debug("stopping %s: %s", self.table, exc)
+            finally:
+                if acquired:
+                    self._batch_lock.release()
+                self._query = None
+        # A turn that started before the drain ends by itself: its next batch is refused (Drained).
+        if self._turn_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            self._turn_lock.release()
 
     def persisted_pause(self) -> bool:
         return self.ctx.states.load(self.slug).paused
@@ -174,7 +188,7 @@ class TableRunner:
 
     def poll(self) -> list["sm.Event | BatchReport"]:
         """Events since the last poll, plus a failure event if the query died."""
-        query = self._query
+        query = self._query if self.ctx.spec.apply_workers == 0 else None  # turns report their own end
         if query is not None and not query.isActive and not self._draining:
             self._query = None
             exc = query.exception()
@@ -218,8 +232,8 @@ class TableRunner:
         progress = query.lastProgress
         if not progress:
             return
-        if query is not self._healthy_query:
-            # A completed trigger of this query (even one with no data) proves it healthy.
+        if query is not self._healthy_query and self._turn_query is None:
+            # A completed trigger of this always-on query (even one with no data) proves it healthy.
             self._healthy_query = query
             self._emit(sm.BatchApplied())
         try:
@@ -403,15 +417,70 @@ class TableRunner:
         sink = DeltaMergeSink(self.ctx.catalog.locate(self.destination), prepared.plan, stable_source=True)
         app_id = txn_app_id(spec.pipeline_id, self.slug, progress.epoch)
         checkpoint = f"{spec.checkpoint_root.rstrip('/')}/{spec.pipeline_id}/{self.slug}/e{progress.epoch}"
+        removed = stream_dir.remove_interrupted_writes(self.session, checkpoint)
+        if removed:
+            log.warning("table %s: removed %d unfinished checkpoint write(s) of a stopped or killed query: %s",
+                        self.source, len(removed), ", ".join(removed))
 
         def apply_batch(batch: "DataFrame", batch_id: int) -> None:
             self._apply_batch(sink, TxnId(app_id, batch_id), batch, progress.epoch, progress.source_table_id)
 
-        self._query = (stream.writeStream.queryName(f"lakemirror:{spec.pipeline_id}:{self.source}")
-                       .option("checkpointLocation", checkpoint)
-                       .trigger(processingTime=f"{spec.trigger_interval_seconds} seconds")
-                       .foreachBatch(apply_batch)
-                       .start())
+        writer = (stream.writeStream.queryName(f"lakemirror:{spec.pipeline_id}:{self.source}")
+                  .option("checkpointLocation", checkpoint)
+                  .foreachBatch(apply_batch))
+        if spec.apply_workers == 0:
+            self._query = writer.trigger(processingTime=f"{spec.trigger_interval_seconds} seconds").start()
+        else:
+            # A DataStreamWriter can start a query again once its last one has ended.
+            self._turn_query = lambda: writer.trigger(availableNow=True).start()
+
+    # -- turns (apply_workers > 0) --------------------------------------------------------------
+
+    def ready_for_turn(self) -> bool:
+        return self._turn_query is not None and not self._draining
+
+    def has_pending(self) -> bool | None:
+        """Whether the source has a commit the replica has not applied; None: cannot tell cheaply.
+
+        True until a turn has run since the launch: that turn proves the table healthy (a table
+        retrying after failures is not running again before it), whether or not there is data."""
+        through = self.applied_through
+        if not self._turn_proven:
+            return True
+        if through is None:
+            return None
+        if self._commit_log is None:
+            self._commit_log = HadoopCommitLog.for_table(self.session, self.ctx.catalog.locate(self.source)) or False
+        log = self._commit_log
+        if not isinstance(log, HadoopCommitLog):
+            return None
+        return log.has_commit(through + 1)
+
+    def take_turn(self) -> None:
+        """Run the table's query once over everything its change feed holds, then return.
+
+        Called by the turn pool's threads; a failure is reported through :meth:`poll` like a
+        failed always-on query, and the table waits for the supervisor to launch it again."""
+        with self._turn_lock:
+            start = self._turn_query
+            if start is None or self._draining:
+                return
+            try:
+                query = start()
+                self._query = query
+                query.awaitTermination()
+            except Exception as exc:
+                self._query = None
+                if self._draining:
+                    return  # the drain refused the next batch (Drained): nothing was applied
+                self._turn_query = None
+                self._emit(self._failed(self._batch_error or classify(exc, table=str(self.source))))
+                return
+            self._query = None
+            if not self._turn_proven:
+                self._turn_proven = True  # a turn that ran to its end (even with nothing new) proves the table
+                self._emit(sm.BatchApplied())
+            self._track_progress(query)
 
     def _apply_batch(self, sink: DeltaMergeSink, txn: TxnId, batch: "DataFrame", epoch: int,
                      source_table_id: str | None = None) -> None:

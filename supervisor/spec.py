@@ -28,6 +28,7 @@ class PipelineSpec:
     exclude_tables: tuple[str, ...] = ()
     options: dict[str, TableOptions] = field(default_factory=dict)
     trigger_interval_seconds: float = 5.0
+    apply_workers: int = 1                      # tables applied at once, taking turns; 0: always-on queries
     allow_schema_evolution: bool = True
     max_files_per_trigger: int | None = None
     max_bytes_per_trigger: str | None = None

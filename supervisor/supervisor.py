@@ -20,6 +20,7 @@ from lakemirror.supervisor import state as sm
 from lakemirror.supervisor.lag import LagReading
 from lakemirror.supervisor.observer import NoopObserver, Observer
 from lakemirror.supervisor.runner import BatchReport
+from lakemirror.supervisor.turns import TurnPool, TurnTaker
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,8 @@ class Supervisor:
     def __init__(self, *, runner_factory: Callable[[str], Runner], list_tables: Callable[[], list[str]],
                  policy: sm.RestartPolicy = sm.RestartPolicy(), observer: Observer | None = None,
                  clock: Callable[[], float] = time.time, rand: Callable[[], float] = random.random,
-                 lag_interval_seconds: float = 2.0, discover_interval_seconds: float | None = None) -> None:
+                 lag_interval_seconds: float = 2.0, discover_interval_seconds: float | None = None,
+                 apply_workers: int = 0, min_turn_interval_seconds: float = 1.0) -> None:
         self._factory = runner_factory
         self._list_tables = list_tables
         self.policy = policy
@@ -83,6 +85,10 @@ class Supervisor:
         self._view_lock = threading.Lock()
         self._next_lag = 0.0
         self._next_discovery = 0.0
+        # apply_workers > 0: running tables take turns on that many workers (supervisor.turns);
+        # 0: every runner keeps an always-on query of its own.
+        self._turns = TurnPool(apply_workers, self._turn_takers, min_interval=min_turn_interval_seconds,
+                               clock=clock) if apply_workers > 0 else None
 
     # -- commands (any thread) ------------------------------------------------------------------
 
@@ -112,6 +118,8 @@ class Supervisor:
 
     def start(self) -> None:
         self._discover(self.clock())
+        if self._turns is not None:
+            self._turns.start()
 
     def run(self, stop: threading.Event, interval_seconds: float = 0.5) -> None:
         self.start()
@@ -146,11 +154,20 @@ class Supervisor:
         never take N times the timeout."""
         deadline = time.monotonic() + timeout_seconds
         now = self.clock()
+        if self._turns is not None:
+            self._turns.stop()
         for name in list(self._tables):
             remaining = max(0.0, deadline - time.monotonic())
             self._dispatch(name, sm.Stop(), now, halt_timeout=remaining)
 
     # -- internals ------------------------------------------------------------------------------
+
+    def _turn_takers(self) -> list[TurnTaker]:
+        """The runners of running tables (called from the turn pool's threads)."""
+        with self._view_lock:
+            entries = list(self._tables.values())
+        return [e.runner for e in entries  # type: ignore[misc]
+                if e.status.state in (sm.TableState.RUNNING, sm.TableState.STARTING)]
 
     def _discover(self, now: float) -> None:
         if self.discover_interval is not None:

@@ -1,0 +1,143 @@
+"""Tables take turns on a few apply workers instead of each running an always-on query.
+
+One always-on streaming query per table lets every table start a MERGE whenever its trigger
+fires. On a small driver that is contention, not parallelism: one warm MERGE of a 100k-row table
+already keeps two cores busy (docs/BENCHMARKS.md), and 64 tables on two cores starved one another
+into minutes of lag. With turns, ``apply_workers`` threads each take the table that has waited
+longest among those with unapplied source commits, and run its query once with an
+``availableNow`` trigger: everything the table accumulated while it waited is applied in one
+batch, so the MERGE's fixed cost is paid once per turn, not once per commit, and a table with
+nothing new costs nothing.
+
+:func:`next_turn` is the pure choice; :class:`TurnPool` is the thin executor around it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
+
+log = logging.getLogger(__name__)
+
+#: A table whose commit files cannot be checked (a table known only by name, Spark Connect) is
+#: given a turn every ``trigger_interval_seconds``; one whose check says "nothing new" still gets
+#: a turn this often, so no bug in that check can leave a table behind for longer.
+IDLE_RECHECK_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A table ready for a turn, as the chooser sees it."""
+
+    table: str
+    pending: bool | None                 # unapplied source commits exist; None: cannot tell
+    last_started: float | None = None    # when its previous turn began (None: never had one)
+    last_ended: float | None = None      # when its previous turn ended
+
+
+def is_due(c: Candidate, now: float, min_interval: float, idle_recheck: float = IDLE_RECHECK_SECONDS) -> bool:
+    if c.last_started is None:
+        return True
+    waited = now - c.last_started
+    if c.pending is None:
+        return waited >= min_interval
+    return (c.pending and waited >= min_interval) or waited >= idle_recheck
+
+
+def next_turn(candidates: Sequence[Candidate], now: float, min_interval: float,
+              idle_recheck: float = IDLE_RECHECK_SECONDS) -> str | None:
+    """The due table served least recently (never-served tables first), or None.
+
+    Least recently served is round robin among the tables with work: a table waits at most one
+    turn of every other busy table, whatever the number of tables."""
+    due = [c for c in candidates if is_due(c, now, min_interval, idle_recheck)]
+    if not due:
+        return None
+    return min(due, key=lambda c: (c.last_ended is not None, c.last_ended or 0.0, c.table)).table
+
+
+class TurnTaker(Protocol):
+    """What the pool needs of a table runner."""
+
+    table: str
+
+    def ready_for_turn(self) -> bool: ...
+    def has_pending(self) -> bool | None: ...
+    def take_turn(self) -> None: ...
+
+
+@dataclass
+class _Served:
+    started: float | None = None
+    ended: float | None = None
+
+
+class TurnPool:
+    """``workers`` threads taking turns over the runners that ``runners()`` returns."""
+
+    def __init__(self, workers: int, runners: Callable[[], Sequence[TurnTaker]], *, min_interval: float,
+                 clock: Callable[[], float], idle_wait: float = 0.1) -> None:
+        if workers < 1:
+            raise ValueError("a turn pool needs at least one worker")
+        self.workers = workers
+        self._runners = runners
+        self._min_interval = min_interval
+        self._clock = clock
+        self._idle_wait = idle_wait
+        self._lock = threading.Lock()
+        self._busy: set[str] = set()
+        self._served: dict[str, _Served] = {}
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        if self._threads:
+            return
+        for i in range(self.workers):
+            thread = threading.Thread(target=self._work, name=f"apply-worker-{i}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        """Take no new turns; turns in flight end when their runners are halted."""
+        self._stop.set()
+
+    def _claim(self) -> TurnTaker | None:
+        with self._lock:
+            now = self._clock()
+            by_name = {}
+            candidates = []
+            for runner in self._runners():
+                if runner.table in self._busy or not runner.ready_for_turn():
+                    continue
+                served = self._served.get(runner.table, _Served())
+                try:
+                    pending = runner.has_pending()
+                except Exception as exc:  # noqa: BLE001 (an unreadable log: let the turn find out)
+                    log.debug("table %s: pending check failed: %s", runner.table, exc)
+                    pending = None
+                by_name[runner.table] = runner
+                candidates.append(Candidate(runner.table, pending, served.started, served.ended))
+            chosen = next_turn(candidates, now, self._min_interval)
+            if chosen is None:
+                return None
+            self._busy.add(chosen)
+            self._served.setdefault(chosen, _Served()).started = now
+            return by_name[chosen]
+
+    def _work(self) -> None:
+        while not self._stop.is_set():
+            runner = self._claim()
+            if runner is None:
+                self._stop.wait(self._idle_wait)
+                continue
+            try:
+                runner.take_turn()
+            except Exception:  # noqa: BLE001 (a runner reports its own failures; never lose a worker)
+                log.exception("table %s: turn failed unexpectedly", runner.table)
+            finally:
+                with self._lock:
+                    self._busy.discard(runner.table)
+                    self._served.setdefault(runner.table, _Served()).ended = self._clock()
