@@ -23,8 +23,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable
 
-from lakemirror.checkpoints.records import CheckpointRow, CheckpointStore
 from lakemirror.checkpoints import stream_dir
+from lakemirror.checkpoints.records import CheckpointRow, CheckpointStore
 from lakemirror.checkpoints.state import StateStore, TableProgress
 from lakemirror.errors import (
     ChangeWindowExpired, DestinationConflict, LakemirrorError, SchemaChangeRestart, SchemaIncompatible,
@@ -160,14 +160,16 @@ class TableRunner:
             self._thread.join(timeout)
         query = self._query
         if query is not None:
-            acquired = self._batch_lock.acquire(timeout=max(0.0, deadline - time.monotonic()))
+            # Wait for the batch in flight, then stop. The lock is not held across stop(): a batch
+            # that begins meanwhile must reach its Drained check, not block on the lock while
+            # stop() waits for the very thread that runs it (that deadlocked a drain).
+            if self._batch_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                self._batch_lock.release()
             try:
                 query.stop()
             except Exception as exc:  # a query that already died cannot be stopped: nothing to do
                 log.debug("stopping %s: %s", self.table, exc)
             finally:
-                if acquired:
-                    self._batch_lock.release()
                 self._query = None
         # A turn that started before the drain ends by itself: its next batch is refused (Drained).
         if self._turn_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):

@@ -72,20 +72,23 @@ class TurnTaker(Protocol):
 class _Served:
     started: float | None = None
     ended: float | None = None
+    pending_seen: bool = False  # seen with unapplied commits since its last turn began: no need to look again
 
 
 class TurnPool:
     """``workers`` threads taking turns over the runners that ``runners()`` returns."""
 
     def __init__(self, workers: int, runners: Callable[[], Sequence[TurnTaker]], *, min_interval: float,
-                 clock: Callable[[], float], idle_wait: float = 0.1) -> None:
+                 clock: Callable[[], float], idle_wait: float | None = None) -> None:
         if workers < 1:
             raise ValueError("a turn pool needs at least one worker")
         self.workers = workers
         self._runners = runners
         self._min_interval = min_interval
         self._clock = clock
-        self._idle_wait = idle_wait
+        # How long an idle worker waits before looking again: a quarter of the trigger interval
+        # (bounded), which is what a table with new commits may wait on top of its turn.
+        self._idle_wait = idle_wait if idle_wait is not None else min(0.25, max(0.02, min_interval / 4))
         self._lock = threading.Lock()
         self._busy: set[str] = set()
         self._served: dict[str, _Served] = {}
@@ -112,20 +115,28 @@ class TurnPool:
             for runner in self._runners():
                 if runner.table in self._busy or not runner.ready_for_turn():
                     continue
-                served = self._served.get(runner.table, _Served())
-                try:
-                    pending = runner.has_pending()
-                except Exception as exc:  # noqa: BLE001 (an unreadable log: let the turn find out)
-                    log.debug("table %s: pending check failed: %s", runner.table, exc)
-                    pending = None
+                served = self._served.setdefault(runner.table, _Served())
+                if served.started is not None and now - served.started < self._min_interval:
+                    continue  # not due, whatever its log says: spare the check
+                pending = True if served.pending_seen else self._pending(runner)
+                served.pending_seen = pending is True
                 by_name[runner.table] = runner
                 candidates.append(Candidate(runner.table, pending, served.started, served.ended))
             chosen = next_turn(candidates, now, self._min_interval)
             if chosen is None:
                 return None
             self._busy.add(chosen)
-            self._served.setdefault(chosen, _Served()).started = now
+            served = self._served[chosen]
+            served.started, served.pending_seen = now, False
             return by_name[chosen]
+
+    @staticmethod
+    def _pending(runner: TurnTaker) -> bool | None:
+        try:
+            return runner.has_pending()
+        except Exception as exc:  # noqa: BLE001 (an unreadable log: let the turn find out)
+            log.debug("table %s: pending check failed: %s", runner.table, exc)
+            return None
 
     def _work(self) -> None:
         while not self._stop.is_set():

@@ -132,6 +132,30 @@ def test_a_runner_raising_does_not_lose_the_worker() -> None:
         pool.stop()
 
 
+def test_the_log_is_not_checked_for_a_table_that_cannot_be_due_or_is_known_to_have_work() -> None:
+    class Counting(FakeRunner):
+        checks = 0
+
+        def has_pending(self) -> bool | None:
+            self.checks += 1
+            return self.pending
+
+    now = [100.0]
+    table = Counting("t")
+    table.ready = True
+    pool = TurnPool(1, lambda: [table], min_interval=5.0, clock=lambda: now[0])
+    assert pool._claim() is table and table.checks == 1  # noqa: SLF001 (the chooser, without threads)
+    pool._busy.clear()  # noqa: SLF001 (the turn ended)
+    now[0] = 102.0
+    assert pool._claim() is None and table.checks == 1, "within the trigger interval: no check"  # noqa: SLF001
+    table.pending = False
+    now[0] = 106.0
+    assert pool._claim() is None and table.checks == 2  # noqa: SLF001
+    table.pending = True
+    pool._min_interval = 0.0  # noqa: SLF001
+    assert pool._claim() is table and table.checks == 3  # noqa: SLF001
+
+
 def test_a_pool_needs_a_worker() -> None:
     with pytest.raises(ValueError, match="at least one worker"):
         TurnPool(0, list, min_interval=1.0, clock=time.monotonic)
