@@ -22,7 +22,7 @@ from deltalake import DeltaTable
 from bench.apply_cost import apply_cost
 from bench.big import bootstrap, peak_resident_mib, steady_cost
 from bench.measure import summarize_runs
-from bench.systems import ALWAYS_ON, DeltaRsLoop, FullRefresh, LakemirrorDaemon
+from bench.systems import VARIANTS, DeltaRsLoop, FullRefresh, LakemirrorDaemon
 from bench.workload import SourceTable, same_rows, table_path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,9 +59,9 @@ def steady_lag(system: str, tables: int, rows: int, seconds: float, fraction: fl
         s.create()
     replicas = {t: table_path(warehouse, "dst", "bench", t) for t in names}
     runner: Any
-    lakemirror = system in ("lakemirror", ALWAYS_ON)
+    lakemirror = system == "lakemirror" or system in VARIANTS
     if lakemirror:
-        runner = LakemirrorDaemon(workdir, warehouse, names, trigger, apply_workers=0 if system == ALWAYS_ON else None)
+        runner = LakemirrorDaemon(workdir, warehouse, names, trigger, apply_workers=VARIANTS.get(system))
         runner.start()
         ready = runner.wait_through({t: s.version() for t, s in sources.items()}, timeout=600)
         runner.scrape_lag()
@@ -374,9 +374,9 @@ def run_workload(name: str, p: dict[str, Any], seed: int) -> list[dict[str, Any]
     out: list[dict[str, Any]] = []
     if name == "steady":
         for n in p["steady_tables"]:
-            # lakemirror's always-on queries (apply_workers: 0), the design before turns, side by side at 4 tables
-            always_on = (ALWAYS_ON,) if n == min(p["steady_tables"]) else ()
-            for system in ("lakemirror", *always_on, "delta-rs", "full refresh"):
+            # lakemirror's variants (always-on queries, the design before turns; 2 apply workers) at 4 tables
+            variants = tuple(VARIANTS) if n == min(p["steady_tables"]) else ()
+            for system in ("lakemirror", *variants, "delta-rs", "full refresh"):
                 print(f"steady lag, {n} tables: {system} ...", flush=True)
                 # only lakemirror's JVM needs the warm-up; the baselines are measured from their first commit
                 warmup = p["steady_warmup"] if system.startswith("lakemirror") else 0.0

@@ -34,9 +34,10 @@ RANK = {"delete": 1, "insert": 2, "update_postimage": 2}
 
 # -- lakemirror ---------------------------------------------------------------------------------
 
-#: lakemirror with ``apply_workers: 0``: one always-on streaming query per table (the design before
-#: turns), run side by side with the default in the steady workload.
-ALWAYS_ON = "lakemirror, always-on queries"
+#: lakemirror variants run side by side with the default (one apply worker) in the steady workload,
+#: by the ``apply_workers`` each sets: 0 is one always-on streaming query per table (the design
+#: before turns).
+VARIANTS = {"lakemirror, always-on queries": 0, "lakemirror, 2 apply workers": 2}
 
 
 class LakemirrorDaemon:
@@ -46,8 +47,7 @@ class LakemirrorDaemon:
                  shuffle_partitions: int = 2, replica_properties: dict[str, str] | None = None,
                  destination_catalog: str = "dst", apply_workers: int | None = None) -> None:
         self.workdir, self.warehouse, self.tables = workdir, warehouse, tables
-        if apply_workers == 0:
-            self.name = ALWAYS_ON
+        self.name = next((name for name, workers in VARIANTS.items() if workers == apply_workers), "lakemirror")
         self.destination_catalog = destination_catalog
         workdir.mkdir(parents=True, exist_ok=True)
         self.config = workdir / "lakemirror.yaml"
