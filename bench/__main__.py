@@ -113,6 +113,7 @@ def steady_lag(system: str, tables: int, rows: int, seconds: float, fraction: fl
                          for lag in [_lag_of(v, t_made, runner.applies(t))] if lag is not None),
     }
     if lakemirror:
+        result["batches"] = runner.batches(since=measured_from)
         result["peak_resident_mib"] = runner.peak_memory
         metric = [v for at, v in runner.metric_lag if at >= measured_from]
         result["daemon_metric_lag"] = {"samples": len(metric), "max": max(metric) if metric else None,
@@ -214,6 +215,13 @@ def _steady_table(runs: list[dict[str, Any]]) -> list[str]:
             lines.append(f"| {r['system']} | {w['commits']} | {w['p50']:.2f} | {w['p99']:.2f} | {w['max']:.2f} | "
                          f"{w['unapplied']} |")
     for r in runs:
+        b = r.get("batches") or {}
+        if b.get("batches"):
+            lines += ["", f"{r['system']}'s batches in the measured window (from its checkpoint rows): {b['batches']}, "
+                          f"each {b['seconds_p50']:.1f} s at the median ({b['seconds_p90']:.1f} s p90) from MERGE start to "
+                          f"checkpoint row, carrying {b['versions_p50']} source versions and {b['change_rows_p50']:,} change "
+                          f"rows at the median."]
+    for r in runs:
         if "daemon_metric_lag" in r:
             d = r["daemon_metric_lag"]
             lines += ["", f"lakemirror's own `lakemirror_lag_seconds` (scraped every second, max over tables): "
@@ -253,12 +261,14 @@ def render(results: dict[str, Any]) -> str:
         lines += ["", f"## Scale: {r['tables']} tables on one driver", "", _when(r) + " "
                   f"lakemirror alone, {r['tables']} tables of {r['rows_per_table']:,} rows, the same writer for "
                   f"{r['seconds']:.0f} s.", "", *_steady_table(results["scale"])]
-    mem = [(r["tables"], r["peak_resident_mib"]) for r in [*results.get("steady", []), *results.get("scale", [])]
-           if r.get("peak_resident_mib")]
+    mem = sorted(((r["tables"], r["system"], r["peak_resident_mib"])
+                  for r in [*results.get("steady", []), *results.get("scale", [])] if r.get("peak_resident_mib")),
+                 key=lambda x: (x[0], x[1]))
     if mem:
         lines += ["", "Driver memory by number of tables (peak resident MiB of the daemon's Python process and its "
                       "JVM, from `/proc/<pid>/status` VmHWM): " +
-                  "; ".join(f"{n} tables: {m.get('python', 0):.0f} + {m.get('jvm', 0):.0f}" for n, m in sorted(mem)) + "."]
+                  "; ".join(f"{n} tables{'' if system == 'lakemirror' else f' ({system})'}: "
+                            f"{m.get('python', 0):.0f} + {m.get('jvm', 0):.0f}" for n, system, m in mem) + "."]
     if results.get("catch_up"):
         r0 = results["catch_up"][0]
         lines += ["", "## Catch-up", "", _when(r0) + " "

@@ -139,6 +139,9 @@ class LakemirrorDaemon:
                     marks[mark] = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
         return round(marks["done"] - marks["start"], 2) if len(marks) == 2 else None
 
+    def batches(self, since: float) -> dict[str, Any]:
+        return batch_summary(self.warehouse / self.destination_catalog / "continuous_sync" / "checkpoints", since)
+
     def applies(self, table: str) -> list[Apply]:
         """The replica's MERGE commits (file time) mapped to the source version each batch reached."""
         reached: dict[int, int] = {}
@@ -156,6 +159,23 @@ class LakemirrorDaemon:
                     if batch in reached:
                         out.append(Apply(commit.stat().st_mtime, reached[batch]))
         return out
+
+
+def batch_summary(checkpoint_table: Path, since: float) -> dict[str, Any]:
+    """What lakemirror's batches started at or after ``since`` cost, from its checkpoint rows:
+    how many, how long each took (MERGE start to checkpoint row), how many source versions and
+    change rows each carried."""
+    rows = [r for r in DeltaTable(str(checkpoint_table)).to_pyarrow_table(
+        columns=["started_at", "ended_at", "first_version", "last_version", "rows_read", "error"]).to_pylist()
+        if r["error"] is None and r["rows_read"] and r["started_at"].timestamp() >= since]
+    if not rows:
+        return {"batches": 0}
+    seconds = sorted((r["ended_at"] - r["started_at"]).total_seconds() for r in rows)
+    versions = sorted(r["last_version"] - r["first_version"] + 1 for r in rows)
+    change_rows = sorted(r["rows_read"] for r in rows)
+    return {"batches": len(rows), "seconds_p50": seconds[len(seconds) // 2],
+            "seconds_p90": seconds[int(len(seconds) * 0.9)], "versions_p50": versions[len(versions) // 2],
+            "change_rows_p50": change_rows[len(change_rows) // 2]}
 
 
 def _through(view: dict[str, Any]) -> int:
