@@ -64,9 +64,11 @@ class LakemirrorDaemon:
         self._scrape_stop = threading.Event()
         self.started_at = 0.0
         self.peak_memory: dict[str, float] = {}  # peak resident MiB of the daemon's processes, by kind
+        self._stopped_applies: dict[str, list[Apply]] | None = None
 
     def start(self) -> None:
         self.started_at = time.time()
+        self._stopped_applies = None
         log = (self.workdir / "daemon.log").open("ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "lakemirror.daemon.cli", "run", str(self.config)],
                                      stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -117,6 +119,7 @@ class LakemirrorDaemon:
 
     def stop(self) -> None:
         self._scrape_stop.set()
+        self._stopped_applies = {}  # the daemon writes no more: each table's applies are read once
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -144,6 +147,13 @@ class LakemirrorDaemon:
 
     def applies(self, table: str) -> list[Apply]:
         """The replica's MERGE commits (file time) mapped to the source version each batch reached."""
+        if self._stopped_applies is not None:
+            if table not in self._stopped_applies:
+                self._stopped_applies[table] = self._read_applies(table)
+            return self._stopped_applies[table]
+        return self._read_applies(table)
+
+    def _read_applies(self, table: str) -> list[Apply]:
         reached: dict[int, int] = {}
         ck = DeltaTable(str(self.warehouse / self.destination_catalog / "continuous_sync" / "checkpoints")).to_pyarrow_table(
             columns=["source_fqn", "batch_id", "epoch", "last_committed_version", "error"])
