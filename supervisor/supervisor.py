@@ -163,7 +163,8 @@ class Supervisor:
     # -- internals ------------------------------------------------------------------------------
 
     def _turn_takers(self) -> list[TurnTaker]:
-        """The runners of running tables (called from the turn pool's threads)."""
+        """The runners of running or starting tables (called from the turn pool's threads); a
+        starting table retrying after failures is running again only once a turn succeeds."""
         with self._view_lock:
             entries = list(self._tables.values())
         return [e.runner for e in entries  # type: ignore[misc]

@@ -7,7 +7,7 @@ into minutes of lag. With turns, ``apply_workers`` threads each take the table t
 longest among those with unapplied source commits, and run its query once with an
 ``availableNow`` trigger: everything the table accumulated while it waited is applied in one
 batch, so the MERGE's fixed cost is paid once per turn, not once per commit, and a table with
-nothing new costs nothing.
+nothing new costs a file-existence check (and an empty turn every ``IDLE_RECHECK_SECONDS``).
 
 :func:`next_turn` is the pure choice; :class:`TurnPool` is the thin executor around it.
 """
