@@ -142,8 +142,12 @@ class LakemirrorDaemon:
                     marks[mark] = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
         return round(marks["done"] - marks["start"], 2) if len(marks) == 2 else None
 
+    @property
+    def checkpoint_table(self) -> Path:
+        return self.warehouse / self.destination_catalog / "continuous_sync" / "checkpoints"
+
     def batches(self, since: float) -> dict[str, Any]:
-        return batch_summary(self.warehouse / self.destination_catalog / "continuous_sync" / "checkpoints", since)
+        return batch_summary(self.checkpoint_table, since)
 
     def applies(self, table: str) -> list[Apply]:
         """The replica's MERGE commits (file time) mapped to the source version each batch reached."""
@@ -155,7 +159,7 @@ class LakemirrorDaemon:
 
     def _read_applies(self, table: str) -> list[Apply]:
         reached: dict[int, int] = {}
-        ck = DeltaTable(str(self.warehouse / self.destination_catalog / "continuous_sync" / "checkpoints")).to_pyarrow_table(
+        ck = DeltaTable(str(self.checkpoint_table)).to_pyarrow_table(
             columns=["source_fqn", "batch_id", "epoch", "last_committed_version", "error"])
         for row in ck.to_pylist():
             if row["source_fqn"].endswith(f".{table}") and row["error"] is None and row["batch_id"] >= 0:

@@ -85,13 +85,16 @@ class HadoopCommitLog:
         except Exception:  # noqa: BLE001 (the history read remains)
             return None
 
+    def _commit_file(self, version: int) -> object:
+        return self._path(self._log_dir, f"{version:020d}.json")
+
     def has_commit(self, version: int) -> bool:
         """Whether ``version`` is committed (one existence check, no exception on the way)."""
-        return bool(self._fs.exists(self._path(self._log_dir, f"{version:020d}.json")))
+        return bool(self._fs.exists(self._commit_file(version)))
 
     def commit_time(self, version: int) -> float | None:
         try:
-            status = self._fs.getFileStatus(self._path(self._log_dir, f"{version:020d}.json"))
+            status = self._fs.getFileStatus(self._commit_file(version))
         except Exception as exc:  # noqa: BLE001 (py4j wraps java.io.FileNotFoundException)
             if "FileNotFoundException" in str(exc):
                 return None

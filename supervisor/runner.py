@@ -277,13 +277,17 @@ class TableRunner:
 
     def _head_from_commit_files(self, loc: TableLocation, through: int) -> SourceHead | None:
         """The head read from the source's commit files (no Spark job), or None: use history."""
-        if self._commit_log is None:
-            self._commit_log = HadoopCommitLog.for_table(self.session, loc) or False
-        log = self._commit_log
-        if not isinstance(log, HadoopCommitLog):
+        log = self._commit_files(loc)
+        if log is None:
             return None
         return probe_head(log.commit_time, applied_through=through,
                           known_latest=self._known_latest, cache=self._commit_times)
+
+    def _commit_files(self, loc: TableLocation) -> HadoopCommitLog | None:
+        """The source's commit files, opened once; None where they cannot be read directly."""
+        if self._commit_log is None:
+            self._commit_log = HadoopCommitLog.for_table(self.session, loc) or False
+        return self._commit_log if isinstance(self._commit_log, HadoopCommitLog) else None
 
     def _warn_on_headroom(self, headroom: float) -> None:
         low = headroom < self.ctx.spec.retention_warning_seconds
@@ -451,12 +455,8 @@ class TableRunner:
             return True
         if through is None:
             return None
-        if self._commit_log is None:
-            self._commit_log = HadoopCommitLog.for_table(self.session, self.ctx.catalog.locate(self.source)) or False
-        log = self._commit_log
-        if not isinstance(log, HadoopCommitLog):
-            return None
-        return log.has_commit(through + 1)
+        log = self._commit_files(self.ctx.catalog.locate(self.source))
+        return None if log is None else log.has_commit(through + 1)
 
     def take_turn(self) -> None:
         """Run the table's query once over everything its change feed holds, then return.
