@@ -60,7 +60,8 @@ def pipeline_spec(s: Settings) -> PipelineSpec:
         allow_schema_evolution=s.allow_schema_evolution,
         max_files_per_trigger=s.max_files_per_trigger, max_bytes_per_trigger=s.max_bytes_per_trigger,
         replica_properties=dict(s.replica_properties),
-        change_window_policy=s.change_window_policy, retention_warning_seconds=s.retention_warning_seconds)
+        change_window_policy=s.change_window_policy, retention_warning_seconds=s.retention_warning_seconds,
+        rewrite_below_bytes=s.rewrite_below_bytes)
 
 
 #: The torture harness (tests/torture) names crash points here, e.g. ``after_merge`` or

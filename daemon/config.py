@@ -20,6 +20,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from lakemirror.daemon.schedule_config import ScheduleSettings, schedule_problems
 from lakemirror.errors import ConfigError
+from lakemirror.sinks.apply_choice import DEFAULT_REWRITE_BELOW_BYTES
 
 _NAME = re.compile(r"^[^\x00-\x1f/`.]+$")
 _PIPELINE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -147,6 +148,10 @@ class Settings(BaseSettings):
         default_factory=dict, description="Delta table properties set on every streamed replica at bootstrap, "
         "e.g. {'delta.enableDeletionVectors': 'true'}: a MERGE then writes only the changed rows instead of "
         "every file they are in (not faster for uniformly random changes here: docs/BENCHMARKS.md).")
+    rewrite_below_bytes: int = Field(
+        DEFAULT_REWRITE_BELOW_BYTES, ge=0, description="Replicas no larger than this apply a batch by rewriting "
+        "the replica whole in one pass instead of a MERGE's two (faster when changes touch every file, as they do "
+        "on small tables; docs/BENCHMARKS.md). Not for replicas with a change data feed of their own. 0: always MERGE.")
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)  # type: ignore[arg-type]
     http: HttpSettings = Field(default_factory=HttpSettings)  # type: ignore[arg-type]
     restart: RestartSettings = Field(default_factory=RestartSettings)  # type: ignore[arg-type]

@@ -26,11 +26,14 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from lakemirror import tables
+from lakemirror.sinks.apply_choice import ApplyChoice
+from lakemirror.sinks.delta_rewrite import ReplicaRewrite
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.planner import COMMIT_TIMESTAMP, COMMIT_VERSION, LATEST_COLUMN, MergePlan, SOURCE_ALIAS, TARGET_ALIAS
 from lakemirror.tables import TableLocation
@@ -46,6 +49,7 @@ _TXN_CONFS = (TXN_APP_ID, TXN_VERSION, USER_METADATA)
 STABLE_SOURCE_CONFS = {"spark.databricks.delta.merge.materializeSource": "none",
                        "spark.sql.adaptive.enabled": "false"}
 _observation_ids = itertools.count()
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -86,12 +90,17 @@ def _counts_from_metrics(metrics: dict[str, Any] | None) -> ApplyCounts:
 class DeltaMergeSink:
     """Applies change batches to a Delta replica with one idempotent MERGE per batch."""
 
-    def __init__(self, target: TableLocation, plan: MergePlan, *, stable_source: bool = False) -> None:
+    def __init__(self, target: TableLocation, plan: MergePlan, *, stable_source: bool = False,
+                 rewrite: ApplyChoice | None = None, replica_rows: int = 0) -> None:
         self.target = target
         self.plan = plan
         #: True when every batch reads immutable files at fixed versions (a change-feed batch);
         #: never for a source derived from the replica itself (reconcile's repair, clone's diff).
         self.stable_source = stable_source
+        #: Set (stable sources only): batches rewrite the small replica whole instead of a MERGE
+        #: (:mod:`lakemirror.sinks.apply_choice`), until the replica outgrows the limit.
+        self.rewrite = rewrite if rewrite is not None and rewrite.rewrite and stable_source else None
+        self.replica_rows = replica_rows
 
     def latest_changes(self, batch: "DataFrame") -> "DataFrame":
         """One row per key: the winning change, with its operation in ``__lm_op``."""
@@ -156,11 +165,36 @@ class DeltaMergeSink:
         session = batch.sparkSession
         observation = Observation(f"lakemirror_batch_{next(_observation_ids)}")
         watched = batch.observe(observation, *self._stats_columns())
+        if self.rewrite is not None:
+            return self._rewrite_stable(batch, watched, observation, txn, self.rewrite)
         with scoped_confs(session, STABLE_SOURCE_CONFS), transaction(session, txn):
             answer = self._merge(session, self.latest_changes(watched)).execute().collect()
         observed = observed_metrics(observation)
         stats = _stats_from(observed) if observed is not None else self.stats(batch)
         return self._outcome(session, txn, stats, answer)
+
+    def _rewrite_stable(self, batch: "DataFrame", watched: "DataFrame", observation: Any, txn: TxnId,
+                        choice: ApplyChoice) -> MergeOutcome:
+        """Replace the small replica whole (one pass); counts observed during the write, or recounted
+        for a replay Delta skipped (see :mod:`lakemirror.sinks.delta_rewrite`)."""
+        session = batch.sparkSession
+        rewrite = ReplicaRewrite(self.target, self.plan)
+        with scoped_confs(session, STABLE_SOURCE_CONFS), transaction(session, txn):
+            classes, upserted = rewrite.write(session, self.latest_changes(batch), self.latest_changes(watched),
+                                              choice.files_for(self.replica_rows))
+        found, upserts = observed_metrics(classes, key="matched"), observed_metrics(upserted, key="upserts")
+        if found is not None and upserts is not None:
+            result, replayed = rewrite.counts(found, int(upserts["upserts"])), False
+        else:
+            result, replayed = rewrite.recount(session, txn.tag(), self.latest_changes(batch)), True
+        observed = observed_metrics(observation)
+        stats = _stats_from(observed) if observed is not None else self.stats(batch)
+        self.replica_rows = result.rows
+        if not choice.still_small(result.rows):
+            self.rewrite = None
+            log.info("%s: the replica has outgrown rewrite_below_bytes (%d rows, about %.0f bytes each); "
+                     "its batches now apply by MERGE", self.target.name, result.rows, choice.bytes_per_row)
+        return MergeOutcome(stats, result.counts, replayed)
 
     def _outcome(self, session: "SparkSession", txn: TxnId, stats: BatchStats, answer: list[Any]) -> MergeOutcome:
         if answer:
@@ -180,7 +214,7 @@ def _stats_from(row: dict[str, Any]) -> BatchStats:
     return BatchStats(int(row.get("n") or 0), row.get("lo"), row.get("hi"), ts)
 
 
-def observed_metrics(observation: Any, wait_seconds: float = 1.0) -> dict[str, Any] | None:
+def observed_metrics(observation: Any, wait_seconds: float = 1.0, key: str = "n") -> dict[str, Any] | None:
     """The metrics an action observed, or None when no action reported them (yet).
 
     ``Observation.get`` blocks until an action reports, forever if none does (a MERGE skipped as
@@ -198,7 +232,7 @@ def observed_metrics(observation: Any, wait_seconds: float = 1.0) -> dict[str, A
         metrics: dict[str, Any] = observation.get
     except Exception:  # noqa: BLE001 (an empty metrics row: the batch was optimised away)
         return None
-    return metrics if "n" in metrics else None
+    return metrics if key in metrics else None
 
 
 def counts_from_answer(row: dict[str, Any]) -> ApplyCounts:

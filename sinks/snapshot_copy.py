@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 from lakemirror import tables
 from lakemirror.identifiers import sql_string
 from lakemirror.schema import Column, columns_from_struct
+from lakemirror.sinks.apply_choice import ReplicaFacts
 from lakemirror.sinks.planner import add_columns_sql
 from lakemirror.tables import TableLocation
 
@@ -58,6 +59,16 @@ def replica_columns(spark: "SparkSession", target: TableLocation) -> tuple[Colum
 def replica_properties(spark: "SparkSession", target: TableLocation) -> dict[str, str]:
     row = spark.sql(f"DESCRIBE DETAIL {target.sql}").collect()[0]
     return dict(row["properties"] or {})
+
+
+def replica_facts(spark: "SparkSession", target: TableLocation) -> ReplicaFacts:
+    """What choosing between MERGE and rewrite needs to know of a replica (one DESCRIBE DETAIL and
+    a row count, which Delta answers from file statistics)."""
+    detail = spark.sql(f"DESCRIBE DETAIL {target.sql}").collect()[0]
+    replica = tables.read(spark, target)
+    return ReplicaFacts(size_bytes=int(detail["sizeInBytes"] or 0), rows=replica.count(),
+                        columns=tuple(replica.columns), properties=dict(detail["properties"] or {}),
+                        observable=hasattr(spark, "_jsparkSession"))  # classic PySpark, not Spark Connect
 
 
 def add_columns(spark: "SparkSession", target: TableLocation, added: Sequence[Column]) -> None:

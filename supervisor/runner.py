@@ -31,6 +31,7 @@ from lakemirror.errors import (
     SourceReplaced,
 )
 from lakemirror.sinks import snapshot_copy
+from lakemirror.sinks.apply_choice import ApplyChoice, choose_apply
 from lakemirror.sinks.delta_merge import DeltaMergeSink, MergeOutcome, TxnId, txn_app_id
 from lakemirror.sinks.planner import ColumnSelection, MergePlan, diff_schema, plan_merge
 from lakemirror.sources import change_feed
@@ -73,6 +74,8 @@ class Prepared:
     plan: MergePlan
     progress: TableProgress
     retention: RetentionWindow = RetentionWindow()
+    apply: ApplyChoice = ApplyChoice(False, "applies by MERGE")
+    replica_rows: int = 0
 
 
 @dataclass
@@ -350,8 +353,10 @@ class TableRunner:
         if not progress.bootstrapped:
             progress = self._bootstrap(progress, info.table_id, plan, info.properties)
         self._evolve_replica(plan)
-        log.info("table %s: key %s", self.source, key.describe())
-        return Prepared(key, plan, progress, RetentionWindow.from_properties(info.properties))
+        facts = snapshot_copy.replica_facts(spark, self.ctx.catalog.locate(self.destination))
+        apply = choose_apply(facts, plan.column_names, spec.rewrite_below_bytes)
+        log.info("table %s: key %s; %s", self.source, key.describe(), apply.reason)
+        return Prepared(key, plan, progress, RetentionWindow.from_properties(info.properties), apply, facts.rows)
 
     def _bootstrap(self, progress: TableProgress, table_id: str | None, plan: MergePlan,
                    source_properties: dict[str, str]) -> TableProgress:
@@ -420,7 +425,8 @@ class TableRunner:
         if spec.max_bytes_per_trigger:
             options["maxBytesPerTrigger"] = spec.max_bytes_per_trigger
         stream = change_feed.change_stream(self.session, src, progress.bootstrap_version, options)
-        sink = DeltaMergeSink(self.ctx.catalog.locate(self.destination), prepared.plan, stable_source=True)
+        sink = DeltaMergeSink(self.ctx.catalog.locate(self.destination), prepared.plan, stable_source=True,
+                              rewrite=prepared.apply, replica_rows=prepared.replica_rows)
         app_id = txn_app_id(spec.pipeline_id, self.slug, progress.epoch)
         checkpoint = f"{spec.checkpoint_root.rstrip('/')}/{spec.pipeline_id}/{self.slug}/e{progress.epoch}"
         removed = stream_dir.remove_interrupted_writes(self.session, checkpoint)

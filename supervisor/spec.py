@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lakemirror.identifiers import TableName
+from lakemirror.sinks.apply_choice import DEFAULT_REWRITE_BELOW_BYTES
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class PipelineSpec:
     replica_properties: dict[str, str] = field(default_factory=dict)  # delta.* properties set at bootstrap
     change_window_policy: str = "fail"          # fail | resync: when a needed source version is gone
     retention_warning_seconds: float = 86400.0  # warn when the change window is closer than this
+    rewrite_below_bytes: int = DEFAULT_REWRITE_BELOW_BYTES  # replicas this small are rewritten, not MERGEd
 
     def source(self, table: str) -> TableName:
         return TableName(self.source_catalog, self.schema_name, table)

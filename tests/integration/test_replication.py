@@ -9,7 +9,20 @@ from lakemirror.identifiers import TableName
 pytestmark = pytest.mark.integration
 
 
-def test_inserts_updates_deletes_reach_the_replica(pipeline):
+#: Small replicas are rewritten whole by default; rewrite_below_bytes 0 makes every batch a MERGE.
+APPLY_PATHS = pytest.mark.parametrize("rewrite_below_bytes", [67108864, 0], ids=["rewrite", "merge"])
+
+
+def _replica_operations(pipeline, table: str) -> set[str]:
+    from lakemirror import tables
+
+    history = tables.delta_table(pipeline.spark, pipeline.replica(table)).history()
+    return {r["operation"] for r in history.where("version > 1").select("operation").collect()}
+
+
+@APPLY_PATHS
+def test_inserts_updates_deletes_reach_the_replica(make_pipeline, rewrite_below_bytes):
+    pipeline = make_pipeline(rewrite_below_bytes=rewrite_below_bytes)
     pipeline.create("orders", "id BIGINT NOT NULL, status STRING, amount DOUBLE")
     pipeline.sql("orders", "INSERT INTO {t} SELECT id, 'new', id * 1.5 FROM range(0, 50)")
     pipeline.start()
@@ -23,9 +36,12 @@ def test_inserts_updates_deletes_reach_the_replica(pipeline):
     pipeline.assert_replica_equals_source("orders")
     view = pipeline.views()["orders"]
     assert view.state == "running" and view.last_error is None
+    assert _replica_operations(pipeline, "orders") == ({"WRITE"} if rewrite_below_bytes else {"MERGE"})
 
 
-def test_composite_keys_nulls_and_reinsert_within_one_batch(pipeline):
+@APPLY_PATHS
+def test_composite_keys_nulls_and_reinsert_within_one_batch(make_pipeline, rewrite_below_bytes):
+    pipeline = make_pipeline(rewrite_below_bytes=rewrite_below_bytes)
     pipeline.create("items", "order_id BIGINT NOT NULL, line INT NOT NULL, sku STRING, qty INT",
                     key="order_id,line")
     pipeline.sql("items", "INSERT INTO {t} VALUES (1, 1, 'a', 1), (1, 2, NULL, 2), (2, 1, 'c', NULL)")
@@ -89,13 +105,13 @@ def test_restart_resumes_from_the_checkpoint_without_loss_or_duplicates(pipeline
     pipeline.wait_caught_up("r")
     pipeline.assert_replica_equals_source("r")
 
-    # one epoch only (no re-bootstrap on restart) and every MERGE transaction committed once
+    # one epoch only (no re-bootstrap on restart) and every batch's transaction committed once
     from lakemirror import tables
     history = tables.delta_table(pipeline.spark, pipeline.replica("r")).history().collect()
-    tags = [h["userMetadata"] for h in history if h["operation"] == "MERGE"]
+    tags = [h["userMetadata"] for h in history if h["userMetadata"] and "lakemirror_txn" in h["userMetadata"]]
     assert len(tags) == len(set(tags)) and len(tags) >= 4
     assert sum(1 for h in history if h["operation"] in ("WRITE", "CREATE OR REPLACE TABLE AS SELECT",
-                                                        "CREATE TABLE AS SELECT")) == 1
+                                                        "CREATE TABLE AS SELECT") and not h["userMetadata"]) == 1
 
 
 def test_bootstrap_copies_the_snapshot_then_streams_from_the_next_version(pipeline):
@@ -119,7 +135,7 @@ def test_bootstrap_copies_the_snapshot_then_streams_from_the_next_version(pipeli
 def test_replica_properties_are_set_at_bootstrap_and_a_deletion_vector_replica_stays_exact(make_pipeline):
     """``replica_properties`` reach the replica; with deletion vectors on, MERGEs mark changed rows
     deleted instead of rewriting their files, and the replica must still equal the source."""
-    pipeline = make_pipeline(replica_properties={"delta.enableDeletionVectors": "true"})
+    pipeline = make_pipeline(replica_properties={"delta.enableDeletionVectors": "true"}, rewrite_below_bytes=0)
     pipeline.create("dv", "id BIGINT NOT NULL, v STRING", key="id")
     pipeline.sql("dv", "INSERT INTO {t} SELECT id, 'a' FROM range(0, 200)")
     pipeline.start()
@@ -252,18 +268,21 @@ def test_a_merge_that_changes_nothing_is_fresh_not_a_replay(spark, tmp_path):
     assert again.replayed
 
 
-@pytest.mark.parametrize("stable", [True, False], ids=["stable-observed", "materialized"])
-def test_both_apply_paths_report_the_batch_as_an_action_would(spark, tmp_path, stable):
-    """A change-feed batch applied with its statistics observed during the MERGE (stable) or
-    counted first (materialized): same replica, same statistics as a separate count, a replay
-    still recognised (its statistics then come from an action), and an empty batch harmless."""
+@pytest.mark.parametrize("path", ["stable", "materialized", "rewrite"])
+def test_every_apply_path_reports_the_batch_as_an_action_would(spark, tmp_path, path):
+    """A change-feed batch applied with its statistics observed during the MERGE (stable), counted
+    first (materialized), or by a rewrite of the whole replica: same replica, same statistics as a
+    separate count, the counts a MERGE reports, a replay still recognised (its statistics then come
+    from an action, a rewrite's counts from a recount), and an empty batch harmless."""
     from lakemirror import tables
     from lakemirror.schema import Column
+    from lakemirror.sinks.apply_choice import ApplyChoice
     from lakemirror.sinks.delta_merge import DeltaMergeSink, TxnId
+    from lakemirror.sinks.memory import ApplyCounts
     from lakemirror.sinks.planner import plan_merge
     from lakemirror.tables import TableLocation
 
-    name = "stable" if stable else "mat"
+    name, stable = path, path != "materialized"
     source = TableLocation(TableName("src", "s", name), str(tmp_path / "source"))
     replica = TableLocation(TableName("dst", "s", name), str(tmp_path / "replica"))
     ddl = "a BIGINT, b STRING, v INT"  # a nullable composite key: NULL is a key value like any other
@@ -275,7 +294,9 @@ def test_both_apply_paths_report_the_batch_as_an_action_would(spark, tmp_path, s
     spark.sql(f"INSERT INTO {source.sql} VALUES (1, 'x', 4)")                                      # v4
     spark.sql(f"ALTER TABLE {source.sql} SET TBLPROPERTIES ('lakemirror.test' = 'no data')")       # v5
     plan = plan_merge((Column("a", "bigint"), Column("b", "string"), Column("v", "int")), ["a", "b"])
-    sink = DeltaMergeSink(replica, plan, stable_source=stable)
+    rewrite = ApplyChoice(True, "test", bytes_per_row=10.0, limit_bytes=10**9) if path == "rewrite" else None
+    sink = DeltaMergeSink(replica, plan, stable_source=stable, rewrite=rewrite)
+    assert (sink.rewrite is not None) == (path == "rewrite")
 
     def feed(lo: int, hi: int):
         return tables.read(spark, source, readChangeFeed="true", startingVersion=lo, endingVersion=hi)
@@ -283,11 +304,47 @@ def test_both_apply_paths_report_the_batch_as_an_action_would(spark, tmp_path, s
     first = sink.apply(feed(1, 4), TxnId(f"lakemirror/test/{name}/e1", 0))
     assert first.stats == sink.stats(feed(1, 4)) and first.stats.rows_read == 9
     assert (first.stats.first_version, first.stats.last_version) == (1, 4)
-    assert (first.replayed, first.counts.inserted) == (False, 3)
+    assert (first.replayed, first.counts) == (False, ApplyCounts(inserted=3))
     again = sink.apply(feed(1, 4), TxnId(f"lakemirror/test/{name}/e1", 0))
     assert again.replayed and again.stats == first.stats and again.counts == first.counts
     empty = sink.apply(feed(5, 5), TxnId(f"lakemirror/test/{name}/e1", 1))
     assert empty.stats.rows_read == 0 and not empty.replayed and empty.counts.total == 0
+    spark.sql(f"UPDATE {source.sql} SET v = v + 1 WHERE a = 1")                                    # v6: 2 rows
+    spark.sql(f"DELETE FROM {source.sql} WHERE a IS NULL")                                         # v7: the NULL key
+    spark.sql(f"INSERT INTO {source.sql} VALUES (2, 'y', 5)")                                      # v8
+    second = sink.apply(feed(6, 8), TxnId(f"lakemirror/test/{name}/e1", 2))
+    assert (second.replayed, second.counts) == (False, ApplyCounts(inserted=1, updated=2, deleted=1))
     assert sorted(map(tuple, tables.read(spark, replica).collect()), key=repr) == \
         sorted(map(tuple, tables.read(spark, source).collect()), key=repr)
     assert spark.conf.get("spark.sql.adaptive.enabled") == "true", "the MERGE's confs are restored after it"
+
+
+def test_a_rewritten_replica_that_outgrows_the_limit_switches_to_merge(spark, tmp_path):
+    """The rewrite limit follows the rows each rewrite observes: past it, batches MERGE."""
+    from lakemirror import tables
+    from lakemirror.schema import Column
+    from lakemirror.sinks.apply_choice import ApplyChoice
+    from lakemirror.sinks.delta_merge import DeltaMergeSink, TxnId
+    from lakemirror.sinks.planner import plan_merge
+    from lakemirror.tables import TableLocation
+
+    source = TableLocation(TableName("src", "s", "grow"), str(tmp_path / "source"))
+    replica = TableLocation(TableName("dst", "s", "grow"), str(tmp_path / "replica"))
+    spark.sql(f"CREATE TABLE {source.sql} (id BIGINT NOT NULL, v STRING) USING DELTA "
+              "TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')")
+    spark.sql(f"CREATE TABLE {replica.sql} (id BIGINT NOT NULL, v STRING) USING DELTA")
+    plan = plan_merge((Column("id", "bigint", False), Column("v", "string")), ["id"])
+    sink = DeltaMergeSink(replica, plan, stable_source=True,
+                          rewrite=ApplyChoice(True, "test", bytes_per_row=10.0, limit_bytes=25))
+    txn = "lakemirror/test/grow/e1"
+    spark.sql(f"INSERT INTO {source.sql} VALUES (1, 'a'), (2, 'b')")                 # v1: 20 bytes
+    sink.apply(tables.read(spark, source, readChangeFeed="true", startingVersion=1, endingVersion=1), TxnId(txn, 0))
+    assert sink.rewrite is not None and sink.replica_rows == 2
+    spark.sql(f"INSERT INTO {source.sql} VALUES (3, 'c')")                           # v2: 30 bytes
+    sink.apply(tables.read(spark, source, readChangeFeed="true", startingVersion=2, endingVersion=2), TxnId(txn, 1))
+    assert sink.rewrite is None, "3 rows of 10 bytes are past the 25-byte limit"
+    spark.sql(f"UPDATE {source.sql} SET v = 'c2' WHERE id = 3")                      # v3
+    sink.apply(tables.read(spark, source, readChangeFeed="true", startingVersion=3, endingVersion=3), TxnId(txn, 2))
+    operations = [r["operation"] for r in tables.delta_table(spark, replica).history().orderBy("version").collect()]
+    assert operations == ["CREATE TABLE", "WRITE", "WRITE", "MERGE"]
+    assert sorted(map(tuple, tables.read(spark, replica).collect())) == [(1, "a"), (2, "b"), (3, "c2")]

@@ -1,0 +1,59 @@
+"""The choice between MERGE and a whole-replica rewrite (pure; the executors are tested in integration)."""
+
+from __future__ import annotations
+
+from lakemirror.sinks.apply_choice import ApplyChoice, ReplicaFacts, choose_apply
+
+MIB = 1024 * 1024
+SMALL = ReplicaFacts(size_bytes=2 * MIB, rows=100_000, columns=("id", "v", "payload"), properties={},
+                     observable=True)
+
+
+def _choose(facts: ReplicaFacts = SMALL, columns: tuple[str, ...] = ("id", "v", "payload"),
+            limit: int = 64 * MIB) -> ApplyChoice:
+    return choose_apply(facts, columns, limit)
+
+
+def test_a_small_replica_with_the_batch_columns_is_rewritten() -> None:
+    choice = _choose()
+    assert choice.rewrite and "rewriting" in choice.reason and "64.0 MiB" in choice.reason
+    assert choice.bytes_per_row == 2 * MIB / 100_000 and choice.limit_bytes == 64 * MIB
+
+
+def test_column_names_compare_as_spark_resolves_them() -> None:
+    assert _choose(columns=("ID", "payload", "V")).rewrite
+
+
+def test_each_reason_to_merge_is_named() -> None:
+    cases = {
+        "rewrites are off": _choose(limit=0),
+        "larger than rewrite_below_bytes": _choose(ReplicaFacts(65 * MIB, 10**7, SMALL.columns, {}, True)),
+        "change data feed of its own": _choose(ReplicaFacts(MIB, 10, SMALL.columns,
+                                                            {"delta.enableChangeDataFeed": "TRUE"}, True)),
+        "columns differ": _choose(columns=("id", "v")),
+        "Spark Connect": _choose(ReplicaFacts(MIB, 10, SMALL.columns, {}, observable=False)),
+        "empty": _choose(ReplicaFacts(0, 0, SMALL.columns, {}, True)),
+    }
+    for words, choice in cases.items():
+        assert not choice.rewrite and words in choice.reason and choice.reason.startswith("applies by MERGE"), words
+
+
+def test_a_replica_with_an_extra_column_merges() -> None:
+    """A MERGE keeps a column it does not set; a rewrite would lose it."""
+    facts = ReplicaFacts(MIB, 10, ("id", "v", "payload", "note"), {}, True)
+    assert not _choose(facts).rewrite
+
+
+def test_the_limit_follows_the_rows_a_rewrite_observes() -> None:
+    choice = _choose(limit=4 * MIB)  # 2 MiB for 100k rows: about 21 bytes a row
+    assert choice.still_small(100_000) and choice.still_small(200_000)
+    assert not choice.still_small(200_001)
+
+
+def test_a_rewrite_writes_one_file_per_16_mib() -> None:
+    choice = _choose()
+    assert choice.files_for(100_000) == 1
+    assert choice.files_for(800_000) == 1           # 16 MiB
+    assert choice.files_for(800_001) == 2
+    assert choice.files_for(3_200_000) == 4         # 64 MiB, the default limit
+    assert choice.files_for(0) == 1
