@@ -61,7 +61,7 @@ def steady_lag(system: str, tables: int, rows: int, seconds: float, fraction: fl
     runner: Any
     lakemirror = system == "lakemirror" or system in VARIANTS
     if lakemirror:
-        runner = LakemirrorDaemon(workdir, warehouse, names, trigger, apply_workers=VARIANTS.get(system))
+        runner = LakemirrorDaemon(workdir, warehouse, names, trigger, variant=system if system in VARIANTS else None)
         runner.start()
         ready = runner.wait_through({t: s.version() for t, s in sources.items()}, timeout=600)
         runner.scrape_lag()
@@ -130,20 +130,21 @@ def _lag_of(version: int, made: float, applies: list[Any]) -> float | None:
 # -- catch-up -------------------------------------------------------------------------------------
 
 def catch_up(system: str, rows: int, commits: int, fraction: float, seed: int) -> dict[str, Any]:
-    workdir = Path(tempfile.mkdtemp(prefix=f"bench-catchup-{system.split()[0]}-"))
+    workdir = Path(tempfile.mkdtemp(prefix=f"bench-catchup-{system.split()[0].strip(',')}-"))
     warehouse = workdir / "lakehouse"
     src = SourceTable(table_path(warehouse, "src", "bench", "big"), rows)
     src.create()
     replica = table_path(warehouse, "dst", "bench", "big")
     rng = random.Random(seed)
     result: dict[str, Any] = {"system": system, "rows": rows, "backlog_commits": commits}
-    if system == "lakemirror":
-        daemon = LakemirrorDaemon(workdir, warehouse, ["big"], trigger_seconds=1.0)
+    if system.startswith("lakemirror"):
+        variant = system if system in VARIANTS else None
+        daemon = LakemirrorDaemon(workdir, warehouse, ["big"], trigger_seconds=1.0, variant=variant)
         daemon.start()
         daemon.wait_through({"big": src.version()}, timeout=600)
         daemon.stop()
         changed = sum(src.change(rng, fraction, i + 1) for i in range(commits))
-        daemon2 = LakemirrorDaemon(workdir, warehouse, ["big"], trigger_seconds=1.0)
+        daemon2 = LakemirrorDaemon(workdir, warehouse, ["big"], trigger_seconds=1.0, variant=variant)
         daemon2.start()
         wall = daemon2.wait_through({"big": src.version()}, timeout=1800)
         daemon2.stop()
@@ -314,7 +315,7 @@ def render(results: dict[str, Any]) -> str:
                   "lakemirror's own sink on a warm local Spark (`local[2]`, 2 shuffle partitions), one source commit "
                   "per apply; medians after two warm-up applies.", "",
                   "| apply path | replica deletion vectors | rows | change rows / apply | source table id s | batch stats alone s | "
-                  "sink.apply (stats, MERGE, replay check) s | checkpoint row s | checkpoint row with writer txn id "
+                  "sink.apply (stats, MERGE or rewrite, replay check) s | checkpoint row s | checkpoint row with writer txn id "
                   "(before) s | per batch (id check + apply + row) s | exact |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in results["apply_cost"]:
@@ -399,7 +400,7 @@ def run_workload(name: str, p: dict[str, Any], seed: int) -> list[dict[str, Any]
                               p["trigger"], seed, p["steady_warmup"]))
         print(f"  {out[-1]['lag']} {out[-1].get('peak_resident_mib')}", flush=True)
     elif name == "catch_up":
-        for system in ("lakemirror", "delta-rs"):
+        for system in ("lakemirror", "lakemirror, MERGE only", "delta-rs"):
             print(f"catch-up: {system} ...", flush=True)
             # the backlog: `catchup_commits` MERGEs of 10% of the rows each, i.e. >= 1M change rows at full size
             out.append(catch_up(system, p["catchup_rows"], p["catchup_commits"], 0.1, seed))

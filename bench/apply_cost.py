@@ -5,7 +5,8 @@ of a ``rows``-row source, one source commit (``fraction`` of the rows changed) p
 median of the applies after two warm-up ones. Side by side: the stable-source path the runner
 uses (the batch read in place, statistics observed during the MERGE, no AQE), with and without
 deletion vectors on the replica, and the materialized path it used before (the batch persisted,
-counted by an action of its own, then copied again by Delta before the MERGE). Each
+counted by an action of its own, then copied again by Delta before the MERGE), and the rewrite of
+the whole replica that small replicas now take instead of a MERGE (:mod:`lakemirror.sinks.apply_choice`). Each
 apply is followed by its checkpoint row, written the way the runner writes it (a blind append for
 a fresh batch) and, for comparison, the way it was written before (an append with Delta writer
 transaction ids, which makes Delta reconstruct the table's transaction state on every append).
@@ -45,6 +46,7 @@ def apply_cost(rows: int, fraction: float, applies: int, seed: int) -> list[dict
     from lakemirror.identifiers import TableName
     from lakemirror.schema import columns_from_struct
     from lakemirror.sinks import snapshot_copy
+    from lakemirror.sinks.apply_choice import DEFAULT_REWRITE_BELOW_BYTES, choose_apply
     from lakemirror.sinks.delta_merge import DeltaMergeSink, TxnId
     from lakemirror.sinks.planner import plan_merge
     from lakemirror.sources.catalog import table_id
@@ -63,14 +65,16 @@ def apply_cost(rows: int, fraction: float, applies: int, seed: int) -> list[dict
     plan = plan_merge(columns, ["id"])
     out = []
     try:
-        for path, dv in (("materialized (before)", False), ("stable", False), ("stable", True)):
-            stable = path == "stable"
-            replica = TableLocation(TableName("dst", "bench", f"t_{stable}_dv_{dv}"),
-                                    str(workdir / "dst" / f"t_{stable}_dv_{dv}"))
+        for path, dv in (("materialized (before)", False), ("stable", False), ("stable", True), ("rewrite", False)):
+            stable = path != "materialized (before)"
+            tag = f"{path.split()[0]}_dv_{dv}"
+            replica = TableLocation(TableName("dst", "bench", f"t_{tag}"), str(workdir / "dst" / f"t_{tag}"))
             snapshot_copy.write_snapshot(snapshot, replica, columns, {})
             spark.sql(f"ALTER TABLE {replica.sql} SET TBLPROPERTIES ('delta.enableDeletionVectors' = '{str(dv).lower()}')")
-            sink = DeltaMergeSink(replica, plan, stable_source=stable)
-            tag = f"{stable}_{dv}"
+            facts = snapshot_copy.replica_facts(spark, replica)
+            choice = choose_apply(facts, plan.column_names, DEFAULT_REWRITE_BELOW_BYTES) if path == "rewrite" else None
+            sink = DeltaMergeSink(replica, plan, stable_source=stable, rewrite=choice, replica_rows=facts.rows)
+            assert (sink.rewrite is not None) == (path == "rewrite"), choice
             store = DeltaCheckpointStore(spark, TableLocation(TableName("a", "b", f"ck_{tag}"), str(workdir / f"ck_{tag}")))
             store.ensure()
             txn_rows = TableLocation(TableName("a", "b", f"ck_txn_{tag}"), str(workdir / f"ck_txn_{tag}"))

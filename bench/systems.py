@@ -34,10 +34,13 @@ RANK = {"delete": 1, "insert": 2, "update_postimage": 2}
 
 # -- lakemirror ---------------------------------------------------------------------------------
 
-#: lakemirror variants run side by side with the default (one apply worker) in the steady workload,
-#: by the ``apply_workers`` each sets: 0 is one always-on streaming query per table (the design
-#: before turns).
-VARIANTS = {"lakemirror, always-on queries": 0, "lakemirror, 2 apply workers": 2}
+#: lakemirror variants run side by side with the default in the steady workload, by the settings
+#: each changes: ``apply_workers`` 0 is one always-on streaming query per table (the design before
+#: turns); ``rewrite_below_bytes`` 0 applies every batch by MERGE (the design before small replicas
+#: were rewritten).
+VARIANTS: dict[str, dict[str, Any]] = {"lakemirror, always-on queries": {"apply_workers": 0},
+                                       "lakemirror, 2 apply workers": {"apply_workers": 2},
+                                       "lakemirror, MERGE only": {"rewrite_below_bytes": 0}}
 
 
 class LakemirrorDaemon:
@@ -45,9 +48,9 @@ class LakemirrorDaemon:
 
     def __init__(self, workdir: Path, warehouse: Path, tables: list[str], trigger_seconds: float,
                  shuffle_partitions: int = 2, replica_properties: dict[str, str] | None = None,
-                 destination_catalog: str = "dst", apply_workers: int | None = None) -> None:
+                 destination_catalog: str = "dst", variant: str | None = None) -> None:
         self.workdir, self.warehouse, self.tables = workdir, warehouse, tables
-        self.name = next((name for name, workers in VARIANTS.items() if workers == apply_workers), "lakemirror")
+        self.name = variant or "lakemirror"
         self.destination_catalog = destination_catalog
         workdir.mkdir(parents=True, exist_ok=True)
         self.config = workdir / "lakemirror.yaml"
@@ -56,7 +59,7 @@ class LakemirrorDaemon:
             "schema_name": "bench", "tables": tables, "checkpoint_volume": str(workdir / "ck"),
             "trigger_interval_seconds": trigger_seconds, "lag_interval_seconds": 1,
             "replica_properties": replica_properties or {},
-            **({"apply_workers": apply_workers} if apply_workers is not None else {}),
+            **(VARIANTS[variant] if variant else {}),
             "runtime": {"warehouse": str(warehouse), "shuffle_partitions": shuffle_partitions},
             "http": {"port": 0}}))
         self.proc: subprocess.Popen[bytes] | None = None

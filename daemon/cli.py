@@ -242,11 +242,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class DrainRefusals(logging.Filter):
+    """Drops py4j's error record, with its traceback, of a batch refused because the daemon drains.
+
+    py4j logs every exception a ``foreachBatch`` callback raises. A batch that begins after SIGTERM
+    is refused on purpose (nothing applied; the next run applies it) and the drain already logs
+    that it is draining, so that refusal is not an error. Every other exception is still logged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from lakemirror.supervisor.runner import Drained
+
+        return not (record.exc_info and isinstance(record.exc_info[1], Drained))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("py4j", "pyspark"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    logging.getLogger("py4j.clientserver").addFilter(DrainRefusals())
     try:
         return int(args.func(args))
     except ConfigError as err:

@@ -14,7 +14,9 @@ A rewrite is chosen only when it gives the same replica and history a reader can
 
 - the replica is no larger than ``rewrite_below_bytes`` (above it, a MERGE's file pruning on
   clustered changes and deletion vectors win; ``0`` turns rewrites off);
-- the replica has no change data feed of its own (a rewrite would record every row as changed);
+- the replica has no change data feed of its own (a rewrite would record every row as changed),
+  and no deletion vectors (turned on so that a MERGE writes only the changed rows: a rewrite
+  would write every row again);
 - the replica has exactly the columns the batches carry (a MERGE keeps a column it does not set;
   a rewrite would not);
 - the session reports observed metrics (classic PySpark: local or Databricks). Over Spark
@@ -35,6 +37,7 @@ from typing import Mapping, Sequence
 REWRITE_FILE_BYTES = 16 * 1024 * 1024
 DEFAULT_REWRITE_BELOW_BYTES = 64 * 1024 * 1024
 CDF_PROPERTY = "delta.enableChangeDataFeed"
+DELETION_VECTORS_PROPERTY = "delta.enableDeletionVectors"
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,9 @@ def choose_apply(facts: ReplicaFacts, batch_columns: Sequence[str], rewrite_belo
     if str(facts.properties.get(CDF_PROPERTY, "false")).lower() == "true":
         return ApplyChoice(False, merge + "the replica has a change data feed of its own, which a rewrite "
                                           "would fill with every row")
+    if str(facts.properties.get(DELETION_VECTORS_PROPERTY, "false")).lower() == "true":
+        return ApplyChoice(False, merge + "the replica has deletion vectors on, so a MERGE writes only the changed "
+                                          "rows where a rewrite would write every row")
     if sorted(c.lower() for c in facts.columns) != sorted(c.lower() for c in batch_columns):
         return ApplyChoice(False, merge + "the replica's columns differ from the replicated ones "
                                           f"({', '.join(facts.columns)} against {', '.join(batch_columns)})")

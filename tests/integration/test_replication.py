@@ -135,7 +135,7 @@ def test_bootstrap_copies_the_snapshot_then_streams_from_the_next_version(pipeli
 def test_replica_properties_are_set_at_bootstrap_and_a_deletion_vector_replica_stays_exact(make_pipeline):
     """``replica_properties`` reach the replica; with deletion vectors on, MERGEs mark changed rows
     deleted instead of rewriting their files, and the replica must still equal the source."""
-    pipeline = make_pipeline(replica_properties={"delta.enableDeletionVectors": "true"}, rewrite_below_bytes=0)
+    pipeline = make_pipeline(replica_properties={"delta.enableDeletionVectors": "true"})  # so: MERGE, not rewrite
     pipeline.create("dv", "id BIGINT NOT NULL, v STRING", key="id")
     pipeline.sql("dv", "INSERT INTO {t} SELECT id, 'a' FROM range(0, 200)")
     pipeline.start()

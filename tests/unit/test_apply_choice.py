@@ -30,6 +30,8 @@ def test_each_reason_to_merge_is_named() -> None:
         "larger than rewrite_below_bytes": _choose(ReplicaFacts(65 * MIB, 10**7, SMALL.columns, {}, True)),
         "change data feed of its own": _choose(ReplicaFacts(MIB, 10, SMALL.columns,
                                                             {"delta.enableChangeDataFeed": "TRUE"}, True)),
+        "deletion vectors on": _choose(ReplicaFacts(MIB, 10, SMALL.columns,
+                                                    {"delta.enableDeletionVectors": "true"}, True)),
         "columns differ": _choose(columns=("id", "v")),
         "Spark Connect": _choose(ReplicaFacts(MIB, 10, SMALL.columns, {}, observable=False)),
         "empty": _choose(ReplicaFacts(0, 0, SMALL.columns, {}, True)),
