@@ -304,10 +304,14 @@ def render(results: dict[str, Any]) -> str:
         lines += ["", "## Bootstrap", "", _when(r0) + " "
                   f"A {r0['rows']:,}-row table. Both sides start their own process and JVM (`local[2]`); the copy "
                   f"alone is the copy floor's write, and lakemirror's bootstrap step from its log (key settled to "
-                  f"bootstrap done).", "",
-                  "| system | start to replica s | vs copy floor | copy alone s | replica exact |", "|---|---|---|---|---|"]
+                  f"bootstrap done). {r0.get('repeats', 1)} runs of each, alternating; medians, with the range of "
+                  f"the start-to-replica times.", "",
+                  "| system | start to replica s (median, min-max) | vs copy floor | copy alone s | replica exact |",
+                  "|---|---|---|---|---|"]
         for r in results["bootstrap"]:
-            lines.append(f"| {r['system']} | {r['seconds_to_replica']} | {r['seconds_to_replica'] / floor:.2f}x | "
+            spread = "-".join(str(x) for x in r.get("seconds_to_replica_range", []))
+            lines.append(f"| {r['system']} | {r['seconds_to_replica']}{f' ({spread})' if spread else ''} | "
+                         f"{r['seconds_to_replica'] / floor:.2f}x | "
                          f"{r.get('copy_seconds', '-')} | {'yes' if r['replica_equal_source'] else 'NO'} |")
     if results.get("apply_cost"):
         r0 = results["apply_cost"][0]

@@ -146,32 +146,40 @@ def steady_cost(rows: int, cycles: int, fraction: float, seed: int) -> list[dict
     return out
 
 
-def bootstrap(rows: int) -> list[dict[str, Any]]:
+def bootstrap(rows: int, repeats: int = 3) -> list[dict[str, Any]]:
+    """Each side ``repeats`` times, alternating (floor, lakemirror, floor, ...), on one source table;
+    the figures are medians with their range: one cold start varies by several seconds here."""
     workdir = Path(tempfile.mkdtemp(prefix="bench-bootstrap-"))
     warehouse = workdir / "lakehouse"
     src = SourceTable(table_path(warehouse, "src", "bench", "big"), rows)
     src.create()
     version = src.version()
-    out: list[dict[str, Any]] = []
+    floor_name, lakemirror_name = "copy floor (Spark read at V, written as a new Delta table)", "lakemirror (start to live replica)"
+    runs: dict[str, list[dict[str, Any]]] = {floor_name: [], lakemirror_name: []}
     try:
-        floor_dst = workdir / "floor"
-        t0 = time.time()
-        done = subprocess.run([sys.executable, "-m", "bench.copy_floor", str(src.path), str(floor_dst), str(version)],
-                              check=True, capture_output=True, text=True)
-        total = time.time() - t0
-        inner = json.loads(done.stdout.strip().splitlines()[-1])
-        out.append({"system": "copy floor (Spark read at V, written as a new Delta table)", "rows": rows,
-                    "seconds_to_replica": round(total, 2), "copy_seconds": inner["copy_seconds"],
-                    "replica_equal_source": same_rows(src.path, floor_dst)})
-        daemon = LakemirrorDaemon(workdir / "lm", warehouse, ["big"], trigger_seconds=1.0)
-        t0 = time.time()
-        daemon.start()
-        daemon.wait_through({"big": version}, timeout=1800)
-        total = time.time() - t0
-        daemon.stop()
-        out.append({"system": "lakemirror (start to live replica)", "rows": rows, "seconds_to_replica": round(total, 2),
-                    "copy_seconds": daemon.bootstrap_seconds("big"),
-                    "replica_equal_source": same_rows(src.path, daemon.replica_path("big"))})
+        for attempt in range(repeats):
+            floor_dst = workdir / f"floor{attempt}"
+            t0 = time.time()
+            done = subprocess.run([sys.executable, "-m", "bench.copy_floor", str(src.path), str(floor_dst), str(version)],
+                                  check=True, capture_output=True, text=True)
+            total = time.time() - t0
+            inner = json.loads(done.stdout.strip().splitlines()[-1])
+            runs[floor_name].append({"total": total, "copy": inner["copy_seconds"], "exact": same_rows(src.path, floor_dst)})
+            shutil.rmtree(floor_dst, ignore_errors=True)
+            daemon = LakemirrorDaemon(workdir / f"lm{attempt}", warehouse, ["big"], trigger_seconds=1.0,
+                                      destination_catalog=f"dst{attempt}")
+            t0 = time.time()
+            daemon.start()
+            daemon.wait_through({"big": version}, timeout=1800)
+            total = time.time() - t0
+            daemon.stop()
+            runs[lakemirror_name].append({"total": total, "copy": daemon.bootstrap_seconds("big"),
+                                          "exact": same_rows(src.path, daemon.replica_path("big"))})
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    return out
+    return [{"system": name, "rows": rows, "repeats": repeats,
+             "seconds_to_replica": round(statistics.median(r["total"] for r in got), 2),
+             "seconds_to_replica_range": [round(min(r["total"] for r in got), 2), round(max(r["total"] for r in got), 2)],
+             "copy_seconds": round(statistics.median(r["copy"] for r in got if r["copy"] is not None), 2),
+             "replica_equal_source": all(r["exact"] for r in got)}
+            for name, got in runs.items()]
