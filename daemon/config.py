@@ -151,7 +151,8 @@ class Settings(BaseSettings):
     rewrite_below_bytes: int = Field(
         DEFAULT_REWRITE_BELOW_BYTES, ge=0, description="Replicas no larger than this apply a batch by rewriting "
         "the replica whole in one pass instead of a MERGE's two (faster when changes touch every file, as they do "
-        "on small tables; docs/BENCHMARKS.md). Not for replicas with a change data feed of their own. 0: always MERGE.")
+        "on small tables; docs/BENCHMARKS.md). Never for replicas with a change data feed or deletion vectors of "
+        "their own. 0: always MERGE.")
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)  # type: ignore[arg-type]
     http: HttpSettings = Field(default_factory=HttpSettings)  # type: ignore[arg-type]
     restart: RestartSettings = Field(default_factory=RestartSettings)  # type: ignore[arg-type]

@@ -72,3 +72,20 @@ def write(df: "DataFrame", loc: TableLocation, mode: str, **options: Any) -> Non
         w.save(loc.path)
     else:
         w.saveAsTable(loc.name.sql)
+
+
+#: How many of a table's newest commits are searched first for a tagged commit (a replayed batch's
+#: commit is almost always among them); only when it is not there is the whole history read.
+RECENT_COMMITS = 100
+
+
+def tagged_commits(spark: "SparkSession", loc: TableLocation, user_metadata: str, *columns: str) -> list[Any]:
+    """Rows (``userMetadata`` and ``columns``) of the commits whose ``userMetadata`` is
+    ``user_metadata``, newest first."""
+    table = delta_table(spark, loc)
+    recent = table.history(RECENT_COMMITS).select("userMetadata", *columns).collect()
+    found = [r for r in recent if r["userMetadata"] == user_metadata]
+    if found or len(recent) < RECENT_COMMITS:
+        return found
+    quoted = user_metadata.replace("'", "''")
+    return table.history().where(f"userMetadata = '{quoted}'").select("userMetadata", *columns).collect()

@@ -7,8 +7,8 @@ the chooser decides; the executors are :mod:`lakemirror.sinks.delta_merge` and
 A Delta MERGE makes two passes over the replica: one join finds the files that hold a changed key,
 a second join rewrites those files. On a small replica with changes spread over its keys every
 file holds one, so both passes read all of it. A rewrite reads it once and replaces it in one
-commit. ``make bench`` measured 1.24 s against 1.98 s per warm batch on a 100k-row replica, and
-4.2 s against 7.5 s for a 1.1M-change-row backlog on a 1M-row replica (docs/BENCHMARKS.md).
+commit. ``make bench`` (apply cost) measured 1.56 s against 2.05 s per warm batch on a 100k-row
+replica (docs/BENCHMARKS.md).
 
 A rewrite is chosen only when it gives the same replica and history a reader can rely on:
 

@@ -203,9 +203,7 @@ class DeltaMergeSink:
 
     def _replayed_counts(self, session: "SparkSession", txn: TxnId) -> ApplyCounts:
         """The counts of the earlier commit that applied transaction ``txn`` (found by its tag)."""
-        tag = txn.tag().replace("'", "''")
-        earlier = (tables.delta_table(session, self.target).history()
-                   .where(f"userMetadata = '{tag}'").select("operationMetrics").collect())
+        earlier = tables.tagged_commits(session, self.target, txn.tag(), "operationMetrics")
         return _counts_from_metrics(earlier[0]["operationMetrics"]) if earlier else ApplyCounts()
 
 

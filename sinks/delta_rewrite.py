@@ -116,9 +116,7 @@ class ReplicaRewrite:
     def recount(self, session: "SparkSession", tag: str, latest: "DataFrame") -> Rewritten:
         """The counts of the earlier commit that carries ``tag``, recounted against the replica as
         it was before that commit; :class:`RewriteUnconfirmed` if no commit carries it."""
-        quoted = tag.replace("'", "''")
-        earlier = (tables.delta_table(session, self.target).history()
-                   .where(f"userMetadata = '{quoted}'").select("version").collect())
+        earlier = tables.tagged_commits(session, self.target, tag, "version")
         if not earlier:
             raise RewriteUnconfirmed(
                 f"{self.target.name}: the rewrite of this batch reported no metrics and no replica commit carries "

@@ -348,3 +348,23 @@ def test_a_rewritten_replica_that_outgrows_the_limit_switches_to_merge(spark, tm
     operations = [r["operation"] for r in tables.delta_table(spark, replica).history().orderBy("version").collect()]
     assert operations == ["CREATE TABLE", "WRITE", "WRITE", "MERGE"]
     assert sorted(map(tuple, tables.read(spark, replica).collect())) == [(1, "a"), (2, "b"), (3, "c2")]
+
+
+def test_a_tagged_commit_is_found_among_the_newest_or_in_the_whole_history(spark, tmp_path, monkeypatch):
+    from lakemirror import tables
+    from lakemirror.tables import TableLocation
+
+    loc = TableLocation(TableName("dst", "s", "tags"), str(tmp_path / "tags"))
+    spark.sql(f"CREATE TABLE {loc.sql} (id BIGINT) USING DELTA")                     # v0
+    for i in range(1, 5):                                                           # v1..v4
+        spark.conf.set("spark.databricks.delta.commitInfo.userMetadata", f"tag-{i % 2}")
+        try:
+            spark.sql(f"INSERT INTO {loc.sql} VALUES ({i})")
+        finally:
+            spark.conf.unset("spark.databricks.delta.commitInfo.userMetadata")
+    monkeypatch.setattr(tables, "RECENT_COMMITS", 2)
+    assert [r["version"] for r in tables.tagged_commits(spark, loc, "tag-0", "version")] == [4]  # among v4, v3
+    assert [r["version"] for r in tables.tagged_commits(spark, loc, "tag-1", "version")] == [3]
+    monkeypatch.setattr(tables, "RECENT_COMMITS", 1)
+    assert [r["version"] for r in tables.tagged_commits(spark, loc, "tag-1", "version")] == [3, 1]  # whole history
+    assert tables.tagged_commits(spark, loc, "never", "version") == []
