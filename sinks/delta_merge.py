@@ -29,7 +29,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from lakemirror import tables
 from lakemirror.sinks.apply_choice import ApplyChoice
@@ -91,7 +91,8 @@ class DeltaMergeSink:
     """Applies change batches to a Delta replica with one idempotent MERGE per batch."""
 
     def __init__(self, target: TableLocation, plan: MergePlan, *, stable_source: bool = False,
-                 rewrite: ApplyChoice | None = None, replica_rows: int = 0) -> None:
+                 rewrite: ApplyChoice | None = None, replica_rows: int = 0,
+                 choose: Callable[[], tuple[ApplyChoice, int]] | None = None) -> None:
         self.target = target
         self.plan = plan
         #: True when every batch reads immutable files at fixed versions (a change-feed batch);
@@ -99,7 +100,14 @@ class DeltaMergeSink:
         self.stable_source = stable_source
         #: Set (stable sources only): batches rewrite the small replica whole instead of a MERGE
         #: (:mod:`lakemirror.sinks.apply_choice`), until the replica outgrows the limit.
-        self.rewrite = rewrite if rewrite is not None and rewrite.rewrite and stable_source else None
+        self.rewrite: ApplyChoice | None = None
+        self.replica_rows = 0
+        self._use(rewrite, replica_rows)
+        #: Asked once, by the first stable batch, for the choice and the replica's rows.
+        self._choose = choose if stable_source else None
+
+    def _use(self, choice: ApplyChoice | None, replica_rows: int) -> None:
+        self.rewrite = choice if choice is not None and choice.rewrite and self.stable_source else None
         self.replica_rows = replica_rows
 
     def latest_changes(self, batch: "DataFrame") -> "DataFrame":
@@ -165,6 +173,9 @@ class DeltaMergeSink:
         session = batch.sparkSession
         observation = Observation(f"lakemirror_batch_{next(_observation_ids)}")
         watched = batch.observe(observation, *self._stats_columns())
+        if self._choose is not None:
+            self._use(*self._choose())
+            self._choose = None
         if self.rewrite is not None:
             return self._rewrite_stable(batch, watched, observation, txn, self.rewrite)
         with scoped_confs(session, STABLE_SOURCE_CONFS), transaction(session, txn):

@@ -74,8 +74,6 @@ class Prepared:
     plan: MergePlan
     progress: TableProgress
     retention: RetentionWindow = RetentionWindow()
-    apply: ApplyChoice = ApplyChoice(False, "applies by MERGE")
-    replica_rows: int = 0
 
 
 @dataclass
@@ -353,10 +351,8 @@ class TableRunner:
         if not progress.bootstrapped:
             progress = self._bootstrap(progress, info.table_id, plan, info.properties)
         self._evolve_replica(plan)
-        facts = snapshot_copy.replica_facts(spark, self.ctx.catalog.locate(self.destination))
-        apply = choose_apply(facts, plan.column_names, spec.rewrite_below_bytes)
-        log.info("table %s: key %s; %s", self.source, key.describe(), apply.reason)
-        return Prepared(key, plan, progress, RetentionWindow.from_properties(info.properties), apply, facts.rows)
+        log.info("table %s: key %s", self.source, key.describe())
+        return Prepared(key, plan, progress, RetentionWindow.from_properties(info.properties))
 
     def _bootstrap(self, progress: TableProgress, table_id: str | None, plan: MergePlan,
                    source_properties: dict[str, str]) -> TableProgress:
@@ -426,7 +422,7 @@ class TableRunner:
             options["maxBytesPerTrigger"] = spec.max_bytes_per_trigger
         stream = change_feed.change_stream(self.session, src, progress.bootstrap_version, options)
         sink = DeltaMergeSink(self.ctx.catalog.locate(self.destination), prepared.plan, stable_source=True,
-                              rewrite=prepared.apply, replica_rows=prepared.replica_rows)
+                              choose=lambda: self._choose_apply(prepared.plan))
         app_id = txn_app_id(spec.pipeline_id, self.slug, progress.epoch)
         checkpoint = f"{spec.checkpoint_root.rstrip('/')}/{spec.pipeline_id}/{self.slug}/e{progress.epoch}"
         removed = stream_dir.remove_interrupted_writes(self.session, checkpoint)
@@ -445,6 +441,14 @@ class TableRunner:
         else:
             # A DataStreamWriter can start a query again once its last one has ended.
             self._turn_query = lambda: writer.trigger(availableNow=True).start()
+
+    def _choose_apply(self, plan: MergePlan) -> tuple[ApplyChoice, int]:
+        """MERGE or rewrite (:mod:`lakemirror.sinks.apply_choice`), asked by the first batch: two
+        Spark jobs on the replica that need not delay the table's start."""
+        facts = snapshot_copy.replica_facts(self.session, self.ctx.catalog.locate(self.destination))
+        choice = choose_apply(facts, plan.column_names, self.ctx.spec.rewrite_below_bytes)
+        log.info("table %s: %s", self.source, choice.reason)
+        return choice, facts.rows
 
     # -- turns (apply_workers > 0) --------------------------------------------------------------
 
