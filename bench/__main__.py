@@ -219,7 +219,7 @@ def _steady_table(runs: list[dict[str, Any]]) -> list[str]:
         b = r.get("batches") or {}
         if b.get("batches"):
             lines += ["", f"{r['system']}'s batches in the measured window (from its checkpoint rows): {b['batches']}, "
-                          f"each {b['seconds_p50']:.1f} s at the median ({b['seconds_p90']:.1f} s p90) from MERGE start to "
+                          f"each {b['seconds_p50']:.1f} s at the median ({b['seconds_p90']:.1f} s p90) from the apply's start (MERGE or rewrite) to "
                           f"checkpoint row, carrying {b['versions_p50']} source versions and {b['change_rows_p50']:,} change "
                           f"rows at the median."]
     for r in runs:
