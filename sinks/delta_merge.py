@@ -88,7 +88,9 @@ def _counts_from_metrics(metrics: dict[str, Any] | None) -> ApplyCounts:
 
 
 class DeltaMergeSink:
-    """Applies change batches to a Delta replica with one idempotent MERGE per batch."""
+    """Applies change batches to a Delta replica with one idempotent MERGE per batch, or, for a
+    small replica fed by a stable source, one rewrite of the whole replica
+    (:mod:`lakemirror.sinks.delta_rewrite`; which one: :mod:`lakemirror.sinks.apply_choice`)."""
 
     def __init__(self, target: TableLocation, plan: MergePlan, *, stable_source: bool = False,
                  rewrite: ApplyChoice | None = None, replica_rows: int = 0,

@@ -61,4 +61,3 @@ def test_the_good_file_validates(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "lakemirror.daemon.cli", "validate", str(path)],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
-
