@@ -61,6 +61,11 @@ class TxnId:
         return json.dumps({"lakemirror_txn": self.app_id, "batch": self.version}, sort_keys=True)
 
 
+def is_txn_tag(user_metadata: str | None) -> bool:
+    """Whether a replica commit's ``userMetadata`` is a batch's :meth:`TxnId.tag` (MERGE or rewrite)."""
+    return bool(user_metadata) and '"lakemirror_txn"' in str(user_metadata)
+
+
 def txn_app_id(pipeline_id: str, table_slug: str, epoch: int) -> str:
     return f"lakemirror/{pipeline_id}/{table_slug}/e{epoch}"
 

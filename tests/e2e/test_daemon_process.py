@@ -18,6 +18,7 @@ import yaml
 
 from lakemirror import tables
 from lakemirror.identifiers import TableName
+from lakemirror.sinks.delta_merge import is_txn_tag
 from lakemirror.sources.catalog import LocalCatalog
 
 pytestmark = pytest.mark.e2e
@@ -127,5 +128,5 @@ def test_daemon_drains_on_sigterm_and_survives_sigkill(spark: Any, tmp_path: Pat
     assert daemon.stop(signal.SIGTERM) == 0
 
     batches = [h["userMetadata"] for h in tables.delta_table(spark, dst).history().collect()
-               if h["userMetadata"] and "lakemirror_txn" in h["userMetadata"]]  # MERGE or rewrite
+               if is_txn_tag(h["userMetadata"])]  # MERGE or rewrite
     assert batches and len(batches) == len(set(batches)), "a micro-batch was committed twice"

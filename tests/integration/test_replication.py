@@ -107,8 +107,9 @@ def test_restart_resumes_from_the_checkpoint_without_loss_or_duplicates(pipeline
 
     # one epoch only (no re-bootstrap on restart) and every batch's transaction committed once
     from lakemirror import tables
+    from lakemirror.sinks.delta_merge import is_txn_tag
     history = tables.delta_table(pipeline.spark, pipeline.replica("r")).history().collect()
-    tags = [h["userMetadata"] for h in history if h["userMetadata"] and "lakemirror_txn" in h["userMetadata"]]
+    tags = [h["userMetadata"] for h in history if is_txn_tag(h["userMetadata"])]
     assert len(tags) == len(set(tags)) and len(tags) >= 4
     assert sum(1 for h in history if h["operation"] in ("WRITE", "CREATE OR REPLACE TABLE AS SELECT",
                                                         "CREATE TABLE AS SELECT") and not h["userMetadata"]) == 1

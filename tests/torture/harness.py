@@ -36,6 +36,7 @@ import yaml
 
 from lakemirror import tables
 from lakemirror.identifiers import TableName
+from lakemirror.sinks.delta_merge import is_txn_tag
 from lakemirror.sources.catalog import LocalCatalog
 
 LAKEMIRROR = [sys.executable, "-m", "lakemirror.daemon.cli"]
@@ -340,7 +341,7 @@ class Torture:
     def _verify_transactions(self, table: str) -> None:
         history = tables.delta_table(self.spark, self.replica(table)).history().collect()
         # every batch commit (a MERGE, or a rewrite of a small replica) carries its transaction's tag
-        tags = [h["userMetadata"] for h in history if h["userMetadata"] and "lakemirror_txn" in h["userMetadata"]]
+        tags = [h["userMetadata"] for h in history if is_txn_tag(h["userMetadata"])]
         doubled = sorted({t for t in tags if tags.count(t) > 1})
         assert not doubled, f"{table}: transactions committed twice: {doubled[:5]}"
         operations = sorted({h["operation"] for h in history if h["userMetadata"] in tags})
