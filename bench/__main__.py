@@ -219,7 +219,7 @@ def _steady_table(runs: list[dict[str, Any]]) -> list[str]:
         b = r.get("batches") or {}
         if b.get("batches"):
             lines += ["", f"{r['system']}'s batches in the measured window (from its checkpoint rows): {b['batches']}, "
-                          f"each {b['seconds_p50']:.1f} s at the median ({b['seconds_p90']:.1f} s p90) from the apply's start (MERGE or rewrite) to "
+                          f"each {b['seconds_p50']:.1f} s at the median ({b['seconds_p90']:.1f} s p90) from the apply's start (whichever path) to "
                           f"checkpoint row, carrying {b['versions_p50']} source versions and {b['change_rows_p50']:,} change "
                           f"rows at the median."]
     for r in runs:
@@ -319,7 +319,7 @@ def render(results: dict[str, Any]) -> str:
                   "lakemirror's own sink on a warm local Spark (`local[2]`, 2 shuffle partitions), one source commit "
                   "per apply; medians after two warm-up applies.", "",
                   "| apply path | replica deletion vectors | rows | change rows / apply | source table id s | batch stats alone s | "
-                  "sink.apply (stats, MERGE or rewrite, replay check) s | checkpoint row s | checkpoint row with writer txn id "
+                  "sink.apply (stats, the apply path's write, replay check) s | checkpoint row s | checkpoint row with writer txn id "
                   "(before) s | per batch (id check + apply + row) s | exact |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in results["apply_cost"]:
@@ -389,7 +389,7 @@ def run_workload(name: str, p: dict[str, Any], seed: int) -> list[dict[str, Any]
     out: list[dict[str, Any]] = []
     if name == "steady":
         for n in p["steady_tables"]:
-            # lakemirror's variants (always-on queries, the design before turns; 2 apply workers) at 4 tables
+            # lakemirror's variants (bench.systems.VARIANTS) at 4 tables
             variants = tuple(VARIANTS) if n == min(p["steady_tables"]) else ()
             for system in ("lakemirror", *variants, "delta-rs", "full refresh"):
                 print(f"steady lag, {n} tables: {system} ...", flush=True)
@@ -404,7 +404,7 @@ def run_workload(name: str, p: dict[str, Any], seed: int) -> list[dict[str, Any]
                               p["trigger"], seed, p["steady_warmup"]))
         print(f"  {out[-1]['lag']} {out[-1].get('peak_resident_mib')}", flush=True)
     elif name == "catch_up":
-        for system in ("lakemirror", "lakemirror, MERGE only", "delta-rs"):
+        for system in ("lakemirror", "lakemirror, Spark rewrite", "delta-rs"):
             print(f"catch-up: {system} ...", flush=True)
             # the backlog: `catchup_commits` MERGEs of 10% of the rows each, i.e. >= 1M change rows at full size
             out.append(catch_up(system, p["catchup_rows"], p["catchup_commits"], 0.1, seed))

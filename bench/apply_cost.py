@@ -5,8 +5,9 @@ of a ``rows``-row source, one source commit (``fraction`` of the rows changed) p
 median of the applies after two warm-up ones. Side by side: the stable-source path the runner
 uses (the batch read in place, statistics observed during the MERGE, no AQE), with and without
 deletion vectors on the replica, and the materialized path it used before (the batch persisted,
-counted by an action of its own, then copied again by Delta before the MERGE), and the rewrite of
-the whole replica that small replicas now take instead of a MERGE (:mod:`lakemirror.sinks.apply_choice`). Each
+counted by an action of its own, then copied again by Delta before the MERGE), the rewrite of
+the whole replica that small replicas took instead of a MERGE, and the driver path (a delta-rs
+MERGE on the driver) that small local replicas now take (:mod:`lakemirror.sinks.apply_choice`). Each
 apply is followed by its checkpoint row, written the way the runner writes it (a blind append for
 a fresh batch) and, for comparison, the way it was written before (an append with Delta writer
 transaction ids, which makes Delta reconstruct the table's transaction state on every append).
@@ -65,16 +66,19 @@ def apply_cost(rows: int, fraction: float, applies: int, seed: int) -> list[dict
     plan = plan_merge(columns, ["id"])
     out = []
     try:
-        for path, dv in (("materialized (before)", False), ("stable", False), ("stable", True), ("rewrite", False)):
+        for path, dv in (("materialized (before)", False), ("stable", False), ("stable", True), ("rewrite", False),
+                         ("driver (delta-rs)", False)):
             stable = path != "materialized (before)"
             tag = f"{path.split()[0]}_dv_{dv}"
             replica = TableLocation(TableName("dst", "bench", f"t_{tag}"), str(workdir / "dst" / f"t_{tag}"))
             snapshot_copy.write_snapshot(snapshot, replica, columns, {})
             spark.sql(f"ALTER TABLE {replica.sql} SET TBLPROPERTIES ('delta.enableDeletionVectors' = '{str(dv).lower()}')")
             facts = snapshot_copy.replica_facts(spark, replica)
-            choice = choose_apply(facts, plan.column_names, DEFAULT_REWRITE_BELOW_BYTES) if path == "rewrite" else None
-            sink = DeltaMergeSink(replica, plan, stable_source=stable, rewrite=choice, replica_rows=facts.rows)
-            assert (sink.rewrite is not None) == (path == "rewrite"), choice
+            small = path in ("rewrite", "driver (delta-rs)")
+            choice = choose_apply(facts, plan.column_names, DEFAULT_REWRITE_BELOW_BYTES, driver_apply=path != "rewrite",
+                                  key_types=["bigint"]) if small else None
+            sink = DeltaMergeSink(replica, plan, stable_source=stable, choice=choice, replica_rows=facts.rows)
+            assert (sink.rewrite is not None) == (path == "rewrite") and (sink.driver is not None) == (path != "rewrite" and small), choice
             store = DeltaCheckpointStore(spark, TableLocation(TableName("a", "b", f"ck_{tag}"), str(workdir / f"ck_{tag}")))
             store.ensure()
             txn_rows = TableLocation(TableName("a", "b", f"ck_txn_{tag}"), str(workdir / f"ck_txn_{tag}"))

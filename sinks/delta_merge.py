@@ -25,17 +25,20 @@ splits the MERGE into more jobs). ``make bench`` measures the difference; docs/B
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from lakemirror import tables
-from lakemirror.sinks.apply_choice import ApplyChoice
+from lakemirror.sinks.apply_choice import MERGE, REWRITE, ApplyChoice
 from lakemirror.sinks.delta_rewrite import ReplicaRewrite
+from lakemirror.sinks.driver_apply import DriverApply, DriverUnfit
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.planner import COMMIT_TIMESTAMP, COMMIT_VERSION, LATEST_COLUMN, MergePlan, SOURCE_ALIAS, TARGET_ALIAS
+# The shared batch types, importable from here as before (the executors' callers use them).
+from lakemirror.sinks.txn import (BatchStats, MergeOutcome, TxnId, counts_from_metrics, is_txn_tag,  # noqa: F401
+                                  txn_app_id)
 from lakemirror.tables import TableLocation
 
 if TYPE_CHECKING:
@@ -52,70 +55,47 @@ _observation_ids = itertools.count()
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class TxnId:
-    app_id: str
-    version: int
-
-    def tag(self) -> str:
-        return json.dumps({"lakemirror_txn": self.app_id, "batch": self.version}, sort_keys=True)
-
-
-def is_txn_tag(user_metadata: str | None) -> bool:
-    """Whether a replica commit's ``userMetadata`` is a batch's :meth:`TxnId.tag` (MERGE or rewrite)."""
-    return bool(user_metadata) and '"lakemirror_txn"' in str(user_metadata)
-
-
-def txn_app_id(pipeline_id: str, table_slug: str, epoch: int) -> str:
-    return f"lakemirror/{pipeline_id}/{table_slug}/e{epoch}"
-
-
-@dataclass(frozen=True)
-class BatchStats:
-    rows_read: int
-    first_version: int | None
-    last_version: int | None
-    max_commit_time: float | None
-
-
-@dataclass(frozen=True)
-class MergeOutcome:
-    stats: BatchStats
-    counts: ApplyCounts
-    replayed: bool  # Delta skipped the write: this batch had been committed before
-
-
-def _counts_from_metrics(metrics: dict[str, Any] | None) -> ApplyCounts:
-    m = metrics or {}
-    return ApplyCounts(int(m.get("numTargetRowsInserted", 0) or 0),
-                       int(m.get("numTargetRowsUpdated", 0) or 0),
-                       int(m.get("numTargetRowsDeleted", 0) or 0))
-
-
 class DeltaMergeSink:
     """Applies change batches to a Delta replica with one idempotent MERGE per batch, or, for a
     small replica fed by a stable source, one rewrite of the whole replica
-    (:mod:`lakemirror.sinks.delta_rewrite`; which one: :mod:`lakemirror.sinks.apply_choice`)."""
+    (:mod:`lakemirror.sinks.delta_rewrite`) or one delta-rs MERGE on the driver
+    (:mod:`lakemirror.sinks.driver_apply`); which one: :mod:`lakemirror.sinks.apply_choice`."""
 
     def __init__(self, target: TableLocation, plan: MergePlan, *, stable_source: bool = False,
-                 rewrite: ApplyChoice | None = None, replica_rows: int = 0,
+                 choice: ApplyChoice | None = None, replica_rows: int = 0,
                  choose: Callable[[], tuple[ApplyChoice, int]] | None = None) -> None:
         self.target = target
         self.plan = plan
         #: True when every batch reads immutable files at fixed versions (a change-feed batch);
         #: never for a source derived from the replica itself (reconcile's repair, clone's diff).
         self.stable_source = stable_source
-        #: Set (stable sources only): batches rewrite the small replica whole instead of a MERGE
-        #: (:mod:`lakemirror.sinks.apply_choice`), until the replica outgrows the limit.
-        self.rewrite: ApplyChoice | None = None
+        #: Set (stable sources only) while the replica is small: the choice of a path other than
+        #: Spark's MERGE (:mod:`lakemirror.sinks.apply_choice`), until the replica outgrows the limit.
+        self.small: ApplyChoice | None = None
+        self.rewrite: ApplyChoice | None = None  # batches rewrite the small replica whole
+        self.driver: DriverApply | None = None   # batches are MERGEd by delta-rs on the driver
         self.replica_rows = 0
-        self._use(rewrite, replica_rows)
+        self._use(choice, replica_rows)
         #: Asked once, by the first stable batch, for the choice and the replica's rows.
         self._choose = choose if stable_source else None
 
     def _use(self, choice: ApplyChoice | None, replica_rows: int) -> None:
-        self.rewrite = choice if choice is not None and choice.rewrite and self.stable_source else None
+        small = choice if choice is not None and choice.path != MERGE and self.stable_source else None
+        if small is not None and small.driver and self.target.path is None:
+            small = replace(small, path=REWRITE)  # a table known only by name has no path to hand delta-rs
+        self.small = small
+        self.rewrite = small if small is not None and small.rewrite else None
+        self.driver = (DriverApply(str(self.target.path), self.plan, small.driver_batch_rows())
+                       if small is not None and small.driver else None)
         self.replica_rows = replica_rows
+
+    def _track_size(self, rows: int) -> None:
+        """Follow the replica's rows; past the small-replica limit, batches apply by MERGE."""
+        self.replica_rows = rows
+        if self.small is not None and not self.small.still_small(rows):
+            log.info("%s: the replica has outgrown rewrite_below_bytes (%d rows, about %.0f bytes each); "
+                     "its batches now apply by MERGE", self.target.name, rows, self.small.bytes_per_row)
+            self._use(None, rows)
 
     def latest_changes(self, batch: "DataFrame") -> "DataFrame":
         """One row per key: the winning change, with its operation in ``__lm_op``."""
@@ -183,6 +163,10 @@ class DeltaMergeSink:
         if self._choose is not None:
             self._use(*self._choose())
             self._choose = None
+        if self.driver is not None:
+            outcome = self._drive(self.driver, batch, txn)
+            if outcome is not None:
+                return outcome
         if self.rewrite is not None:
             return self._rewrite_stable(batch, watched, observation, txn, self.rewrite)
         with scoped_confs(session, STABLE_SOURCE_CONFS), transaction(session, txn):
@@ -207,12 +191,25 @@ class DeltaMergeSink:
             result, replayed = rewrite.recount(session, txn.tag(), self.latest_changes(batch)), True
         observed = observed_metrics(observation)
         stats = _stats_from(observed) if observed is not None else self.stats(batch)
-        self.replica_rows = result.rows
-        if not choice.still_small(result.rows):
-            self.rewrite = None
-            log.info("%s: the replica has outgrown rewrite_below_bytes (%d rows, about %.0f bytes each); "
-                     "its batches now apply by MERGE", self.target.name, result.rows, choice.bytes_per_row)
+        self._track_size(result.rows)
         return MergeOutcome(stats, result.counts, replayed)
+
+    def _drive(self, driver: DriverApply, batch: "DataFrame", txn: TxnId) -> MergeOutcome | None:
+        """The batch applied on the driver, or None when Spark is to apply it (too large a batch,
+        or one delta-rs refused: then the table stays with Spark)."""
+        def recount() -> ApplyCounts:
+            return ReplicaRewrite(self.target, self.plan).recount(batch.sparkSession, txn.tag(),
+                                                                  self.latest_changes(batch)).counts
+
+        try:
+            outcome = driver.apply(batch, txn, recount)
+        except DriverUnfit as exc:
+            log.warning("%s; its batches are applied by Spark from now on", exc)
+            self._use(replace(self.small, path=REWRITE) if self.small is not None else None, self.replica_rows)
+            return None
+        if outcome is not None and not outcome.replayed:
+            self._track_size(self.replica_rows + outcome.counts.inserted - outcome.counts.deleted)
+        return outcome
 
     def _outcome(self, session: "SparkSession", txn: TxnId, stats: BatchStats, answer: list[Any]) -> MergeOutcome:
         if answer:
@@ -222,7 +219,7 @@ class DeltaMergeSink:
     def _replayed_counts(self, session: "SparkSession", txn: TxnId) -> ApplyCounts:
         """The counts of the earlier commit that applied transaction ``txn`` (found by its tag)."""
         earlier = tables.tagged_commits(session, self.target, txn.tag(), "operationMetrics")
-        return _counts_from_metrics(earlier[0]["operationMetrics"]) if earlier else ApplyCounts()
+        return counts_from_metrics(earlier[0]["operationMetrics"]) if earlier else ApplyCounts()
 
 
 def _stats_from(row: dict[str, Any]) -> BatchStats:

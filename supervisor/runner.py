@@ -443,10 +443,12 @@ class TableRunner:
             self._turn_query = lambda: writer.trigger(availableNow=True).start()
 
     def _choose_apply(self, plan: MergePlan) -> tuple[ApplyChoice, int]:
-        """MERGE or rewrite (:mod:`lakemirror.sinks.apply_choice`), asked by the first batch: two
+        """MERGE, rewrite or the driver's MERGE (:mod:`lakemirror.sinks.apply_choice`), asked by the first batch: two
         Spark jobs on the replica that need not delay the table's start."""
         facts = snapshot_copy.replica_facts(self.session, self.ctx.catalog.locate(self.destination))
-        choice = choose_apply(facts, plan.column_names, self.ctx.spec.rewrite_below_bytes)
+        choice = choose_apply(facts, plan.column_names, self.ctx.spec.rewrite_below_bytes,
+                              driver_apply=self.ctx.spec.driver_apply,
+                              key_types=[c.type for c in plan.columns if c.name in plan.keys])
         log.info("table %s: %s", self.source, choice.reason)
         return choice, facts.rows
 

@@ -37,6 +37,7 @@ class PipelineSpec:
     change_window_policy: str = "fail"          # fail | resync: when a needed source version is gone
     retention_warning_seconds: float = 86400.0  # warn when the change window is closer than this
     rewrite_below_bytes: int = DEFAULT_REWRITE_BELOW_BYTES  # replicas this small are rewritten, not MERGEd
+    driver_apply: bool = True                   # ... or, at a local path, MERGEd by delta-rs on the driver
 
     def source(self, table: str) -> TableName:
         return TableName(self.source_catalog, self.schema_name, table)

@@ -9,20 +9,30 @@ from lakemirror.identifiers import TableName
 pytestmark = pytest.mark.integration
 
 
-#: Small replicas are rewritten whole by default; rewrite_below_bytes 0 makes every batch a MERGE.
-APPLY_PATHS = pytest.mark.parametrize("rewrite_below_bytes", [67108864, 0], ids=["rewrite", "merge"])
+#: Small local replicas take batches by a delta-rs MERGE on the driver by default; without it they
+#: are rewritten whole by Spark; rewrite_below_bytes 0 makes every batch a Spark MERGE.
+APPLY_PATHS = pytest.mark.parametrize("apply_settings", [{}, {"driver_apply": False}, {"rewrite_below_bytes": 0}],
+                                      ids=["driver", "rewrite", "merge"])
+#: The replica commits each path makes (operation, engine), after the bootstrap's.
+PATH_COMMITS = {"driver": {"MERGE by delta-rs"}, "rewrite": {"WRITE by Spark"}, "merge": {"MERGE by Spark"}}
+
+
+def _path(apply_settings: dict) -> str:
+    return "merge" if apply_settings.get("rewrite_below_bytes") == 0 else \
+        "rewrite" if apply_settings.get("driver_apply") is False else "driver"
 
 
 def _replica_operations(pipeline, table: str) -> set[str]:
     from lakemirror import tables
 
     history = tables.delta_table(pipeline.spark, pipeline.replica(table)).history()
-    return {r["operation"] for r in history.where("version > 1").select("operation").collect()}
+    return {f"{r['operation']} by {'delta-rs' if str(r['engineInfo']).startswith('delta-rs') else 'Spark'}"
+            for r in history.where("version > 1").select("operation", "engineInfo").collect()}
 
 
 @APPLY_PATHS
-def test_inserts_updates_deletes_reach_the_replica(make_pipeline, rewrite_below_bytes):
-    pipeline = make_pipeline(rewrite_below_bytes=rewrite_below_bytes)
+def test_inserts_updates_deletes_reach_the_replica(make_pipeline, apply_settings):
+    pipeline = make_pipeline(**apply_settings)
     pipeline.create("orders", "id BIGINT NOT NULL, status STRING, amount DOUBLE")
     pipeline.sql("orders", "INSERT INTO {t} SELECT id, 'new', id * 1.5 FROM range(0, 50)")
     pipeline.start()
@@ -36,12 +46,12 @@ def test_inserts_updates_deletes_reach_the_replica(make_pipeline, rewrite_below_
     pipeline.assert_replica_equals_source("orders")
     view = pipeline.views()["orders"]
     assert view.state == "running" and view.last_error is None
-    assert _replica_operations(pipeline, "orders") == ({"WRITE"} if rewrite_below_bytes else {"MERGE"})
+    assert _replica_operations(pipeline, "orders") == PATH_COMMITS[_path(apply_settings)]
 
 
 @APPLY_PATHS
-def test_composite_keys_nulls_and_reinsert_within_one_batch(make_pipeline, rewrite_below_bytes):
-    pipeline = make_pipeline(rewrite_below_bytes=rewrite_below_bytes)
+def test_composite_keys_nulls_and_reinsert_within_one_batch(make_pipeline, apply_settings):
+    pipeline = make_pipeline(**apply_settings)
     pipeline.create("items", "order_id BIGINT NOT NULL, line INT NOT NULL, sku STRING, qty INT",
                     key="order_id,line")
     pipeline.sql("items", "INSERT INTO {t} VALUES (1, 1, 'a', 1), (1, 2, NULL, 2), (2, 1, 'c', NULL)")
@@ -269,7 +279,7 @@ def test_a_merge_that_changes_nothing_is_fresh_not_a_replay(spark, tmp_path):
     assert again.replayed
 
 
-@pytest.mark.parametrize("path", ["stable", "materialized", "rewrite"])
+@pytest.mark.parametrize("path", ["stable", "materialized", "rewrite", "driver"])
 def test_every_apply_path_reports_the_batch_as_an_action_would(spark, tmp_path, path):
     """A change-feed batch applied with its statistics observed during the MERGE (stable), counted
     first (materialized), or by a rewrite of the whole replica: same replica, same statistics as a
@@ -295,9 +305,9 @@ def test_every_apply_path_reports_the_batch_as_an_action_would(spark, tmp_path, 
     spark.sql(f"INSERT INTO {source.sql} VALUES (1, 'x', 4)")                                      # v4
     spark.sql(f"ALTER TABLE {source.sql} SET TBLPROPERTIES ('lakemirror.test' = 'no data')")       # v5
     plan = plan_merge((Column("a", "bigint"), Column("b", "string"), Column("v", "int")), ["a", "b"])
-    rewrite = ApplyChoice(True, "test", bytes_per_row=10.0, limit_bytes=10**9) if path == "rewrite" else None
-    sink = DeltaMergeSink(replica, plan, stable_source=stable, rewrite=rewrite)
-    assert (sink.rewrite is not None) == (path == "rewrite")
+    choice = ApplyChoice(path, "test", bytes_per_row=10.0, limit_bytes=10**9) if path in ("rewrite", "driver") else None
+    sink = DeltaMergeSink(replica, plan, stable_source=stable, choice=choice)
+    assert (sink.rewrite is not None, sink.driver is not None) == (path == "rewrite", path == "driver")
 
     def feed(lo: int, hi: int):
         return tables.read(spark, source, readChangeFeed="true", startingVersion=lo, endingVersion=hi)
@@ -318,6 +328,109 @@ def test_every_apply_path_reports_the_batch_as_an_action_would(spark, tmp_path, 
     assert sorted(map(tuple, tables.read(spark, replica).collect()), key=repr) == \
         sorted(map(tuple, tables.read(spark, source).collect()), key=repr)
     assert spark.conf.get("spark.sql.adaptive.enabled") == "true", "the MERGE's confs are restored after it"
+    assert (sink.rewrite is not None, sink.driver is not None) == (path == "rewrite", path == "driver"), \
+        "every batch went the chosen way (no fallback)"
+
+
+def _driver_case(spark, tmp_path, name: str, ddl: str, keys: list[str]):
+    """A CDF source and an empty replica of ``ddl``, and a sink on the driver path."""
+    from lakemirror import tables
+    from lakemirror.schema import columns_from_struct
+    from lakemirror.sinks.apply_choice import ApplyChoice
+    from lakemirror.sinks.delta_merge import DeltaMergeSink
+    from lakemirror.sinks.planner import plan_merge
+    from lakemirror.tables import TableLocation
+
+    source = TableLocation(TableName("src", "s", name), str(tmp_path / f"{name}-source"))
+    replica = TableLocation(TableName("dst", "s", name), str(tmp_path / f"{name}-replica"))
+    spark.sql(f"CREATE TABLE {source.sql} ({ddl}) USING DELTA TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')")
+    spark.sql(f"CREATE TABLE {replica.sql} ({ddl}) USING DELTA")
+    plan = plan_merge(columns_from_struct(tables.read(spark, source).schema), keys)
+    sink = DeltaMergeSink(replica, plan, stable_source=True,
+                          choice=ApplyChoice("driver", "test", bytes_per_row=10.0, limit_bytes=10**9))
+
+    def feed(lo: int, hi: int):
+        return tables.read(spark, source, readChangeFeed="true", startingVersion=lo, endingVersion=hi)
+
+    def same() -> bool:
+        return sorted(map(tuple, tables.read(spark, replica).collect()), key=repr) == \
+            sorted(map(tuple, tables.read(spark, source).collect()), key=repr)
+    return source, replica, sink, feed, same
+
+
+def test_the_driver_path_quotes_odd_column_names_and_keeps_every_type(spark, tmp_path):
+    """Names DataFusion would misread unquoted (a double quote, a single quote, upper case) and the
+    types Spark hands to Arrow (decimal, timestamp, date, binary, nested) reach the replica exact."""
+    from lakemirror.sinks.delta_merge import TxnId
+    from lakemirror.sinks.memory import ApplyCounts
+
+    ddl = ("`Key\"1` BIGINT, `it's` STRING, `MiXeD` DECIMAL(12,3), ts TIMESTAMP, d DATE, bin BINARY, "
+           "tags ARRAY<STRING>, attrs MAP<STRING, INT>, pos STRUCT<x: DOUBLE, y: DOUBLE>, ok BOOLEAN")
+    source, replica, sink, feed, same = _driver_case(spark, tmp_path, "odd", ddl, ['Key"1', "it's"])
+    assert sink.driver is not None
+    spark.sql(f"INSERT INTO {source.sql} VALUES "
+              "(1, 'a', 1.5, TIMESTAMP'2026-01-02 03:04:05.123456', DATE'2026-01-02', X'00FF', array('p', NULL), "
+              "map('k', 1), named_struct('x', 1.0, 'y', -2.5), true), "
+              "(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL), "
+              "(2, 'b''c', -0.001, NULL, NULL, X'', array(), map(), NULL, false)")                            # v1
+    spark.sql(f"UPDATE {source.sql} SET `MiXeD` = `MiXeD` * 2, tags = array('q') WHERE `Key\"1` = 1")       # v2
+    spark.sql(f"DELETE FROM {source.sql} WHERE `it's` = 'b''c'")                                             # v3
+    spark.sql(f"UPDATE {source.sql} SET ok = true WHERE `Key\"1` IS NULL")                                   # v4
+    outcome = sink.apply(feed(1, 4), TxnId("lakemirror/test/odd/e1", 0))
+    assert (outcome.replayed, outcome.counts) == (False, ApplyCounts(inserted=2))
+    assert same()
+    history = [r["engineInfo"] for r in spark.sql(f"DESCRIBE HISTORY {replica.sql}").collect()]
+    assert str(history[0]).startswith("delta-rs")
+
+
+def test_the_driver_path_hands_a_large_batch_to_spark_and_a_refused_one_for_good(spark, tmp_path, monkeypatch):
+    from lakemirror.sinks.delta_merge import TxnId
+    from lakemirror.sinks.driver_apply import DriverApply
+
+    source, replica, sink, feed, same = _driver_case(spark, tmp_path, "handoff", "id BIGINT NOT NULL, v STRING", ["id"])
+    txn = "lakemirror/test/handoff/e1"
+    spark.sql(f"INSERT INTO {source.sql} SELECT id, 'a' FROM range(0, 20)")                           # v1
+    assert sink.driver is not None
+    monkeypatch.setattr(sink.driver, "max_rows", 10)
+    sink.apply(feed(1, 1), TxnId(txn, 0))                         # 20 rows > 10: this batch by Spark
+    spark.sql(f"UPDATE {source.sql} SET v = 'b' WHERE id < 5")                                      # v2: 10 rows
+    sink.apply(feed(2, 2), TxnId(txn, 1))                         # 10 rows: back on the driver
+    assert sink.driver is not None and same()
+
+    def refuse(*_):
+        raise ValueError("simulated: a type delta-rs cannot write")
+    monkeypatch.setattr(DriverApply, "_merge", refuse)
+    spark.sql(f"DELETE FROM {source.sql} WHERE id = 7")                                             # v3
+    outcome = sink.apply(feed(3, 3), TxnId(txn, 2))
+    assert not outcome.replayed and outcome.counts.deleted == 1
+    assert sink.driver is None and sink.rewrite is not None, "refused once: Spark from now on"
+    engines = [str(r["engineInfo"]).split("/")[0].split(":")[0]
+               for r in spark.sql(f"DESCRIBE HISTORY {replica.sql}").orderBy("version").collect()]
+    assert engines == ["Apache-Spark", "Apache-Spark", "delta-rs", "Apache-Spark"]
+    assert same()
+
+
+def test_spark_and_the_driver_recognise_each_others_committed_batches(spark, tmp_path):
+    """A batch committed by one engine is a replay for the other: the transaction id is Delta's."""
+    from lakemirror.sinks.apply_choice import ApplyChoice
+    from lakemirror.sinks.delta_merge import DeltaMergeSink, TxnId
+    from lakemirror.sinks.memory import ApplyCounts
+
+    source, replica, driver_sink, feed, same = _driver_case(spark, tmp_path, "both", "id BIGINT NOT NULL, v STRING",
+                                                           ["id"])
+    spark_sink = DeltaMergeSink(replica, driver_sink.plan, stable_source=True,
+                                choice=ApplyChoice("rewrite", "test", bytes_per_row=10.0, limit_bytes=10**9))
+    txn = "lakemirror/test/both/e1"
+    spark.sql(f"INSERT INTO {source.sql} VALUES (1, 'a'), (2, 'b')")                                 # v1
+    spark.sql(f"UPDATE {source.sql} SET v = 'c' WHERE id = 1")                                      # v2
+    by_spark = spark_sink.apply(feed(1, 1), TxnId(txn, 0))
+    assert driver_sink.apply(feed(1, 1), TxnId(txn, 0)) == \
+        type(by_spark)(by_spark.stats, by_spark.counts, replayed=True)
+    by_driver = driver_sink.apply(feed(2, 2), TxnId(txn, 1))
+    assert (by_driver.replayed, by_driver.counts) == (False, ApplyCounts(updated=1))
+    again = spark_sink.apply(feed(2, 2), TxnId(txn, 1))
+    assert again.replayed and again.counts == by_driver.counts
+    assert same()
 
 
 def test_a_rewritten_replica_that_outgrows_the_limit_switches_to_merge(spark, tmp_path):
@@ -336,7 +449,7 @@ def test_a_rewritten_replica_that_outgrows_the_limit_switches_to_merge(spark, tm
     spark.sql(f"CREATE TABLE {replica.sql} (id BIGINT NOT NULL, v STRING) USING DELTA")
     plan = plan_merge((Column("id", "bigint", False), Column("v", "string")), ["id"])
     sink = DeltaMergeSink(replica, plan, stable_source=True,
-                          rewrite=ApplyChoice(True, "test", bytes_per_row=10.0, limit_bytes=25))
+                          choice=ApplyChoice("rewrite", "test", bytes_per_row=10.0, limit_bytes=25))
     txn = "lakemirror/test/grow/e1"
     spark.sql(f"INSERT INTO {source.sql} VALUES (1, 'a'), (2, 'b')")                 # v1: 20 bytes
     sink.apply(tables.read(spark, source, readChangeFeed="true", startingVersion=1, endingVersion=1), TxnId(txn, 0))

@@ -1,8 +1,11 @@
-"""The choice between MERGE and a whole-replica rewrite (pure; the executors are tested in integration)."""
+"""The choice between MERGE, a whole-replica rewrite and the driver's delta-rs MERGE (pure; the
+executors are tested in integration)."""
 
 from __future__ import annotations
 
-from lakemirror.sinks.apply_choice import ApplyChoice, ReplicaFacts, choose_apply
+from dataclasses import replace
+
+from lakemirror.sinks.apply_choice import DRIVER_BATCH_MAX_ROWS, ApplyChoice, ReplicaFacts, choose_apply
 
 MIB = 1024 * 1024
 SMALL = ReplicaFacts(size_bytes=2 * MIB, rows=100_000, columns=("id", "v", "payload"), properties={},
@@ -17,6 +20,7 @@ def _choose(facts: ReplicaFacts = SMALL, columns: tuple[str, ...] = ("id", "v", 
 def test_a_small_replica_with_the_batch_columns_is_rewritten() -> None:
     choice = _choose()
     assert choice.rewrite and "rewriting" in choice.reason and "64.0 MiB" in choice.reason
+    assert "driver_apply is off" in choice.reason
     assert choice.bytes_per_row == 2 * MIB / 100_000 and choice.limit_bytes == 64 * MIB
 
 
@@ -59,3 +63,46 @@ def test_a_rewrite_writes_one_file_per_16_mib() -> None:
     assert choice.files_for(800_001) == 2
     assert choice.files_for(3_200_000) == 4         # 64 MiB, the default limit
     assert choice.files_for(0) == 1
+
+
+LOCAL = replace(SMALL, local=True, features=("appendOnly", "invariants"), driver_engine=True)
+
+
+def _drive(facts: ReplicaFacts = LOCAL, columns: tuple[str, ...] = ("id", "v", "payload"),
+           key_types: tuple[str, ...] = ("bigint",), on: bool = True) -> ApplyChoice:
+    return choose_apply(facts, columns, 64 * MIB, driver_apply=on, key_types=key_types)
+
+
+def test_a_small_local_replica_is_applied_on_the_driver() -> None:
+    choice = _drive()
+    assert choice.driver and not choice.rewrite and "delta-rs" in choice.reason
+    assert choice.bytes_per_row == 2 * MIB / 100_000 and choice.limit_bytes == 64 * MIB
+    assert _drive(key_types=("decimal(10,2)", "string", "timestamp", "date")).driver
+
+
+def test_each_reason_to_keep_spark_for_a_small_replica_is_named() -> None:
+    cases = {
+        "driver_apply is off": _drive(on=False),
+        "deltalake package is not installed": _drive(replace(LOCAL, driver_engine=False)),
+        "not a path on the driver's file system": _drive(replace(LOCAL, local=False)),
+        "protocol features are unknown": _drive(replace(LOCAL, features=None)),
+        "delta-rs does not write (columnMapping)": _drive(replace(LOCAL, features=("appendOnly", "columnMapping"))),
+        "differ in case": _drive(columns=("ID", "v", "payload")),
+        "does not group by (struct<a:int>)": _drive(key_types=("bigint", "struct<a:int>")),
+    }
+    for words, choice in cases.items():
+        assert choice.rewrite and words in choice.reason and "rewriting the replica with Spark" in choice.reason, words
+
+
+def test_what_keeps_a_rewrite_from_a_replica_keeps_the_driver_from_it_too() -> None:
+    """The driver path is a small-replica path: every reason to MERGE still applies."""
+    assert _drive(replace(LOCAL, properties={"delta.enableChangeDataFeed": "true"})).path == "merge"
+    assert _drive(replace(LOCAL, size_bytes=65 * MIB)).path == "merge"
+    assert _drive(replace(LOCAL, observable=False)).path == "merge"
+
+
+def test_the_driver_takes_batches_that_fit_its_share_of_memory() -> None:
+    assert _drive().driver_batch_rows() == DRIVER_BATCH_MAX_ROWS              # 21 bytes a row: capped
+    wide = _drive(replace(LOCAL, size_bytes=50 * MIB, rows=51_200))           # 1 KiB a row
+    assert wide.driver_batch_rows() == 512 * 1024 * 1024 // (4 * 1024)
+    assert _drive(replace(LOCAL, size_bytes=60 * MIB, rows=10)).driver_batch_rows() == 10_000  # a floor

@@ -1,0 +1,132 @@
+"""The driver executor: applies one change batch to a small local replica with a delta-rs MERGE.
+
+Chosen per table by :mod:`lakemirror.sinks.apply_choice`; the MERGE executor dispatches here. The
+batch is still read by the table's Structured Streaming query; its rows come to the driver as
+Arrow (one Spark job, no shuffle), the winning change per key is picked there
+(:mod:`lakemirror.sinks.arrow_changes`), and one delta-rs MERGE writes them. Spark's Delta writer
+costs about a second a commit on two cores, whatever the batch (docs/BENCHMARKS.md); this path
+runs no Spark job for the write.
+
+Exactly-once rests on the same Delta transaction id as Spark's paths: the commit carries a ``txn``
+action (app id, batch id) and the batch's tag as ``userMetadata``, so Spark's MERGE (when the
+table later switches to it) and this path recognise each other's commits. A batch whose
+transaction the replica already holds is a replay: nothing is written, and its counts are those
+of the commit that carries its tag. A batch that changes nothing still commits its transaction
+(an empty commit), so its replay is recognised like any other.
+
+A batch with more rows than the driver's share (:meth:`ApplyChoice.driver_batch_rows`) is left to
+Spark: :meth:`DriverApply.apply` answers None before anything is written. A batch delta-rs
+refuses without committing (a type it cannot write, say) raises :class:`DriverUnfit`, and the
+table is applied by Spark from then on: the driver path may make a table faster, never stuck.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Callable
+
+from lakemirror.sinks.arrow_changes import batch_stats, winning_changes
+from lakemirror.sinks.memory import ApplyCounts
+from lakemirror.sinks.planner import CDF_COLUMNS, DELETE, OP_COLUMN, SOURCE_ALIAS, TARGET_ALIAS, MergePlan
+from lakemirror.sinks.txn import MergeOutcome, TxnId, counts_from_metrics
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+log = logging.getLogger(__name__)
+
+#: How many of the replica's newest commits are searched for a replayed batch's tag before all.
+RECENT_COMMITS = 100
+
+
+def _sql_name(name: str) -> str:
+    """A column name as DataFusion SQL reads it: double-quoted, case kept."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+class DriverUnfit(Exception):
+    """delta-rs refused a batch and committed nothing: the table goes back to Spark's apply."""
+
+
+class DriverApply:
+    """delta-rs MERGEs of change batches into the replica at ``path``."""
+
+    def __init__(self, path: str, plan: MergePlan, max_rows: int) -> None:
+        self.path = path
+        self.plan = plan
+        self.max_rows = max_rows
+        by_name = {c.name: c for c in plan.columns}
+        # Each comparison in parentheses: delta-rs's parser binds AND tighter than IS NOT DISTINCT FROM.
+        self.predicate = " AND ".join(
+            f"({TARGET_ALIAS}.{_sql_name(k)} {'IS NOT DISTINCT FROM' if by_name[k].nullable else '='} "
+            f"{SOURCE_ALIAS}.{_sql_name(k)})" for k in plan.keys)
+
+    def apply(self, batch: "DataFrame", txn: TxnId, recount: Callable[[], ApplyCounts]) -> MergeOutcome | None:
+        """Apply ``batch`` (raw change-feed rows) under ``txn``; None if it is too large for the
+        driver (nothing was written: apply it with Spark). ``recount`` gives a replayed batch's
+        counts when the commit that applied it first records none (a Spark rewrite's)."""
+        wanted = [*self.plan.column_names, *CDF_COLUMNS]
+        changes = batch.select(*[f"`{c.replace('`', '``')}`" for c in wanted]).limit(self.max_rows + 1).toArrow()
+        if changes.num_rows > self.max_rows:
+            log.info("%s: a batch of more than %d change rows is applied by Spark, not on the driver",
+                     self.path, self.max_rows)
+            return None
+        stats = batch_stats(changes)
+        if stats.rows_read == 0:
+            return MergeOutcome(stats, ApplyCounts(), replayed=False)
+        from deltalake import DeltaTable
+
+        replica = DeltaTable(self.path)
+        committed = replica.transaction_version(txn.app_id)
+        if committed is not None and committed >= txn.version:
+            counts = self._replayed_counts(replica, txn)
+            return MergeOutcome(stats, counts if counts is not None else recount(), replayed=True)
+        winners = winning_changes(changes, self.plan.keys, self.plan.column_names)
+        try:
+            metrics = self._merge(replica, winners, txn)
+        except Exception as exc:
+            if self._committed(txn):
+                raise  # it landed after all: the retry finds it as a replay
+            raise DriverUnfit(f"{self.path}: delta-rs could not apply batch {txn.version}: {exc}") from exc
+        if not self._committed(txn):
+            self._commit_empty(txn)  # the MERGE changed no file, so delta-rs committed nothing
+        return MergeOutcome(stats, counts_from_metrics(metrics), replayed=False)
+
+    def _committed(self, txn: TxnId) -> bool:
+        from deltalake import DeltaTable
+
+        return DeltaTable(self.path).transaction_version(txn.app_id) == txn.version
+
+    @staticmethod
+    def _properties(txn: TxnId) -> Any:
+        from deltalake import CommitProperties, Transaction
+
+        return CommitProperties(app_transactions=[Transaction(txn.app_id, txn.version)],
+                                custom_metadata={"userMetadata": txn.tag()})
+
+    def _merge(self, replica: Any, winners: Any, txn: TxnId) -> dict[str, Any]:
+        op = f"{SOURCE_ALIAS}.{_sql_name(OP_COLUMN)}"
+        merger = (replica.merge(winners, self.predicate, source_alias=SOURCE_ALIAS, target_alias=TARGET_ALIAS,
+                                commit_properties=self._properties(txn))
+                  .when_matched_delete(f"{op} = '{DELETE}'")
+                  .when_matched_update_all(f"{op} <> '{DELETE}'", except_cols=[OP_COLUMN])
+                  .when_not_matched_insert_all(f"{op} <> '{DELETE}'", except_cols=[OP_COLUMN]))
+        return dict(merger.execute())
+
+    def _commit_empty(self, txn: TxnId) -> None:
+        from deltalake import DeltaTable
+
+        current = DeltaTable(self.path)
+        current.create_write_transaction([], "append", current.schema(), commit_properties=self._properties(txn))
+
+    @staticmethod
+    def _replayed_counts(replica: Any, txn: TxnId) -> ApplyCounts | None:
+        """The counts of the earlier MERGE that applied ``txn`` (found by its tag; either engine's);
+        None when that commit was not a MERGE; none (as Spark's MERGE path) if no commit carries it."""
+        tag = txn.tag()
+        for limit in (RECENT_COMMITS, None):
+            for commit in replica.history(limit):
+                if commit.get("userMetadata") == tag:
+                    return counts_from_metrics(commit.get("operationMetrics")) if commit.get("operation") == "MERGE" \
+                        else None
+        return ApplyCounts()

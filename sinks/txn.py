@@ -1,0 +1,59 @@
+"""What every apply path shares: a batch's transaction id, its statistics and its outcome.
+
+Pure: no pyspark import. The executors (:mod:`lakemirror.sinks.delta_merge`, its rewrite, and
+:mod:`lakemirror.sinks.driver_apply`) all commit a batch under one :class:`TxnId`, which Delta
+records in the replica's log (a ``txn`` action) and in the commit's ``userMetadata`` (its tag).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from lakemirror.sinks.memory import ApplyCounts
+
+
+@dataclass(frozen=True)
+class TxnId:
+    app_id: str
+    version: int
+
+    def tag(self) -> str:
+        return json.dumps({"lakemirror_txn": self.app_id, "batch": self.version}, sort_keys=True)
+
+
+def is_txn_tag(user_metadata: str | None) -> bool:
+    """Whether a replica commit's ``userMetadata`` is a batch's :meth:`TxnId.tag` (any apply path)."""
+    return bool(user_metadata) and '"lakemirror_txn"' in str(user_metadata)
+
+
+def txn_app_id(pipeline_id: str, table_slug: str, epoch: int) -> str:
+    return f"lakemirror/{pipeline_id}/{table_slug}/e{epoch}"
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    rows_read: int
+    first_version: int | None
+    last_version: int | None
+    max_commit_time: float | None
+
+
+@dataclass(frozen=True)
+class MergeOutcome:
+    stats: BatchStats
+    counts: ApplyCounts
+    replayed: bool  # the write was skipped: this batch had been committed before
+
+
+def counts_from_metrics(metrics: dict[str, Any] | None) -> ApplyCounts:
+    """A MERGE commit's counts from its ``operationMetrics``: Spark's names or delta-rs's."""
+    m = metrics or {}
+
+    def get(spark_name: str, rs_name: str) -> int:
+        return int(m.get(spark_name) or m.get(rs_name) or 0)
+
+    return ApplyCounts(get("numTargetRowsInserted", "num_target_rows_inserted"),
+                       get("numTargetRowsUpdated", "num_target_rows_updated"),
+                       get("numTargetRowsDeleted", "num_target_rows_deleted"))
