@@ -89,3 +89,33 @@ def tagged_commits(spark: "SparkSession", loc: TableLocation, user_metadata: str
         return found
     quoted = user_metadata.replace("'", "''")
     return table.history().where(f"userMetadata = '{quoted}'").select("userMetadata", *columns).collect()
+
+
+def is_local_table(location: str) -> bool:
+    """Whether a Delta table's location is a directory this (the driver's) process can see."""
+    from pathlib import Path
+    from urllib.parse import unquote, urlparse
+
+    parsed = urlparse(location)
+    if parsed.scheme not in ("", "file"):
+        return False
+    path = Path(unquote(parsed.path) if parsed.scheme else location)
+    return (path / "_delta_log").is_dir()
+
+
+#: Protocol features a delta-rs (1.6) write handles correctly; a table with any other stays with Spark.
+DELTA_RS_WRITER_FEATURES = frozenset({"appendOnly", "invariants", "checkConstraints", "timestampNtz"})
+
+
+def delta_rs_can_write(path: str) -> bool:
+    """Whether delta-rs is installed and writes the Delta table at local ``path`` correctly."""
+    import importlib.util
+
+    if importlib.util.find_spec("deltalake") is None or not is_local_table(path):
+        return False
+    from deltalake import DeltaTable
+
+    protocol = DeltaTable(path).protocol()
+    if protocol.min_writer_version < 7:
+        return protocol.min_writer_version <= 3  # 4 and up: change data feed, generated columns, column mapping
+    return set(protocol.writer_features or ()) <= DELTA_RS_WRITER_FEATURES

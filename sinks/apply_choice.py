@@ -51,9 +51,11 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from lakemirror.tables import DELTA_RS_WRITER_FEATURES
+
 MERGE, REWRITE, DRIVER = "merge", "rewrite", "driver"
 #: Protocol features a delta-rs MERGE writes correctly (delta-rs 1.6); any other keeps Spark.
-DRIVER_WRITER_FEATURES = frozenset({"appendOnly", "invariants", "checkConstraints", "timestampNtz"})
+DRIVER_WRITER_FEATURES = DELTA_RS_WRITER_FEATURES
 #: Key types an Arrow group-by handles (a type name's start: ``decimal(10,2)`` is a decimal).
 DRIVER_KEY_TYPES = ("tinyint", "smallint", "int", "bigint", "long", "short", "byte", "integer", "string",
                     "varchar", "char", "date", "timestamp", "boolean", "decimal", "binary")

@@ -72,21 +72,9 @@ def replica_facts(spark: "SparkSession", target: TableLocation) -> ReplicaFacts:
     return ReplicaFacts(size_bytes=int(detail["sizeInBytes"] or 0), rows=replica.count(),
                         columns=tuple(replica.columns), properties=dict(detail["properties"] or {}),
                         observable=hasattr(spark, "_jsparkSession"),  # classic PySpark, not Spark Connect
-                        local=target.path is not None and is_local_table(str(detail.get("location") or "")),
+                        local=target.path is not None and tables.is_local_table(str(detail.get("location") or "")),
                         features=tuple(features) if features is not None else None,
                         driver_engine=importlib.util.find_spec("deltalake") is not None)
-
-
-def is_local_table(location: str) -> bool:
-    """Whether a Delta table's location is a directory this (the driver's) process can see."""
-    from pathlib import Path
-    from urllib.parse import unquote, urlparse
-
-    parsed = urlparse(location)
-    if parsed.scheme not in ("", "file"):
-        return False
-    path = Path(unquote(parsed.path) if parsed.scheme else location)
-    return (path / "_delta_log").is_dir()
 
 
 def add_columns(spark: "SparkSession", target: TableLocation, added: Sequence[Column]) -> None:

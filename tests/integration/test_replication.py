@@ -223,6 +223,35 @@ def test_checkpoint_rows_are_written_once_per_batch_with_or_without_the_known_ne
     assert got == [(0, ""), (1, ""), (1, "boom")]
 
 
+@pytest.mark.parametrize("writer", ["delta-rs", "Spark"])
+def test_checkpoint_rows_read_back_exactly_whichever_engine_appends_them(spark, tmp_path, writer):
+    """A local checkpoint table is appended to by delta-rs, any other by Spark: the rows Spark reads
+    back are the ones written, NULLs and timestamps included, and the engine is the expected one."""
+    from datetime import datetime, timezone
+
+    from lakemirror.checkpoints.delta_store import DeltaCheckpointStore
+    from lakemirror.checkpoints.records import CheckpointRow
+    from lakemirror.tables import TableLocation
+
+    store = DeltaCheckpointStore(spark, TableLocation(TableName("a", "b", "ck"), str(tmp_path / "ck")))
+    store.ensure()
+    if writer == "Spark":
+        spark.sql(f"ALTER TABLE {store.location.sql} SET TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')")
+    row = CheckpointRow(pipeline_id="p", source_fqn="s.s.t", dest_fqn="d.s.t", epoch=3, batch_id=7,
+                        txn_app_id="lakemirror/p/t/e3", first_version=None, last_version=12,
+                        last_committed_version=None, rows_read=5, rows_merged=4, rows_inserted=2, rows_updated=1,
+                        rows_deleted=1, lag_seconds=None, error=None, degraded=False,
+                        started_at=datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=timezone.utc),
+                        ended_at=datetime(2026, 1, 2, 3, 4, 6, tzinfo=timezone.utc))
+    store.append(row, known_new=True)
+
+    def instants(r: CheckpointRow) -> dict:  # Spark answers naive local times: compare the instants
+        return {k: v.timestamp() if isinstance(v, datetime) else v for k, v in r.as_dict().items()}
+    assert {k: instants(v) for k, v in store.latest("p").items()} == {"s.s.t": instants(row)}
+    engine = spark.sql(f"DESCRIBE HISTORY {store.location.sql}").orderBy("version", ascending=False).first()
+    assert str(engine["engineInfo"]).startswith("delta-rs" if writer == "delta-rs" else "Apache-Spark")
+
+
 def test_checkpoint_rows_from_concurrent_streams_are_each_written_once(spark, tmp_path):
     """Several tables' streams append at once: rows are group-committed, none lost or doubled."""
     import threading
