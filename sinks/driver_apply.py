@@ -55,6 +55,9 @@ class DriverApply:
         self.path = path
         self.plan = plan
         self.max_rows = max_rows
+        #: The replica's delta-rs table, brought up to date before each batch (it reads only the
+        #: commits since; a sink lives for one launch of the table's stream, as does this).
+        self._table: Any = None
         by_name = {c.name: c for c in plan.columns}
         # Each comparison in parentheses: delta-rs's parser binds AND tighter than IS NOT DISTINCT FROM.
         self.predicate = " AND ".join(
@@ -74,9 +77,8 @@ class DriverApply:
         stats = batch_stats(changes)
         if stats.rows_read == 0:
             return MergeOutcome(stats, ApplyCounts(), replayed=False)
-        from deltalake import DeltaTable
-
-        replica = DeltaTable(self.path)
+        replica = self._replica()
+        read_version = replica.version()
         committed = replica.transaction_version(txn.app_id)
         if committed is not None and committed >= txn.version:
             counts = self._replayed_counts(replica, txn)
@@ -85,12 +87,25 @@ class DriverApply:
         try:
             metrics = self._merge(replica, winners, txn)
         except Exception as exc:
+            self._table = None  # whatever delta-rs holds now, the next batch loads the replica afresh
             if self._committed(txn):
                 raise  # it landed after all: the retry finds it as a replay
             raise DriverUnfit(f"{self.path}: delta-rs could not apply batch {txn.version}: {exc}") from exc
-        if not self._committed(txn):
-            self._commit_empty(txn)  # the MERGE changed no file, so delta-rs committed nothing
+        if replica.version() == read_version:
+            self._commit_empty(replica, txn)  # the MERGE changed no file, so delta-rs committed nothing
         return MergeOutcome(stats, counts_from_metrics(metrics), replayed=False)
+
+    def _replica(self) -> Any:
+        from deltalake import DeltaTable
+
+        if self._table is not None:
+            try:
+                self._table.update_incremental()
+                return self._table
+            except Exception:  # noqa: BLE001 (load it afresh)
+                self._table = None
+        self._table = DeltaTable(self.path)
+        return self._table
 
     def _committed(self, txn: TxnId) -> bool:
         from deltalake import DeltaTable
@@ -113,11 +128,8 @@ class DriverApply:
                   .when_not_matched_insert_all(f"{op} <> '{DELETE}'", except_cols=[OP_COLUMN]))
         return dict(merger.execute())
 
-    def _commit_empty(self, txn: TxnId) -> None:
-        from deltalake import DeltaTable
-
-        current = DeltaTable(self.path)
-        current.create_write_transaction([], "append", current.schema(), commit_properties=self._properties(txn))
+    def _commit_empty(self, replica: Any, txn: TxnId) -> None:
+        replica.create_write_transaction([], "append", replica.schema(), commit_properties=self._properties(txn))
 
     @staticmethod
     def _replayed_counts(replica: Any, txn: TxnId) -> ApplyCounts | None:
