@@ -2,7 +2,7 @@
 
 Chosen per table by :mod:`lakemirror.sinks.apply_choice`; the MERGE executor dispatches here. The
 batch is still read by the table's Structured Streaming query; its rows come to the driver as
-Arrow (one Spark job, no shuffle), the winning change per key is picked there
+Arrow (one Spark action, no join), the winning change per key is picked there
 (:mod:`lakemirror.sinks.arrow_changes`), and one delta-rs MERGE writes them. Spark's Delta writer
 costs about a second a commit on two cores, whatever the batch (docs/BENCHMARKS.md); this path
 runs no Spark job for the write.
