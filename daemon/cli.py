@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import urllib.request
 from pathlib import Path
@@ -255,7 +256,15 @@ class DrainRefusals(logging.Filter):
         return not (record.exc_info and isinstance(record.exc_info[1], Drained))
 
 
+#: Arrow's default allocator keeps the memory it frees for reuse; the driver path's Arrow batches
+#: then held the daemon's Python process at 830 MiB (4 tables) where the system allocator gives it
+#: back: 378 MiB, lag unchanged (docs/BENCHMARKS.md, seventh session). A user's own setting wins.
+ARROW_POOL_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "system"}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    for key, value in ARROW_POOL_ENV.items():
+        os.environ.setdefault(key, value)  # before pyarrow is first imported
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("py4j", "pyspark"):

@@ -22,3 +22,24 @@ def test_a_batch_refused_by_the_drain_is_not_logged_as_an_error_but_other_batch_
     refusals = DrainRefusals()
     assert not refusals.filter(record(Drained("src.s.t: draining; batch 3 left for the next run")))
     assert refusals.filter(record(RuntimeError("MERGE failed")))
+
+
+def test_the_daemon_hands_freed_arrow_memory_back_unless_told_otherwise(monkeypatch) -> None:
+    """The system allocator for Arrow: set before pyarrow loads, never over a user's own choice."""
+    import os
+
+    from lakemirror.daemon import cli
+
+    monkeypatch.setenv("ARROW_DEFAULT_MEMORY_POOL", "")  # recorded, so the test leaves the variable as it was
+    monkeypatch.delenv("ARROW_DEFAULT_MEMORY_POOL")
+    try:
+        cli.main(["no-such-command"])
+    except SystemExit:
+        pass
+    assert os.environ["ARROW_DEFAULT_MEMORY_POOL"] == "system"
+    monkeypatch.setenv("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
+    try:
+        cli.main(["no-such-command"])
+    except SystemExit:
+        pass
+    assert os.environ["ARROW_DEFAULT_MEMORY_POOL"] == "jemalloc"
