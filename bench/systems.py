@@ -182,7 +182,7 @@ class LakemirrorDaemon:
 
 def batch_summary(checkpoint_table: Path, since: float) -> dict[str, Any]:
     """What lakemirror's batches started at or after ``since`` cost, from its checkpoint rows:
-    how many, how long each took (the apply's start, MERGE or rewrite, to checkpoint row), how many source versions and
+    how many, how long each took (the apply's start, whichever path, to checkpoint row), how many source versions and
     change rows each carried."""
     rows = [r for r in DeltaTable(str(checkpoint_table)).to_pyarrow_table(
         columns=["started_at", "ended_at", "first_version", "last_version", "rows_read", "error"]).to_pylist()

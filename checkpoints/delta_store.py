@@ -30,20 +30,14 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
-#: The Arrow type of each Spark type in :data:`CHECKPOINT_DDL` (as Delta stores them).
-_ARROW_TYPES = {"STRING": "string", "INT": "int32", "BIGINT": "int64", "DOUBLE": "float64", "BOOLEAN": "bool",
-                "TIMESTAMP": "timestamp[us, tz=UTC]"}
-
-
 def arrow_rows(rows: list[CheckpointRow]) -> "pa.Table":
     """Checkpoint rows as an Arrow table of the checkpoint table's schema."""
     import pyarrow as pa
 
-    def arrow_type(spark_type: str) -> "pa.DataType":
-        name = _ARROW_TYPES[spark_type]
-        return pa.timestamp("us", tz="UTC") if name.startswith("timestamp") else pa.type_for_alias(name)
-
-    schema = pa.schema([(col, arrow_type(kind)) for col, kind in (c.split() for c in CHECKPOINT_DDL.split(", "))])
+    # The Arrow type of each Spark type in CHECKPOINT_DDL, as Delta stores them.
+    arrow_type = {"STRING": pa.string(), "INT": pa.int32(), "BIGINT": pa.int64(), "DOUBLE": pa.float64(),
+                  "BOOLEAN": pa.bool_(), "TIMESTAMP": pa.timestamp("us", tz="UTC")}
+    schema = pa.schema([(col, arrow_type[kind]) for col, kind in (c.split() for c in CHECKPOINT_DDL.split(", "))])
     return pa.Table.from_pylist([r.as_dict() for r in rows], schema=schema)
 
 

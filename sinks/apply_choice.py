@@ -33,7 +33,7 @@ on two cores whatever the batch. On top of the rewrite's conditions the driver p
 - ``driver_apply`` on and the ``deltalake`` package importable;
 - the replica at a path on the driver's file system (not cloud storage, not a catalog-managed
   table: delta-rs would need credentials the daemon does not hold);
-- only protocol features delta-rs writes (:data:`DRIVER_WRITER_FEATURES`);
+- only protocol features delta-rs writes (:data:`lakemirror.tables.DELTA_RS_WRITER_FEATURES`);
 - the replica's column names exactly the batch's (delta-rs matches names case-sensitively);
 - key columns of plain types (the winning change per key is picked with an Arrow group-by).
 
@@ -54,8 +54,6 @@ from typing import Mapping, Sequence
 from lakemirror.tables import DELTA_RS_WRITER_FEATURES
 
 MERGE, REWRITE, DRIVER = "merge", "rewrite", "driver"
-#: Protocol features a delta-rs MERGE writes correctly (delta-rs 1.6); any other keeps Spark.
-DRIVER_WRITER_FEATURES = DELTA_RS_WRITER_FEATURES
 #: Key types an Arrow group-by handles (a type name's start: ``decimal(10,2)`` is a decimal).
 DRIVER_KEY_TYPES = ("tinyint", "smallint", "int", "bigint", "long", "short", "byte", "integer", "string",
                     "varchar", "char", "date", "timestamp", "boolean", "decimal", "binary")
@@ -129,7 +127,7 @@ def _why_not_driver(facts: ReplicaFacts, batch_columns: Sequence[str], key_types
         return "the replica is not a path on the driver's file system"
     if facts.features is None:
         return "the replica's protocol features are unknown"
-    other = sorted(set(facts.features) - DRIVER_WRITER_FEATURES)
+    other = sorted(set(facts.features) - DELTA_RS_WRITER_FEATURES)
     if other:
         return f"the replica uses protocol features delta-rs does not write ({', '.join(other)})"
     if sorted(facts.columns) != sorted(batch_columns):
