@@ -60,8 +60,34 @@ def _detail(spark: "SparkSession", loc: TableLocation) -> tuple[str | None, dict
 
 
 def table_id(spark: "SparkSession", loc: TableLocation) -> str | None:
-    """The Delta table id (``metaData.id``): it changes when a table is dropped and recreated."""
+    """The Delta table id (``metaData.id``) as the log says now: it changes when a table is
+    dropped and recreated.
+
+    A path-based table's id comes from Delta's own snapshot of its log, brought up to date;
+    ``DESCRIBE DETAIL`` (the way for tables known by name, and without a JVM) also counts the
+    table's files, a log replay of its own: about a second after each commit of a table written
+    without checksum files, against milliseconds (docs/BENCHMARKS.md, eighth session).
+    """
+    if loc.path is not None:
+        found = _logged_table_id(spark, loc.path)
+        if found is not None:
+            return found
     return _detail(spark, loc)[0]
+
+
+def _logged_table_id(spark: "SparkSession", path: str) -> str | None:
+    """The id in Delta's updated snapshot of the table at ``path`` (a listing of its log, plus the
+    protocol and metadata of new commits); None where that cannot be read (no table there, no JVM
+    under Spark Connect, Delta's internals changed): ``DESCRIBE DETAIL`` then answers or raises."""
+    jvm = getattr(spark, "_jvm", None)
+    if jvm is None:
+        return None
+    try:
+        none = jvm.scala.Option.empty()
+        snapshot = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path).update(False, none, none)
+        return str(snapshot.metadata().id()) if snapshot.version() >= 0 else None
+    except Exception:  # noqa: BLE001 (DESCRIBE DETAIL reads it, or names the problem)
+        return None
 
 
 class LocalCatalog:
