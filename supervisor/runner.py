@@ -425,6 +425,7 @@ class TableRunner:
                               choose=lambda: self._choose_apply(prepared.plan))
         app_id = txn_app_id(spec.pipeline_id, self.slug, progress.epoch)
         checkpoint = f"{spec.checkpoint_root.rstrip('/')}/{spec.pipeline_id}/{self.slug}/e{progress.epoch}"
+        stream_dir.use_file_system_manager(self.session, checkpoint)
         removed = stream_dir.remove_interrupted_writes(self.session, checkpoint)
         if removed:
             log.warning("table %s: removed %d unfinished checkpoint write(s) of a stopped or killed query: %s",

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from lakemirror import tables
+from lakemirror.checkpoints.stream_dir import FILE_MANAGER_CONF, FILE_SYSTEM_MANAGERS
 
 pytestmark = pytest.mark.integration
 
@@ -32,6 +33,8 @@ def test_one_worker_applies_one_table_at_a_time_and_every_replica_stays_exact(ma
     pipeline.wait_caught_up(*names)
     for name in names:
         pipeline.assert_replica_equals_source(name)
+        # Each local checkpoint was written through Hadoop's FileSystem API (this Spark has the class).
+        assert pipeline.runner(name).session.conf.get(FILE_MANAGER_CONF) in FILE_SYSTEM_MANAGERS
 
     batches = _applied_batches(pipeline)
     assert {r["source_fqn"] for r in batches} == {f"src.sales.{n}" for n in names}
