@@ -40,6 +40,7 @@ from lakemirror.sources.change_feed import SourceHead
 from lakemirror.sources.commit_log import HadoopCommitLog, probe_head
 from lakemirror.sources.keys import KeyChoice, choose_key
 from lakemirror.supervisor import state as sm
+from lakemirror.supervisor import turns
 from lakemirror.supervisor.classify import classify
 from lakemirror.supervisor.lag import LagReading, compute_lag
 from lakemirror.supervisor.offsets import applied_through_from_offset
@@ -116,7 +117,9 @@ class TableRunner:
         self._lock = threading.Lock()
         self._batch_lock = threading.Lock()
         self._turn_lock = threading.Lock()
-        self._turn_query: Callable[[], "StreamingQuery"] | None = None  # turns: set while ready for one
+        self.last_trigger: str | None = None  # the trigger of the table's latest turn
+        #: Turns: starts the table's query (True: a ``once`` trigger); set while ready for a turn.
+        self._turn_query: Callable[[bool], "StreamingQuery"] | None = None
         self._turn_proven = False
         self._draining = False
         self._query: StreamingQuery | None = None
@@ -441,7 +444,8 @@ class TableRunner:
             self._query = writer.trigger(processingTime=f"{spec.trigger_interval_seconds} seconds").start()
         else:
             # A DataStreamWriter can start a query again once its last one has ended.
-            self._turn_query = lambda: writer.trigger(availableNow=True).start()
+            self._turn_query = lambda once: (writer.trigger(once=True) if once
+                                             else writer.trigger(availableNow=True)).start()
 
     def _choose_apply(self, plan: MergePlan) -> tuple[ApplyChoice, int]:
         """MERGE, rewrite or the driver's MERGE (:mod:`lakemirror.sinks.apply_choice`), asked by the first batch: two
@@ -471,6 +475,18 @@ class TableRunner:
         log = self._commit_files(self.ctx.catalog.locate(self.source))
         return None if log is None else log.has_commit(through + 1)
 
+    def _small_backlog(self) -> bool | None:
+        """Whether fewer than ``ONE_BATCH_VERSIONS`` source versions are unapplied (one commit-file
+        check); None when that cannot be told cheaply."""
+        through = self.applied_through
+        log = self._commit_files(self.ctx.catalog.locate(self.source)) if through is not None else None
+        if log is None or through is None:
+            return None
+        try:
+            return not log.has_commit(through + turns.ONE_BATCH_VERSIONS)
+        except Exception:  # noqa: BLE001 (an unreadable log: the turn splits as usual)
+            return None
+
     def take_turn(self) -> None:
         """Run the table's query once over everything its change feed holds, then return.
 
@@ -480,8 +496,12 @@ class TableRunner:
             start = self._turn_query
             if start is None or self._draining:
                 return
+            spec = self.ctx.spec
+            once = turns.one_batch_turn(rate_limited=bool(spec.max_files_per_trigger or spec.max_bytes_per_trigger),
+                                        proven=self._turn_proven, small_backlog=self._small_backlog())
+            self.last_trigger = "once" if once else "availableNow"
             try:
-                query = start()
+                query = start(once)
                 self._query = query
                 query.awaitTermination()
             except Exception as exc:

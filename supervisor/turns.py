@@ -27,6 +27,25 @@ log = logging.getLogger(__name__)
 IDLE_RECHECK_SECONDS = 30.0
 
 
+#: A table with fewer unapplied source versions than this takes its turn as one micro-batch.
+ONE_BATCH_VERSIONS = 32
+
+
+def one_batch_turn(*, rate_limited: bool, proven: bool, small_backlog: bool | None) -> bool:
+    """Whether a turn runs its query with a ``once`` trigger (one micro-batch) instead of
+    ``availableNow``.
+
+    Both apply everything the change feed holds when the turn begins. ``availableNow`` first works
+    out where to stop (one more snapshot and change listing of the source), then splits the work
+    by the source's admission limits (Delta's 1,000 files a batch by default); ``once`` takes it as
+    one batch: 0.15 s less per turn of a nearly caught-up table (docs/BENCHMARKS.md, eighth
+    session). So ``once`` only where the split cannot matter: a table that has run a turn since
+    its launch, has no rate limits of its own, and is known to be fewer than
+    ``ONE_BATCH_VERSIONS`` versions behind; a backlog (a restart after downtime) keeps the split.
+    """
+    return proven and not rate_limited and small_backlog is True
+
+
 @dataclass(frozen=True)
 class Candidate:
     """A table ready for a turn, as the chooser sees it."""

@@ -35,6 +35,7 @@ def test_one_worker_applies_one_table_at_a_time_and_every_replica_stays_exact(ma
         pipeline.assert_replica_equals_source(name)
         # Each local checkpoint was written through Hadoop's FileSystem API (this Spark has the class).
         assert pipeline.runner(name).session.conf.get(FILE_MANAGER_CONF) in FILE_SYSTEM_MANAGERS
+        assert pipeline.runner(name).last_trigger == "once", "a caught-up table takes its turn as one batch"
 
     batches = _applied_batches(pipeline)
     assert {r["source_fqn"] for r in batches} == {f"src.sales.{n}" for n in names}
@@ -99,3 +100,39 @@ def test_an_interrupted_first_offset_write_does_not_fail_the_table_forever(pipel
     pipeline.assert_replica_equals_source("t")
     assert not leftover.exists()
     assert pipeline.views()["t"].failures == 0
+
+
+def test_a_backlog_or_a_rate_limited_table_splits_its_turn_and_stays_exact(make_pipeline: Any, monkeypatch: Any) -> None:
+    from lakemirror.supervisor import turns
+
+    monkeypatch.setattr(turns, "ONE_BATCH_VERSIONS", 3)  # a backlog of 3 versions counts as long
+    pipeline = make_pipeline(apply_workers=1)
+    limited = make_pipeline(apply_workers=1, max_files_per_trigger=1)
+    for p in (pipeline, limited):
+        p.create("t", "id BIGINT NOT NULL, v STRING", key="id")
+        p.sql("t", "INSERT INTO {t} VALUES (0, 'a')")
+        p.start()
+        p.wait_caught_up("t")
+        p.sql("t", "INSERT INTO {t} VALUES (1, 'b')")  # one version behind: one batch, no split
+        p.wait_caught_up("t")
+    assert pipeline.runner("t").last_trigger == "once"
+    assert limited.runner("t").last_trigger == "availableNow", "the user's rate limit always splits"
+
+    for p in (pipeline, limited):
+        p.app.supervisor.pause("t")
+        p.tick_until(lambda p=p: p.views()["t"].state == "paused", what="the table to pause")
+        p.app.supervisor.resume("t")
+        p.wait_caught_up("t")  # the first turn of a launch
+        p.app.supervisor.pause("t")
+        p.tick_until(lambda p=p: p.views()["t"].state == "paused", what="the table to pause")
+        for i in range(2, 6):  # four versions of one file each
+            p.sql("t", f"INSERT INTO {{t}} VALUES ({i}, 'c')")
+        p.sql("t", "UPDATE {t} SET v = 'd' WHERE id = 1")
+        p.app.supervisor.resume("t")
+        p.wait_caught_up("t")
+        p.assert_replica_equals_source("t")
+    assert pipeline.runner("t").last_trigger == "availableNow", "five versions behind is a backlog here"
+    ids = [r["batch_id"] for r in _applied_batches(limited)]
+    # One batch for (1, 'b'), then one per version of the backlog (one file a batch), none twice.
+    assert len(ids) == 6 and ids == sorted(set(ids)), ids
+    limited.stop()

@@ -166,3 +166,17 @@ def test_only_sparks_unfinished_temporary_files_are_taken_for_interrupted_writes
 
     names = ["0", "1", ".0.crc", ".1.0f1e2d3c-4b5a.tmp", ".2.abc.tmp", "tmp", "3.tmp"]
     assert interrupted_writes(names) == [".1.0f1e2d3c-4b5a.tmp", ".2.abc.tmp"]
+
+
+@pytest.mark.parametrize("rate_limited, proven, small_backlog, once", [
+    (False, True, True, True),     # a caught-up table: one micro-batch
+    (False, False, True, False),   # the first turn since a launch may meet a backlog: split it
+    (True, True, True, False),     # the user's rate limits are honoured
+    (False, True, False, False),   # a long way behind: split by the source's admission limits
+    (False, True, None, False),    # cannot tell (a table known by name): split
+])
+def test_only_a_caught_up_table_without_rate_limits_takes_its_turn_as_one_batch(
+        rate_limited: bool, proven: bool, small_backlog: bool | None, once: bool) -> None:
+    from lakemirror.supervisor.turns import one_batch_turn
+
+    assert one_batch_turn(rate_limited=rate_limited, proven=proven, small_backlog=small_backlog) is once
