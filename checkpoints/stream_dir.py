@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import re
 from typing import TYPE_CHECKING, Iterable
-from urllib.parse import urlparse
+
+from lakemirror.tables import is_local_path
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -62,11 +63,6 @@ def remove_interrupted_writes(spark: "SparkSession", checkpoint: str) -> list[st
     return removed
 
 
-def is_local(checkpoint: str) -> bool:
-    """Whether ``checkpoint`` is on the driver's own file system (a plain path or ``file:``)."""
-    return urlparse(checkpoint).scheme in ("", "file")
-
-
 def use_file_system_manager(spark: "SparkSession", checkpoint: str) -> str | None:
     """Have ``spark``'s queries write a local checkpoint through Hadoop's FileSystem API; the class
     chosen, or None (left to Spark) for a checkpoint elsewhere, a manager the user configured, or
@@ -78,7 +74,7 @@ def use_file_system_manager(spark: "SparkSession", checkpoint: str) -> str | Non
     place; a rename on a local POSIX file system is atomic, which is all the log needs.
     """
     jvm = getattr(spark, "_jvm", None)
-    if jvm is None or not is_local(checkpoint) or spark.conf.get(FILE_MANAGER_CONF, None):
+    if jvm is None or not is_local_path(checkpoint) or spark.conf.get(FILE_MANAGER_CONF, None):
         return None
     for name in FILE_SYSTEM_MANAGERS:
         try:

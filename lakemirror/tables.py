@@ -91,14 +91,21 @@ def tagged_commits(spark: "SparkSession", loc: TableLocation, user_metadata: str
     return table.history().where(f"userMetadata = '{quoted}'").select("userMetadata", *columns).collect()
 
 
+def is_local_path(location: str) -> bool:
+    """Whether ``location`` is on the driver's own file system (a plain path or ``file:``)."""
+    from urllib.parse import urlparse
+
+    return urlparse(location).scheme in ("", "file")
+
+
 def is_local_table(location: str) -> bool:
     """Whether a Delta table's location is a directory this (the driver's) process can see."""
     from pathlib import Path
     from urllib.parse import unquote, urlparse
 
-    parsed = urlparse(location)
-    if parsed.scheme not in ("", "file"):
+    if not is_local_path(location):
         return False
+    parsed = urlparse(location)
     path = Path(unquote(parsed.path) if parsed.scheme else location)
     return (path / "_delta_log").is_dir()
 

@@ -479,8 +479,10 @@ class TableRunner:
         """Whether fewer than ``ONE_BATCH_VERSIONS`` source versions are unapplied (one commit-file
         check); None when that cannot be told cheaply."""
         through = self.applied_through
-        log = self._commit_files(self.ctx.catalog.locate(self.source)) if through is not None else None
-        if log is None or through is None:
+        if through is None:
+            return None
+        log = self._commit_files(self.ctx.catalog.locate(self.source))
+        if log is None:
             return None
         try:
             return not log.has_commit(through + turns.ONE_BATCH_VERSIONS)

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from lakemirror.checkpoints.stream_dir import FILE_MANAGER_CONF, FILE_SYSTEM_MANAGERS, is_local, use_file_system_manager
+from lakemirror.checkpoints.stream_dir import FILE_MANAGER_CONF, FILE_SYSTEM_MANAGERS, use_file_system_manager
+from lakemirror.tables import is_local_path
 
 
 @pytest.mark.parametrize("path, local", [
@@ -14,7 +15,7 @@ from lakemirror.checkpoints.stream_dir import FILE_MANAGER_CONF, FILE_SYSTEM_MAN
     ("s3://bucket/ck", False), ("abfss://c@acct.dfs.core.windows.net/ck", False), ("dbfs:/Volumes/x/ck", False),
 ])
 def test_only_a_checkpoint_on_the_drivers_file_system_is_local(path: str, local: bool) -> None:
-    assert is_local(path) is local
+    assert is_local_path(path) is local
 
 
 class FakeSpark:
