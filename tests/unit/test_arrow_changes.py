@@ -70,3 +70,15 @@ def test_an_empty_batch_has_no_winners_and_no_versions() -> None:
     empty = _arrow([])
     assert winning_changes(empty, ("id",), ("id", "name")).num_rows == 0
     assert batch_stats(empty).rows_read == 0 and batch_stats(empty).first_version is None
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_batch_read_without_its_preimages_reports_the_change_feeds_own_statistics(seed: int) -> None:
+    rng = random.Random(seed)
+    versions, _ = simulate(rng, ("id",), commits=rng.randint(5, 30))
+    rows = [{"part": None, **r} for v in versions for r in v]
+    without = [r for r in rows if r["_change_type"] != "update_preimage"]
+    assert len(without) < len(rows) or not any(r["_change_type"] == "update_postimage" for r in rows)
+    assert batch_stats(_arrow(without), preimages_dropped=True) == batch_stats(_arrow(rows))
+    assert winning_changes(_arrow(without), ("id",), ("id", "name")).sort_by("id").to_pylist() == \
+        winning_changes(_arrow(rows), ("id",), ("id", "name")).sort_by("id").to_pylist()
