@@ -14,10 +14,11 @@ transaction the replica already holds is a replay: nothing is written, and its c
 of the commit that carries its tag. A batch that changes nothing still commits its transaction
 (an empty commit), so its replay is recognised like any other.
 
-A batch with more rows than the driver's share (:meth:`ApplyChoice.driver_batch_rows`) is left to
-Spark: :meth:`DriverApply.apply` answers None before anything is written. A batch delta-rs
-refuses without committing (a type it cannot write, say) raises :class:`DriverUnfit`, and the
-table is applied by Spark from then on: the driver path may make a table faster, never stuck.
+A batch with more applicable rows (preimages aside) than the driver's share
+(:meth:`ApplyChoice.driver_batch_rows`) is left to Spark: :meth:`DriverApply.apply` answers None
+before anything is written. A batch delta-rs refuses without committing (a type it cannot write,
+say) raises :class:`DriverUnfit`, and the table is applied by Spark from then on: the driver path
+may make a table faster, never stuck.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from lakemirror.sinks.arrow_changes import batch_stats, winning_changes
 from lakemirror.sinks.memory import ApplyCounts
-from lakemirror.sinks.planner import (CDF_COLUMNS, CHANGE_TYPE, DELETE, OP_COLUMN, SOURCE_ALIAS, TARGET_ALIAS, UPDATE_PRE,
-                                      MergePlan)
+from lakemirror.sinks.planner import (CDF_COLUMNS, CHANGE_TYPE, DELETE, OP_COLUMN, SOURCE_ALIAS, TARGET_ALIAS,
+                                      UPDATE_PRE, MergePlan)
 from lakemirror.sinks.txn import MergeOutcome, TxnId, counts_from_metrics
 
 if TYPE_CHECKING:
