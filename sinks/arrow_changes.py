@@ -60,9 +60,10 @@ def winning_changes(changes: "pa.Table", keys: Sequence[str], columns: Sequence[
     rank = pc.if_else(pc.equal(kinds, DELETE), 0, 1).cast(pa.int64())
     order = pc.add(pc.multiply(changes[COMMIT_VERSION].take(applicable).cast(pa.int64()), 2), rank)
     rows = applicable.take(pc.sort_indices(order))
-    in_order = pa.table({**{k: changes[k].take(rows) for k in keys}, _ROW: rows})
-    # In ascending (version, rank) order the last row of a key is its winner; the last rows are
-    # found in input order (no threads), as the sort left them.
-    last = in_order.group_by(list(keys), use_threads=False).aggregate([(_ROW, "last")])[f"{_ROW}_last"]
-    return (changes.take(last).select([*columns, CHANGE_TYPE])
+    # In ascending (version, rank) order a key's winner is its last row: the highest position in
+    # that order, whatever order the group-by meets the rows in. Positions 0..n-1, vectorised:
+    positions = pc.indices_nonzero(pc.is_valid(rows))
+    in_order = pa.table({**{k: changes[k].take(rows) for k in keys}, _ROW: positions})
+    last = in_order.group_by(list(keys), use_threads=False).aggregate([(_ROW, "max")])[f"{_ROW}_max"]
+    return (changes.take(rows.take(last)).select([*columns, CHANGE_TYPE])
             .rename_columns([*columns, OP_COLUMN]))
