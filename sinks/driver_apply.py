@@ -28,8 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from lakemirror.sinks.arrow_changes import batch_stats, winning_changes
 from lakemirror.sinks.memory import ApplyCounts
-from lakemirror.sinks.planner import (CDF_COLUMNS, CHANGE_TYPE, DELETE, OP_COLUMN, SOURCE_ALIAS, TARGET_ALIAS,
-                                      UPDATE_PRE, MergePlan)
+from lakemirror.sinks.planner import CDF_COLUMNS, DELETE, OP_COLUMN, SOURCE_ALIAS, TARGET_ALIAS, MergePlan
 from lakemirror.sinks.txn import MergeOutcome, TxnId, counts_from_metrics
 
 if TYPE_CHECKING:
@@ -71,10 +70,11 @@ class DriverApply:
         driver (nothing was written: apply it with Spark). ``recount`` gives a replayed batch's
         counts when the commit that applied it first records none (a Spark rewrite's)."""
         wanted = [*self.plan.column_names, *CDF_COLUMNS]
-        # Preimages are never applied: leaving them in Spark saves their conversion to Arrow and
-        # their trip to the driver (a third of a catch-up batch's read; batch_stats still counts them).
+        # Preimages are never applied: the plan's change filter (the Spark paths' own) leaves them in
+        # Spark, saving their conversion to Arrow and their trip to the driver (a third of a catch-up
+        # batch's read; batch_stats still counts them).
         changes = (batch.select(*[f"`{c.replace('`', '``')}`" for c in wanted])
-                   .where(f"`{CHANGE_TYPE}` <> '{UPDATE_PRE}'")
+                   .where(self.plan.change_filter)
                    .limit(self.max_rows + 1).toArrow())
         if changes.num_rows > self.max_rows:
             log.info("%s: a batch of more than %d change rows is applied by Spark, not on the driver",
