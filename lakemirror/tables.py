@@ -31,6 +31,13 @@ class TableLocation:
         return str(self.name)
 
 
+def has_own_jvm(spark: "SparkSession") -> bool:
+    """Whether the session drives a JVM of its own process (local Spark, a Databricks job), where a
+    streaming query's batch function runs in this Python process; under Spark Connect it runs on
+    the server."""
+    return getattr(spark, "_jvm", None) is not None
+
+
 def reader(spark: "SparkSession", loc: TableLocation, **options: Any) -> "DataFrameReader":
     r = spark.read.format("delta")
     for k, v in options.items():

@@ -5,11 +5,13 @@ transaction confs never race between tables. ``launch`` works in a background th
 may take long and must not hold up other tables); everything the supervisor needs to know comes
 back through :meth:`poll` as state-machine events and :class:`BatchReport` values.
 
-The table's query runs one of two ways (``apply_workers``): always on, with a processing-time
-trigger, or in turns (:mod:`lakemirror.supervisor.turns`): once prepared, the runner waits for
-the turn pool to call :meth:`TableRunner.take_turn`, which runs the same query, from the same
-checkpoint, with an ``availableNow`` trigger. Both apply batches through the same
-:meth:`TableRunner._apply_batch`, with the same transaction ids.
+The table's query runs one of three ways: always on, with a processing-time trigger
+(``apply_workers: 0``), or in turns (:mod:`lakemirror.supervisor.turns`), where the turn pool calls
+:meth:`TableRunner.take_turn`. With a session of its own JVM (local Spark, a Databricks job) the
+query stays up and each batch waits for its turn inside the batch function
+(:mod:`lakemirror.supervisor.turn_gate`); through Spark Connect, whose batch functions run on the
+server, a turn starts the query with a ``once`` or ``availableNow`` trigger and waits for its end.
+All apply batches through the same :meth:`TableRunner._apply_batch`, with the same transaction ids.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ from lakemirror.supervisor.lag import LagReading, compute_lag
 from lakemirror.supervisor.offsets import applied_through_from_offset
 from lakemirror.supervisor.retention import RetentionWindow, headroom_seconds
 from lakemirror.supervisor.spec import PipelineSpec
+from lakemirror.supervisor.turn_gate import TurnGate
+from lakemirror.tables import has_own_jvm
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -54,6 +58,14 @@ if TYPE_CHECKING:
     from lakemirror.tables import TableLocation
 
 log = logging.getLogger(__name__)
+
+
+#: How often a turn's worker looks at the query while it waits for the turn's batch to begin.
+GATE_POLL_SECONDS = 0.02
+#: How long a turn waits for its batch to begin once Spark has committed the batch before it, when
+#: the source may have new commits: Spark lists the source and plans the batch meanwhile. A turn
+#: withdrawn too early loses nothing: the batch then waits for the table's next turn.
+GATE_SETTLE_SECONDS = 1.0
 
 
 class Drained(Exception):
@@ -121,6 +133,7 @@ class TableRunner:
         #: Turns: starts the table's query (True: a ``once`` trigger); set while ready for a turn.
         self._turn_query: Callable[[bool], "StreamingQuery"] | None = None
         self._turn_proven = False
+        self._gate: TurnGate | None = None  # turns taken inside an always-on query's batch function
         self._draining = False
         self._query: StreamingQuery | None = None
         self._thread: threading.Thread | None = None
@@ -151,7 +164,7 @@ class TableRunner:
             return
         self._draining = False
         self._batch_error = None
-        self._turn_query, self._turn_proven = None, False
+        self._turn_query, self._turn_proven, self._gate = None, False, None
         self._thread = threading.Thread(target=self._launch, name=f"launch:{self.table}", daemon=True)
         self._thread.start()
 
@@ -160,6 +173,8 @@ class TableRunner:
         deadline = time.monotonic() + timeout
         self._draining = True
         self._turn_query = None
+        if self._gate is not None:
+            self._gate.open()  # a query held in its batch function could not be stopped
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
         query = self._query
@@ -194,13 +209,14 @@ class TableRunner:
 
     def poll(self) -> list["sm.Event | BatchReport"]:
         """Events since the last poll, plus a failure event if the query died."""
-        query = self._query if self.ctx.spec.apply_workers == 0 else None  # turns report their own end
+        # Started-per-turn queries report their own end; always-on ones (gated or not) end only by failing.
+        query = self._query if self.ctx.spec.apply_workers == 0 or self._gate is not None else None
         if query is not None and not query.isActive and not self._draining:
             self._query = None
             exc = query.exception()
             error = self._batch_error or classify(exc or RuntimeError("the stream stopped"), table=str(self.source))
             self._emit(self._failed(error))
-        elif query is not None:
+        elif query is not None and (self._gate is None or not self._turn_proven):
             self._track_progress(query)
         with self._lock:
             out, self._events = self._events, []
@@ -241,6 +257,7 @@ class TableRunner:
         if query is not self._healthy_query and self._turn_query is None:
             # A completed trigger of this always-on query (even one with no data) proves it healthy.
             self._healthy_query = query
+            self._turn_proven = True
             self._emit(sm.BatchApplied())
         try:
             payload = json.loads(progress.json) if hasattr(progress, "json") else progress
@@ -434,13 +451,24 @@ class TableRunner:
             log.warning("table %s: removed %d unfinished checkpoint write(s) of a stopped or killed query: %s",
                         self.source, len(removed), ", ".join(removed))
 
+        gate = TurnGate() if spec.apply_workers > 0 and has_own_jvm(self.session) else None
+
         def apply_batch(batch: "DataFrame", batch_id: int) -> None:
-            self._apply_batch(sink, TxnId(app_id, batch_id), batch, progress.epoch, progress.source_table_id)
+            if gate is None:
+                self._apply_batch(sink, TxnId(app_id, batch_id), batch, progress.epoch, progress.source_table_id)
+                return
+            gate.enter()
+            try:
+                self._apply_batch(sink, TxnId(app_id, batch_id), batch, progress.epoch, progress.source_table_id)
+            finally:
+                gate.leave()
+            gate.hold(batch_id)
 
         writer = (stream.writeStream.queryName(f"lakemirror:{spec.pipeline_id}:{self.source}")
                   .option("checkpointLocation", checkpoint)
                   .foreachBatch(apply_batch))
-        if spec.apply_workers == 0:
+        if spec.apply_workers == 0 or gate is not None:
+            self._gate = gate
             self._query = writer.trigger(processingTime=f"{spec.trigger_interval_seconds} seconds").start()
         else:
             # A DataStreamWriter can start a query again once its last one has ended.
@@ -460,13 +488,19 @@ class TableRunner:
     # -- turns (apply_workers > 0) --------------------------------------------------------------
 
     def ready_for_turn(self) -> bool:
-        return self._turn_query is not None and not self._draining
+        if self._draining:
+            return False
+        if self._gate is not None:
+            return self._gate.ready
+        return self._turn_query is not None
 
     def has_pending(self) -> bool | None:
         """Whether the source has a commit the replica has not applied; None: cannot tell cheaply.
 
         True until a turn has run since the launch: that turn proves the table healthy (a table
         retrying after failures is not running again before it), whether or not there is data."""
+        if self._gate is not None and self._gate.waiting:
+            return True  # Spark planned a batch already
         through = self.applied_through
         if not self._turn_proven:
             return True
@@ -490,11 +524,18 @@ class TableRunner:
             return None
 
     def take_turn(self) -> None:
-        """Run the table's query once over everything its change feed holds, then return.
+        """Apply everything the table's change feed holds at the start of the turn, then return.
 
-        Called by the turn pool's threads; a failure is reported through :meth:`poll` like a
-        failed always-on query, and the table waits for the supervisor to launch it again."""
+        Called by the turn pool's threads. An always-on query's batch is let through its gate;
+        otherwise the query runs once from its checkpoint. A failure is reported through
+        :meth:`poll` like a failed always-on query, and the table waits for the supervisor to
+        launch it again."""
         with self._turn_lock:
+            gate, query = self._gate, self._query
+            if gate is not None:
+                if query is not None and not self._draining:
+                    self._take_gated_turn(gate, query)
+                return
             start = self._turn_query
             if start is None or self._draining:
                 return
@@ -518,6 +559,49 @@ class TableRunner:
                 self._turn_proven = True  # a turn that ran to its end (even with nothing new) proves the table
                 self._emit(sm.BatchApplied())
             self._track_progress(query)
+
+    def _take_gated_turn(self, gate: TurnGate, query: "StreamingQuery") -> None:
+        """Let the table's held or waiting batch go, and wait until the turn's batch is applied.
+
+        A query that failed meanwhile ends the turn; :meth:`poll` reports it. A turn in which no
+        batch begins is withdrawn once Spark has committed the batch before it and the source has
+        no commit beyond what is applied (or after ``GATE_SETTLE_SECONDS`` more, when the source
+        has one or cannot tell): the query then looks for new commits by itself."""
+        self.last_trigger = "gated"
+        held = gate.held_batch
+        since = gate.grant()
+        committed_at: float | None = None if held is not None else time.monotonic()
+        try:
+            while not gate.wait_ended(since, GATE_POLL_SECONDS):
+                if gate.applying:
+                    continue  # a batch ends by leaving the gate, even when it fails
+                if self._draining or not query.isActive:
+                    gate.withdraw()
+                    return
+                if committed_at is None:
+                    if not self._committed(query, held):
+                        continue
+                    committed_at = time.monotonic()
+                    self._track_progress(query)
+                    if self._nothing_new() and gate.withdraw():
+                        return
+                if time.monotonic() - committed_at > GATE_SETTLE_SECONDS and gate.withdraw():
+                    return
+        except Exception as exc:  # noqa: BLE001 (a query stopping under us: poll() reports a failure)
+            log.debug("table %s: turn ended early: %s", self.source, exc)
+            gate.withdraw()
+
+    def _nothing_new(self) -> bool:
+        try:
+            return self.has_pending() is False
+        except Exception:  # noqa: BLE001 (an unreadable log: give Spark its settle time)
+            return False
+
+    @staticmethod
+    def _committed(query: "StreamingQuery", batch_id: int | None) -> bool:
+        """Whether Spark has finished the trigger of ``batch_id`` (committed it)."""
+        progress = query.lastProgress
+        return bool(progress) and batch_id is not None and int(progress["batchId"]) >= batch_id
 
     def _apply_batch(self, sink: DeltaMergeSink, txn: TxnId, batch: "DataFrame", epoch: int,
                      source_table_id: str | None = None) -> None:
@@ -547,6 +631,7 @@ class TableRunner:
             if outcome.stats.last_version is not None:
                 self.applied_through = max(self.applied_through or -1, outcome.stats.last_version)
             self.last_batch_at = ended
+            self._turn_proven = True
             self._emit(BatchReport(self.table, txn.version, outcome, ended - started, ended))
             self._emit(sm.BatchApplied())
 

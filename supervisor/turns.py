@@ -4,10 +4,12 @@ One always-on streaming query per table lets every table start a MERGE whenever 
 fires. On a small driver that is contention, not parallelism: one warm MERGE of a 100k-row table
 already keeps two cores busy (docs/BENCHMARKS.md), and 64 tables on two cores starved one another
 into minutes of lag. With turns, ``apply_workers`` threads each take the table that has waited
-longest among those with unapplied source commits, and run its query once with an
-``availableNow`` trigger: everything the table accumulated while it waited is applied in one
-batch, so the MERGE's fixed cost is paid once per turn, not once per commit, and a table with
-nothing new costs a file-existence check (and an empty turn every ``IDLE_RECHECK_SECONDS``).
+longest among those with something to apply, and apply everything the table's change feed holds
+at the start of the turn (:meth:`TurnTaker.take_turn`: an always-on query's batch let through its
+gate, :mod:`lakemirror.supervisor.turn_gate`, or under Spark Connect the query run once): what
+the table accumulated while it waited is applied in one batch, so the MERGE's fixed cost is paid
+once per turn, not once per commit, and a table with nothing new costs a file-existence check
+(and an empty turn every ``IDLE_RECHECK_SECONDS``).
 
 :func:`next_turn` is the pure choice; :class:`TurnPool` is the thin executor around it.
 """
@@ -32,8 +34,8 @@ ONE_BATCH_VERSIONS = 32
 
 
 def one_batch_turn(*, rate_limited: bool, proven: bool, small_backlog: bool | None) -> bool:
-    """Whether a turn runs its query with a ``once`` trigger (one micro-batch) instead of
-    ``availableNow``.
+    """Whether a turn that starts its query (Spark Connect) runs it with a ``once`` trigger (one
+    micro-batch) instead of ``availableNow``.
 
     Both apply everything the change feed holds when the turn begins. ``availableNow`` first works
     out where to stop (one more snapshot and change listing of the source), then splits the work

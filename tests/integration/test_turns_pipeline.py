@@ -35,7 +35,9 @@ def test_one_worker_applies_one_table_at_a_time_and_every_replica_stays_exact(ma
         pipeline.assert_replica_equals_source(name)
         # Each local checkpoint was written through Hadoop's FileSystem API (this Spark has the class).
         assert pipeline.runner(name).session.conf.get(FILE_MANAGER_CONF) in FILE_SYSTEM_MANAGERS
-        assert pipeline.runner(name).last_trigger == "once", "a caught-up table takes its turn as one batch"
+        assert pipeline.runner(name).last_trigger == "gated", "a local session's batches wait for their turns"
+        assert [q for q in pipeline.runner(name).session.streams.active if f"src.sales.{name}" in (q.name or "")], \
+            "the table's query stays up between turns"
 
     batches = _applied_batches(pipeline)
     assert {r["source_fqn"] for r in batches} == {f"src.sales.{n}" for n in names}
@@ -102,9 +104,51 @@ def test_an_interrupted_first_offset_write_does_not_fail_the_table_forever(pipel
     assert pipeline.views()["t"].failures == 0
 
 
-def test_a_backlog_or_a_rate_limited_table_splits_its_turn_and_stays_exact(make_pipeline: Any, monkeypatch: Any) -> None:
-    from lakemirror.supervisor import turns
+def test_a_turn_with_nothing_new_lets_the_query_look_for_commits_by_itself(make_pipeline: Any) -> None:
+    pipeline = make_pipeline(apply_workers=1)
+    pipeline.create("t", "id BIGINT NOT NULL, v STRING", key="id")
+    pipeline.sql("t", "INSERT INTO {t} VALUES (0, 'a'), (1, 'b')")
+    pipeline.start()
+    pipeline.wait_caught_up("t")
+    runner = pipeline.runner("t")
+    pipeline.tick_until(lambda: runner.ready_for_turn() and runner.has_pending() is False,
+                        what="the applied batch to hold the query")
+    runner.take_turn()  # what the turn pool does every IDLE_RECHECK_SECONDS: nothing is new
+    assert not runner.ready_for_turn(), "the turn was withdrawn: the query looks for commits by itself"
+    assert [q for q in runner.session.streams.active if "src.sales.t" in (q.name or "")]
+    pipeline.sql("t", "UPDATE {t} SET v = 'c' WHERE id = 1")
+    pipeline.sql("t", "INSERT INTO {t} VALUES (2, 'd')")
+    pipeline.wait_caught_up("t")  # the batch Spark planned by itself waited for, and got, a turn
+    pipeline.assert_replica_equals_source("t")
+    assert pipeline.views()["t"].failures == 0
 
+
+def test_a_gated_backlog_is_split_by_the_rate_limit_one_turn_per_batch(make_pipeline: Any) -> None:
+    pipeline = make_pipeline(apply_workers=1, max_files_per_trigger=1)
+    pipeline.create("t", "id BIGINT NOT NULL, v STRING", key="id")
+    pipeline.sql("t", "INSERT INTO {t} VALUES (0, 'a')")
+    pipeline.start()
+    pipeline.wait_caught_up("t")
+    pipeline.app.supervisor.pause("t")
+    pipeline.tick_until(lambda: pipeline.views()["t"].state == "paused", what="the table to pause")
+    for i in range(1, 5):  # four versions of one file each
+        pipeline.sql("t", f"INSERT INTO {{t}} VALUES ({i}, 'c')")
+    pipeline.sql("t", "UPDATE {t} SET v = 'd' WHERE id = 1")
+    pipeline.app.supervisor.resume("t")
+    pipeline.wait_caught_up("t")
+    pipeline.assert_replica_equals_source("t")
+    assert pipeline.runner("t").last_trigger == "gated"
+    ids = [r["batch_id"] for r in _applied_batches(pipeline)]
+    # One batch per version of the backlog (one file a batch), each applied in a turn of its own, none twice.
+    assert len(ids) == 5 and ids == sorted(set(ids)), ids
+
+
+def test_queries_started_per_turn_split_a_backlog_or_a_rate_limit_and_stay_exact(
+        make_pipeline: Any, monkeypatch: Any) -> None:
+    """Where batch functions run on a server (Spark Connect), a turn starts the table's query."""
+    from lakemirror.supervisor import runner, turns
+
+    monkeypatch.setattr(runner, "has_own_jvm", lambda spark: False)
     monkeypatch.setattr(turns, "ONE_BATCH_VERSIONS", 3)  # a backlog of 3 versions counts as long
     pipeline = make_pipeline(apply_workers=1)
     limited = make_pipeline(apply_workers=1, max_files_per_trigger=1)
