@@ -124,7 +124,7 @@ class Settings(BaseSettings):
                                             "the shortest time between two batches of one table.")
     apply_workers: int = Field(1, ge=0, le=1024, description="How many tables apply changes at the same time. "
                                "Tables with unapplied commits take turns, the longest-waiting first; a turn applies "
-                               "everything the table accumulated (one availableNow run of its query). 0: one "
+                               "everything the table accumulated (one batch of its query, which stays up between turns). 0: one "
                                "always-on streaming query per table instead (for drivers with a core or more per "
                                "table).")
     allow_schema_evolution: bool = Field(True, description="New source columns reach the replica without a restart by hand.")

@@ -129,7 +129,7 @@ class TableRunner:
         self._lock = threading.Lock()
         self._batch_lock = threading.Lock()
         self._turn_lock = threading.Lock()
-        self.last_trigger: str | None = None  # the trigger of the table's latest turn
+        self.last_trigger: str | None = None  # how its latest turn ran: gated, once or availableNow
         #: Turns: starts the table's query (True: a ``once`` trigger); set while ready for a turn.
         self._turn_query: Callable[[bool], "StreamingQuery"] | None = None
         self._turn_proven = False

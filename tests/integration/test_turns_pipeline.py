@@ -12,6 +12,20 @@ from lakemirror.checkpoints.stream_dir import FILE_MANAGER_CONF, FILE_SYSTEM_MAN
 pytestmark = pytest.mark.integration
 
 
+def _pause(pipeline: Any, table: str = "t") -> None:
+    pipeline.app.supervisor.pause(table)
+    pipeline.tick_until(lambda: pipeline.views()[table].state == "paused", what="the table to pause")
+
+
+def _backlog_while_paused(pipeline: Any, first_id: int) -> None:
+    """Pause the table, commit four one-file inserts and an update to its source, resume it."""
+    _pause(pipeline)
+    for i in range(first_id, first_id + 4):
+        pipeline.sql("t", f"INSERT INTO {{t}} VALUES ({i}, 'c')")
+    pipeline.sql("t", "UPDATE {t} SET v = 'd' WHERE id = 1")
+    pipeline.app.supervisor.resume("t")
+
+
 def _applied_batches(pipeline: Any) -> list[Any]:
     rows = tables.read(pipeline.spark, pipeline.app.checkpoints.location).where("rows_read > 0").collect()
     return sorted(rows, key=lambda r: r["started_at"])
@@ -57,8 +71,7 @@ def test_commits_made_while_a_table_waits_arrive_in_one_batch(make_pipeline: Any
     pipeline.sql("t", "INSERT INTO {t} SELECT id, 'a' FROM range(0, 10)")
     pipeline.start()
     pipeline.wait_caught_up("t")
-    pipeline.app.supervisor.pause("t")
-    pipeline.tick_until(lambda: pipeline.views()["t"].state == "paused", what="the table to pause")
+    _pause(pipeline)
     for i in range(5):
         pipeline.sql("t", f"UPDATE {{t}} SET v = 'u{i}' WHERE id = {i}")
     pipeline.app.supervisor.resume("t")
@@ -129,12 +142,7 @@ def test_a_gated_backlog_is_split_by_the_rate_limit_one_turn_per_batch(make_pipe
     pipeline.sql("t", "INSERT INTO {t} VALUES (0, 'a')")
     pipeline.start()
     pipeline.wait_caught_up("t")
-    pipeline.app.supervisor.pause("t")
-    pipeline.tick_until(lambda: pipeline.views()["t"].state == "paused", what="the table to pause")
-    for i in range(1, 5):  # four versions of one file each
-        pipeline.sql("t", f"INSERT INTO {{t}} VALUES ({i}, 'c')")
-    pipeline.sql("t", "UPDATE {t} SET v = 'd' WHERE id = 1")
-    pipeline.app.supervisor.resume("t")
+    _backlog_while_paused(pipeline, first_id=1)
     pipeline.wait_caught_up("t")
     pipeline.assert_replica_equals_source("t")
     assert pipeline.runner("t").last_trigger == "gated"
@@ -163,16 +171,10 @@ def test_queries_started_per_turn_split_a_backlog_or_a_rate_limit_and_stay_exact
     assert limited.runner("t").last_trigger == "availableNow", "the user's rate limit always splits"
 
     for p in (pipeline, limited):
-        p.app.supervisor.pause("t")
-        p.tick_until(lambda p=p: p.views()["t"].state == "paused", what="the table to pause")
+        _pause(p)
         p.app.supervisor.resume("t")
         p.wait_caught_up("t")  # the first turn of a launch
-        p.app.supervisor.pause("t")
-        p.tick_until(lambda p=p: p.views()["t"].state == "paused", what="the table to pause")
-        for i in range(2, 6):  # four versions of one file each
-            p.sql("t", f"INSERT INTO {{t}} VALUES ({i}, 'c')")
-        p.sql("t", "UPDATE {t} SET v = 'd' WHERE id = 1")
-        p.app.supervisor.resume("t")
+        _backlog_while_paused(p, first_id=2)
         p.wait_caught_up("t")
         p.assert_replica_equals_source("t")
     assert pipeline.runner("t").last_trigger == "availableNow", "five versions behind is a backlog here"

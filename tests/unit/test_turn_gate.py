@@ -28,6 +28,15 @@ def _until(condition, timeout: float = 5.0) -> None:
         time.sleep(0.005)
 
 
+def _held_after_its_first_batch(gate: TurnGate, applied: list[int]) -> threading.Thread:
+    """A query whose first batch was applied in a turn and now holds it, waiting for the next."""
+    first = _batch(gate, applied, 0)
+    _until(lambda: gate.waiting)
+    gate.wait_ended(gate.grant(), 5.0)
+    _until(lambda: gate.held_batch == 0)
+    return first
+
+
 def test_a_batch_applies_only_in_a_granted_turn_and_then_holds_the_query() -> None:
     gate, applied = TurnGate(), []
     first = _batch(gate, applied, 0)
@@ -43,10 +52,7 @@ def test_a_batch_applies_only_in_a_granted_turn_and_then_holds_the_query() -> No
 
 def test_the_next_turn_releases_the_held_batch_and_the_grant_passes_to_the_next_batch() -> None:
     gate, applied = TurnGate(), []
-    first = _batch(gate, applied, 0)
-    _until(lambda: gate.waiting)
-    gate.wait_ended(gate.grant(), 5.0)
-    _until(lambda: gate.held_batch == 0)
+    first = _held_after_its_first_batch(gate, applied)
     since = gate.grant()
     first.join(5.0)
     assert not first.is_alive(), "the grant lets the held batch return to Spark"
@@ -58,10 +64,7 @@ def test_the_next_turn_releases_the_held_batch_and_the_grant_passes_to_the_next_
 
 def test_a_turn_no_batch_began_in_is_withdrawn_and_a_later_batch_waits_for_another() -> None:
     gate, applied = TurnGate(), []
-    first = _batch(gate, applied, 0)
-    _until(lambda: gate.waiting)
-    gate.wait_ended(gate.grant(), 5.0)
-    _until(lambda: gate.held_batch == 0)
+    first = _held_after_its_first_batch(gate, applied)
     since = gate.grant()
     first.join(5.0)
     assert not gate.wait_ended(since, 0.05), "nothing new: no batch ends"
@@ -117,10 +120,7 @@ def test_a_failed_batch_ends_its_turn() -> None:
 
 def test_opening_the_gate_releases_a_held_query_and_lets_later_batches_through_for_good() -> None:
     gate, applied = TurnGate(), []
-    first = _batch(gate, applied, 0)
-    _until(lambda: gate.waiting)
-    gate.wait_ended(gate.grant(), 5.0)
-    _until(lambda: gate.held_batch == 0)
+    first = _held_after_its_first_batch(gate, applied)
     gate.open()
     first.join(5.0)
     assert not first.is_alive(), "a stopping query is never held in Python"
