@@ -173,10 +173,12 @@ class TableRunner:
         deadline = time.monotonic() + timeout
         self._draining = True
         self._turn_query = None
-        if self._gate is not None:
-            self._gate.open()  # a query held in its batch function could not be stopped
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
+        if self._gate is not None:
+            # After the launch has ended, so a query it was starting is covered too: a query
+            # held in its batch function could not be stopped.
+            self._gate.open()
         query = self._query
         if query is not None:
             # Wait for the batch in flight, then stop. The lock is not held across stop(): a batch

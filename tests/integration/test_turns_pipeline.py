@@ -165,6 +165,9 @@ def test_queries_started_per_turn_split_a_backlog_or_a_rate_limit_and_stay_exact
         p.sql("t", "INSERT INTO {t} VALUES (0, 'a')")
         p.start()
         p.wait_caught_up("t")
+        # The bootstrap alone catches the replica up; the launch's first turn (which proves the
+        # table, and splits) must have run before the insert, or it would take the insert too.
+        p.tick_until(lambda p=p: p.runner("t").has_pending() is False, what="the launch's first turn")
         p.sql("t", "INSERT INTO {t} VALUES (1, 'b')")  # one version behind: one batch, no split
         p.wait_caught_up("t")
     assert pipeline.runner("t").last_trigger == "once"
