@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable
 
 from lakemirror.sources.change_feed import SourceHead
-from lakemirror.tables import TableLocation
+from lakemirror.tables import TableLocation, has_own_jvm
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -78,7 +78,7 @@ class HadoopCommitLog:
     @classmethod
     def for_table(cls, spark: "SparkSession", loc: TableLocation) -> "HadoopCommitLog | None":
         """None where it cannot work: a table known only by name, or Spark Connect (no JVM)."""
-        if loc.path is None or getattr(spark, "_jvm", None) is None:
+        if loc.path is None or not has_own_jvm(spark):
             return None
         try:
             return cls(spark, loc)

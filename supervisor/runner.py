@@ -456,15 +456,12 @@ class TableRunner:
         gate = TurnGate() if spec.apply_workers > 0 and has_own_jvm(self.session) else None
 
         def apply_batch(batch: "DataFrame", batch_id: int) -> None:
+            def apply() -> None:
+                self._apply_batch(sink, TxnId(app_id, batch_id), batch, progress.epoch, progress.source_table_id)
             if gate is None:
-                self._apply_batch(sink, TxnId(app_id, batch_id), batch, progress.epoch, progress.source_table_id)
-                return
-            gate.enter()
-            try:
-                self._apply_batch(sink, TxnId(app_id, batch_id), batch, progress.epoch, progress.source_table_id)
-            finally:
-                gate.leave()
-            gate.hold(batch_id)
+                apply()
+            else:
+                gate.pass_batch(apply, batch_id)
 
         writer = (stream.writeStream.queryName(f"lakemirror:{spec.pipeline_id}:{self.source}")
                   .option("checkpointLocation", checkpoint)

@@ -17,13 +17,14 @@ while a batch waits after applying re-runs that batch at the next start: its tra
 the re-run a replay. :meth:`TurnGate.open` lets every wait go for good, so that a stopping query is
 never held in Python.
 
-Plain threading, no Spark: the runner calls it from the stream's thread (``enter``, ``leave``,
-``hold``) and from the turn pool's worker (``grant``, ``wait_ended``, ``withdraw``).
+Plain threading, no Spark: the runner's batch function calls :meth:`TurnGate.pass_batch` on the
+stream's thread, and the turn pool's worker calls ``grant``, ``wait_ended`` and ``withdraw``.
 """
 
 from __future__ import annotations
 
 import threading
+from typing import Callable
 
 
 class TurnGate:
@@ -91,7 +92,18 @@ class TurnGate:
 
     # -- the stream's thread (the batch function) ----------------------------------------------
 
-    def enter(self) -> None:
+    def pass_batch(self, apply: Callable[[], None], batch_id: int) -> None:
+        """Run ``apply`` for batch ``batch_id`` in a turn, then hold the query until the next one.
+
+        A failed ``apply`` ends its turn and is raised at once, without holding the query."""
+        self._enter()
+        try:
+            apply()
+        finally:
+            self._leave()
+        self._hold(batch_id)
+
+    def _enter(self) -> None:
         """Before applying a batch: wait for a turn and take it."""
         with self._cond:
             self._held = None
@@ -102,17 +114,17 @@ class TurnGate:
             self._granted = False
             self._applying = True
 
-    def leave(self) -> None:
+    def _leave(self) -> None:
         """The batch is applied, or failed: its turn is over."""
         with self._cond:
             self._applying = False
             self._ended += 1
             self._cond.notify_all()
 
-    def hold(self, batch_id: int) -> None:
+    def _hold(self, batch_id: int) -> None:
         """After a batch is applied: keep the query here until the table's next turn.
 
-        The grant is left for the batch Spark plans next, which takes it in :meth:`enter`."""
+        The grant is left for the batch Spark plans next, which takes it in :meth:`_enter`."""
         with self._cond:
             self._held = batch_id
             self._cond.notify_all()

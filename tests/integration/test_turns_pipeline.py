@@ -12,6 +12,14 @@ from lakemirror.checkpoints.stream_dir import FILE_MANAGER_CONF, FILE_SYSTEM_MAN
 pytestmark = pytest.mark.integration
 
 
+def _caught_up(pipeline: Any, rows: str) -> None:
+    """Table ``t`` (id, v) with ``rows`` (SQL after INSERT INTO), replicated and caught up."""
+    pipeline.create("t", "id BIGINT NOT NULL, v STRING", key="id")
+    pipeline.sql("t", f"INSERT INTO {{t}} {rows}")
+    pipeline.start()
+    pipeline.wait_caught_up("t")
+
+
 def _pause(pipeline: Any, table: str = "t") -> None:
     pipeline.app.supervisor.pause(table)
     pipeline.tick_until(lambda: pipeline.views()[table].state == "paused", what="the table to pause")
@@ -67,10 +75,7 @@ def test_one_worker_applies_one_table_at_a_time_and_every_replica_stays_exact(ma
 
 def test_commits_made_while_a_table_waits_arrive_in_one_batch(make_pipeline: Any) -> None:
     pipeline = make_pipeline(apply_workers=1)
-    pipeline.create("t", "id BIGINT NOT NULL, v STRING", key="id")
-    pipeline.sql("t", "INSERT INTO {t} SELECT id, 'a' FROM range(0, 10)")
-    pipeline.start()
-    pipeline.wait_caught_up("t")
+    _caught_up(pipeline, "SELECT id, 'a' FROM range(0, 10)")
     _pause(pipeline)
     for i in range(5):
         pipeline.sql("t", f"UPDATE {{t}} SET v = 'u{i}' WHERE id = {i}")
@@ -119,10 +124,7 @@ def test_an_interrupted_first_offset_write_does_not_fail_the_table_forever(pipel
 
 def test_a_turn_with_nothing_new_lets_the_query_look_for_commits_by_itself(make_pipeline: Any) -> None:
     pipeline = make_pipeline(apply_workers=1)
-    pipeline.create("t", "id BIGINT NOT NULL, v STRING", key="id")
-    pipeline.sql("t", "INSERT INTO {t} VALUES (0, 'a'), (1, 'b')")
-    pipeline.start()
-    pipeline.wait_caught_up("t")
+    _caught_up(pipeline, "VALUES (0, 'a'), (1, 'b')")
     runner = pipeline.runner("t")
     pipeline.tick_until(lambda: runner.ready_for_turn() and runner.has_pending() is False,
                         what="the applied batch to hold the query")
@@ -138,10 +140,7 @@ def test_a_turn_with_nothing_new_lets_the_query_look_for_commits_by_itself(make_
 
 def test_a_gated_backlog_is_split_by_the_rate_limit_one_turn_per_batch(make_pipeline: Any) -> None:
     pipeline = make_pipeline(apply_workers=1, max_files_per_trigger=1)
-    pipeline.create("t", "id BIGINT NOT NULL, v STRING", key="id")
-    pipeline.sql("t", "INSERT INTO {t} VALUES (0, 'a')")
-    pipeline.start()
-    pipeline.wait_caught_up("t")
+    _caught_up(pipeline, "VALUES (0, 'a')")
     _backlog_while_paused(pipeline, first_id=1)
     pipeline.wait_caught_up("t")
     pipeline.assert_replica_equals_source("t")
@@ -161,10 +160,7 @@ def test_queries_started_per_turn_split_a_backlog_or_a_rate_limit_and_stay_exact
     pipeline = make_pipeline(apply_workers=1)
     limited = make_pipeline(apply_workers=1, max_files_per_trigger=1)
     for p in (pipeline, limited):
-        p.create("t", "id BIGINT NOT NULL, v STRING", key="id")
-        p.sql("t", "INSERT INTO {t} VALUES (0, 'a')")
-        p.start()
-        p.wait_caught_up("t")
+        _caught_up(p, "VALUES (0, 'a')")
         # The bootstrap alone catches the replica up; the launch's first turn (which proves the
         # table, and splits) must have run before the insert, or it would take the insert too.
         p.tick_until(lambda p=p: p.runner("t").has_pending() is False, what="the launch's first turn")

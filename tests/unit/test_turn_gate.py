@@ -10,13 +10,8 @@ from lakemirror.supervisor.turn_gate import TurnGate
 
 
 def _batch(gate: TurnGate, applied: list[int], batch_id: int) -> threading.Thread:
-    """What the runner's batch function does: wait for a turn, apply, leave, hold for the next."""
-    def run() -> None:
-        gate.enter()
-        applied.append(batch_id)
-        gate.leave()
-        gate.hold(batch_id)
-    thread = threading.Thread(target=run, daemon=True)
+    """The runner's batch function on Spark's stream thread: its apply records the batch id."""
+    thread = threading.Thread(target=gate.pass_batch, args=(lambda: applied.append(batch_id), batch_id), daemon=True)
     thread.start()
     return thread
 
@@ -84,11 +79,9 @@ def test_withdrawing_a_turn_a_batch_took_meanwhile_fails_so_the_worker_waits_for
     release = threading.Event()
 
     def slow() -> None:
-        gate.enter()
         release.wait(5.0)
         applied.append(0)
-        gate.leave()
-    thread = threading.Thread(target=slow, daemon=True)
+    thread = threading.Thread(target=gate.pass_batch, args=(slow, 0), daemon=True)
     thread.start()
     _until(lambda: gate.waiting)
     since = gate.grant()
@@ -103,19 +96,20 @@ def test_a_failed_batch_ends_its_turn() -> None:
     gate = TurnGate()
     errors = []
 
-    def failing() -> None:
-        gate.enter()
+    def merge() -> None:
+        raise RuntimeError("the MERGE failed")
+
+    def batch_function() -> None:
         try:
-            raise RuntimeError("the MERGE failed")
-        except RuntimeError as exc:
+            gate.pass_batch(merge, 0)
+        except RuntimeError as exc:  # raised to Spark, which fails the query
             errors.append(exc)
-        finally:
-            gate.leave()
-    thread = threading.Thread(target=failing, daemon=True)
+    thread = threading.Thread(target=batch_function, daemon=True)
     thread.start()
     _until(lambda: gate.waiting)
     assert gate.wait_ended(gate.grant(), 5.0)
-    assert errors and not gate.applying and gate.held_batch is None
+    thread.join(5.0)
+    assert errors and not gate.applying and gate.held_batch is None, "a failed batch does not hold the query"
 
 
 def test_opening_the_gate_releases_a_held_query_and_lets_later_batches_through_for_good() -> None:
