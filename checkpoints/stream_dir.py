@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Iterable
 
-from lakemirror.tables import is_local_path
+from lakemirror.tables import is_local_path, local_dir
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -84,3 +84,37 @@ def use_file_system_manager(spark: "SparkSession", checkpoint: str) -> str | Non
         spark.conf.set(FILE_MANAGER_CONF, name)
         return name
     return None
+
+
+def source_offset(entry: str) -> str | None:
+    """The (only) source's offset in the text of an ``offsets/<batch id>`` file, or None.
+
+    Spark writes the file as a version line (``v1``), a line of batch metadata, then one line per
+    source: its offset, or ``-`` when it has none."""
+    lines = entry.splitlines()
+    if len(lines) != 3 or not lines[0].startswith("v") or lines[2].strip() in ("", "-"):
+        return None
+    return lines[2]
+
+
+def batch_offsets(checkpoint: str, batch_id: int) -> "tuple[str | None, str] | None":
+    """The single source's offsets a batch of a local checkpoint runs between: (start, end).
+
+    The start is the previous batch's end, None for batch 0 (the query's starting position).
+    None when the checkpoint is not local, or either offset cannot be read (the caller then does
+    not rely on them)."""
+    folder = local_dir(checkpoint)
+    if folder is None:
+        return None
+
+    def offset_of(batch: int) -> str | None:
+        try:
+            return source_offset((folder / "offsets" / str(batch)).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError):
+            return None
+
+    end = offset_of(batch_id)
+    start = offset_of(batch_id - 1) if batch_id > 0 else None
+    if end is None or (batch_id > 0 and start is None):
+        return None
+    return start, end

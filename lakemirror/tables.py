@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 from lakemirror.identifiers import TableName, quote
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from delta.tables import DeltaTable
     from pyspark.sql import DataFrame, DataFrameReader, SparkSession
 
@@ -105,16 +107,21 @@ def is_local_path(location: str) -> bool:
     return urlparse(location).scheme in ("", "file")
 
 
-def is_local_table(location: str) -> bool:
-    """Whether a Delta table's location is a directory this (the driver's) process can see."""
+def local_dir(location: str) -> "Path | None":
+    """``location`` as a directory of the driver's own file system; None when it is elsewhere."""
     from pathlib import Path
     from urllib.parse import unquote, urlparse
 
     if not is_local_path(location):
-        return False
+        return None
     parsed = urlparse(location)
-    path = Path(unquote(parsed.path) if parsed.scheme else location)
-    return (path / "_delta_log").is_dir()
+    return Path(unquote(parsed.path) if parsed.scheme else location)
+
+
+def is_local_table(location: str) -> bool:
+    """Whether a Delta table's location is a directory this (the driver's) process can see."""
+    path = local_dir(location)
+    return path is not None and (path / "_delta_log").is_dir()
 
 
 #: Protocol features a delta-rs (1.6) write handles correctly; a table with any other stays with Spark.

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from lakemirror import tables
 from lakemirror.sinks.apply_choice import MERGE, REWRITE, ApplyChoice
 from lakemirror.sinks.delta_rewrite import ReplicaRewrite
-from lakemirror.sinks.driver_apply import DriverApply, DriverUnfit
+from lakemirror.sinks.driver_apply import ChangeReader, DriverApply, DriverUnfit
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.planner import COMMIT_TIMESTAMP, COMMIT_VERSION, LATEST_COLUMN, MergePlan, SOURCE_ALIAS, TARGET_ALIAS
 # The shared batch types, importable from here as before (the executors' callers use them).
@@ -125,16 +125,17 @@ class DeltaMergeSink:
                 .whenMatchedUpdate(set=self.plan.assignments)
                 .whenNotMatchedInsert(condition=self.plan.upsert_condition, values=self.plan.assignments))
 
-    def apply(self, batch: "DataFrame", txn: TxnId) -> MergeOutcome:
+    def apply(self, batch: "DataFrame", txn: TxnId, read: ChangeReader | None = None) -> MergeOutcome:
         """MERGE ``batch`` (raw change-feed rows) into the replica under transaction ``txn``.
 
         Delta answers a MERGE it ran with one row of counts, and a MERGE it skipped as a replay
         of a committed transaction with no row at all: that answer alone tells fresh from
         replayed, so the fresh path reads no table history (the replica's log is read again
         only for a replay, to recover the counts of the commit that applied the batch first).
+        ``read`` reads the batch's rows without Spark, for the driver path (see its module).
         """
         if self.stable_source:
-            return self._apply_stable(batch, txn)
+            return self._apply_stable(batch, txn, read)
         session = batch.sparkSession
         batch = batch.persist()
         try:
@@ -147,7 +148,7 @@ class DeltaMergeSink:
         finally:
             batch.unpersist()
 
-    def _apply_stable(self, batch: "DataFrame", txn: TxnId) -> MergeOutcome:
+    def _apply_stable(self, batch: "DataFrame", txn: TxnId, read: ChangeReader | None = None) -> MergeOutcome:
         """One MERGE straight from the batch, its statistics observed while the MERGE reads it.
 
         A MERGE Delta skips as a replay never reads its source, and an empty batch may be
@@ -164,7 +165,7 @@ class DeltaMergeSink:
             self._use(*self._choose())
             self._choose = None
         if self.driver is not None:
-            outcome = self._drive(self.driver, batch, txn)
+            outcome = self._drive(self.driver, batch, txn, read)
             if outcome is not None:
                 return outcome
         if self.rewrite is not None:
@@ -194,7 +195,8 @@ class DeltaMergeSink:
         self._track_size(result.rows)
         return MergeOutcome(stats, result.counts, replayed)
 
-    def _drive(self, driver: DriverApply, batch: "DataFrame", txn: TxnId) -> MergeOutcome | None:
+    def _drive(self, driver: DriverApply, batch: "DataFrame", txn: TxnId,
+               read: ChangeReader | None = None) -> MergeOutcome | None:
         """The batch applied on the driver, or None when Spark is to apply it (too large a batch,
         or one delta-rs refused: then the table stays with Spark)."""
         def recount() -> ApplyCounts:
@@ -202,7 +204,7 @@ class DeltaMergeSink:
                                                                   self.latest_changes(batch)).counts
 
         try:
-            outcome = driver.apply(batch, txn, recount)
+            outcome = driver.apply(batch, txn, recount, read)
         except DriverUnfit as exc:
             log.warning("%s; its batches are applied by Spark from now on", exc)
             self._use(replace(self.small, path=REWRITE) if self.small is not None else None, self.replica_rows)

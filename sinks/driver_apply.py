@@ -1,9 +1,10 @@
 """The driver executor: applies one change batch to a small local replica with a delta-rs MERGE.
 
 Chosen per table by :mod:`lakemirror.sinks.apply_choice`; the MERGE executor dispatches here. The
-batch is still read by the table's Structured Streaming query; its rows come to the driver as
-Arrow (one Spark action, no join), the winning change per key is picked there
-(:mod:`lakemirror.sinks.arrow_changes`), and one delta-rs MERGE writes them. Spark's Delta writer
+batch's rows come to the driver as Arrow: read by delta-rs when the stream's offsets show whole
+source versions (:mod:`lakemirror.supervisor.batch_feed`), otherwise by one Spark action (no
+join). The winning change per key is picked there (:mod:`lakemirror.sinks.arrow_changes`), and
+one delta-rs MERGE writes them. Spark's Delta writer
 costs about a second a commit on two cores, whatever the batch (docs/BENCHMARKS.md); this path
 runs no Spark job for the write.
 
@@ -24,7 +25,7 @@ may make a table faster, never stuck.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from lakemirror.sinks.arrow_changes import batch_stats, winning_changes
 from lakemirror.sinks.memory import ApplyCounts
@@ -32,9 +33,14 @@ from lakemirror.sinks.planner import CDF_COLUMNS, DELETE, OP_COLUMN, SOURCE_ALIA
 from lakemirror.sinks.txn import MergeOutcome, TxnId, counts_from_metrics
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame
 
 log = logging.getLogger(__name__)
+
+#: A batch's change rows read without Spark (``columns``, preimages left out, at most ``max_rows``),
+#: or None when Spark is to read them (:class:`lakemirror.supervisor.batch_feed.BatchFeed`).
+ChangeReader = Callable[[Sequence[str], int], "pa.Table | None"]
 
 #: How many of the replica's newest commits are searched for a replayed batch's tag before all.
 RECENT_COMMITS = 100
@@ -65,17 +71,21 @@ class DriverApply:
             f"({TARGET_ALIAS}.{_sql_name(k)} {'IS NOT DISTINCT FROM' if by_name[k].nullable else '='} "
             f"{SOURCE_ALIAS}.{_sql_name(k)})" for k in plan.keys)
 
-    def apply(self, batch: "DataFrame", txn: TxnId, recount: Callable[[], ApplyCounts]) -> MergeOutcome | None:
+    def apply(self, batch: "DataFrame", txn: TxnId, recount: Callable[[], ApplyCounts],
+              read: ChangeReader | None = None) -> MergeOutcome | None:
         """Apply ``batch`` (raw change-feed rows) under ``txn``; None if it is too large for the
         driver (nothing was written: apply it with Spark). ``recount`` gives a replayed batch's
-        counts when the commit that applied it first records none (a Spark rewrite's)."""
+        counts when the commit that applied it first records none (a Spark rewrite's). ``read``,
+        when given, reads the batch's rows without Spark (or answers None: Spark reads them)."""
         wanted = [*self.plan.column_names, *CDF_COLUMNS]
-        # Preimages are never applied: the plan's change filter (the Spark paths' own) leaves them in
-        # Spark, saving their conversion to Arrow and their trip to the driver (a third of a catch-up
-        # batch's read; batch_stats still counts them).
-        changes = (batch.select(*[f"`{c.replace('`', '``')}`" for c in wanted])
-                   .where(self.plan.change_filter)
-                   .limit(self.max_rows + 1).toArrow())
+        changes = read(wanted, self.max_rows) if read is not None else None
+        if changes is None:
+            # Preimages are never applied: the plan's change filter (the Spark paths' own) leaves them
+            # in Spark, saving their conversion to Arrow and their trip to the driver (a third of a
+            # catch-up batch's read; batch_stats still counts them).
+            changes = (batch.select(*[f"`{c.replace('`', '``')}`" for c in wanted])
+                       .where(self.plan.change_filter)
+                       .limit(self.max_rows + 1).toArrow())
         if changes.num_rows > self.max_rows:
             log.info("%s: a batch of more than %d change rows is applied by Spark, not on the driver",
                      self.path, self.max_rows)

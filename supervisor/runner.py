@@ -35,6 +35,7 @@ from lakemirror.errors import (
 from lakemirror.sinks import snapshot_copy
 from lakemirror.sinks.apply_choice import ApplyChoice, choose_apply
 from lakemirror.sinks.delta_merge import DeltaMergeSink, MergeOutcome, TxnId, txn_app_id
+from lakemirror.sinks.driver_apply import ChangeReader
 from lakemirror.sinks.planner import ColumnSelection, MergePlan, diff_schema, plan_merge
 from lakemirror.sources import change_feed
 from lakemirror.sources.catalog import Catalog, table_id
@@ -43,6 +44,7 @@ from lakemirror.sources.commit_log import HadoopCommitLog, probe_head
 from lakemirror.sources.keys import KeyChoice, choose_key
 from lakemirror.supervisor import state as sm
 from lakemirror.supervisor import turns
+from lakemirror.supervisor.batch_feed import BatchFeed
 from lakemirror.supervisor.classify import classify
 from lakemirror.supervisor.lag import LagReading, compute_lag
 from lakemirror.supervisor.offsets import applied_through_from_offset
@@ -130,6 +132,8 @@ class TableRunner:
         self._batch_lock = threading.Lock()
         self._turn_lock = threading.Lock()
         self.last_trigger: str | None = None  # how its latest turn ran: gated, once or availableNow
+        #: The driver path's delta-rs read of this launch's batches (None: Spark reads every batch).
+        self.batch_feed: BatchFeed | None = None
         #: Turns: starts the table's query (True: a ``once`` trigger); set while ready for a turn.
         self._turn_query: Callable[[bool], "StreamingQuery"] | None = None
         self._turn_proven = False
@@ -454,10 +458,12 @@ class TableRunner:
                         self.source, len(removed), ", ".join(removed))
 
         gate = TurnGate() if spec.apply_workers > 0 and has_own_jvm(self.session) else None
+        feed = self.batch_feed = BatchFeed.for_stream(checkpoint, src, progress.bootstrap_version)
 
         def apply_batch(batch: "DataFrame", batch_id: int) -> None:
             def apply() -> None:
-                self._apply_batch(sink, TxnId(app_id, batch_id), batch, progress.epoch, progress.source_table_id)
+                self._apply_batch(sink, TxnId(app_id, batch_id), batch, progress.epoch, progress.source_table_id,
+                                  feed.reader(batch_id) if feed is not None else None)
             if gate is None:
                 apply()
             else:
@@ -603,7 +609,7 @@ class TableRunner:
         return bool(progress) and batch_id is not None and int(progress["batchId"]) >= batch_id
 
     def _apply_batch(self, sink: DeltaMergeSink, txn: TxnId, batch: "DataFrame", epoch: int,
-                     source_table_id: str | None = None) -> None:
+                     source_table_id: str | None = None, read: ChangeReader | None = None) -> None:
         with self._batch_lock:
             if self._draining:
                 raise Drained(f"{self.source}: draining; batch {txn.version} left for the next run")
@@ -611,7 +617,7 @@ class TableRunner:
             try:
                 self._check_same_source(source_table_id, batch)
                 self.ctx.fault("before_merge")
-                outcome = sink.apply(batch, txn)
+                outcome = sink.apply(batch, txn, read)
                 if outcome.replayed:
                     log.info("table %s: batch %d of %s was already committed to the replica (a restart "
                              "replays it); Delta skipped the write", self.source, txn.version, txn.app_id)

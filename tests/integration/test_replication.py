@@ -47,6 +47,9 @@ def test_inserts_updates_deletes_reach_the_replica(make_pipeline, apply_settings
     view = pipeline.views()["orders"]
     assert view.state == "running" and view.last_error is None
     assert _replica_operations(pipeline, "orders") == PATH_COMMITS[_path(apply_settings)]
+    feed = pipeline.runner("orders").batch_feed
+    if _path(apply_settings) == "driver":
+        assert feed is not None and feed.read_by_delta_rs >= 1, "whole-version batches are read by delta-rs"
 
 
 @APPLY_PATHS
@@ -74,6 +77,10 @@ def test_composite_keys_nulls_and_reinsert_within_one_batch(make_pipeline, apply
     row = rows["src.sales.items"]
     assert row.last_version - row.first_version >= 6, "all pending versions arrived in one batch"
     assert (row.rows_inserted, row.rows_updated, row.rows_deleted) == (1, 3, 0)
+    feed = pipeline.runner("items").batch_feed
+    if _path(apply_settings) == "driver":
+        assert feed is not None and feed.read_by_delta_rs >= 1 and feed.read_by_spark == 0, \
+            "the restart's batches (seven versions in one) were read by delta-rs"
 
 
 def test_delete_and_reinsert_of_a_key_inside_one_version(pipeline):
@@ -387,11 +394,16 @@ def _driver_case(spark, tmp_path, name: str, ddl: str, keys: list[str]):
     return source, replica, sink, feed, same
 
 
-def test_the_driver_path_quotes_odd_column_names_and_keeps_every_type(spark, tmp_path):
+@pytest.mark.parametrize("reader", ["spark", "delta-rs"])
+def test_the_driver_path_quotes_odd_column_names_and_keeps_every_type(spark, tmp_path, reader):
     """Names DataFusion would misread unquoted (a double quote, a single quote, upper case) and the
-    types Spark hands to Arrow (decimal, timestamp, date, binary, nested) reach the replica exact."""
-    from lakemirror.sinks.delta_merge import TxnId
+    types Spark hands to Arrow (decimal, timestamp, date, binary, nested) reach the replica exact,
+    whether Spark or delta-rs (:mod:`lakemirror.sources.driver_feed`) reads the batch; the batch's
+    statistics are the same either way."""
+    from lakemirror.sinks.delta_merge import DeltaMergeSink, TxnId
     from lakemirror.sinks.memory import ApplyCounts
+    from lakemirror.sources.driver_feed import DriverFeed
+    from lakemirror.sources.feed_range import VersionRange
 
     ddl = ("`Key\"1` BIGINT, `it's` STRING, `MiXeD` DECIMAL(12,3), ts TIMESTAMP, d DATE, bin BINARY, "
            "tags ARRAY<STRING>, attrs MAP<STRING, INT>, pos STRUCT<x: DOUBLE, y: DOUBLE>, ok BOOLEAN")
@@ -405,9 +417,19 @@ def test_the_driver_path_quotes_odd_column_names_and_keeps_every_type(spark, tmp
     spark.sql(f"UPDATE {source.sql} SET `MiXeD` = `MiXeD` * 2, tags = array('q') WHERE `Key\"1` = 1")       # v2
     spark.sql(f"DELETE FROM {source.sql} WHERE `it's` = 'b''c'")                                             # v3
     spark.sql(f"UPDATE {source.sql} SET ok = true WHERE `Key\"1` IS NULL")                                   # v4
-    outcome = sink.apply(feed(1, 4), TxnId("lakemirror/test/odd/e1", 0))
+    read = None
+    if reader == "delta-rs":
+        assert DriverFeed(source.path).unfit() is None
+
+        def read(columns, max_rows):
+            return DriverFeed(source.path).read(VersionRange(1, 4), columns, max_rows)
+    outcome = sink.apply(feed(1, 4), TxnId("lakemirror/test/odd/e1", 0), read)
     assert (outcome.replayed, outcome.counts) == (False, ApplyCounts(inserted=2))
     assert same()
+    spark_stats = DeltaMergeSink.stats(feed(1, 4))
+    assert (outcome.stats.rows_read, outcome.stats.first_version, outcome.stats.last_version) == \
+        (spark_stats.rows_read, spark_stats.first_version, spark_stats.last_version)
+    assert abs(outcome.stats.max_commit_time - spark_stats.max_commit_time) < 1.0
     history = [r["engineInfo"] for r in spark.sql(f"DESCRIBE HISTORY {replica.sql}").collect()]
     assert str(history[0]).startswith("delta-rs")
 
