@@ -78,15 +78,20 @@ class DriverFeed:
         """Why this source's batches are left to Spark's read; None when they need not be."""
         return readable_by_delta_rs(self._source())
 
-    def read(self, versions: VersionRange, columns: Sequence[str], max_rows: int) -> "pa.Table":
+    def read(self, versions: VersionRange, columns: Sequence[str], max_rows: int,
+             table_id: str | None = None) -> "pa.Table":
         """The change rows (preimages left out) of ``versions``: ``columns``, which must include the
-        three change-feed columns. Raises :class:`FeedTooLarge` past ``max_rows`` rows."""
+        three change-feed columns. Raises :class:`FeedTooLarge` past ``max_rows`` rows, and
+        :class:`ValueError` when the table at the path is not ``table_id`` (recreated since Spark
+        planned the batch)."""
         import pyarrow as pa
 
         wanted = list(columns)
         if versions.empty:
             return self._normalised(pa.table({c: pa.array([], pa.null()) for c in wanted}), wanted, empty=True)
         source = self._source()
+        if table_id is not None and source.metadata().id != table_id:
+            raise ValueError(f"the table at {self.path} is now {source.metadata().id}, not {table_id}")
         reader = pa.RecordBatchReader.from_stream(source.load_cdf(
             starting_version=versions.first, ending_version=versions.last, columns=[_sql_name(c) for c in wanted],
             predicate=f"{CHANGE_TYPE} != 'update_preimage'"))

@@ -46,11 +46,13 @@ class SourceOffset:
     version: int
     index: int
     starting: bool = False  # the offset of an initial snapshot (``isStartingVersion``)
+    table_id: str | None = None  # the id of the table the offset is in (``reservoirId``)
 
     @classmethod
     def parse(cls, text: str | Mapping[str, Any]) -> "SourceOffset":
         data = json.loads(text) if isinstance(text, str) else text
-        return cls(int(data["reservoirVersion"]), int(data["index"]), bool(data.get("isStartingVersion", False)))
+        return cls(int(data["reservoirVersion"]), int(data["index"]), bool(data.get("isStartingVersion", False)),
+                   data.get("reservoirId"))
 
 
 @dataclass(frozen=True)

@@ -73,10 +73,10 @@ class BatchFeed:
         if offsets is None:
             log.debug("%s: batch %d: its offsets cannot be read; Spark reads it", self.table, batch_id)
             return None
-        start, end = offsets
         try:
-            versions = batch_versions(SourceOffset.parse(start) if start is not None else None,
-                                      SourceOffset.parse(end), self.after_version, self.commits.shape)
+            start = SourceOffset.parse(offsets[0]) if offsets[0] is not None else None
+            end = SourceOffset.parse(offsets[1])
+            versions = batch_versions(start, end, self.after_version, self.commits.shape)
         except (KeyError, ValueError, TypeError) as exc:
             log.debug("%s: batch %d: an offset it cannot place (%s); Spark reads it", self.table, batch_id, exc)
             return None
@@ -84,7 +84,7 @@ class BatchFeed:
             log.debug("%s: batch %d: %s; Spark reads it", self.table, batch_id, versions)
             return None
         try:
-            return self.feed.read(versions, columns, max_rows)
+            return self.feed.read(versions, columns, max_rows, end.table_id)
         except FeedTooLarge:
             return None
         except Exception as exc:  # noqa: BLE001 (any failure of the fast read: Spark's read is exact)

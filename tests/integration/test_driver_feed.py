@@ -125,7 +125,7 @@ def test_a_stream_after_a_property_change_reads_its_whole_versions_with_delta_rs
     assert feed.read(99, COLUMNS, 10_000) is None, "a batch whose offsets are not written is Spark's to read"
 
 
-def test_a_batch_larger_than_the_drivers_share_is_left_to_spark(spark, tmp_path):
+def test_a_batch_larger_than_the_drivers_share_or_of_another_table_is_not_read(spark, tmp_path):
     from lakemirror.sources.driver_feed import DriverFeed, FeedTooLarge
     from lakemirror.sources.feed_range import VersionRange
     from lakemirror.tables import TableLocation
@@ -136,6 +136,10 @@ def test_a_batch_larger_than_the_drivers_share_is_left_to_spark(spark, tmp_path)
     _history(spark, source)
     reader = DriverFeed(source.path)
     assert reader.read(VersionRange(1, 1), COLUMNS, 30).num_rows == 30
+    table_id = spark.sql(f"DESCRIBE DETAIL {source.sql}").collect()[0]["id"]
+    assert reader.read(VersionRange(1, 1), COLUMNS, 30, table_id).num_rows == 30
+    with pytest.raises(ValueError, match="is now"):
+        reader.read(VersionRange(1, 1), COLUMNS, 30, "another-table-id")  # recreated since Spark planned
     with pytest.raises(FeedTooLarge):
         reader.read(VersionRange(1, 1), COLUMNS, 29)
     assert reader.read(VersionRange(5, 4), COLUMNS, 10).num_rows == 0

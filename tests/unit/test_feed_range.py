@@ -117,7 +117,7 @@ def test_an_unreadable_boundary_commit_or_a_snapshot_offset_is_left_to_spark():
 def test_offsets_parse_from_the_checkpoints_json():
     text = ('{"sourceVersion":1,"reservoirId":"e5e38a51","reservoirVersion":2,"index":2,'
             '"isStartingVersion":false}')
-    assert SourceOffset.parse(text) == SourceOffset(2, 2, False)
+    assert SourceOffset.parse(text) == SourceOffset(2, 2, False, "e5e38a51")
     assert SourceOffset.parse({"reservoirVersion": "4", "index": "-1", "isStartingVersion": True}) == \
         SourceOffset(4, -1, True)
 
