@@ -287,8 +287,9 @@ def render(results: dict[str, Any]) -> str:
         lines += ["", "## Steady cost of one cycle", "", _when(r0) + " "
                   f"A {r0['rows']:,}-row table; one cycle = one source MERGE changing about "
                   f"{r0['change_rows_per_cycle']:,} rows, then the replica brought up to date. lakemirror: wall "
-                  f"from the source commit to the replica reflecting it, CPU of the daemon's processes (Python and "
-                  f"JVM) meanwhile. Full refresh: overwrite the replica from the whole source, with Spark (a warm "
+                  f"from the moment the source commit returned to the replica reflecting it, CPU of the daemon's "
+                  f"processes (Python and JVM) from before the source commit began until then (its idle polling "
+                  f"during the writer's commit included). Full refresh: overwrite the replica from the whole source, with Spark (a warm "
                   f"session in its own process, its process and JVM's CPU) and with delta-rs. "
                   f"{r0['cycles']} cycles each (lakemirror's first, warm-up cycle not counted).", "",
                   "| system | wall s (median, min-max) | CPU s (median, min-max) | CPU / Spark full refresh's CPU (goal <= 0.10) | replica exact |",

@@ -61,7 +61,8 @@ def pipeline_spec(s: Settings) -> PipelineSpec:
         max_files_per_trigger=s.max_files_per_trigger, max_bytes_per_trigger=s.max_bytes_per_trigger,
         replica_properties=dict(s.replica_properties),
         change_window_policy=s.change_window_policy, retention_warning_seconds=s.retention_warning_seconds,
-        rewrite_below_bytes=s.rewrite_below_bytes, driver_apply=s.driver_apply)
+        rewrite_below_bytes=s.rewrite_below_bytes, driver_apply=s.driver_apply,
+        driver_apply_below_bytes=s.driver_apply_below_bytes)
 
 
 #: The torture harness (tests/torture) names crash points here, e.g. ``after_merge`` or

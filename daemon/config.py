@@ -20,7 +20,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from lakemirror.daemon.schedule_config import ScheduleSettings, schedule_problems
 from lakemirror.errors import ConfigError
-from lakemirror.sinks.apply_choice import DEFAULT_REWRITE_BELOW_BYTES
+from lakemirror.sinks.apply_choice import DEFAULT_DRIVER_APPLY_BELOW_BYTES, DEFAULT_REWRITE_BELOW_BYTES
 
 _NAME = re.compile(r"^[^\x00-\x1f/`.]+$")
 _PIPELINE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -159,6 +159,11 @@ class Settings(BaseSettings):
         "Spark write: about three times less work per batch on two cores (docs/BENCHMARKS.md). The change feed is "
         "still read by the table's Structured Streaming query. Needs the deltalake package; replicas whose protocol "
         "features delta-rs does not write stay with Spark. false: Spark writes every batch.")
+    driver_apply_below_bytes: int = Field(
+        DEFAULT_DRIVER_APPLY_BELOW_BYTES, ge=0, description="With driver_apply, replicas up to this size are MERGEd "
+        "by delta-rs on the driver even when larger than rewrite_below_bytes: its MERGE streams the replica, so "
+        "its memory does not grow with it (a 10M-row replica: about 260 MiB; it spills past 1 GiB). Larger "
+        "replicas take Spark's MERGE.")
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)  # type: ignore[arg-type]
     http: HttpSettings = Field(default_factory=HttpSettings)  # type: ignore[arg-type]
     restart: RestartSettings = Field(default_factory=RestartSettings)  # type: ignore[arg-type]

@@ -48,7 +48,7 @@ prepared) switches to MERGE.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
 from lakemirror.tables import DELTA_RS_WRITER_FEATURES
@@ -64,6 +64,10 @@ DRIVER_BATCH_MAX_ROWS = 5_000_000
 #: Bytes of replica per file a rewrite writes (at the default limit: at most four files).
 REWRITE_FILE_BYTES = 16 * 1024 * 1024
 DEFAULT_REWRITE_BELOW_BYTES = 64 * 1024 * 1024
+#: Replicas up to this size (on disk) are MERGEd on the driver when it can take them, whatever
+#: ``rewrite_below_bytes``: delta-rs's MERGE streams the replica (a 10M-row, 131 MB replica peaked at
+#: about 260 MiB more resident memory), and its memory is bounded by :data:`DRIVER_MERGE_MEMORY_BYTES`.
+DEFAULT_DRIVER_APPLY_BELOW_BYTES = 4 * 1024 * 1024 * 1024
 CDF_PROPERTY = "delta.enableChangeDataFeed"
 DELETION_VECTORS_PROPERTY = "delta.enableDeletionVectors"
 
@@ -87,6 +91,8 @@ class ApplyChoice:
     reason: str
     bytes_per_row: float = 0.0
     limit_bytes: int = 0
+    #: A driver choice's fallback when delta-rs refuses the table: a rewrite up to this size, else MERGE.
+    rewrite_limit_bytes: int = 0
 
     @property
     def rewrite(self) -> bool:
@@ -101,6 +107,14 @@ class ApplyChoice:
         if self.bytes_per_row <= 0:
             return DRIVER_BATCH_MAX_ROWS
         return max(10_000, min(DRIVER_BATCH_MAX_ROWS, int(DRIVER_BATCH_BYTES / (4 * self.bytes_per_row))))
+
+    def without_driver(self, rows: int) -> "ApplyChoice | None":
+        """What a driver choice falls back to for a replica of ``rows`` rows: the rewrite while the
+        replica is within ``rewrite_below_bytes``, otherwise None (MERGE)."""
+        if rows * self.bytes_per_row > self.rewrite_limit_bytes:
+            return None
+        return replace(self, path=REWRITE, reason=self.reason + "; delta-rs refused it, so Spark rewrites it",
+                       limit_bytes=self.rewrite_limit_bytes)
 
     def still_small(self, rows: int) -> bool:
         """Whether a replica of ``rows`` rows is still within the rewrite limit."""
@@ -139,14 +153,18 @@ def _why_not_driver(facts: ReplicaFacts, batch_columns: Sequence[str], key_types
 
 
 def choose_apply(facts: ReplicaFacts, batch_columns: Sequence[str], rewrite_below_bytes: int, *,
-                 driver_apply: bool = False, key_types: Sequence[str] = ()) -> ApplyChoice:
+                 driver_apply: bool = False, key_types: Sequence[str] = (),
+                 driver_apply_below_bytes: int = DEFAULT_DRIVER_APPLY_BELOW_BYTES) -> ApplyChoice:
     """MERGE, rewrite or the driver's MERGE, with the reason in words (the runner logs it)."""
     merge = "applies by MERGE: "
     if rewrite_below_bytes <= 0:
         return ApplyChoice(MERGE, merge + "rewrites are off (rewrite_below_bytes: 0)")
-    if facts.size_bytes > rewrite_below_bytes:
+    limit = max(rewrite_below_bytes, driver_apply_below_bytes if driver_apply else 0)
+    if facts.size_bytes > limit:
         return ApplyChoice(MERGE, merge + f"the replica ({_mib(facts.size_bytes)}) is larger than "
-                                          f"rewrite_below_bytes ({_mib(rewrite_below_bytes)})")
+                                          f"rewrite_below_bytes ({_mib(rewrite_below_bytes)})"
+                                          + (f" and driver_apply_below_bytes ({_mib(driver_apply_below_bytes)})"
+                                             if driver_apply else ""))
     if str(facts.properties.get(CDF_PROPERTY, "false")).lower() == "true":
         return ApplyChoice(MERGE, merge + "the replica has a change data feed of its own, which a rewrite "
                                           "would fill with every row")
@@ -162,9 +180,14 @@ def choose_apply(facts: ReplicaFacts, batch_columns: Sequence[str], rewrite_belo
         return ApplyChoice(MERGE, merge + "the replica is empty, so its size per row (which bounds a growing "
                                           "replica's rewrites) is unknown")
     per_row = facts.size_bytes / facts.rows
-    size = f"{_mib(facts.size_bytes)}, at most {_mib(rewrite_below_bytes)} (rewrite_below_bytes)"
     not_driver = _why_not_driver(facts, batch_columns, key_types) if driver_apply else "driver_apply is off"
     if not_driver is None:
-        return ApplyChoice(DRIVER, f"applies on the driver by a delta-rs MERGE: {size}", per_row, rewrite_below_bytes)
+        size = f"{_mib(facts.size_bytes)}, at most {_mib(limit)} (driver_apply_below_bytes)"
+        return ApplyChoice(DRIVER, f"applies on the driver by a delta-rs MERGE: {size}", per_row, limit,
+                           rewrite_below_bytes)
+    if facts.size_bytes > rewrite_below_bytes:
+        return ApplyChoice(MERGE, merge + f"the replica ({_mib(facts.size_bytes)}) is larger than "
+                                          f"rewrite_below_bytes ({_mib(rewrite_below_bytes)}) and {not_driver}")
+    size = f"{_mib(facts.size_bytes)}, at most {_mib(rewrite_below_bytes)} (rewrite_below_bytes)"
     return ApplyChoice(REWRITE, f"applies by rewriting the replica with Spark ({not_driver}): {size}", per_row,
                        rewrite_below_bytes)

@@ -27,11 +27,10 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from lakemirror import tables
-from lakemirror.sinks.apply_choice import MERGE, REWRITE, ApplyChoice
+from lakemirror.sinks.apply_choice import MERGE, ApplyChoice
 from lakemirror.sinks.delta_rewrite import ReplicaRewrite
 from lakemirror.sinks.driver_apply import ChangeReader, DriverApply, DriverUnfit
 from lakemirror.sinks.memory import ApplyCounts
@@ -82,7 +81,7 @@ class DeltaMergeSink:
     def _use(self, choice: ApplyChoice | None, replica_rows: int) -> None:
         small = choice if choice is not None and choice.path != MERGE and self.stable_source else None
         if small is not None and small.driver and self.target.path is None:
-            small = replace(small, path=REWRITE)  # a table known only by name has no path to hand delta-rs
+            small = small.without_driver(replica_rows)  # a table known only by name has no path to hand delta-rs
         self.small = small
         self.rewrite = small if small is not None and small.rewrite else None
         self.driver = (DriverApply(str(self.target.path), self.plan, small.driver_batch_rows())
@@ -207,7 +206,8 @@ class DeltaMergeSink:
             outcome = driver.apply(batch, txn, recount, read)
         except DriverUnfit as exc:
             log.warning("%s; its batches are applied by Spark from now on", exc)
-            self._use(replace(self.small, path=REWRITE) if self.small is not None else None, self.replica_rows)
+            self._use(self.small.without_driver(self.replica_rows) if self.small is not None else None,
+                      self.replica_rows)
             return None
         if outcome is not None and not outcome.replayed:
             self._track_size(self.replica_rows + outcome.counts.inserted - outcome.counts.deleted)

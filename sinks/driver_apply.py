@@ -42,6 +42,10 @@ log = logging.getLogger(__name__)
 #: or None when Spark is to read them (:class:`lakemirror.supervisor.batch_feed.BatchFeed`).
 ChangeReader = Callable[[Sequence[str], int], "pa.Table | None"]
 
+#: The memory delta-rs's MERGE may hold before it spills to disk (DataFusion's pool; its default has no
+#: bound). A MERGE into a 10M-row replica took about 260 MiB (docs/BENCHMARKS.md, eleventh session).
+DRIVER_MERGE_MEMORY_BYTES = 1024 * 1024 * 1024
+
 #: How many of the replica's newest commits are searched for a replayed batch's tag before all.
 RECENT_COMMITS = 100
 
@@ -138,7 +142,7 @@ class DriverApply:
     def _merge(self, replica: Any, winners: Any, txn: TxnId) -> dict[str, Any]:
         op = f"{SOURCE_ALIAS}.{_sql_name(OP_COLUMN)}"
         merger = (replica.merge(winners, self.predicate, source_alias=SOURCE_ALIAS, target_alias=TARGET_ALIAS,
-                                commit_properties=self._properties(txn))
+                                max_spill_size=DRIVER_MERGE_MEMORY_BYTES, commit_properties=self._properties(txn))
                   .when_matched_delete(f"{op} = '{DELETE}'")
                   .when_matched_update_all(f"{op} <> '{DELETE}'", except_cols=[OP_COLUMN])
                   .when_not_matched_insert_all(f"{op} <> '{DELETE}'", except_cols=[OP_COLUMN]))

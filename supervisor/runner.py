@@ -486,6 +486,7 @@ class TableRunner:
         facts = snapshot_copy.replica_facts(self.session, self.ctx.catalog.locate(self.destination))
         choice = choose_apply(facts, plan.column_names, self.ctx.spec.rewrite_below_bytes,
                               driver_apply=self.ctx.spec.driver_apply,
+                              driver_apply_below_bytes=self.ctx.spec.driver_apply_below_bytes,
                               key_types=[c.type for c in plan.columns if c.name in plan.keys])
         log.info("table %s: %s", self.source, choice.reason)
         return choice, facts.rows

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lakemirror.identifiers import TableName
-from lakemirror.sinks.apply_choice import DEFAULT_REWRITE_BELOW_BYTES
+from lakemirror.sinks.apply_choice import DEFAULT_DRIVER_APPLY_BELOW_BYTES, DEFAULT_REWRITE_BELOW_BYTES
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,7 @@ class PipelineSpec:
     retention_warning_seconds: float = 86400.0  # warn when the change window is closer than this
     rewrite_below_bytes: int = DEFAULT_REWRITE_BELOW_BYTES  # replicas this small are rewritten, not MERGEd
     driver_apply: bool = True                   # ... or, at a local path, MERGEd by delta-rs on the driver
+    driver_apply_below_bytes: int = DEFAULT_DRIVER_APPLY_BELOW_BYTES  # ... as are local replicas up to this size
 
     def source(self, table: str) -> TableName:
         return TableName(self.source_catalog, self.schema_name, table)

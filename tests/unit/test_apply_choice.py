@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from lakemirror.sinks.apply_choice import DRIVER_BATCH_MAX_ROWS, ApplyChoice, ReplicaFacts, choose_apply
+from lakemirror.sinks.apply_choice import (DEFAULT_DRIVER_APPLY_BELOW_BYTES, DRIVER_BATCH_MAX_ROWS, ApplyChoice,
+                                          ReplicaFacts, choose_apply)
 
 MIB = 1024 * 1024
 SMALL = ReplicaFacts(size_bytes=2 * MIB, rows=100_000, columns=("id", "v", "payload"), properties={},
@@ -76,7 +77,8 @@ def _drive(facts: ReplicaFacts = LOCAL, columns: tuple[str, ...] = ("id", "v", "
 def test_a_small_local_replica_is_applied_on_the_driver() -> None:
     choice = _drive()
     assert choice.driver and not choice.rewrite and "delta-rs" in choice.reason
-    assert choice.bytes_per_row == 2 * MIB / 100_000 and choice.limit_bytes == 64 * MIB
+    assert choice.bytes_per_row == 2 * MIB / 100_000
+    assert choice.limit_bytes == DEFAULT_DRIVER_APPLY_BELOW_BYTES and choice.rewrite_limit_bytes == 64 * MIB
     assert _drive(key_types=("decimal(10,2)", "string", "timestamp", "date")).driver
 
 
@@ -95,10 +97,28 @@ def test_each_reason_to_keep_spark_for_a_small_replica_is_named() -> None:
 
 
 def test_what_keeps_a_rewrite_from_a_replica_keeps_the_driver_from_it_too() -> None:
-    """The driver path is a small-replica path: every reason to MERGE still applies."""
+    """Every reason to MERGE but the replica's size still applies to the driver path."""
     assert _drive(replace(LOCAL, properties={"delta.enableChangeDataFeed": "true"})).path == "merge"
-    assert _drive(replace(LOCAL, size_bytes=65 * MIB)).path == "merge"
     assert _drive(replace(LOCAL, observable=False)).path == "merge"
+
+
+def test_a_replica_past_the_rewrite_limit_is_still_merged_on_the_driver_up_to_its_own_limit() -> None:
+    large = replace(LOCAL, size_bytes=131 * MIB, rows=10_000_000)   # the steady-cost benchmark's replica
+    choice = _drive(large)
+    assert choice.driver and "at most 4096.0 MiB (driver_apply_below_bytes)" in choice.reason
+    assert choice.still_small(10_000_000) and choice.still_small(300_000_000)
+    huge = _drive(replace(LOCAL, size_bytes=5 * 1024 * MIB, rows=10**8))
+    assert huge.path == "merge" and "driver_apply_below_bytes (4096.0 MiB)" in huge.reason
+    assert "and the replica is not a path" in _drive(replace(large, local=False)).reason
+    assert _drive(replace(large, local=False)).path == "merge", "past the rewrite limit, no rewrite"
+    assert choose_apply(large, ("id", "v", "payload"), 64 * MIB, driver_apply=True, key_types=("bigint",),
+                        driver_apply_below_bytes=100 * MIB).path == "merge"
+
+
+def test_a_driver_choice_refused_by_delta_rs_falls_back_to_a_rewrite_only_while_small() -> None:
+    small = _drive().without_driver(100_000)
+    assert small is not None and small.rewrite and small.limit_bytes == 64 * MIB
+    assert _drive(replace(LOCAL, size_bytes=131 * MIB, rows=10_000_000)).without_driver(10_000_000) is None
 
 
 def test_the_driver_takes_batches_that_fit_its_share_of_memory() -> None:
