@@ -384,7 +384,7 @@ def _driver_case(spark, tmp_path, name: str, ddl: str, keys: list[str]):
     plan = plan_merge(columns_from_struct(tables.read(spark, source).schema), keys)
     sink = DeltaMergeSink(replica, plan, stable_source=True,
                           choice=ApplyChoice("driver", "test", bytes_per_row=10.0, limit_bytes=10**9,
-                                                      rewrite_limit_bytes=10**9))
+                                             rewrite_limit_bytes=10**9))
 
     def feed(lo: int, hi: int):
         return tables.read(spark, source, readChangeFeed="true", startingVersion=lo, endingVersion=hi)
