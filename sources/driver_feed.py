@@ -44,6 +44,10 @@ class FeedTooLarge(Exception):
     """The batch holds more change rows than the caller takes on the driver."""
 
 
+class FeedUnfit(Exception):
+    """delta-rs's change feed of this source may differ from Spark's (the message says why)."""
+
+
 def readable_by_delta_rs(table: Any) -> str | None:
     """Why delta-rs's change feed of ``table`` (a delta-rs ``DeltaTable``) may differ from Spark's;
     None when it does not."""
@@ -78,18 +82,27 @@ class DriverFeed:
         """Why this source's batches are left to Spark's read; None when they need not be."""
         return readable_by_delta_rs(self._source())
 
+    def _checked_source(self) -> Any:
+        """The source, brought up to date, checked again each time: a property change (column
+        mapping turned on, say) need not restart the stream."""
+        source = self._source()
+        why = readable_by_delta_rs(source)
+        if why is not None:
+            raise FeedUnfit(why)
+        return source
+
     def read(self, versions: VersionRange, columns: Sequence[str], max_rows: int,
              table_id: str | None = None) -> "pa.Table":
         """The change rows (preimages left out) of ``versions``: ``columns``, which must include the
         three change-feed columns. Raises :class:`FeedTooLarge` past ``max_rows`` rows, and
         :class:`ValueError` when the table at the path is not ``table_id`` (recreated since Spark
-        planned the batch)."""
+        planned the batch), :class:`FeedUnfit` when delta-rs's read of the source may differ."""
         import pyarrow as pa
 
         wanted = list(columns)
         if versions.empty:
             return self._normalised(pa.table({c: pa.array([], pa.null()) for c in wanted}), wanted, empty=True)
-        source = self._source()
+        source = self._checked_source()
         if table_id is not None and source.metadata().id != table_id:
             raise ValueError(f"the table at {self.path} is now {source.metadata().id}, not {table_id}")
         reader = pa.RecordBatchReader.from_stream(source.load_cdf(

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from lakemirror.checkpoints import stream_dir
 from lakemirror.sinks.driver_apply import ChangeReader
-from lakemirror.sources.driver_feed import DriverFeed, FeedTooLarge
+from lakemirror.sources.driver_feed import DriverFeed, FeedTooLarge, FeedUnfit
 from lakemirror.sources.feed_range import LocalCommitActions, SourceOffset, batch_versions
 from lakemirror.tables import TableLocation, is_local_path, is_local_table, local_dir
 
@@ -36,8 +36,7 @@ class BatchFeed:
         self.table = table
         self.commits = LocalCommitActions(source_path)
         self.feed = DriverFeed(source_path)
-        self._unfit: str | None = None
-        self._checked = False
+        self._unfit: str | None = None  # why the source was last found unfit (logged once per reason)
         #: Batches read here, and batches left to Spark's read (for status and tests).
         self.read_by_delta_rs = 0
         self.read_by_spark = 0
@@ -67,8 +66,6 @@ class BatchFeed:
         return rows
 
     def _read(self, batch_id: int, columns: Sequence[str], max_rows: int) -> "pa.Table | None":
-        if not self._source_fit():
-            return None
         offsets = stream_dir.batch_offsets(self.checkpoint, batch_id)
         if offsets is None:
             log.debug("%s: batch %d: its offsets cannot be read; Spark reads it", self.table, batch_id)
@@ -87,18 +84,12 @@ class BatchFeed:
             return self.feed.read(versions, columns, max_rows, end.table_id)
         except FeedTooLarge:
             return None
+        except FeedUnfit as exc:
+            if str(exc) != self._unfit:
+                log.info("%s: batches are read by Spark, not delta-rs: %s", self.table, exc)
+            self._unfit = str(exc)
+            return None
         except Exception as exc:  # noqa: BLE001 (any failure of the fast read: Spark's read is exact)
             log.warning("%s: delta-rs could not read batch %d (versions %d-%d): %s; Spark reads it",
                         self.table, batch_id, versions.first, versions.last, exc)
             return None
-
-    def _source_fit(self) -> bool:
-        if not self._checked:
-            try:
-                self._unfit = self.feed.unfit()
-            except Exception as exc:  # noqa: BLE001 (delta-rs cannot open it: Spark reads every batch)
-                self._unfit = f"delta-rs cannot open it ({exc})"
-            self._checked = True
-            if self._unfit is not None:
-                log.info("%s: batches are read by Spark, not delta-rs: %s", self.table, self._unfit)
-        return self._unfit is None

@@ -145,12 +145,26 @@ def test_a_batch_larger_than_the_drivers_share_or_of_another_table_is_not_read(s
     assert reader.read(VersionRange(5, 4), COLUMNS, 10).num_rows == 0
 
 
-def test_a_source_with_column_mapping_is_read_by_spark(spark, tmp_path):
-    from lakemirror.sources.driver_feed import DriverFeed
+def test_a_source_with_column_mapping_is_read_by_spark_even_when_turned_on_mid_stream(spark, tmp_path):
+    from lakemirror.sources.driver_feed import DriverFeed, FeedUnfit
+    from lakemirror.sources.feed_range import VersionRange
     from lakemirror.tables import TableLocation
 
-    source = TableLocation(TableName("src", "s", "feed4"), str(tmp_path / "source"))
-    spark.sql(f"CREATE TABLE {source.sql} (id BIGINT, v STRING) USING DELTA TBLPROPERTIES ("
+    mapped = TableLocation(TableName("src", "s", "feed4"), str(tmp_path / "mapped"))
+    spark.sql(f"CREATE TABLE {mapped.sql} (id BIGINT, v STRING) USING DELTA TBLPROPERTIES ("
               "'delta.enableChangeDataFeed' = 'true', 'delta.columnMapping.mode' = 'name', "
               "'delta.minReaderVersion' = '2', 'delta.minWriterVersion' = '5')")
-    assert "column mapping" in (DriverFeed(source.path).unfit() or "")
+    assert "column mapping" in (DriverFeed(mapped.path).unfit() or "")
+
+    source = TableLocation(TableName("src", "s", "feed5"), str(tmp_path / "source"))
+    spark.sql(f"CREATE TABLE {source.sql} (id BIGINT, v STRING) USING DELTA "
+              "TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')")
+    spark.sql(f"INSERT INTO {source.sql} VALUES (1, 'a')")                                       # v1
+    reader = DriverFeed(source.path)
+    columns = ["id", "v", "_change_type", "_commit_version", "_commit_timestamp"]
+    assert reader.read(VersionRange(1, 1), columns, 10).num_rows == 1
+    spark.sql(f"ALTER TABLE {source.sql} SET TBLPROPERTIES ('delta.columnMapping.mode' = 'name', "
+              "'delta.minReaderVersion' = '2', 'delta.minWriterVersion' = '5')")                # v2
+    spark.sql(f"INSERT INTO {source.sql} VALUES (2, 'b')")                                       # v3
+    with pytest.raises(FeedUnfit, match="column mapping"):
+        reader.read(VersionRange(3, 3), columns, 10)  # the same reader, its table brought up to date
