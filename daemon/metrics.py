@@ -40,6 +40,9 @@ class Metrics:
                             [*t, "op"], registry=r)
         self.rows_read = Counter("lakemirror_change_rows_read_total", "Change-feed rows read.", t, registry=r)
         self.batches = Counter("lakemirror_batches_total", "Micro-batches applied.", t, registry=r)
+        self.batch_paths = Counter("lakemirror_batch_paths_total", "Micro-batches applied, by the engine that read "
+                                   "their change rows (spark, delta-rs) and the path that wrote them (spark-merge, "
+                                   "spark-rewrite, delta-rs-merge).", [*t, "read", "write"], registry=r)
         self.replays = Counter("lakemirror_batches_replayed_total", "Micro-batches found already committed "
                                "(skipped by Delta transaction ids).", t, registry=r)
         self.duration = Histogram("lakemirror_batch_duration_seconds", "Time to apply one micro-batch.", t,
@@ -84,6 +87,7 @@ class Metrics:
             self.rows.labels(**lab, op=op).inc(n)
         self.rows_read.labels(**lab).inc(report.outcome.stats.rows_read)
         self.batches.labels(**lab).inc()
+        self.batch_paths.labels(**lab, read=report.outcome.read, write=report.outcome.write).inc()
         if report.outcome.replayed:
             self.replays.labels(**lab).inc()
         self.duration.labels(**lab).observe(report.duration_seconds)

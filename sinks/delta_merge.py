@@ -36,8 +36,8 @@ from lakemirror.sinks.driver_apply import ChangeReader, DriverApply, DriverUnfit
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.planner import COMMIT_TIMESTAMP, COMMIT_VERSION, LATEST_COLUMN, MergePlan, SOURCE_ALIAS, TARGET_ALIAS
 # The shared batch types, importable from here as before (the executors' callers use them).
-from lakemirror.sinks.txn import (BatchStats, MergeOutcome, TxnId, counts_from_metrics, is_txn_tag,  # noqa: F401
-                                  txn_app_id)
+from lakemirror.sinks.txn import (WRITE_SPARK_REWRITE, BatchStats, MergeOutcome, TxnId,  # noqa: F401
+                                  counts_from_metrics, is_txn_tag, txn_app_id)
 from lakemirror.tables import TableLocation
 
 if TYPE_CHECKING:
@@ -192,7 +192,7 @@ class DeltaMergeSink:
         observed = observed_metrics(observation)
         stats = _stats_from(observed) if observed is not None else self.stats(batch)
         self._track_size(result.rows)
-        return MergeOutcome(stats, result.counts, replayed)
+        return MergeOutcome(stats, result.counts, replayed, write=WRITE_SPARK_REWRITE)
 
     def _drive(self, driver: DriverApply, batch: "DataFrame", txn: TxnId,
                read: ChangeReader | None = None) -> MergeOutcome | None:

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from lakemirror.sinks.arrow_changes import batch_stats, winning_changes
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.planner import CDF_COLUMNS, DELETE, OP_COLUMN, SOURCE_ALIAS, TARGET_ALIAS, MergePlan
-from lakemirror.sinks.txn import MergeOutcome, TxnId, counts_from_metrics
+from lakemirror.sinks.txn import (READ_BY_DELTA_RS, READ_BY_SPARK, WRITE_DELTA_RS, MergeOutcome, TxnId,
+                                  counts_from_metrics)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -83,6 +84,7 @@ class DriverApply:
         when given, reads the batch's rows without Spark (or answers None: Spark reads them)."""
         wanted = [*self.plan.column_names, *CDF_COLUMNS]
         changes = read(wanted, self.max_rows) if read is not None else None
+        how = {"read": READ_BY_SPARK if changes is None else READ_BY_DELTA_RS, "write": WRITE_DELTA_RS}
         if changes is None:
             # Preimages are never applied: the plan's change filter (the Spark paths' own) leaves them
             # in Spark, saving their conversion to Arrow and their trip to the driver (a third of a
@@ -96,13 +98,13 @@ class DriverApply:
             return None
         stats = batch_stats(changes, preimages_dropped=True)
         if stats.rows_read == 0:
-            return MergeOutcome(stats, ApplyCounts(), replayed=False)
+            return MergeOutcome(stats, ApplyCounts(), replayed=False, **how)
         replica = self._replica()
         read_version = replica.version()
         committed = replica.transaction_version(txn.app_id)
         if committed is not None and committed >= txn.version:
             counts = self._replayed_counts(replica, txn)
-            return MergeOutcome(stats, counts if counts is not None else recount(), replayed=True)
+            return MergeOutcome(stats, counts if counts is not None else recount(), replayed=True, **how)
         winners = winning_changes(changes, self.plan.keys, self.plan.column_names)
         try:
             metrics = self._merge(replica, winners, txn)
@@ -113,7 +115,7 @@ class DriverApply:
             raise DriverUnfit(f"{self.path}: delta-rs could not apply batch {txn.version}: {exc}") from exc
         if replica.version() == read_version:
             self._commit_empty(replica, txn)  # the MERGE changed no file, so delta-rs committed nothing
-        return MergeOutcome(stats, counts_from_metrics(metrics), replayed=False)
+        return MergeOutcome(stats, counts_from_metrics(metrics), replayed=False, **how)
 
     def _replica(self) -> Any:
         from deltalake import DeltaTable

@@ -40,11 +40,18 @@ class BatchStats:
     max_commit_time: float | None
 
 
+#: Which engine read a batch's change rows, and which applied them (``MergeOutcome.read`` / ``.write``).
+READ_BY_SPARK, READ_BY_DELTA_RS = "spark", "delta-rs"
+WRITE_SPARK_MERGE, WRITE_SPARK_REWRITE, WRITE_DELTA_RS = "spark-merge", "spark-rewrite", "delta-rs-merge"
+
+
 @dataclass(frozen=True)
 class MergeOutcome:
     stats: BatchStats
     counts: ApplyCounts
     replayed: bool  # the write was skipped: this batch had been committed before
+    read: str = READ_BY_SPARK           # the engine that read the batch's change rows
+    write: str = WRITE_SPARK_MERGE      # the apply path that wrote (or found already written) the batch
 
 
 def counts_from_metrics(metrics: dict[str, Any] | None) -> ApplyCounts:

@@ -50,6 +50,10 @@ def test_inserts_updates_deletes_reach_the_replica(make_pipeline, apply_settings
     feed = pipeline.runner("orders").batch_feed
     if _path(apply_settings) == "driver":
         assert feed is not None and feed.read_by_delta_rs >= 1, "whole-version batches are read by delta-rs"
+    paths = {(s.labels["read"], s.labels["write"]) for m in pipeline.app.metrics.registry.collect()
+             if m.name == "lakemirror_batch_paths" for s in m.samples if s.name.endswith("_total") and s.value > 0}
+    assert paths == {"driver": {("delta-rs", "delta-rs-merge")}, "rewrite": {("spark", "spark-rewrite")},
+                     "merge": {("spark", "spark-merge")}}[_path(apply_settings)], paths
 
 
 @APPLY_PATHS
