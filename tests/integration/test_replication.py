@@ -480,8 +480,9 @@ def test_spark_and_the_driver_recognise_each_others_committed_batches(spark, tmp
     spark.sql(f"INSERT INTO {source.sql} VALUES (1, 'a'), (2, 'b')")                                 # v1
     spark.sql(f"UPDATE {source.sql} SET v = 'c' WHERE id = 1")                                      # v2
     by_spark = spark_sink.apply(feed(1, 1), TxnId(txn, 0))
+    assert (by_spark.read, by_spark.write) == ("spark", "spark-rewrite")
     assert driver_sink.apply(feed(1, 1), TxnId(txn, 0)) == \
-        type(by_spark)(by_spark.stats, by_spark.counts, replayed=True)
+        type(by_spark)(by_spark.stats, by_spark.counts, replayed=True, read="spark", write="delta-rs-merge")
     by_driver = driver_sink.apply(feed(2, 2), TxnId(txn, 1))
     assert (by_driver.replayed, by_driver.counts) == (False, ApplyCounts(updated=1))
     again = spark_sink.apply(feed(2, 2), TxnId(txn, 1))
