@@ -32,7 +32,9 @@ Spark's Delta writer costs about a second a commit on two cores whatever the bat
 MERGE streams the replica, so the driver path takes replicas up to ``driver_apply_below_bytes``
 (4 GiB by default), past ``rewrite_below_bytes``: a 1% change into a 10M-row replica cost 0.46
 times a Spark overwrite's CPU, against 1.76 times for Spark's MERGE (eleventh session). A large
-replica delta-rs refuses goes to Spark's MERGE, a small one to the rewrite. On top of the
+replica delta-rs refuses goes to Spark's MERGE, a small one to the rewrite. A replica with
+deletion vectors on (which delta-rs does not write) is taken by :mod:`lakemirror.sinks.dv_merge`
+instead, which marks changed rows deleted in place; it falls back to Spark's MERGE. On top of the
 rewrite's conditions (but its size) the driver path needs:
 
 - ``driver_apply`` on and the ``deltalake`` package importable;
@@ -56,7 +58,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
-from lakemirror.tables import DELTA_RS_WRITER_FEATURES
+from lakemirror.tables import DELTA_RS_WRITER_FEATURES, DV_WRITER_FEATURES
 
 MERGE, REWRITE, DRIVER = "merge", "rewrite", "driver"
 #: Key types an Arrow group-by handles (a type name's start: ``decimal(10,2)`` is a decimal).
@@ -98,6 +100,9 @@ class ApplyChoice:
     limit_bytes: int = 0
     #: A driver choice's fallback when delta-rs refuses the table: a rewrite up to this size, else MERGE.
     rewrite_limit_bytes: int = 0
+    #: A driver choice for a replica with deletion vectors on: changed rows are marked deleted
+    #: (:mod:`lakemirror.sinks.dv_merge`), and the fallback is Spark's MERGE, never a rewrite.
+    deletion_vectors: bool = False
 
     @property
     def rewrite(self) -> bool:
@@ -116,7 +121,7 @@ class ApplyChoice:
     def without_driver(self, rows: int) -> "ApplyChoice | None":
         """What a driver choice falls back to for a replica of ``rows`` rows: the rewrite while the
         replica is within ``rewrite_below_bytes``, otherwise None (MERGE)."""
-        if rows * self.bytes_per_row > self.rewrite_limit_bytes:
+        if self.deletion_vectors or rows * self.bytes_per_row > self.rewrite_limit_bytes:
             return None
         return replace(self, path=REWRITE, reason=self.reason + "; delta-rs refused it, so Spark rewrites it",
                        limit_bytes=self.rewrite_limit_bytes)
@@ -138,7 +143,8 @@ def _plain_type(type_name: str) -> bool:
     return type_name.strip().lower().startswith(DRIVER_KEY_TYPES) and "<" not in type_name
 
 
-def _why_not_driver(facts: ReplicaFacts, batch_columns: Sequence[str], key_types: Sequence[str]) -> str | None:
+def _why_not_driver(facts: ReplicaFacts, batch_columns: Sequence[str], key_types: Sequence[str],
+                    writable: frozenset[str] = DELTA_RS_WRITER_FEATURES) -> str | None:
     """Why the driver path cannot take this replica, or None when it can."""
     if not facts.driver_engine:
         return "the deltalake package is not installed"
@@ -146,9 +152,9 @@ def _why_not_driver(facts: ReplicaFacts, batch_columns: Sequence[str], key_types
         return "the replica is not a path on the driver's file system"
     if facts.features is None:
         return "the replica's protocol features are unknown"
-    other = sorted(set(facts.features) - DELTA_RS_WRITER_FEATURES)
+    other = sorted(set(facts.features) - writable)
     if other:
-        return f"the replica uses protocol features delta-rs does not write ({', '.join(other)})"
+        return f"the replica uses protocol features the driver does not write ({', '.join(other)})"
     if sorted(facts.columns) != sorted(batch_columns):
         return "the replica's column names differ in case from the replicated ones"
     odd = [t for t in key_types if not _plain_type(t)]
@@ -173,9 +179,11 @@ def choose_apply(facts: ReplicaFacts, batch_columns: Sequence[str], rewrite_belo
     if str(facts.properties.get(CDF_PROPERTY, "false")).lower() == "true":
         return ApplyChoice(MERGE, merge + "the replica has a change data feed of its own, which a rewrite "
                                           "would fill with every row")
-    if str(facts.properties.get(DELETION_VECTORS_PROPERTY, "false")).lower() == "true":
-        return ApplyChoice(MERGE, merge + "the replica has deletion vectors on, so a MERGE writes only the changed "
-                                          "rows where a rewrite would write every row")
+    dv = str(facts.properties.get(DELETION_VECTORS_PROPERTY, "false")).lower() == "true"
+    dv_merge = merge + "the replica has deletion vectors on, so a MERGE writes only the changed rows where a " \
+                       "rewrite would write every row"
+    if dv and not driver_apply:
+        return ApplyChoice(MERGE, dv_merge + " (driver_apply is off)")
     if sorted(c.lower() for c in facts.columns) != sorted(c.lower() for c in batch_columns):
         return ApplyChoice(MERGE, merge + "the replica's columns differ from the replicated ones "
                                           f"({', '.join(facts.columns)} against {', '.join(batch_columns)})")
@@ -185,6 +193,13 @@ def choose_apply(facts: ReplicaFacts, batch_columns: Sequence[str], rewrite_belo
         return ApplyChoice(MERGE, merge + "the replica is empty, so its size per row (which bounds a growing "
                                           "replica's rewrites) is unknown")
     per_row = facts.size_bytes / facts.rows
+    if dv:
+        not_driver = _why_not_driver(facts, batch_columns, key_types, DV_WRITER_FEATURES)
+        if not_driver is not None:
+            return ApplyChoice(MERGE, dv_merge + f", and {not_driver}")
+        size = f"{_mib(facts.size_bytes)}, at most {_mib(limit)} (driver_apply_below_bytes)"
+        return ApplyChoice(DRIVER, f"applies on the driver by deletion vectors (changed rows marked deleted, new "
+                                   f"ones appended): {size}", per_row, limit, deletion_vectors=True)
     not_driver = _why_not_driver(facts, batch_columns, key_types) if driver_apply else "driver_apply is off"
     if not_driver is None:
         size = f"{_mib(facts.size_bytes)}, at most {_mib(limit)} (driver_apply_below_bytes)"

@@ -84,7 +84,8 @@ class DeltaMergeSink:
             small = small.without_driver(replica_rows)  # a table known only by name has no path to hand delta-rs
         self.small = small
         self.rewrite = small if small is not None and small.rewrite else None
-        self.driver = (DriverApply(str(self.target.path), self.plan, small.driver_batch_rows())
+        self.driver = (DriverApply(str(self.target.path), self.plan, small.driver_batch_rows(),
+                                   deletion_vectors=small.deletion_vectors)
                        if small is not None and small.driver else None)
         self.replica_rows = replica_rows
 

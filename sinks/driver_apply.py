@@ -4,7 +4,9 @@ Chosen per table by :mod:`lakemirror.sinks.apply_choice`; the MERGE executor dis
 batch's rows come to the driver as Arrow: read by delta-rs when the stream's offsets show whole
 source versions (:mod:`lakemirror.supervisor.batch_feed`), otherwise by one Spark action (no
 join). The winning change per key is picked there (:mod:`lakemirror.sinks.arrow_changes`), and
-one delta-rs MERGE writes them. Spark's Delta writer
+one delta-rs MERGE writes them; into a replica with deletion vectors on, which delta-rs does not
+write, :mod:`lakemirror.sinks.dv_merge` marks the changed rows deleted and appends the new ones.
+Spark's Delta writer
 costs about a second a commit on two cores, whatever the batch (docs/BENCHMARKS.md); this path
 runs no Spark job for the write.
 
@@ -30,8 +32,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from lakemirror.sinks.arrow_changes import batch_stats, winning_changes
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.planner import CDF_COLUMNS, DELETE, OP_COLUMN, SOURCE_ALIAS, TARGET_ALIAS, MergePlan
-from lakemirror.sinks.txn import (READ_BY_DELTA_RS, READ_BY_SPARK, WRITE_DELTA_RS, MergeOutcome, TxnId,
-                                  counts_from_metrics)
+from lakemirror.sinks.txn import (READ_BY_DELTA_RS, READ_BY_SPARK, WRITE_DELTA_RS, WRITE_DRIVER_DV, MergeOutcome,
+                                  TxnId, counts_from_metrics)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -63,10 +65,16 @@ class DriverUnfit(Exception):
 class DriverApply:
     """delta-rs MERGEs of change batches into the replica at ``path``."""
 
-    def __init__(self, path: str, plan: MergePlan, max_rows: int) -> None:
+    def __init__(self, path: str, plan: MergePlan, max_rows: int, deletion_vectors: bool = False) -> None:
         self.path = path
         self.plan = plan
         self.max_rows = max_rows
+        #: Set when the replica has deletion vectors on: batches mark changed rows deleted instead.
+        self.dv: Any = None
+        if deletion_vectors:
+            from lakemirror.sinks.dv_merge import DeletionVectorMerge
+
+            self.dv = DeletionVectorMerge(path, plan.keys, plan.column_names)
         #: The replica's delta-rs table, brought up to date before each batch (it reads only the
         #: commits since; a sink lives for one launch of the table's stream, as does this).
         self._table: Any = None
@@ -84,7 +92,8 @@ class DriverApply:
         when given, reads the batch's rows without Spark (or answers None: Spark reads them)."""
         wanted = [*self.plan.column_names, *CDF_COLUMNS]
         changes = read(wanted, self.max_rows) if read is not None else None
-        how = {"read": READ_BY_SPARK if changes is None else READ_BY_DELTA_RS, "write": WRITE_DELTA_RS}
+        how = {"read": READ_BY_SPARK if changes is None else READ_BY_DELTA_RS,
+               "write": WRITE_DELTA_RS if self.dv is None else WRITE_DRIVER_DV}
         if changes is None:
             # Preimages are never applied: the plan's change filter (the Spark paths' own) leaves them
             # in Spark, saving their conversion to Arrow and their trip to the driver (a third of a
@@ -106,6 +115,8 @@ class DriverApply:
             counts = self._replayed_counts(replica, txn)
             return MergeOutcome(stats, counts if counts is not None else recount(), replayed=True, **how)
         winners = winning_changes(changes, self.plan.keys, self.plan.column_names)
+        if self.dv is not None:
+            return self._apply_dv(replica, winners, txn, stats, how)
         try:
             metrics = self._merge(replica, winners, txn)
         except Exception as exc:
@@ -116,6 +127,23 @@ class DriverApply:
         if replica.version() == read_version:
             self._commit_empty(replica, txn)  # the MERGE changed no file, so delta-rs committed nothing
         return MergeOutcome(stats, counts_from_metrics(metrics), replayed=False, **how)
+
+    def _apply_dv(self, replica: Any, winners: "pa.Table", txn: TxnId, stats: Any, how: dict[str, str]) -> MergeOutcome:
+        from lakemirror.sinks.dv_merge import DvUnfit
+
+        try:
+            counts = self.dv.merge(winners, txn)
+        except DvUnfit as exc:
+            raise DriverUnfit(f"{self.path}: batch {txn.version} cannot be applied by deletion vectors: {exc}") from exc
+        except Exception as exc:
+            self._table = None
+            if self._committed(txn):
+                raise
+            raise DriverUnfit(f"{self.path}: the deletion-vector apply of batch {txn.version} failed: {exc}") from exc
+        if counts is None:  # another process committed it since the replay check
+            replayed = self._replayed_counts(self._replica(), txn)
+            return MergeOutcome(stats, replayed if replayed is not None else ApplyCounts(), replayed=True, **how)
+        return MergeOutcome(stats, counts, replayed=False, **how)
 
     def _replica(self) -> Any:
         from deltalake import DeltaTable

@@ -43,6 +43,7 @@ class BatchStats:
 #: Which engine read a batch's change rows, and which applied them (``MergeOutcome.read`` / ``.write``).
 READ_BY_SPARK, READ_BY_DELTA_RS = "spark", "delta-rs"
 WRITE_SPARK_MERGE, WRITE_SPARK_REWRITE, WRITE_DELTA_RS = "spark-merge", "spark-rewrite", "delta-rs-merge"
+WRITE_DRIVER_DV = "driver-deletion-vectors"
 
 
 @dataclass(frozen=True)

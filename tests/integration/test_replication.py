@@ -155,9 +155,10 @@ def test_bootstrap_copies_the_snapshot_then_streams_from_the_next_version(pipeli
 
 
 def test_replica_properties_are_set_at_bootstrap_and_a_deletion_vector_replica_stays_exact(make_pipeline):
-    """``replica_properties`` reach the replica; with deletion vectors on, MERGEs mark changed rows
-    deleted instead of rewriting their files, and the replica must still equal the source."""
-    pipeline = make_pipeline(replica_properties={"delta.enableDeletionVectors": "true"})  # so: MERGE, not rewrite
+    """``replica_properties`` reach the replica; with deletion vectors on, batches mark changed rows
+    deleted instead of rewriting their files (on the driver: sinks/dv_merge.py), and the replica must
+    still equal the source."""
+    pipeline = make_pipeline(replica_properties={"delta.enableDeletionVectors": "true"})  # so: never a rewrite
     pipeline.create("dv", "id BIGINT NOT NULL, v STRING", key="id")
     pipeline.sql("dv", "INSERT INTO {t} SELECT id, 'a' FROM range(0, 200)")
     pipeline.start()
@@ -176,6 +177,9 @@ def test_replica_properties_are_set_at_bootstrap_and_a_deletion_vector_replica_s
     # the changed rows were marked deleted in place: no MERGE copied an unchanged row to a new file
     assert merges and any(int(h["operationMetrics"]["numTargetDeletionVectorsAdded"]) > 0 for h in merges)
     assert all(int(h["operationMetrics"]["numTargetRowsCopied"]) == 0 for h in merges)
+    paths = {(s.labels["read"], s.labels["write"]) for m in pipeline.app.metrics.registry.collect()
+             if m.name == "lakemirror_batch_paths" for s in m.samples if s.name.endswith("_total") and s.value > 0}
+    assert paths == {("delta-rs", "driver-deletion-vectors")}, paths
 
 
 def test_a_batch_applied_twice_is_skipped_and_reported_as_replayed(spark, tmp_path):

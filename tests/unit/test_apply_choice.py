@@ -88,7 +88,7 @@ def test_each_reason_to_keep_spark_for_a_small_replica_is_named() -> None:
         "deltalake package is not installed": _drive(replace(LOCAL, driver_engine=False)),
         "not a path on the driver's file system": _drive(replace(LOCAL, local=False)),
         "protocol features are unknown": _drive(replace(LOCAL, features=None)),
-        "delta-rs does not write (columnMapping)": _drive(replace(LOCAL, features=("appendOnly", "columnMapping"))),
+        "the driver does not write (columnMapping)": _drive(replace(LOCAL, features=("appendOnly", "columnMapping"))),
         "differ in case": _drive(columns=("ID", "v", "payload")),
         "does not group by (struct<a:int>)": _drive(key_types=("bigint", "struct<a:int>")),
     }
@@ -126,3 +126,28 @@ def test_the_driver_takes_batches_that_fit_its_share_of_memory() -> None:
     wide = _drive(replace(LOCAL, size_bytes=50 * MIB, rows=51_200))           # 1 KiB a row
     assert wide.driver_batch_rows() == 512 * 1024 * 1024 // (4 * 1024)
     assert _drive(replace(LOCAL, size_bytes=60 * MIB, rows=10)).driver_batch_rows() == 10_000  # a floor
+
+
+DV_ON = replace(LOCAL, properties={"delta.enableDeletionVectors": "true"},
+                features=("appendOnly", "invariants", "deletionVectors"))
+
+
+def test_a_replica_with_deletion_vectors_is_applied_on_the_driver_by_deletion_vectors() -> None:
+    choice = _drive(DV_ON)
+    assert choice.driver and choice.deletion_vectors and "by deletion vectors" in choice.reason
+    large = _drive(replace(DV_ON, size_bytes=131 * MIB, rows=10_000_000))
+    assert large.driver and large.deletion_vectors
+    assert choice.without_driver(10) is None, "refused, it falls back to Spark's MERGE, never to a rewrite"
+    assert not _drive().deletion_vectors
+
+
+def test_what_keeps_deletion_vectors_off_the_driver_is_named_and_means_merge() -> None:
+    cases = {
+        "(driver_apply is off)": _drive(DV_ON, on=False),
+        "the driver does not write (rowTracking)": _drive(replace(DV_ON, features=("deletionVectors", "rowTracking"))),
+        "not a path on the driver's file system": _drive(replace(DV_ON, local=False)),
+        "change data feed of its own": _drive(replace(DV_ON, properties={**DV_ON.properties,
+                                                                        "delta.enableChangeDataFeed": "true"})),
+    }
+    for words, choice in cases.items():
+        assert choice.path == "merge" and words in choice.reason, (words, choice.reason)

@@ -1,0 +1,223 @@
+"""The driver's deletion-vector apply (sinks/dv_merge.py) against real Delta: Spark reads what it
+writes, row for row, and it reads (and adds to) what Spark wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from lakemirror.sinks import dv_merge, replica_log
+from lakemirror.sinks.dv_merge import DeletionVectorMerge, DvUnfit
+from lakemirror.sinks.planner import DELETE, OP_COLUMN
+from lakemirror.sinks.replica_log import load_snapshot
+from lakemirror.sinks.txn import TxnId
+
+pytestmark = pytest.mark.integration
+
+UPSERT = "upsert"
+
+
+def _replica(spark: Any, path: Path, ddl: str = "k BIGINT, v STRING", rows: list[tuple[Any, ...]] | None = None,
+             props: str = "'delta.enableDeletionVectors' = 'true'", files: int = 3) -> None:
+    spark.sql(f"CREATE TABLE delta.`{path}` ({ddl}) USING delta TBLPROPERTIES ({props})")
+    if rows:
+        schema = spark.table(f"delta.`{path}`").schema
+        spark.createDataFrame(rows, schema).repartition(files).write.format("delta").mode("append").save(str(path))
+
+
+def _rows(spark: Any, path: Path) -> list[tuple[Any, ...]]:
+    return sorted((tuple(r) for r in spark.read.format("delta").load(str(path)).collect()),
+                  key=lambda r: tuple((x is None, x) for x in r))
+
+
+def _winners(schema: pa.Schema, changes: list[tuple[Any, ...]]) -> pa.Table:
+    """``changes``: (op, *row); one per key, as winning_changes hands them over."""
+    columns = list(zip(*[c[1:] for c in changes])) if changes else [[] for _ in schema]
+    arrays = [pa.array(list(col), f.type) for col, f in zip(columns, schema)]
+    return pa.table([*arrays, pa.array([c[0] for c in changes], pa.string())],
+                    names=[*schema.names, OP_COLUMN])
+
+
+KV = pa.schema([pa.field("k", pa.int64()), pa.field("v", pa.string())])
+
+
+def test_random_histories_equal_the_model_and_no_data_file_is_rewritten(spark, tmp_path):
+    """Inserts, updates, deletes and re-inserts over 12 batches: after each, Spark reads exactly the
+    model; the counts are the MERGE's; the replica's original data files are never rewritten."""
+    path = tmp_path / "r"
+    model = {k: f"v{k}" for k in range(300)}
+    _replica(spark, path, rows=sorted(model.items()))
+    original = {a["path"] for a in load_snapshot(path).files.values()}
+    merge = DeletionVectorMerge(str(path), ["k"], ["k", "v"])
+    rng = random.Random(7)
+    for batch in range(12):
+        changes, expected = [], [0, 0, 0]
+        for k in rng.sample(range(400), 40):
+            if rng.random() < 0.3:
+                changes.append((DELETE, k, None))
+                expected[2] += k in model
+                model.pop(k, None)
+            else:
+                value = None if rng.random() < 0.1 else f"b{batch}-{k}"
+                changes.append((UPSERT, k, value))
+                expected[1 if k in model else 0] += 1
+                model[k] = value
+        counts = merge.merge(_winners(KV, changes), TxnId("app", batch))
+        assert (counts.inserted, counts.updated, counts.deleted) == tuple(expected)
+        assert _rows(spark, path) == sorted(model.items())
+    live = load_snapshot(path).files.values()
+    assert original <= {a["path"] for a in live} | original  # sanity
+    kept = [a for a in live if a["path"] in original]
+    assert kept and all(a.get("deletionVector") for a in kept)  # changed in place, not rewritten
+
+
+def test_composite_keys_match_null_safely_and_never_by_concatenation(spark, tmp_path):
+    path = tmp_path / "r"
+    rows = [("a|b", "c", 1), ("a", "b|c", 2), (None, "x", 3), ("x", None, 4), (None, None, 5), ("V1:a", "b", 6)]
+    _replica(spark, path, "p STRING, q STRING, n INT", rows, files=2)
+    schema = pa.schema([pa.field("p", pa.string()), pa.field("q", pa.string()), pa.field("n", pa.int32())])
+    merge = DeletionVectorMerge(str(path), ["p", "q"], ["p", "q", "n"])
+    counts = merge.merge(_winners(schema, [(UPSERT, "a|b", "c", 10), (UPSERT, None, None, 50), (DELETE, None, "x", None),
+                                           (UPSERT, "a", "b", 99)]), TxnId("app", 0))
+    assert (counts.inserted, counts.updated, counts.deleted) == (1, 2, 1)
+    assert _rows(spark, path) == sorted([("a|b", "c", 10), ("a", "b|c", 2), ("x", None, 4), (None, None, 50),
+                                         ("V1:a", "b", 6), ("a", "b", 99)], key=lambda r: tuple((x is None, x) for x in r))
+
+
+def test_spark_deletion_vectors_are_extended_and_spark_writes_on_top_of_ours(spark, tmp_path):
+    path = tmp_path / "r"
+    model = {k: f"v{k}" for k in range(200)}
+    _replica(spark, path, rows=sorted(model.items()), files=2)
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE k % 5 = 0")  # Spark's deletion vectors
+    for k in [k for k in model if k % 5 == 0]:
+        del model[k]
+    merge = DeletionVectorMerge(str(path), ["k"], ["k", "v"])
+    changes = [(UPSERT, 5, "back"), (UPSERT, 6, "six"), (DELETE, 7, None), (DELETE, 10, None)]
+    counts = merge.merge(_winners(KV, changes), TxnId("app", 0))
+    assert (counts.inserted, counts.updated, counts.deleted) == (1, 1, 1)  # 5 re-inserted; 10 was gone already
+    model.update({5: "back", 6: "six"})
+    del model[7]
+    assert _rows(spark, path) == sorted(model.items())
+    spark.sql(f"UPDATE delta.`{path}` SET v = 'spark' WHERE k < 20")  # Spark extends our vectors
+    model.update({k: "spark" for k in model if k < 20})
+    assert _rows(spark, path) == sorted(model.items())
+    counts = merge.merge(_winners(KV, [(UPSERT, 6, "again"), (DELETE, 8, None)]), TxnId("app", 1))
+    assert (counts.inserted, counts.updated, counts.deleted) == (0, 1, 1)
+    model[6] = "again"
+    del model[8]
+    assert _rows(spark, path) == sorted(model.items())
+
+
+def test_a_replayed_transaction_writes_nothing(spark, tmp_path):
+    path = tmp_path / "r"
+    _replica(spark, path, rows=[(1, "a"), (2, "b")], files=1)
+    merge = DeletionVectorMerge(str(path), ["k"], ["k", "v"])
+    batch = _winners(KV, [(UPSERT, 1, "x"), (DELETE, 2, None)])
+    assert merge.merge(batch, TxnId("app", 4)) is not None
+    version = load_snapshot(path).version
+    assert merge.merge(batch, TxnId("app", 4)) is None
+    assert merge.merge(batch, TxnId("app", 3)) is None
+    assert load_snapshot(path).version == version
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").collect()
+    assert [json.loads(h["userMetadata"])["batch"] for h in history if h["userMetadata"]] == [4]
+    assert _rows(spark, path) == [(1, "x")]
+
+
+def test_a_file_left_with_no_live_row_is_removed(spark, tmp_path):
+    path = tmp_path / "r"
+    _replica(spark, path, rows=[(1, "a"), (2, "b")], files=1)
+    merge = DeletionVectorMerge(str(path), ["k"], ["k", "v"])
+    merge.merge(_winners(KV, [(DELETE, 1, None), (DELETE, 2, None)]), TxnId("app", 0))
+    assert load_snapshot(path).files == {}
+    assert _rows(spark, path) == []
+    merge.merge(_winners(KV, [(UPSERT, 1, "again")]), TxnId("app", 1))
+    assert _rows(spark, path) == [(1, "again")]
+
+
+def test_a_lost_commit_race_is_planned_again_and_leaves_no_stray_file(spark, tmp_path, monkeypatch):
+    """Another writer commits between our snapshot and our commit: the batch is planned again on
+    the newer snapshot; the first attempt's files are removed."""
+    path = tmp_path / "r"
+    _replica(spark, path, rows=[(k, "a") for k in range(10)], files=1)
+    merge = DeletionVectorMerge(str(path), ["k"], ["k", "v"])
+    real_write, raced = replica_log.write_commit, []
+
+    def racing_write(table_dir: Path, version: int, actions: list[dict[str, Any]]) -> bool:
+        if not raced:
+            raced.append(actions)
+            spark.sql(f"UPDATE delta.`{path}` SET v = 'other' WHERE k = 3")  # takes `version`
+        return real_write(table_dir, version, actions)
+
+    monkeypatch.setattr(dv_merge, "write_commit", racing_write)
+    counts = merge.merge(_winners(KV, [(UPSERT, 3, "ours"), (UPSERT, 11, "new"), (DELETE, 4, None)]), TxnId("app", 0))
+    assert raced and (counts.inserted, counts.updated, counts.deleted) == (1, 1, 1)
+    assert _rows(spark, path) == sorted([(k, "a") for k in range(10) if k not in (3, 4)] + [(3, "ours"), (11, "new")])
+    lost = [a["add"] for a in raced[0] if "add" in a]
+    new_rows = [a["path"] for a in lost if not a.get("deletionVector")]
+    dv_files = {dv_merge.DvDescriptor.from_action(a["deletionVector"]).file_path(path) for a in lost
+                if a.get("deletionVector")}
+    assert new_rows and dv_files
+    assert not any((path / p).exists() for p in new_rows) and not any(f.exists() for f in dv_files)
+    assert not [n for n in os.listdir(path) if n.startswith(".lakemirror-rows-")]
+
+
+def test_checkpoints_carry_the_deletion_vectors_and_spark_reads_from_them(spark, tmp_path):
+    path = tmp_path / "r"
+    model = {k: "a" for k in range(50)}
+    _replica(spark, path, rows=sorted(model.items()),
+             props="'delta.enableDeletionVectors' = 'true', 'delta.checkpointInterval' = '3'", files=2)
+    merge = DeletionVectorMerge(str(path), ["k"], ["k", "v"])
+    for batch in range(7):
+        changes = [(UPSERT, batch * 3, f"b{batch}"), (DELETE, batch * 3 + 1, None)]
+        merge.merge(_winners(KV, changes), TxnId("app", batch))
+        model[batch * 3] = f"b{batch}"
+        model.pop(batch * 3 + 1, None)
+    hint = json.loads((path / "_delta_log" / "_last_checkpoint").read_text())
+    assert hint["version"] >= 6
+    snapshot = load_snapshot(path)
+    assert snapshot.transactions["app"] == 6
+    assert _rows(spark, path) == sorted(model.items())
+    spark.catalog.clearCache()
+    fresh = spark.read.format("delta").load(str(path))  # a fresh reader starts from the checkpoint
+    assert sorted(tuple(r) for r in fresh.collect()) == sorted(model.items())
+
+
+@pytest.mark.parametrize("ddl, props, reason", [
+    ("k BIGINT, v STRING", "'delta.enableDeletionVectors' = 'true', 'delta.appendOnly' = 'true'", "append-only"),
+    ("k BIGINT, v STRING", "'delta.enableDeletionVectors' = 'true', 'delta.enableChangeDataFeed' = 'true'",
+     "change data feed"),
+    ("k BIGINT, v STRING", "'delta.enableDeletionVectors' = 'false'", "does not support deletion vectors"),
+    ("k BIGINT, v STRING", "'delta.enableDeletionVectors' = 'true', 'delta.columnMapping.mode' = 'name'",
+     "columnMapping"),
+])
+def test_a_replica_it_cannot_honour_is_refused_before_anything_is_written(spark, tmp_path, ddl, props, reason):
+    path = tmp_path / "r"
+    _replica(spark, path, ddl, [(1, "a")], props=props, files=1)
+    version = load_snapshot(path).version
+    merge = DeletionVectorMerge(str(path), ["k"], ["k", "v"])
+    assert reason in (merge.check() or "")
+    with pytest.raises(DvUnfit, match=reason):
+        merge.merge(_winners(KV, [(UPSERT, 1, "b")]), TxnId("app", 0))
+    assert load_snapshot(path).version == version
+    assert sorted(os.listdir(path)) == sorted(n for n in os.listdir(path) if not n.startswith(".lakemirror-rows-"))
+
+
+def test_a_constraint_and_a_not_null_column_are_left_to_spark(spark, tmp_path):
+    path = tmp_path / "r"
+    _replica(spark, path, "k BIGINT, v STRING NOT NULL", [(1, "a")], files=1)
+    merge = DeletionVectorMerge(str(path), ["k"], ["k", "v"])
+    with pytest.raises(DvUnfit, match="NOT NULL column v"):
+        merge.merge(_winners(pa.schema([pa.field("k", pa.int64()), pa.field("v", pa.string())]),
+                             [(UPSERT, 2, None)]), TxnId("app", 0))
+    spark.sql(f"ALTER TABLE delta.`{path}` ADD CONSTRAINT positive CHECK (k > 0)")
+    assert "CHECK constraints" in (merge.check() or "")
+    spark.sql(f"ALTER TABLE delta.`{path}` DROP CONSTRAINT positive")
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'false')")
+    assert merge.check() == "the replica has deletion vectors off"
+    assert _rows(spark, path) == [(1, "a")]

@@ -1,0 +1,146 @@
+"""Deletion-vector formats (sinks/deletion_vectors.py), the log reader and writer
+(sinks/replica_log.py) and the pure parts of the driver's deletion-vector apply (sinks/dv_merge.py)."""
+
+from __future__ import annotations
+
+import json
+import struct
+import uuid
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from lakemirror.sinks.deletion_vectors import (PORTABLE_MAGIC, DeletionVectorError, DvDescriptor, DvFileWriter,
+                                               decode_positions, encode_positions, frame, read_positions, z85_decode,
+                                               z85_encode)
+from lakemirror.sinks.dv_merge import key_probe, why_unfit
+from lakemirror.sinks.replica_log import LogSnapshot, commit_name, load_snapshot, write_commit
+
+
+def test_z85_round_trips_and_decodes_a_uuid_spark_wrote():
+    # pathOrInlineDv of a deletion vector Delta 4.4 wrote, and the file name it wrote beside it
+    assert uuid.UUID(bytes=z85_decode("zN4]T12@:xZCo>$4r.gS")) == uuid.UUID("6eb1da91-0338-45f5-bf32-73980d75f117")
+    data = bytes(range(256)) * 2
+    assert z85_decode(z85_encode(data)) == data
+    assert z85_encode(b"\x86\x4f\xd2\x6f\xb5\x59\xf7\x5b") == "HelloWorld"  # the Z85 specification's example
+    with pytest.raises(DeletionVectorError):
+        z85_decode("abc~~")
+
+
+@pytest.mark.parametrize("positions", [
+    [], [0], [1, 5, 9], list(range(0, 100_000)), list(range(0, 1_000_000, 7)),
+    [3, 2**32 - 1, 2**32, 2**32 + 5, 2**40],
+])
+def test_bitmaps_round_trip_across_32_bit_buckets_and_container_kinds(positions):
+    array = np.array(positions, dtype=np.uint64)
+    data = encode_positions(array)
+    assert struct.unpack_from("<i", data)[0] == PORTABLE_MAGIC
+    assert decode_positions(data).tolist() == positions
+
+
+def test_a_corrupt_or_foreign_bitmap_is_refused():
+    data = encode_positions(np.array([1, 2, 3], dtype=np.uint64))
+    with pytest.raises(DeletionVectorError, match="magic"):
+        decode_positions(b"\x00\x00\x00\x00" + data[4:])
+    with pytest.raises(DeletionVectorError, match="native"):
+        decode_positions(struct.pack("<i", PORTABLE_MAGIC - 1) + data[4:])
+    with pytest.raises(DeletionVectorError, match="after its last bitmap"):
+        decode_positions(data + b"\x00")
+
+
+def test_a_file_of_several_vectors_is_read_back_by_descriptor_and_checked(tmp_path):
+    writer = DvFileWriter()
+    first = writer.add(np.array([0, 4, 8], dtype=np.uint64))
+    second = writer.add(np.arange(10, 5000, dtype=np.uint64))
+    (tmp_path / writer.name).write_bytes(writer.content())
+    assert first.offset == 1 and second.offset == 1 + 4 + first.size_in_bytes + 4
+    assert first.file_path(tmp_path) == tmp_path / writer.name
+    assert read_positions(tmp_path, first).tolist() == [0, 4, 8]
+    assert read_positions(tmp_path, second).tolist() == list(range(10, 5000))
+    assert DvDescriptor.from_action(second.to_action()) == second
+    assert first.unique_id != second.unique_id
+    content = bytearray(writer.content())
+    content[first.offset + 6] ^= 0xFF
+    (tmp_path / writer.name).write_bytes(bytes(content))
+    with pytest.raises(DeletionVectorError, match="CRC"):
+        read_positions(tmp_path, first)
+    wrong = DvDescriptor(second.storage_type, second.path_or_inline, second.offset, second.size_in_bytes, 3)
+    with pytest.raises(DeletionVectorError, match="descriptor says 3"):
+        read_positions(tmp_path, wrong)
+
+
+def test_inline_and_prefixed_descriptors():
+    bitmap = encode_positions(np.array([7], dtype=np.uint64))
+    padded = bitmap + b"\x00" * (-len(bitmap) % 4)
+    inline = DvDescriptor("i", z85_encode(padded), None, len(bitmap), 1)
+    assert read_positions(Path("/nonexistent"), inline).tolist() == [7]
+    file_id = uuid.uuid4()
+    prefixed = DvDescriptor("u", "ab" + z85_encode(file_id.bytes), 1, 10, 1)
+    assert prefixed.file_path(Path("/t")) == Path("/t/ab") / f"deletion_vector_{file_id}.bin"
+    assert frame(b"xyz") == struct.pack(">i", 3) + b"xyz" + struct.pack(">I", zlib.crc32(b"xyz"))
+
+
+def _log(table: Path, version: int, *actions: dict) -> None:
+    (table / "_delta_log").mkdir(parents=True, exist_ok=True)
+    (table / "_delta_log" / commit_name(version)).write_text("\n".join(json.dumps(a) for a in actions))
+
+
+SCHEMA = json.dumps({"type": "struct", "fields": [{"name": "k", "type": "long", "nullable": True, "metadata": {}},
+                                                  {"name": "v", "type": "string", "nullable": True, "metadata": {}}]})
+PROTOCOL = {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": ["deletionVectors"],
+            "writerFeatures": ["deletionVectors", "invariants", "appendOnly"]}
+META = {"id": "x", "format": {"provider": "parquet"}, "schemaString": SCHEMA, "partitionColumns": [],
+        "configuration": {"delta.enableDeletionVectors": "true"}}
+DV = {"storageType": "u", "pathOrInlineDv": "zN4]T12@:xZCo>$4r.gS", "offset": 1, "sizeInBytes": 9, "cardinality": 1}
+
+
+def test_the_log_is_replayed_by_file_and_deletion_vector(tmp_path):
+    _log(tmp_path, 0, {"protocol": PROTOCOL}, {"metaData": META}, {"add": {"path": "a.parquet", "size": 1}},
+         {"add": {"path": "b.parquet", "size": 1}})
+    _log(tmp_path, 1, {"remove": {"path": "a.parquet"}}, {"add": {"path": "a.parquet", "size": 1, "deletionVector": DV}},
+         {"txn": {"appId": "app", "version": 3}})
+    _log(tmp_path, 2, {"remove": {"path": "b.parquet"}}, {"txn": {"appId": "app", "version": 4}})
+    snapshot = load_snapshot(tmp_path)
+    assert snapshot.version == 2 and snapshot.transactions == {"app": 4}
+    assert list(snapshot.files) == [("a.parquet", "uzN4]T12@:xZCo>$4r.gS@1")]
+    assert why_unfit(snapshot, ["v", "k"]) is None
+
+
+def test_a_commit_is_written_only_if_its_version_is_free(tmp_path):
+    _log(tmp_path, 0, {"protocol": PROTOCOL}, {"metaData": META})
+    assert not write_commit(tmp_path, 0, [{"commitInfo": {}}])
+    assert write_commit(tmp_path, 1, [{"txn": {"appId": "a", "version": 1}}])
+    assert not write_commit(tmp_path, 1, [{"txn": {"appId": "b", "version": 1}}])
+    assert load_snapshot(tmp_path).transactions == {"a": 1}
+    assert sorted(p.name for p in (tmp_path / "_delta_log").iterdir()) == [commit_name(0), commit_name(1)]
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"configuration": {}}, "deletion vectors off"),
+    ({"configuration": {"delta.enableDeletionVectors": "true", "delta.appendOnly": "true"}}, "append-only"),
+    ({"configuration": {"delta.enableDeletionVectors": "true", "delta.constraints.c": "k > 0"}}, "CHECK"),
+    ({"partitionColumns": ["k"]}, "partitioned"),
+    ({"schemaString": SCHEMA.replace('"metadata": {}}]', '"metadata": {"delta.invariants": "x"}}]')},
+     "column v has delta.invariants"),
+    ({"schemaString": SCHEMA.replace('"name": "v"', '"name": "V"')}, "columns differ"),
+])
+def test_what_the_path_cannot_honour_is_named(change, reason):
+    snapshot = LogSnapshot(0, PROTOCOL, {**META, **change}, {})
+    assert reason in (why_unfit(snapshot, ["k", "v"]) or "")
+    row_tracking = LogSnapshot(0, {**PROTOCOL, "writerFeatures": ["deletionVectors", "rowTracking"]}, META, {})
+    assert "rowTracking" in (why_unfit(row_tracking, ["k", "v"]) or "")
+
+
+def test_composite_key_probes_are_null_safe_and_unambiguous():
+    keys = pa.table({"p": ["a|b", "a", None, "x", None, "V1:a", ""], "q": ["c", "b|c", "x", None, None, "b", None]})
+    probe = key_probe(keys).to_pylist()
+    assert len(set(probe)) == len(probe)
+    again = key_probe(pa.table({"p": [None, "a|b"], "q": [None, "c"]})).to_pylist()
+    assert again == [probe[4], probe[0]]
+    ints = key_probe(pa.table({"a": pa.array([1, None, 12], pa.int64()), "b": pa.array([21, 1, None], pa.int64())}))
+    assert len(set(ints.to_pylist())) == 3
+    single = key_probe(pa.table({"k": pa.array([1, None], pa.int64())}))
+    assert single.type == pa.int64() and single.to_pylist() == [1, None]
