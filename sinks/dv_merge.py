@@ -20,6 +20,12 @@ reading only the replica's key columns:
    It is written only if its version is still free; if another writer took it, the files are
    removed and the batch is planned again from the newer snapshot.
 
+Each batch adds a file, and deleted rows stay in their files, so after a commit the replica is
+compacted when it needs it (:func:`compaction_plan`): its small files once there are
+:data:`COMPACT_MIN_FILES` of them, and any file with at least half its rows deleted, are rewritten
+without their deleted rows, in a commit of their own that changes no data (``dataChange`` false,
+as OPTIMIZE's: the replica's own streaming readers skip it).
+
 The result equals the MERGE's row for row: every live row with a changed key is gone, and each
 upserted key has exactly its new row. Only tables whose every protocol feature and property this
 path honours are taken (:func:`why_unfit`); anything else raises :class:`DvUnfit` before a file
@@ -57,6 +63,32 @@ DEFAULT_CHECKPOINT_INTERVAL = 10
 #: Column metadata keys of features this path would have to enforce or fill in.
 UNSUPPORTED_COLUMN_METADATA = ("delta.invariants", "delta.generationExpression", "delta.identity",
                                "delta.columnMapping")
+
+
+#: Files under this size count as small: once :data:`COMPACT_MIN_FILES` are, they are compacted together.
+SMALL_FILE_BYTES = 16 * 1024 * 1024
+COMPACT_MIN_FILES = 16
+#: A file with at least this share of its rows deleted is rewritten without them.
+PURGE_DELETED_SHARE = 0.5
+
+
+def _deleted_share(add: dict[str, Any]) -> float:
+    dv = add.get("deletionVector")
+    records = json.loads(add["stats"]).get("numRecords") if add.get("stats") else None
+    if not dv or not records:
+        return 0.0
+    return int(dv["cardinality"]) / int(records)
+
+
+def compaction_plan(files: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ``add`` actions of the files to rewrite now: the small ones once there are
+    :data:`COMPACT_MIN_FILES` of them, and every file with at least :data:`PURGE_DELETED_SHARE` of
+    its rows deleted; none otherwise."""
+    small = [a for a in files if int(a["size"]) < SMALL_FILE_BYTES]
+    chosen = {a["path"]: a for a in files if _deleted_share(a) >= PURGE_DELETED_SHARE}
+    if len(small) >= COMPACT_MIN_FILES:
+        chosen.update((a["path"], a) for a in small)
+    return list(chosen.values())
 
 
 class DvUnfit(Exception):
@@ -121,6 +153,38 @@ def key_probe(keys: pa.Table) -> pa.Array:
     return pc.binary_join_element_wise(*pieces, pa.scalar(b"|", pa.large_binary()))
 
 
+#: A batch's integer keys are looked up in a bitmap of their range (one gather per replica row, about
+#: ten times faster than a hash set) while the range is at most this many times their number, or
+#: at most :data:`DENSE_RANGE_FLOOR` wide.
+DENSE_RANGE_PER_KEY = 64
+DENSE_RANGE_FLOOR = 1 << 24
+
+
+class KeyLookup:
+    """Which of a replica file's keys the batch changes (null-safe, as the MERGE's ``<=>``)."""
+
+    def __init__(self, probe: pa.Array) -> None:
+        self.probe = probe
+        self.dense: tuple[int, np.ndarray] | None = None
+        if pa.types.is_integer(probe.type) and probe.null_count == 0 and len(probe):
+            values = probe.to_numpy().astype(np.int64)
+            low, high = int(values.min()), int(values.max())
+            if high - low < max(DENSE_RANGE_PER_KEY * len(values), DENSE_RANGE_FLOOR):
+                present = np.zeros(high - low + 1, dtype=bool)
+                present[values - low] = True
+                self.dense = (low, present)
+
+    def hits(self, keys: pa.Array) -> np.ndarray:
+        """A writable boolean mask over ``keys``: True where the batch changes that key."""
+        if self.dense is not None and keys.null_count == 0:
+            low, present = self.dense
+            values = keys.to_numpy().astype(np.int64, copy=False)
+            inside = (values >= low) & (values < low + len(present))
+            inside[inside] = present[values[inside] - low]
+            return inside
+        return pc.is_in(keys, value_set=self.probe, skip_nulls=False).to_numpy(zero_copy_only=False).copy()
+
+
 class DeletionVectorMerge:
     """Change batches applied to the local replica at ``path`` by deletion vectors."""
 
@@ -155,6 +219,7 @@ class DeletionVectorMerge:
                 log.info("%s: another writer committed version %d first; the batch is planned again",
                          self.dir, snapshot.version + 1)
                 continue
+            self._compact()
             self._maintain(snapshot.version + 1, snapshot.configuration)
             return counts
         raise DvUnfit(f"other writers took the replica's next version {CONFLICT_RETRIES + 1} times running")
@@ -163,6 +228,7 @@ class DeletionVectorMerge:
         deleting = pc.equal(winners.column(OP_COLUMN), DELETE).combine_chunks()
         key_types = [winners.schema.field(k).type for k in self.keys]
         probe = key_probe(winners.select(self.keys))
+        lookup = KeyLookup(probe)
         upsert_probe = probe.filter(pc.invert(deleting))
         now = int(time.time() * 1000)
         dvs = DvFileWriter()
@@ -179,8 +245,9 @@ class DeletionVectorMerge:
             if records is not None and int(records) != found.num_rows:
                 raise DvUnfit(f"{path} holds {found.num_rows} rows, its statistics say {records}")
             file_probe = key_probe(found)
-            hit = pc.is_in(file_probe, value_set=probe, skip_nulls=False).to_numpy(zero_copy_only=False).copy()
-            hit[gone.astype(np.int64)] = False
+            hit = lookup.hits(file_probe)
+            if gone.size:
+                hit[gone.astype(np.int64)] = False
             positions = np.flatnonzero(hit).astype(np.uint64)
             if positions.size == 0:
                 continue
@@ -191,7 +258,9 @@ class DeletionVectorMerge:
             deleted += len(positions) - upserted_here
             files_touched += 1
             actions.append({"remove": self._remove(add, now)})
-            union = np.union1d(gone, positions)
+            if gone.size:
+                hit[gone.astype(np.int64)] = True
+            union = np.flatnonzero(hit).astype(np.uint64)
             if len(union) < found.num_rows:
                 actions.append({"add": self._with_dv(add, dvs.add(union))})
         matched_all = pa.concat_arrays(matched_parts) if matched_parts else probe.slice(0, 0)
@@ -205,9 +274,9 @@ class DeletionVectorMerge:
             if not dvs.empty:
                 written.append(self._write_dv_file(dvs))
             if upserts.num_rows:
-                new_file, new_add = self._write_rows(upserts, now)
-                written.append(new_file)
-                actions.append({"add": new_add})
+                for new_file, new_add in self._write_rows(upserts, now):
+                    written.append(new_file)
+                    actions.append({"add": new_add})
             counts = ApplyCounts(inserted, updated, deleted)
             head = [{"commitInfo": self._commit_info(snapshot, txn, counts, now, files_touched, bool(upserts.num_rows))},
                     {"txn": {"appId": txn.app_id, "version": txn.version, "lastUpdated": now}}]
@@ -252,25 +321,82 @@ class DeletionVectorMerge:
             f.write(dvs.content())
         return path
 
-    def _write_rows(self, rows: pa.Table, now: int) -> tuple[Path, dict[str, Any]]:
-        """The batch's new rows as one data file of the replica, and its ``add`` action (the
-        statistics delta-rs computes), written through a scratch table beside the replica."""
+    def _write_rows(self, rows: pa.Table, now: int, data_change: bool = True) -> list[tuple[Path, dict[str, Any]]]:
+        """``rows`` as new data files of the replica, each with its ``add`` action (the statistics
+        delta-rs computes), written through a scratch table beside the replica."""
         from deltalake import write_deltalake
 
         scratch = self.dir / f".lakemirror-rows-{uuid.uuid4().hex}"
+        out: list[tuple[Path, dict[str, Any]]] = []
         try:
             write_deltalake(str(scratch), rows, mode="error")
             commit = (scratch / "_delta_log" / f"{0:020d}.json").read_text(encoding="utf-8")
-            adds = [a["add"] for a in map(json.loads, commit.splitlines()) if "add" in a]
-            if len(adds) != 1:
-                raise DvUnfit(f"delta-rs wrote the batch's rows as {len(adds)} files, not one")
-            add = adds[0]
-            target = self.dir / Path(add["path"]).name
-            (scratch / add["path"]).rename(target)
+            for line in commit.splitlines():
+                add = json.loads(line).get("add")
+                if add is None:
+                    continue
+                target = self.dir / Path(add["path"]).name
+                (scratch / add["path"]).rename(target)
+                add.update(path=target.name, dataChange=data_change, modificationTime=now, partitionValues={})
+                out.append((target, add))
+        except BaseException:
+            for target, _ in out:
+                target.unlink(missing_ok=True)
+            raise
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
-        add.update(path=target.name, dataChange=True, modificationTime=now, partitionValues={})
-        return target, add
+        return out
+
+    def _compact(self) -> None:
+        """Rewrite the files :func:`compaction_plan` picks without their deleted rows, in one commit
+        that changes no data. Skipped (the next batch tries again) if another writer commits first
+        or anything fails: compaction is never needed for a correct replica."""
+        try:
+            self._compact_once()
+        except Exception as exc:  # noqa: BLE001 (see the docstring)
+            log.warning("%s: compaction skipped: %s", self.dir, exc)
+
+    def _compact_once(self) -> None:
+        snapshot = load_snapshot(self.dir)
+        chosen = compaction_plan(list(snapshot.files.values()))
+        if not chosen or why_unfit(snapshot, self.column_names) is not None:
+            return
+        schema = self._arrow_schema()
+        rows = pa.concat_tables([self._live_rows(add, schema) for add in chosen])
+        now = int(time.time() * 1000)
+        written = self._write_rows(rows, now, data_change=False) if rows.num_rows else []
+        actions: list[dict[str, Any]] = [{"commitInfo": {
+            "timestamp": now, "operation": "OPTIMIZE", "operationParameters": {"auto": "true", "predicate": "[]"},
+            "readVersion": snapshot.version, "isolationLevel": "SnapshotIsolation", "isBlindAppend": False,
+            "operationMetrics": {"numRemovedFiles": str(len(chosen)), "numAddedFiles": str(len(written)),
+                                 "numDeletionVectorsRemoved": str(sum(1 for a in chosen if a.get("deletionVector")))},
+            "engineInfo": "lakemirror (deletion vectors on the driver)", "txnId": str(uuid.uuid4())}}]
+        actions += [{"remove": {**self._remove(add, now), "dataChange": False}} for add in chosen]
+        actions += [{"add": add} for _, add in written]
+        if not write_commit(self.dir, snapshot.version + 1, actions):
+            for path, _ in written:
+                path.unlink(missing_ok=True)
+            log.info("%s: another writer committed first; compaction waits for the next batch", self.dir)
+            return
+        log.info("%s: compacted %d files into %d (%d rows)", self.dir, len(chosen), len(written), rows.num_rows)
+        self._maintain(snapshot.version + 1, snapshot.configuration)
+
+    def _arrow_schema(self) -> pa.Schema:
+        from deltalake import DeltaTable
+
+        return pa.schema(DeltaTable(str(self.dir)).schema().to_arrow())
+
+    def _live_rows(self, add: dict[str, Any], schema: pa.Schema) -> pa.Table:
+        """A data file's rows that its deletion vector leaves, in the replica's current schema (a
+        column added since the file was written is NULL)."""
+        table = pq.read_table(data_file_path(self.dir, add))
+        if add.get("deletionVector"):
+            keep = np.ones(table.num_rows, dtype=bool)
+            keep[read_positions(self.dir, DvDescriptor.from_action(add["deletionVector"])).astype(np.int64)] = False
+            table = table.filter(pa.array(keep))
+        columns = [table.column(f.name).cast(f.type) if f.name in table.column_names
+                   else pa.nulls(table.num_rows, f.type) for f in schema]
+        return pa.table(columns, schema=schema)
 
     def _commit_info(self, snapshot: LogSnapshot, txn: TxnId, counts: ApplyCounts, now: int,
                      files_touched: int, added_file: bool) -> dict[str, Any]:

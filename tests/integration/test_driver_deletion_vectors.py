@@ -47,9 +47,17 @@ def _winners(schema: pa.Schema, changes: list[tuple[Any, ...]]) -> pa.Table:
 KV = pa.schema([pa.field("k", pa.int64()), pa.field("v", pa.string())])
 
 
-def test_random_histories_equal_the_model_and_no_data_file_is_rewritten(spark, tmp_path):
+@pytest.mark.parametrize("compaction", ["off", "eager"])
+def test_random_histories_equal_the_model_and_no_data_file_is_rewritten(spark, tmp_path, monkeypatch, compaction):
     """Inserts, updates, deletes and re-inserts over 12 batches: after each, Spark reads exactly the
-    model; the counts are the MERGE's; the replica's original data files are never rewritten."""
+    model; the counts are the MERGE's. Without compaction the replica's original data files are
+    never rewritten; with it at every turn, nothing changes but the files."""
+    if compaction == "off":
+        monkeypatch.setattr(dv_merge, "COMPACT_MIN_FILES", 10**6)
+        monkeypatch.setattr(dv_merge, "PURGE_DELETED_SHARE", 2.0)
+    else:
+        monkeypatch.setattr(dv_merge, "COMPACT_MIN_FILES", 3)
+        monkeypatch.setattr(dv_merge, "PURGE_DELETED_SHARE", 0.1)
     path = tmp_path / "r"
     model = {k: f"v{k}" for k in range(300)}
     _replica(spark, path, rows=sorted(model.items()))
@@ -72,9 +80,11 @@ def test_random_histories_equal_the_model_and_no_data_file_is_rewritten(spark, t
         assert (counts.inserted, counts.updated, counts.deleted) == tuple(expected)
         assert _rows(spark, path) == sorted(model.items())
     live = load_snapshot(path).files.values()
-    assert original <= {a["path"] for a in live} | original  # sanity
     kept = [a for a in live if a["path"] in original]
-    assert kept and all(a.get("deletionVector") for a in kept)  # changed in place, not rewritten
+    if compaction == "off":
+        assert len(kept) == len(original) and all(a.get("deletionVector") for a in kept), "changed in place"
+    else:
+        assert len(live) < 12 and not kept, "compacted"
 
 
 def test_composite_keys_match_null_safely_and_never_by_concatenation(spark, tmp_path):
@@ -221,3 +231,38 @@ def test_a_constraint_and_a_not_null_column_are_left_to_spark(spark, tmp_path):
     spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'false')")
     assert merge.check() == "the replica has deletion vectors off"
     assert _rows(spark, path) == [(1, "a")]
+
+
+def test_small_files_and_mostly_deleted_files_are_compacted_without_changing_the_data(spark, tmp_path, monkeypatch):
+    """Each batch appends a file; once COMPACT_MIN_FILES are small they are rewritten together, and a
+    file with half its rows deleted is rewritten without them. The compaction commits change no
+    data (a stream over the replica skips them), and Spark reads the model throughout."""
+    monkeypatch.setattr(dv_merge, "COMPACT_MIN_FILES", 4)
+    path = tmp_path / "r"
+    model = {k: "a" for k in range(100)}
+    _replica(spark, path, rows=sorted(model.items()), files=1)
+    merge = DeletionVectorMerge(str(path), ["k"], ["k", "v"])
+    for batch in range(2):
+        merge.merge(_winners(KV, [(UPSERT, 1000 + batch, "new")]), TxnId("app", batch))
+        model[1000 + batch] = "new"
+    assert len(load_snapshot(path).files) == 3  # the original file and two of the batches'
+    merge.merge(_winners(KV, [(UPSERT, 1002, "new"), (DELETE, 0, None)]), TxnId("app", 3))
+    model[1002] = "new"
+    del model[0]
+    files = list(load_snapshot(path).files.values())
+    assert len(files) == 1 and not files[0].get("deletionVector"), "all four were small: one file, no vector"
+    assert _rows(spark, path) == sorted(model.items())
+    deletes = [(DELETE, k, None) for k in range(1, 60)]
+    merge.merge(_winners(KV, deletes), TxnId("app", 4))
+    for k in range(1, 60):
+        del model[k]
+    files = list(load_snapshot(path).files.values())
+    assert len(files) == 1 and not files[0].get("deletionVector"), "more than half deleted: purged"
+    assert _rows(spark, path) == sorted(model.items())
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").collect()
+    assert [h["operation"] for h in history[:2]] == ["OPTIMIZE", "MERGE"]
+    optimize = [json.loads(line) for line in (path / "_delta_log" / replica_log.commit_name(history[0]["version"]))
+                .read_text().splitlines()]
+    assert all(a[k]["dataChange"] is False for a in optimize for k in ("add", "remove") if k in a)
+    changes = spark.read.format("delta").option("readChangeFeed", "false").load(str(path))
+    assert changes.count() == len(model)

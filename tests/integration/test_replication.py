@@ -376,8 +376,9 @@ def test_every_apply_path_reports_the_batch_as_an_action_would(spark, tmp_path, 
         "every batch went the chosen way (no fallback)"
 
 
-def _driver_case(spark, tmp_path, name: str, ddl: str, keys: list[str]):
-    """A CDF source and an empty replica of ``ddl``, and a sink on the driver path."""
+def _driver_case(spark, tmp_path, name: str, ddl: str, keys: list[str], deletion_vectors: bool = False):
+    """A CDF source and an empty replica of ``ddl``, and a sink on the driver path (by deletion
+    vectors when ``deletion_vectors``)."""
     from lakemirror import tables
     from lakemirror.schema import columns_from_struct
     from lakemirror.sinks.apply_choice import ApplyChoice
@@ -388,11 +389,12 @@ def _driver_case(spark, tmp_path, name: str, ddl: str, keys: list[str]):
     source = TableLocation(TableName("src", "s", name), str(tmp_path / f"{name}-source"))
     replica = TableLocation(TableName("dst", "s", name), str(tmp_path / f"{name}-replica"))
     spark.sql(f"CREATE TABLE {source.sql} ({ddl}) USING DELTA TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')")
-    spark.sql(f"CREATE TABLE {replica.sql} ({ddl}) USING DELTA")
+    dv = " TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')" if deletion_vectors else ""
+    spark.sql(f"CREATE TABLE {replica.sql} ({ddl}) USING DELTA{dv}")
     plan = plan_merge(columns_from_struct(tables.read(spark, source).schema), keys)
     sink = DeltaMergeSink(replica, plan, stable_source=True,
                           choice=ApplyChoice("driver", "test", bytes_per_row=10.0, limit_bytes=10**9,
-                                             rewrite_limit_bytes=10**9))
+                                             rewrite_limit_bytes=10**9, deletion_vectors=deletion_vectors))
 
     def feed(lo: int, hi: int):
         return tables.read(spark, source, readChangeFeed="true", startingVersion=lo, endingVersion=hi)
@@ -403,12 +405,14 @@ def _driver_case(spark, tmp_path, name: str, ddl: str, keys: list[str]):
     return source, replica, sink, feed, same
 
 
-@pytest.mark.parametrize("reader", ["spark", "delta-rs"])
-def test_the_driver_path_quotes_odd_column_names_and_keeps_every_type(spark, tmp_path, reader):
+@pytest.mark.parametrize("reader, deletion_vectors", [("spark", False), ("delta-rs", False), ("spark", True),
+                                                      ("delta-rs", True)])
+def test_the_driver_path_quotes_odd_column_names_and_keeps_every_type(spark, tmp_path, reader, deletion_vectors):
     """Names DataFusion would misread unquoted (a double quote, a single quote, upper case) and the
     types Spark hands to Arrow (decimal, timestamp, date, binary, nested) reach the replica exact,
-    whether Spark or delta-rs (:mod:`lakemirror.sources.driver_feed`) reads the batch; the batch's
-    statistics are the same either way."""
+    whether Spark or delta-rs (:mod:`lakemirror.sources.driver_feed`) reads the batch, and whether
+    delta-rs MERGEs it or deletion vectors mark it (:mod:`lakemirror.sinks.dv_merge`, with a
+    composite key holding a NULL part); the batch's statistics are the same either way."""
     from lakemirror.sinks.delta_merge import DeltaMergeSink, TxnId
     from lakemirror.sinks.memory import ApplyCounts
     from lakemirror.sources.driver_feed import DriverFeed
@@ -416,7 +420,7 @@ def test_the_driver_path_quotes_odd_column_names_and_keeps_every_type(spark, tmp
 
     ddl = ("`Key\"1` BIGINT, `it's` STRING, `MiXeD` DECIMAL(12,3), ts TIMESTAMP, d DATE, bin BINARY, "
            "tags ARRAY<STRING>, attrs MAP<STRING, INT>, pos STRUCT<x: DOUBLE, y: DOUBLE>, ok BOOLEAN")
-    source, replica, sink, feed, same = _driver_case(spark, tmp_path, "odd", ddl, ['Key"1', "it's"])
+    source, replica, sink, feed, same = _driver_case(spark, tmp_path, "odd", ddl, ['Key"1', "it's"], deletion_vectors)
     assert sink.driver is not None
     spark.sql(f"INSERT INTO {source.sql} VALUES "
               "(1, 'a', 1.5, TIMESTAMP'2026-01-02 03:04:05.123456', DATE'2026-01-02', X'00FF', array('p', NULL), "
@@ -440,7 +444,16 @@ def test_the_driver_path_quotes_odd_column_names_and_keeps_every_type(spark, tmp
         (spark_stats.rows_read, spark_stats.first_version, spark_stats.last_version)
     assert abs(outcome.stats.max_commit_time - spark_stats.max_commit_time) < 1.0
     history = [r["engineInfo"] for r in spark.sql(f"DESCRIBE HISTORY {replica.sql}").collect()]
-    assert str(history[0]).startswith("delta-rs")
+    assert str(history[0]).startswith("lakemirror (deletion vectors" if deletion_vectors else "delta-rs")
+    spark.sql(f"UPDATE {source.sql} SET ts = NULL, bin = X'01', attrs = map('z', 2) WHERE `Key\"1` = 1")    # v5
+    spark.sql(f"DELETE FROM {source.sql} WHERE `Key\"1` IS NULL")                                         # v6
+    spark.sql(f"INSERT INTO {source.sql} VALUES (NULL, 'n', 0.5, NULL, NULL, NULL, NULL, NULL, NULL, NULL)")  # v7
+    if reader == "delta-rs":
+        def read(columns, max_rows):
+            return DriverFeed(source.path).read(VersionRange(5, 7), columns, max_rows)
+    outcome = sink.apply(feed(5, 7), TxnId("lakemirror/test/odd/e1", 1), read)
+    assert (outcome.replayed, outcome.counts) == (False, ApplyCounts(inserted=1, updated=1, deleted=1))
+    assert same()
 
 
 def test_the_driver_path_hands_a_large_batch_to_spark_and_a_refused_one_for_good(spark, tmp_path, monkeypatch):

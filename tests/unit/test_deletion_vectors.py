@@ -144,3 +144,21 @@ def test_composite_key_probes_are_null_safe_and_unambiguous():
     assert len(set(ints.to_pylist())) == 3
     single = key_probe(pa.table({"k": pa.array([1, None], pa.int64())}))
     assert single.type == pa.int64() and single.to_pylist() == [1, None]
+
+
+def test_compaction_takes_small_files_only_in_numbers_and_any_mostly_deleted_file():
+    from lakemirror.sinks.dv_merge import COMPACT_MIN_FILES, SMALL_FILE_BYTES, compaction_plan
+
+    def add(name: str, size: int, records: int = 100, deleted: int = 0) -> dict:
+        a = {"path": name, "size": size, "stats": json.dumps({"numRecords": records})}
+        if deleted:
+            a["deletionVector"] = {**DV, "cardinality": deleted}
+        return a
+
+    big = add("big", SMALL_FILE_BYTES * 4, deleted=49)
+    small = [add(f"s{i}", 1000) for i in range(COMPACT_MIN_FILES - 1)]
+    assert compaction_plan([big, *small]) == []
+    assert {a["path"] for a in compaction_plan([big, *small, add("one-more", 10)])} == \
+        {*(a["path"] for a in small), "one-more"}
+    heavy = add("heavy", SMALL_FILE_BYTES * 4, deleted=50)
+    assert [a["path"] for a in compaction_plan([big, heavy, *small])] == ["heavy"]
