@@ -139,6 +139,13 @@ def encode_positions(positions: np.ndarray) -> bytes:
     return b"".join(parts)
 
 
+def encode_bitmap(rows: BitMap) -> bytes:
+    """The bitmap of a file's deleted rows below 2**32 (one bucket): magic number, then portable Roaring."""
+    rows = BitMap(rows)
+    rows.run_optimize()
+    return struct.pack("<iQ", PORTABLE_MAGIC, 1 if rows else 0) + (struct.pack("<I", 0) + rows.serialize() if rows else b"")
+
+
 def decode_positions(data: bytes) -> np.ndarray:
     """The positions a bitmap (magic number and Roaring data) marks, sorted ``uint64``."""
     if len(data) < 12:
@@ -211,9 +218,9 @@ class DvFileWriter:
     def empty(self) -> bool:
         return self._size == 1
 
-    def add(self, positions: np.ndarray) -> DvDescriptor:
-        """Add the bitmap of ``positions`` (sorted, unique); its descriptor."""
-        bitmap = encode_positions(positions)
+    def add(self, positions: "np.ndarray | BitMap") -> DvDescriptor:
+        """Add the bitmap of ``positions`` (sorted, unique, or a 32-bit Roaring bitmap); its descriptor."""
+        bitmap = encode_bitmap(positions) if isinstance(positions, BitMap) else encode_positions(positions)
         descriptor = DvDescriptor("u", z85_encode(self.file_id.bytes), self._size, len(bitmap), len(positions))
         framed = frame(bitmap)
         self._parts.append(framed)

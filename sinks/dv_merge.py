@@ -47,6 +47,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from collections import OrderedDict
+
+from pyroaring import BitMap
+
 from lakemirror.sinks.deletion_vectors import DvDescriptor, DvFileWriter, read_positions
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.planner import DELETE, OP_COLUMN
@@ -153,6 +157,13 @@ def key_probe(keys: pa.Table) -> pa.Array:
     return pc.binary_join_element_wise(*pieces, pa.scalar(b"|", pa.large_binary()))
 
 
+#: The replica files' key columns kept between batches, at most this many bytes (the least recently
+#: used go first). A data file never changes under its name, so a kept column is never stale; with
+#: it a batch reads only the files written since the last.
+KEY_CACHE_BYTES = 512 * 1024 * 1024
+#: Rows a data file may hold for this path (its deletion vectors are 32-bit Roaring bitmaps).
+MAX_FILE_ROWS = 2**32
+
 #: A batch's integer keys are looked up in a bitmap of their range (one gather per replica row, about
 #: ten times faster than a hash set) while the range is at most this many times their number, or
 #: at most :data:`DENSE_RANGE_FLOOR` wide.
@@ -179,10 +190,10 @@ class KeyLookup:
         if self.dense is not None and keys.null_count == 0:
             low, present = self.dense
             values = keys.to_numpy().astype(np.int64, copy=False)
-            inside = (values >= low) & (values < low + len(present))
-            inside[inside] = present[values[inside] - low]
-            return inside
-        return pc.is_in(keys, value_set=self.probe, skip_nulls=False).to_numpy(zero_copy_only=False).copy()
+            offsets = values - low
+            inside = (offsets >= 0) & (offsets < len(present))
+            return present[np.where(inside, offsets, 0)] & inside
+        return pc.is_in(keys, value_set=self.probe, skip_nulls=False).to_numpy(zero_copy_only=False)
 
 
 class DeletionVectorMerge:
@@ -192,6 +203,11 @@ class DeletionVectorMerge:
         self.dir = Path(path)
         self.keys = list(keys)
         self.column_names = list(column_names)
+        #: (file path, key types) -> the file's key probe (:func:`key_probe`); :data:`KEY_CACHE_BYTES` at most.
+        self._keys: OrderedDict[tuple[str, str], pa.Array] = OrderedDict()
+        self._keys_bytes = 0
+        #: A live file's identity (path, deletion vector id) -> its deleted rows.
+        self._deleted: dict[tuple[str, str], BitMap] = {}
 
     def check(self) -> str | None:
         """Why the replica is unfit for this path now; None if fit."""
@@ -235,34 +251,29 @@ class DeletionVectorMerge:
         actions: list[dict[str, Any]] = []
         matched_parts: list[pa.Array] = []
         updated = deleted = files_touched = 0
-        for add in snapshot.files.values():
-            path = data_file_path(self.dir, add)
-            found = pq.ParquetFile(path).read(columns=self.keys)
-            found = pa.table([found.column(k).cast(t) for k, t in zip(self.keys, key_types)], names=self.keys)
-            old = DvDescriptor.from_action(add["deletionVector"]) if add.get("deletionVector") else None
-            gone = read_positions(self.dir, old) if old is not None else np.zeros(0, dtype=np.uint64)
-            records = json.loads(add["stats"]).get("numRecords") if add.get("stats") else None
-            if records is not None and int(records) != found.num_rows:
-                raise DvUnfit(f"{path} holds {found.num_rows} rows, its statistics say {records}")
-            file_probe = key_probe(found)
-            hit = lookup.hits(file_probe)
-            if gone.size:
-                hit[gone.astype(np.int64)] = False
-            positions = np.flatnonzero(hit).astype(np.uint64)
-            if positions.size == 0:
+        self._forget_all_but(snapshot)
+        deleted_after: dict[tuple[str, str], BitMap] = {}
+        for identity, add in snapshot.files.items():
+            file_probe = self._file_keys(add, key_types)
+            hits = np.flatnonzero(lookup.hits(file_probe))
+            if hits.size == 0:
                 continue
-            matched = file_probe.take(pa.array(positions.astype(np.int64)))
+            gone = self._deleted_rows(identity, add)
+            positions = BitMap(hits.astype(np.uint32)) - gone
+            if not positions:
+                continue
+            matched = file_probe.take(pa.array(np.frombuffer(positions.to_array(), dtype=np.uint32).astype(np.int64)))
             matched_parts.append(matched)
             upserted_here = int(pc.sum(pc.is_in(matched, value_set=upsert_probe, skip_nulls=False)).as_py() or 0)
             updated += upserted_here
             deleted += len(positions) - upserted_here
             files_touched += 1
             actions.append({"remove": self._remove(add, now)})
-            if gone.size:
-                hit[gone.astype(np.int64)] = True
-            union = np.flatnonzero(hit).astype(np.uint64)
-            if len(union) < found.num_rows:
-                actions.append({"add": self._with_dv(add, dvs.add(union))})
+            union = gone | positions
+            if len(union) < len(file_probe):
+                new_add = self._with_dv(add, dvs.add(union))
+                actions.append({"add": new_add})
+                deleted_after[(new_add["path"], DvDescriptor.from_action(new_add["deletionVector"]).unique_id)] = union
         matched_all = pa.concat_arrays(matched_parts) if matched_parts else probe.slice(0, 0)
         inserted = int(pc.sum(pc.invert(pc.is_in(upsert_probe, value_set=matched_all, skip_nulls=False))).as_py()
                        or 0)
@@ -286,7 +297,48 @@ class DeletionVectorMerge:
             for path in written:
                 path.unlink(missing_ok=True)
             raise
+        self._deleted.update(deleted_after)
         return counts
+
+    def _file_keys(self, add: dict[str, Any], key_types: Sequence[pa.DataType]) -> pa.Array:
+        """A data file's key probe, one value per physical row (from :attr:`_keys` when kept)."""
+        cache_key = (str(add["path"]), repr(key_types))
+        probe = self._keys.get(cache_key)
+        if probe is not None:
+            self._keys.move_to_end(cache_key)
+            return probe
+        path = data_file_path(self.dir, add)
+        found = pq.ParquetFile(path).read(columns=self.keys)
+        records = json.loads(add["stats"]).get("numRecords") if add.get("stats") else None
+        if records is not None and int(records) != found.num_rows:
+            raise DvUnfit(f"{path} holds {found.num_rows} rows, its statistics say {records}")
+        if found.num_rows >= MAX_FILE_ROWS:
+            raise DvUnfit(f"{path} holds {found.num_rows} rows, more than a 32-bit deletion vector marks")
+        probe = key_probe(pa.table([found.column(k).cast(t) for k, t in zip(self.keys, key_types)], names=self.keys))
+        self._keys[cache_key] = probe
+        self._keys_bytes += probe.nbytes
+        while self._keys_bytes > KEY_CACHE_BYTES and self._keys:
+            _, evicted = self._keys.popitem(last=False)
+            self._keys_bytes -= evicted.nbytes
+        return probe
+
+    def _deleted_rows(self, identity: tuple[str, str], add: dict[str, Any]) -> BitMap:
+        """The rows a live file's deletion vector deletes (kept after the first read)."""
+        if not add.get("deletionVector"):
+            return BitMap()
+        rows = self._deleted.get(identity)
+        if rows is None:
+            rows = BitMap(read_positions(self.dir, DvDescriptor.from_action(add["deletionVector"])).astype(np.uint32))
+            self._deleted[identity] = rows
+        return rows
+
+    def _forget_all_but(self, snapshot: LogSnapshot) -> None:
+        """Drop what is kept of files the replica no longer holds."""
+        live_paths = {path for path, _ in snapshot.files}
+        for identity in [i for i in self._deleted if i not in snapshot.files]:
+            del self._deleted[identity]
+        for cache_key in [k for k in self._keys if k[0] not in live_paths]:
+            self._keys_bytes -= self._keys.pop(cache_key).nbytes
 
     @staticmethod
     def _remove(add: dict[str, Any], now: int) -> dict[str, Any]:
