@@ -26,9 +26,10 @@ test-integration: setup
 test-e2e: setup
 	$(PYTEST) tests/e2e
 
-# The full crash-torture run (>= 25 SIGKILLs); writes docs/RELIABILITY.md. KILLS=n to change.
+# The full crash-torture run (>= 25 SIGKILLs); writes docs/RELIABILITY.md. KILLS=n to change; DV=1: replicas
+# with deletion vectors on, written to docs/RELIABILITY_DELETION_VECTORS.md.
 torture: setup
-	$(VENV)/python scripts/torture.py --kills $(or $(KILLS),25)
+	$(VENV)/python scripts/torture.py --kills $(or $(KILLS),25) $(if $(DV),--deletion-vectors,)
 
 # lakemirror against its baselines (delta-rs CDF loop, full refresh, copy floor); docs/BENCHMARKS.md.
 # QUICK=1: a smoke run. ONLY=steady,scale,...: rerun some workloads, keep the other figures.

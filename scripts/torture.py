@@ -36,9 +36,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--kills", type=int, default=25, help="SIGKILLs in the run (at least the 6 named points)")
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "RELIABILITY.md")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="default: docs/RELIABILITY.md (docs/RELIABILITY_DELETION_VECTORS.md with --deletion-vectors)")
+    parser.add_argument("--deletion-vectors", action="store_true",
+                        help="replicas with deletion vectors on: batches applied by sinks/dv_merge.py")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, tables)")
     args = parser.parse_args(argv)
+    if args.out is None:
+        args.out = ROOT / "docs" / ("RELIABILITY_DELETION_VECTORS.md" if args.deletion_vectors else "RELIABILITY.md")
+    properties = {"delta.enableDeletionVectors": "true"} if args.deletion_vectors else None
 
     workdir = Path(tempfile.mkdtemp(prefix="lakemirror-torture-"))
     print(f"torture: {args.kills} kills, seed {args.seed}, work directory {workdir}", flush=True)
@@ -52,15 +58,19 @@ def main(argv: list[str] | None = None) -> int:
               f"[{time.time() - started:.0f}s]", flush=True)
 
     try:
-        report = Torture(spark, workdir, seed=args.seed).run(kills=args.kills, progress=progress)
+        report = Torture(spark, workdir, seed=args.seed, replica_properties=properties).run(kills=args.kills,
+                                                                                          progress=progress)
     except AssertionError as exc:
         print(f"torture FAILED: {exc}\n(work directory kept: {workdir})", file=sys.stderr)
         return 1
     finally:
         spark.stop()
-    command = f"make torture  # python scripts/torture.py --kills {args.kills} --seed {args.seed}"
+    flag = " --deletion-vectors" if args.deletion_vectors else ""
+    command = (f"make torture{' DV=1' if flag else ''}  # python scripts/torture.py --kills {args.kills} "
+               f"--seed {args.seed}{flag}")
+    title = "crash torture, replicas with deletion vectors (sinks/dv_merge.py)" if flag else "crash torture"
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(render_markdown(report, machine(), command))
+    args.out.write_text(render_markdown(report, machine(), command, title))
     print(f"torture passed: {report.kill_count} kills in {report.elapsed_seconds:.0f}s; written to {args.out}")
     for name, detail in report.checks.items():
         print(f"  {name}: {detail}")

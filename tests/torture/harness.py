@@ -237,7 +237,8 @@ class DaemonProcess:
 
 
 class Torture:
-    def __init__(self, spark: Any, workdir: Path, seed: int = 7, writer_interval: float = 0.7) -> None:
+    def __init__(self, spark: Any, workdir: Path, seed: int = 7, writer_interval: float = 0.7,
+                 replica_properties: dict[str, str] | None = None) -> None:
         self.spark = spark
         self.workdir = workdir
         self.seed = seed
@@ -251,7 +252,8 @@ class Torture:
             "schema_name": "torture", "checkpoint_volume": str(workdir / "ck"),
             "trigger_interval_seconds": 0.5, "lag_interval_seconds": 1, "discover_interval_seconds": 5,
             "runtime": {"warehouse": str(workdir / "lakehouse"), "shuffle_partitions": 2},
-            "http": {"port": 0}, "restart": {"base_delay_seconds": 0.5, "max_delay_seconds": 4}}))
+            "http": {"port": 0}, "restart": {"base_delay_seconds": 0.5, "max_delay_seconds": 4},
+            **({"replica_properties": replica_properties} if replica_properties else {})}))
         self.daemon = DaemonProcess(config, workdir / "ck" / "torture", workdir / "daemon.log")
 
     def source(self, table: str) -> Any:
@@ -344,7 +346,8 @@ class Torture:
         tags = [h["userMetadata"] for h in history if is_txn_tag(h["userMetadata"])]
         doubled = sorted({t for t in tags if tags.count(t) > 1})
         assert not doubled, f"{table}: transactions committed twice: {doubled[:5]}"
-        operations = sorted({h["operation"] for h in history if h["userMetadata"] in tags})
+        operations = sorted({f"{h['operation']} by {str(h['engineInfo']).split(' ')[0]}"
+                             for h in history if h["userMetadata"] in tags})
         self.report.checks[f"{table}: each transaction id at most once"] = (
             f"{len(tags)} batch commits ({', '.join(operations)}), 0 doubled")
 
@@ -368,10 +371,10 @@ class Torture:
                 f"{len(mine)} batch rows, unique per batch, versions monotonic up to {last}")
 
 
-def render_markdown(report: TortureReport, machine: str, command: str) -> str:
+def render_markdown(report: TortureReport, machine: str, command: str, title: str = "crash torture") -> str:
     reached = sum(k.reached for k in report.kills)
     lines = [
-        "# Reliability: crash torture", "",
+        f"# Reliability: {title}", "",
         f"Command: `{command}`  ", f"Machine: {machine}  ", f"Seed: {report.seed}", "",
         f"**{report.kill_count} SIGKILLs** ({reached} at the intended moment), "
         f"{report.writer_commits} source commits carrying {report.writer_ops} sequence-numbered operations, "
