@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from lakemirror.sinks.arrow_changes import batch_stats, winning_changes
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.planner import CDF_COLUMNS, DELETE, OP_COLUMN, SOURCE_ALIAS, TARGET_ALIAS, MergePlan
-from lakemirror.sinks.txn import (READ_BY_DELTA_RS, READ_BY_SPARK, WRITE_DELTA_RS, WRITE_DRIVER_DV, MergeOutcome,
-                                  TxnId, counts_from_metrics)
+from lakemirror.sinks.txn import (READ_BY_DELTA_RS, READ_BY_SPARK, WRITE_DELTA_RS, WRITE_DRIVER_DV, BatchStats,
+                                  MergeOutcome, TxnId, counts_from_metrics)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -63,7 +63,8 @@ class DriverUnfit(Exception):
 
 
 class DriverApply:
-    """delta-rs MERGEs of change batches into the replica at ``path``."""
+    """Change batches applied on the driver to the replica at ``path``: by delta-rs MERGEs, or by
+    deletion vectors (``deletion_vectors``)."""
 
     def __init__(self, path: str, plan: MergePlan, max_rows: int, deletion_vectors: bool = False) -> None:
         self.path = path
@@ -116,7 +117,7 @@ class DriverApply:
             return MergeOutcome(stats, counts if counts is not None else recount(), replayed=True, **how)
         winners = winning_changes(changes, self.plan.keys, self.plan.column_names)
         if self.dv is not None:
-            return self._apply_dv(replica, winners, txn, stats, how)
+            return self._apply_dv(winners, txn, stats, how)
         try:
             metrics = self._merge(replica, winners, txn)
         except Exception as exc:
@@ -128,7 +129,8 @@ class DriverApply:
             self._commit_empty(replica, txn)  # the MERGE changed no file, so delta-rs committed nothing
         return MergeOutcome(stats, counts_from_metrics(metrics), replayed=False, **how)
 
-    def _apply_dv(self, replica: Any, winners: "pa.Table", txn: TxnId, stats: Any, how: dict[str, str]) -> MergeOutcome:
+    def _apply_dv(self, winners: "pa.Table", txn: TxnId, stats: BatchStats, how: dict[str, str]) -> MergeOutcome:
+        """``winners`` marked in the replica by deletion vectors (:mod:`lakemirror.sinks.dv_merge`)."""
         from lakemirror.sinks.dv_merge import DvUnfit
 
         try:

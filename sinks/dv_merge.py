@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -157,9 +158,9 @@ def key_probe(keys: pa.Table) -> pa.Array:
     return pc.binary_join_element_wise(*pieces, pa.scalar(b"|", pa.large_binary()))
 
 
-#: The replica files' key columns kept between batches, at most this many bytes (the least recently
-#: used go first). A data file never changes under its name, so a kept column is never stale; with
-#: it a batch reads only the files written since the last.
+#: The replica files' key columns kept between batches, at most this many bytes for the whole
+#: process (the least recently used go first). A data file never changes under its name, so a kept
+#: column is never stale; with it a batch reads only the files written since the last.
 KEY_CACHE_BYTES = 512 * 1024 * 1024
 #: Rows a data file may hold for this path (its deletion vectors are 32-bit Roaring bitmaps).
 MAX_FILE_ROWS = 2**32
@@ -196,6 +197,43 @@ class KeyLookup:
         return pc.is_in(keys, value_set=self.probe, skip_nulls=False).to_numpy(zero_copy_only=False)
 
 
+class KeyCache:
+    """The process's kept key columns (:data:`KEY_CACHE_BYTES`), shared by every table's apply
+    (tables take turns on several threads)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._probes: OrderedDict[tuple[str, str], pa.Array] = OrderedDict()
+        self._bytes = 0
+
+    def get(self, key: tuple[str, str]) -> pa.Array | None:
+        with self._lock:
+            probe = self._probes.get(key)
+            if probe is not None:
+                self._probes.move_to_end(key)
+            return probe
+
+    def put(self, key: tuple[str, str], probe: pa.Array) -> None:
+        with self._lock:
+            if key in self._probes:
+                return
+            self._probes[key] = probe
+            self._bytes += probe.nbytes
+            while self._bytes > KEY_CACHE_BYTES and self._probes:
+                _, evicted = self._probes.popitem(last=False)
+                self._bytes -= evicted.nbytes
+
+    def forget(self, files: set[str], under: str) -> None:
+        """Drop the kept columns of files under directory ``under`` other than ``files``."""
+        prefix = under.rstrip("/") + "/"
+        with self._lock:
+            for key in [k for k in self._probes if k[0].startswith(prefix) and k[0] not in files]:
+                self._bytes -= self._probes.pop(key).nbytes
+
+
+KEY_CACHE = KeyCache()
+
+
 class DeletionVectorMerge:
     """Change batches applied to the local replica at ``path`` by deletion vectors."""
 
@@ -203,9 +241,6 @@ class DeletionVectorMerge:
         self.dir = Path(path)
         self.keys = list(keys)
         self.column_names = list(column_names)
-        #: (file path, key types) -> the file's key probe (:func:`key_probe`); :data:`KEY_CACHE_BYTES` at most.
-        self._keys: OrderedDict[tuple[str, str], pa.Array] = OrderedDict()
-        self._keys_bytes = 0
         #: A live file's identity (path, deletion vector id) -> its deleted rows.
         self._deleted: dict[tuple[str, str], BitMap] = {}
 
@@ -302,12 +337,11 @@ class DeletionVectorMerge:
 
     def _file_keys(self, add: dict[str, Any], key_types: Sequence[pa.DataType]) -> pa.Array:
         """A data file's key probe, one value per physical row (from :attr:`_keys` when kept)."""
-        cache_key = (str(add["path"]), repr(key_types))
-        probe = self._keys.get(cache_key)
-        if probe is not None:
-            self._keys.move_to_end(cache_key)
-            return probe
         path = data_file_path(self.dir, add)
+        cache_key = (str(path), repr(key_types))
+        probe = KEY_CACHE.get(cache_key)
+        if probe is not None:
+            return probe
         found = pq.ParquetFile(path).read(columns=self.keys)
         records = json.loads(add["stats"]).get("numRecords") if add.get("stats") else None
         if records is not None and int(records) != found.num_rows:
@@ -315,11 +349,7 @@ class DeletionVectorMerge:
         if found.num_rows >= MAX_FILE_ROWS:
             raise DvUnfit(f"{path} holds {found.num_rows} rows, more than a 32-bit deletion vector marks")
         probe = key_probe(pa.table([found.column(k).cast(t) for k, t in zip(self.keys, key_types)], names=self.keys))
-        self._keys[cache_key] = probe
-        self._keys_bytes += probe.nbytes
-        while self._keys_bytes > KEY_CACHE_BYTES and self._keys:
-            _, evicted = self._keys.popitem(last=False)
-            self._keys_bytes -= evicted.nbytes
+        KEY_CACHE.put(cache_key, probe)
         return probe
 
     def _deleted_rows(self, identity: tuple[str, str], add: dict[str, Any]) -> BitMap:
@@ -334,11 +364,9 @@ class DeletionVectorMerge:
 
     def _forget_all_but(self, snapshot: LogSnapshot) -> None:
         """Drop what is kept of files the replica no longer holds."""
-        live_paths = {path for path, _ in snapshot.files}
         for identity in [i for i in self._deleted if i not in snapshot.files]:
             del self._deleted[identity]
-        for cache_key in [k for k in self._keys if k[0] not in live_paths]:
-            self._keys_bytes -= self._keys.pop(cache_key).nbytes
+        KEY_CACHE.forget({str(data_file_path(self.dir, add)) for add in snapshot.files.values()}, str(self.dir))
 
     @staticmethod
     def _remove(add: dict[str, Any], now: int) -> dict[str, Any]:

@@ -162,3 +162,17 @@ def test_compaction_takes_small_files_only_in_numbers_and_any_mostly_deleted_fil
         {*(a["path"] for a in small), "one-more"}
     heavy = add("heavy", SMALL_FILE_BYTES * 4, deleted=50)
     assert [a["path"] for a in compaction_plan([big, heavy, *small])] == ["heavy"]
+
+
+def test_the_key_cache_keeps_one_budget_for_the_process_and_forgets_removed_files(monkeypatch):
+    from lakemirror.sinks import dv_merge
+
+    cache = dv_merge.KeyCache()
+    column = pa.array(range(1000), pa.int64())  # 8,000 bytes
+    monkeypatch.setattr(dv_merge, "KEY_CACHE_BYTES", 20_000)
+    for name in ("/t/a", "/t/b", "/u/c"):
+        cache.put((name, "int64"), column)
+    assert cache.get(("/t/a", "int64")) is None, "the least recently used went first"
+    assert cache.get(("/t/b", "int64")) is column and cache.get(("/u/c", "int64")) is column
+    cache.forget({"/t/other"}, "/t")
+    assert cache.get(("/t/b", "int64")) is None and cache.get(("/u/c", "int64")) is column
