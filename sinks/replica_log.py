@@ -16,6 +16,7 @@ that lost the race learns it and nothing is overwritten.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import uuid
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ from typing import Any, Iterator
 from urllib.parse import unquote
 
 from lakemirror.sinks.deletion_vectors import DvDescriptor
+
+log = logging.getLogger(__name__)
 
 LOG_DIR = "_delta_log"
 
@@ -166,3 +169,36 @@ def write_commit(table_dir: Path, version: int, actions: list[dict[str, Any]]) -
         return False
     finally:
         temp.unlink()
+
+
+def remove_action(add: dict[str, Any], now: int, data_change: bool = True) -> dict[str, Any]:
+    """The ``remove`` of a live file (with its deletion vector, which is part of its identity)."""
+    remove: dict[str, Any] = {"path": add["path"], "deletionTimestamp": now, "dataChange": data_change,
+                              "extendedFileMetadata": True, "partitionValues": add.get("partitionValues") or {},
+                              "size": add["size"]}
+    if add.get("deletionVector"):
+        remove["deletionVector"] = add["deletionVector"]
+    if add.get("stats"):
+        remove["stats"] = json.dumps({"numRecords": json.loads(add["stats"]).get("numRecords")})
+    return remove
+
+
+#: Delta's default checkpoint interval (``delta.checkpointInterval``): a checkpoint every 10 commits.
+DEFAULT_CHECKPOINT_INTERVAL = 10
+
+
+def checkpoint_if_due(table_dir: Path, version: int, config: dict[str, str]) -> None:
+    """After commit ``version``, every ``delta.checkpointInterval`` commits: a checkpoint (by
+    delta-rs, which writes deletion vectors' descriptors into it) and the cleanup of expired log
+    files. A failure is logged: a checkpoint is an optimisation, and the next interval tries again."""
+    interval = int(config.get("delta.checkpointInterval", DEFAULT_CHECKPOINT_INTERVAL))
+    if interval <= 0 or version % interval:
+        return
+    try:
+        from deltalake import DeltaTable
+
+        table = DeltaTable(str(table_dir))
+        table.create_checkpoint()
+        table.cleanup_metadata()
+    except Exception as exc:  # noqa: BLE001 (see the docstring)
+        log.warning("%s: could not write the checkpoint of version %d: %s", table_dir, version, exc)

@@ -12,7 +12,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from lakemirror.sinks import dv_merge, replica_log
+from lakemirror.sinks import dv_compaction, dv_merge, replica_log
+from lakemirror.sinks.deletion_vectors import DvDescriptor
 from lakemirror.sinks.dv_merge import DeletionVectorMerge, DvUnfit
 from lakemirror.sinks.planner import DELETE, OP_COLUMN
 from lakemirror.sinks.replica_log import load_snapshot
@@ -53,11 +54,11 @@ def test_random_histories_equal_the_model_and_no_data_file_is_rewritten(spark, t
     model; the counts are the MERGE's. Without compaction the replica's original data files are
     never rewritten; with it at every turn, nothing changes but the files."""
     if compaction == "off":
-        monkeypatch.setattr(dv_merge, "COMPACT_MIN_FILES", 10**6)
-        monkeypatch.setattr(dv_merge, "PURGE_DELETED_SHARE", 2.0)
+        monkeypatch.setattr(dv_compaction, "COMPACT_MIN_FILES", 10**6)
+        monkeypatch.setattr(dv_compaction, "PURGE_DELETED_SHARE", 2.0)
     else:
-        monkeypatch.setattr(dv_merge, "COMPACT_MIN_FILES", 3)
-        monkeypatch.setattr(dv_merge, "PURGE_DELETED_SHARE", 0.1)
+        monkeypatch.setattr(dv_compaction, "COMPACT_MIN_FILES", 3)
+        monkeypatch.setattr(dv_compaction, "PURGE_DELETED_SHARE", 0.1)
     path = tmp_path / "r"
     model = {k: f"v{k}" for k in range(300)}
     _replica(spark, path, rows=sorted(model.items()))
@@ -170,7 +171,7 @@ def test_a_lost_commit_race_is_planned_again_and_leaves_no_stray_file(spark, tmp
     assert _rows(spark, path) == sorted([(k, "a") for k in range(10) if k not in (3, 4)] + [(3, "ours"), (11, "new")])
     lost = [a["add"] for a in raced[0] if "add" in a]
     new_rows = [a["path"] for a in lost if not a.get("deletionVector")]
-    dv_files = {dv_merge.DvDescriptor.from_action(a["deletionVector"]).file_path(path) for a in lost
+    dv_files = {DvDescriptor.from_action(a["deletionVector"]).file_path(path) for a in lost
                 if a.get("deletionVector")}
     assert new_rows and dv_files
     assert not any((path / p).exists() for p in new_rows) and not any(f.exists() for f in dv_files)
@@ -237,7 +238,7 @@ def test_small_files_and_mostly_deleted_files_are_compacted_without_changing_the
     """Each batch appends a file; once COMPACT_MIN_FILES are small they are rewritten together, and a
     file with half its rows deleted is rewritten without them. The compaction commits change no
     data (a stream over the replica skips them), and Spark reads the model throughout."""
-    monkeypatch.setattr(dv_merge, "COMPACT_MIN_FILES", 4)
+    monkeypatch.setattr(dv_compaction, "COMPACT_MIN_FILES", 4)
     path = tmp_path / "r"
     model = {k: "a" for k in range(100)}
     _replica(spark, path, rows=sorted(model.items()), files=1)

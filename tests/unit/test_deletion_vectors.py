@@ -1,5 +1,6 @@
 """Deletion-vector formats (sinks/deletion_vectors.py), the log reader and writer
-(sinks/replica_log.py) and the pure parts of the driver's deletion-vector apply (sinks/dv_merge.py)."""
+(sinks/replica_log.py) and the pure parts of the driver's deletion-vector apply (sinks/dv_merge.py,
+key_match.py, dv_compaction.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import pytest
 from lakemirror.sinks.deletion_vectors import (PORTABLE_MAGIC, DeletionVectorError, DvDescriptor, DvFileWriter,
                                                decode_positions, encode_positions, frame, read_positions, z85_decode,
                                                z85_encode)
-from lakemirror.sinks.dv_merge import key_probe, why_unfit
+from lakemirror.sinks.dv_merge import why_unfit
+from lakemirror.sinks.key_match import key_probe
 from lakemirror.sinks.replica_log import LogSnapshot, commit_name, load_snapshot, write_commit
 
 
@@ -147,7 +149,7 @@ def test_composite_key_probes_are_null_safe_and_unambiguous():
 
 
 def test_compaction_takes_small_files_only_in_numbers_and_any_mostly_deleted_file():
-    from lakemirror.sinks.dv_merge import COMPACT_MIN_FILES, SMALL_FILE_BYTES, compaction_plan
+    from lakemirror.sinks.dv_compaction import COMPACT_MIN_FILES, SMALL_FILE_BYTES, compaction_plan
 
     def add(name: str, size: int, records: int = 100, deleted: int = 0) -> dict:
         a = {"path": name, "size": size, "stats": json.dumps({"numRecords": records})}
@@ -165,11 +167,11 @@ def test_compaction_takes_small_files_only_in_numbers_and_any_mostly_deleted_fil
 
 
 def test_the_key_cache_keeps_one_budget_for_the_process_and_forgets_removed_files(monkeypatch):
-    from lakemirror.sinks import dv_merge
+    from lakemirror.sinks import key_match
 
-    cache = dv_merge.KeyCache()
+    cache = key_match.KeyCache()
     column = pa.array(range(1000), pa.int64())  # 8,000 bytes
-    monkeypatch.setattr(dv_merge, "KEY_CACHE_BYTES", 20_000)
+    monkeypatch.setattr(key_match, "KEY_CACHE_BYTES", 20_000)
     for name in ("/t/a", "/t/b", "/u/c"):
         cache.put((name, "int64"), column)
     assert cache.get(("/t/a", "int64")) is None, "the least recently used went first"

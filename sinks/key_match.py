@@ -1,0 +1,108 @@
+"""Matching a batch's keys against a replica file's, null-safely, and the key columns kept between
+batches (:mod:`lakemirror.sinks.dv_merge`).
+
+A MERGE matches keys with ``<=>``: a NULL key part equals NULL. :func:`key_probe` makes one
+comparable value per row, and :class:`KeyLookup` says which of a file's rows the batch changes.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+
+def key_probe(keys: pa.Table) -> pa.Array:
+    """One comparable value per row for ``keys``: the column itself for one key, else a binary
+    encoding of the parts in which equal keys (NULL parts equal) and only they are equal."""
+    if keys.num_columns == 1:
+        return keys.column(0).combine_chunks()
+    pieces = []
+    for column in keys.columns:
+        column = column.combine_chunks()
+        if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
+            text = pc.cast(column, pa.large_binary())
+        else:
+            text = pc.cast(pc.cast(column, pa.large_string()), pa.large_binary())
+        length = pc.cast(pc.cast(pc.binary_length(text), pa.large_string()), pa.large_binary())
+        value = pc.binary_join_element_wise(pa.scalar(b"V", pa.large_binary()), length,
+                                            pa.scalar(b":", pa.large_binary()), text,
+                                            pa.scalar(b"", pa.large_binary()))
+        pieces.append(pc.if_else(pc.is_null(column), pa.scalar(b"N", pa.large_binary()), value))
+    return pc.binary_join_element_wise(*pieces, pa.scalar(b"|", pa.large_binary()))
+
+
+#: The replica files' key columns kept between batches, at most this many bytes for the whole
+#: process (the least recently used go first). A data file never changes under its name, so a kept
+#: column is never stale; with it a batch reads only the files written since the last.
+KEY_CACHE_BYTES = 512 * 1024 * 1024
+#: A batch's integer keys are looked up in a bitmap of their range (one gather per replica row, about
+#: ten times faster than a hash set) while the range is at most this many times their number, or
+#: at most :data:`DENSE_RANGE_FLOOR` wide.
+DENSE_RANGE_PER_KEY = 64
+DENSE_RANGE_FLOOR = 1 << 24
+
+
+class KeyLookup:
+    """Which of a replica file's keys the batch changes (null-safe, as the MERGE's ``<=>``)."""
+
+    def __init__(self, probe: pa.Array) -> None:
+        self.probe = probe
+        self.dense: tuple[int, np.ndarray] | None = None
+        if pa.types.is_integer(probe.type) and probe.null_count == 0 and len(probe):
+            values = probe.to_numpy().astype(np.int64)
+            low, high = int(values.min()), int(values.max())
+            if high - low < max(DENSE_RANGE_PER_KEY * len(values), DENSE_RANGE_FLOOR):
+                present = np.zeros(high - low + 1, dtype=bool)
+                present[values - low] = True
+                self.dense = (low, present)
+
+    def hits(self, keys: pa.Array) -> np.ndarray:
+        """A writable boolean mask over ``keys``: True where the batch changes that key."""
+        if self.dense is not None and keys.null_count == 0:
+            low, present = self.dense
+            values = keys.to_numpy().astype(np.int64, copy=False)
+            offsets = values - low
+            inside = (offsets >= 0) & (offsets < len(present))
+            return present[np.where(inside, offsets, 0)] & inside
+        return pc.is_in(keys, value_set=self.probe, skip_nulls=False).to_numpy(zero_copy_only=False)
+
+
+class KeyCache:
+    """The process's kept key columns (:data:`KEY_CACHE_BYTES`), shared by every table's apply
+    (tables take turns on several threads)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._probes: OrderedDict[tuple[str, str], pa.Array] = OrderedDict()
+        self._bytes = 0
+
+    def get(self, key: tuple[str, str]) -> pa.Array | None:
+        with self._lock:
+            probe = self._probes.get(key)
+            if probe is not None:
+                self._probes.move_to_end(key)
+            return probe
+
+    def put(self, key: tuple[str, str], probe: pa.Array) -> None:
+        with self._lock:
+            if key in self._probes:
+                return
+            self._probes[key] = probe
+            self._bytes += probe.nbytes
+            while self._bytes > KEY_CACHE_BYTES and self._probes:
+                _, evicted = self._probes.popitem(last=False)
+                self._bytes -= evicted.nbytes
+
+    def forget(self, files: set[str], under: str) -> None:
+        """Drop the kept columns of files under directory ``under`` other than ``files``."""
+        prefix = under.rstrip("/") + "/"
+        with self._lock:
+            for key in [k for k in self._probes if k[0].startswith(prefix) and k[0] not in files]:
+                self._bytes -= self._probes.pop(key).nbytes
+
+
+KEY_CACHE = KeyCache()
