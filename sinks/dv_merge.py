@@ -10,7 +10,8 @@ reading only the replica's key columns:
 
 1. The replica's live files and their deletion vectors come from its log
    (:mod:`lakemirror.sinks.replica_log`).
-2. Each file's key columns are read; the positions of its live rows whose key the batch changes
+2. Each file's key columns are read (unless its statistics put an integer key wholly outside the
+   batch's range); the positions of its live rows whose key the batch changes
    (null-safe: a NULL key part equals NULL, as the MERGE's ``<=>``) join the file's deletion
    vector (:mod:`lakemirror.sinks.deletion_vectors`). A file left with no live row is removed.
 3. The batch's upserts (the winning change per key that is not a delete) are written as one new
@@ -45,10 +46,10 @@ from pyroaring import BitMap
 
 from lakemirror.sinks.deletion_vectors import DvDescriptor, DvFileWriter, read_positions
 from lakemirror.sinks.dv_compaction import ENGINE_INFO, compact
-from lakemirror.sinks.key_match import KEY_CACHE, KeyLookup, key_probe
+from lakemirror.sinks.key_match import KEY_CACHE, KeyLookup, key_probe, key_ranges, outside
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.planner import DELETE, OP_COLUMN
-from lakemirror.sinks.replica_files import write_dv_file, write_rows
+from lakemirror.sinks.replica_files import remove_stale_scratch, write_dv_file, write_rows
 from lakemirror.sinks.replica_log import (LogSnapshot, checkpoint_if_due, data_file_path, load_snapshot, remove_action,
                                           write_commit)
 from lakemirror.sinks.txn import TxnId
@@ -116,6 +117,11 @@ class DeletionVectorMerge:
         self.column_names = list(column_names)
         #: A live file's identity (path, deletion vector id) -> its deleted rows.
         self._deleted: dict[tuple[str, str], BitMap] = {}
+        try:
+            if remove_stale_scratch(self.dir):
+                log.info("%s: removed the scratch files of writes a crash interrupted", self.dir)
+        except OSError as exc:
+            log.warning("%s: could not look for stale scratch files: %s", self.dir, exc)
 
     def check(self) -> str | None:
         """Why the replica is unfit for this path now; None if fit."""
@@ -161,7 +167,10 @@ class DeletionVectorMerge:
         updated = deleted = files_touched = 0
         self._forget_all_but(snapshot)
         deleted_after: dict[tuple[str, str], BitMap] = {}
+        ranges = key_ranges(winners.select(self.keys))
         for identity, add in snapshot.files.items():
+            if outside(json.loads(add["stats"]) if add.get("stats") else None, ranges):
+                continue
             file_probe = self._file_keys(add, key_types)
             hits = np.flatnonzero(lookup.hits(file_probe))
             if hits.size == 0:

@@ -2,13 +2,15 @@
 batches (:mod:`lakemirror.sinks.dv_merge`).
 
 A MERGE matches keys with ``<=>``: a NULL key part equals NULL. :func:`key_probe` makes one
-comparable value per row, and :class:`KeyLookup` says which of a file's rows the batch changes.
+comparable value per row, and :class:`KeyLookup` says which of a file's rows the batch changes;
+:func:`outside` skips a file whose statistics rule it out.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -106,3 +108,29 @@ class KeyCache:
 
 
 KEY_CACHE = KeyCache()
+
+
+def key_ranges(keys: pa.Table) -> dict[str, tuple[int, int]]:
+    """The batch's range of each integer key column without NULLs: a file whose statistics put
+    that column wholly outside it holds no row the batch changes (:func:`outside`)."""
+    ranges: dict[str, tuple[int, int]] = {}
+    for name in keys.column_names:
+        column = keys.column(name)
+        if pa.types.is_integer(column.type) and column.null_count == 0 and len(column):
+            bounds = pc.min_max(column)
+            ranges[name] = (int(bounds["min"].as_py()), int(bounds["max"].as_py()))
+    return ranges
+
+
+def outside(stats: dict[str, Any] | None, ranges: dict[str, tuple[int, int]]) -> bool:
+    """Whether a file's statistics (``minValues``/``maxValues``; wide bounds are fine) show that
+    some key column of it lies wholly outside the batch's range. A row with a NULL there cannot
+    match a batch without NULLs in that column, so ``nullCount`` does not matter."""
+    if not stats or not ranges:
+        return False
+    lows, highs = stats.get("minValues") or {}, stats.get("maxValues") or {}
+    for name, (low, high) in ranges.items():
+        file_low, file_high = lows.get(name), highs.get(name)
+        if isinstance(file_low, int) and isinstance(file_high, int) and (file_high < low or file_low > high):
+            return True
+    return False

@@ -22,6 +22,26 @@ from lakemirror.sinks.replica_log import data_file_path
 SCRATCH_PREFIX = ".lakemirror-rows-"
 
 
+#: A scratch directory this old is a crashed write's: no write of ours takes that long.
+STALE_SCRATCH_SECONDS = 3600
+
+
+def remove_stale_scratch(table_dir: Path, now: float | None = None) -> int:
+    """Delete scratch tables a crash left in the replica (VACUUM skips hidden directories); how many."""
+    import time
+
+    cutoff = (time.time() if now is None else now) - STALE_SCRATCH_SECONDS
+    removed = 0
+    for entry in table_dir.glob(f"{SCRATCH_PREFIX}*"):
+        try:
+            if entry.is_dir() and entry.stat().st_mtime < cutoff:
+                shutil.rmtree(entry, ignore_errors=True)
+                removed += 1
+        except OSError:
+            continue
+    return removed
+
+
 def write_rows(table_dir: Path, rows: pa.Table, now: int, data_change: bool = True) -> list[tuple[Path, dict[str, Any]]]:
     """``rows`` as new data files of the replica, each with its ``add`` action (the statistics
     delta-rs computes), written through a scratch table beside the replica."""

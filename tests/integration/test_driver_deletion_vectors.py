@@ -267,3 +267,26 @@ def test_small_files_and_mostly_deleted_files_are_compacted_without_changing_the
     assert all(a[k]["dataChange"] is False for a in optimize for k in ("add", "remove") if k in a)
     changes = spark.read.format("delta").option("readChangeFeed", "false").load(str(path))
     assert changes.count() == len(model)
+
+
+def test_files_whose_statistics_rule_out_the_batch_are_not_read(spark, tmp_path, monkeypatch):
+    path = tmp_path / "r"
+    _replica(spark, path)
+    for low in (0, 1000, 2000):  # three files of disjoint key ranges
+        spark.range(low, low + 100).selectExpr("id AS k", "'a' AS v").write.format("delta").mode("append").save(str(path))
+    read: list[str] = []
+    real = dv_merge.pq.ParquetFile
+
+    def counting(p: Any, *args: Any, **kwargs: Any) -> Any:
+        read.append(Path(p).name)
+        return real(p, *args, **kwargs)
+
+    monkeypatch.setattr(dv_merge.pq, "ParquetFile", counting)
+    merge = DeletionVectorMerge(str(path), ["k"], ["k", "v"])
+    counts = merge.merge(_winners(KV, [(UPSERT, 1050, "b"), (DELETE, 1060, None), (UPSERT, 1500, "new")]),
+                         TxnId("app", 0))
+    assert (counts.inserted, counts.updated, counts.deleted) == (1, 1, 1)
+    assert len(read) == 1, read
+    expected = sorted([(k, "a") for r in (0, 1000, 2000) for k in range(r, r + 100) if k not in (1050, 1060)]
+                      + [(1050, "b"), (1500, "new")])
+    assert _rows(spark, path) == expected

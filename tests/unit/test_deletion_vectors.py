@@ -178,3 +178,34 @@ def test_the_key_cache_keeps_one_budget_for_the_process_and_forgets_removed_file
     assert cache.get(("/t/b", "int64")) is column and cache.get(("/u/c", "int64")) is column
     cache.forget({"/t/other"}, "/t")
     assert cache.get(("/t/b", "int64")) is None and cache.get(("/u/c", "int64")) is column
+
+
+def test_scratch_tables_a_crash_left_are_removed_once_stale(tmp_path):
+    import os
+
+    from lakemirror.sinks.replica_files import SCRATCH_PREFIX, STALE_SCRATCH_SECONDS, remove_stale_scratch
+
+    old, fresh = tmp_path / f"{SCRATCH_PREFIX}old", tmp_path / f"{SCRATCH_PREFIX}fresh"
+    for d in (old, fresh):
+        (d / "_delta_log").mkdir(parents=True)
+        (d / "part-0.parquet").write_bytes(b"x")
+    (tmp_path / "part-1.parquet").write_bytes(b"data")
+    past = os.stat(fresh).st_mtime - STALE_SCRATCH_SECONDS - 10
+    os.utime(old, (past, past))
+    assert remove_stale_scratch(tmp_path) == 1
+    assert not old.exists() and fresh.exists() and (tmp_path / "part-1.parquet").exists()
+
+
+def test_files_are_skipped_only_when_their_statistics_rule_every_row_out():
+    from lakemirror.sinks.key_match import key_ranges, outside
+
+    ranges = key_ranges(pa.table({"a": pa.array([10, 20], pa.int64()), "s": ["x", "y"],
+                                  "n": pa.array([1, None], pa.int32())}))
+    assert ranges == {"a": (10, 20)}, "strings and columns with NULLs give no range"
+    assert outside({"minValues": {"a": 21}, "maxValues": {"a": 90}}, ranges)
+    assert outside({"minValues": {"a": 0}, "maxValues": {"a": 9}}, ranges)
+    assert not outside({"minValues": {"a": 0}, "maxValues": {"a": 10}}, ranges)
+    assert not outside({"minValues": {"a": 15}, "maxValues": {"a": 15}}, ranges)
+    assert not outside({"numRecords": 5}, ranges), "no bounds: read it"
+    assert not outside({"minValues": {"a": "0"}, "maxValues": {"a": "9"}}, ranges), "not an integer bound"
+    assert not outside(None, ranges) and not outside({"minValues": {"a": 0}, "maxValues": {"a": 1}}, {})
