@@ -220,7 +220,7 @@ class DeletionVectorMerge:
     def _file_keys(self, add: dict[str, Any], key_types: Sequence[pa.DataType]) -> pa.Array:
         """A data file's key probe, one value per physical row (from :attr:`_keys` when kept)."""
         path = data_file_path(self.dir, add)
-        cache_key = (str(path), repr(key_types))
+        cache_key = (str(path), repr((self.keys, key_types)))
         probe = KEY_CACHE.get(cache_key)
         if probe is not None:
             return probe

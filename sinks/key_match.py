@@ -63,7 +63,7 @@ class KeyLookup:
                 self.dense = (low, present)
 
     def hits(self, keys: pa.Array) -> np.ndarray:
-        """A writable boolean mask over ``keys``: True where the batch changes that key."""
+        """A boolean mask over ``keys``: True where the batch changes that key."""
         if self.dense is not None and keys.null_count == 0:
             low, present = self.dense
             values = keys.to_numpy().astype(np.int64, copy=False)
