@@ -42,7 +42,8 @@ class Metrics:
         self.batches = Counter("lakemirror_batches_total", "Micro-batches applied.", t, registry=r)
         self.batch_paths = Counter("lakemirror_batch_paths_total", "Micro-batches applied, by the engine that read "
                                    "their change rows (spark, delta-rs) and the path that wrote them (spark-merge, "
-                                   "spark-rewrite, delta-rs-merge).", [*t, "read", "write"], registry=r)
+                                   "spark-rewrite, delta-rs-merge, driver-deletion-vectors).",
+                                   [*t, "read", "write"], registry=r)
         self.replays = Counter("lakemirror_batches_replayed_total", "Micro-batches found already committed "
                                "(skipped by Delta transaction ids).", t, registry=r)
         self.duration = Histogram("lakemirror_batch_duration_seconds", "Time to apply one micro-batch.", t,

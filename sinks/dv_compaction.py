@@ -10,17 +10,16 @@ no data (``dataChange`` false, as OPTIMIZE's: the replica's own streaming reader
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import pyarrow as pa
 
 from lakemirror.sinks.replica_files import arrow_schema, live_rows, write_rows
-from lakemirror.sinks.replica_log import LogSnapshot, checkpoint_if_due, load_snapshot, remove_action, write_commit
+from lakemirror.sinks.replica_log import LogSnapshot, checkpoint_if_due, file_stats, remove_action, write_commit
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +33,7 @@ ENGINE_INFO = "lakemirror (deletion vectors on the driver)"
 
 def _deleted_share(add: dict[str, Any]) -> float:
     dv = add.get("deletionVector")
-    records = json.loads(add["stats"]).get("numRecords") if add.get("stats") else None
+    records = file_stats(add).get("numRecords")
     if not dv or not records:
         return 0.0
     return int(dv["cardinality"]) / int(records)
@@ -51,21 +50,20 @@ def compaction_plan(files: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(chosen.values())
 
 
-def compact(table_dir: Path, fit: Callable[[LogSnapshot], bool]) -> None:
-    """Rewrite the files :func:`compaction_plan` picks (on a replica ``fit`` accepts) without their
-    deleted rows, in one commit that changes no data. Skipped (the next batch tries again) if
-    another writer commits first or anything fails: compaction is never needed for a correct
-    replica."""
+def compact(table_dir: Path, snapshot: LogSnapshot) -> None:
+    """Rewrite the files :func:`compaction_plan` picks in ``snapshot`` (the replica as the batch's
+    own commit left it, a table the caller has found fit) without their deleted rows, in one commit
+    that changes no data. Skipped (the next batch tries again) if another writer commits first or
+    anything fails: compaction is never needed for a correct replica."""
     try:
-        _compact_once(table_dir, fit)
+        _compact_once(table_dir, snapshot)
     except Exception as exc:  # noqa: BLE001 (see the docstring)
         log.warning("%s: compaction skipped: %s", table_dir, exc)
 
 
-def _compact_once(table_dir: Path, fit: Callable[[LogSnapshot], bool]) -> None:
-    snapshot = load_snapshot(table_dir)
+def _compact_once(table_dir: Path, snapshot: LogSnapshot) -> None:
     chosen = compaction_plan(list(snapshot.files.values()))
-    if not chosen or not fit(snapshot):
+    if not chosen:
         return
     schema = arrow_schema(table_dir)
     rows = pa.concat_tables([live_rows(table_dir, add, schema) for add in chosen])

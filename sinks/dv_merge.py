@@ -50,8 +50,8 @@ from lakemirror.sinks.key_match import KEY_CACHE, KeyLookup, key_probe, key_rang
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.planner import DELETE, OP_COLUMN
 from lakemirror.sinks.replica_files import remove_stale_scratch, write_dv_file, write_rows
-from lakemirror.sinks.replica_log import (LogSnapshot, checkpoint_if_due, data_file_path, load_snapshot, remove_action,
-                                          write_commit)
+from lakemirror.sinks.replica_log import (LogSnapshot, checkpoint_if_due, data_file_path, file_stats, load_snapshot,
+                                          remove_action, write_commit)
 from lakemirror.sinks.txn import TxnId
 from lakemirror.tables import DV_WRITER_FEATURES
 
@@ -144,17 +144,20 @@ class DeletionVectorMerge:
             if snapshot.transactions.get(txn.app_id, -1) >= txn.version:
                 return None
             try:
-                counts = self._merge_once(snapshot, winners, txn)
+                counts, actions = self._merge_once(snapshot, winners, txn)
             except CommitConflict:
                 log.info("%s: another writer committed version %d first; the batch is planned again",
                          self.dir, snapshot.version + 1)
                 continue
-            checkpoint_if_due(self.dir, snapshot.version + 1, snapshot.configuration)
-            compact(self.dir, lambda s: why_unfit(s, self.column_names) is None)
+            snapshot.apply(snapshot.version + 1, actions)  # the replica as this commit left it
+            checkpoint_if_due(self.dir, snapshot.version, snapshot.configuration)
+            compact(self.dir, snapshot)
             return counts
         raise DvUnfit(f"other writers took the replica's next version {CONFLICT_RETRIES + 1} times running")
 
-    def _merge_once(self, snapshot: LogSnapshot, winners: pa.Table, txn: TxnId) -> ApplyCounts:
+    def _merge_once(self, snapshot: LogSnapshot, winners: pa.Table,
+                    txn: TxnId) -> tuple[ApplyCounts, list[dict[str, Any]]]:
+        """Plan and commit one batch on ``snapshot``: its counts and the actions committed."""
         deleting = pc.equal(winners.column(OP_COLUMN), DELETE).combine_chunks()
         key_types = [winners.schema.field(k).type for k in self.keys]
         probe = key_probe(winners.select(self.keys))
@@ -169,7 +172,7 @@ class DeletionVectorMerge:
         deleted_after: dict[tuple[str, str], BitMap] = {}
         ranges = key_ranges(winners.select(self.keys))
         for identity, add in snapshot.files.items():
-            if outside(json.loads(add["stats"]) if add.get("stats") else None, ranges):
+            if outside(file_stats(add), ranges):
                 continue
             file_probe = self._file_keys(add, key_types)
             hits = np.flatnonzero(lookup.hits(file_probe))
@@ -208,14 +211,15 @@ class DeletionVectorMerge:
             counts = ApplyCounts(inserted, updated, deleted)
             head = [{"commitInfo": self._commit_info(snapshot, txn, counts, now, files_touched, bool(upserts.num_rows))},
                     {"txn": {"appId": txn.app_id, "version": txn.version, "lastUpdated": now}}]
-            if not write_commit(self.dir, snapshot.version + 1, head + actions):
+            actions = head + actions
+            if not write_commit(self.dir, snapshot.version + 1, actions):
                 raise CommitConflict()
         except BaseException:
             for path in written:
                 path.unlink(missing_ok=True)
             raise
         self._deleted.update(deleted_after)
-        return counts
+        return counts, actions
 
     def _file_keys(self, add: dict[str, Any], key_types: Sequence[pa.DataType]) -> pa.Array:
         """A data file's key probe, one value per physical row (from :attr:`_keys` when kept)."""
@@ -225,7 +229,7 @@ class DeletionVectorMerge:
         if probe is not None:
             return probe
         found = pq.ParquetFile(path).read(columns=self.keys)
-        records = json.loads(add["stats"]).get("numRecords") if add.get("stats") else None
+        records = file_stats(add).get("numRecords")
         if records is not None and int(records) != found.num_rows:
             raise DvUnfit(f"{path} holds {found.num_rows} rows, its statistics say {records}")
         if found.num_rows >= MAX_FILE_ROWS:
@@ -256,7 +260,7 @@ class DeletionVectorMerge:
         new["dataChange"] = True
         new["deletionVector"] = dv.to_action()
         if add.get("stats"):
-            stats = json.loads(add["stats"])
+            stats = file_stats(add)
             stats["tightBounds"] = False  # the bounds still count the rows now deleted
             new["stats"] = json.dumps(stats, separators=(",", ":"))
         return new

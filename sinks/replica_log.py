@@ -171,6 +171,11 @@ def write_commit(table_dir: Path, version: int, actions: list[dict[str, Any]]) -
         temp.unlink()
 
 
+def file_stats(action: dict[str, Any]) -> dict[str, Any]:
+    """An ``add`` action's statistics (its ``stats`` JSON), or ``{}`` when it has none."""
+    return dict(json.loads(action["stats"])) if action.get("stats") else {}
+
+
 def remove_action(add: dict[str, Any], now: int, data_change: bool = True) -> dict[str, Any]:
     """The ``remove`` of a live file (with its deletion vector, which is part of its identity)."""
     remove: dict[str, Any] = {"path": add["path"], "deletionTimestamp": now, "dataChange": data_change,
@@ -179,7 +184,7 @@ def remove_action(add: dict[str, Any], now: int, data_change: bool = True) -> di
     if add.get("deletionVector"):
         remove["deletionVector"] = add["deletionVector"]
     if add.get("stats"):
-        remove["stats"] = json.dumps({"numRecords": json.loads(add["stats"]).get("numRecords")})
+        remove["stats"] = json.dumps({"numRecords": file_stats(add).get("numRecords")})
     return remove
 
 
