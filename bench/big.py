@@ -1,9 +1,10 @@
 """The large-table workloads: the cost of one steady cycle on a big table, and the bootstrap.
 
 - ``steady_cost``: a ``rows``-row table where ``fraction`` of the rows change per cycle (one source
-  MERGE). For lakemirror, one cycle is the commit made and the daemon applying it; its cost is the
-  wall time until the replica reflects it and the CPU seconds the daemon's processes (Python and
-  JVM) used meanwhile. For the full refresh, one cycle is overwriting the replica with the whole
+  MERGE), measured just after each system's start and again warm (:data:`WARMUP_COMMITS`). For
+  lakemirror, one cycle is the commit made and the daemon applying it; its cost is the wall time
+  until the replica reflects it and the CPU seconds the daemon's processes (Python and JVM) used
+  meanwhile. For the full refresh, one cycle is overwriting the replica with the whole
   source, twice: as a scheduled Spark job does it (``python -m bench.spark_refresh``, a warm
   session in a process of its own) and with delta-rs in this process (its CPU seconds are this
   process's). lakemirror runs twice:
@@ -81,7 +82,56 @@ def _summary(values: list[float]) -> dict[str, float]:
             "max": round(max(values), 2)}
 
 
-def steady_cost(rows: int, cycles: int, fraction: float, seed: int) -> list[dict[str, Any]]:
+#: Small append commits the daemon applies, one batch each, between the cycles measured just after
+#: its start and those measured warm. The JVM's JIT compiler goes on compiling Spark's planning code
+#: for about a hundred micro-batches after a start: on a 1M-row table the JVM's CPU per batch fell
+#: from 0.94 s (batches 1-20) to 0.53 s (batches 100-120) with no change to the work (thirteenth
+#: session, docs/BENCHMARKS.md). A long-running daemon is past that; a writer's MERGE into 10M rows
+#: takes about four seconds, so the warm-up uses appends (one small file each; they also let the
+#: replica's compaction run as it would over time).
+WARMUP_COMMITS = 100
+
+
+def _cycles(src: SourceTable, daemon: LakemirrorDaemon, rng: random.Random, cycles: int, fraction: float,
+            stamp: int) -> tuple[list[float], list[float], int]:
+    """``cycles`` + 1 source MERGEs, each applied before the next; the first (warm-up) not counted."""
+    assert daemon.proc is not None
+    walls, cpus, changed = [], [], 0
+    for i in range(cycles + 1):
+        # The daemon's CPU is read before the writer's commit, and the wall counted from the moment
+        # that commit returned: the writer's bookkeeping after it (a set of 10M ids) takes longer
+        # than a driver-path apply, which starts meanwhile.
+        cpu0 = process_tree_cpu(daemon.proc.pid)
+        changed = src.change(rng, fraction, stamp + i)
+        version = src.version()
+        daemon.wait_through({"big": version}, timeout=1800)
+        if i:
+            walls.append(time.time() - src.commits[version])
+            cpus.append(process_tree_cpu(daemon.proc.pid) - cpu0)
+    return walls, cpus, changed
+
+
+def _refreshes(src: SourceTable, refresher: subprocess.Popen[str], rng: random.Random, cycles: int, fraction: float,
+               stamp: int) -> tuple[list[float], list[float], int]:
+    """``cycles`` + 1 source MERGEs, each followed by a full Spark refresh; the first not counted."""
+    assert refresher.stdin is not None and refresher.stdout is not None
+    walls, cpus, changed = [], [], 0
+    for i in range(cycles + 1):
+        changed = src.change(rng, fraction, stamp + i)
+        refresher.stdin.write("refresh\n")
+        refresher.stdin.flush()
+        answer = json.loads(refresher.stdout.readline())
+        if i:
+            walls.append(answer["wall"])
+            cpus.append(answer["cpu"])
+    return walls, cpus, changed
+
+
+def steady_cost(rows: int, cycles: int, fraction: float, seed: int,
+                warmup_commits: int = WARMUP_COMMITS) -> list[dict[str, Any]]:
+    """Each system's cost per cycle twice: just after its start (``started_*``) and warm (``wall_s``,
+    ``cpu_s``: lakemirror after ``warmup_commits`` more batches, the Spark refresh after as many
+    refreshes as it had cycles)."""
     workdir = Path(tempfile.mkdtemp(prefix="bench-cost-"))
     warehouse = workdir / "lakehouse"
     src = SourceTable(table_path(warehouse, "src", "bench", "big"), rows)
@@ -96,44 +146,32 @@ def steady_cost(rows: int, cycles: int, fraction: float, seed: int) -> list[dict
             daemon.start()
             daemon.wait_through({"big": src.version()}, timeout=1800)
             assert daemon.proc is not None
-            walls, cpus = [], []
-            for i in range(cycles + 1):  # the first cycle warms the daemon up and is not counted
-                # The daemon's CPU is read before the writer's commit, and the wall counted from the
-                # moment that commit returned: the writer's bookkeeping after it (a set of 10M ids)
-                # takes longer than a driver-path apply, which starts meanwhile.
-                cpu0 = process_tree_cpu(daemon.proc.pid)
-                changed = src.change(rng, fraction, 1000 * (dv + 1) + i)
-                version = src.version()
-                daemon.wait_through({"big": version}, timeout=1800)
-                if i:
-                    walls.append(time.time() - src.commits[version])
-                    cpus.append(process_tree_cpu(daemon.proc.pid) - cpu0)
+            started = _cycles(src, daemon, rng, cycles, fraction, 1000 * (dv + 1))
+            for j in range(warmup_commits):
+                src.append(1000, 100_000 * (dv + 1) + j)
+                daemon.wait_through({"big": src.version()}, timeout=600)
+            walls, cpus, changed = _cycles(src, daemon, rng, cycles, fraction, 1000 * (dv + 1) + 500)
             memory = peak_resident_mib(daemon.proc.pid)
             daemon.stop()
             replica = daemon.replica_path("big")
             out.append({"system": f"lakemirror (deletion vectors {'on' if dv else 'off'})", "rows": rows,
-                        "change_rows_per_cycle": changed, "cycles": cycles, "wall_s": _summary(walls),
-                        "cpu_s": _summary(cpus), "peak_resident_mib": memory,
-                        "replica_equal_source": same_rows(src.path, replica)})
+                        "change_rows_per_cycle": changed, "cycles": cycles, "warmup_commits": warmup_commits,
+                        "wall_s": _summary(walls), "cpu_s": _summary(cpus),
+                        "started_wall_s": _summary(started[0]), "started_cpu_s": _summary(started[1]),
+                        "peak_resident_mib": memory, "replica_equal_source": same_rows(src.path, replica)})
         replica = table_path(warehouse, "dst_spark_refresh", "bench", "big")
         refresher = subprocess.Popen([sys.executable, "-m", "bench.spark_refresh", str(src.path), str(replica)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert refresher.stdin is not None and refresher.stdout is not None
         json.loads(refresher.stdout.readline())  # the session is up
-        walls, cpus = [], []
-        for i in range(cycles + 1):  # the first cycle warms the JVM up and is not counted
-            changed = src.change(rng, fraction, 8000 + i)
-            refresher.stdin.write("refresh\n")
-            refresher.stdin.flush()
-            answer = json.loads(refresher.stdout.readline())
-            if i:
-                walls.append(answer["wall"])
-                cpus.append(answer["cpu"])
+        started = _refreshes(src, refresher, rng, cycles, fraction, 8000)
+        walls, cpus, changed = _refreshes(src, refresher, rng, cycles, fraction, 8500)
         refresher.stdin.close()
         refresher.wait(300)
         out.append({"system": "full refresh (Spark overwrite, warm session)", "rows": rows,
                     "change_rows_per_cycle": changed, "cycles": cycles, "wall_s": _summary(walls),
-                    "cpu_s": _summary(cpus), "replica_equal_source": same_rows(src.path, replica)})
+                    "cpu_s": _summary(cpus), "started_wall_s": _summary(started[0]),
+                    "started_cpu_s": _summary(started[1]), "replica_equal_source": same_rows(src.path, replica)})
         replica = table_path(warehouse, "dst_refresh", "bench", "big")
         walls, cpus = [], []
         for i in range(cycles):

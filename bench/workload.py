@@ -53,6 +53,15 @@ class SourceTable:
     def version(self) -> int:
         return int(DeltaTable(str(self.path)).version())
 
+    def append(self, n: int, stamp: int) -> None:
+        """One append of ``n`` new ids (a cheap commit: the steady-cost workload's warm-up)."""
+        ids = list(range(self.next_id, self.next_id + n))
+        self.next_id += n
+        write_deltalake(str(self.path), pa.table({"id": pa.array(ids, pa.int64()), "v": pa.array([stamp] * n, pa.int64()),
+                                                  "payload": pa.array([f"a{stamp}"] * n)}), mode="append")
+        self.commits[self.version()] = time.time()
+        self.live.extend(ids)  # new ids are above every live one: still sorted
+
     def change(self, rng: random.Random, fraction: float, stamp: int) -> int:
         """One MERGE changing about ``fraction`` of the rows; returns the number of change rows."""
         n = max(3, int(self.rows * fraction))

@@ -109,6 +109,9 @@ class DriverApply:
         stats = batch_stats(changes, preimages_dropped=True)
         if stats.rows_read == 0:
             return MergeOutcome(stats, ApplyCounts(), replayed=False, **how)
+        if self.dv is not None:  # it finds a replay in the replica's log itself
+            return self._apply_dv(winning_changes(changes, self.plan.keys, self.plan.column_names), txn, stats,
+                                  how, recount)
         replica = self._replica()
         read_version = replica.version()
         committed = replica.transaction_version(txn.app_id)
@@ -116,8 +119,6 @@ class DriverApply:
             counts = self._replayed_counts(replica, txn)
             return MergeOutcome(stats, counts if counts is not None else recount(), replayed=True, **how)
         winners = winning_changes(changes, self.plan.keys, self.plan.column_names)
-        if self.dv is not None:
-            return self._apply_dv(winners, txn, stats, how)
         try:
             metrics = self._merge(replica, winners, txn)
         except Exception as exc:
@@ -129,8 +130,10 @@ class DriverApply:
             self._commit_empty(replica, txn)  # the MERGE changed no file, so delta-rs committed nothing
         return MergeOutcome(stats, counts_from_metrics(metrics), replayed=False, **how)
 
-    def _apply_dv(self, winners: "pa.Table", txn: TxnId, stats: BatchStats, how: dict[str, str]) -> MergeOutcome:
-        """``winners`` marked in the replica by deletion vectors (:mod:`lakemirror.sinks.dv_merge`)."""
+    def _apply_dv(self, winners: "pa.Table", txn: TxnId, stats: BatchStats, how: dict[str, str],
+                  recount: Callable[[], ApplyCounts]) -> MergeOutcome:
+        """``winners`` marked in the replica by deletion vectors (:mod:`lakemirror.sinks.dv_merge`),
+        or found applied already (a replay: the counts of the commit that applied them)."""
         from lakemirror.sinks.dv_merge import DvUnfit
 
         try:
@@ -142,9 +145,9 @@ class DriverApply:
             if self._committed(txn):
                 raise
             raise DriverUnfit(f"{self.path}: the deletion-vector apply of batch {txn.version} failed: {exc}") from exc
-        if counts is None:  # another process committed it since the replay check
+        if counts is None:  # the replica holds the batch's transaction already
             replayed = self._replayed_counts(self._replica(), txn)
-            return MergeOutcome(stats, replayed if replayed is not None else ApplyCounts(), replayed=True, **how)
+            return MergeOutcome(stats, replayed if replayed is not None else recount(), replayed=True, **how)
         return MergeOutcome(stats, counts, replayed=False, **how)
 
     def _replica(self) -> Any:

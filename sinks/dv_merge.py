@@ -46,7 +46,7 @@ from pyroaring import BitMap
 
 from lakemirror.sinks.deletion_vectors import DvDescriptor, DvFileWriter, read_positions
 from lakemirror.sinks.dv_compaction import ENGINE_INFO, compact
-from lakemirror.sinks.key_match import KEY_CACHE, KeyLookup, key_probe, key_ranges, outside
+from lakemirror.sinks.key_match import KEY_CACHE, FileKeys, KeyLookup, key_probe, key_ranges, outside
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.planner import DELETE, OP_COLUMN
 from lakemirror.sinks.replica_files import remove_stale_scratch, write_dv_file, write_rows
@@ -174,15 +174,17 @@ class DeletionVectorMerge:
         for identity, add in snapshot.files.items():
             if outside(file_stats(add), ranges):
                 continue
-            file_probe = self._file_keys(add, key_types)
-            hits = np.flatnonzero(lookup.hits(file_probe))
+            file_keys = self._file_keys(add, key_types)
+            hits, matched = file_keys.find(lookup)
             if hits.size == 0:
                 continue
             gone = self._deleted_rows(identity, add)
-            positions = BitMap(hits.astype(np.uint32)) - gone
+            positions = BitMap(hits) - gone
             if not positions:
                 continue
-            matched = file_probe.take(pa.array(np.frombuffer(positions.to_array(), dtype=np.uint32).astype(np.int64)))
+            if len(positions) < hits.size:  # some of those rows were deleted already
+                fresh = np.frombuffer(positions.to_array(), dtype=np.uint32)
+                matched = matched.filter(pa.array(np.isin(hits, fresh, assume_unique=True)))
             matched_parts.append(matched)
             upserted_here = int(pc.sum(pc.is_in(matched, value_set=upsert_probe, skip_nulls=False)).as_py() or 0)
             updated += upserted_here
@@ -190,7 +192,7 @@ class DeletionVectorMerge:
             files_touched += 1
             actions.append({"remove": remove_action(add, now)})
             union = gone | positions
-            if len(union) < len(file_probe):
+            if len(union) < file_keys.rows:
                 new_add = self._with_dv(add, dvs.add(union))
                 actions.append({"add": new_add})
                 deleted_after[(new_add["path"], DvDescriptor.from_action(new_add["deletionVector"]).unique_id)] = union
@@ -221,22 +223,23 @@ class DeletionVectorMerge:
         self._deleted.update(deleted_after)
         return counts, actions
 
-    def _file_keys(self, add: dict[str, Any], key_types: Sequence[pa.DataType]) -> pa.Array:
-        """A data file's key probe, one value per physical row (from :attr:`_keys` when kept)."""
+    def _file_keys(self, add: dict[str, Any], key_types: Sequence[pa.DataType]) -> FileKeys:
+        """A data file's keys, one per physical row (from :data:`KEY_CACHE` when kept)."""
         path = data_file_path(self.dir, add)
         cache_key = (str(path), repr((self.keys, key_types)))
-        probe = KEY_CACHE.get(cache_key)
-        if probe is not None:
-            return probe
+        kept = KEY_CACHE.get(cache_key)
+        if kept is not None:
+            return kept
         found = pq.ParquetFile(path).read(columns=self.keys)
         records = file_stats(add).get("numRecords")
         if records is not None and int(records) != found.num_rows:
             raise DvUnfit(f"{path} holds {found.num_rows} rows, its statistics say {records}")
         if found.num_rows >= MAX_FILE_ROWS:
             raise DvUnfit(f"{path} holds {found.num_rows} rows, more than a 32-bit deletion vector marks")
-        probe = key_probe(pa.table([found.column(k).cast(t) for k, t in zip(self.keys, key_types)], names=self.keys))
-        KEY_CACHE.put(cache_key, probe)
-        return probe
+        kept = FileKeys(key_probe(pa.table([found.column(k).cast(t) for k, t in zip(self.keys, key_types)],
+                                           names=self.keys)))
+        KEY_CACHE.put(cache_key, kept)
+        return kept
 
     def _deleted_rows(self, identity: tuple[str, str], add: dict[str, Any]) -> BitMap:
         """The rows a live file's deletion vector deletes (kept after the first read)."""

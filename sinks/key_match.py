@@ -54,9 +54,15 @@ class KeyLookup:
     def __init__(self, probe: pa.Array) -> None:
         self.probe = probe
         self.dense: tuple[int, np.ndarray] | None = None
-        if pa.types.is_integer(probe.type) and probe.null_count == 0 and len(probe):
-            values = probe.to_numpy().astype(np.int64)
-            low, high = int(values.min()), int(values.max())
+        #: The batch's distinct non-NULL keys, sorted, when the key is one signed integer column:
+        #: what :meth:`FileKeys.find` searches a sorted file for (a NULL never equals a file's key
+        #: there, as such files have none).
+        self.integers: np.ndarray | None = None
+        if pa.types.is_signed_integer(probe.type) and len(probe):
+            self.integers = np.unique(pc.drop_null(probe).to_numpy().astype(np.int64))
+        if self.integers is not None and probe.null_count == 0:
+            values = self.integers
+            low, high = int(values[0]), int(values[-1])
             if high - low < max(DENSE_RANGE_PER_KEY * len(values), DENSE_RANGE_FLOOR):
                 present = np.zeros(high - low + 1, dtype=bool)
                 present[values - low] = True
@@ -73,23 +79,97 @@ class KeyLookup:
         return pc.is_in(keys, value_set=self.probe, skip_nulls=False).to_numpy(zero_copy_only=False)
 
 
+class FileKeys:
+    """A replica file's keys, one per physical row, as kept between batches.
+
+    A batch of a hundred thousand changes used to be looked up in every row of a 10M-row replica,
+    every batch (0.12 CPU-s, the driver's largest share of a steady cycle; docs/BENCHMARKS.md,
+    thirteenth session). A key that is one signed integer column without NULLs in the file (the
+    usual ``id``) is kept sorted instead, with each value's row: a batch then costs a binary search
+    per changed key, or one pass over just the file's keys inside the batch's range, whichever is
+    less. Other keys are kept as their probe (:func:`key_probe`) and looked up row by row.
+    """
+
+    def __init__(self, probe: pa.Array) -> None:
+        self.rows = len(probe)
+        self.type = probe.type
+        self._probe: pa.Array | None = None
+        self._sorted: np.ndarray | None = None
+        self._order: np.ndarray | None = None
+        self._duplicates = False
+        if pa.types.is_signed_integer(probe.type) and probe.null_count == 0 and self.rows < 2**32:
+            values = probe.to_numpy().astype(np.int64)
+            self._order = np.argsort(values).astype(np.uint32)
+            self._sorted = values[self._order]
+            self._duplicates = bool(self.rows > 1 and (self._sorted[1:] == self._sorted[:-1]).any())
+        else:
+            self._probe = probe
+
+    @property
+    def nbytes(self) -> int:
+        if self._sorted is not None and self._order is not None:
+            return int(self._sorted.nbytes + self._order.nbytes)
+        assert self._probe is not None
+        return int(self._probe.nbytes)
+
+    def find(self, lookup: KeyLookup) -> tuple[np.ndarray, pa.Array]:
+        """The rows (positions, uint32) whose key the batch changes, and those rows' keys."""
+        if self._sorted is None or self._order is None or lookup.integers is None:
+            probe = self._probe if self._probe is not None else self._unsorted()
+            positions = np.flatnonzero(lookup.hits(probe)).astype(np.uint32)
+            return positions, probe.take(pa.array(positions))
+        index = self._matches(lookup)
+        return self._order[index], pa.array(self._sorted[index]).cast(self.type)
+
+    def _matches(self, lookup: KeyLookup) -> np.ndarray:
+        """Indexes into the sorted keys of the rows whose key the batch changes."""
+        assert self._sorted is not None and lookup.integers is not None
+        keys, wanted = self._sorted, lookup.integers
+        if not len(wanted) or not self.rows:
+            return np.zeros(0, dtype=np.int64)
+        first = int(np.searchsorted(keys, wanted[0], "left"))
+        end = int(np.searchsorted(keys, wanted[-1], "right"))
+        span = end - first
+        if lookup.dense is not None and span <= len(wanted) * self.rows.bit_length():
+            low, present = lookup.dense  # the file's keys in the batch's range, each looked up once
+            return first + np.flatnonzero(present[keys[first:end] - low])
+        left = np.searchsorted(keys, wanted, "left")
+        if not self._duplicates:
+            found = left < self.rows
+            found[found] = keys[left[found]] == wanted[found]
+            return left[found]
+        right = np.searchsorted(keys, wanted, "right")
+        counts = right - left
+        hit = counts > 0
+        left, counts = left[hit], counts[hit]
+        starts = np.repeat(np.cumsum(counts) - counts, counts)
+        return np.repeat(left, counts) + (np.arange(int(counts.sum())) - starts)
+
+    def _unsorted(self) -> pa.Array:
+        """The keys in row order again (a batch whose keys are not integers: never in practice)."""
+        assert self._sorted is not None and self._order is not None
+        values = np.empty(self.rows, dtype=np.int64)
+        values[self._order] = self._sorted
+        return pa.array(values).cast(self.type)
+
+
 class KeyCache:
-    """The process's kept key columns (:data:`KEY_CACHE_BYTES`), shared by every table's apply
-    (tables take turns on several threads)."""
+    """The process's kept key columns, as :class:`FileKeys` (:data:`KEY_CACHE_BYTES`), shared by
+    every table's apply (tables take turns on several threads)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._probes: OrderedDict[tuple[str, str], pa.Array] = OrderedDict()
+        self._probes: OrderedDict[tuple[str, str], FileKeys] = OrderedDict()
         self._bytes = 0
 
-    def get(self, key: tuple[str, str]) -> pa.Array | None:
+    def get(self, key: tuple[str, str]) -> "FileKeys | None":
         with self._lock:
             probe = self._probes.get(key)
             if probe is not None:
                 self._probes.move_to_end(key)
             return probe
 
-    def put(self, key: tuple[str, str], probe: pa.Array) -> None:
+    def put(self, key: tuple[str, str], probe: "FileKeys") -> None:
         with self._lock:
             if key in self._probes:
                 return

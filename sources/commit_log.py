@@ -16,10 +16,12 @@ table recreated under the same path), or when the table is not path-based.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from lakemirror.sources.change_feed import SourceHead
-from lakemirror.tables import TableLocation, has_own_jvm
+from lakemirror.tables import TableLocation, has_own_jvm, local_dir
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -63,6 +65,53 @@ def probe_head(commit_time: CommitTime, *, applied_through: int, known_latest: i
     for old in [v for v in cache if v < applied_through]:
         del cache[old]
     return SourceHead(latest, times)
+
+
+class CommitLog(Protocol):
+    """A table's commit files, checked one version at a time."""
+
+    def has_commit(self, version: int) -> bool: ...
+
+    def commit_time(self, version: int) -> float | None: ...
+
+
+def commit_log_for(spark: "SparkSession", loc: TableLocation) -> "CommitLog | None":
+    """The commit files of ``loc``: stat'ed by this process when the driver sees the table's
+    directory, else through the JVM's Hadoop FileSystem; None where neither can work."""
+    return LocalCommitLog.for_table(loc) or HadoopCommitLog.for_table(spark, loc)
+
+
+class LocalCommitLog:
+    """Commit files of a table on the driver's own file system, stat'ed in this process.
+
+    The embedded default's lag probe and turn checks run every second per table; through py4j
+    each check was a call into the JVM (and a missing file a Java exception carried back), about
+    half a millisecond of Python and JVM CPU each. The times are Hadoop's: the file's modification
+    time in whole milliseconds.
+    """
+
+    def __init__(self, log_dir: Path) -> None:
+        self._log_dir = log_dir
+
+    @classmethod
+    def for_table(cls, loc: TableLocation) -> "LocalCommitLog | None":
+        """None unless ``loc`` is a path-based table whose log directory this process can see."""
+        directory = local_dir(loc.path) if loc.path is not None else None
+        if directory is None or not (directory / "_delta_log").is_dir():
+            return None
+        return cls(directory / "_delta_log")
+
+    def _commit_file(self, version: int) -> Path:
+        return self._log_dir / f"{version:020d}.json"
+
+    def has_commit(self, version: int) -> bool:
+        return self._commit_file(version).exists()
+
+    def commit_time(self, version: int) -> float | None:
+        try:
+            return (os.stat(self._commit_file(version)).st_mtime_ns // 1_000_000) / 1000.0
+        except FileNotFoundError:
+            return None
 
 
 class HadoopCommitLog:

@@ -40,7 +40,7 @@ from lakemirror.sinks.planner import ColumnSelection, MergePlan, diff_schema, pl
 from lakemirror.sources import change_feed
 from lakemirror.sources.catalog import Catalog, table_id
 from lakemirror.sources.change_feed import SourceHead
-from lakemirror.sources.commit_log import HadoopCommitLog, probe_head
+from lakemirror.sources.commit_log import CommitLog, commit_log_for, probe_head
 from lakemirror.sources.keys import KeyChoice, choose_key
 from lakemirror.supervisor import state as sm
 from lakemirror.supervisor import turns
@@ -146,7 +146,8 @@ class TableRunner:
         self._resync_reason: str | None = None
         self._resynced_from_table_id: str | None = None
         self._headroom_low = False
-        self._commit_log: HadoopCommitLog | bool | None = None  # None: not tried; False: unavailable
+        self._commit_log: CommitLog | None = None  # None: not opened yet, or unavailable
+        self._commit_log_opened = False
         self._commit_times: dict[int, float] = {}
         self._known_latest: int | None = None
         self.prepared: Prepared | None = None
@@ -252,6 +253,7 @@ class TableRunner:
         self.last_lag = None
         self.prepared = None
         self._commit_log, self._commit_times, self._known_latest = None, {}, None
+        self._commit_log_opened = False
         self._resync_reason = reason
         self._resynced_from_table_id = progress.source_table_id
         log.warning("table %s: resync (%s)", self.source, reason)
@@ -310,11 +312,11 @@ class TableRunner:
         return probe_head(log.commit_time, applied_through=through,
                           known_latest=self._known_latest, cache=self._commit_times)
 
-    def _commit_files(self, loc: TableLocation) -> HadoopCommitLog | None:
+    def _commit_files(self, loc: TableLocation) -> CommitLog | None:
         """The source's commit files, opened once; None where they cannot be read directly."""
-        if self._commit_log is None:
-            self._commit_log = HadoopCommitLog.for_table(self.session, loc) or False
-        return self._commit_log if isinstance(self._commit_log, HadoopCommitLog) else None
+        if not self._commit_log_opened:
+            self._commit_log, self._commit_log_opened = commit_log_for(self.session, loc), True
+        return self._commit_log
 
     def _warn_on_headroom(self, headroom: float) -> None:
         low = headroom < self.ctx.spec.retention_warning_seconds

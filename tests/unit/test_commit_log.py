@@ -62,3 +62,26 @@ def test_the_cache_forgets_versions_already_applied() -> None:
     cache: dict[int, float] = {v: 1000.0 + v for v in range(0, 10)}
     probe(files, calls, applied_through=8, known_latest=9, cache=cache)
     assert min(cache) == 8
+
+
+def test_local_commit_log_stats_commit_files_in_milliseconds(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import os
+
+    from lakemirror.identifiers import TableName
+    from lakemirror.sources.commit_log import LocalCommitLog
+    from lakemirror.tables import TableLocation
+
+    name = TableName("c", "s", "t")
+    assert LocalCommitLog.for_table(TableLocation(name, str(tmp_path / "missing"))) is None
+    assert LocalCommitLog.for_table(TableLocation(name)) is None, "a table known only by name"
+    assert LocalCommitLog.for_table(TableLocation(name, "s3://bucket/t")) is None
+    (tmp_path / "t" / "_delta_log").mkdir(parents=True)
+    commit = tmp_path / "t" / "_delta_log" / f"{3:020d}.json"
+    commit.write_text("{}\n")
+    os.utime(commit, ns=(1_700_000_000_123_456_789, 1_700_000_000_123_456_789))
+    for location in (str(tmp_path / "t"), f"file://{tmp_path / 't'}"):
+        log = LocalCommitLog.for_table(TableLocation(name, location))
+        assert log is not None
+        assert log.has_commit(3) and not log.has_commit(4)
+        assert log.commit_time(3) == 1_700_000_000.123, "whole milliseconds, as Hadoop reports them"
+        assert log.commit_time(4) is None

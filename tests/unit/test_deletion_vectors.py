@@ -209,3 +209,42 @@ def test_files_are_skipped_only_when_their_statistics_rule_every_row_out():
     assert not outside({"numRecords": 5}, ranges), "no bounds: read it"
     assert not outside({"minValues": {"a": "0"}, "maxValues": {"a": "9"}}, ranges), "not an integer bound"
     assert not outside(None, ranges) and not outside({"minValues": {"a": 0}, "maxValues": {"a": 1}}, {})
+
+
+@pytest.mark.parametrize("batch_size", [3, 200, 5000])
+@pytest.mark.parametrize("duplicates", [False, True])
+def test_file_keys_find_exactly_the_rows_a_batch_changes_by_either_search(batch_size, duplicates):
+    import numpy as np
+
+    from lakemirror.sinks.key_match import FileKeys, KeyLookup
+
+    rng = np.random.default_rng(batch_size + duplicates)
+    values = rng.permutation(np.arange(-3000, 7000, dtype=np.int64))
+    if duplicates:  # a key the source never made unique is matched on every row that holds it
+        values[rng.integers(0, len(values), 500)] = values[:500]
+    for key_type in (pa.int64(), pa.int32()):
+        file_keys = FileKeys(pa.array(values).cast(key_type))
+        batches = [rng.choice(np.arange(-5000, 9000), batch_size, replace=False),  # dense, in and out of the file
+                   np.append(rng.choice(np.arange(-5000, 9000), batch_size, replace=False), 2**30)]  # too wide to be dense
+        for batch in batches:
+            for with_null in (False, True):
+                probe = pa.array([*batch.tolist(), None] if with_null else batch.tolist(), key_type)
+                positions, keys = file_keys.find(KeyLookup(probe))
+                expected = np.flatnonzero(np.isin(values, batch))
+                assert sorted(positions.tolist()) == expected.tolist()
+                assert positions.dtype == np.uint32 and keys.type == key_type
+                assert keys.to_pylist() == values[positions.astype(np.int64)].tolist(), "each key with its row"
+
+
+def test_file_keys_other_than_one_integer_column_without_nulls_are_looked_up_row_by_row():
+    import numpy as np
+
+    from lakemirror.sinks.key_match import FileKeys, KeyLookup, key_probe
+
+    with_null = FileKeys(pa.array([5, None, 7, 5], pa.int64()))
+    positions, keys = with_null.find(KeyLookup(pa.array([5, None], pa.int64())))
+    assert positions.tolist() == [0, 1, 3] and keys.to_pylist() == [5, None, 5], "NULL equals NULL, as <=>"
+    composite = key_probe(pa.table({"a": ["x", "x", None], "b": [1, 2, None]}))
+    positions, _ = FileKeys(composite).find(KeyLookup(key_probe(pa.table({"a": [None, "x"], "b": pa.array([None, 2])}))))
+    assert positions.tolist() == [1, 2]
+    assert FileKeys(composite).nbytes == composite.nbytes and FileKeys(pa.array(np.arange(10))).nbytes == 120
