@@ -85,9 +85,9 @@ class LocalCommitLog:
     """Commit files of a table on the driver's own file system, stat'ed in this process.
 
     The embedded default's lag probe and turn checks run every second per table; through py4j
-    each check was a call into the JVM (and a missing file a Java exception carried back), about
-    half a millisecond of Python and JVM CPU each. The times are Hadoop's: the file's modification
-    time in whole milliseconds.
+    each check was a round trip into the JVM (and a missing file a Java exception carried back):
+    8% of the daemon's Python samples on the steady-cost benchmark (docs/BENCHMARKS.md, thirteenth
+    session). The times are Hadoop's: the file's modification time in whole milliseconds.
     """
 
     def __init__(self, log_dir: Path) -> None:
