@@ -20,7 +20,7 @@ from typing import Any
 from deltalake import DeltaTable
 
 from bench.apply_cost import apply_cost
-from bench.big import bootstrap, peak_resident_mib, steady_cost
+from bench.big import WARMUP_COMMITS, bootstrap, peak_resident_mib, steady_cost
 from bench.measure import summarize_runs
 from bench.systems import VARIANTS, DeltaRsLoop, FullRefresh, LakemirrorDaemon
 from bench.workload import SourceTable, same_rows, table_path
@@ -395,6 +395,7 @@ def parameters(quick: bool) -> dict[str, Any]:
             "scale_tables": 8 if quick else 64, "scale_rows": 5_000 if quick else 10_000,
             "catchup_rows": 100_000 if quick else 1_000_000, "catchup_commits": 5 if quick else 10,
             "cost_rows": 500_000 if quick else 10_000_000, "cost_cycles": 2 if quick else 4,
+            "cost_warmup_commits": 10 if quick else WARMUP_COMMITS,
             "bootstrap_rows": 500_000 if quick else 5_000_000}
 
 
@@ -424,7 +425,8 @@ def run_workload(name: str, p: dict[str, Any], seed: int) -> list[dict[str, Any]
             print(f"  {out[-1]}", flush=True)
     elif name == "steady_cost":
         print("steady cost ...", flush=True)
-        out = steady_cost(p["cost_rows"], p["cost_cycles"], p["fraction"], seed)
+        out = steady_cost(p["cost_rows"], p["cost_cycles"], p["fraction"], seed,
+                          p["cost_warmup_commits"])
         print(f"  {out}", flush=True)
     elif name == "bootstrap":
         print("bootstrap ...", flush=True)
