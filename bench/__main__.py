@@ -285,6 +285,7 @@ def render(results: dict[str, Any]) -> str:
         r0 = results["steady_cost"][0]
         refresh = next((r for r in results["steady_cost"] if r["system"].startswith("full refresh (Spark")), None)
         warm = r0.get("warmup_commits")
+        spark_warm = refresh.get("warmup_refreshes", 0) if refresh else 0
         lines += ["", "## Steady cost of one cycle", "", _when(r0) + " "
                   f"A {r0['rows']:,}-row table; one cycle = one source MERGE changing about "
                   f"{r0['change_rows_per_cycle']:,} rows, then the replica brought up to date. lakemirror: wall "
@@ -295,7 +296,7 @@ def render(results: dict[str, Any]) -> str:
                   f"{r0['cycles']} cycles each, measured twice: just after the start (after one uncounted cycle) "
                   f"and warm: lakemirror after {warm} more batches (small appends: the JVM's JIT compiler is still "
                   f"compiling Spark's planning code for about a hundred batches after a start), the Spark refresh "
-                  f"after its first {r0['cycles'] + 2} refreshes.", "",
+                  f"after {spark_warm} more refreshes.", "",
                   "| system | warm: wall s (median, min-max) | warm: CPU s (median, min-max) | warm: CPU / Spark "
                   "full refresh's (goal <= 0.10) | just started: CPU s (median, min-max) | just started: CPU / "
                   "Spark's | replica exact |",

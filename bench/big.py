@@ -90,6 +90,10 @@ def _summary(values: list[float]) -> dict[str, float]:
 #: takes about four seconds, so the warm-up uses appends (one small file each; they also let the
 #: replica's compaction run as it would over time).
 WARMUP_COMMITS = 100
+#: Refreshes the Spark session runs, uncounted, between its two measurements (each a full
+#: overwrite of the unchanged source: its JVM compiles too, and a refresh runs far more code per
+#: cycle than a batch does, so ten are more than lakemirror's hundred batches in that respect).
+SPARK_WARMUP_REFRESHES = 10
 
 
 def _cycles(src: SourceTable, daemon: LakemirrorDaemon, rng: random.Random, cycles: int, fraction: float,
@@ -130,8 +134,8 @@ def _refreshes(src: SourceTable, refresher: subprocess.Popen[str], rng: random.R
 def steady_cost(rows: int, cycles: int, fraction: float, seed: int,
                 warmup_commits: int = WARMUP_COMMITS) -> list[dict[str, Any]]:
     """Each system's cost per cycle twice: just after its start (``started_*``) and warm (``wall_s``,
-    ``cpu_s``: lakemirror after ``warmup_commits`` more batches, the Spark refresh after as many
-    refreshes as it had cycles)."""
+    ``cpu_s``: lakemirror after ``warmup_commits`` more batches, the Spark refresh after
+    :data:`SPARK_WARMUP_REFRESHES` more refreshes)."""
     workdir = Path(tempfile.mkdtemp(prefix="bench-cost-"))
     warehouse = workdir / "lakehouse"
     src = SourceTable(table_path(warehouse, "src", "bench", "big"), rows)
@@ -165,11 +169,16 @@ def steady_cost(rows: int, cycles: int, fraction: float, seed: int,
         assert refresher.stdin is not None and refresher.stdout is not None
         json.loads(refresher.stdout.readline())  # the session is up
         started = _refreshes(src, refresher, rng, cycles, fraction, 8000)
+        for _ in range(SPARK_WARMUP_REFRESHES if warmup_commits else 0):
+            refresher.stdin.write("refresh\n")
+            refresher.stdin.flush()
+            json.loads(refresher.stdout.readline())
         walls, cpus, changed = _refreshes(src, refresher, rng, cycles, fraction, 8500)
         refresher.stdin.close()
         refresher.wait(300)
         out.append({"system": "full refresh (Spark overwrite, warm session)", "rows": rows,
-                    "change_rows_per_cycle": changed, "cycles": cycles, "wall_s": _summary(walls),
+                    "change_rows_per_cycle": changed, "cycles": cycles,
+                    "warmup_refreshes": SPARK_WARMUP_REFRESHES if warmup_commits else 0, "wall_s": _summary(walls),
                     "cpu_s": _summary(cpus), "started_wall_s": _summary(started[0]),
                     "started_cpu_s": _summary(started[1]), "replica_equal_source": same_rows(src.path, replica)})
         replica = table_path(warehouse, "dst_refresh", "bench", "big")
