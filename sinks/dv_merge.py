@@ -167,7 +167,7 @@ class DeletionVectorMerge:
         dvs = DvFileWriter()
         actions: list[dict[str, Any]] = []
         matched_parts: list[pa.Array] = []
-        updated = deleted = files_touched = 0
+        files_touched = 0
         self._forget_all_but(snapshot)
         deleted_after: dict[tuple[str, str], BitMap] = {}
         ranges = key_ranges(winners.select(self.keys))
@@ -186,9 +186,6 @@ class DeletionVectorMerge:
                 fresh = np.frombuffer(positions.to_array(), dtype=np.uint32)
                 matched = matched.filter(pa.array(np.isin(hits, fresh, assume_unique=True)))
             matched_parts.append(matched)
-            upserted_here = int(pc.sum(pc.is_in(matched, value_set=upsert_probe, skip_nulls=False)).as_py() or 0)
-            updated += upserted_here
-            deleted += len(positions) - upserted_here
             files_touched += 1
             actions.append({"remove": remove_action(add, now)})
             union = gone | positions
@@ -196,7 +193,10 @@ class DeletionVectorMerge:
                 new_add = self._with_dv(add, dvs.add(union))
                 actions.append({"add": new_add})
                 deleted_after[(new_add["path"], DvDescriptor.from_action(new_add["deletionVector"]).unique_id)] = union
+        # Counted once for the batch: each lookup builds a hash set of its value set.
         matched_all = pa.concat_arrays(matched_parts) if matched_parts else probe.slice(0, 0)
+        updated = int(pc.sum(pc.is_in(matched_all, value_set=upsert_probe, skip_nulls=False)).as_py() or 0)
+        deleted = len(matched_all) - updated
         inserted = int(pc.sum(pc.invert(pc.is_in(upsert_probe, value_set=matched_all, skip_nulls=False))).as_py()
                        or 0)
         upserts = winners.filter(pc.invert(deleting)).select(
