@@ -115,16 +115,21 @@ def _cycles(src: SourceTable, daemon: LakemirrorDaemon, rng: random.Random, cycl
     return walls, cpus, changed
 
 
+def _refresh(refresher: subprocess.Popen[str]) -> dict[str, float]:
+    """One full Spark refresh (``bench.spark_refresh``): its wall and CPU seconds."""
+    assert refresher.stdin is not None and refresher.stdout is not None
+    refresher.stdin.write("refresh\n")
+    refresher.stdin.flush()
+    return dict(json.loads(refresher.stdout.readline()))
+
+
 def _refreshes(src: SourceTable, refresher: subprocess.Popen[str], rng: random.Random, cycles: int, fraction: float,
                stamp: int) -> tuple[list[float], list[float], int]:
     """``cycles`` + 1 source MERGEs, each followed by a full Spark refresh; the first not counted."""
-    assert refresher.stdin is not None and refresher.stdout is not None
     walls, cpus, changed = [], [], 0
     for i in range(cycles + 1):
         changed = src.change(rng, fraction, stamp + i)
-        refresher.stdin.write("refresh\n")
-        refresher.stdin.flush()
-        answer = json.loads(refresher.stdout.readline())
+        answer = _refresh(refresher)
         if i:
             walls.append(answer["wall"])
             cpus.append(answer["cpu"])
@@ -170,9 +175,7 @@ def steady_cost(rows: int, cycles: int, fraction: float, seed: int,
         json.loads(refresher.stdout.readline())  # the session is up
         started = _refreshes(src, refresher, rng, cycles, fraction, 8000)
         for _ in range(SPARK_WARMUP_REFRESHES if warmup_commits else 0):
-            refresher.stdin.write("refresh\n")
-            refresher.stdin.flush()
-            json.loads(refresher.stdout.readline())
+            _refresh(refresher)
         walls, cpus, changed = _refreshes(src, refresher, rng, cycles, fraction, 8500)
         refresher.stdin.close()
         refresher.wait(300)

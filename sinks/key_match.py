@@ -41,9 +41,10 @@ def key_probe(keys: pa.Table) -> pa.Array:
 #: process (the least recently used go first). A data file never changes under its name, so a kept
 #: column is never stale; with it a batch reads only the files written since the last.
 KEY_CACHE_BYTES = 512 * 1024 * 1024
-#: A batch's integer keys are looked up in a bitmap of their range (one gather per replica row, about
-#: ten times faster than a hash set) while the range is at most this many times their number, or
-#: at most :data:`DENSE_RANGE_FLOOR` wide.
+#: A batch's integer keys are also kept as a bitmap of their range (one gather per key scanned,
+#: about ten times faster than a hash set: :meth:`FileKeys.find`'s pass over a file's keys in that
+#: range) while the range is at most this many times their number, or at most
+#: :data:`DENSE_RANGE_FLOOR` wide.
 DENSE_RANGE_PER_KEY = 64
 DENSE_RANGE_FLOOR = 1 << 24
 
@@ -69,13 +70,8 @@ class KeyLookup:
                 self.dense = (low, present)
 
     def hits(self, keys: pa.Array) -> np.ndarray:
-        """A boolean mask over ``keys``: True where the batch changes that key."""
-        if self.dense is not None and keys.null_count == 0:
-            low, present = self.dense
-            values = keys.to_numpy().astype(np.int64, copy=False)
-            offsets = values - low
-            inside = (offsets >= 0) & (offsets < len(present))
-            return present[np.where(inside, offsets, 0)] & inside
+        """A boolean mask over ``keys``: True where the batch changes that key. For the files
+        :class:`FileKeys` does not keep sorted: their keys are not one integer column without NULLs."""
         return pc.is_in(keys, value_set=self.probe, skip_nulls=False).to_numpy(zero_copy_only=False)
 
 

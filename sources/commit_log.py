@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Protocol
 
 from lakemirror.sources.change_feed import SourceHead
-from lakemirror.tables import TableLocation, has_own_jvm, local_dir
+from lakemirror.tables import TableLocation, has_own_jvm, is_local_table, local_dir
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -96,9 +96,10 @@ class LocalCommitLog:
     @classmethod
     def for_table(cls, loc: TableLocation) -> "LocalCommitLog | None":
         """None unless ``loc`` is a path-based table whose log directory this process can see."""
-        directory = local_dir(loc.path) if loc.path is not None else None
-        if directory is None or not (directory / "_delta_log").is_dir():
+        if loc.path is None or not is_local_table(loc.path):
             return None
+        directory = local_dir(loc.path)
+        assert directory is not None  # a local table's location is a local directory
         return cls(directory / "_delta_log")
 
     def _commit_file(self, version: int) -> Path:
