@@ -47,6 +47,11 @@ KEY_CACHE_BYTES = 512 * 1024 * 1024
 #: :data:`DENSE_RANGE_FLOOR` wide.
 DENSE_RANGE_PER_KEY = 64
 DENSE_RANGE_FLOOR = 1 << 24
+#: A file's integer keys are kept as a direct map from value to row (:class:`FileKeys`) while
+#: their range is under this many times the file's rows (at most 8 bytes a row, against 12 sorted).
+DIRECT_RANGE_PER_ROW = 2
+#: The direct map's mark for a value no row holds (also the bound on a file's rows for it).
+ABSENT = 0xFFFFFFFF
 
 
 class KeyLookup:
@@ -60,7 +65,7 @@ class KeyLookup:
         #: there, as such files have none).
         self.integers: np.ndarray | None = None
         if pa.types.is_signed_integer(probe.type) and len(probe):
-            self.integers = np.unique(pc.drop_null(probe).to_numpy().astype(np.int64))
+            self.integers = _sorted_distinct(pc.drop_null(probe).to_numpy().astype(np.int64))
         if self.integers is not None and probe.null_count == 0:
             values = self.integers
             low, high = int(values[0]), int(values[-1])
@@ -81,28 +86,50 @@ class FileKeys:
     A batch of a hundred thousand changes used to be looked up in every row of a 10M-row replica,
     every batch (0.12 CPU-s, the driver's largest share of a steady cycle; docs/BENCHMARKS.md,
     thirteenth session). A key that is one signed integer column without NULLs in the file (the
-    usual ``id``) is kept sorted instead, with each value's row: a batch then costs a binary search
-    per changed key, or one pass over just the file's keys inside the batch's range, whichever is
-    less. Other keys are kept as their probe (:func:`key_probe`) and looked up row by row.
+    usual ``id``) is kept so that a batch costs about one step per changed key:
+
+    - ``direct``: each value's row, indexed by the value's offset from the file's smallest key,
+      where that range is at most :data:`DIRECT_RANGE_PER_ROW` times the rows and no key repeats
+      (4 bytes per value of the range; built in one pass, no sort);
+    - ``sorted``: otherwise, the keys sorted with each one's row (12 bytes a row), searched per
+      changed key or scanned over just the batch's range, whichever is less.
+
+    Other keys (``probe``) are kept as their :func:`key_probe` and looked up row by row.
     """
 
     def __init__(self, probe: pa.Array) -> None:
         self.rows = len(probe)
         self.type = probe.type
         self._probe: pa.Array | None = None
+        self._low = 0
+        self._row_of: np.ndarray | None = None
         self._sorted: np.ndarray | None = None
         self._order: np.ndarray | None = None
         self._duplicates = False
-        if pa.types.is_signed_integer(probe.type) and probe.null_count == 0 and self.rows < 2**32:
-            values = probe.to_numpy().astype(np.int64)
-            self._order = np.argsort(values).astype(np.uint32)
-            self._sorted = values[self._order]
-            self._duplicates = bool(self.rows > 1 and (self._sorted[1:] == self._sorted[:-1]).any())
-        else:
+        if not (pa.types.is_signed_integer(probe.type) and probe.null_count == 0 and 0 < self.rows < ABSENT):
             self._probe = probe
+            return
+        values = probe.to_numpy().astype(np.int64)
+        low, high = int(values.min()), int(values.max())
+        if high - low < DIRECT_RANGE_PER_ROW * self.rows:
+            row_of = np.full(high - low + 1, ABSENT, dtype=np.uint32)
+            row_of[values - low] = np.arange(self.rows, dtype=np.uint32)
+            if int(np.count_nonzero(row_of != ABSENT)) == self.rows:  # else a key repeats: sorted
+                self._low, self._row_of = low, row_of
+                return
+        self._order = np.argsort(values).astype(np.uint32)
+        self._sorted = values[self._order]
+        self._duplicates = bool(self.rows > 1 and (self._sorted[1:] == self._sorted[:-1]).any())
+
+    @property
+    def layout(self) -> str:
+        """How the keys are kept: ``direct``, ``sorted`` or ``probe`` (see the class)."""
+        return "direct" if self._row_of is not None else "sorted" if self._sorted is not None else "probe"
 
     @property
     def nbytes(self) -> int:
+        if self._row_of is not None:
+            return int(self._row_of.nbytes)
         if self._sorted is not None and self._order is not None:
             return int(self._sorted.nbytes + self._order.nbytes)
         assert self._probe is not None
@@ -110,10 +137,17 @@ class FileKeys:
 
     def find(self, lookup: KeyLookup) -> tuple[np.ndarray, pa.Array]:
         """The rows (positions, uint32) whose key the batch changes, and those rows' keys."""
-        if self._sorted is None or self._order is None or lookup.integers is None:
+        if self._probe is not None or lookup.integers is None:
             probe = self._probe if self._probe is not None else self._unsorted()
             positions = np.flatnonzero(lookup.hits(probe)).astype(np.uint32)
             return positions, probe.take(pa.array(positions))
+        if self._row_of is not None:
+            wanted = lookup.integers
+            wanted = wanted[(wanted >= self._low) & (wanted < self._low + len(self._row_of))]
+            rows = self._row_of[wanted - self._low]
+            hit = rows != ABSENT
+            return rows[hit], pa.array(wanted[hit]).cast(self.type)
+        assert self._order is not None and self._sorted is not None
         index = self._matches(lookup)
         return self._order[index], pa.array(self._sorted[index]).cast(self.type)
 
@@ -143,10 +177,25 @@ class FileKeys:
 
     def _unsorted(self) -> pa.Array:
         """The keys in row order again (a batch whose keys are not integers: never in practice)."""
-        assert self._sorted is not None and self._order is not None
         values = np.empty(self.rows, dtype=np.int64)
-        values[self._order] = self._sorted
+        if self._row_of is not None:
+            present = np.flatnonzero(self._row_of != ABSENT)
+            values[self._row_of[present]] = present + self._low
+        else:
+            assert self._sorted is not None and self._order is not None
+            values[self._order] = self._sorted
         return pa.array(values).cast(self.type)
+
+
+def _sorted_distinct(values: np.ndarray) -> np.ndarray:
+    """``values`` sorted, each once (``np.unique`` hashes them here, about 25 times slower)."""
+    values = np.sort(values)
+    if len(values) > 1:
+        keep = np.empty(len(values), dtype=bool)
+        keep[0] = True
+        np.not_equal(values[1:], values[:-1], out=keep[1:])
+        values = values[keep]
+    return values
 
 
 class KeyCache:

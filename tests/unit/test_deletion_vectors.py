@@ -213,19 +213,23 @@ def test_files_are_skipped_only_when_their_statistics_rule_every_row_out():
 
 @pytest.mark.parametrize("batch_size", [3, 200, 5000])
 @pytest.mark.parametrize("duplicates", [False, True])
-def test_file_keys_find_exactly_the_rows_a_batch_changes_by_either_search(batch_size, duplicates):
+@pytest.mark.parametrize("spread", [1, 3])
+def test_file_keys_find_exactly_the_rows_a_batch_changes_by_each_layout_and_search(batch_size, duplicates, spread):
     import numpy as np
 
     from lakemirror.sinks.key_match import FileKeys, KeyLookup
 
-    rng = np.random.default_rng(batch_size + duplicates)
-    values = rng.permutation(np.arange(-3000, 7000, dtype=np.int64))
+    rng = np.random.default_rng(batch_size + duplicates + spread)
+    values = rng.permutation(np.arange(-3000, 7000, dtype=np.int64)) * spread
     if duplicates:  # a key the source never made unique is matched on every row that holds it
         values[rng.integers(0, len(values), 500)] = values[:500]
     for key_type in (pa.int64(), pa.int32()):
         file_keys = FileKeys(pa.array(values).cast(key_type))
-        batches = [rng.choice(np.arange(-5000, 9000), batch_size, replace=False),  # dense, in and out of the file
-                   np.append(rng.choice(np.arange(-5000, 9000), batch_size, replace=False), 2**30)]  # too wide to be dense
+        assert file_keys.layout == ("direct" if spread == 1 and not duplicates else "sorted")
+        empty_positions, empty_keys = file_keys.find(KeyLookup(pa.array([], key_type)))
+        assert empty_positions.size == 0 and len(empty_keys) == 0
+        batches = [rng.choice(np.arange(-5000, 9000) * spread, batch_size, replace=False),  # dense, in and out of the file
+                   np.append(rng.choice(np.arange(-5000, 9000) * spread, batch_size, replace=False), 2**30)]  # too wide
         for batch in batches:
             for with_null in (False, True):
                 probe = pa.array([*batch.tolist(), None] if with_null else batch.tolist(), key_type)
@@ -247,4 +251,29 @@ def test_file_keys_other_than_one_integer_column_without_nulls_are_looked_up_row
     composite = key_probe(pa.table({"a": ["x", "x", None], "b": [1, 2, None]}))
     positions, _ = FileKeys(composite).find(KeyLookup(key_probe(pa.table({"a": [None, "x"], "b": pa.array([None, 2])}))))
     assert positions.tolist() == [1, 2]
-    assert FileKeys(composite).nbytes == composite.nbytes and FileKeys(pa.array(np.arange(10))).nbytes == 120
+    assert FileKeys(composite).nbytes == composite.nbytes and FileKeys(composite).layout == "probe"
+    assert FileKeys(pa.array(np.arange(10))).nbytes == 40, "direct: 4 bytes per value of the range"
+    assert FileKeys(pa.array(np.arange(10) * 5)).nbytes == 120, "sorted: 12 bytes a row"
+
+
+def test_the_direct_layout_holds_keys_at_the_ends_of_the_integer_range():
+    from lakemirror.sinks.key_match import FileKeys, KeyLookup
+
+    top, bottom = 2**63 - 1, -(2**63)
+    high = FileKeys(pa.array([top - 3, top, top - 1], pa.int64()))
+    low = FileKeys(pa.array([bottom + 2, bottom], pa.int64()))
+    assert high.layout == low.layout == "direct"
+    positions, keys = high.find(KeyLookup(pa.array([top, bottom, 5, top - 3], pa.int64())))
+    assert sorted(zip(positions.tolist(), keys.to_pylist())) == [(0, top - 3), (1, top)]
+    positions, keys = low.find(KeyLookup(pa.array([top, bottom + 2], pa.int64())))
+    assert positions.tolist() == [0] and keys.to_pylist() == [bottom + 2]
+    assert FileKeys(pa.array([bottom, top], pa.int64())).layout == "sorted", "a range too wide to map"
+
+
+def test_a_batch_lookup_keeps_each_integer_key_once_and_sorted():
+    from lakemirror.sinks.key_match import FileKeys, KeyLookup
+
+    lookup = KeyLookup(pa.array([5, 5, -3, None, 9, -3], pa.int64()))
+    assert lookup.integers is not None and lookup.integers.tolist() == [-3, 5, 9]
+    positions, keys = FileKeys(pa.array([9, 5, 6], pa.int64())).find(lookup)
+    assert sorted(positions.tolist()) == [0, 1] and sorted(keys.to_pylist()) == [5, 9], "each row once"
