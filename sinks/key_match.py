@@ -63,8 +63,8 @@ class KeyLookup:
         self.probe = probe
         self.dense: tuple[int, np.ndarray] | None = None
         #: The batch's distinct non-NULL keys, sorted, when the key is one signed integer column:
-        #: what :meth:`FileKeys.find` searches a sorted file for (a NULL never equals a file's key
-        #: there, as such files have none).
+        #: what :meth:`FileKeys.find` looks up in a direct or sorted file (a NULL never equals a
+        #: file's key there, as such files have none).
         self.integers: np.ndarray | None = None
         if pa.types.is_signed_integer(probe.type) and len(probe):
             self.integers = _sorted_distinct(pc.drop_null(probe).to_numpy().astype(np.int64))
