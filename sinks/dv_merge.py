@@ -46,7 +46,8 @@ from pyroaring import BitMap
 
 from lakemirror.sinks.deletion_vectors import DvDescriptor, DvFileWriter, read_positions
 from lakemirror.sinks.dv_compaction import ENGINE_INFO, compact
-from lakemirror.sinks.key_match import KEY_CACHE, FileKeys, KeyLookup, key_probe, key_ranges, outside
+from lakemirror.sinks.composite_keys import CompositeKeys
+from lakemirror.sinks.key_match import KEY_CACHE, FileKeys, KeptKeys, KeyLookup, key_probe, key_ranges, outside
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.planner import DELETE, OP_COLUMN
 from lakemirror.sinks.replica_files import remove_stale_scratch, write_dv_file, write_rows
@@ -161,7 +162,7 @@ class DeletionVectorMerge:
         deleting = pc.equal(winners.column(OP_COLUMN), DELETE).combine_chunks()
         key_types = [winners.schema.field(k).type for k in self.keys]
         probe = key_probe(winners.select(self.keys))
-        lookup = KeyLookup(probe)
+        lookup = KeyLookup(probe, winners.select(self.keys))
         upsert_probe = probe.filter(pc.invert(deleting))
         now = int(time.time() * 1000)
         dvs = DvFileWriter()
@@ -223,7 +224,7 @@ class DeletionVectorMerge:
         self._deleted.update(deleted_after)
         return counts, actions
 
-    def _file_keys(self, add: dict[str, Any], key_types: Sequence[pa.DataType]) -> FileKeys:
+    def _file_keys(self, add: dict[str, Any], key_types: Sequence[pa.DataType]) -> KeptKeys:
         """A data file's keys, one per physical row (from :data:`KEY_CACHE` when kept)."""
         path = data_file_path(self.dir, add)
         cache_key = (str(path), repr((self.keys, key_types)))
@@ -236,8 +237,8 @@ class DeletionVectorMerge:
             raise DvUnfit(f"{path} holds {found.num_rows} rows, its statistics say {records}")
         if found.num_rows >= MAX_FILE_ROWS:
             raise DvUnfit(f"{path} holds {found.num_rows} rows, more than a 32-bit deletion vector marks")
-        kept = FileKeys(key_probe(pa.table([found.column(k).cast(t) for k, t in zip(self.keys, key_types)],
-                                           names=self.keys)))
+        keys = pa.table([found.column(k).cast(t) for k, t in zip(self.keys, key_types)], names=self.keys)
+        kept = CompositeKeys.of(keys) or FileKeys(key_probe(keys))
         KEY_CACHE.put(cache_key, kept)
         return kept
 

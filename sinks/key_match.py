@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -57,11 +57,28 @@ ABSENT = 0xFFFFFFFF
 
 
 class KeyLookup:
-    """Which of a replica file's keys the batch changes (null-safe, as the MERGE's ``<=>``)."""
+    """Which of a replica file's keys the batch changes (null-safe, as the MERGE's ``<=>``).
 
-    def __init__(self, probe: pa.Array) -> None:
+    ``probe`` is the batch's :func:`key_probe`; ``parts``, its key columns, when the key has several
+    (for files whose keys :mod:`lakemirror.sinks.composite_keys` encodes)."""
+
+    def __init__(self, probe: pa.Array, parts: pa.Table | None = None) -> None:
         self.probe = probe
         self.dense: tuple[int, np.ndarray] | None = None
+        #: For a key of several signed integer columns: the batch's rows without a NULL part
+        #: (indexes into ``probe``), and those rows' parts as int64. A row with a NULL part
+        #: matches no row of a file whose keys are encoded: such files have none.
+        self.part_rows: np.ndarray | None = None
+        self.parts: list[np.ndarray] | None = None
+        if (parts is not None and parts.num_columns > 1
+                and all(pa.types.is_signed_integer(t) for t in parts.schema.types)):
+            valid = np.ones(parts.num_rows, dtype=bool)
+            for column in parts.columns:
+                if column.null_count:
+                    valid &= pc.is_valid(column).to_numpy(zero_copy_only=False)
+            self.part_rows = np.flatnonzero(valid)
+            self.parts = [pc.fill_null(column, 0).to_numpy().astype(np.int64)[self.part_rows]
+                          for column in parts.columns]
         #: The batch's distinct non-NULL keys, sorted, when the key is one signed integer column:
         #: what :meth:`FileKeys.find` looks up in a direct or sorted file (a NULL never equals a
         #: file's key there, as such files have none).
@@ -140,7 +157,7 @@ class FileKeys:
     def find(self, lookup: KeyLookup) -> tuple[np.ndarray, pa.Array]:
         """The rows (positions, uint32) whose key the batch changes, and those rows' keys."""
         if self._probe is not None or lookup.integers is None:
-            probe = self._probe if self._probe is not None else self._unsorted()
+            probe = self.in_row_order()
             positions = np.flatnonzero(lookup.hits(probe)).astype(np.uint32)
             return positions, probe.take(pa.array(positions))
         if self._row_of is not None:
@@ -177,8 +194,11 @@ class FileKeys:
         starts = np.repeat(np.cumsum(counts) - counts, counts)
         return np.repeat(left, counts) + (np.arange(int(counts.sum())) - starts)
 
-    def _unsorted(self) -> pa.Array:
-        """The keys in row order again (a batch whose keys are not integers: never in practice)."""
+    def in_row_order(self) -> pa.Array:
+        """The keys in row order (kept so for the ``probe`` layout; rebuilt for the others, for a
+        batch whose keys are not integers: never in practice)."""
+        if self._probe is not None:
+            return self._probe
         values = np.empty(self.rows, dtype=np.int64)
         if self._row_of is not None:
             present = np.flatnonzero(self._row_of != ABSENT)
@@ -200,23 +220,35 @@ def _sorted_distinct(values: np.ndarray) -> np.ndarray:
     return values
 
 
+class KeptKeys(Protocol):
+    """A file's keys as kept between batches: :class:`FileKeys`, or
+    :class:`lakemirror.sinks.composite_keys.CompositeKeys`."""
+
+    rows: int
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def find(self, lookup: KeyLookup) -> tuple[np.ndarray, pa.Array]: ...
+
+
 class KeyCache:
-    """The process's kept key columns, as :class:`FileKeys` (:data:`KEY_CACHE_BYTES`), shared by
+    """The process's kept key columns (:class:`KeptKeys`, :data:`KEY_CACHE_BYTES`), shared by
     every table's apply (tables take turns on several threads)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._probes: OrderedDict[tuple[str, str], FileKeys] = OrderedDict()
+        self._probes: OrderedDict[tuple[str, str], KeptKeys] = OrderedDict()
         self._bytes = 0
 
-    def get(self, key: tuple[str, str]) -> "FileKeys | None":
+    def get(self, key: tuple[str, str]) -> "KeptKeys | None":
         with self._lock:
             probe = self._probes.get(key)
             if probe is not None:
                 self._probes.move_to_end(key)
             return probe
 
-    def put(self, key: tuple[str, str], probe: "FileKeys") -> None:
+    def put(self, key: tuple[str, str], probe: KeptKeys) -> None:
         with self._lock:
             if key in self._probes:
                 return
