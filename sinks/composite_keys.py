@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
-from lakemirror.sinks.key_match import FileKeys, KeyLookup, key_probe
+from lakemirror.sinks.key_match import FileKeys, KeyLookup, as_integers, from_integers, integer_type, key_probe
 
 #: The largest product of a file's key ranges that is encoded (codes, and the arithmetic that
 #: makes them, then fit in int64).
@@ -61,9 +61,9 @@ class CompositeKeys:
         integer or has a NULL, or ranges too wide to encode."""
         columns = keys.columns
         if (len(columns) < 2 or not keys.num_rows
-                or any(not pa.types.is_signed_integer(c.type) or c.null_count for c in columns)):
+                or any(integer_type(c.type) is None or c.null_count for c in columns)):
             return None
-        parts = [c.to_numpy().astype(np.int64) for c in columns]
+        parts = [as_integers(c) for c in columns]
         lows = [int(p.min()) for p in parts]
         spans = [int(p.max()) - low + 1 for p, low in zip(parts, lows)]
         if math.prod(spans) > CODE_LIMIT:
@@ -98,5 +98,5 @@ class CompositeKeys:
     def _probe(self) -> pa.Array:
         """The file's keys in row order as :func:`key_probe` makes them."""
         parts = decode(self._codes.in_row_order().to_numpy(), self._lows, self._spans)
-        return key_probe(pa.table([pa.array(p).cast(f.type) for p, f in zip(parts, self.schema)], schema=self.schema))
+        return key_probe(pa.table([from_integers(p, f.type) for p, f in zip(parts, self.schema)], schema=self.schema))
 

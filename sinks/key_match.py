@@ -37,6 +37,33 @@ def key_probe(keys: pa.Table) -> pa.Array:
     return pc.binary_join_element_wise(*pieces, pa.scalar(b"|", pa.large_binary()))
 
 
+def integer_type(kind: pa.DataType) -> pa.DataType | None:
+    """The signed integer type a key of type ``kind`` is matched as: itself for a signed integer,
+    the integer underneath a date, time, timestamp or duration (two such values are equal exactly
+    when those integers are); None for any other type."""
+    if pa.types.is_signed_integer(kind):
+        return kind
+    if pa.types.is_date32(kind) or pa.types.is_time32(kind):
+        return pa.int32()
+    if pa.types.is_date64(kind) or pa.types.is_time64(kind) or pa.types.is_timestamp(kind) or pa.types.is_duration(kind):
+        return pa.int64()
+    return None
+
+
+def as_integers(values: "pa.Array | pa.ChunkedArray") -> np.ndarray:
+    """``values`` (no NULLs, of a type :func:`integer_type` matches as an integer) as int64."""
+    kind = integer_type(values.type)
+    assert kind is not None
+    return np.asarray(values.cast(kind).to_numpy()).astype(np.int64)
+
+
+def from_integers(values: np.ndarray, kind: pa.DataType) -> pa.Array:
+    """The inverse of :func:`as_integers`: ``values`` as an array of type ``kind``."""
+    base = integer_type(kind)
+    assert base is not None
+    return pa.array(values).cast(base).cast(kind)
+
+
 #: The replica files' key columns kept between batches, at most this many bytes for the whole
 #: process (the least recently used go first). A data file never changes under its name, so a kept
 #: column is never stale; with it a batch reads only the files written since the last.
@@ -71,20 +98,20 @@ class KeyLookup:
         self.part_rows: np.ndarray | None = None
         self.parts: list[np.ndarray] | None = None
         if (parts is not None and parts.num_columns > 1
-                and all(pa.types.is_signed_integer(t) for t in parts.schema.types)):
+                and all(integer_type(t) is not None for t in parts.schema.types)):
             valid = np.ones(parts.num_rows, dtype=bool)
             for column in parts.columns:
                 if column.null_count:
                     valid &= pc.is_valid(column).to_numpy(zero_copy_only=False)
             self.part_rows = np.flatnonzero(valid)
-            self.parts = [pc.fill_null(column, 0).to_numpy().astype(np.int64)[self.part_rows]
+            self.parts = [as_integers(pc.fill_null(column.cast(integer_type(column.type)), 0))[self.part_rows]
                           for column in parts.columns]
         #: The batch's distinct non-NULL keys, sorted, when the key is one signed integer column:
         #: what :meth:`FileKeys.find` looks up in a direct or sorted file (a NULL never equals a
         #: file's key there, as such files have none).
         self.integers: np.ndarray | None = None
-        if pa.types.is_signed_integer(probe.type) and len(probe):
-            self.integers = _sorted_distinct(pc.drop_null(probe).to_numpy().astype(np.int64))
+        if integer_type(probe.type) is not None and len(probe):
+            self.integers = _sorted_distinct(as_integers(pc.drop_null(probe)))
         if self.integers is not None and probe.null_count == 0:
             values = self.integers
             low, high = int(values[0]), int(values[-1])
@@ -125,10 +152,10 @@ class FileKeys:
         self._sorted: np.ndarray | None = None
         self._order: np.ndarray | None = None
         self._duplicates = False
-        if not (pa.types.is_signed_integer(probe.type) and probe.null_count == 0 and 0 < self.rows < ABSENT):
+        if not (integer_type(probe.type) is not None and probe.null_count == 0 and 0 < self.rows < ABSENT):
             self._probe = probe
             return
-        values = probe.to_numpy().astype(np.int64)
+        values = as_integers(probe)
         low, high = int(values.min()), int(values.max())
         if high - low < DIRECT_RANGE_PER_ROW * self.rows:
             row_of = np.full(high - low + 1, ABSENT, dtype=np.uint32)
@@ -165,10 +192,10 @@ class FileKeys:
             wanted = wanted[(wanted >= self._low) & (wanted < self._low + len(self._row_of))]
             rows = self._row_of[wanted - self._low]
             hit = rows != ABSENT
-            return rows[hit], pa.array(wanted[hit]).cast(self.type)
+            return rows[hit], from_integers(wanted[hit], self.type)
         assert self._order is not None and self._sorted is not None
         index = self._matches(lookup)
-        return self._order[index], pa.array(self._sorted[index]).cast(self.type)
+        return self._order[index], from_integers(self._sorted[index], self.type)
 
     def _matches(self, lookup: KeyLookup) -> np.ndarray:
         """Indexes into the sorted keys of the rows whose key the batch changes."""
@@ -206,7 +233,7 @@ class FileKeys:
         else:
             assert self._sorted is not None and self._order is not None
             values[self._order] = self._sorted
-        return pa.array(values).cast(self.type)
+        return from_integers(values, self.type)
 
 
 def _sorted_distinct(values: np.ndarray) -> np.ndarray:

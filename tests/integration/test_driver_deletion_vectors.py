@@ -101,21 +101,29 @@ def test_composite_keys_match_null_safely_and_never_by_concatenation(spark, tmp_
                                          ("V1:a", "b", 6), ("a", "b", 99)], key=lambda r: tuple((x is None, x) for x in r))
 
 
-def test_keys_of_several_integer_columns_are_encoded_and_match_as_the_merge_does(spark, tmp_path):
-    """A key of two integer columns: Spark's files keep it encoded (one integer a row); random
-    inserts, updates, deletes and re-inserts, some keys with a NULL part (matched null-safely,
-    their files looked up row by row), equal the model after every batch, with the MERGE's counts."""
+@pytest.mark.parametrize("first", ["INT", "DATE"])
+def test_keys_of_several_integer_columns_are_encoded_and_match_as_the_merge_does(spark, tmp_path, first):
+    """A key of two integer (or date) columns: Spark's files keep it encoded (one integer a row);
+    random inserts, updates, deletes and re-inserts, some keys with a NULL part (matched
+    null-safely, their files looked up row by row), equal the model after every batch, with the
+    MERGE's counts."""
+    import datetime
+
     from lakemirror.sinks.key_match import KEY_CACHE
 
+    def part(n: int) -> Any:
+        return n if first == "INT" else datetime.date(2026, 1, 10) + datetime.timedelta(days=n)
+
     path = tmp_path / "r"
-    model: dict[tuple[Any, Any], str | None] = {(a, b): f"v{a}.{b}" for a in range(-3, 4) for b in range(40)}
-    _replica(spark, path, "a INT, b BIGINT, v STRING", [(*k, v) for k, v in sorted(model.items())], files=2)
-    schema = pa.schema([pa.field("a", pa.int32()), pa.field("b", pa.int64()), pa.field("v", pa.string())])
+    model: dict[tuple[Any, Any], str | None] = {(part(a), b): f"v{a}.{b}" for a in range(-3, 4) for b in range(40)}
+    _replica(spark, path, f"a {first}, b BIGINT, v STRING", [(*k, v) for k, v in sorted(model.items())], files=2)
+    schema = pa.schema([pa.field("a", pa.int32() if first == "INT" else pa.date32()), pa.field("b", pa.int64()),
+                        pa.field("v", pa.string())])
     merge = DeletionVectorMerge(str(path), ["a", "b"], ["a", "b", "v"])
     rng = random.Random(11)
     for batch in range(8):
-        keys = {(rng.randint(-5, 5), rng.randint(-2, 45)) for _ in range(60)}
-        keys |= {(None, rng.randint(0, 3)), (rng.randint(0, 3), None)} if batch % 2 else set()
+        keys = {(part(rng.randint(-5, 5)), rng.randint(-2, 45)) for _ in range(60)}
+        keys |= {(None, rng.randint(0, 3)), (part(rng.randint(0, 3)), None)} if batch % 2 else set()
         changes, expected = [], [0, 0, 0]
         for key in sorted(keys, key=lambda k: tuple((x is None, x) for x in k)):
             if rng.random() < 0.3:

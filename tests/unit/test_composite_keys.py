@@ -3,10 +3,11 @@ lookup of their probes (null-safe, as the MERGE's ``<=>``), whatever the batch h
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from lakemirror.sinks.composite_keys import CODE_LIMIT, CompositeKeys, decode, encode
-from lakemirror.sinks.key_match import FileKeys, KeyLookup, key_probe
+from lakemirror.sinks.key_match import FileKeys, KeyLookup, from_integers, key_probe
 
 
 def reference(file_keys: pa.Table, batch: pa.Table) -> list[int]:
@@ -16,7 +17,8 @@ def reference(file_keys: pa.Table, batch: pa.Table) -> list[int]:
 
 
 @pytest.mark.parametrize("duplicates", [False, True])
-@pytest.mark.parametrize("types", [(pa.int64(), pa.int64()), (pa.int32(), pa.int16(), pa.int64())])
+@pytest.mark.parametrize("types", [(pa.int64(), pa.int64()), (pa.int32(), pa.int16(), pa.int64()),
+                                   (pa.date32(), pa.timestamp("us", tz="UTC"))])
 def test_encoded_keys_find_exactly_the_rows_the_row_by_row_lookup_finds(duplicates, types):
     rng = np.random.default_rng(len(types) + duplicates)
     rows = 4000
@@ -25,7 +27,7 @@ def test_encoded_keys_find_exactly_the_rows_the_row_by_row_lookup_finds(duplicat
         for column in columns:
             column[rng.integers(0, rows, 300)] = column[:300]
     names = [f"k{i}" for i in range(len(types))]
-    file_keys = pa.table([pa.array(c).cast(t) for c, t in zip(columns, types)], names=names)
+    file_keys = pa.table([from_integers(c, t) for c, t in zip(columns, types)], names=names)
     kept = CompositeKeys.of(file_keys)
     assert kept is not None and kept.rows == rows and kept.layout.startswith("composite ")
     for size in (1, 50, 3000):
@@ -40,7 +42,8 @@ def test_encoded_keys_find_exactly_the_rows_the_row_by_row_lookup_finds(duplicat
         parts[-1][-len(above) - len(below):] += np.concatenate([np.full(len(above), span), np.full(len(below), -span)])
         nulls = [np.zeros(len(parts[0]), dtype=bool) for _ in parts]
         nulls[0][:2] = True  # a NULL part matches no row here: the file has none
-        batch = pa.table([pa.array(p, mask=m).cast(t) for p, m, t in zip(parts, nulls, types)], names=names)
+        batch = pa.table([pc.if_else(pa.array(m), pa.nulls(len(m), t), from_integers(p, t))
+                          for p, m, t in zip(parts, nulls, types)], names=names)
         lookup = KeyLookup(key_probe(batch), batch)
         positions, keys = kept.find(lookup)
         assert positions.dtype == np.uint32
