@@ -3,8 +3,9 @@
 Row by row, a batch's keys cost a hash lookup per row of the file, every batch: 0.14 CPU-s for a
 5M-row file whose key is two integers (docs/BENCHMARKS.md, fourteenth session), against about a
 millisecond for a key of one integer column, which :class:`~lakemirror.sinks.key_match.FileKeys`
-keeps direct or sorted. Where every part of the key is a signed integer column without NULLs in
-the file, and the parts' ranges there multiply to at most :data:`CODE_LIMIT`, each row's key is
+keeps direct or sorted. Where every part of the key is an integer column without NULLs in the
+file (a date or timestamp counts as the integer underneath it: ``integer_type``), and the parts'
+ranges there multiply to at most :data:`CODE_LIMIT`, each row's key is
 encoded as one integer: its parts' offsets from their smallest values, in mixed radix. Two keys
 are equal exactly when their codes are (each part lies within its range), so the codes are kept as
 a ``FileKeys``, and a batch's keys are encoded with the file's ranges (a key outside them is in no
@@ -46,7 +47,7 @@ def decode(code: np.ndarray, lows: Sequence[int], spans: Sequence[int]) -> list[
 
 
 class CompositeKeys:
-    """A file's key of several signed integer columns, as :class:`FileKeys` of one code a row."""
+    """A file's key of several integer columns, as :class:`FileKeys` of one code a row."""
 
     def __init__(self, schema: pa.Schema, lows: list[int], spans: list[int], codes: FileKeys) -> None:
         self.schema = schema
@@ -57,8 +58,8 @@ class CompositeKeys:
 
     @classmethod
     def of(cls, keys: pa.Table) -> "CompositeKeys | None":
-        """``keys`` encoded, or None: fewer than two columns, no rows, a column that is not a signed
-        integer or has a NULL, or ranges too wide to encode."""
+        """``keys`` encoded, or None: fewer than two columns, no rows, a column that is not matched
+        as an integer or has a NULL, or ranges too wide to encode."""
         columns = keys.columns
         if (len(columns) < 2 or not keys.num_rows
                 or any(integer_type(c.type) is None or c.null_count for c in columns)):
@@ -88,6 +89,8 @@ class CompositeKeys:
         inside = np.ones(len(lookup.part_rows), dtype=bool)
         for part, low, span in zip(lookup.parts, self._lows, self._spans):
             inside &= (part >= low) & (part <= low + span - 1)
+        if not inside.any():
+            return np.zeros(0, dtype=np.uint32), lookup.probe.slice(0, 0)
         codes = encode([part[inside] for part in lookup.parts], self._lows, self._spans)
         order = np.argsort(codes)
         codes = codes[order]

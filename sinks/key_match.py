@@ -92,9 +92,9 @@ class KeyLookup:
     def __init__(self, probe: pa.Array, parts: pa.Table | None = None) -> None:
         self.probe = probe
         self.dense: tuple[int, np.ndarray] | None = None
-        #: For a key of several signed integer columns: the batch's rows without a NULL part
-        #: (indexes into ``probe``), and those rows' parts as int64. A row with a NULL part
-        #: matches no row of a file whose keys are encoded: such files have none.
+        #: For a key of several integer columns (as :func:`integer_type` matches them): the batch's
+        #: rows without a NULL part (indexes into ``probe``), and those rows' parts as int64. A row
+        #: with a NULL part matches no row of a file whose keys are encoded: such files have none.
         self.part_rows: np.ndarray | None = None
         self.parts: list[np.ndarray] | None = None
         if (parts is not None and parts.num_columns > 1
@@ -106,9 +106,9 @@ class KeyLookup:
             self.part_rows = np.flatnonzero(valid)
             self.parts = [as_integers(pc.fill_null(column.cast(integer_type(column.type)), 0))[self.part_rows]
                           for column in parts.columns]
-        #: The batch's distinct non-NULL keys, sorted, when the key is one signed integer column:
-        #: what :meth:`FileKeys.find` looks up in a direct or sorted file (a NULL never equals a
-        #: file's key there, as such files have none).
+        #: The batch's distinct non-NULL keys as int64, sorted, when the key is one integer column
+        #: (:func:`integer_type`): what :meth:`FileKeys.find` looks up in a direct or sorted file
+        #: (a NULL never equals a file's key there, as such files have none).
         self.integers: np.ndarray | None = None
         if integer_type(probe.type) is not None and len(probe):
             self.integers = _sorted_distinct(as_integers(pc.drop_null(probe)))
@@ -131,8 +131,9 @@ class FileKeys:
 
     A batch of a hundred thousand changes used to be looked up in every row of a 10M-row replica,
     every batch (0.12 CPU-s, the driver's largest share of a steady cycle; docs/BENCHMARKS.md,
-    thirteenth session). A key that is one signed integer column without NULLs in the file (the
-    usual ``id``) is kept so that a batch costs about one step per changed key:
+    thirteenth session). A key that is one integer column without NULLs in the file (the usual
+    ``id``; a date or timestamp is matched as the integer underneath, :func:`integer_type`) is
+    kept so that a batch costs about one step per changed key:
 
     - ``direct``: each value's row, indexed by the value's offset from the file's smallest key,
       where that range is under :data:`DIRECT_RANGE_PER_ROW` times the rows and no key repeats
@@ -183,6 +184,8 @@ class FileKeys:
 
     def find(self, lookup: KeyLookup) -> tuple[np.ndarray, pa.Array]:
         """The rows (positions, uint32) whose key the batch changes, and those rows' keys."""
+        if not len(lookup.probe):
+            return np.zeros(0, dtype=np.uint32), lookup.probe
         if self._probe is not None or lookup.integers is None:
             probe = self.in_row_order()
             positions = np.flatnonzero(lookup.hits(probe)).astype(np.uint32)

@@ -68,6 +68,9 @@ def test_only_signed_integer_keys_without_nulls_within_the_limit_are_encoded():
     assert kept is not None and 2**62 <= CODE_LIMIT
     lookup = KeyLookup(key_probe(edge), edge)
     assert sorted(kept.find(lookup)[0].tolist()) == [0, 1]
+    away = pa.table({"a": pa.array([-1, 5], pa.int64()), "b": pa.array([2**31, -7], pa.int64())})
+    positions, keys = kept.find(KeyLookup(key_probe(away), away))
+    assert positions.size == 0 and len(keys) == 0, "every key outside the file's ranges"
 
 
 def test_codes_decode_to_their_parts_at_the_ends_of_their_ranges():
