@@ -5,11 +5,11 @@ Row by row, a batch's keys cost a hash lookup per row of the file, every batch: 
 millisecond for a key of one integer column, which :class:`~lakemirror.sinks.key_match.FileKeys`
 keeps direct or sorted. Where every part of the key is an integer column without NULLs in the
 file (a date or timestamp counts as the integer underneath it: ``integer_type``), and the parts'
-ranges there multiply to at most :data:`CODE_LIMIT`, each row's key is
-encoded as one integer: its parts' offsets from their smallest values, in mixed radix. Two keys
-are equal exactly when their codes are (each part lies within its range), so the codes are kept as
-a ``FileKeys``, and a batch's keys are encoded with the file's ranges (a key outside them is in no
-row of the file) and looked up there.
+ranges there multiply to at most :data:`CODE_LIMIT`, each row's key is encoded as one integer:
+its parts' offsets from their smallest values, in mixed radix. Two keys are equal exactly when
+their codes are (each part lies within its range), so the codes are kept as a ``FileKeys``, and a
+batch's keys are encoded with the file's ranges (a key outside them is in no row of the file) and
+looked up there.
 """
 
 from __future__ import annotations

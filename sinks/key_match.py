@@ -288,6 +288,12 @@ class KeyCache:
                 _, evicted = self._probes.popitem(last=False)
                 self._bytes -= evicted.nbytes
 
+    def kept(self, under: str) -> list[KeptKeys]:
+        """The kept keys of files under directory ``under`` (observability and tests)."""
+        prefix = under.rstrip("/") + "/"
+        with self._lock:
+            return [keys for (path, _), keys in self._probes.items() if path.startswith(prefix)]
+
     def forget(self, files: set[str], under: str) -> None:
         """Drop the kept columns of files under directory ``under`` other than ``files``."""
         prefix = under.rstrip("/") + "/"

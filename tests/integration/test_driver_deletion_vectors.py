@@ -139,7 +139,7 @@ def test_keys_of_several_integer_columns_are_encoded_and_match_as_the_merge_does
         assert _rows(spark, path) == sorted(((*k, v) for k, v in model.items()),
                                             key=lambda r: tuple((x is None, x) for x in r))
         if batch == 0:
-            kept = [KEY_CACHE.get(k) for k in list(KEY_CACHE._probes) if k[0].startswith(str(path))]
+            kept = KEY_CACHE.kept(str(path))
             assert kept and all(getattr(k, "layout", "").startswith("composite") for k in kept), "Spark's files encoded"
 
 
