@@ -174,14 +174,15 @@ def steady_cost(rows: int, cycles: int, fraction: float, seed: int,
         assert refresher.stdin is not None and refresher.stdout is not None
         json.loads(refresher.stdout.readline())  # the session is up
         started = _refreshes(src, refresher, rng, cycles, fraction, 8000)
-        for _ in range(SPARK_WARMUP_REFRESHES if warmup_commits else 0):
+        spark_warmup = SPARK_WARMUP_REFRESHES if warmup_commits else 0
+        for _ in range(spark_warmup):
             _refresh(refresher)
         walls, cpus, changed = _refreshes(src, refresher, rng, cycles, fraction, 8500)
         refresher.stdin.close()
         refresher.wait(300)
         out.append({"system": "full refresh (Spark overwrite, warm session)", "rows": rows,
                     "change_rows_per_cycle": changed, "cycles": cycles,
-                    "warmup_refreshes": SPARK_WARMUP_REFRESHES if warmup_commits else 0, "wall_s": _summary(walls),
+                    "warmup_refreshes": spark_warmup, "wall_s": _summary(walls),
                     "cpu_s": _summary(cpus), "started_wall_s": _summary(started[0]),
                     "started_cpu_s": _summary(started[1]), "replica_equal_source": same_rows(src.path, replica)})
         replica = table_path(warehouse, "dst_refresh", "bench", "big")

@@ -83,9 +83,7 @@ class CompositeKeys:
         """The rows (positions, uint32) whose key the batch changes, and those rows' keys as the
         batch's probe has them."""
         if lookup.parts is None or lookup.part_rows is None or len(lookup.parts) != len(self._lows):
-            probe = self._probe()  # a batch keyed otherwise than the file: never in practice
-            positions = np.flatnonzero(lookup.hits(probe)).astype(np.uint32)
-            return positions, probe.take(pa.array(positions))
+            return lookup.row_by_row(self._probe())  # a batch keyed otherwise than the file: never in practice
         inside = np.ones(len(lookup.part_rows), dtype=bool)
         for part, low, span in zip(lookup.parts, self._lows, self._spans):
             inside &= (part >= low) & (part <= low + span - 1)

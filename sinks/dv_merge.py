@@ -161,8 +161,9 @@ class DeletionVectorMerge:
         """Plan and commit one batch on ``snapshot``: its counts and the actions committed."""
         deleting = pc.equal(winners.column(OP_COLUMN), DELETE).combine_chunks()
         key_types = [winners.schema.field(k).type for k in self.keys]
-        probe = key_probe(winners.select(self.keys))
-        lookup = KeyLookup(probe, winners.select(self.keys))
+        batch_keys = winners.select(self.keys)
+        probe = key_probe(batch_keys)
+        lookup = KeyLookup(probe, batch_keys)
         upsert_probe = probe.filter(pc.invert(deleting))
         now = int(time.time() * 1000)
         dvs = DvFileWriter()
@@ -171,7 +172,7 @@ class DeletionVectorMerge:
         files_touched = 0
         self._forget_all_but(snapshot)
         deleted_after: dict[tuple[str, str], BitMap] = {}
-        ranges = key_ranges(winners.select(self.keys))
+        ranges = key_ranges(batch_keys)
         for identity, add in snapshot.files.items():
             if outside(file_stats(add), ranges):
                 continue

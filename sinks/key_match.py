@@ -120,10 +120,13 @@ class KeyLookup:
                 present[values - low] = True
                 self.dense = (low, present)
 
-    def hits(self, keys: pa.Array) -> np.ndarray:
-        """A boolean mask over ``keys``: True where the batch changes that key. For the files
-        :class:`FileKeys` does not keep sorted: their keys are not one integer column without NULLs."""
-        return pc.is_in(keys, value_set=self.probe, skip_nulls=False).to_numpy(zero_copy_only=False)
+    def row_by_row(self, keys: pa.Array) -> tuple[np.ndarray, pa.Array]:
+        """The rows of ``keys`` (a file's probes, in row order) the batch changes, and their keys:
+        one hash lookup per row, for the files whose keys are kept neither direct, sorted nor
+        encoded."""
+        hits = pc.is_in(keys, value_set=self.probe, skip_nulls=False).to_numpy(zero_copy_only=False)
+        positions = np.flatnonzero(hits).astype(np.uint32)
+        return positions, keys.take(pa.array(positions))
 
 
 class FileKeys:
@@ -187,9 +190,7 @@ class FileKeys:
         if not len(lookup.probe):
             return np.zeros(0, dtype=np.uint32), lookup.probe
         if self._probe is not None or lookup.integers is None:
-            probe = self.in_row_order()
-            positions = np.flatnonzero(lookup.hits(probe)).astype(np.uint32)
-            return positions, probe.take(pa.array(positions))
+            return lookup.row_by_row(self.in_row_order())
         if self._row_of is not None:
             wanted = lookup.integers
             wanted = wanted[(wanted >= self._low) & (wanted < self._low + len(self._row_of))]
