@@ -47,6 +47,7 @@ from pyroaring import BitMap
 from lakemirror.sinks.deletion_vectors import DvDescriptor, DvFileWriter, read_positions
 from lakemirror.sinks.dv_compaction import ENGINE_INFO, compact
 from lakemirror.sinks.composite_keys import CompositeKeys
+from lakemirror.sinks.hashed_keys import HashedKeys
 from lakemirror.sinks.key_match import KEY_CACHE, FileKeys, KeptKeys, KeyLookup, key_probe, key_ranges, outside
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.planner import DELETE, OP_COLUMN
@@ -239,7 +240,8 @@ class DeletionVectorMerge:
         if found.num_rows >= MAX_FILE_ROWS:
             raise DvUnfit(f"{path} holds {found.num_rows} rows, more than a 32-bit deletion vector marks")
         keys = pa.table([found.column(k).cast(t) for k, t in zip(self.keys, key_types)], names=self.keys)
-        kept = CompositeKeys.of(keys) or FileKeys(key_probe(keys))
+        probe = key_probe(keys)
+        kept = CompositeKeys.of(keys) or HashedKeys.of(probe) or FileKeys(probe)
         KEY_CACHE.put(cache_key, kept)
         return kept
 

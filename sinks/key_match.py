@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+if TYPE_CHECKING:
+    from lakemirror.sinks.hashed_keys import HashedBatch
 
 
 def key_probe(keys: pa.Table) -> pa.Array:
@@ -119,6 +122,9 @@ class KeyLookup:
                 present = np.zeros(high - low + 1, dtype=bool)
                 present[values - low] = True
                 self.dense = (low, present)
+        #: The batch's probes by hash, made by the first file whose keys are hashed
+        #: (:func:`lakemirror.sinks.hashed_keys.hashed_batch`) and kept for the batch's other files.
+        self.hashed: "HashedBatch | None" = None
 
     def row_by_row(self, keys: pa.Array) -> tuple[np.ndarray, pa.Array]:
         """The rows of ``keys`` (a file's probes, in row order) the batch changes, and their keys:
@@ -144,7 +150,9 @@ class FileKeys:
     - ``sorted``: otherwise, the keys sorted with each one's row (12 bytes a row), searched per
       changed key or scanned over just the batch's range, whichever is less.
 
-    Other keys (``probe``) are kept as their :func:`key_probe` and looked up row by row.
+    Other keys (``probe``) are kept as their :func:`key_probe` and looked up row by row; the
+    apply keeps string keys, and keys of several columns that are not encoded, hashed instead
+    (:mod:`lakemirror.sinks.hashed_keys`).
     """
 
     def __init__(self, probe: pa.Array) -> None:
@@ -252,8 +260,9 @@ def _sorted_distinct(values: np.ndarray) -> np.ndarray:
 
 
 class KeptKeys(Protocol):
-    """A file's keys as kept between batches: :class:`FileKeys`, or
-    :class:`lakemirror.sinks.composite_keys.CompositeKeys`."""
+    """A file's keys as kept between batches: :class:`FileKeys`,
+    :class:`lakemirror.sinks.composite_keys.CompositeKeys` or
+    :class:`lakemirror.sinks.hashed_keys.HashedKeys`."""
 
     rows: int
 

@@ -143,6 +143,45 @@ def test_keys_of_several_integer_columns_are_encoded_and_match_as_the_merge_does
             assert kept and all(getattr(k, "layout", "").startswith("composite") for k in kept), "Spark's files encoded"
 
 
+def test_string_keys_are_found_by_hash_and_match_as_the_merge_does(spark, tmp_path):
+    """A STRING key: every file's keys are kept hashed; random inserts, updates, deletes and
+    re-inserts, a NULL key (equal to NULL) and two keys whose hashes collide (Thue-Morse words)
+    equal the model after every batch, with the MERGE's counts."""
+    from lakemirror.sinks.key_match import KEY_CACHE
+
+    def thue_morse(letters: str) -> str:
+        bits = [0]
+        while len(bits) < 1024:
+            bits += [1 - b for b in bits]
+        return "".join(letters[b] for b in bits)
+
+    word, twin = thue_morse("ab"), thue_morse("ba")
+    pool = [f"key-{n:04d}" for n in range(120)] + [word, twin, None, ""]
+    path = tmp_path / "r"
+    model: dict[str | None, str | None] = {k: f"v{n}" for n, k in enumerate(pool[:80] + [word, None])}
+    _replica(spark, path, "k STRING, v STRING", sorted(model.items(), key=lambda r: (r[0] is None, r[0])), files=2)
+    schema = pa.schema([pa.field("k", pa.string()), pa.field("v", pa.string())])
+    merge = DeletionVectorMerge(str(path), ["k"], ["k", "v"])
+    rng = random.Random(5)
+    for batch in range(8):
+        keys = rng.sample(pool, 40) + ([twin] if batch == 0 else [])
+        changes, expected = [], [0, 0, 0]
+        for key in dict.fromkeys(keys):
+            if rng.random() < 0.3:
+                changes.append((DELETE, key, None))
+                expected[2] += key in model
+                model.pop(key, None)
+            else:
+                changes.append((UPSERT, key, f"b{batch}"))
+                expected[1 if key in model else 0] += 1
+                model[key] = f"b{batch}"
+        counts = merge.merge(_winners(schema, changes), TxnId("app", batch))
+        assert (counts.inserted, counts.updated, counts.deleted) == tuple(expected), batch
+        assert _rows(spark, path) == sorted(model.items(), key=lambda r: tuple((x is None, x) for x in r))
+        kept = KEY_CACHE.kept(str(path))
+        assert kept and all(getattr(k, "layout", "") == "hashed" for k in kept), "every file's keys hashed"
+
+
 def test_spark_deletion_vectors_are_extended_and_spark_writes_on_top_of_ours(spark, tmp_path):
     path = tmp_path / "r"
     model = {k: f"v{k}" for k in range(200)}
