@@ -164,6 +164,12 @@ class Settings(BaseSettings):
         "by delta-rs on the driver even when larger than rewrite_below_bytes: its MERGE streams the replica, so "
         "its memory does not grow with it (a 10M-row replica: about 260 MiB; it spills past 1 GiB). Larger "
         "replicas take Spark's MERGE.")
+    kernel_change_feed: bool = Field(
+        True, description="Sources at a path (the embedded lakehouse) have their change feed streamed by Delta's "
+        "Kernel-based streaming source, which reads the log on the driver, instead of DeltaSource, which runs "
+        "Spark jobs to rebuild two snapshots of the source every micro-batch when its writer leaves no checksum "
+        "files (delta-rs leaves none): about a third of the JVM's work per batch (docs/BENCHMARKS.md). Tables "
+        "known by name (Unity Catalog) always use DeltaSource. false: DeltaSource everywhere.")
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)  # type: ignore[arg-type]
     http: HttpSettings = Field(default_factory=HttpSettings)  # type: ignore[arg-type]
     restart: RestartSettings = Field(default_factory=RestartSettings)  # type: ignore[arg-type]

@@ -63,16 +63,34 @@ def table_id(spark: "SparkSession", loc: TableLocation) -> str | None:
     """The Delta table id (``metaData.id``) as the log says now: it changes when a table is
     dropped and recreated.
 
-    A path-based table's id comes from Delta's own snapshot of its log, brought up to date;
-    ``DESCRIBE DETAIL`` (the way for tables known by name, and without a JVM) also counts the
-    table's files, a log replay of its own: about a second after each commit of a table written
-    without checksum files, against milliseconds (docs/BENCHMARKS.md, eighth session).
+    A path-based table's id comes from Delta Kernel's snapshot of its log, read in the driver, or
+    else from Delta's own snapshot, brought up to date: a Spark job over the commits since the
+    last checkpoint where the writer left no checksum files, about 0.25 JVM CPU-s a batch where
+    the stream does not keep that snapshot up to date itself (the Kernel-based source does not;
+    docs/BENCHMARKS.md, fifteenth session). ``DESCRIBE DETAIL`` (the way for tables known by name,
+    and without a JVM) also counts the table's files, a log replay of its own: about a second
+    after each commit of a table written without checksum files (eighth session).
     """
     if loc.path is not None:
-        found = _logged_table_id(spark, loc.path)
+        found = _kernel_table_id(spark, loc.path) or _logged_table_id(spark, loc.path)
         if found is not None:
             return found
     return _detail(spark, loc)[0]
+
+
+def _kernel_table_id(spark: "SparkSession", path: str) -> str | None:
+    """The id in Delta Kernel's latest snapshot of the table at ``path`` (a listing of its log, and
+    its protocol and metadata read from the last checkpoint and the commits since, in the driver);
+    None where that cannot be read (no table there, no JVM, a feature Kernel does not read)."""
+    jvm = getattr(spark, "_jvm", None)
+    if jvm is None:
+        return None
+    try:
+        engine = jvm.io.delta.kernel.defaults.engine.DefaultEngine.create(spark._jsc.hadoopConfiguration())
+        snapshot = jvm.io.delta.kernel.TableManager.loadSnapshot(path).build(engine)
+        return str(snapshot.getMetadata().getId())
+    except Exception:  # noqa: BLE001 (Delta's own snapshot or DESCRIBE DETAIL answers, or names the problem)
+        return None
 
 
 def _logged_table_id(spark: "SparkSession", path: str) -> str | None:

@@ -20,7 +20,11 @@ _WINDOW = ("DELTA_MISSING_FILES_UNEXPECTED_VERSION", "DELTA_MISSING_CHANGE_DATA"
            "DELTA_UNSUPPORTED_TIME_TRAVEL_BEYOND_DELETED_FILE_RETENTION_DURATION",
            "DELTA_CHANGE_DATA_FILE_NOT_FOUND",
            # a vacuumed data or _change_data file, seen by the streaming CDF reader
-           "FAILED_READ_FILE.FILE_NOT_EXIST", "java.io.FileNotFoundException")
+           "FAILED_READ_FILE.FILE_NOT_EXIST", "java.io.FileNotFoundException",
+           # Delta's Kernel-based streaming source and Delta Kernel name no error class
+           "Cannot time travel Delta table to version", "No recreatable commits found at path",
+           "but no log file found for version", "no log files found in the requested version range",
+           "as the transaction log has been truncated")
 _ADDITIVE = ("DELTA_SCHEMA_CHANGED", "DELTA_SCHEMA_CHANGED_WITH_VERSION",
              "DELTA_SCHEMA_CHANGED_WITH_STARTING_OPTIONS")
 _BREAKING = ("DELTA_STREAMING_INCOMPATIBLE_SCHEMA_CHANGE", "DELTA_STREAMING_METADATA_EVOLUTION",

@@ -140,6 +140,9 @@ class TableRunner:
         self._gate: TurnGate | None = None  # turns taken inside an always-on query's batch function
         self._draining = False
         self._query: StreamingQuery | None = None
+        #: The session the table's query is started in: :attr:`session`, or one of the query's own
+        #: (``kernel_change_feed``: :func:`lakemirror.sources.change_feed.kernel_stream`).
+        self.stream_session: SparkSession | None = None
         self._thread: threading.Thread | None = None
         self._session: SparkSession | None = None
         self._batch_error: LakemirrorError | None = None
@@ -162,6 +165,12 @@ class TableRunner:
         if self._session is None:
             self._session = self.ctx.spark.newSession()
         return self._session
+
+    @property
+    def query_running(self) -> bool:
+        """Whether the table's always-on query is up (observability and tests)."""
+        query = self._query
+        return query is not None and bool(query.isActive)
 
     def launch(self) -> None:
         """Prepare and start the stream in the background; outcome arrives through ``poll``."""
@@ -448,12 +457,14 @@ class TableRunner:
             options["maxFilesPerTrigger"] = spec.max_files_per_trigger
         if spec.max_bytes_per_trigger:
             options["maxBytesPerTrigger"] = spec.max_bytes_per_trigger
-        stream = change_feed.change_stream(self.session, src, progress.bootstrap_version, options)
+        kernel = spec.kernel_change_feed
+        stream = change_feed.change_stream(self.session, src, progress.bootstrap_version, options, kernel=kernel)
         sink = DeltaMergeSink(self.ctx.catalog.locate(self.destination), prepared.plan, stable_source=True,
                               choose=lambda: self._choose_apply(prepared.plan))
         app_id = txn_app_id(spec.pipeline_id, self.slug, progress.epoch)
         checkpoint = f"{spec.checkpoint_root.rstrip('/')}/{spec.pipeline_id}/{self.slug}/e{progress.epoch}"
-        stream_dir.use_file_system_manager(self.session, checkpoint)
+        self.stream_session = stream.sparkSession
+        stream_dir.use_file_system_manager(self.stream_session, checkpoint)
         removed = stream_dir.remove_interrupted_writes(self.session, checkpoint)
         if removed:
             log.warning("table %s: removed %d unfinished checkpoint write(s) of a stopped or killed query: %s",
@@ -463,6 +474,9 @@ class TableRunner:
         feed = self.batch_feed = BatchFeed.for_stream(checkpoint, src, progress.bootstrap_version)
 
         def apply_batch(batch: "DataFrame", batch_id: int) -> None:
+            if kernel:
+                change_feed.leave_kernel_mode(batch.sparkSession)
+
             def apply() -> None:
                 self._apply_batch(sink, TxnId(app_id, batch_id), batch, progress.epoch, progress.source_table_id,
                                   feed.reader(batch_id) if feed is not None else None)

@@ -86,11 +86,15 @@ def test_post_get_cdf_check_and_delete_on_a_running_daemon(spark: Any, tmp_path:
                                          f"('delta.enableChangeDataFeed' = 'true')")
 
         assert (checkpoints / "api1").is_dir()
+        handle = app.pipelines.get("api1")
+        assert handle is not None
+        runners = [handle.supervisor._tables[t].runner for t in handle.supervisor._tables]  # noqa: SLF001 (test introspection)
+        assert runners and all(r.query_running for r in runners)
         code, answer = call("DELETE", f"{url}/api/continuous-sync/api1?cleanup_checkpoints=true")
         assert (code, answer) == (200, {"job_id": "api1", "stopped": True, "checkpoints_deleted": True})
         assert not (checkpoints / "api1").exists()
         assert call("GET", f"{url}/api/continuous-sync/api1")[0] == 404
-        assert not [q for q in spark.streams.active if "api1" in (q.name or "")]
+        assert not any(r.query_running for r in runners), "every query of the pipeline stopped"
     finally:
         stop.set()
         daemon.join(60)

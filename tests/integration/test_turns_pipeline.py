@@ -56,10 +56,9 @@ def test_one_worker_applies_one_table_at_a_time_and_every_replica_stays_exact(ma
     for name in names:
         pipeline.assert_replica_equals_source(name)
         # Each local checkpoint was written through Hadoop's FileSystem API (this Spark has the class).
-        assert pipeline.runner(name).session.conf.get(FILE_MANAGER_CONF) in FILE_SYSTEM_MANAGERS
+        assert pipeline.runner(name).stream_session.conf.get(FILE_MANAGER_CONF) in FILE_SYSTEM_MANAGERS
         assert pipeline.runner(name).last_trigger == "gated", "a local session's batches wait for their turns"
-        assert [q for q in pipeline.runner(name).session.streams.active if f"src.sales.{name}" in (q.name or "")], \
-            "the table's query stays up between turns"
+        assert pipeline.runner(name).query_running, "the table's query stays up between turns"
 
     batches = _applied_batches(pipeline)
     assert {r["source_fqn"] for r in batches} == {f"src.sales.{n}" for n in names}
@@ -92,8 +91,7 @@ def test_always_on_queries_replicate_exactly_across_a_restart(make_pipeline: Any
     pipeline.sql("orders", "INSERT INTO {t} SELECT id, 'new' FROM range(0, 30)")
     pipeline.start()
     pipeline.wait_caught_up("orders")
-    assert [q for q in pipeline.runner("orders").session.streams.active if "src.sales.orders" in (q.name or "")], \
-        "apply_workers: 0 keeps an always-on query per table"
+    assert pipeline.runner("orders").query_running, "apply_workers: 0 keeps an always-on query per table"
     pipeline.sql("orders", "UPDATE {t} SET status = 'paid' WHERE id % 2 = 0")
     pipeline.sql("orders", "DELETE FROM {t} WHERE id % 7 = 0")
     pipeline.wait_caught_up("orders")
@@ -130,7 +128,7 @@ def test_a_turn_with_nothing_new_lets_the_query_look_for_commits_by_itself(make_
                         what="the applied batch to hold the query")
     runner.take_turn()  # what the turn pool does every IDLE_RECHECK_SECONDS: nothing is new
     assert not runner.ready_for_turn(), "the turn was withdrawn: the query looks for commits by itself"
-    assert [q for q in runner.session.streams.active if "src.sales.t" in (q.name or "")]
+    assert runner.query_running
     pipeline.sql("t", "UPDATE {t} SET v = 'c' WHERE id = 1")
     pipeline.sql("t", "INSERT INTO {t} VALUES (2, 'd')")
     pipeline.wait_caught_up("t")  # the batch Spark planned by itself waited for, and got, a turn

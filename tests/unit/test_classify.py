@@ -33,8 +33,17 @@ CONCURRENT = Py4JJavaError("An error occurred while calling o1.merge.\n: io.delt
                            "concurrent update.")
 
 
+#: The same, from Delta's Kernel-based streaming source (no error class in the text).
+KERNEL_WINDOW = StreamingQueryException("Cannot time travel Delta table to version 2. Available versions: [6, 7].")
+KERNEL_START_GONE = Py4JJavaError(
+    "io.delta.kernel.exceptions.StartVersionNotFoundException: /w/src: Requested table changes beginning with "
+    "startVersion=3 but no log file found for version 3. Earliest available version is 6")
+
+
 @pytest.mark.parametrize("exc, kind, code", [
     (WINDOW, ChangeWindowExpired, "window_expired"),
+    (KERNEL_WINDOW, ChangeWindowExpired, "window_expired"),
+    (KERNEL_START_GONE, ChangeWindowExpired, "window_expired"),
     (ADDITIVE, SchemaChangeRestart, "schema_additive"),
     (BREAKING, SchemaIncompatible, "schema_breaking"),
     (CONCURRENT, TransientError, "transient"),
