@@ -53,8 +53,12 @@ def _batch(keys: pa.Table, rng: np.random.Generator) -> pa.Table:
 
 
 def _kept(keys: pa.Table) -> KeptKeys:
-    probe = key_probe(keys)
-    return CompositeKeys.of(keys) or HashedKeys.of(probe) or FileKeys(probe)
+    """``keys`` kept as the apply keeps them (``DeletionVectorMerge._file_keys``)."""
+    kept = CompositeKeys.of(keys)
+    if kept is None:
+        probe = key_probe(keys)
+        kept = HashedKeys.of(probe) or FileKeys(probe)
+    return kept
 
 
 def _cpu(action: Callable[[], Any]) -> tuple[float, Any]:

@@ -240,8 +240,10 @@ class DeletionVectorMerge:
         if found.num_rows >= MAX_FILE_ROWS:
             raise DvUnfit(f"{path} holds {found.num_rows} rows, more than a 32-bit deletion vector marks")
         keys = pa.table([found.column(k).cast(t) for k, t in zip(self.keys, key_types)], names=self.keys)
-        probe = key_probe(keys)
-        kept = CompositeKeys.of(keys) or HashedKeys.of(probe) or FileKeys(probe)
+        kept = CompositeKeys.of(keys)
+        if kept is None:  # the probe is made only here: for a composite key it is a string per row
+            probe = key_probe(keys)
+            kept = HashedKeys.of(probe) or FileKeys(probe)
         KEY_CACHE.put(cache_key, kept)
         return kept
 
