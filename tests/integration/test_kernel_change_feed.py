@@ -36,12 +36,17 @@ def _changes(spark: Any, loc: TableLocation, checkpoint: Path, after: int, kerne
     return rows, progress[-1]["sources"][0]["description"] if progress else ""
 
 
-def test_one_checkpoint_continued_by_either_source_serves_every_change_once(spark, tmp_path):
-    loc = TableLocation(TableName("src", "s", "k"), str(tmp_path / "src"))
+def _source(spark: Any, path: Path, rows: str) -> tuple[TableLocation, int]:
+    """A source with the change feed on at ``path`` holding ``rows`` (a query), and its version."""
+    loc = TableLocation(TableName("src", "s", path.name), str(path))
     spark.sql(f"CREATE TABLE {loc.sql} (id BIGINT, v STRING) USING delta "
               "TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')")
-    spark.sql(f"INSERT INTO {loc.sql} SELECT id, 'a' FROM range(0, 50)")
-    after = int(tables.delta_table(spark, loc).history(1).collect()[0]["version"])
+    spark.sql(f"INSERT INTO {loc.sql} {rows}")
+    return loc, int(tables.delta_table(spark, loc).history(1).collect()[0]["version"])
+
+
+def test_one_checkpoint_continued_by_either_source_serves_every_change_once(spark, tmp_path):
+    loc, after = _source(spark, tmp_path / "k", "SELECT id, 'a' FROM range(0, 50)")
     checkpoint = tmp_path / "checkpoint"
     served: list[Any] = []
     descriptions = {}
@@ -62,11 +67,7 @@ def test_one_checkpoint_continued_by_either_source_serves_every_change_once(spar
 
 
 def test_the_kernel_mode_stays_in_the_streams_own_session(spark, tmp_path):
-    loc = TableLocation(TableName("src", "s", "m"), str(tmp_path / "src"))
-    spark.sql(f"CREATE TABLE {loc.sql} (id BIGINT, v STRING) USING delta "
-              "TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')")
-    spark.sql(f"INSERT INTO {loc.sql} VALUES (1, 'a')")
-    after = int(tables.delta_table(spark, loc).history(1).collect()[0]["version"])
+    loc, after = _source(spark, tmp_path / "m", "VALUES (1, 'a')")
     rows, _ = _changes(spark, loc, tmp_path / "checkpoint", after, kernel=True)
     assert rows == [] and spark.conf.get(change_feed.KERNEL_MODE, None) in (None, "NONE"), "the caller's session untouched"
     name = change_feed.feed_table(spark, loc.path)
