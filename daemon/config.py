@@ -165,12 +165,14 @@ class Settings(BaseSettings):
         "its memory does not grow with it (a 10M-row replica: about 260 MiB; it spills past 1 GiB). Larger "
         "replicas take Spark's MERGE.")
     kernel_change_feed: bool = Field(
-        True, description="Sources at a path (the embedded lakehouse) have their change feed streamed by Delta's "
-        "Kernel-based streaming source, which reads the log on the driver, instead of DeltaSource, which runs "
-        "Spark jobs to rebuild two snapshots of the source every micro-batch when its writer leaves no checksum "
-        "files (delta-rs leaves none): most of the JVM's work per batch (0.46 against 0.13 JVM CPU-s for a 1M-row "
-        "source; docs/BENCHMARKS.md). Tables "
-        "known by name (Unity Catalog) always use DeltaSource. false: DeltaSource everywhere.")
+        False, description="Opt-in, for testing only: sources at a path (the embedded lakehouse) have their change "
+        "feed streamed by Delta's Kernel-based streaming source, reached only through Delta 4.4's "
+        "spark.databricks.delta.v2.enableMode=STRICT, which Delta documents as 'should ONLY be enabled for "
+        "testing' (set in a session of the table's own). It reads the source's log on the driver instead of "
+        "DeltaSource's Spark jobs that rebuild two snapshots of the source every micro-batch when its writer "
+        "leaves no checksum files (delta-rs leaves none): 0.13 against 0.46 JVM CPU-s a batch for a 1M-row "
+        "source (docs/BENCHMARKS.md). Tables known by name (Unity Catalog) always use DeltaSource. "
+        "false (default): DeltaSource everywhere.")
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)  # type: ignore[arg-type]
     http: HttpSettings = Field(default_factory=HttpSettings)  # type: ignore[arg-type]
     restart: RestartSettings = Field(default_factory=RestartSettings)  # type: ignore[arg-type]

@@ -39,7 +39,7 @@ class PipelineSpec:
     rewrite_below_bytes: int = DEFAULT_REWRITE_BELOW_BYTES  # replicas this small are rewritten, not MERGEd
     driver_apply: bool = True                   # ... or, at a local path, MERGEd by delta-rs on the driver
     driver_apply_below_bytes: int = DEFAULT_DRIVER_APPLY_BELOW_BYTES  # ... as are local replicas up to this size
-    kernel_change_feed: bool = True             # path-based sources streamed by Delta's Kernel-based source
+    kernel_change_feed: bool = False            # opt-in (Delta: testing only): Kernel-based change-feed source
 
     def source(self, table: str) -> TableName:
         return TableName(self.source_catalog, self.schema_name, table)
