@@ -35,9 +35,12 @@ class ReconcileSettings(Strict):
 class MetadataSettings(Strict):
     object_types: list[str] = Field(default_factory=lambda: list(DEFAULT_OBJECT_TYPES),
                                     description=f"What to sync: {', '.join(OBJECT_TYPES)}.")
-    overwrite_comments: bool = True
-    overwrite_properties: bool = True
-    overwrite_tags: bool = True
+    overwrite_comments: bool = Field(True, description="Replace comments the replica has; false: only fill "
+                                                       "missing ones.")
+    overwrite_properties: bool = Field(True, description="Replace table properties the replica has; false: only "
+                                                         "add missing ones.")
+    overwrite_tags: bool = Field(True, description="Replace tag values the replica has; false: only add missing "
+                                                   "tags.")
 
     @field_validator("object_types")
     @classmethod

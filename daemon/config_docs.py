@@ -1,0 +1,140 @@
+"""The configuration reference, rendered from the settings models themselves.
+
+``docs/configuration.md`` is this module's output (``python -m lakemirror.daemon.config_docs``
+writes it; a unit test fails when the file and the models disagree), so a field's name, type,
+default and help text are written once, on the model, and the reference cannot drift from them.
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+import types
+from typing import Any, Iterator, Literal, Union, get_args, get_origin
+
+from pydantic import BaseModel, SecretStr
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
+
+INTRO = """# Configuration reference
+
+Generated from the settings models (`python -m lakemirror.daemon.config_docs > docs/configuration.md`);
+do not edit by hand. A pipeline is a YAML file; environment variables override it
+(`LAKEMIRROR_<FIELD>`, nested with `__`: `LAKEMIRROR_RUNTIME__MASTER=local[4]`), and command-line
+flags override both (`--set runtime.master=local[4]`). `lakemirror validate FILE` reports every
+problem with where it came from and exits 2; `run` starts nothing while any remains.
+"""
+
+
+def _type_name(annotation: Any) -> str:
+    origin = get_origin(annotation)
+    args = get_args(annotation)
+    if origin is Literal:
+        return " \\| ".join(f"`{a}`" for a in args)
+    if origin in (Union, types.UnionType):
+        names = [_type_name(a) for a in args if a is not type(None)]
+        return " \\| ".join(names) + (" or unset" if type(None) in args else "")
+    if origin in (list, tuple, set, frozenset):
+        return f"list of {_type_name(args[0])}" if args else "list"
+    if origin is dict:
+        return f"mapping of {_type_name(args[1])}" if len(args) == 2 else "mapping"
+    if annotation is SecretStr:
+        return "secret string"
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return " \\| ".join(f"`{m.value}`" for m in annotation)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return "mapping"
+    return {str: "string", int: "integer", float: "number", bool: "boolean"}.get(annotation, str(annotation))
+
+
+def _default(info: FieldInfo) -> str:
+    if info.is_required():
+        return "required"
+    if info.default_factory is not None:
+        try:
+            value = info.default_factory()  # type: ignore[call-arg]
+        except TypeError:
+            return ""
+        if isinstance(value, BaseModel):
+            return "see below"
+        return f"`{value!r}`" if value not in ([], {}, ()) else "empty"
+    value = info.default
+    if value is None or value is PydanticUndefined:
+        return "unset"
+    if isinstance(value, SecretStr):
+        return "unset"
+    if isinstance(value, enum.Enum):
+        value = value.value
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    return f"`{value}`" if not isinstance(value, str) else f"`{value!r}`" if value == "" else f"`{value}`"
+
+
+def _is_model(t: Any) -> bool:
+    return isinstance(t, type) and issubclass(t, BaseModel)
+
+
+def _model_of(annotation: Any) -> tuple[type[BaseModel] | None, str]:
+    """The model a field holds and how its fields are addressed under it: ``.`` directly or
+    optionally, ``[].`` as list items, ``.<name>.`` as the values of a mapping."""
+    if _is_model(annotation):
+        return annotation, "."
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin in (list, tuple) and args and _is_model(args[0]):
+        return args[0], "[]."
+    if origin is dict and len(args) == 2 and _is_model(args[1]):
+        return args[1], ".<name>."
+    if origin in (Union, types.UnionType):
+        models = [a for a in args if _is_model(a)]
+        if len(models) == 1:
+            return models[0], "."
+    return None, "."
+
+
+def _bounds(info: FieldInfo) -> str:
+    words = {"gt": ">", "ge": ">=", "lt": "<", "le": "<=", "min_length": "at least", "max_length": "at most"}
+    parts = []
+    for item in info.metadata:
+        for attr, word in words.items():
+            value = getattr(item, attr, None)
+            if value is not None:
+                parts.append(f"{word} {value}" + (" items" if attr.endswith("length") else ""))
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def rows(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, str, str, str]]:
+    """(path, type, default, help) for every field of ``model``, nested models flattened."""
+    for name, info in model.model_fields.items():
+        path = f"{prefix}{name}"
+        sub, joint = _model_of(info.annotation)
+        help_text = " ".join((info.description or "").split())
+        if sub is not None:
+            doc_lines = (sub.__doc__ or "").strip().splitlines()
+            kind = {"[].": "list of mappings", ".<name>.": "mapping of names to mappings"}.get(joint, "mapping")
+            yield (path, kind, _default(info),
+                   help_text or (doc_lines[0] if doc_lines else "Its fields follow."))
+            yield from rows(sub, f"{path}{joint}")
+        else:
+            yield path, _type_name(info.annotation) + _bounds(info), _default(info), help_text
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render(model: type[BaseModel] | None = None) -> str:
+    if model is None:
+        from lakemirror.daemon.config import Settings
+        model = Settings
+    out = [INTRO, "| Setting | Type | Default | Meaning |", "|---|---|---|---|"]
+    for path, type_name, default, help_text in rows(model):
+        out.append(f"| `{path}` | {type_name} | {default} | {_cell(help_text)} |")
+    return "\n".join(out) + "\n"
+
+
+def main() -> None:
+    sys.stdout.write(render())
+
+
+if __name__ == "__main__":
+    main()

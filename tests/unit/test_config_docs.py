@@ -1,0 +1,44 @@
+"""docs/configuration.md is rendered from the settings models and cannot drift from them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from lakemirror.daemon import config_docs
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_configuration_reference_is_the_rendered_models() -> None:
+    written = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    assert written == config_docs.render(), (
+        "docs/configuration.md differs from the settings models: run "
+        "`.venv/bin/python -m lakemirror.daemon.config_docs > docs/configuration.md`")
+
+
+def test_every_setting_has_help_text() -> None:
+    undocumented = [path for path, _, _, help_text in config_docs.rows(_settings()) if not help_text.strip()]
+    assert not undocumented, f"give these fields a description=...: {undocumented}"
+
+
+def test_nested_models_defaults_bounds_and_types_are_rendered() -> None:
+    class Inner(BaseModel):
+        """An inner block."""
+        size: int = Field(3, ge=1, le=9, description="How many.")
+
+    class Outer(BaseModel):
+        mode: bool = Field(False, description="A switch.")
+        items: list[Inner] = Field(default_factory=list, description="Entries.")
+        named: dict[str, Inner] = Field(default_factory=dict, description="By name.")
+
+    table = config_docs.render(Outer)
+    assert "| `mode` | boolean | `false` | A switch. |" in table
+    assert "| `items[].size` | integer (>= 1, <= 9) | `3` | How many. |" in table
+    assert "| `named.<name>.size` | integer (>= 1, <= 9) | `3` | How many. |" in table
+
+
+def _settings() -> type[BaseModel]:
+    from lakemirror.daemon.config import Settings
+    return Settings
