@@ -51,7 +51,7 @@ def settings_from_body(body: Any, mode: str) -> Settings | list[dict[str, str]]:
         for err in exc.errors(include_url=False):
             msg = err["msg"]
             if err["type"] == "extra_forbidden":
-                msg = "unknown setting (see the README's configuration reference)"
+                msg = "unknown setting (see docs/configuration.md)"
             elif err["type"] == "missing":
                 msg = "required setting is missing"
             problems.append({"field": _loc(tuple(err["loc"])), "message": msg})

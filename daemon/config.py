@@ -356,7 +356,7 @@ def load_settings(path: str | Path | None, overrides: dict[str, Any] | None = No
         for err in exc.errors(include_url=False):
             msg = err["msg"]
             if err["type"] == "extra_forbidden":
-                msg = "unknown setting (check the spelling; see the README's configuration reference)"
+                msg = "unknown setting (check the spelling; see docs/configuration.md)"
             elif err["type"] == "missing":
                 msg = "required setting is missing"
             problems.append((_origin_of(tuple(err["loc"]), origin, overrides or {}), msg))

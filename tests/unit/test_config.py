@@ -156,7 +156,7 @@ def test_validate_invalid_file_exits_2_listing_problems(tmp_path: Path, capsys: 
     assert out == ""
     lines = err.splitlines()
     assert lines[0] == "invalid configuration (2 problems):"
-    assert f"  {path}: bogus: unknown setting (check the spelling; see the README's configuration reference)" in lines
+    assert f"  {path}: bogus: unknown setting (check the spelling; see docs/configuration.md)" in lines
     assert f"  {path}: trigger_interval_seconds: Input should be greater than 0" in lines
     assert "Traceback" not in err
 
