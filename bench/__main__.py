@@ -241,7 +241,8 @@ def render(results: dict[str, Any]) -> str:
              f"Machine: {m['cores']} cores, {m['memory_gib']} GiB, Python {m['python']}, PySpark {m['pyspark']}, "
              f"deltalake {m['deltalake']}, kernel {m['kernel']}. Each section says when it was measured "
              f"(`--only` reruns some sections and keeps the others).  ",
-             "Raw figures: [bench/results.json](bench/results.json); lag over time: [bench/lag.png](bench/lag.png)."]
+             "Raw figures: [bench/results.json](bench/results.json); lag over time: [bench/lag.png](bench/lag.png).",
+             "", DEFAULTS]
     by_tables: dict[int, list[dict[str, Any]]] = {}
     for r in results.get("steady", []):
         by_tables.setdefault(r["tables"], []).append(r)
@@ -384,6 +385,17 @@ def plot(results: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
+
+#: Printed under the header: which change-feed source the daemon's default settings read with. A
+#: section's own commit and source are listed by hand after ``ANALYSIS``, since a ``--only`` run keeps
+#: the sections it does not rerun.
+DEFAULTS = ("**Defaults.** `make bench` runs the daemon with its default settings. `kernel_change_feed` "
+            "(Delta's Kernel-based change-feed source, reached only through "
+            "`spark.databricks.delta.v2.enableMode=STRICT`, which Delta 4.4 documents as for testing only) is an "
+            "opt-in, off by default: the default path reads the change feed with Delta's `DeltaSource`. Which "
+            "source each section below measured, and the default path's own figures where a section was "
+            "measured with the opt-in on, are listed at the start of the diagnosis (\"Which change-feed source "
+            "each section measured\").")
 
 NOTES = [
     "- The writer and both delta-rs baselines run in the benchmark's Python process; lakemirror runs as its "

@@ -85,14 +85,15 @@ def _summary(values: list[float]) -> dict[str, float]:
 #: Small append commits the daemon applies, one batch each, between the cycles measured just after
 #: its start and those measured warm. The JVM's JIT compiler goes on compiling Spark's planning code
 #: for about a hundred micro-batches after a start: on a 1M-row table the JVM's CPU per batch fell
-#: from 1.30 s (batches 1-20) to 0.53 s (batches 101-120) with no change to the work (thirteenth
-#: session, docs/BENCHMARKS.md). A long-running daemon is past that; a writer's MERGE into 10M rows
+#: from 1.30 s (batches 1-20) to 0.53 s (batches 101-120) with no change to the work (docs/BENCHMARKS.md,
+#: "Diagnosis as it stands"). A long-running daemon is past that; a writer's MERGE into 10M rows
 #: takes about four seconds, so the warm-up uses appends (one small file each; they also let the
 #: replica's compaction run as it would over time).
 WARMUP_COMMITS = 100
 #: Refreshes the Spark session runs, uncounted, between its two measurements (each a full
 #: overwrite of the unchanged source): its JVM compiles too. With them its CPU a refresh was 7.11 s,
-#: against 7.54 and 7.93 after only the first measurement's six (thirteenth session).
+#: against 7.54 and 7.93 after only the first measurement's six (``make bench ONLY=steady_cost`` on 4d30b29
+#: and twice on a2a8c20).
 SPARK_WARMUP_REFRESHES = 10
 
 

@@ -70,8 +70,8 @@ def use_file_system_manager(spark: "SparkSession", checkpoint: str) -> str | Non
 
     Spark's default for local paths (FileContext) took about 45 ms per offset and per commit file
     on the benchmark machine, the FileSystem one about 10 ms: 70 ms of every turn
-    (docs/BENCHMARKS.md, eighth session). Both write a hidden temporary file and rename it into
-    place; a rename on a local POSIX file system is atomic, which is all the log needs.
+    (docs/BENCHMARKS.md, "What was tried and what it gained"). Both write a hidden temporary file
+    and rename it into place; a rename on a local POSIX file system is atomic, which is all the log needs.
     """
     jvm = getattr(spark, "_jvm", None)
     if jvm is None or not is_local_path(checkpoint) or spark.conf.get(FILE_MANAGER_CONF, None):

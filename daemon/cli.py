@@ -258,7 +258,7 @@ class DrainRefusals(logging.Filter):
 
 #: Arrow's default allocator keeps the memory it frees for reuse; the driver path's Arrow batches
 #: then held the daemon's Python process at 830 MiB (4 tables) where the system allocator gives it
-#: back: 378 MiB, lag unchanged (docs/BENCHMARKS.md, seventh session). A user's own setting wins.
+#: back: 378 MiB, lag unchanged (docs/BENCHMARKS.md, "Memory"). A user's own setting wins.
 ARROW_POOL_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "system"}
 
 

@@ -27,11 +27,12 @@ A replica on the driver's own file system is applied on the driver (``driver_app
 default): the batch is planned by the table's Structured Streaming query (and read by delta-rs
 when it holds whole source versions), and its winning changes reach the replica through one
 delta-rs MERGE under the same Delta transaction id, with no Spark job for the write. A warm turn of
-a 100k-row table took 1.3 s against 4.0 s for the rewrite (docs/BENCHMARKS.md, seventh session):
+a 100k-row table took 1.3 s against 4.0 s for the rewrite (a throwaway A/B; ``make bench ONLY=apply_cost``: 0.22 s
+against 1.35 s an apply):
 Spark's Delta writer costs about a second a commit on two cores whatever the batch. delta-rs's
 MERGE streams the replica, so the driver path takes replicas up to ``driver_apply_below_bytes``
 (4 GiB by default), past ``rewrite_below_bytes``: a 1% change into a 10M-row replica cost 0.46
-times a Spark overwrite's CPU, against 1.76 times for Spark's MERGE (eleventh session). A large
+times a Spark overwrite's CPU, against 1.76 times for Spark's MERGE (``make bench ONLY=steady_cost``). A large
 replica delta-rs refuses goes to Spark's MERGE, a small one to the rewrite. A replica with
 deletion vectors on (which delta-rs does not write) is taken by :mod:`lakemirror.sinks.dv_merge`
 instead, which marks changed rows deleted in place; it falls back to Spark's MERGE. On top of the

@@ -1,8 +1,9 @@
 """The planner's winning-change rule on an Arrow table of change-feed rows (no Spark).
 
 The driver path (:mod:`lakemirror.sinks.driver_apply`) brings a batch to the driver as Arrow and
-picks the winning change per key here. The rule is the planner's (:mod:`lakemirror.sinks.planner`,
-CDC_SEMANTICS.md §1-3), and a unit test holds the two to the same answers:
+picks the winning change per key here. The rule is the planner's (:mod:`lakemirror.sinks.planner`:
+Delta's change data feed semantics, as Databricks' AUTO CDC applies a Delta changelog), and a unit
+test holds the two to the same answers:
 
 - ``update_preimage`` rows are never applied;
 - per key, the latest change wins: highest ``_commit_version``, and inside one version a delete

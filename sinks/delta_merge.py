@@ -1,7 +1,10 @@
 """The Delta MERGE executor: applies one micro-batch of change rows exactly once.
 
 Thin by design: the plan comes from :mod:`lakemirror.sinks.planner`. Exactly-once rests on
-Delta transaction identifiers (CDC_SEMANTICS.md §2):
+Delta transaction identifiers: with ``spark.databricks.delta.write.txnAppId`` and ``txnVersion``
+set on the session, Delta records ``(appId, version)`` atomically with the commit and skips a write
+whose version is not above the recorded one. ``foreachBatch`` is at-least-once (a crash replays the
+same batch id with the same rows), so that skip makes the apply exactly-once:
 
 - ``txnAppId`` names pipeline, table AND bootstrap epoch, so a reset checkpoint (batch ids from
   0 again) gets a new app id instead of being skipped as a replay;

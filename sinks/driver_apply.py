@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 ChangeReader = Callable[[Sequence[str], int], "pa.Table | None"]
 
 #: The memory delta-rs's MERGE may hold before it spills to disk (DataFusion's pool; its default has no
-#: bound). A MERGE into a 10M-row replica took about 260 MiB (docs/BENCHMARKS.md, eleventh session).
+#: bound). A MERGE into a 10M-row replica took about 260 MiB (docs/BENCHMARKS.md, "Diagnosis as it stands").
 DRIVER_MERGE_MEMORY_BYTES = 1024 * 1024 * 1024
 
 #: How many of the replica's newest commits are searched for a replayed batch's tag before all.

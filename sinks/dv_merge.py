@@ -3,7 +3,7 @@ they lie, and the batch's new row versions are appended, in one commit.
 
 A MERGE that rewrites files costs what the files hold, not what changed: a 1% change with random
 keys touches every file of a 10M-row replica, and rewriting them cost 0.46 times a full Spark
-overwrite (docs/BENCHMARKS.md, eleventh session). Spark's MERGE with deletion vectors writes only
+overwrite (``make bench ONLY=steady_cost``). Spark's MERGE with deletion vectors writes only
 the changed rows, but its two joins over the replica cost 2.01 times the overwrite here, and
 delta-rs (1.6) does not write deletion vectors at all. This executor does what such a MERGE does,
 reading only the replica's key columns:

@@ -2,7 +2,7 @@
 NULL part), kept as a 64-bit hash per row beside the keys themselves.
 
 Row by row, a batch's keys cost a hash-set lookup per row of the file, every batch: 0.15-0.19
-CPU-s for a 5M-row file of UUID strings (docs/BENCHMARKS.md, fifteenth session), where an integer
+CPU-s for a 5M-row file of UUID strings (``make bench ONLY=key_lookup``), where an integer
 key costs about a millisecond (:class:`~lakemirror.sinks.key_match.FileKeys`). Here each row's
 :func:`~lakemirror.sinks.key_match.key_probe` is hashed once, when the file is first read, and the
 hashes are kept sorted as a ``FileKeys``; a batch's probes are hashed once per batch, their

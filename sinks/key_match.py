@@ -138,11 +138,12 @@ class KeyLookup:
 class FileKeys:
     """A replica file's keys, one per physical row, as kept between batches.
 
-    A batch of a hundred thousand changes used to be looked up in every row of a 10M-row replica,
-    every batch (0.12 CPU-s, the driver's largest share of a steady cycle; docs/BENCHMARKS.md,
-    thirteenth session). A key that is one integer column without NULLs in the file (the usual
-    ``id``; a date or timestamp is matched as the integer underneath, :func:`integer_type`) is
-    kept so that a batch costs about one step per changed key:
+    Looked up row by row, a batch of a hundred thousand changes costs a probe of every row of a
+    10M-row replica, every batch (0.12 CPU-s, the driver's largest share of a steady cycle; throwaway
+    profile in docs/BENCHMARKS.md, "What was tried and what it gained"). A key that is one integer
+    column without NULLs in the file (the usual ``id``; a date or timestamp is matched as the
+    integer underneath, :func:`integer_type`) is kept so that a batch costs about one step per
+    changed key:
 
     - ``direct``: each value's row, indexed by the value's offset from the file's smallest key,
       where that range is under :data:`DIRECT_RANGE_PER_ROW` times the rows and no key repeats

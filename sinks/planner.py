@@ -5,7 +5,7 @@ Pure: no pyspark import. The Delta executor (:mod:`lakemirror.sinks.delta_merge`
 (:mod:`lakemirror.sinks.memory`) applies the same plan to a dict, so the apply semantics have
 one definition that fast unit tests can exercise.
 
-Semantics (CDC_SEMANTICS.md §1-3):
+Semantics (those of Delta's change data feed, as Databricks' AUTO CDC applies a Delta changelog):
 - ``update_preimage`` rows are never applied;
 - per key, only the latest change wins: highest ``_commit_version``, and inside one version a
   delete ranks below an insert/postimage (an overwrite deletes then re-inserts the key);

@@ -1,7 +1,9 @@
 """The Delta Change Data Feed as a source: snapshots at a version, change streams, commit times.
 
-Never sets ``failOnDataLoss=false`` or ``ignoreMissingFiles``: those make Delta drop changes
-silently (CDC_SEMANTICS.md §1). A missing version surfaces as an error the supervisor handles.
+Never sets ``failOnDataLoss=false`` or ``ignoreMissingFiles``: with them, a stream whose next version
+VACUUM or log cleanup removed skips the missing changes silently instead of failing with
+``DELTA_MISSING_FILES_UNEXPECTED_VERSION``. A missing version surfaces as an error the supervisor
+handles (a resync or a failed table, by ``change_window_policy``).
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ def kernel_stream(spark: "SparkSession", path: str, options: Mapping[str, str]) 
     the batch's start version, rebuilt from scratch), each a Spark job over the commits since the
     last checkpoint where the writer left no checksum files (delta-rs leaves none): about 0.45
     JVM CPU-s a batch of a 1M-row source, against 0.13 for the Kernel-based source, which reads
-    the log in the driver with no Spark job (docs/BENCHMARKS.md, fifteenth session). That source
+    the log in the driver with no Spark job (docs/BENCHMARKS.md, "Diagnosis as it stands"). That source
     reads tables known to the catalog only, and only in a session whose :data:`KERNEL_MODE` is
     ``STRICT``, which also sends that session's batch reads and writes of Delta tables to it.
     So the path is named in the session catalog (:func:`feed_table`), and the stream is read in

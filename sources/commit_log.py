@@ -86,8 +86,9 @@ class LocalCommitLog:
 
     The embedded default's lag probe and turn checks run every second per table; through py4j
     each check was a round trip into the JVM (and a missing file a Java exception carried back):
-    8% of the daemon's Python samples on the steady-cost benchmark (docs/BENCHMARKS.md, thirteenth
-    session). The times are Hadoop's: the file's modification time in whole milliseconds.
+    8% of the daemon's Python samples (py-spy on the daemon over the steady-cost workload;
+    docs/BENCHMARKS.md, "What was tried and what it gained"). The times are Hadoop's: the file's
+    modification time in whole milliseconds.
     """
 
     def __init__(self, log_dir: Path) -> None:

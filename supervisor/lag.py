@@ -1,4 +1,5 @@
-"""Honest replication lag (CDC_SEMANTICS.md §6), as a pure function.
+"""Honest replication lag, as a pure function. "Now minus the commit time of the last applied
+version" would grow forever on an idle source; this lag does not.
 
 Lag is 0 when every version committed at the source has been applied. Otherwise it is *now*
 minus the commit time of the OLDEST source version not yet applied: an idle, caught-up source

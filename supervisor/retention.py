@@ -1,4 +1,5 @@
-"""How long until a source version the replica still needs can disappear (CDC_SEMANTICS.md).
+"""How long until a source version the replica still needs can disappear (Delta's VACUUM and log
+cleanup): past that, the stream that needs it fails and the table has to be resynced.
 
 A change-feed reader needs, for every version it has not applied yet, the commit's log entry and
 the data (or ``_change_data``) files it points to. Both have a retention clock:

@@ -40,8 +40,9 @@ def one_batch_turn(*, rate_limited: bool, proven: bool, small_backlog: bool | No
     Both apply everything the change feed holds when the turn begins. ``availableNow`` first works
     out where to stop (one more snapshot and change listing of the source), then splits the work
     by the source's admission limits (Delta's 1,000 files a batch by default); ``once`` takes it as
-    one batch: 0.15 s less per turn of a nearly caught-up table (docs/BENCHMARKS.md, eighth
-    session). So ``once`` only where the split cannot matter: a table that has run a turn since
+    one batch: 0.15 s less per turn of a nearly caught-up table (0.825 against 0.680 s a bare turn;
+    docs/BENCHMARKS.md, "What was tried and what it gained"). So ``once`` only where the split cannot
+    matter: a table that has run a turn since
     its launch, has no rate limits of its own, and is known to be fewer than
     ``ONE_BATCH_VERSIONS`` versions behind; a backlog (a restart after downtime) keeps the split.
     """
