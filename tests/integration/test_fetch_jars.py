@@ -5,6 +5,8 @@ Ivy chain fail ``make setup``. No Spark session; each test runs one short spark-
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -67,3 +69,22 @@ def test_an_artifact_that_cannot_be_fetched_fails_with_one_line(tmp_path: Path) 
             "lakemirror-no-such-artifact-0.0.1.pom") in line
     log = Path(line.rsplit("full log: ", 1)[1].rstrip(")"))
     assert log.is_file() and "Exception in thread" in log.read_text()
+
+
+def test_fetch_jars_without_a_reachable_repository_prints_one_line_and_exits_1(tmp_path: Path) -> None:
+    # Maven Central made unreachable for the resolving JVM only: its https proxy is a closed port.
+    env = dict(poisoned_home(tmp_path), LAKEMIRROR_IVY_CACHE=str(tmp_path / "ivy"),
+               SPARK_SUBMIT_OPTS=f"-Duser.home={tmp_path / 'home'} -Dhttps.proxyHost=127.0.0.1 "
+                                 f"-Dhttps.proxyPort=9")
+    cli = Path(sys.executable).with_name("lakemirror")
+    proc = subprocess.run([str(cli), "fetch-jars", "--dest", str(tmp_path / "jars")], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert proc.stdout == ""
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("fetch-jars: could not fetch the jars from Maven Central: unresolved dependency: "
+                               f"{GROUP}#{ARTIFACT};{VERSION}: not found")
+    assert "tried https://repo1.maven.org/maven2/io/delta/" in lines[0]
+    assert "java.net.ConnectException: Connection refused" in lines[0]
+    assert not (tmp_path / "jars").exists()

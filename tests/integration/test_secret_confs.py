@@ -72,8 +72,9 @@ def test_secret_confs_reach_hadoop_but_not_the_jvm_command_line(tmp_path: Path) 
         "spark.hadoop.fs.s3a.endpoint": "http://127.0.0.1:9",  # not a secret: stays a --conf
     }
     env = {k: v for k, v in os.environ.items() if k != "PYSPARK_SUBMIT_ARGS"}
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "lakehouse")], input=json.dumps(confs) + "\n",
-                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "lakehouse")],
+                          input=json.dumps(confs) + "\n", capture_output=True, text=True, timeout=300,
+                          env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
 
