@@ -151,7 +151,7 @@ def _status_from_checkpoints(settings: Any, as_json: bool) -> int:
 
 
 def cmd_fetch_jars(args: argparse.Namespace) -> int:
-    from lakemirror.daemon.jars import JarsMissing, fetch, jar_paths
+    from lakemirror.daemon.jars import FetchFailed, JarsMissing, fetch, jar_paths
 
     if args.check:
         try:
@@ -160,8 +160,12 @@ def cmd_fetch_jars(args: argparse.Namespace) -> int:
             print(exc, file=sys.stderr)
             return EXIT_FAILED
         return EXIT_OK
-    folder = fetch(args.dest)
-    print(f"Delta jars cached in {folder}")
+    try:
+        folder = fetch(args.dest)
+    except FetchFailed as exc:
+        print(f"fetch-jars: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"{len(jar_paths(folder))} jars cached in {folder}")
     return EXIT_OK
 
 

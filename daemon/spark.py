@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from lakemirror.daemon.config import RuntimeSettings
 from lakemirror.daemon.jars import jar_paths
+from lakemirror.daemon.spark_secrets import secret_properties_file, split_secret_confs
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -66,9 +67,12 @@ def local_session(rt: RuntimeSettings, app_name: str = "lakemirror") -> "SparkSe
                .config("spark.scheduler.mode", "FAIR")
                .config("spark.log.structuredLogging.enabled", "false")
                .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG4J_CONFIG}"))
-    for k, v in {**DELTA_CONFS, **rt.spark_conf}.items():
+    # Secret confs (s3a keys, passwords, tokens) go through a 0600 file, not the JVM's command line.
+    public, secret = split_secret_confs({**DELTA_CONFS, **rt.spark_conf})
+    for k, v in public.items():
         builder = builder.config(k, v)
-    return builder.getOrCreate()
+    with secret_properties_file(secret):
+        return builder.getOrCreate()
 
 
 def connect_session(rt: RuntimeSettings) -> "SparkSession":
