@@ -28,6 +28,7 @@ from lakemirror.daemon.pipelines import (FoldersOverlap, PipelineExists, Pipelin
                                          checkpoint_dir_to_delete)
 from lakemirror.daemon.routes import Match
 from lakemirror.daemon.worker import CommandWorker, WorkerClosed, WorkerTimeout
+from lakemirror.secrets import redact
 from lakemirror.supervisor.cdf_check import Readiness
 
 log = logging.getLogger(__name__)
@@ -165,6 +166,14 @@ class ContinuousSyncApi:
             return 503, {"error": str(exc)}
         except DatabricksNotConfigured as exc:
             return 503, {"error": str(exc)}
+        except OSError as exc:  # the SDK's errors (DatabricksError, requests' errors) are OSErrors
+            if not self._remote:
+                raise
+            credentials = getattr(self._local, "credentials", None)
+            known = (credentials[1],) if credentials is not None else ()
+            reason = redact(f"{type(exc).__name__}: {exc}", known)
+            log.warning("api: %s %s: the Databricks workspace failed: %s", m.route.method, m.route.template, reason)
+            return 502, {"error": f"the Databricks workspace failed: {reason}"}
 
     @property
     def _remote(self) -> bool:

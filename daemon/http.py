@@ -61,7 +61,7 @@ class _DeadlineReader(io.RawIOBase):
         remaining = self._deadline() - time.monotonic()
         if remaining <= 0:
             raise TimeoutError("the request did not arrive within the read timeout")
-        self._sock.settimeout(remaining)
+        self._sock.settimeout(None if math.isinf(remaining) else remaining)
         return self._sock.recv_into(buffer)
 
 
