@@ -84,7 +84,7 @@ th{background:#f6f8fa} td.num{text-align:right;font-variant-numeric:tabular-nums
 .state-running{background:#dafbe1;color:#116329} .state-paused{background:#fff8c5;color:#7d4e00}
 .state-degraded,.state-failed{background:#ffebe9;color:#a40e26}
 .error{color:#a40e26;max-width:380px;overflow-wrap:anywhere;font-family:ui-monospace,monospace;font-size:12px}
-button{margin-right:4px} #message{margin-top:12px;min-height:1.4em}
+button{margin-right:4px} td.control{white-space:nowrap} #message{margin-top:12px;min-height:1.4em}
 """
 
 _SCRIPT = """
@@ -137,7 +137,7 @@ def render(views: list[TableView], history: LagHistory, headroom: Callable[[str]
             f'<td class="num lag">{_seconds(v.lag_seconds)}</td><td>{sparkline(history.samples(v.table))}</td>'
             f'<td class="num rows">{v.rows_applied:,}</td><td class="num headroom">{_seconds(headroom(v.table))}</td>'
             f'<td class="error">{error}</td>'
-            f'<td><button data-verb="pause" data-table="{table}"{disabled}>Pause</button>'
+            f'<td class="control"><button data-verb="pause" data-table="{table}"{disabled}>Pause</button>'
             f'<button data-verb="resume" data-table="{table}"{disabled}>Resume</button></td></tr>')
     if not rows:
         rows.append('<tr><td colspan="8" class="muted">no tables yet</td></tr>')
