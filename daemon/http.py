@@ -9,7 +9,7 @@ queue commands that the supervisor applies on its own thread. Served by the stan
 threading server on the configured interface.
 
 What a client sends can never make the server raise: a body is framed and parsed by
-:mod:`lakemirror.daemon.http_body` (a bad one is a 400/411/413/501 with a JSON ``error``), errors
+:mod:`lakemirror.daemon.http_body` (a bad one is a 400/408/413/501 with a JSON ``error``), errors
 of the standard library's parser are answered in JSON too, and a connection that breaks is one
 log line, never a traceback. Slow clients cannot hold the endpoint: a request (line, headers and
 body) must arrive within ``read_timeout_seconds`` of the server starting to wait for it, or the

@@ -1,7 +1,7 @@
 """Reading a request body safely: framing (``Content-Length`` or chunked) and JSON. Pure.
 
 Every function here either returns a value or raises :class:`BadRequest`, which carries the HTTP
-status to answer (400, 411, 413, 501) and one line that names the problem and the fix. Nothing a
+status to answer (400, 413, 501) and one line that names the problem and the fix. Nothing a
 client sends can make them raise anything else (a body nested past the decoder's recursion limit is a 400,
 and so is one nested past :data:`MAX_JSON_DEPTH`; sizes are capped before anything is read).
 """

@@ -1,5 +1,5 @@
 """What a hostile or broken client can send to the daemon's HTTP endpoint: every way a request line,
-header or body can be wrong is answered with a JSON error (400, 405, 408, 411, 413, 431, 501), never
+header or body can be wrong is answered with a JSON error (400, 405, 408, 413, 431, 501), never
 a dropped connection or a traceback. Raw sockets against the real ControlServer and control API."""
 
 from __future__ import annotations
