@@ -225,14 +225,27 @@ class Application:
                                         retention_warning_seconds=self.settings.retention_warning_seconds))
         return out
 
+    def workspace_as(self, host: str, token: str) -> "WorkspaceClient":
+        """Databricks mode: the workspace a request names with X-Databricks-Host / -Token (a PAT;
+        nothing read from the environment or a profile; retries bounded below the API timeout)."""
+        from databricks.sdk import WorkspaceClient
+        from databricks.sdk.core import Config
+
+        return WorkspaceClient(config=Config(host=host, token=token, auth_type="pat", retry_timeout_seconds=20,
+                                             http_timeout_seconds=20))
+
     @cached_property
     def api(self) -> ContinuousSyncApi:
-        databricks = None
+        databricks = databricks_as = None
         if self.settings.runtime.mode == "databricks":
             databricks = lambda: DatabricksPipelines(self.workspace, self.settings.databricks)  # noqa: E731
+            databricks_as = lambda host, token: DatabricksPipelines(  # noqa: E731
+                self._get("workspace_as", lambda: self.workspace_as)(host, token), self.settings.databricks)
         return self._get("api", lambda: ContinuousSyncApi(  # type: ignore[no-any-return]
             mode=self.settings.runtime.mode, registry=self.pipelines, worker=self.worker,
             start_pipeline=self.start_pipeline, cdf_check=self.check_cdf, databricks=databricks,
+            databricks_as=databricks_as,
+            default_checkpoint_volume=self.settings.checkpoint_volume.rstrip("/") + "/api",
             drain_timeout_seconds=self.settings.drain_timeout_seconds))
 
     @cached_property
