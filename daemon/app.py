@@ -162,7 +162,8 @@ class Application:
             policy=RestartPolicy(r.base_delay_seconds, r.max_delay_seconds, 2.0, r.jitter),
             observer=metrics, lag_interval_seconds=settings.lag_interval_seconds,
             apply_workers=spec.apply_workers, min_turn_interval_seconds=spec.trigger_interval_seconds,
-            discover_interval_seconds=settings.discover_interval_seconds if spec.tables is None else None)
+            # Listed tables too: the discovery loop starts a listed table that failed as missing once it exists.
+            discover_interval_seconds=settings.discover_interval_seconds)
 
     @cached_property
     def supervisor(self) -> Supervisor:

@@ -29,8 +29,7 @@ from lakemirror.checkpoints import stream_dir
 from lakemirror.checkpoints.records import CheckpointRow, CheckpointStore
 from lakemirror.checkpoints.state import StateStore, TableProgress
 from lakemirror.errors import (
-    ChangeWindowExpired, DestinationConflict, LakemirrorError, SchemaChangeRestart, SchemaIncompatible,
-    SourceReplaced,
+    DestinationConflict, LakemirrorError, SchemaIncompatible, SourceReplaced,
 )
 from lakemirror.sinks import snapshot_copy
 from lakemirror.sinks.apply_choice import ApplyChoice, choose_apply
@@ -46,6 +45,7 @@ from lakemirror.supervisor import state as sm
 from lakemirror.supervisor import turns
 from lakemirror.supervisor.batch_feed import BatchFeed
 from lakemirror.supervisor.classify import classify
+from lakemirror.supervisor.failure import failed_event
 from lakemirror.supervisor.lag import LagReading, compute_lag
 from lakemirror.supervisor.offsets import applied_through_from_offset
 from lakemirror.supervisor.retention import RetentionWindow, headroom_seconds
@@ -239,16 +239,13 @@ class TableRunner:
         return out
 
     def _failed(self, error: LakemirrorError) -> sm.Failed:
-        restart = isinstance(error, SchemaChangeRestart) and self.ctx.spec.allow_schema_evolution
-        window_lost = isinstance(error, (ChangeWindowExpired, SourceReplaced))
-        resync = window_lost and self.ctx.spec.change_window_policy == "resync"
-        message = str(error)
-        if window_lost:
-            message += (" The table was resynced (new bootstrap epoch)." if resync else
-                        f" Policy change_window_policy=fail: the table stays failed; run `lakemirror resync CONFIG "
-                        f"{self.table}` (or POST /tables/{self.table}/resync), or set change_window_policy: resync.")
-        return sm.Failed(error=message, code=error.code, restart_now=restart, rand=random.random(),
-                         fatal=window_lost and not resync, resync=resync)
+        spec = self.ctx.spec
+        return failed_event(error, table=self.table, allow_schema_evolution=spec.allow_schema_evolution,
+                            change_window_policy=spec.change_window_policy, rand=random.random())
+
+    def source_exists(self) -> bool:
+        """Whether the source table exists now (the discovery loop's check of a missing table)."""
+        return bool(snapshot_copy.tables.exists(self.session, self.ctx.catalog.locate(self.source)))
 
     def resync(self, reason: str) -> None:
         """Forget the replica's progress so the next launch bootstraps a new epoch.

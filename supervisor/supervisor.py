@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from lakemirror.supervisor import state as sm
+from lakemirror.supervisor.failure import REDISCOVERABLE
 from lakemirror.supervisor.lag import LagReading
 from lakemirror.supervisor.observer import NoopObserver, Observer
 from lakemirror.supervisor.runner import BatchReport
@@ -37,6 +38,7 @@ class Runner(Protocol):
     def pause_persisted(self, paused: bool) -> None: ...
     def persisted_pause(self) -> bool: ...
     def resync(self, reason: str) -> None: ...
+    def source_exists(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -178,6 +180,7 @@ class Supervisor:
         except Exception as exc:  # the catalog may be briefly unreachable: keep what runs
             log.warning("listing tables failed: %s", exc)
             return
+        self._rediscover_missing()
         for name in names:
             if name in self._tables:
                 continue
@@ -187,6 +190,21 @@ class Supervisor:
                 self._tables[name] = entry
             log.info("table %s: added to the pipeline", name)
             self._dispatch(name, sm.Pause() if runner.persisted_pause() else sm.Launch(), now)
+
+    def _rediscover_missing(self) -> None:
+        """Relaunch a table that failed because it did not exist, once it does: a missing table is
+        a configuration error, never retried, and found here by the discovery loop instead."""
+        for name, entry in list(self._tables.items()):
+            if entry.status.state != sm.TableState.FAILED or entry.status.error_code not in REDISCOVERABLE:
+                continue
+            try:
+                present = entry.runner.source_exists()
+            except Exception as exc:  # noqa: BLE001 (looked for again at the next discovery)
+                log.debug("table %s: cannot tell whether it exists: %s", name, exc)
+                continue
+            if present:
+                log.info("table %s: the missing table now exists; starting it", name)
+                self._dispatch(name, sm.Resume(), self.clock())
 
     def _apply_commands(self, now: float) -> None:
         while True:

@@ -39,6 +39,7 @@ class FakeRunner:
         self.paused = paused
         self.lag_to_report: LagReading | None = None
         self.probes = 0
+        self.exists = True
 
     def launch(self) -> None:
         self.launches += 1
@@ -63,6 +64,9 @@ class FakeRunner:
 
     def persisted_pause(self) -> bool:
         return self.paused
+
+    def source_exists(self) -> bool:
+        return self.exists
 
     def batch(self, batch_id: int, rows: int, at: float) -> None:
         outcome = MergeOutcome(BatchStats(rows, 1, 1, None), ApplyCounts(inserted=rows), replayed=False)
@@ -276,3 +280,27 @@ def test_shutdown_honours_the_drain_timeout() -> None:
     w = started(["a", "b"])
     w.sup.shutdown(10.0)
     assert all(t <= 10.0 for r in w.runners.values() for t in r.halts)
+
+
+def test_a_missing_table_stays_failed_without_retries_and_discovery_starts_it_once_it_exists() -> None:
+    from lakemirror.sources.catalog import TableMissing
+    from lakemirror.supervisor.failure import failed_event
+
+    w = World(["a"], discover=30.0)
+    w.sup.start()
+    a = w.runners["a"]
+    a.exists = False
+    a.pending.append(failed_event(TableMissing("table c.s.a does not exist (no Delta table at /x)", table="c.s.a"),
+                                  table="a", allow_schema_evolution=True, change_window_policy="fail", rand=0.0))
+    w.sup.tick()
+    view = {v.table: v for v in w.sup.views()}["a"]
+    assert (view.state, view.next_retry_at, view.retries) == ("failed", None, 0)
+    assert "Create the table, or remove 'a' from `tables:`" in (view.last_error or "")
+    for _ in range(3):  # no retries while it is missing, however long it takes
+        w.clock.now += 1000
+        w.sup.tick()
+    assert (w.state("a"), a.launches) == ("failed", 1)
+    a.exists = True
+    w.clock.now += 30
+    w.sup.tick()
+    assert (w.state("a"), a.launches) == ("starting", 2)
