@@ -53,13 +53,15 @@ def replica_txn_version(replica_path: str | None, app_id: str) -> int | None:
 
 
 def applied_through_after_batch(checkpoint: str, batch_id: int) -> int | None:
-    """The last source version fully applied once batch ``batch_id`` of ``checkpoint`` is applied."""
-    offsets = stream_dir.batch_offsets(checkpoint, batch_id)
-    if offsets is None:
+    """The last source version fully applied once batch ``batch_id`` of ``checkpoint`` is applied
+    (from the end offset Spark logged for the batch before running it)."""
+    folder = local_dir(checkpoint)
+    if folder is None:
         return None
     try:
-        return applied_through_from_offset(offsets[1])
-    except (KeyError, ValueError, TypeError):
+        offset = stream_dir.source_offset((folder / "offsets" / str(batch_id)).read_text(encoding="utf-8"))
+        return applied_through_from_offset(offset)
+    except (OSError, UnicodeDecodeError, KeyError, ValueError, TypeError):
         return None
 
 
