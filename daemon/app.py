@@ -33,6 +33,7 @@ from lakemirror.errors import ConfigError
 from lakemirror.identifiers import TableName
 from lakemirror.sources.catalog import Catalog, LocalCatalog, UnityCatalog
 from lakemirror.supervisor import cdf_check
+from lakemirror.supervisor.recorded import read_pipeline
 from lakemirror.supervisor.runner import FAULT_POINTS, RunnerContext, TableRunner
 from lakemirror.supervisor.spec import PipelineSpec, TableOptions
 from lakemirror.supervisor.state import RestartPolicy
@@ -156,13 +157,19 @@ class Application:
     def _supervisor_for(self, settings: Settings, spec: PipelineSpec, ctx: Callable[[], RunnerContext],
                         metrics: Metrics) -> Supervisor:
         r = settings.restart
+        checkpoint_table = self.catalog.locate(TableName.parse(settings.effective_checkpoint_table))
+        pipeline_dir = Path(settings.checkpoint_volume) / spec.pipeline_id
+        recorded = lambda: read_pipeline(  # noqa: E731 (no Spark: shown while the JVM starts)
+            spec, locate=self.catalog.locate, states=FileStateStore(pipeline_dir), state_dir=pipeline_dir / "state",
+            checkpoint_table=checkpoint_table)
         return Supervisor(
             runner_factory=lambda table: TableRunner(table, ctx()),
             list_tables=lambda: self.list_tables(spec),
             policy=RestartPolicy(r.base_delay_seconds, r.max_delay_seconds, 2.0, r.jitter),
             observer=metrics, lag_interval_seconds=settings.lag_interval_seconds,
             apply_workers=spec.apply_workers, min_turn_interval_seconds=spec.trigger_interval_seconds,
-            discover_interval_seconds=settings.discover_interval_seconds if spec.tables is None else None)
+            # Listed tables too: the discovery loop starts a listed table that failed as missing once it exists.
+            discover_interval_seconds=settings.discover_interval_seconds, recorded=recorded)
 
     @cached_property
     def supervisor(self) -> Supervisor:

@@ -29,8 +29,7 @@ from lakemirror.checkpoints import stream_dir
 from lakemirror.checkpoints.records import CheckpointRow, CheckpointStore
 from lakemirror.checkpoints.state import StateStore, TableProgress
 from lakemirror.errors import (
-    ChangeWindowExpired, DestinationConflict, LakemirrorError, SchemaChangeRestart, SchemaIncompatible,
-    SourceReplaced,
+    DestinationConflict, LakemirrorError, SchemaIncompatible, SourceReplaced,
 )
 from lakemirror.sinks import snapshot_copy
 from lakemirror.sinks.apply_choice import ApplyChoice, choose_apply
@@ -43,9 +42,10 @@ from lakemirror.sources.change_feed import SourceHead
 from lakemirror.sources.commit_log import CommitLog, commit_log_for, probe_head
 from lakemirror.sources.keys import KeyChoice, choose_key
 from lakemirror.supervisor import state as sm
-from lakemirror.supervisor import turns
+from lakemirror.supervisor import replica_record, turns
 from lakemirror.supervisor.batch_feed import BatchFeed
 from lakemirror.supervisor.classify import classify
+from lakemirror.supervisor.failure import failed_event
 from lakemirror.supervisor.lag import LagReading, compute_lag
 from lakemirror.supervisor.offsets import applied_through_from_offset
 from lakemirror.supervisor.retention import RetentionWindow, headroom_seconds
@@ -155,6 +155,9 @@ class TableRunner:
         self._known_latest: int | None = None
         self.prepared: Prepared | None = None
         self.applied_through: int | None = None
+        #: The last batch of the epoch the replica's own log records at launch: a replay of it or
+        #: an earlier batch is skipped unread (:mod:`lakemirror.supervisor.replica_record`).
+        self._recorded_txn: int | None = None
         self.last_batch_at: float | None = None
         self.last_lag: LagReading | None = None
 
@@ -239,16 +242,13 @@ class TableRunner:
         return out
 
     def _failed(self, error: LakemirrorError) -> sm.Failed:
-        restart = isinstance(error, SchemaChangeRestart) and self.ctx.spec.allow_schema_evolution
-        window_lost = isinstance(error, (ChangeWindowExpired, SourceReplaced))
-        resync = window_lost and self.ctx.spec.change_window_policy == "resync"
-        message = str(error)
-        if window_lost:
-            message += (" The table was resynced (new bootstrap epoch)." if resync else
-                        f" Policy change_window_policy=fail: the table stays failed; run `lakemirror resync CONFIG "
-                        f"{self.table}` (or POST /tables/{self.table}/resync), or set change_window_policy: resync.")
-        return sm.Failed(error=message, code=error.code, restart_now=restart, rand=random.random(),
-                         fatal=window_lost and not resync, resync=resync)
+        spec = self.ctx.spec
+        return failed_event(error, table=self.table, allow_schema_evolution=spec.allow_schema_evolution,
+                            change_window_policy=spec.change_window_policy, rand=random.random())
+
+    def source_exists(self) -> bool:
+        """Whether the source table exists now (the discovery loop's check of a missing table)."""
+        return bool(snapshot_copy.tables.exists(self.session, self.ctx.catalog.locate(self.source)))
 
     def resync(self, reason: str) -> None:
         """Forget the replica's progress so the next launch bootstraps a new epoch.
@@ -263,6 +263,7 @@ class TableRunner:
         self.prepared = None
         self._commit_log, self._commit_times, self._known_latest = None, {}, None
         self._commit_log_opened = False
+        self._recorded_txn = None
         self._resync_reason = reason
         self._resynced_from_table_id = progress.source_table_id
         log.warning("table %s: resync (%s)", self.source, reason)
@@ -291,7 +292,7 @@ class TableRunner:
         # stream's thread meanwhile, and commit times read for one version cannot price another
         # (that mix once reported a 0 s change window and a lag off by whole batches).
         through, prepared = self.applied_through, self.prepared
-        if through is None or prepared is None:
+        if through is None:
             return None
         loc = self.ctx.catalog.locate(self.source)
         # Read only as many of the newest commits as the table was behind at the last probe (plus
@@ -301,8 +302,9 @@ class TableRunner:
                 or change_feed.source_head(self.session, loc, through, window=window))
         self._known_latest = head.latest_version
         times = dict(head.commit_times)
-        headroom = headroom_seconds(applied_through=through, latest_version=head.latest_version,
-                                    commit_times=times, window=prepared.retention, now=now)
+        headroom = None if prepared is None else headroom_seconds(
+            applied_through=through, latest_version=head.latest_version, commit_times=times,
+            window=prepared.retention, now=now)
         needed = through + 1
         if head.latest_version >= needed and needed not in times:
             # The needed commit is gone from the log: lag is at least the oldest commit still there.
@@ -310,7 +312,8 @@ class TableRunner:
         reading = compute_lag(applied_through=through, latest_version=head.latest_version,
                               commit_times=times, now=now)
         self.last_lag = replace(reading, retention_headroom_seconds=headroom)
-        self._warn_on_headroom(headroom)
+        if headroom is not None:
+            self._warn_on_headroom(headroom)
         return self.last_lag
 
     def _head_from_commit_files(self, loc: TableLocation, through: int) -> SourceHead | None:
@@ -338,8 +341,24 @@ class TableRunner:
 
     # -- preparation and bootstrap --------------------------------------------------------------
 
+    def _adopt_record(self) -> None:
+        """Take the applied version from the replica's own record before anything else: a table
+        that fails to start reports what its replica holds, not its epoch's bootstrap version."""
+        spec = self.ctx.spec
+        try:
+            record = replica_record.read_record(
+                self.ctx.states.load(self.slug), checkpoint_root=spec.checkpoint_root, pipeline_id=spec.pipeline_id,
+                table_slug=self.slug, replica_path=self.ctx.catalog.locate(self.destination).path)
+        except Exception as exc:  # noqa: BLE001 (the stream's own progress remains)
+            log.info("table %s: cannot read the replica's transaction record: %s", self.source, exc)
+            record = None
+        self._recorded_txn = record.txn_version if record is not None else None
+        if record is not None and record.applied_through is not None:
+            self.applied_through = max(self.applied_through or -1, record.applied_through)
+
     def _launch(self) -> None:
         try:
+            self._adopt_record()
             prepared = self.prepare()
             if self._draining:
                 return
@@ -462,7 +481,7 @@ class TableRunner:
         sink = DeltaMergeSink(self.ctx.catalog.locate(self.destination), prepared.plan, stable_source=True,
                               choose=lambda: self._choose_apply(prepared.plan))
         app_id = txn_app_id(spec.pipeline_id, self.slug, progress.epoch)
-        checkpoint = f"{spec.checkpoint_root.rstrip('/')}/{spec.pipeline_id}/{self.slug}/e{progress.epoch}"
+        checkpoint = replica_record.stream_checkpoint(spec.checkpoint_root, spec.pipeline_id, self.slug, progress.epoch)
         self.stream_session = stream.sparkSession
         stream_dir.use_file_system_manager(self.stream_session, checkpoint)
         removed = stream_dir.remove_interrupted_writes(self.session, checkpoint)
@@ -634,7 +653,11 @@ class TableRunner:
             try:
                 self._check_same_source(source_table_id, batch)
                 self.ctx.fault("before_merge")
-                outcome = sink.apply(batch, txn, read)
+                if self._recorded_txn is not None and txn.version <= self._recorded_txn:
+                    # The replica's log holds this batch: nothing to read (its change files may be gone).
+                    outcome = replica_record.replayed_outcome()
+                else:
+                    outcome = sink.apply(batch, txn, read)
                 if outcome.replayed:
                     log.info("table %s: batch %d of %s was already committed to the replica (a restart "
                              "replays it); Delta skipped the write", self.source, txn.version, txn.app_id)
