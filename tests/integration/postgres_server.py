@@ -62,6 +62,10 @@ class PostgresServer:
         return psycopg.connect(host=self.host, port=self.port, user=self.user, password=self.password,
                                dbname=self.database, autocommit=True, options="-c TimeZone=UTC")
 
+    def execute(self, statement: Any) -> None:
+        with self.connect() as conn:
+            conn.execute(statement)
+
     def query(self, statement: Any, params: Any = None) -> list[tuple[Any, ...]]:
         with self.connect() as conn:
             return conn.execute(statement, params).fetchall()
