@@ -207,3 +207,40 @@ def test_an_unreachable_server_degrades_the_table_with_one_clear_message(make_pi
     error = pipeline.views()["u"].last_error or ""
     assert f"127.0.0.1:{closed_port}" in error and "cannot reach the server" in error, error
     assert "Traceback" not in error and len(error.splitlines()) == 1
+
+
+def test_a_replayed_batch_is_skipped_and_a_late_older_change_moves_nothing(spark, postgres):
+    """The batch sink straight from Spark DataFrames, as foreachBatch calls it."""
+    from lakemirror.schema import Column
+    from lakemirror.sinks.planner import plan_merge
+    from lakemirror.sinks.postgres.executor import Connector, PostgresTarget
+    from lakemirror.sinks.postgres.spark_batches import PostgresTable
+    from lakemirror.sinks.txn import TxnId
+
+    schema = _schema()
+    target = PostgresTarget(postgres.host, postgres.port, postgres.database, schema, postgres.user, postgres.password)
+    plan = plan_merge([Column("id", "bigint", False), Column("v", "string")], ["id"])
+    table = PostgresTable(Connector(target), "replay-test", "kv", "src.sales.kv")
+    table.prepare(plan, True)
+    table.bootstrap(plan, spark.sql("SELECT CAST(id AS BIGINT) id, 'v0' v FROM range(1, 4)"), version=2, epoch=1)
+    sink = table.batch_sink(plan, epoch=1)
+
+    def batch(rows: str) -> Any:
+        return spark.sql("SELECT CAST(id AS BIGINT) id, v, _change_type, CAST(_commit_version AS BIGINT) "
+                         "_commit_version, TIMESTAMP'2024-01-01' _commit_timestamp FROM VALUES " + rows +
+                         " AS c(id, v, _change_type, _commit_version)")
+
+    def replica() -> list[tuple[Any, ...]]:
+        return postgres.query(f"SELECT id, v FROM {schema}.kv ORDER BY id")
+
+    first = sink.apply(batch("(1, 'a5', 'update_postimage', 5), (1, 'a4', 'update_preimage', 5), "
+                             "(2, NULL, 'delete', 5), (4, 'd5', 'insert', 5)"), TxnId("a", 0))
+    assert not first.replayed and (first.counts.inserted, first.counts.updated, first.counts.deleted) == (1, 1, 1)
+    assert replica() == [(1, "a5"), (3, "v0"), (4, "d5")]
+    again = sink.apply(batch("(1, 'WRONG', 'update_postimage', 5)"), TxnId("a", 0))
+    assert again.replayed and again.counts == first.counts and replica() == [(1, "a5"), (3, "v0"), (4, "d5")]
+    late = sink.apply(batch("(1, 'a3', 'update_postimage', 3), (2, 'b4', 'insert', 4), (3, 'c1', 'insert', 1)"),
+                      TxnId("a", 1))
+    assert not late.replayed and late.counts.total == 0
+    assert replica() == [(1, "a5"), (3, "v0"), (4, "d5")], "an older change moved a row or resurrected a key"
+    assert table.replica(plan).last_applied(1) == 5
