@@ -291,6 +291,7 @@ class PostgresReplica:
                     ins, upd, dele = ins + i, upd + u, dele + d
             else:
                 self._copy(conn, plan.rows)
+                conn.execute(q.analyze_staging())
                 ins, upd, dele = self._statements(conn, None)
             self._dead_letters(conn, epoch, batch_id, dead)
             conn.execute(q.purge_tombstones(t, self.target.tombstone_horizon_seconds))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Sequence
 
 from lakemirror.schema import Column
@@ -100,6 +101,11 @@ class ReplicaTable:
         """The table a bootstrap loads before it replaces the replica."""
         return derived_name(self.name, "__lm_loading")
 
+    @cached_property
+    def json_flags(self) -> tuple[tuple[str, bool], ...]:
+        """(name, whether stored as jsonb) of every column, worked out once."""
+        return tuple((c.name, is_json(c.type)) for c in self.columns)
+
     def key_of(self, row: dict[str, Any]) -> tuple[Any, ...]:
         return tuple(row[k] for k in self.keys)
 
@@ -143,8 +149,8 @@ class BatchPlan:
 
 def row_values(table: ReplicaTable, row: dict[str, Any]) -> tuple[Any, ...]:
     """A row's values in column order, nested (jsonb) ones as JSON text."""
-    return tuple(json_text(row[c.name]) if is_json(c.type) and row[c.name] is not None else row[c.name]
-                 for c in table.columns)
+    return tuple(json_text(row[name]) if nested and row[name] is not None else row[name]
+                 for name, nested in table.json_flags)
 
 
 def dead_row_json(table: ReplicaTable, row: dict[str, Any]) -> str:
@@ -159,24 +165,28 @@ def plan_batch(changes: "pa.Table", table: ReplicaTable, *, preimages_dropped: b
     stats = batch_stats(changes, preimages_dropped=preimages_dropped)
     if changes.num_rows == 0:
         return BatchPlan((), (), stats)
+    import pyarrow.compute as pc
+
     winners = winning_changes(changes, table.keys, [*table.column_names, COMMIT_VERSION])
-    staged: list[StagedRow] = []
-    dead: list[DeadRow] = []
-    upserts = deletes = 0
-    for row in winners.to_pylist():
-        op = DELETE if row[OP_COLUMN] == DELETE else UPSERT
-        version = int(row[COMMIT_VERSION])
-        nulls = [k for k in table.keys if row[k] is None]
-        if nulls:
-            dead.append(DeadRow(version, op, f"NULL in key column(s) {', '.join(nulls)}: a Postgres primary key "
-                                             f"cannot hold NULL", dead_row_json(table, row)))
-            continue
-        staged.append(StagedRow(len(staged), op, position(version, op), row_values(table, row)))
-        if op == DELETE:
-            deletes += 1
-        else:
-            upserts += 1
-    return BatchPlan(tuple(staged), tuple(dead), stats, upserts, deletes)
+    null_key = pc.is_null(winners[table.keys[0]])
+    for k in table.keys[1:]:
+        null_key = pc.or_(null_key, pc.is_null(winners[k]))
+    dead = [DeadRow(int(row[COMMIT_VERSION]), DELETE if row[OP_COLUMN] == DELETE else UPSERT,
+                    "NULL in key column(s) " + ", ".join(k for k in table.keys if row[k] is None)
+                    + ": a Postgres primary key cannot hold NULL", dead_row_json(table, row))
+            for row in winners.filter(null_key).to_pylist()]
+    kept = winners.filter(pc.invert(null_key))
+    deleted = pc.equal(kept[OP_COLUMN], DELETE)
+    # Columns to Python once each (not row dicts): the position in Arrow, nested values as JSON text.
+    positions = pc.add(pc.multiply(kept[COMMIT_VERSION].cast("int64"), 2),
+                       pc.if_else(deleted, 0, 1).cast("int64")).to_pylist()
+    ops = pc.if_else(deleted, DELETE, UPSERT).to_pylist()
+    values = [[None if v is None else json_text(v) for v in kept[name].to_pylist()] if nested
+              else kept[name].to_pylist() for name, nested in table.json_flags]
+    staged = tuple(StagedRow(i, op, pos, vals)
+                   for i, (op, pos, vals) in enumerate(zip(ops, positions, zip(*values) if values else ())))
+    deletes = sum(1 for op in ops if op == DELETE)
+    return BatchPlan(staged, tuple(dead), stats, len(staged) - deletes, deletes)
 
 
 def snapshot_rows(snapshot: "pa.Table", table: ReplicaTable, version: int) -> tuple[list[tuple[Any, ...]],

@@ -195,6 +195,12 @@ def copy_staging(t: ReplicaTable) -> sql.Composed:
         _ident(STAGING), _ident(ROW_NO), _ident(OP), _ident(POS), _list(t.column_names))
 
 
+def analyze_staging() -> sql.Composed:
+    """Statistics for the staging table (temporary tables get none by themselves): the joins below
+    then hash the batch instead of probing the replica row by row from a guessed size."""
+    return sql.SQL("ANALYZE {}").format(_ident(STAGING))
+
+
 def guarded_delete(t: ReplicaTable, row_no: int | None = None) -> sql.Composed:
     """Delete the keys whose winning change is a delete newer than the row; answers the count."""
     return sql.SQL(
