@@ -24,6 +24,7 @@ from lakemirror.checkpoints.state import FileStateStore
 from lakemirror.daemon.api import ContinuousSyncApi
 from lakemirror.daemon.config import Settings
 from lakemirror.daemon.databricks_pipelines import DatabricksPipelines
+from lakemirror.daemon.destination_config import PostgresDestination
 from lakemirror.daemon.http import ControlServer
 from lakemirror.daemon.metrics import Metrics
 from lakemirror.daemon.pipelines import PipelineHandle, PipelineRegistry
@@ -31,6 +32,8 @@ from lakemirror.daemon.subtask_app import SubtaskComposer
 from lakemirror.daemon.worker import CommandWorker
 from lakemirror.errors import ConfigError
 from lakemirror.identifiers import TableName
+from lakemirror.sinks.choose import choose_sink
+from lakemirror.sinks.postgres.executor import Connector
 from lakemirror.sources.catalog import Catalog, LocalCatalog, UnityCatalog
 from lakemirror.supervisor import cdf_check
 from lakemirror.supervisor.recorded import read_pipeline
@@ -64,6 +67,14 @@ def pipeline_spec(s: Settings) -> PipelineSpec:
         change_window_policy=s.change_window_policy, retention_warning_seconds=s.retention_warning_seconds,
         rewrite_below_bytes=s.rewrite_below_bytes, driver_apply=s.driver_apply,
         driver_apply_below_bytes=s.driver_apply_below_bytes, kernel_change_feed=s.kernel_change_feed)
+
+
+def postgres_connector(s: Settings) -> Connector | None:
+    """The connections of a pipeline whose replicas are in Postgres (shared by its tables), else None."""
+    d = s.destination
+    choice = choose_sink(d.kind, d.target() if isinstance(d, PostgresDestination) else None)
+    log.info("pipeline %s: %s", s.effective_pipeline_id, choice.reason)
+    return Connector(choice.postgres) if choice.postgres is not None else None
 
 
 #: The torture harness (tests/torture) names crash points here, e.g. ``after_merge`` or
@@ -145,7 +156,7 @@ class Application:
     @cached_property
     def runner_context(self) -> RunnerContext:
         return RunnerContext(self.spark, self.catalog, self.states, self.checkpoints, self.spec,
-                             fault=crash_points_from_environment())
+                             fault=crash_points_from_environment(), postgres=postgres_connector(self.settings))
 
     def list_tables(self, spec: PipelineSpec | None = None) -> list[str]:
         spec = spec or self.spec
@@ -207,7 +218,7 @@ class Application:
             checkpoints.ensure()
         states = FileStateStore(Path(settings.checkpoint_volume) / spec.pipeline_id)
         ctx = RunnerContext(self.spark, self.catalog, states, checkpoints, spec,
-                            fault=crash_points_from_environment())
+                            fault=crash_points_from_environment(), postgres=postgres_connector(settings))
         # The same collectors, labelled with this pipeline's id (one registry per process).
         metrics = copy.copy(self.metrics)
         metrics.pipeline = spec.pipeline_id

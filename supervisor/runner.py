@@ -36,6 +36,7 @@ from lakemirror.sinks.apply_choice import ApplyChoice, choose_apply
 from lakemirror.sinks.delta_merge import DeltaMergeSink, MergeOutcome, TxnId, txn_app_id
 from lakemirror.sinks.driver_apply import ChangeReader
 from lakemirror.sinks.planner import ColumnSelection, MergePlan, diff_schema, plan_merge
+from lakemirror.sinks.postgres.spark_batches import PostgresTable
 from lakemirror.sources import change_feed
 from lakemirror.sources.catalog import Catalog, table_id
 from lakemirror.sources.change_feed import SourceHead
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
+    from lakemirror.sinks.postgres.executor import Connector
     from lakemirror.tables import TableLocation
 
 log = logging.getLogger(__name__)
@@ -105,6 +107,8 @@ class RunnerContext:
     #: Crash-test hook: called at named points of a batch's life (see FAULT_POINTS); a no-op
     #: unless the torture harness arms it to kill the process there.
     fault: Callable[[str], None] = lambda point: None
+    #: The Postgres server the replicas go to (``destination.kind: postgres``); None: Delta replicas.
+    postgres: "Connector | None" = None
 
 
 #: Where the torture harness may kill the daemon (tests/torture): each is a moment at which a
@@ -126,6 +130,9 @@ class TableRunner:
         self.source = ctx.spec.source(table)
         self.destination = ctx.spec.destination(table)
         self.slug = self.source.slug
+        #: The table's Postgres replica, when the pipeline writes to Postgres (sinks/choose.py).
+        self.pg = (PostgresTable(ctx.postgres, ctx.spec.pipeline_id, table, str(self.source))
+                   if ctx.postgres is not None else None)
         self._events: list[sm.Event | BatchReport] = []
         self._healthy_query: "StreamingQuery | None" = None
         self._lock = threading.Lock()
@@ -415,7 +422,7 @@ class TableRunner:
         spark = self.session
         src = self.ctx.catalog.locate(self.source)
         dst = self.ctx.catalog.locate(self.destination)
-        if progress.epoch == 0 and snapshot_copy.tables.exists(spark, dst):
+        if self.pg is None and progress.epoch == 0 and snapshot_copy.tables.exists(spark, dst):
             owner = snapshot_copy.replica_properties(spark, dst).get(snapshot_copy.PIPELINE_PROPERTY)
             if owner != self.ctx.spec.pipeline_id:
                 raise DestinationConflict(
@@ -429,16 +436,19 @@ class TableRunner:
         version = progress.bootstrap_version
         assert version is not None
         self.ctx.fault("bootstrap_before_snapshot")
-        self.ctx.catalog.ensure_schema(spark, self.destination.catalog, self.destination.schema)
-        log.info("table %s: bootstrapping %s from source version %d (epoch %d)",
-                 self.source, self.destination, version, progress.epoch)
-        snapshot_copy.write_snapshot(
-            change_feed.snapshot(spark, src, version), dst, plan.columns,
-            {**self.ctx.spec.replica_properties,
-             snapshot_copy.PIPELINE_PROPERTY: self.ctx.spec.pipeline_id,
-             snapshot_copy.SOURCE_PROPERTY: str(self.source),
-             snapshot_copy.EPOCH_PROPERTY: str(progress.epoch),
-             snapshot_copy.BOOTSTRAP_VERSION_PROPERTY: str(version)}, source_properties)
+        if self.pg is not None:
+            self.pg.bootstrap(plan, change_feed.snapshot(spark, src, version), version, progress.epoch)
+        else:
+            self.ctx.catalog.ensure_schema(spark, self.destination.catalog, self.destination.schema)
+            log.info("table %s: bootstrapping %s from source version %d (epoch %d)",
+                     self.source, self.destination, version, progress.epoch)
+            snapshot_copy.write_snapshot(
+                change_feed.snapshot(spark, src, version), dst, plan.columns,
+                {**self.ctx.spec.replica_properties,
+                 snapshot_copy.PIPELINE_PROPERTY: self.ctx.spec.pipeline_id,
+                 snapshot_copy.SOURCE_PROPERTY: str(self.source),
+                 snapshot_copy.EPOCH_PROPERTY: str(progress.epoch),
+                 snapshot_copy.BOOTSTRAP_VERSION_PROPERTY: str(version)}, source_properties)
         self.ctx.fault("bootstrap_after_snapshot")
         progress = replace(progress, bootstrapped=True)
         self.ctx.states.save(self.slug, progress)
@@ -447,6 +457,9 @@ class TableRunner:
         return progress
 
     def _evolve_replica(self, plan: MergePlan) -> None:
+        if self.pg is not None:
+            self.pg.prepare(plan, self.ctx.spec.allow_schema_evolution)
+            return
         spark = self.session
         dst = self.ctx.catalog.locate(self.destination)
         diff = diff_schema(plan.columns, snapshot_copy.replica_columns(spark, dst))
@@ -478,8 +491,9 @@ class TableRunner:
             options["maxBytesPerTrigger"] = spec.max_bytes_per_trigger
         kernel = spec.kernel_change_feed
         stream = change_feed.change_stream(self.session, src, progress.bootstrap_version, options, kernel=kernel)
-        sink = DeltaMergeSink(self.ctx.catalog.locate(self.destination), prepared.plan, stable_source=True,
-                              choose=lambda: self._choose_apply(prepared.plan))
+        sink: Any = (self.pg.batch_sink(prepared.plan, progress.epoch) if self.pg is not None else
+                     DeltaMergeSink(self.ctx.catalog.locate(self.destination), prepared.plan, stable_source=True,
+                                    choose=lambda: self._choose_apply(prepared.plan)))
         app_id = txn_app_id(spec.pipeline_id, self.slug, progress.epoch)
         checkpoint = replica_record.stream_checkpoint(spec.checkpoint_root, spec.pipeline_id, self.slug, progress.epoch)
         self.stream_session = stream.sparkSession

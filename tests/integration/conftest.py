@@ -15,6 +15,7 @@ from lakemirror.daemon.app import Application
 from lakemirror.daemon.config import load_settings
 from lakemirror.daemon.metrics import Metrics
 from lakemirror.identifiers import TableName, quote
+from tests.integration.postgres_server import postgres  # noqa: F401 (the session's PostgreSQL, for the Postgres sink)
 
 pytestmark = pytest.mark.integration
 
