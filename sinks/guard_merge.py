@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -41,7 +41,7 @@ from lakemirror.identifiers import TableName, quote
 from lakemirror.sinks.delta_merge import counts_from_answer, transaction
 from lakemirror.sinks.event_rows import convert, infer_type
 from lakemirror.sinks.guard_plan import (
-    DELETED_AT_COLUMN, OP_COLUMN, POSITION_COLUMN, POSITION_FIELDS, SCOPE_COLUMN, SCOPE_KEY, SCOPE_TABLE, TablePlan,
+    DELETED_AT_COLUMN, OP_COLUMN, POSITION_COLUMN, POSITION_FIELDS, RESERVED_COLUMNS, SCOPE_COLUMN, SCOPE_KEY, SCOPE_TABLE, TablePlan,
     row_order,
 )
 from lakemirror.sinks.memory import ApplyCounts
@@ -74,7 +74,8 @@ class GuardOutcome:
     counts: ApplyCounts
     replayed: bool                                  # Delta skipped the replica's MERGE: already committed
     applied: int = 0                                # winners that passed the guard
-    stale: int = 0                                  # winners not newer than a tombstone or the floor
+    stale: int = 0          # winners not newer than their tombstone or the truncate floor (those not newer
+                            # than the live row are skipped inside the MERGE and not counted here)
     rejected: tuple[tuple[ChangeEvent, str], ...] = ()   # values that do not fit the replica's schema
     added_columns: tuple[str, ...] = ()
     tombstones: int = 0                             # tombstone rows written (deletes, floor)
@@ -168,6 +169,12 @@ class GuardedDeltaSink:
         """Apply ``plan`` under ``txn`` (its app id names the replica; the version is the batch id)."""
         from pyspark.sql.types import StringType, StructField, StructType
 
+        if not plan.key_columns:  # only a truncate: the keys are those the tombstone table was made with
+            stones = self._schema(session, self.tombstones)
+            if stones is None:
+                log.info("%s: a truncate before any row: nothing to truncate", self.replica)
+                return GuardOutcome(ApplyCounts(), False)
+            plan = replace(plan, key_columns=tuple(f.name for f in stones.fields if f.name not in RESERVED_COLUMNS))
         schema, added = self.ensure(session, plan)
         types = {f.name: f.dataType.simpleString() for f in schema.fields}
         data_fields = [f for f in schema.fields if f.name != POSITION_COLUMN]
