@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from lakemirror.daemon.event_source_config import EventSourceSettings
 from lakemirror.daemon.schedule_config import ScheduleSettings, schedule_problems
 from lakemirror.errors import ConfigError
 from lakemirror.sinks.apply_choice import DEFAULT_DRIVER_APPLY_BELOW_BYTES, DEFAULT_REWRITE_BELOW_BYTES
@@ -173,6 +174,9 @@ class Settings(BaseSettings):
         "leaves no checksum files (delta-rs leaves none): 0.13 against 0.46 JVM CPU-s a batch for a 1M-row "
         "source (docs/BENCHMARKS.md). Tables known by name (Unity Catalog) always use DeltaSource. "
         "false (default): DeltaSource everywhere.")
+    source: EventSourceSettings | None = Field(None, description="An event stream (Debezium or simple CDC events, "
+                                               "files or Kafka) instead of the Delta change feed; see "
+                                               "lakemirror.daemon.event_source_config.")
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)  # type: ignore[arg-type]
     http: HttpSettings = Field(default_factory=HttpSettings)  # type: ignore[arg-type]
     restart: RestartSettings = Field(default_factory=RestartSettings)  # type: ignore[arg-type]
