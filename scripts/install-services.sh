@@ -7,7 +7,7 @@
 # started: the tests start what they need on loopback ports.
 set -euo pipefail
 
-declare -A tool_of=([prometheus]=promtool)
+declare -A tool_of=([prometheus]=promtool [maven]=mvn)
 missing=()
 for pkg in "${!tool_of[@]}"; do
   command -v "${tool_of[$pkg]}" >/dev/null 2>&1 || missing+=("$pkg")

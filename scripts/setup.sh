@@ -35,3 +35,5 @@ fi
 .venv/bin/lakemirror fetch-jars --check >/dev/null 2>&1 || .venv/bin/lakemirror fetch-jars
 # Debian packages the deployment tests run for real (promtool); their tests are skipped if this fails.
 [ ! -x scripts/install-services.sh ] || scripts/install-services.sh || echo "setup: could not install the Debian packages of scripts/install-services.sh; the tests that need them are skipped" >&2
+# The Kafka broker of the Kafka source's integration test (scripts/kafka.sh): its jars once, like Delta's.
+scripts/kafka.sh fetch || echo "setup: could not resolve the Kafka broker's jars (needs mvn); the Kafka source's test is skipped" >&2
