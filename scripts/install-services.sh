@@ -2,6 +2,7 @@
 # Installs the Debian packages that the deployment tests run for real, idempotently:
 #   - prometheus: `promtool check rules` / `promtool test rules` on deploy/prometheus, and the server
 #     for the scrape test.
+#   - maven: scripts/kafka.sh resolves the Kafka broker's jars with it (the Kafka source's test).
 # Does nothing when every tool is already there. Needs root (or sudo) and Debian's apt; it refreshes
 # the package lists only when they do not know the packages yet. The packages' own daemons are not
 # started: the tests start what they need on loopback ports.
