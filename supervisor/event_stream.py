@@ -239,6 +239,7 @@ class EventStreamRunner:
         self._draining = False
         self._paused = False
         self._epoch = ""
+        self._batch_error: str | None = None
 
     @property
     def replicas(self) -> dict[str, ReplicaStatus]:
@@ -287,10 +288,16 @@ class EventStreamRunner:
             if self._draining:
                 raise RuntimeError("draining: the batch is left for the next start")
             started = self.clock()
-            rows = batch.collect()
-            raws = (raw_events_from_kafka_rows(rows) if self.spec.kind == KIND_KAFKA
-                    else raw_events_from_file_rows(rows))
-            result = self.applier.apply(raws, batch_id, self._epoch)
+            try:
+                rows = batch.collect()
+                raws = (raw_events_from_kafka_rows(rows) if self.spec.kind == KIND_KAFKA
+                        else raw_events_from_file_rows(rows))
+                result = self.applier.apply(raws, batch_id, self._epoch)
+            except Exception as exc:
+                # Spark reports a batch function's error as a Python traceback inside a JVM one; keep ours.
+                self._batch_error = f"{self.table}: batch {batch_id} failed: {type(exc).__name__}: " + \
+                    (str(exc).strip().splitlines() or [""])[0]
+                raise
             self.dead_letter_count += result.dead_letters
             ended = self.clock()
             self.applied_through, self.last_batch_at = batch_id, ended
@@ -319,7 +326,8 @@ class EventStreamRunner:
         if query is not None and not query.isActive and not self._draining:
             self._query = None
             exc = query.exception()
-            self._emit(sm.Failed(error=f"{self.table}: {exc or 'the stream stopped'}".splitlines()[0]))
+            self._emit(sm.Failed(error=self._batch_error or f"{self.table}: {exc or 'the stream stopped'}".splitlines()[0]))
+            self._batch_error = None
         with self._lock:
             out, self._events = self._events, []
         return out

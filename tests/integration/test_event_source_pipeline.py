@@ -43,11 +43,11 @@ def test_a_configured_files_source_replicates_through_the_supervisor(make_pipeli
 
     drop(inbox, "a.json", event("INSERT", 1, 1, "a"), event("INSERT", 2, 2, "b"), event("UPDATE", 9, 1, "a2"))
     p.start()
-    p.tick_until(lambda: rows() == {1: "a2", 2: "b"}, what="the first file")
+    p.tick_until(lambda: rows() == {1: "a2", 2: "b"}, timeout=300, what="the first file")
     assert p.views()["events:crm"].state == "running"
     p.restart()  # a new daemon: the checkpoint says a.json is done
     drop(inbox, "b.json", event("DELETE", 10, 2), event("INSERT", 3, 1, "a (older)"), "poison")
     letters = p.app.catalog.locate(TableName("dst", "sales", "_lakemirror_dead_letters_crm"))
-    p.tick_until(lambda: rows() == {1: "a2"} and tables.exists(p.spark, letters), what="the second file")
+    p.tick_until(lambda: rows() == {1: "a2"} and tables.exists(p.spark, letters)
+                 and p.views()["events:crm"].batches >= 1, timeout=300, what="the second file")
     assert [r["value"] for r in tables.read(p.spark, letters).collect()] == ["poison"]
-    assert p.views()["events:crm"].batches >= 1

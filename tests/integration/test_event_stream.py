@@ -46,7 +46,7 @@ class Harness:
         self.runner.launch()
         self._wait(lambda: self.runner._query is not None, "the query to start")  # noqa: SLF001
 
-    def _wait(self, done: Any, what: str, timeout: float = 120.0) -> None:
+    def _wait(self, done: Any, what: str, timeout: float = 300.0) -> None:
         deadline = time.time() + timeout
         while time.time() < deadline:
             for item in self.runner.poll():

@@ -98,7 +98,7 @@ def test_debezium_topics_through_spark_kafka_source(spark: Any, broker: str, tmp
     def run_until(count: int) -> int:
         runner = EventStreamRunner(spec, spark, "test", tmp_path / "events", locate, locate("_dead_letters"))
         runner.launch()
-        read, deadline = 0, time.time() + 120
+        read, deadline = 0, time.time() + 300
         try:
             while read < count:
                 assert time.time() < deadline, f"timed out: {read} of {count} messages read"
