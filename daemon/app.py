@@ -25,6 +25,7 @@ from lakemirror.daemon.api import ContinuousSyncApi
 from lakemirror.daemon.config import Settings
 from lakemirror.daemon.databricks_pipelines import DatabricksPipelines
 from lakemirror.daemon.destination_config import PostgresDestination
+from lakemirror.daemon.event_source_app import event_source_supervisor
 from lakemirror.daemon.http import ControlServer
 from lakemirror.daemon.metrics import Metrics
 from lakemirror.daemon.pipelines import PipelineHandle, PipelineRegistry
@@ -167,6 +168,8 @@ class Application:
 
     def _supervisor_for(self, settings: Settings, spec: PipelineSpec, ctx: Callable[[], RunnerContext],
                         metrics: Metrics) -> Supervisor:
+        if settings.source is not None:  # an event stream feeds the replicas instead of the change feed
+            return event_source_supervisor(settings, spec, lambda: self.spark, self.catalog, metrics)
         r = settings.restart
         checkpoint_table = self.catalog.locate(TableName.parse(settings.effective_checkpoint_table))
         pipeline_dir = Path(settings.checkpoint_volume) / spec.pipeline_id

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from lakemirror.daemon.destination_config import DeltaDestination, Destination
+from lakemirror.daemon.event_source_config import EventSourceSettings
 from lakemirror.daemon.schedule_config import ScheduleSettings, schedule_problems
 from lakemirror.errors import ConfigError
 from lakemirror.sinks.apply_choice import DEFAULT_DRIVER_APPLY_BELOW_BYTES, DEFAULT_REWRITE_BELOW_BYTES
@@ -176,6 +177,9 @@ class Settings(BaseSettings):
         "false (default): DeltaSource everywhere.")
     destination: Destination = Field(default_factory=DeltaDestination, description="Where replicas go: "  # type: ignore[arg-type]
                                      "{kind: delta} (default) or {kind: postgres, host, …}; the fields of each kind follow; docs/postgres.md.")
+    source: EventSourceSettings | None = Field(None, description="An event stream (Debezium or simple CDC events, "
+                                               "files or Kafka) instead of the Delta change feed; see "
+                                               "lakemirror.daemon.event_source_config.")
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)  # type: ignore[arg-type]
     http: HttpSettings = Field(default_factory=HttpSettings)  # type: ignore[arg-type]
     restart: RestartSettings = Field(default_factory=RestartSettings)  # type: ignore[arg-type]
@@ -228,6 +232,9 @@ class Settings(BaseSettings):
         if self.checkpoint_table is not None:
             from lakemirror.identifiers import TableName
             TableName.parse(self.checkpoint_table)
+        if self.source is not None and self.destination.kind != "delta":
+            raise ValueError(f"an event `source` writes Delta replicas; destination kind {self.destination.kind} "
+                             "takes the Delta change feed only: remove `source` or the `destination` block")
         return self
 
     # -- derived ----------------------------------------------------------------------------

@@ -41,3 +41,5 @@ if [ "${LAKEMIRROR_SKIP_SYSTEM_PACKAGES:-0}" = 1 ]; then
 else
   [ ! -x scripts/install-services.sh ] || scripts/install-services.sh || echo "setup: could not install the Debian packages of scripts/install-services.sh; the tests that need them are skipped" >&2
 fi
+# The Kafka broker of the Kafka source's integration test (scripts/kafka.sh): its jars once, like Delta's.
+scripts/kafka.sh fetch || echo "setup: could not resolve the Kafka broker's jars (needs mvn); the Kafka source's test is skipped" >&2

@@ -79,3 +79,19 @@ def test_validate_exits_2_with_one_line_naming_the_field(tmp_path: Path):
     assert done.returncode == 2, done
     assert "destination.postgres.port" in done.stderr + done.stdout
     assert "Traceback" not in done.stderr
+
+
+def test_an_event_source_with_a_postgres_destination_is_refused(tmp_path) -> None:
+    from lakemirror.daemon.config import load_settings
+    from lakemirror.errors import ConfigError
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "source_catalog: a\ndestination_catalog: b\nschema_name: s\ncheckpoint_volume: " + str(tmp_path) + "\n"
+        "source: {kind: files, path: " + str(tmp_path) + "}\n"
+        "destination: {kind: postgres, host: h, database: d, user: u}\n")
+    try:
+        load_settings(path)
+    except ConfigError as exc:
+        assert "event `source` writes Delta replicas" in str(exc)
+    else:
+        raise AssertionError("accepted an event source with a Postgres destination")
