@@ -4,6 +4,7 @@ daemon that fails to start leaves no daemon.json (or folder) behind."""
 from __future__ import annotations
 
 import socket
+import threading
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -105,6 +106,13 @@ def test_a_port_in_use_is_one_line_naming_the_setting(listening: socket.socket) 
 
 # -- the order of Application.run -------------------------------------------------------------------
 
+def _stopped() -> Any:
+    """A stop event already set: a run that wrongly gets past start-up returns instead of running on."""
+    stop = threading.Event()
+    stop.set()
+    return stop
+
+
 def app_for(tmp_path: Path, port: int, checks: list[str], fail: StartupError | None = None) -> Application:
     settings = load_settings(None, {
         "source_catalog": "src", "destination_catalog": "dst", "schema_name": "sales", "tables": ["t"],
@@ -120,31 +128,25 @@ def app_for(tmp_path: Path, port: int, checks: list[str], fail: StartupError | N
 
 
 def test_a_port_in_use_stops_the_start_before_anything_is_written(tmp_path: Path, listening: socket.socket) -> None:
-    import threading
-
     checks: list[str] = []
     app = app_for(tmp_path, listening.getsockname()[1], checks)
     with pytest.raises(StartupError, match="is in use: set http.port"):
-        app.run(threading.Event())
+        app.run(_stopped())
     assert checks == ["local"], "the mode's prerequisites are checked first"
     assert not (tmp_path / "ck").exists() and not (tmp_path / "wh").exists()
 
 
 def test_failed_prerequisites_stop_the_start_before_the_port_is_bound(tmp_path: Path, closed_port: int) -> None:
-    import threading
-
     checks: list[str] = []
     app = app_for(tmp_path, closed_port, checks, fail=StartupError("no Java"))
     with pytest.raises(StartupError, match="no Java"):
-        app.run(threading.Event())
+        app.run(_stopped())
     with socket.socket() as s:
         s.bind(("127.0.0.1", closed_port))  # still free: nothing was bound
     assert not (tmp_path / "ck").exists()
 
 
 def test_a_failure_after_the_port_removes_daemon_json_and_the_folders_it_made(tmp_path: Path, closed_port: int) -> None:
-    import threading
-
     app = app_for(tmp_path, 0, [])
 
     def spark_fails() -> None:
@@ -152,7 +154,7 @@ def test_a_failure_after_the_port_removes_daemon_json_and_the_folders_it_made(tm
         raise StartupError("Spark did not start in local mode: boom")
     app.start_spark = spark_fails  # type: ignore[method-assign]
     with pytest.raises(StartupError, match="boom"):
-        app.run(threading.Event())
+        app.run(_stopped())
     assert not (tmp_path / "ck").exists(), "neither daemon.json nor the folders made for it are left"
 
 
