@@ -141,6 +141,7 @@ def _status_from_checkpoints(settings: Any, as_json: bool) -> int:
     from lakemirror.daemon.app import Application
 
     app = Application(settings)
+    app.preflight()  # what the mode needs, as one line, before Spark starts
     latest = app.checkpoints.latest(app.spec.pipeline_id)
     rows = [{"table": r.source_fqn, "state": "degraded" if r.degraded else "stopped (last seen)",
              "lag_seconds": r.lag_seconds, "applied_through": r.last_committed_version,

@@ -164,3 +164,19 @@ def test_check_mode_dispatches_on_the_mode(closed_port: int) -> None:
     with pytest.raises(StartupError, match="Spark Connect"):
         preflight.check_mode(RuntimeSettings(mode="connect", spark_remote=f"sc://127.0.0.1:{closed_port}"))
     preflight.check_mode(RuntimeSettings(mode="databricks"))
+
+
+def test_status_without_a_daemon_checks_the_mode_before_starting_spark(tmp_path: Path, closed_port: int,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
+
+    from lakemirror.daemon.cli import main
+
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump({
+        "source_catalog": "src", "destination_catalog": "dst", "schema_name": "sales",
+        "checkpoint_volume": str(tmp_path / "ck"),
+        "runtime": {"mode": "connect", "spark_remote": f"sc://127.0.0.1:{closed_port}"}}))
+    assert main(["status", str(path)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("lakemirror: cannot start: ") and "Spark Connect" in err and "\n" not in err, err
