@@ -112,6 +112,13 @@ class RuntimeSettings(Strict):
     def _remote(self) -> "RuntimeSettings":
         if self.mode == "connect" and not (self.spark_remote or "").startswith("sc://"):
             raise ValueError("runtime.mode connect needs runtime.spark_remote = sc://host:port")
+        if self.spark_remote is not None:
+            from lakemirror.daemon.preflight import StartupError, remote_address
+
+            try:
+                remote_address(self.spark_remote)
+            except StartupError as exc:
+                raise ValueError(str(exc)) from None
         return self
 
 

@@ -113,6 +113,7 @@ BAD_VALUES = [
     ({"runtime": {"driver_memory": "100m"}}, "runtime.driver_memory", "too small"),
     ({"runtime": {"master": "lokal[2]"}}, "runtime.master", "is not a Spark master URL"),
     ({"runtime": {"master": "local[0]"}}, "runtime.master", "runs no threads"),
+    ({"runtime": {"mode": "connect", "spark_remote": "sc://spark:15o02"}}, "runtime", "the port is not a number"),
     ({"runtime": {"shuffle_partitions": 2**31}}, "runtime.shuffle_partitions", "less than or equal"),
     ({"runtime": {"spark_conf": {"spark.sql.shuffle.partitions": "many"}}}, "runtime.spark_conf",
      "must be a whole number from 1"),
