@@ -170,7 +170,8 @@ class Application:
 
     @cached_property
     def supervisor(self) -> Supervisor:
-        return self._supervisor_for(self.settings, self.spec, lambda: self.runner_context, self.metrics)
+        return self._get("supervisor", lambda: self._supervisor_for(  # type: ignore[no-any-return]
+            self.settings, self.spec, lambda: self.runner_context, self.metrics))
 
     # -- the control API: more pipelines in this daemon, or Databricks jobs ---------------------
 
@@ -285,10 +286,18 @@ class Application:
             raise preflight.bind_failure(h.host, h.port, exc) from None
 
     def start_spark(self) -> None:
-        """Start the session and open the checkpoint table now, so that a Spark that cannot start is a
-        failure to start (one line, nothing left behind) rather than a daemon running without tables."""
+        """Start the session and open the checkpoint table if the supervisor's start did not need them
+        yet (every table is discovered), so that a Spark that cannot start is a failure to start (one
+        line, nothing left behind) rather than a daemon running on without tables."""
+        self.checkpoints
+
+    def start_supervisor(self, sup: Supervisor, handle: PipelineHandle) -> None:
+        """The supervisor's start (tables known from the records are listed at once, then the runners
+        start Spark), then :meth:`start_spark`; a failure of either is a :class:`StartupError`."""
         try:
-            self.checkpoints
+            with handle.lock:
+                sup.start()
+            self.start_spark()
         except (LakemirrorError, JarsMissing, JavaMissing):
             raise
         except Exception as exc:
@@ -310,12 +319,10 @@ class Application:
             server.start()
             self.write_endpoint_file()
             log.info("pipeline %s: serving %s/metrics", self.spec.pipeline_id, server.url)
-            self.start_spark()
             sup, subtasks = self.supervisor, self.subtasks
             config_pipeline = PipelineHandle(self.settings, sup, "config")
             self.pipelines.add(config_pipeline)
-            with config_pipeline.lock:
-                sup.start()
+            self.start_supervisor(sup, config_pipeline)
             started = True
         finally:
             if not started:

@@ -16,6 +16,7 @@ from lakemirror.daemon import preflight
 from lakemirror.daemon.app import Application
 from lakemirror.daemon.config import load_settings
 from lakemirror.daemon.metrics import Metrics
+from lakemirror.supervisor.supervisor import Supervisor
 from lakemirror.daemon.preflight import (CONNECT_REQUIREMENTS, StartupError, bind_failure, check_connect,
                                          missing_requirements, remote_address)
 
@@ -123,8 +124,10 @@ def app_for(tmp_path: Path, port: int, checks: list[str], fail: StartupError | N
         checks.append(runtime.mode)
         if fail is not None:
             raise fail
+    # a real supervisor with no tables to run: nothing here needs Spark
+    supervisor = Supervisor(runner_factory=lambda table: None, list_tables=lambda: [])  # type: ignore[arg-type, return-value]
     return Application(settings).replace(preflight=check, checkpoints=InMemoryCheckpointStore(),
-                                         metrics=Metrics("t", CollectorRegistry()))
+                                         metrics=Metrics("t", CollectorRegistry()), supervisor=supervisor)
 
 
 def test_a_port_in_use_stops_the_start_before_anything_is_written(tmp_path: Path, listening: socket.socket) -> None:
