@@ -16,14 +16,11 @@ from typing import Any, Iterable, Mapping
 from pydantic import BaseModel
 
 
-def _model_in(annotation: Any) -> type[BaseModel] | None:
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """Every model an annotation may hold: ``Model``, ``Model | None``, or each kind of a union."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in typing.get_args(annotation):  # Optional[Model], Model | None
-        found = _model_in(arg)
-        if found is not None:
-            return found
-    return None
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
 
 
 def _is_mapping(annotation: Any) -> bool:
@@ -39,13 +36,14 @@ def variable_names(model: type[BaseModel], prefix: str, delimiter: str = "__") -
     for field_name, info in model.model_fields.items():
         name = f"{prefix}{field_name}".upper()
         names.add(name)
-        nested = _model_in(info.annotation)
+        nested = _models_in(info.annotation)
         if _is_mapping(info.annotation):  # dict[str, X]: any key, e.g. LAKEMIRROR_TABLE_OVERRIDES__ORDERS__KEYS
             open_prefixes.add(name + delimiter)
-        elif nested is not None:
-            sub_names, sub_open = variable_names(nested, name + delimiter, delimiter)
-            names |= sub_names
-            open_prefixes |= sub_open
+        else:
+            for model_type in nested:
+                sub_names, sub_open = variable_names(model_type, name + delimiter, delimiter)
+                names |= sub_names
+                open_prefixes |= sub_open
     return names, open_prefixes
 
 

@@ -248,3 +248,24 @@ def test_api_validation_messages_are_redacted() -> None:
     problems = settings_from_body(body, "local")
     assert isinstance(problems, list) and len(problems) == 2
     assert "hunter2" not in repr(problems) and "secret@" not in repr(problems), problems
+
+
+def test_every_kind_of_a_union_field_names_valid_variables() -> None:
+    from typing import Literal, Union
+
+    from pydantic import BaseModel
+
+    from lakemirror.daemon.env_check import unknown_variables
+
+    class Delta(BaseModel):
+        kind: Literal["delta"] = "delta"
+
+    class Postgres(BaseModel):
+        kind: Literal["postgres"] = "postgres"
+        host: str = ""
+
+    class Top(BaseModel):
+        destination: Union[Delta, Postgres] = Delta()
+
+    env = {"X_DESTINATION__HOST": "db", "X_DESTINATION__HOTS": "db"}
+    assert unknown_variables(env, Top, "X_") == [("X_DESTINATION__HOTS", "X_DESTINATION__HOST")]
