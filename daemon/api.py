@@ -30,6 +30,7 @@ from lakemirror.daemon.routes import Match
 from lakemirror.daemon.worker import CommandWorker, WorkerClosed, WorkerTimeout
 from lakemirror.secrets import redact
 from lakemirror.supervisor.cdf_check import Readiness
+from lakemirror.secrets import redact
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,8 @@ def settings_from_body(body: Any, mode: str, default_checkpoint_volume: str | No
             elif err["type"] == "missing":
                 msg = "required setting is missing"
             problems.append({"field": _loc(tuple(err["loc"])), "message": msg})
-        return problems
+        # a field (a dict key) or message may quote a credential the body holds
+        return [{"field": redact(p["field"]), "message": redact(p["message"])} for p in problems]
     if mode != "databricks":
         problem = local_path_problem(settings.checkpoint_volume)
         if problem:

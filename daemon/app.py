@@ -31,7 +31,11 @@ from lakemirror.daemon.metrics import Metrics
 from lakemirror.daemon.pipelines import PipelineHandle, PipelineRegistry
 from lakemirror.daemon.subtask_app import SubtaskComposer
 from lakemirror.daemon.worker import CommandWorker
-from lakemirror.errors import ConfigError
+from lakemirror.daemon import preflight
+from lakemirror.daemon.jars import JarsMissing
+from lakemirror.daemon.spark import JavaMissing
+from lakemirror.errors import ConfigError, LakemirrorError
+from lakemirror.secrets import redact
 from lakemirror.identifiers import TableName
 from lakemirror.sinks.choose import choose_sink
 from lakemirror.sinks.postgres.executor import Connector
@@ -187,7 +191,8 @@ class Application:
 
     @cached_property
     def supervisor(self) -> Supervisor:
-        return self._supervisor_for(self.settings, self.spec, lambda: self.runner_context, self.metrics)
+        return self._get("supervisor", lambda: self._supervisor_for(  # type: ignore[no-any-return]
+            self.settings, self.spec, lambda: self.runner_context, self.metrics))
 
     # -- the control API: more pipelines in this daemon, or Databricks jobs ---------------------
 
@@ -300,16 +305,65 @@ class Application:
         tmp.write_text(json.dumps({"url": self.server.url, "pid": os.getpid(), "started_at": time.time()}))
         os.replace(tmp, self.pipeline_dir / "daemon.json")
 
+    def preflight(self) -> None:
+        """What the runtime mode needs, checked before anything is bound, written or started:
+        raise :class:`StartupError` (one line: the cause and the fix)."""
+        check = self._get("preflight", lambda: preflight.check_mode)
+        check(self.settings.runtime)
+
+    def bind(self) -> ControlServer:
+        """Bind the HTTP port (the first thing that can clash with another process)."""
+        h = self.settings.http
+        try:
+            return self.server
+        except OSError as exc:
+            raise preflight.bind_failure(h.host, h.port, exc) from None
+
+    def start_spark(self) -> None:
+        """Start the session and open the checkpoint table if the supervisor's start did not need them
+        yet (every table is discovered), so that a Spark that cannot start is a failure to start (one
+        line, nothing left behind) rather than a daemon running on without tables."""
+        self.checkpoints
+
+    def start_supervisor(self, sup: Supervisor, handle: PipelineHandle) -> None:
+        """The supervisor's start (tables known from the records are listed at once, then the runners
+        start Spark), then :meth:`start_spark`; a failure of either is a :class:`StartupError`."""
+        try:
+            with handle.lock:
+                sup.start()
+            self.start_spark()
+        except (LakemirrorError, JarsMissing, JavaMissing):
+            raise
+        except Exception as exc:
+            first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+            raise preflight.StartupError(f"Spark did not start in {self.settings.runtime.mode} mode: "
+                                         f"{redact(first.strip())[:300]}") from exc
+
     def run(self, stop: threading.Event, on_tick: Any = None) -> None:
-        """Run until ``stop`` is set, then drain. Blocks; call from the main thread."""
-        self.server.start()
-        self.write_endpoint_file()
-        log.info("pipeline %s: serving %s/metrics", self.spec.pipeline_id, self.server.url)
-        sup, subtasks = self.supervisor, self.subtasks
-        config_pipeline = PipelineHandle(self.settings, sup, "config")
-        self.pipelines.add(config_pipeline)
-        with config_pipeline.lock:
-            sup.start()
+        """Run until ``stop`` is set, then drain. Blocks; call from the main thread.
+
+        Start-up runs cheapest first: the mode's prerequisites, then the port, and only then are
+        files written and Spark started. A failure at any step raises with nothing left behind:
+        no ``daemon.json`` and no folder this start created."""
+        self.preflight()
+        server = self.bind()
+        created = _missing_ancestor(self.pipeline_dir)
+        started = False
+        try:
+            server.start()
+            self.write_endpoint_file()
+            log.info("pipeline %s: serving %s/metrics", self.spec.pipeline_id, server.url)
+            sup, subtasks = self.supervisor, self.subtasks
+            config_pipeline = PipelineHandle(self.settings, sup, "config")
+            self.pipelines.add(config_pipeline)
+            self.start_supervisor(sup, config_pipeline)
+            started = True
+        finally:
+            if not started:
+                self.worker.close(wait=False)
+                server.close()
+                (self.pipeline_dir / "daemon.json").unlink(missing_ok=True)
+                _remove_if_empty(self.pipeline_dir, created)
         try:
             while not stop.is_set():
                 self.pipelines.tick_all()
@@ -323,5 +377,28 @@ class Application:
             self.worker.close(wait=False)
             self.pipelines.shutdown_all(self.settings.drain_timeout_seconds)
             subtasks.shutdown(max(0.0, deadline - time.monotonic()))
-            self.server.close()
+            server.close()
             (self.pipeline_dir / "daemon.json").unlink(missing_ok=True)
+
+
+def _missing_ancestor(path: Path) -> Path | None:
+    """The outermost folder of ``path`` (itself included) that does not exist yet, or None."""
+    missing = None
+    for folder in (path, *path.parents):
+        if folder.exists():
+            break
+        missing = folder
+    return missing
+
+
+def _remove_if_empty(path: Path, up_to: Path | None) -> None:
+    """Remove ``path`` and its parents up to ``up_to`` while they are empty (what a failed start made)."""
+    if up_to is None:
+        return
+    for folder in (path, *path.parents):
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+        if folder == up_to:
+            return

@@ -13,8 +13,10 @@ from typing import Any, Sequence
 
 from lakemirror import __version__
 from lakemirror.daemon.jars import JarsMissing
+from lakemirror.daemon.preflight import StartupError
 from lakemirror.daemon.spark import JavaMissing
 from lakemirror.errors import ConfigError
+from lakemirror.secrets import redact
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 
@@ -54,9 +56,9 @@ def _print_problems(err: ConfigError) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     settings = _load(args)
     tables = ", ".join(settings.tables) if settings.tables is not None else "every table of the schema"
-    print(f"{args.config}: valid. Pipeline {settings.effective_pipeline_id}: "
-          f"{settings.source_catalog}.{settings.schema_name} -> "
-          f"{settings.destination_catalog}.{settings.destination_schema or settings.schema_name} ({tables}).")
+    print(redact(f"{args.config}: valid. Pipeline {settings.effective_pipeline_id}: "
+                 f"{settings.source_catalog}.{settings.schema_name} -> "
+                 f"{settings.destination_catalog}.{settings.destination_schema or settings.schema_name} ({tables})."))
     return EXIT_OK
 
 
@@ -186,6 +188,7 @@ def _status_with_spark(settings: Any) -> list[dict[str, Any]]:
     from lakemirror.daemon.app import Application
 
     app = Application(settings)
+    app.preflight()  # what the mode needs, as one line, before Spark starts
     loc = app.checkpoints.location
     if not tables.exists(app.spark, loc):
         return []
@@ -326,8 +329,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except ConfigError as err:
         return _print_problems(err)
+    except StartupError as err:
+        print(f"lakemirror: cannot start: {redact(str(err))}", file=sys.stderr)
+        return EXIT_FAILED
     except (JarsMissing, JavaMissing) as err:
-        print(f"lakemirror: {err}", file=sys.stderr)
+        print(f"lakemirror: {redact(str(err))}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
         return EXIT_FAILED

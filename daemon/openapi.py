@@ -83,8 +83,8 @@ def document() -> dict[str, Any]:
                         "field": {"type": "string"}, "message": {"type": "string"}}}}}},
                 "PipelineSettings": {"type": "object", "additionalProperties": True,
                                      "required": ["source_catalog", "destination_catalog", "schema_name"],
-                                     "description": "The settings of the pipeline YAML (see the README's "
-                                                    "configuration reference) except runtime, http and databricks. "
+                                     "description": "The settings of the pipeline YAML (see "
+                                                    "docs/configuration.md) except runtime, http and databricks. "
                                                     "checkpoint_volume may be left out here (unlike in the YAML): "
                                                     "it defaults to <the daemon's checkpoint_volume>/api, so the "
                                                     "pipeline's folder is <checkpoint_volume>/api/<pipeline_id>.",

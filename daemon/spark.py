@@ -50,6 +50,17 @@ def check_java(required_major: int = 17) -> str:
     return out.splitlines()[0] if out else str(major)
 
 
+def spark_warehouse_dir(warehouse: str) -> str:
+    """Spark's own warehouse folder (``spark.sql.warehouse.dir``), inside the configured lakehouse.
+
+    Spark creates it when a session starts, by default as ``./spark-warehouse`` in whatever folder
+    the daemon was started from; lakemirror writes nothing outside its configured paths. The dot
+    keeps it from being read as a catalog (catalog names cannot contain '.')."""
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", warehouse):
+        return warehouse.rstrip("/") + "/.spark-warehouse"
+    return str(Path(warehouse).expanduser().absolute() / ".spark-warehouse")
+
+
 def local_session(rt: RuntimeSettings, app_name: str = "lakemirror") -> "SparkSession":
     from pyspark.sql import SparkSession
 
@@ -61,6 +72,7 @@ def local_session(rt: RuntimeSettings, app_name: str = "lakemirror") -> "SparkSe
                .config("spark.sql.shuffle.partitions", str(rt.shuffle_partitions))
                .config("spark.default.parallelism", str(rt.shuffle_partitions))
                .config("spark.driver.memory", rt.driver_memory)
+               .config("spark.sql.warehouse.dir", spark_warehouse_dir(rt.warehouse))
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.databricks.delta.snapshotPartitions", "2")
                .config("spark.sql.streaming.stopTimeout", "120s")
