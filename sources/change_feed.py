@@ -112,12 +112,12 @@ def source_head(spark: "SparkSession", loc: TableLocation, since_version: int,
     then it reads back to the commit ``since_version + 1`` that lag is measured from (never the
     whole history).
     """
-    history = tables.delta_table(spark, loc).history(window).select("version", "timestamp").collect()
+    history = tables.history(spark, loc, window).select("version", "timestamp").collect()
     times = {int(r["version"]): r["timestamp"].timestamp() for r in history}
     latest = max(times)
     needed = since_version + 1
     if latest >= needed and needed not in times:
-        rows = (tables.delta_table(spark, loc).history(latest - needed + 1)
+        rows = (tables.history(spark, loc, latest - needed + 1)
                 .where(f"version = {int(needed)}").select("version", "timestamp").collect())
         times.update({int(r["version"]): r["timestamp"].timestamp() for r in rows})
     return SourceHead(latest, times)
