@@ -11,7 +11,7 @@
 # Environment (arguments win): LAKEMIRROR_CONNECT_PORT (15002), LAKEMIRROR_CONNECT_LOG_DIR
 # (.lakemirror-connect in the project), LAKEMIRROR_CONNECT_HOST (127.0.0.1),
 # LAKEMIRROR_CONNECT_MASTER (local[2]), LAKEMIRROR_CONNECT_MEMORY (1g), LAKEMIRROR_CONNECT_WAIT
-# (seconds to wait for the port, 180), LAKEMIRROR_CONNECT_CONF (extra "key=value" confs, one a line).
+# (seconds to wait for the port, 180), LAKEMIRROR_CONNECT_WORKER_WAIT (120s), LAKEMIRROR_CONNECT_CONF (extra "key=value" confs, one a line).
 #
 # The server's Python workers run foreachBatch functions (lakemirror's batch apply) ON THE SERVER:
 # PYSPARK_PYTHON is the project's .venv python, which has lakemirror and Connect's extras
@@ -29,6 +29,9 @@ master=${LAKEMIRROR_CONNECT_MASTER:-local[2]}
 memory=${LAKEMIRROR_CONNECT_MEMORY:-1g}
 wait_s=${LAKEMIRROR_CONNECT_WAIT:-180}
 python=${LAKEMIRROR_CONNECT_PYTHON:-$root/.venv/bin/python}
+# How long the server waits for a foreachBatch Python worker to connect back (Spark's default, 15 s,
+# is shorter than a worker's start on a busy 2-core machine: pyspark, pandas, pyarrow and grpc imports).
+worker_wait=${LAKEMIRROR_CONNECT_WORKER_WAIT:-120s}
 pid_file="$log_dir/connect-server-$port.pid"
 log_file="$log_dir/connect-server-$port.log"
 
@@ -88,6 +91,7 @@ start() {
         --conf spark.sql.session.timeZone=UTC \
         --conf spark.sql.streaming.stopTimeout=120s \
         --conf spark.log.structuredLogging.enabled=false \
+        --conf "spark.python.authenticate.socketTimeout=$worker_wait" \
         --conf "spark.driver.extraJavaOptions=-Dlog4j2.configurationFile=$root/daemon/log4j2.properties" \
         --conf "spark.executorEnv.PYSPARK_PYTHON=$python" \
         "${extra[@]}" \
