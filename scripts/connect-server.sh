@@ -31,6 +31,8 @@ wait_s=${LAKEMIRROR_CONNECT_WAIT:-180}
 python=${LAKEMIRROR_CONNECT_PYTHON:-$root/.venv/bin/python}
 # How long the server waits for a foreachBatch Python worker to connect back (Spark's default, 15 s,
 # is shorter than a worker's start on a busy 2-core machine: pyspark, pandas, pyarrow and grpc imports).
+# Workers connect back over a Unix domain socket: over loopback TCP, the second and later workers of
+# a server here timed out connecting back (CANNOT_OPEN_SOCKET), and every query start needs one.
 worker_wait=${LAKEMIRROR_CONNECT_WORKER_WAIT:-120s}
 pid_file="$log_dir/connect-server-$port.pid"
 log_file="$log_dir/connect-server-$port.log"
@@ -92,6 +94,7 @@ start() {
         --conf spark.sql.streaming.stopTimeout=120s \
         --conf spark.log.structuredLogging.enabled=false \
         --conf "spark.python.authenticate.socketTimeout=$worker_wait" \
+        --conf spark.python.unix.domain.socket.enabled=true \
         --conf "spark.driver.extraJavaOptions=-Dlog4j2.configurationFile=$root/daemon/log4j2.properties" \
         --conf "spark.executorEnv.PYSPARK_PYTHON=$python" \
         "${extra[@]}" \
