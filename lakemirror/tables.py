@@ -43,8 +43,15 @@ def has_own_jvm(spark: "SparkSession") -> bool:
 def own_session(spark: "SparkSession") -> "SparkSession":
     """A session of its own (confs, temp views) sharing ``spark``'s cluster: ``newSession`` with a
     JVM of its own; over Spark Connect, which has no ``newSession``, a new server-side session."""
-    clone = None if has_own_jvm(spark) else getattr(spark, "cloneSession", None)
-    return clone() if clone is not None else spark.newSession()
+    if has_own_jvm(spark) or not hasattr(spark, "client"):
+        return spark.newSession()
+    # A new server session on the same address (and token), like ``builder.remote(url).create()``.
+    # Not ``cloneSession``: a foreachBatch query started in a clone failed to start its Python worker.
+    from pyspark.sql import SparkSession
+
+    channel = spark.client._builder  # noqa: SLF001 (the address the session was made with)
+    params = "".join(f";{k}={v}" for k, v in channel._params.items() if k != "session_id")  # noqa: SLF001
+    return SparkSession.builder.remote(f"sc://{channel.url.netloc}/{params}").create()  # type: ignore[attr-defined,no-any-return]
 
 
 def reader(spark: "SparkSession", loc: TableLocation, **options: Any) -> "DataFrameReader":

@@ -69,7 +69,9 @@ def test_connect_replicates_replays_and_isolates(remote: Any, connect_server: st
         p.assert_replica_equals_source("orders")
         rows = p.checkpoint_rows("orders")
         assert rows, "the server-side batch function wrote no checkpoint row"
-        assert sum(r["rows_deleted"] for r in rows) >= 1 and sum(r["rows_inserted"] for r in rows) >= 3
+        # Keys 4 and 5 are new and key 1 is gone (key 3's delete and re-insert may meet in one batch,
+        # where its winner is the re-insert: an update of the bootstrapped row).
+        assert sum(r["rows_deleted"] for r in rows) >= 1 and sum(r["rows_inserted"] for r in rows) >= 2
         merges = p.merges("orders")
         assert len(merges) == len(rows), (merges, rows)  # one MERGE commit per recorded batch
         tags = [json.loads(m["userMetadata"]) for m in merges]
