@@ -65,3 +65,24 @@ def outcome_of(row: Any) -> MergeOutcome:
     stats = BatchStats(int(row["rows_read"] or 0), row["first_version"], row["last_version"], None)
     counts = ApplyCounts(int(row["rows_inserted"] or 0), int(row["rows_updated"] or 0), int(row["rows_deleted"] or 0))
     return MergeOutcome(stats, counts, replayed=False)
+
+
+#: How Spark Connect wraps an error raised by a foreachBatch function that ran on the server.
+SERVER_BATCH_ERROR = "Found error inside foreachBatch Python process"
+
+
+def server_batch_cause(exc: BaseException) -> BaseException:
+    """The error a server-side batch function raised, from the query error that wraps it.
+
+    The query's message starts with the wrapper and a Python traceback; its cause (e.g. Delta's
+    ``DELTA_VIOLATE_CONSTRAINT_WITH_VALUES``) is the traceback's last exception line, which is what
+    the table's status must show and what the error classifier must read."""
+    text = str(exc)
+    if SERVER_BATCH_ERROR not in text:
+        return exc
+    import re
+
+    causes = [line.strip() for line in text.splitlines()
+              if re.match(r"^\s*[\w.]+(Error|Exception|Exit|Interrupt)\b:", line)
+              and "StreamingQueryException" not in line]
+    return RuntimeError(causes[-1]) if causes else exc

@@ -46,7 +46,7 @@ from lakemirror.supervisor import state as sm
 from lakemirror.supervisor import turns
 from lakemirror.supervisor.batch_feed import BatchFeed
 from lakemirror.supervisor.classify import classify
-from lakemirror.supervisor.connect_batches import ConnectBatches, batch_job
+from lakemirror.supervisor.connect_batches import ConnectBatches, batch_job, server_batch_cause
 from lakemirror.supervisor.lag import LagReading, compute_lag
 from lakemirror.supervisor.offsets import applied_through_from_offset
 from lakemirror.supervisor.retention import RetentionWindow, headroom_seconds
@@ -234,7 +234,8 @@ class TableRunner:
         if query is not None and not query.isActive and not self._draining:
             self._query = None
             exc = query.exception()
-            error = self._batch_error or classify(exc or RuntimeError("the stream stopped"), table=str(self.source))
+            error = self._batch_error or classify(server_batch_cause(exc or RuntimeError("the stream stopped")),
+                                                  table=str(self.source))
             self._emit(self._failed(error))
         elif query is not None and (self._gate is None or not self._turn_proven):
             self._track_progress(query)
@@ -623,7 +624,7 @@ class TableRunner:
                 if self._draining:
                     return  # the drain refused the next batch (Drained): nothing was applied
                 self._turn_query = None
-                self._emit(self._failed(self._batch_error or classify(exc, table=str(self.source))))
+                self._emit(self._failed(self._batch_error or classify(server_batch_cause(exc), table=str(self.source))))
                 return
             self._query = None
             self._collect_connect_batches()

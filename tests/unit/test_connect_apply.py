@@ -31,3 +31,17 @@ def test_the_sql_uses_the_planners_rule_and_one_merge() -> None:
     assert f"WHEN MATCHED AND {job.plan.delete_condition} THEN DELETE" in merge
     assert f"WHEN NOT MATCHED AND {job.plan.upsert_condition} THEN INSERT (`id`, `v`) VALUES (s.`id`, s.`v`)" in merge
     assert job.view.isidentifier()
+
+
+def test_a_server_side_batch_error_is_reported_by_its_cause() -> None:
+    from lakemirror.supervisor.connect_batches import server_batch_cause
+
+    wrapped = RuntimeError(
+        "[STREAM_FAILED] Query [id = 1] Found error inside foreachBatch Python process: Traceback (most recent call last):\n"
+        '  File "/x/connect_apply.py", line 99, in merge_batch\n'
+        "pyspark.errors.exceptions.connect.AnalysisException: [DELTA_VIOLATE_CONSTRAINT_WITH_VALUES] CHECK "
+        "constraint small (v < 100) violated by row with values: v : 500\n")
+    cause = server_batch_cause(wrapped)
+    assert str(cause).startswith("pyspark.errors.exceptions.connect.AnalysisException: [DELTA_VIOLATE_CONSTRAINT")
+    plain = ValueError("no wrapper")
+    assert server_batch_cause(plain) is plain
