@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from lakemirror import tables
 from lakemirror.checkpoints.group_commit import GroupCommit
 from lakemirror.checkpoints.records import CHECKPOINT_DDL, CheckpointRow
-from lakemirror.tables import TableLocation, delta_rs_can_write
+from lakemirror.tables import TableLocation, delta_rs_can_write, has_own_jvm, own_session
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -72,7 +72,9 @@ class DeltaCheckpointStore:
 
     def _write(self, rows: list[CheckpointRow]) -> None:
         if self._by_delta_rs is None:
-            self._by_delta_rs = self.location.path is not None and delta_rs_can_write(self.location.path)
+            # Over Spark Connect the server owns the files: rows go through it, as SQL writes.
+            self._by_delta_rs = (self.location.path is not None and has_own_jvm(self.spark)
+                                 and delta_rs_can_write(self.location.path))
         if self._by_delta_rs:
             from deltalake import write_deltalake
 
@@ -80,7 +82,7 @@ class DeltaCheckpointStore:
             write_deltalake(self.location.path, arrow_rows(rows), mode="append")
             return
         if self._writer_session is None:
-            self._writer_session = self.spark.newSession()
+            self._writer_session = own_session(self.spark)
         df = self._writer_session.createDataFrame([tuple(r.as_dict().values()) for r in rows], CHECKPOINT_DDL)
         tables.write(df, self.location, "append")
 

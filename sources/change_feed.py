@@ -115,7 +115,7 @@ def source_head(spark: "SparkSession", loc: TableLocation, since_version: int,
     whole history).
     """
     def newest(n: int) -> dict[int, float]:
-        rows = tables.delta_table(spark, loc).history(n).select("version", "timestamp").collect()
+        rows = tables.history(spark, loc, n).select("version", "timestamp").collect()
         return {int(r["version"]): r["timestamp"].timestamp() for r in rows}
     return head_from_history(newest, since_version, window)
 

@@ -47,12 +47,13 @@ from lakemirror.supervisor import replica_record, turns
 from lakemirror.supervisor.batch_feed import BatchFeed
 from lakemirror.supervisor.classify import classify
 from lakemirror.supervisor.failure import failed_event
+from lakemirror.supervisor.connect_batches import ConnectBatches, batch_job, server_batch_cause
 from lakemirror.supervisor.lag import LagReading, compute_lag
 from lakemirror.supervisor.offsets import applied_through_from_offset
 from lakemirror.supervisor.retention import RetentionWindow, headroom_seconds
 from lakemirror.supervisor.spec import PipelineSpec
 from lakemirror.supervisor.turn_gate import TurnGate
-from lakemirror.tables import has_own_jvm
+from lakemirror.tables import has_own_jvm, own_session
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -147,6 +148,9 @@ class TableRunner:
         self._gate: TurnGate | None = None  # turns taken inside an always-on query's batch function
         self._draining = False
         self._query: StreamingQuery | None = None
+        #: Spark Connect: the batches the server-side batch function recorded (None: a local session).
+        self._connect: ConnectBatches | None = None
+        self._connect_progress_id: int | None = None
         #: The session the table's query is started in: :attr:`session`, or one of the query's own
         #: (``kernel_change_feed``: :func:`lakemirror.sources.change_feed.kernel_stream`).
         self.stream_session: SparkSession | None = None
@@ -173,7 +177,7 @@ class TableRunner:
     @property
     def session(self) -> "SparkSession":
         if self._session is None:
-            self._session = self.ctx.spark.newSession()
+            self._session = own_session(self.ctx.spark)
         return self._session
 
     @property
@@ -240,10 +244,12 @@ class TableRunner:
         if query is not None and not query.isActive and not self._draining:
             self._query = None
             exc = query.exception()
-            error = self._batch_error or classify(exc or RuntimeError("the stream stopped"), table=str(self.source))
+            error = self._batch_error or classify(server_batch_cause(exc or RuntimeError("the stream stopped")),
+                                                  table=str(self.source))
             self._emit(self._failed(error))
         elif query is not None and (self._gate is None or not self._turn_proven):
             self._track_progress(query)
+            self._collect_connect_batches(query)
         with self._lock:
             out, self._events = self._events, []
         return out
@@ -503,6 +509,9 @@ class TableRunner:
             log.warning("table %s: removed %d unfinished checkpoint write(s) of a stopped or killed query: %s",
                         self.source, len(removed), ", ".join(removed))
 
+        if not has_own_jvm(self.session):
+            self._start_connect_query(prepared, stream, app_id, checkpoint)
+            return
         gate = TurnGate() if spec.apply_workers > 0 and has_own_jvm(self.session) else None
         feed = self.batch_feed = BatchFeed.for_stream(checkpoint, src, progress.bootstrap_version)
 
@@ -528,6 +537,47 @@ class TableRunner:
             # A DataStreamWriter can start a query again once its last one has ended.
             self._turn_query = lambda once: (writer.trigger(once=True) if once
                                              else writer.trigger(availableNow=True)).start()
+
+    def _start_connect_query(self, prepared: Prepared, stream: "DataFrame", app_id: str, checkpoint: str) -> None:
+        """Spark Connect: the batch function runs on the server, in SQL only
+        (:mod:`lakemirror.sinks.connect_apply`), and records each batch's checkpoint row; the
+        runner reads those rows back (:meth:`_collect_connect_batches`)."""
+        spec = self.ctx.spec
+        job = batch_job(target=self.ctx.catalog.locate(self.destination), plan=prepared.plan, app_id=app_id,
+                        epoch=prepared.progress.epoch, pipeline_id=spec.pipeline_id, source_fqn=str(self.source),
+                        dest_fqn=str(self.destination),
+                        checkpoint_table=getattr(self.ctx.checkpoints, "location", None))
+        batches = ConnectBatches(job)
+        batches.skip_recorded(self.session)
+        self._connect, self._connect_progress_id = batches, None
+        writer = (stream.writeStream.queryName(f"lakemirror:{spec.pipeline_id}:{self.source}")
+                  .option("checkpointLocation", checkpoint)
+                  .foreachBatch(job.bound()))
+        if spec.apply_workers == 0:
+            self._query = writer.trigger(processingTime=f"{spec.trigger_interval_seconds} seconds").start()
+        else:
+            self._turn_query = lambda once: (writer.trigger(once=True) if once
+                                             else writer.trigger(availableNow=True)).start()
+
+    def _collect_connect_batches(self, query: "StreamingQuery | None" = None) -> None:
+        """Report the batches the server applied since the last look (Spark Connect only). With an
+        always-on query, the checkpoint table is read only once the query reports a new trigger."""
+        batches = self._connect
+        if batches is None:
+            return
+        if query is not None:
+            progress = query.lastProgress
+            batch_id = getattr(progress, "batchId", None) if progress else None
+            if batch_id is None or batch_id == self._connect_progress_id:
+                return
+            self._connect_progress_id = batch_id
+        for batch_id, outcome, started, ended in batches.new_outcomes(self.session):
+            if outcome.stats.last_version is not None:
+                self.applied_through = max(self.applied_through or -1, outcome.stats.last_version)
+            self.last_batch_at = ended
+            self._turn_proven = True
+            self._emit(BatchReport(self.table, batch_id, outcome, ended - started, ended))
+            self._emit(sm.BatchApplied())
 
     def _choose_apply(self, plan: MergePlan) -> tuple[ApplyChoice, int]:
         """MERGE, rewrite or the driver's MERGE (:mod:`lakemirror.sinks.apply_choice`), asked by the first batch: two
@@ -607,9 +657,10 @@ class TableRunner:
                 if self._draining:
                     return  # the drain refused the next batch (Drained): nothing was applied
                 self._turn_query = None
-                self._emit(self._failed(self._batch_error or classify(exc, table=str(self.source))))
+                self._emit(self._failed(self._batch_error or classify(server_batch_cause(exc), table=str(self.source))))
                 return
             self._query = None
+            self._collect_connect_batches()
             if not self._turn_proven:
                 self._turn_proven = True  # a turn that ran to its end (even with nothing new) proves the table
                 self._emit(sm.BatchApplied())

@@ -142,3 +142,25 @@ def make_pipeline(spark: Any, tmp_path: Path) -> Iterator[Any]:
     yield make
     for p in made:
         p.stop()
+
+
+@pytest.fixture(scope="session")
+def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Spark Connect server on loopback, started by the project's own script (Delta's jars and SQL
+    extension, no Delta Connect plugin) and stopped at the end; yields its ``sc://`` address. Started
+    only by the tests that ask for it (a second JVM, about 20 s)."""
+    import socket
+    import subprocess
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "connect-server.sh"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    logs = tmp_path_factory.mktemp("connect-server")
+    started = subprocess.run([str(script), "start", port, str(logs)], capture_output=True, text=True, check=False)
+    if started.returncode != 0:
+        raise RuntimeError(f"scripts/connect-server.sh start failed: {started.stderr.strip()[-2000:]}")
+    try:
+        yield f"sc://127.0.0.1:{port}"
+    finally:
+        subprocess.run([str(script), "stop", port, str(logs)], capture_output=True, text=True, check=False)
