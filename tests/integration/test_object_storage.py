@@ -41,3 +41,27 @@ def test_a_source_and_replica_on_s3_replicate_every_kind_of_change(s3_pipeline: 
     # the checkpoint table lives in the bucket too, and holds the batches' rows
     assert p.app.checkpoints.location.path.startswith("s3a://")
     assert tables.read(p.spark, p.app.checkpoints.location).where("error IS NULL").count() >= 2
+
+
+def test_a_source_version_vacuumed_on_s3_fails_the_table_under_policy_fail(s3_pipeline: Any) -> None:
+    p = s3_pipeline(change_window_policy="fail")
+    p.create("w", "id BIGINT NOT NULL, v INT", key="id")
+    p.sql("w", "INSERT INTO {t} VALUES (1, 1), (2, 2)")
+    p.start()
+    p.wait_caught_up("w")
+    p.stop()
+    # while the daemon is stopped: changes, then every file they wrote vacuumed away in the bucket
+    p.sql("w", "UPDATE {t} SET v = 10 WHERE id = 1")
+    p.sql("w", "DELETE FROM {t} WHERE id = 2")
+    p.sql("w", "INSERT INTO {t} VALUES (3, 3)")
+    p.spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+    try:
+        p.sql("w", "VACUUM {t} RETAIN 0 HOURS")
+    finally:
+        p.spark.conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
+    p.app = p._new_app()  # noqa: SLF001 (a new daemon process over the same bucket and folders)
+    p.start()
+    p.tick_until(lambda: p.views()["w"].state == "failed", what="the table to fail")
+    error = p.views()["w"].last_error
+    assert "change window expired" in error and "lakemirror resync" in error, error
+    assert p.rows(p.replica("w")) == [(1, 1), (2, 2)], "nothing half-applied"
