@@ -104,3 +104,16 @@ def list_folders(spark: "SparkSession", location: str) -> list[str]:
     if not fs.exists(path):
         return []
     return sorted(str(s.getPath().getName()) for s in fs.listStatus(path) if s.isDirectory())
+
+
+def delta_rs_target(spark: "SparkSession", path: str) -> "tuple[str, dict[str, str]] | None":
+    """How delta-rs reaches the path-based table at ``path``: the URI and storage options (with
+    credentials: never log them), from the session's s3a settings for an ``s3a://`` table; None
+    for a table on another remote file system."""
+    from lakemirror.tables import is_local_path
+
+    if is_local_path(path):
+        return path, {}
+    if is_s3a(path):
+        return delta_rs_uri(path), delta_rs_storage_options(session_s3a_conf(spark))
+    return None

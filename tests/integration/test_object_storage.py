@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from lakemirror import tables
+from lakemirror.object_store import delta_rs_target
 
 pytestmark = pytest.mark.integration
 
@@ -38,9 +39,19 @@ def test_a_source_and_replica_on_s3_replicate_every_kind_of_change(s3_pipeline: 
     assert lag.retention_headroom_seconds is not None and lag.retention_headroom_seconds > 0
     view = p.views()["o"]
     assert view.lag_seconds is not None and view.applied_through == p.latest_version("o")
-    # the checkpoint table lives in the bucket too, and holds the batches' rows
-    assert p.app.checkpoints.location.path.startswith("s3a://")
-    assert tables.read(p.spark, p.app.checkpoints.location).where("error IS NULL").count() >= 2
+    # the checkpoint table lives in the bucket too: appended by delta-rs (s3://, storage options from
+    # the session's s3a settings), read by Spark
+    store = p.app.checkpoints
+    assert store.location.path.startswith("s3a://") and store._by_delta_rs is True  # noqa: SLF001
+    assert tables.read(p.spark, store.location).where("error IS NULL").count() >= 2
+
+    # delta-rs reads the replica Spark wrote, through the same settings
+    from deltalake import DeltaTable
+
+    uri, options = delta_rs_target(p.spark, p.replica("o").path)
+    assert uri.startswith("s3://") and options["AWS_ENDPOINT_URL"].startswith("http://127.0.0.1:")
+    seen = DeltaTable(uri, storage_options=options).to_pyarrow_table(columns=["id", "v", "n"]).to_pylist()
+    assert sorted(tuple(r.values()) for r in seen) == [(1, "again", 100), (2, "B", 20), (3, "c", 3), (5, "e", 5)]
 
 
 def test_a_source_version_vacuumed_on_s3_fails_the_table_under_policy_fail(s3_pipeline: Any) -> None:
