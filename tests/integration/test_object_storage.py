@@ -12,6 +12,7 @@ import pytest
 
 from lakemirror import tables
 from lakemirror.object_store import delta_rs_target
+from lakemirror.sources.commit_log import HadoopCommitLog, commit_log_for
 
 pytestmark = pytest.mark.integration
 
@@ -37,6 +38,8 @@ def test_a_source_and_replica_on_s3_replicate_every_kind_of_change(s3_pipeline: 
     lag = p.runner("o").last_lag
     assert lag.lag_seconds is not None and lag.lag_seconds >= 0
     assert lag.retention_headroom_seconds is not None and lag.retention_headroom_seconds > 0
+    log = commit_log_for(p.spark, p.source("o"))  # the probes' commit times: S3 objects' times, via Hadoop
+    assert isinstance(log, HadoopCommitLog) and log.commit_time(0) is not None and log.commit_time(10**6) is None
     view = p.views()["o"]
     assert view.lag_seconds is not None and view.applied_through == p.latest_version("o")
     # the checkpoint table lives in the bucket too: appended by delta-rs (s3://, storage options from
@@ -75,4 +78,5 @@ def test_a_source_version_vacuumed_on_s3_fails_the_table_under_policy_fail(s3_pi
     p.tick_until(lambda: p.views()["w"].state == "failed", what="the table to fail")
     error = p.views()["w"].last_error
     assert "change window expired" in error and "lakemirror resync" in error, error
+    assert "s3a://" in error, "the missing file is named, in the bucket"
     assert p.rows(p.replica("w")) == [(1, 1), (2, 2)], "nothing half-applied"
