@@ -6,6 +6,7 @@ lives in the bucket; the daemon's own state and the stream checkpoints stay in a
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -17,8 +18,14 @@ from lakemirror.sources.commit_log import HadoopCommitLog, commit_log_for
 pytestmark = pytest.mark.integration
 
 
-def test_a_source_and_replica_on_s3_replicate_every_kind_of_change(s3_pipeline: Any) -> None:
-    p = s3_pipeline()
+@pytest.mark.parametrize("settings, path", [
+    ({}, "applies by rewriting the replica with Spark (the replica is not a path on the driver's file system)"),
+    ({"rewrite_below_bytes": 0}, "applies by MERGE"),
+], ids=["small replica: Spark rewrite", "Spark MERGE"])
+def test_a_source_and_replica_on_s3_replicate_every_kind_of_change(
+        s3_pipeline: Any, caplog: pytest.LogCaptureFixture, settings: dict[str, Any], path: str) -> None:
+    caplog.set_level(logging.INFO, logger="lakemirror.supervisor.runner")
+    p = s3_pipeline(**settings)
     assert p.source("o").path.startswith("s3a://") and p.replica("o").path.startswith("s3a://")
     p.create("o", "id BIGINT NOT NULL, v STRING, n INT", key="id")
     p.sql("o", "INSERT INTO {t} VALUES (1, 'a', 1), (2, 'b', 2), (3, 'c', 3)")
@@ -32,6 +39,8 @@ def test_a_source_and_replica_on_s3_replicate_every_kind_of_change(s3_pipeline: 
     p.wait_caught_up("o")
     p.assert_replica_equals_source("o")
     assert p.rows(p.replica("o"), ["id", "v", "n"]) == [(1, "again", 100), (2, "B", 20), (3, "c", 3), (5, "e", 5)]
+
+    assert any(path in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
 
     # lag and retention headroom, measured from the commit files in the bucket
     p.tick_until(lambda: p.runner("o").last_lag is not None, what="a lag reading")
