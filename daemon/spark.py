@@ -67,9 +67,9 @@ def session_jars(rt: RuntimeSettings, s3a: bool | None = None) -> list[str]:
     bundle when ``s3a`` (default: when the warehouse is ``s3a://`` or a conf sets
     ``spark.hadoop.fs.s3a.*``).
 
-    Only then: the bundle is about 690 MB, and a session that loads it took 16.3 s instead of
-    13.7 s to start and run its first job (median of 5 alternating runs each, on the 2-core
-    machine under other load; the script is in docs/deployment.md, "Object storage")."""
+    Only then: the bundle is about 690 MB, and a session that loads it took 30.4 s instead of
+    22.3 s to start and run its first job (medians of 5 alternating runs each, on the 2-core
+    machine under other load; ``scripts/measure-s3-costs.py start``)."""
     paths = jar_paths(rt.jars_dir)
     if s3a if s3a is not None else needs_s3a([rt.warehouse], rt.spark_conf):
         paths += jar_paths(rt.jars_dir, group="s3")
