@@ -202,21 +202,23 @@ def _status_with_spark(settings: Any) -> list[dict[str, Any]]:
 
 
 def cmd_fetch_jars(args: argparse.Namespace) -> int:
-    from lakemirror.daemon.jars import FetchFailed, JarsMissing, fetch, jar_paths
+    from lakemirror.daemon.jars import OPTIONAL_PACKAGES, FetchFailed, JarsMissing, fetch_missing, jar_paths
 
     if args.check:
         try:
-            print(f"{len(jar_paths(args.dest))} jars cached")
+            counts = [f"{len(jar_paths(args.dest))} jars cached"]
+            counts += [f"{len(jar_paths(args.dest, g))} {g} jars" for g in OPTIONAL_PACKAGES]
         except JarsMissing as exc:
             print(exc, file=sys.stderr)
             return EXIT_FAILED
+        print(", ".join(counts))
         return EXIT_OK
     try:
-        folder = fetch(args.dest)
+        written = fetch_missing(args.dest, refresh=args.refresh)
     except FetchFailed as exc:
         print(f"fetch-jars: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    print(f"{len(jar_paths(folder))} jars cached in {folder}")
+    print("\n".join(f"jars cached in {folder}" for folder in written) or "every jar group is already cached")
     return EXIT_OK
 
 
@@ -291,9 +293,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--uc-object-types", metavar="T,…", help="metadata object types, e.g. table_tag,column_comment")
     p.add_argument("--operation", metavar="OP[,OP]", help="clone, incremental, reconcile and/or metadata (overrides the file)")
     p.set_defaults(func=cmd_replicate)
-    p = sub.add_parser("fetch-jars", help="resolve Delta's jars from Maven Central into the local cache")
+    p = sub.add_parser("fetch-jars", help="resolve Delta's jars (and hadoop-aws for s3a://) from Maven Central into the local cache")
     p.add_argument("--dest", help="target folder (default ~/.cache/lakemirror/jars-…)")
     p.add_argument("--check", action="store_true", help="only check that the jars are cached")
+    p.add_argument("--refresh", action="store_true", help="fetch every group again, even those already cached")
     p.set_defaults(func=cmd_fetch_jars)
     return parser
 

@@ -82,7 +82,9 @@ class RuntimeSettings(Strict):
         "local", description="local: embedded Spark + Delta (default); connect: a Spark Connect server; "
                              "databricks: the session of a Databricks job.")
     master: str = Field("local[2]", description="Spark master URL in local mode.")
-    warehouse: str = Field("./lakehouse", description="Local mode: the directory holding catalogs/schemas/tables.")
+    warehouse: str = Field("./lakehouse", description="Local mode: the directory holding catalogs/schemas/tables, "
+                           "or s3a://bucket/path for a lakehouse on S3 (with the spark.hadoop.fs.s3a.* confs in "
+                           "spark_conf; docs/deployment.md, \"Object storage\").")
     spark_remote: str | None = Field(None, description="Connect mode: the server, e.g. sc://host:15002.")
     jars_dir: str | None = Field(None, description="Directory of Delta's jars (default: ~/.cache/lakemirror/jars).")
     shuffle_partitions: int = Field(4, ge=1, le=spark_values.JAVA_INT_MAX, description="spark.sql.shuffle.partitions for the daemon's session.")
@@ -160,7 +162,8 @@ class Settings(BaseSettings):
     destination_schema: str | None = Field(None, description="Schema of the replicas (default: schema_name).")
     tables: list[str] | None = Field(None, description="Tables to mirror; omit for every table, new ones picked up live.")
     exclude_tables: list[str] = Field(default_factory=list, description="Tables never mirrored.")
-    checkpoint_volume: str = Field(description="Root directory of stream checkpoints and pipeline state.")
+    checkpoint_volume: str = Field(description="Root directory of stream checkpoints and pipeline state. In local "
+                                   "mode a local (or mounted) directory, also when the tables are on S3.")
     trigger_interval_seconds: float = Field(5.0, ge=0.001, le=86400, description="Micro-batch trigger interval: "
                                             "the shortest time between two batches of one table.")
     apply_workers: int = Field(1, ge=0, le=1024, description="How many tables apply changes at the same time. "
@@ -384,13 +387,34 @@ def local_path_problem(value: str) -> str | None:
     return None
 
 
+def object_storage_problem(field: str, value: str) -> str | None:
+    """Why a location cannot be used in local mode for ``field`` (``checkpoint_volume`` or
+    ``runtime.warehouse``) because of its URI scheme, or None.
+
+    The warehouse may be on S3 through Hadoop's ``s3a://`` (``s3://`` and ``s3n://`` have no file
+    system in Spark's Hadoop). ``checkpoint_volume`` holds the daemon's own state files, written
+    with atomic local renames, so it must be a local directory even when the tables are on S3."""
+    scheme = value.split(":", 1)[0].lower() if _SCHEME.match(value) else ""
+    if scheme in ("", "file"):
+        return None
+    if field == "checkpoint_volume":
+        return (f"{value} is not a local directory: checkpoint_volume holds the daemon's state files and stream "
+                f"checkpoints, which need a local (or mounted) file system; the tables may be on S3 "
+                f"(runtime.warehouse: s3a://bucket/path)")
+    if scheme in ("s3", "s3n"):
+        return f"{value}: Spark reaches S3 through Hadoop's s3a:// file system; write s3a://{value.split('://', 1)[-1]}"
+    if scheme != "s3a":
+        return f"{value}: local mode supports a local directory or s3a://bucket/path as the warehouse"
+    return None
+
+
 def _path_problems(settings: Settings, origin: str, overrides: dict[str, Any]) -> list[tuple[str, str]]:
     if settings.runtime.mode != "local":
         return []
     found = []
     for loc, value in ((("checkpoint_volume",), settings.checkpoint_volume),
                        (("runtime", "warehouse"), settings.runtime.warehouse)):
-        problem = local_path_problem(value)
+        problem = object_storage_problem(".".join(loc), value) or local_path_problem(value)
         if problem:
             found.append((_origin_of(loc, origin, overrides), problem))
     return found

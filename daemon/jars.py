@@ -10,6 +10,10 @@ Central over https is the only repository, so a stray POM in ``~/.m2`` or an unr
 third-party host cannot break or clutter it. Ivy runs in a ``spark-submit`` child whose output is
 kept in a log file; on failure :class:`FetchFailed` carries one line with the cause (the artifact,
 the URL tried, the network error) and the log's path.
+
+Optional groups (:data:`OPTIONAL_PACKAGES`) are resolved by the same command into a subfolder of
+their own, with their own manifest, and a session loads them only when a setting needs them:
+hadoop-aws and the AWS SDK v2 bundle it pulls (about 690 MB) when a location is ``s3a://``.
 """
 
 from __future__ import annotations
@@ -37,6 +41,13 @@ MAVEN_PACKAGES: tuple[str, ...] = (
     f"io.delta:delta-spark_{SPARK_MINOR}_{SCALA}:{DELTA_VERSION}",  # Delta Lake
     f"org.apache.spark:spark-sql-kafka-0-10_{SCALA}:{SPARK_VERSION}",  # Kafka source
 )
+#: The Hadoop that pyspark 4.2 ships; hadoop-aws must match it exactly.
+HADOOP_VERSION = "3.5.0"
+#: Optional groups, each fetched into ``<jars dir>/<group>/`` with its own manifest and loaded only
+#: when needed: ``s3`` (S3 through ``s3a://``) when a location or conf of the session names it.
+OPTIONAL_PACKAGES: dict[str, tuple[str, ...]] = {
+    "s3": (f"org.apache.hadoop:hadoop-aws:{HADOOP_VERSION}",),  # pulls the AWS SDK v2 bundle
+}
 MANIFEST = "lakemirror-jars.json"
 IVY_SETTINGS = Path(__file__).with_name("ivysettings.xml")
 
@@ -74,18 +85,28 @@ def default_ivy_cache() -> Path:
     return Path(env) if env else cache_root() / "ivy"
 
 
-def jar_paths(jars_dir: str | Path | None = None) -> list[str]:
-    """The cached jars, or :class:`JarsMissing` saying how to fetch them."""
+def group_dir(jars_dir: str | Path | None, group: str | None = None) -> Path:
+    """Where a group's jars live: the jars directory itself for :data:`MAVEN_PACKAGES`, a
+    subfolder for an optional group."""
     folder = Path(jars_dir) if jars_dir else default_jars_dir()
+    return folder / group if group else folder
+
+
+def jar_paths(jars_dir: str | Path | None = None, group: str | None = None) -> list[str]:
+    """The cached jars (of :data:`MAVEN_PACKAGES`, or of the optional ``group``), or
+    :class:`JarsMissing` saying how to fetch them."""
+    folder = group_dir(jars_dir, group)
+    packages = OPTIONAL_PACKAGES[group] if group else MAVEN_PACKAGES
     manifest = folder / MANIFEST
     if not manifest.is_file():
+        what = f"The {group!r} jars ({', '.join(packages)})" if group else "Delta's jars"
         raise JarsMissing(
-            f"Delta's jars are not in {folder}. Run `lakemirror fetch-jars` (or `make setup`) once "
+            f"{what} are not in {folder}. Run `lakemirror fetch-jars` (or `make setup`) once "
             f"with access to Maven Central; later runs work offline.")
     content = json.loads(manifest.read_text())
     fetched = content.get("packages", [])
-    if sorted(fetched) != sorted(MAVEN_PACKAGES):
-        absent = sorted(set(MAVEN_PACKAGES) - set(fetched))
+    if sorted(fetched) != sorted(packages):
+        absent = sorted(set(packages) - set(fetched))
         raise JarsMissing(f"the jars in {folder} were fetched for another package list (missing: "
                           f"{', '.join(absent) or 'none'}); run `lakemirror fetch-jars` again")
     paths = [str(folder / n) for n in content["jars"]]
@@ -171,3 +192,18 @@ def fetch(jars_dir: str | Path | None = None, packages: Sequence[str] = MAVEN_PA
     (folder / MANIFEST).write_text(json.dumps(
         {"packages": list(packages), "jars": [j.name for j in resolution.jars]}, indent=2))
     return folder
+
+
+def fetch_missing(jars_dir: str | Path | None = None, refresh: bool = False) -> list[Path]:
+    """Fetch :data:`MAVEN_PACKAGES`, then each optional group, whose cache is missing, stale or
+    incomplete (every one with ``refresh``); the folders written."""
+    written = []
+    for group, packages in ((None, MAVEN_PACKAGES), *OPTIONAL_PACKAGES.items()):
+        if not refresh:
+            try:
+                jar_paths(jars_dir, group)
+                continue
+            except JarsMissing:
+                pass
+        written.append(fetch(group_dir(jars_dir, group), packages))
+    return written

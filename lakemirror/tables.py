@@ -166,15 +166,25 @@ DELTA_RS_WRITER_FEATURES = frozenset({"appendOnly", "invariants", "checkConstrai
 DV_WRITER_FEATURES = DELTA_RS_WRITER_FEATURES | {"deletionVectors", "changeDataFeed"}
 
 
-def delta_rs_can_write(path: str) -> bool:
-    """Whether delta-rs is installed and writes the Delta table at local ``path`` correctly."""
+def delta_rs_can_write(path: str, storage_options: "dict[str, str] | None" = None) -> bool:
+    """Whether delta-rs is installed and writes the Delta table at ``path`` correctly: a local
+    path, or with ``storage_options`` a delta-rs URI such as ``s3://…``
+    (:func:`lakemirror.object_store.delta_rs_target`)."""
     import importlib.util
 
-    if importlib.util.find_spec("deltalake") is None or not is_local_table(path):
+    if importlib.util.find_spec("deltalake") is None:
         return False
     from deltalake import DeltaTable
 
-    protocol = DeltaTable(path).protocol()
+    if not storage_options:
+        if not is_local_table(path):
+            return False
+        protocol = DeltaTable(path).protocol()
+    else:
+        try:
+            protocol = DeltaTable(path, storage_options=storage_options).protocol()
+        except Exception:  # noqa: BLE001 (no table there, or delta-rs cannot reach it: Spark writes)
+            return False
     if protocol.min_writer_version < 7:
         return protocol.min_writer_version <= 3  # 4 and up: change data feed, generated columns, column mapping
     return set(protocol.writer_features or ()) <= DELTA_RS_WRITER_FEATURES

@@ -3,7 +3,8 @@
 #   - checks Python >= 3.11 and Java >= 17 (with a message saying what to install),
 #   - creates .venv and installs lakemirror with its pinned dependencies and test extras,
 #   - resolves Delta's jars from Maven Central once into the local cache (~/.cache/lakemirror),
-#     so that every later run, test and demo starts offline,
+#     and hadoop-aws with the AWS SDK bundle (about 690 MB, for s3a:// locations and the
+#     object-storage tests), so that every later run, test and demo starts offline,
 #   - installs the Debian packages of scripts/install-services.sh (apt-get, as root or with sudo) when
 #     their tools are missing; LAKEMIRROR_SKIP_SYSTEM_PACKAGES=1 skips this step.
 set -euo pipefail
@@ -34,6 +35,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install --quiet -e '.[test]'
   echo "$want" > "$stamp"
 fi
+# fetch-jars resolves only the groups not cached yet (a machine set up before the s3 group gets it alone).
 .venv/bin/lakemirror fetch-jars --check >/dev/null 2>&1 || .venv/bin/lakemirror fetch-jars
 # Debian packages the deployment tests run for real (promtool); their tests are skipped if this fails.
 if [ "${LAKEMIRROR_SKIP_SYSTEM_PACKAGES:-0}" = 1 ]; then
