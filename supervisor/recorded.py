@@ -116,7 +116,8 @@ def read_recorded(spec: PipelineSpec, *, locate: Callable[[TableName], TableLoca
         try:
             record = replica_record.read_record(
                 progress, checkpoint_root=spec.checkpoint_root, pipeline_id=spec.pipeline_id,
-                table_slug=source.slug, replica_path=locate(spec.destination(table)).path)
+                table_slug=source.slug, replica_path=locate(spec.destination(table)).path,
+                source_path=locate(source).path)
         except Exception as exc:  # noqa: BLE001 (the checkpoint rows remain)
             log.info("table %s: cannot read the replica's transaction record: %s", source, exc)
             record = None

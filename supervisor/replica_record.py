@@ -19,6 +19,7 @@ elsewhere the record is unknown (None) and the runner learns the applied version
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ from lakemirror.checkpoints import stream_dir
 from lakemirror.checkpoints.state import TableProgress
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.txn import BatchStats, MergeOutcome, txn_app_id
+from lakemirror.sources.feed_range import LocalCommitActions
 from lakemirror.supervisor.offsets import applied_through_from_offset
 from lakemirror.tables import is_local_table, local_dir
 
@@ -52,15 +54,22 @@ def replica_txn_version(replica_path: str | None, app_id: str) -> int | None:
     return None if version is None else int(version)
 
 
-def applied_through_after_batch(checkpoint: str, batch_id: int) -> int | None:
+def applied_through_after_batch(checkpoint: str, batch_id: int, source_path: str | None = None) -> int | None:
     """The last source version fully applied once batch ``batch_id`` of ``checkpoint`` is applied
-    (from the end offset Spark logged for the batch before running it)."""
+    (from the end offset Spark logged for the batch before running it, and, for a source on the
+    driver's file system, the number of files of the offset's version)."""
     folder = local_dir(checkpoint)
     if folder is None:
         return None
     try:
         offset = stream_dir.source_offset((folder / "offsets" / str(batch_id)).read_text(encoding="utf-8"))
-        return applied_through_from_offset(offset)
+        files = None
+        source_dir = local_dir(source_path) if source_path is not None and is_local_table(source_path) else None
+        parsed = json.loads(offset) if offset is not None else None
+        if source_dir is not None and isinstance(parsed, dict) and "reservoirVersion" in parsed:
+            shape = LocalCommitActions(str(source_dir)).shape(int(parsed["reservoirVersion"]))
+            files = shape.files if shape is not None else None
+        return applied_through_from_offset(offset, files)
     except (OSError, UnicodeDecodeError, KeyError, ValueError, TypeError):
         return None
 
@@ -73,7 +82,7 @@ class ReplicaRecord:
 
 
 def read_record(progress: TableProgress, *, checkpoint_root: str, pipeline_id: str, table_slug: str,
-                replica_path: str | None) -> ReplicaRecord | None:
+                replica_path: str | None, source_path: str | None = None) -> ReplicaRecord | None:
     """The replica's record for the table's current epoch; None when it cannot be read here."""
     if not progress.bootstrapped or progress.bootstrap_version is None:
         return None
@@ -84,7 +93,7 @@ def read_record(progress: TableProgress, *, checkpoint_root: str, pipeline_id: s
     if txn is None:
         return ReplicaRecord(app_id, None, progress.bootstrap_version)
     checkpoint = stream_checkpoint(checkpoint_root, pipeline_id, table_slug, progress.epoch)
-    through = applied_through_after_batch(checkpoint, txn)
+    through = applied_through_after_batch(checkpoint, txn, source_path)
     return ReplicaRecord(app_id, txn, through)
 
 

@@ -361,7 +361,8 @@ class TableRunner:
         try:
             record = replica_record.read_record(
                 self.ctx.states.load(self.slug), checkpoint_root=spec.checkpoint_root, pipeline_id=spec.pipeline_id,
-                table_slug=self.slug, replica_path=self.ctx.catalog.locate(self.destination).path)
+                table_slug=self.slug, replica_path=self.ctx.catalog.locate(self.destination).path,
+                source_path=self.ctx.catalog.locate(self.source).path)
         except Exception as exc:  # noqa: BLE001 (the stream's own progress remains)
             log.info("table %s: cannot read the replica's transaction record: %s", self.source, exc)
             record = None

@@ -35,10 +35,25 @@ class ConnectPipeline(Pipeline):
 
 @pytest.fixture(scope="module")
 def remote(connect_server: str) -> Iterator[Any]:
+    """A Connect session beside the suite's classic one. ``getOrCreate`` refuses while a classic
+    session runs (SESSION_ALREADY_EXIST), so it is created outright; creating it marks the process
+    as Connect-only (``SPARK_CONNECT_MODE_ENABLED``), which would make every later classic
+    ``getOrCreate`` refuse too, so the mark is taken back when the module ends."""
+    import os
+
     from pyspark.sql import SparkSession
 
-    session = SparkSession.builder.remote(connect_server).getOrCreate()
-    yield session
+    before = {k: os.environ.get(k) for k in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE")}
+    session = SparkSession.builder.remote(connect_server).create()
+    try:
+        yield session
+    finally:
+        session.stop()
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def _pipeline(remote: Any, root: Path, url: str) -> ConnectPipeline:
