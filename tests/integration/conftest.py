@@ -253,3 +253,13 @@ def s3_pipeline(spark: Any, s3_bucket: S3Bucket, tmp_path: Path) -> Iterator[Any
     yield make
     for p in made:
         p.stop()
+
+
+def vacuum_everything(pipeline: Any, table: str) -> None:
+    """VACUUM a source table with no retention, as an expired change window leaves it."""
+    spark = pipeline.spark
+    spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+    try:
+        pipeline.sql(table, "VACUUM {t} RETAIN 0 HOURS")
+    finally:
+        spark.conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")

@@ -15,16 +15,9 @@ import pytest
 
 from lakemirror.supervisor.replica_record import stream_checkpoint
 
+from tests.integration.conftest import vacuum_everything
+
 pytestmark = pytest.mark.integration
-
-
-def vacuum_everything(pipeline: Any, table: str) -> None:
-    spark = pipeline.spark
-    spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
-    try:
-        pipeline.sql(table, "VACUUM {t} RETAIN 0 HOURS")
-    finally:
-        spark.conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
 
 
 def uncommit_last_batch(pipeline: Any, table: str) -> int:
