@@ -24,7 +24,8 @@ from bench.big import WARMUP_COMMITS, bootstrap, peak_resident_mib, steady_cost
 from bench.key_lookup import key_lookup
 from bench.measure import summarize_runs
 from bench.postgres_sink import postgres_throughput, render as render_postgres
-from bench.systems import VARIANTS, DeltaRsLoop, FullRefresh, LakemirrorDaemon
+from bench.production import parameters as production_parameters, production, render as render_production
+from bench.systems import VARIANTS, DeltaRsLoop, FullRefresh, LakemirrorDaemon, LocalSite
 from bench.workload import SourceTable, same_rows, table_path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,31 +46,38 @@ def machine() -> dict[str, Any]:
 # -- steady lag ---------------------------------------------------------------------------------
 
 def steady_lag(system: str, tables: int, rows: int, seconds: float, fraction: float, trigger: float,
-               seed: int, warmup: float = 0.0) -> dict[str, Any]:
+               seed: int, warmup: float = 0.0, site: Any = None, drain_seconds: float | None = None) -> dict[str, Any]:
     """Lag of every source commit while a writer changes every table once a second.
 
     The writer runs ``warmup`` seconds before the measured ``seconds``: a long-running daemon's
     JVM has compiled its hot code long since, one just started has not (on two cores its JIT
     compiler takes about half the CPU for the first minutes). Commits of the warm-up are
     reported apart, never mixed into the steady figures.
+
+    ``site`` keeps the tables and builds lakemirror's daemon: the driver's local disk
+    (``LocalSite``, the default) or an S3 server (bench/production.py). ``drain_seconds``: how
+    long the system may take after the writer stops (default ``DRAIN_SECONDS``).
     """
-    workdir = Path(tempfile.mkdtemp(prefix=f"bench-{system.split()[0]}-"))
-    warehouse = workdir / "lakehouse"
+    site = site or LocalSite()
+    drain = DRAIN_SECONDS if drain_seconds is None else drain_seconds
+    workdir = Path(tempfile.mkdtemp(prefix=f"bench-{system.split()[0].strip(',')}-"))
+    warehouse = site.warehouse(workdir)
+    options = site.storage_options
     names = [f"t{i:02d}" for i in range(tables)]
-    sources = {t: SourceTable(table_path(warehouse, "src", "bench", t), rows) for t in names}
+    sources = {t: SourceTable(site.uri(warehouse, "src", t), rows, storage_options=options) for t in names}
     for s in sources.values():
         s.create()
-    replicas = {t: table_path(warehouse, "dst", "bench", t) for t in names}
+    replicas = {t: site.uri(warehouse, "dst", t) for t in names}
     runner: Any
-    lakemirror = system == "lakemirror" or system in VARIANTS
+    lakemirror = system.startswith("lakemirror")
     if lakemirror:
-        runner = LakemirrorDaemon(workdir, warehouse, names, trigger, variant=system if system in VARIANTS else None)
+        runner = site.daemon(system, workdir, warehouse, names, trigger)
         runner.start()
         ready = runner.wait_through({t: s.version() for t, s in sources.items()}, timeout=600)
         runner.scrape_lag()
     else:
         runner = (DeltaRsLoop if system == "delta-rs" else FullRefresh)(
-            {t: s.path for t, s in sources.items()}, replicas, trigger if system == "delta-rs" else 0.0)
+            {t: s.path for t, s in sources.items()}, replicas, trigger if system == "delta-rs" else 0.0, options)
         t0 = time.time()
         runner.bootstrap()
         ready = time.time() - t0
@@ -89,12 +97,14 @@ def steady_lag(system: str, tables: int, rows: int, seconds: float, fraction: fl
     drained = True
     if lakemirror:
         try:
-            runner.wait_through(finals, timeout=DRAIN_SECONDS)
+            runner.wait_through(finals, timeout=drain)
         except TimeoutError:
             drained = False  # what was not applied by then is counted as unapplied, never dropped
         runner.peak_memory = peak_resident_mib(runner.proc.pid)
+        for name, mib in peak_resident_mib(runner.server_pid).items() if runner.server_pid else ():
+            runner.peak_memory[f"server {name}"] = mib  # a Spark Connect server's JVM and Python workers
     else:
-        deadline = time.time() + DRAIN_SECONDS
+        deadline = time.time() + drain
         while time.time() < deadline and any(runner.applied[t] < v for t, v in finals.items()):
             time.sleep(0.2)
         drained = all(runner.applied[t] >= v for t, v in finals.items())
@@ -102,12 +112,12 @@ def steady_lag(system: str, tables: int, rows: int, seconds: float, fraction: fl
     def window(commits: dict[int, float], steady: bool) -> dict[int, float]:
         return {v: t for v, t in commits.items() if (t >= measured_from) == steady}
     summary = summarize_runs((window(sources[t].commits, True), runner.applies(t)) for t in names)
-    exact = drained and all(same_rows(sources[t].path, replicas[t]) for t in names)
+    exact = drained and all(same_rows(sources[t].path, replicas[t], options) for t in names)
     result: dict[str, Any] = {
         "system": runner.name, "tables": tables, "rows_per_table": rows, "seconds": seconds,
         "source_commits": sum(len(s.commits) for s in sources.values()), "change_rows_written": change_rows,
         "ready_seconds": round(ready, 2), "lag": summary.as_dict(), "replicas_equal_sources": exact,
-        "warmup_seconds": warmup, "drained_within_seconds": DRAIN_SECONDS if drained else None,
+        "warmup_seconds": warmup, "drained_within_seconds": drain if drained else None, "drain_seconds": drain,
         "warmup_lag": summarize_runs((window(sources[t].commits, False), runner.applies(t)) for t in names).as_dict()
         if warmup else None,
         "series": sorted((t_made - started, lag) for t in names
@@ -172,7 +182,8 @@ def catch_up(system: str, rows: int, commits: int, fraction: float, seed: int) -
 
 # -- report ---------------------------------------------------------------------------------------
 
-WORKLOADS = ("steady", "scale", "catch_up", "steady_cost", "bootstrap", "apply_cost", "key_lookup", "postgres")
+WORKLOADS = ("steady", "scale", "catch_up", "steady_cost", "bootstrap", "apply_cost", "key_lookup", "postgres",
+             "production")
 
 
 def _when(section: dict[str, Any]) -> str:
@@ -193,10 +204,10 @@ def _exact(r: dict[str, Any]) -> str:
     return "yes" if r["replicas_equal_sources"] else "NO"
 
 
-def _steady_table(runs: list[dict[str, Any]]) -> list[str]:
+def _steady_table(runs: list[dict[str, Any]], base_system: str = "lakemirror") -> list[str]:
     lines = ["| system | source commits | p50 s | p95 s | p99 s | max s | unapplied | replicas exact | "
-             "p99 vs lakemirror | peak RSS MiB (daemon Python / JVM) |", "|---|---|---|---|---|---|---|---|---|---|"]
-    base = next((r["lag"]["p99"] for r in runs if r["system"] == "lakemirror"), None)
+             f"p99 vs {base_system} | peak RSS MiB (daemon Python / JVM) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    base = next((r["lag"]["p99"] for r in runs if r["system"] == base_system), None)
     for r in runs:
         lag = r["lag"]
         ratio = f"{lag['p99'] / base:.2f}x" if base else "-"
@@ -205,7 +216,7 @@ def _steady_table(runs: list[dict[str, Any]]) -> list[str]:
                      f"{ratio} | {_mem(r)} |")
     for r in runs:
         if r.get("drained_within_seconds", 1) is None:
-            lines += ["", f"**{r['system']} had not applied every commit {DRAIN_SECONDS:.0f} s after the writer "
+            lines += ["", f"**{r['system']} had not applied every commit {r.get('drain_seconds', DRAIN_SECONDS):.0f} s after the writer "
                           f"stopped.** Commits it applied later (while draining on SIGTERM) count above with "
                           f"their real lag, commits never applied as unapplied; the replicas were not compared."]
     warm = [r for r in runs if r.get("warmup_lag")]
@@ -360,6 +371,8 @@ def render(results: dict[str, Any]) -> str:
                          f"{'yes' if r['same_rows_as_row_by_row'] else 'NO'} |")
     if results.get("postgres"):
         lines += ["", *render_postgres(results["postgres"])]
+    if results.get("production"):
+        lines += ["", *render_production(results["production"], p.get("production") or {}, _steady_table)]
     lines += ["", "## Notes", "", *results.get("notes", [])]
     return "\n".join(lines) + "\n"
 
@@ -426,7 +439,8 @@ def parameters(quick: bool) -> dict[str, Any]:
             "catchup_rows": 100_000 if quick else 1_000_000, "catchup_commits": 5 if quick else 10,
             "cost_rows": 500_000 if quick else 10_000_000, "cost_cycles": 2 if quick else 4,
             "cost_warmup_commits": 10 if quick else WARMUP_COMMITS,
-            "bootstrap_rows": 500_000 if quick else 5_000_000, "lookup_rows": 500_000 if quick else 5_000_000}
+            "bootstrap_rows": 500_000 if quick else 5_000_000, "lookup_rows": 500_000 if quick else 5_000_000,
+            "production": production_parameters(quick)}
 
 
 def run_workload(name: str, p: dict[str, Any], seed: int) -> list[dict[str, Any]]:
@@ -471,6 +485,8 @@ def run_workload(name: str, p: dict[str, Any], seed: int) -> list[dict[str, Any]
         print("key lookup ...", flush=True)
         out = key_lookup(p["lookup_rows"], 5, seed)
         print(f"  {out}", flush=True)
+    elif name == "production":
+        out = production(p["production"], seed)
     elif name == "apply_cost":
         print("apply cost ...", flush=True)
         out = apply_cost(p["steady_rows"], p["fraction"], 6 if p["steady_rows"] < 100_000 else 10, seed)

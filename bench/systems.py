@@ -50,7 +50,10 @@ class LakemirrorDaemon:
 
     def __init__(self, workdir: Path, warehouse: Path, tables: list[str], trigger_seconds: float,
                  shuffle_partitions: int = 2, replica_properties: dict[str, str] | None = None,
-                 destination_catalog: str = "dst", variant: str | None = None) -> None:
+                 destination_catalog: str = "dst", variant: str | None = None,
+                 settings: dict[str, Any] | None = None, runtime: dict[str, Any] | None = None) -> None:
+        """``settings`` and ``runtime``: more settings over the benchmark's own (e.g. the production
+        path's, bench/production.py), at the top level and in ``runtime``."""
         self.workdir, self.warehouse, self.tables = workdir, warehouse, tables
         self.name = variant or "lakemirror"
         self.destination_catalog = destination_catalog
@@ -61,8 +64,8 @@ class LakemirrorDaemon:
             "schema_name": "bench", "tables": tables, "checkpoint_volume": str(workdir / "ck"),
             "trigger_interval_seconds": trigger_seconds, "lag_interval_seconds": 1,
             "replica_properties": replica_properties or {},
-            **(VARIANTS[variant] if variant else {}),
-            "runtime": {"warehouse": str(warehouse), "shuffle_partitions": shuffle_partitions},
+            **(VARIANTS[variant] if variant in VARIANTS else {}), **(settings or {}),
+            "runtime": {"warehouse": str(warehouse), "shuffle_partitions": shuffle_partitions, **(runtime or {})},
             "http": {"port": 0}}))
         self.proc: subprocess.Popen[bytes] | None = None
         self.metric_lag: list[tuple[float, float]] = []  # (time, max lakemirror_lag_seconds over tables)
@@ -70,6 +73,7 @@ class LakemirrorDaemon:
         self.started_at = 0.0
         self.peak_memory: dict[str, float] = {}  # peak resident MiB of the daemon's processes, by kind
         self._stopped_applies: dict[str, list[Apply]] | None = None
+        self.server_pid: int | None = None  # a Spark Connect server the daemon talks to (its memory is reported too)
 
     def start(self) -> None:
         self.started_at = time.time()
@@ -154,6 +158,14 @@ class LakemirrorDaemon:
     def batches(self, since: float) -> dict[str, Any]:
         return batch_summary(self.checkpoint_table, since)
 
+    def checkpoint_rows(self, columns: list[str]) -> pa.Table:
+        return DeltaTable(str(self.checkpoint_table)).to_pyarrow_table(columns=columns)
+
+    def commit_files(self, table: str) -> list[tuple[float, str]]:
+        """The replica's commit files, oldest first: (the time the file appeared, its text)."""
+        return [(commit.stat().st_mtime, commit.read_text())
+                for commit in sorted((self.replica_path(table) / "_delta_log").glob("*.json"))]
+
     def applies(self, table: str) -> list[Apply]:
         """The replica's MERGE commits (file time) mapped to the source version each batch reached."""
         if self._stopped_applies is not None:
@@ -164,27 +176,27 @@ class LakemirrorDaemon:
 
     def _read_applies(self, table: str) -> list[Apply]:
         reached: dict[int, int] = {}
-        ck = DeltaTable(str(self.checkpoint_table)).to_pyarrow_table(
-            columns=["source_fqn", "batch_id", "epoch", "last_committed_version", "error"])
+        ck = self.checkpoint_rows(["source_fqn", "batch_id", "epoch", "last_committed_version", "error"])
         for row in ck.to_pylist():
             if row["source_fqn"].endswith(f".{table}") and row["error"] is None and row["batch_id"] >= 0:
                 reached[row["batch_id"]] = row["last_committed_version"]
         out = []
-        for commit in sorted((self.replica_path(table) / "_delta_log").glob("*.json")):
-            for line in commit.read_text().splitlines():
+        for appeared, text in self.commit_files(table):
+            for line in text.splitlines():
                 info = json.loads(line).get("commitInfo")
                 if info and info.get("userMetadata"):
                     batch = json.loads(info["userMetadata"]).get("batch")
                     if batch in reached:
-                        out.append(Apply(commit.stat().st_mtime, reached[batch]))
+                        out.append(Apply(appeared, reached[batch]))
         return out
 
 
-def batch_summary(checkpoint_table: Path, since: float) -> dict[str, Any]:
+def batch_summary(checkpoint_table: Path | str, since: float,
+                  storage_options: dict[str, str] | None = None) -> dict[str, Any]:
     """What lakemirror's batches started at or after ``since`` cost, from its checkpoint rows:
     how many, how long each took (the apply's start, whichever path, to checkpoint row), how many source versions and
     change rows each carried."""
-    rows = [r for r in DeltaTable(str(checkpoint_table)).to_pyarrow_table(
+    rows = [r for r in DeltaTable(str(checkpoint_table), storage_options=storage_options).to_pyarrow_table(
         columns=["started_at", "ended_at", "first_version", "last_version", "rows_read", "error"]).to_pylist()
         if r["error"] is None and r["rows_read"] and r["started_at"].timestamp() >= since]
     if not rows:
@@ -195,6 +207,24 @@ def batch_summary(checkpoint_table: Path, since: float) -> dict[str, Any]:
     return {"batches": len(rows), "seconds_p50": seconds[len(seconds) // 2],
             "seconds_p90": seconds[int(len(seconds) * 0.9)], "versions_p50": versions[len(versions) // 2],
             "change_rows_p50": change_rows[len(change_rows) // 2]}
+
+
+class LocalSite:
+    """Where the steady workload keeps its tables: the driver's local disk (a lakehouse folder of the
+    run's working directory). bench/production.py's ``S3Site`` keeps them on an S3 server instead."""
+
+    storage_options: dict[str, str] = {}
+
+    def warehouse(self, workdir: Path) -> Path:
+        return workdir / "lakehouse"
+
+    def uri(self, warehouse: Any, catalog: str, table: str) -> Path:
+        """Where delta-rs finds ``catalog.bench.table``."""
+        return Path(warehouse) / catalog / "bench" / table
+
+    def daemon(self, system: str, workdir: Path, warehouse: Any, tables: list[str],
+               trigger: float) -> LakemirrorDaemon:
+        return LakemirrorDaemon(workdir, warehouse, tables, trigger, variant=system if system in VARIANTS else None)
 
 
 def _through(view: dict[str, Any]) -> int:
@@ -222,8 +252,8 @@ def latest_per_key(changes: pa.Table) -> pa.Table:
     return latest.rename_columns(["id", *cols])
 
 
-def merge_changes(replica: Path, latest: pa.Table) -> None:
-    (DeltaTable(str(replica)).merge(latest, "t.id = s.id", source_alias="s", target_alias="t")
+def merge_changes(replica: Path | str, latest: pa.Table, storage_options: dict[str, str] | None = None) -> None:
+    (DeltaTable(str(replica), storage_options=storage_options).merge(latest, "t.id = s.id", source_alias="s", target_alias="t")
      .when_matched_delete(predicate="s._change_type = 'delete'")
      .when_matched_update(updates={"v": "s.v", "payload": "s.payload"}, predicate="s._change_type != 'delete'")
      .when_not_matched_insert(updates={"id": "s.id", "v": "s.v", "payload": "s.payload"},
@@ -234,8 +264,10 @@ def merge_changes(replica: Path, latest: pa.Table) -> None:
 class DeltaRsLoop:
     name = "delta-rs CDF loop"
 
-    def __init__(self, sources: dict[str, Path], replicas: dict[str, Path], trigger_seconds: float) -> None:
+    def __init__(self, sources: dict[str, Path], replicas: dict[str, Path], trigger_seconds: float,
+                 storage_options: dict[str, str] | None = None) -> None:
         self.sources, self.replicas, self.trigger = sources, replicas, trigger_seconds
+        self.options = storage_options or {}  # delta-rs's, for tables on object storage (s3://)
         self.applied: dict[str, int] = {}
         self.events: dict[str, list[Apply]] = {t: [] for t in sources}
         self._stop = threading.Event()
@@ -243,18 +275,19 @@ class DeltaRsLoop:
 
     def bootstrap(self) -> None:
         for t, src in self.sources.items():
-            dt = DeltaTable(str(src))
+            dt = DeltaTable(str(src), storage_options=self.options)
             self.applied[t] = int(dt.version())
-            write_deltalake(str(self.replicas[t]), dt.to_pyarrow_table(), mode="overwrite")
+            write_deltalake(str(self.replicas[t]), dt.to_pyarrow_table(), mode="overwrite",
+                            storage_options=self.options)
 
     def sweep(self, table: str) -> int:
-        dt = DeltaTable(str(self.sources[table]))
+        dt = DeltaTable(str(self.sources[table]), storage_options=self.options)
         head = int(dt.version())
         if head <= self.applied[table]:
             return 0
         changes = pa.table(dt.load_cdf(starting_version=self.applied[table] + 1, ending_version=head))
         latest = latest_per_key(changes)
-        merge_changes(self.replicas[table], latest)
+        merge_changes(self.replicas[table], latest, self.options)
         self.applied[table] = head
         self.events[table].append(Apply(time.time(), head))
         return changes.num_rows

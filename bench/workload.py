@@ -11,6 +11,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 import pyarrow as pa
 from deltalake import DeltaTable, QueryBuilder, write_deltalake
@@ -18,13 +19,14 @@ from deltalake import DeltaTable, QueryBuilder, write_deltalake
 CDF = {"delta.enableChangeDataFeed": "true"}
 
 
-def same_rows(a: Path, b: Path) -> bool:
+def same_rows(a: Path | str, b: Path | str, storage_options: Mapping[str, str] | None = None) -> bool:
     """Row-for-row equality of two tables of the benchmark's schema (sorted by id, in Arrow).
 
     Read through delta-rs's query engine, which honours deletion vectors (its plain Arrow reader
-    refuses tables that have them)."""
-    def rows(p: Path) -> pa.Table:
-        reader = QueryBuilder().register("t", DeltaTable(str(p))).execute("SELECT id, v, payload FROM t ORDER BY id")
+    refuses tables that have them). ``storage_options``: delta-rs's, for tables on object storage."""
+    def rows(p: Path | str) -> pa.Table:
+        table = DeltaTable(str(p), storage_options=dict(storage_options or {}))
+        reader = QueryBuilder().register("t", table).execute("SELECT id, v, payload FROM t ORDER BY id")
         table = pa.table(reader.read_all())
         return table.cast(pa.schema([pa.field("id", pa.int64()), pa.field("v", pa.int64()),
                                      pa.field("payload", pa.string())]))
@@ -37,28 +39,33 @@ def table_path(warehouse: Path, catalog: str, schema: str, table: str) -> Path:
 
 @dataclass
 class SourceTable:
-    path: Path
+    path: Path | str  # a local path, or a URI delta-rs reads with ``storage_options`` (s3://bucket/...)
     rows: int
     next_id: int = 0
     live: list[int] = field(default_factory=list)
     commits: dict[int, float] = field(default_factory=dict)  # version -> wall time the commit returned
+    storage_options: dict[str, str] = field(default_factory=dict)
+
+    def table(self) -> DeltaTable:
+        return DeltaTable(str(self.path), storage_options=self.storage_options)
 
     def create(self) -> None:
         ids = pa.array(range(self.rows), pa.int64())
         write_deltalake(str(self.path), pa.table({"id": ids, "v": ids, "payload": pa.array([f"p{i}" for i in range(self.rows)])}),
-                        configuration=CDF)
+                        configuration=CDF, storage_options=self.storage_options)
         self.next_id = self.rows
         self.live = list(range(self.rows))
 
     def version(self) -> int:
-        return int(DeltaTable(str(self.path)).version())
+        return int(self.table().version())
 
     def append(self, n: int, stamp: int) -> None:
         """One append of ``n`` new ids (a cheap commit: the steady-cost workload's warm-up)."""
         ids = list(range(self.next_id, self.next_id + n))
         self.next_id += n
         write_deltalake(str(self.path), pa.table({"id": pa.array(ids, pa.int64()), "v": pa.array([stamp] * n, pa.int64()),
-                                                  "payload": pa.array([f"a{stamp}"] * n)}), mode="append")
+                                                  "payload": pa.array([f"a{stamp}"] * n)}), mode="append",
+                        storage_options=self.storage_options)
         self.commits[self.version()] = time.time()
         self.live.extend(ids)  # new ids are above every live one: still sorted
 
@@ -74,7 +81,7 @@ class SourceTable:
         ops = ["d"] * len(deletes) + ["u"] * len(updates) + ["i"] * len(inserts)
         source = pa.table({"id": pa.array(ids, pa.int64()), "v": pa.array([stamp] * len(ids), pa.int64()),
                            "payload": pa.array([f"s{stamp}"] * len(ids)), "op": pa.array(ops)})
-        (DeltaTable(str(self.path)).merge(source, "t.id = s.id", source_alias="s", target_alias="t")
+        (self.table().merge(source, "t.id = s.id", source_alias="s", target_alias="t")
          .when_matched_delete(predicate="s.op = 'd'")
          .when_matched_update(updates={"v": "s.v", "payload": "s.payload"}, predicate="s.op = 'u'")
          .when_not_matched_insert(updates={"id": "s.id", "v": "s.v", "payload": "s.payload"}, predicate="s.op = 'i'")

@@ -11,7 +11,8 @@
 # Environment (arguments win): LAKEMIRROR_CONNECT_PORT (15002), LAKEMIRROR_CONNECT_LOG_DIR
 # (.lakemirror-connect in the project), LAKEMIRROR_CONNECT_HOST (127.0.0.1),
 # LAKEMIRROR_CONNECT_MASTER (local[2]), LAKEMIRROR_CONNECT_MEMORY (1g), LAKEMIRROR_CONNECT_WAIT
-# (seconds to wait for the port, 180), LAKEMIRROR_CONNECT_WORKER_WAIT (120s), LAKEMIRROR_CONNECT_CONF (extra "key=value" confs, one a line).
+# (seconds to wait for the port, 180), LAKEMIRROR_CONNECT_WORKER_WAIT (120s), LAKEMIRROR_CONNECT_CONF (extra "key=value" confs, one a line;
+# a spark.hadoop.fs.s3a.* one also loads hadoop-aws, for tables on S3).
 #
 # The server's Python workers run foreachBatch functions (lakemirror's batch apply) ON THE SERVER:
 # PYSPARK_PYTHON is the project's .venv python, which has lakemirror and Connect's extras
@@ -71,10 +72,16 @@ start() {
     [ -f "$spark_home/jars/spark-connect_2.13-4.2.0.jar" ] || die "pyspark's spark-connect jar is not in $spark_home/jars"
     jars=$("$python" -c 'from lakemirror.daemon.jars import jar_paths; print(",".join(jar_paths()))') \
       || die "Delta's jars are not cached; run \`make setup\` (or \`lakemirror fetch-jars\`) once"
-    local extra=()
+    local extra=() s3=""
     while IFS= read -r line; do
       [ -n "$line" ] && extra+=(--conf "$line")
+      case "$line" in spark.hadoop.fs.s3a.*) s3=1;; esac
     done <<< "${LAKEMIRROR_CONNECT_CONF:-}"
+    # An s3a conf means tables on S3: hadoop-aws and its AWS SDK bundle (the cached `s3` jar group).
+    if [ -n "$s3" ]; then
+      jars="$jars,$("$python" -c 'from lakemirror.daemon.jars import jar_paths; print(",".join(jar_paths(group="s3")))')" \
+        || die "hadoop-aws is not cached; run \`make setup\` (or \`lakemirror fetch-jars\`) once"
+    fi
     # setsid: the server outlives this script and is not killed with the caller's process group.
     SPARK_HOME="$spark_home" PYSPARK_PYTHON="$python" PYSPARK_DRIVER_PYTHON="$python" \
       setsid "$spark_home/bin/spark-submit" \
