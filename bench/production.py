@@ -227,8 +227,13 @@ def _run(system: str, n: int, p: dict[str, Any], seed: int, site: S3Site) -> dic
     load, at = list(os.getloadavg()), time.time()
     uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     warmup = p["warmup"] if system.startswith("lakemirror") else 0.0  # the delta-rs loop has no JIT to warm
-    result = steady_lag(system, n, p["rows"], p["seconds"], p["fraction"], p["trigger"], seed, warmup,
-                        site=site, drain_seconds=p["drain"])
+    try:
+        result = steady_lag(system, n, p["rows"], p["seconds"], p["fraction"], p["trigger"], seed, warmup,
+                            site=site, drain_seconds=p["drain"])
+    except Exception as exc:  # noqa: BLE001 (one failed run is reported; the others still run)
+        print(f"  failed: {exc!r}", flush=True)
+        return {"system": system, "tables": n, "error": f"{type(exc).__name__}: {str(exc)[:500]}",
+                "measured_at": at, "load_average_at_start": load, "uptime_at_start": uptime}
     result.update(measured_at=at, load_average_at_start=load, uptime_at_start=uptime,
                   load_average_at_end=list(os.getloadavg()))
     print(f"  {result['lag']}", flush=True)
@@ -244,6 +249,11 @@ def render(runs: list[dict[str, Any]], p: dict[str, Any], steady_table: Any) -> 
     by_tables: dict[int, list[dict[str, Any]]] = {}
     for r in runs:
         by_tables.setdefault(r["tables"], []).append(r)
+    failed = [r for r in runs if "error" in r]
+    runs = [r for r in runs if "error" not in r]
+    if not runs:
+        return ["## The production path: S3, Spark MERGE", "", *(f"- {r['system']}, {r['tables']} tables: "
+                                                                  f"failed: {r['error']}" for r in failed)]
     r0 = runs[0]
     lines = ["## The production path: S3, Spark MERGE, side by side with the delta-rs loop", "",
              f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(r0['measured_at']))}. Sources and replicas "
@@ -273,4 +283,6 @@ def render(runs: list[dict[str, Any]], p: dict[str, Any], steady_table: Any) -> 
                           f"{r['connect_server_start_seconds']} s" if "connect_server_start_seconds" in r else "")
             lines.append(f"- {r['system']}: `uptime` at start: `{r.get('uptime_at_start', '?')}`{met}{server_mem}.")
         lines.append("")
+    for r in failed:
+        lines.append(f"- {r['system']}, {r['tables']} tables: the run failed: {r['error']}")
     return lines
