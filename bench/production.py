@@ -139,8 +139,8 @@ class S3Daemon(LakemirrorDaemon):
     delta-rs; the daemon's own state and stream checkpoints stay in its local working directory."""
 
     def __init__(self, s3: S3Server, workdir: Path, warehouse: str, tables: list[str], trigger: float, name: str,
-                 connect: ConnectServer | None = None) -> None:
-        runtime: dict[str, Any] = {"spark_conf": s3.spark_conf}
+                 connect: ConnectServer | None = None, extra_conf: dict[str, str] | None = None) -> None:
+        runtime: dict[str, Any] = {"spark_conf": {**s3.spark_conf, **(extra_conf or {})}}
         if connect is not None:
             runtime.update(mode="connect", spark_remote=connect.url)
         super().__init__(workdir, warehouse, tables, trigger, variant=name, settings=PRODUCTION,  # type: ignore[arg-type]
@@ -246,14 +246,14 @@ GOALS = {4: 3.0, 16: 10.0}
 
 def render(runs: list[dict[str, Any]], p: dict[str, Any], steady_table: Any) -> list[str]:
     """docs/BENCHMARKS.md's section for the workload (``steady_table``: bench.__main__'s table)."""
-    by_tables: dict[int, list[dict[str, Any]]] = {}
-    for r in runs:
-        by_tables.setdefault(r["tables"], []).append(r)
     failed = [r for r in runs if "error" in r]
     runs = [r for r in runs if "error" not in r]
     if not runs:
         return ["## The production path: S3, Spark MERGE", "", *(f"- {r['system']}, {r['tables']} tables: "
                                                                   f"failed: {r['error']}" for r in failed)]
+    by_tables: dict[int, list[dict[str, Any]]] = {}
+    for r in runs:
+        by_tables.setdefault(r["tables"], []).append(r)
     r0 = runs[0]
     lines = ["## The production path: S3, Spark MERGE, side by side with the delta-rs loop", "",
              f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(r0['measured_at']))}. Sources and replicas "

@@ -2,6 +2,7 @@
 
   .venv/bin/python scripts/measure-s3-costs.py start [RUNS]    session start with and without hadoop-aws
   .venv/bin/python scripts/measure-s3-costs.py append [RUNS]   a checkpoint-table append on S3: Spark, delta-rs
+  .venv/bin/python scripts/measure-s3-costs.py batch [CYCLES]  one production batch on S3: S3 requests, Spark jobs
 
 ``start`` launches RUNS pairs of fresh Python processes, alternating, each timing a local session's start
 to the end of its first job, with Delta's jars only or with the s3 group too. ``append`` starts the
@@ -91,6 +92,138 @@ def measure_append(runs: int) -> None:
         subprocess.run([script, "stop", PORT], check=False)
 
 
+def _requests(lines: list[str]) -> "Counter[str]":
+    """moto's request log lines, by method and what they touch (the bucket's prefixes and file kinds)."""
+    import re
+    from collections import Counter
+
+    out: Counter[str] = Counter()
+    for line in lines:
+        m = re.search(r'"(GET|PUT|HEAD|POST|DELETE) (\S+) HTTP', line)
+        if not m:
+            continue
+        method, url = m.groups()
+        from urllib.parse import parse_qs, unquote, urlparse
+
+        parsed = urlparse(url)
+        query = parse_qs(parsed.query)
+        path = unquote(parsed.path) + (" " + query["prefix"][0] if "prefix" in query else "")
+        table = ("checkpoints" if "continuous_sync" in path else "source" if "/src/" in path
+                 else "replica" if "/dst/" in path else "other")
+        if "list-type" in query or ("prefix" in query and method == "GET"):
+            kind = "LIST"
+        elif "_delta_log" in path:
+            kind = f"{method} log " + ("checkpoint" if "checkpoint" in path else "crc" if path.endswith(".crc")
+                                       else "json" if path.endswith(".json") else "other")
+        elif "_change_data" in path:
+            kind = f"{method} change data"
+        elif path.endswith(".parquet"):
+            kind = f"{method} data"
+        else:
+            kind = f"{method} other"
+        out[f"{table}: {kind}"] += 1
+    return out
+
+
+def measure_batch(cycles: int, rows: int = 100_000, connect: bool = False) -> None:
+    """One table on the S3 server with the production settings (bench/production.py): the moto
+    request log's lines counted for the writer's commits alone, the daemon idle, and each cycle
+    from the writer's commit returning to the replica reflecting it (the idle rate taken off);
+    Spark's event log gives the jobs of each micro-batch (by ``streaming.sql.batchId``)."""
+    import json
+    import random
+    import tempfile
+    from collections import Counter, defaultdict
+
+    sys.path.insert(0, str(REPO))
+    from bench.production import S3Daemon, S3Server, S3Site
+    from bench.workload import SourceTable
+
+    s3 = S3Server(port=int(PORT) + 1)
+    s3.start()
+    log = s3.run_dir / f"moto-{s3.port}.log"
+    events = Path(tempfile.mkdtemp(prefix="bench-events-"))
+    workdir = Path(tempfile.mkdtemp(prefix="bench-batch-"))
+    site = S3Site(s3)
+    warehouse = site.warehouse(workdir)
+
+    def mark() -> int:
+        return len(log.read_text(errors="replace").splitlines())
+
+    def since(n: int) -> "Counter[str]":
+        return _requests(log.read_text(errors="replace").splitlines()[n:])
+
+    try:
+        src = SourceTable(site.uri(warehouse, "src", "t00"), rows, storage_options=s3.storage_options)
+        src.create()
+        rng = random.Random(1)
+        stamp = 0
+        n0 = mark()
+        for _ in range(3):
+            stamp += 1
+            src.change(rng, 0.01, stamp)
+        writer = since(n0)
+        daemon = S3Daemon(s3, workdir, warehouse, ["t00"], 1.0, "lakemirror, S3, Spark MERGE",
+                          extra_conf={"spark.eventLog.enabled": "true", "spark.eventLog.dir": f"file://{events}"})
+        daemon.start()
+        daemon.wait_through({"t00": src.version()}, timeout=900)
+        time.sleep(5)
+        n1, t1 = mark(), time.time()
+        time.sleep(20)
+        idle_seconds = time.time() - t1
+        idle = since(n1)
+        per_cycle: list[Counter[str]] = []
+        walls = []
+        for _ in range(cycles):
+            stamp += 1
+            src.change(rng, 0.01, stamp)
+            n2, t2 = mark(), time.time()
+            daemon.wait_through({"t00": src.version()}, timeout=600)
+            walls.append(time.time() - t2)
+            per_cycle.append(since(n2))
+            time.sleep(3)
+        daemon.stop()
+    finally:
+        s3.stop()
+    print(f"S3 requests of the writer (delta-rs MERGE of 1% into {rows:,} rows), per commit:")
+    for k, v in sorted(writer.items()):
+        print(f"  {k:40} {v / 3:7.1f}")
+    print(f"S3 requests of the idle daemon, per second ({idle_seconds:.0f} s):")
+    for k, v in sorted(idle.items()):
+        print(f"  {k:40} {v / idle_seconds:7.2f}")
+    total: Counter[str] = Counter()
+    for c in per_cycle:
+        total.update(c)
+    wall = statistics.median(walls)
+    print(f"S3 requests from a commit to its replica commit, per cycle ({cycles} cycles, median wall {wall:.2f} s, "
+          f"walls {', '.join(f'{w:.1f}' for w in walls)}), the idle rate over that time shown apart:")
+    for k, v in sorted(total.items()):
+        print(f"  {k:40} {v / cycles:7.1f}   (idle: {idle.get(k, 0) / idle_seconds * wall:5.1f})")
+    print(f"  {'all':40} {sum(total.values()) / cycles:7.1f}   (idle: {sum(idle.values()) / idle_seconds * wall:5.1f})")
+    jobs: dict[str, list[tuple[str, float]]] = defaultdict(list)
+    starts: dict[int, tuple[str, str, float]] = {}
+    for f in events.iterdir():
+        for line in f.read_text().splitlines():
+            e = json.loads(line)
+            if e["Event"] == "SparkListenerJobStart":
+                props = e.get("Properties") or {}
+                batch = props.get("streaming.sql.batchId")
+                what = (props.get("spark.job.description") or props.get("callSite.short") or "?")[:90]
+                starts[e["Job ID"]] = (batch or "-", what, e["Submission Time"])
+            elif e["Event"] == "SparkListenerJobEnd" and e["Job ID"] in starts:
+                batch, what, t0 = starts[e["Job ID"]]
+                jobs[batch].append((what, (e["Completion Time"] - t0) / 1000))
+    measured = sorted((b for b in jobs if b != "-"), key=int)[-cycles:]
+    print(f"Spark jobs of the last {len(measured)} micro-batches (streaming.sql.batchId), per batch:")
+    by_what: dict[str, list[float]] = defaultdict(list)
+    for b in measured:
+        for what, seconds in jobs[b]:
+            by_what[what].append(seconds)
+    for what, values in sorted(by_what.items(), key=lambda kv: -sum(kv[1])):
+        print(f"  {len(values) / len(measured):4.1f} jobs {sum(values) / len(measured):6.2f} s  {what}")
+    print(f"  jobs per batch: {', '.join(str(len(jobs[b])) for b in measured)}; outside batches: {len(jobs.get('-', []))}")
+
+
 if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else ""
     count = int(sys.argv[2]) if len(sys.argv) > 2 else 5
@@ -98,5 +231,7 @@ if __name__ == "__main__":
         measure_start(count)
     elif what == "append":
         measure_append(count)
+    elif what == "batch":
+        measure_batch(count)
     else:
         sys.exit(__doc__)
