@@ -164,7 +164,8 @@ def measure_batch(cycles: int, rows: int = 100_000, connect: bool = False) -> No
             src.change(rng, 0.01, stamp)
         writer = since(n0)
         daemon = S3Daemon(s3, workdir, warehouse, ["t00"], 1.0, "lakemirror, S3, Spark MERGE",
-                          extra_conf={"spark.eventLog.enabled": "true", "spark.eventLog.dir": f"file://{events}"})
+                          extra_conf={"spark.eventLog.enabled": "true", "spark.eventLog.dir": f"file://{events}",
+                                      "spark.eventLog.compress": "false"})
         daemon.start()
         daemon.wait_through({"t00": src.version()}, timeout=900)
         time.sleep(5)
@@ -200,10 +201,25 @@ def measure_batch(cycles: int, rows: int = 100_000, connect: bool = False) -> No
     for k, v in sorted(total.items()):
         print(f"  {k:40} {v / cycles:7.1f}   (idle: {idle.get(k, 0) / idle_seconds * wall:5.1f})")
     print(f"  {'all':40} {sum(total.values()) / cycles:7.1f}   (idle: {sum(idle.values()) / idle_seconds * wall:5.1f})")
+    print_jobs(events, cycles)
+
+
+def print_jobs(events: Path, cycles: int) -> None:
+    """The Spark jobs of the last ``cycles`` micro-batches in the event logs under ``events``."""
+    import json
+    from collections import defaultdict
+
     jobs: dict[str, list[tuple[str, float]]] = defaultdict(list)
     starts: dict[int, tuple[str, str, float]] = {}
-    for f in events.iterdir():
-        for line in f.read_text().splitlines():
+    for f in sorted(p for p in events.rglob("events_*")):  # Spark 4: eventlog_v2_<app>/events_<n>_<app>[.zstd]
+        data = f.read_bytes()
+        if f.suffix == ".zstd":
+            import io
+
+            import zstandard
+
+            data = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data)).read()
+        for line in data.decode().splitlines():
             e = json.loads(line)
             if e["Event"] == "SparkListenerJobStart":
                 props = e.get("Properties") or {}
