@@ -113,7 +113,8 @@ def _requests(lines: list[str]) -> "Counter[str]":
         if "list-type" in query or ("prefix" in query and method == "GET"):
             kind = "LIST"
         elif "_delta_log" in path:
-            kind = f"{method} log " + ("checkpoint" if "checkpoint" in path else "crc" if path.endswith(".crc")
+            name = path.rsplit("/", 1)[-1]
+            kind = f"{method} log " + ("checkpoint" if "checkpoint" in name else "crc" if path.endswith(".crc")
                                        else "json" if path.endswith(".json") else "other")
         elif "_change_data" in path:
             kind = f"{method} change data"
