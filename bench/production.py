@@ -275,8 +275,10 @@ def render(runs: list[dict[str, Any]], p: dict[str, Any], steady_table: Any) -> 
                   *steady_table(group, LOCAL_MODE), ""]
         for r in group:
             met = ""
-            if goal and r["system"].startswith("lakemirror") and r["lag"]["p99"] == r["lag"]["p99"]:
-                met = f"; goal {'met' if r['lag']['p99'] <= goal else 'missed'} (p99 {r['lag']['p99']:.2f} s)"
+            if goal and r["system"].startswith("lakemirror"):
+                p99 = r["lag"]["p99"]
+                met = (f"; goal {'met' if p99 <= goal else 'missed'} (p99 {p99:.2f} s)" if p99 == p99
+                       else "; goal missed (no commit of the measured window applied)")
             server = r.get("peak_resident_mib") or {}
             server_mem = (f"; the Connect server's peak RSS {server.get('server jvm', 0):.0f} MiB JVM + "
                           f"{server.get('server python', 0):.0f} MiB Python workers, its start "

@@ -41,3 +41,6 @@ def test_each_lakemirror_run_is_judged_against_the_goal_of_its_table_count() -> 
     assert f"{CONNECT_MODE}, 16 tables: the run failed: RuntimeError: no server" in text
     assert "### 4 tables (goal: lakemirror's p99 <= 3 s)" in text and "### 16 tables (goal: lakemirror's p99 <= 10 s)" in text
     assert "0.40x" in text  # the loop's p99 against the production path's, in the 4-table table
+    nothing = _run(LOCAL_MODE, 16, float("nan"))
+    text = "\n".join(render([nothing], {}, _steady_table))
+    assert "goal missed (no commit of the measured window applied)" in text
