@@ -32,7 +32,8 @@ torture: setup
 	$(VENV)/python scripts/torture.py --kills $(or $(KILLS),25) $(if $(DV),--deletion-vectors,)
 
 # lakemirror against its baselines (delta-rs CDF loop, full refresh, copy floor); docs/BENCHMARKS.md.
-# QUICK=1: a smoke run. ONLY=steady,scale,...: rerun some workloads, keep the other figures.
+# QUICK=1: a smoke run. ONLY=steady,scale,...: rerun some workloads, keep the other figures (ONLY=production:
+# replicas and sources on a local S3 server, Spark MERGE, beside the delta-rs loop, and over Spark Connect).
 bench: setup
 	$(VENV)/python -m pip install --quiet -e '.[bench]'
 	$(VENV)/python -m bench $(if $(QUICK),--quick,) $(if $(ONLY),--only $(ONLY),)
