@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from lakemirror.daemon.app import postgres_connector
-from lakemirror.daemon.config import load_settings
-from lakemirror.daemon.destination_config import DeltaDestination
+from lakemirror.daemon.context import postgres_connector
+from lakemirror.daemon.settings import load_settings
+from lakemirror.daemon.settings.destination import DeltaDestination
 from lakemirror.errors import ConfigError
 from lakemirror.sinks.choose import choose_sink
 
@@ -82,7 +82,7 @@ def test_validate_exits_2_with_one_line_naming_the_field(tmp_path: Path):
 
 
 def test_an_event_source_with_a_postgres_destination_is_refused(tmp_path) -> None:
-    from lakemirror.daemon.config import load_settings
+    from lakemirror.daemon.settings import load_settings
     from lakemirror.errors import ConfigError
     path = tmp_path / "p.yaml"
     path.write_text(

@@ -39,9 +39,9 @@ from typing import Any, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from lakemirror.daemon.config import RuntimeSettings, read_yaml
+from lakemirror.daemon.settings.pipeline import RuntimeSettings, read_yaml
 from lakemirror.errors import ConfigError
-from lakemirror.daemon.task_options import CloneOptions, MetadataSettings, ReconcileSettings, RetrySettings
+from lakemirror.daemon.settings.task_options import CloneOptions, MetadataSettings, ReconcileSettings, RetrySettings
 
 Operation = Literal["clone", "reconcile", "metadata", "incremental"]
 OPERATIONS: tuple[str, ...] = ("clone", "reconcile", "metadata", "incremental")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from lakemirror.daemon import config_docs
+from lakemirror.daemon.settings import docs as config_docs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -15,7 +15,7 @@ def test_the_configuration_reference_is_the_rendered_models() -> None:
     written = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
     assert written == config_docs.render(), (
         "docs/configuration.md differs from the settings models: run "
-        "`.venv/bin/python -m lakemirror.daemon.config_docs > docs/configuration.md`")
+        "`.venv/bin/python -m lakemirror.daemon.settings.docs > docs/configuration.md`")
 
 
 def test_every_setting_has_help_text() -> None:
@@ -40,7 +40,7 @@ def test_nested_models_defaults_bounds_and_types_are_rendered() -> None:
 
 
 def _settings() -> type[BaseModel]:
-    from lakemirror.daemon.config import Settings
+    from lakemirror.daemon.settings import Settings
     return Settings
 
 

@@ -27,7 +27,7 @@ from typing import Literal, Sequence
 
 from pydantic import Field, field_validator, model_validator
 
-from lakemirror.daemon.task_options import CloneOptions, MetadataSettings, ReconcileSettings, RetrySettings, Strict
+from lakemirror.daemon.settings.task_options import CloneOptions, MetadataSettings, ReconcileSettings, RetrySettings, Strict
 from lakemirror.supervisor.scheduler import DailyAt, Every, Trigger
 
 SubtaskOperation = Literal["clone", "reconcile", "metadata", "incremental"]
