@@ -64,10 +64,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    settings = _load(args)  # a bad file is refused before the daemon's modules (Spark's among them) load
     from lakemirror.daemon.context import DaemonContext
     from lakemirror.daemon.signals import ShutdownSignals
 
-    settings = _load(args)
     signals = ShutdownSignals()
     signals.install()
     DaemonContext(settings).run(signals.stop)
@@ -230,7 +230,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_replicate(args: argparse.Namespace) -> int:
     """Batch clone / reconcile / metadata sync; exit 0 only if every object succeeded."""
-    from lakemirror.daemon.context import ReplicateContext
     from lakemirror.daemon.settings.replicate import cli_overrides, load_replicate_config
 
     cli = cli_overrides(args.target_catalog, args.target_schemas, args.operation, args.uc_object_types)
@@ -238,6 +237,8 @@ def cmd_replicate(args: argparse.Namespace) -> int:
     if args.validate_only:
         print(f"{args.config}: valid ({len(config.selected_catalogs())} catalog(s), max_workers {config.max_workers}).")
         return EXIT_OK
+    from lakemirror.daemon.context import ReplicateContext
+
     summary = ReplicateContext(config).run()
     for o in summary.failed:
         print(f"FAILED {o.operation} {o.job.source} -> {o.job.target} after {o.attempts} attempt(s): {o.error}",
