@@ -77,7 +77,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _daemon_url(settings: Any) -> str | None:
     """The running daemon's endpoint, as it recorded it in its pipeline folder."""
     endpoint = Path(settings.checkpoint_volume) / settings.effective_pipeline_id / "daemon.json"
-    return json.loads(endpoint.read_text())["url"] if endpoint.is_file() else None  # type: ignore[no-any-return]
+    return json.loads(endpoint.read_text())["url"] if endpoint.is_file() else None
 
 
 def cmd_control(args: argparse.Namespace) -> int:
@@ -183,13 +183,16 @@ def _status_with_spark(settings: Any) -> list[dict[str, Any]]:
     from pyspark.sql import functions as F
 
     from lakemirror import tables
+    from lakemirror.checkpoints.delta_store import DeltaCheckpointStore
     from lakemirror.checkpoints.offline import summarize
     from lakemirror.checkpoints.records import CheckpointRow
     from lakemirror.daemon.context import DaemonContext
 
     app = DaemonContext(settings)
     app.preflight()  # what the mode needs, as one line, before Spark starts
-    loc = app.checkpoints.location
+    store = app.checkpoints
+    assert isinstance(store, DeltaCheckpointStore)
+    loc = store.location
     if not tables.exists(app.spark, loc):
         return []
     data = tables.read(app.spark, loc).where(F.col("pipeline_id") == F.lit(app.spec.pipeline_id)).collect()

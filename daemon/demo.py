@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from lakemirror.daemon.context import DaemonContext
+    from lakemirror.supervisor.supervisor import TableView
 
 TABLES = {
     "customers": ("id BIGINT NOT NULL, name STRING, tier STRING, balance DOUBLE", None),
@@ -187,7 +188,7 @@ def run_demo(workdir: Path, duration: float | None, http_port: int) -> int:
     return 0 if ok else 1
 
 
-def _draw(views: list, commits: int, url: str, tty: bool) -> None:  # type: ignore[type-arg]
+def _draw(views: "list[TableView]", commits: int, url: str, tty: bool) -> None:
     from dataclasses import asdict
 
     text = render_table([asdict(v) for v in views])

@@ -167,7 +167,7 @@ class ControlServer:
     @property
     def url(self) -> str:
         host = self.server.server_address[0]
-        return f"http://{host}:{self.port}"
+        return f"http://{host.decode() if isinstance(host, bytes) else host}:{self.port}"
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self.server.serve_forever, name="http", daemon=True)

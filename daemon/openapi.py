@@ -38,7 +38,7 @@ WORKSPACE = [_param("X-Databricks-Host", "header", "Databricks mode: the workspa
              _param("X-Databricks-Token", "header", "Databricks mode: the token for X-Databricks-Host; never "
                     "logged nor echoed.", required=False)]
 TABLE = _param("table", "path", "The table name (URL-encoded).")
-_SECURE = [{"bearer": []}]
+_SECURE: list[dict[str, list[str]]] = [{"bearer": []}]
 
 
 def _body_errors() -> dict[str, Any]:

@@ -12,7 +12,7 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Final, Literal, Mapping
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
@@ -43,7 +43,7 @@ def _check_name(value: str, what: str) -> str:
 DAEMON_ONLY_KEYS = ("runtime", "http", "databricks")
 
 #: The version of the settings format this lakemirror writes and reads (the ``version`` field).
-SETTINGS_VERSION = 1
+SETTINGS_VERSION: Final = 1
 
 
 class Strict(BaseModel):
@@ -233,15 +233,15 @@ class Settings(BaseSettings):
         "leaves no checksum files (delta-rs leaves none): 0.13 against 0.46 JVM CPU-s a batch for a 1M-row "
         "source (docs/BENCHMARKS.md). Tables known by name (Unity Catalog) always use DeltaSource. "
         "false (default): DeltaSource everywhere.")
-    destination: Destination = Field(default_factory=DeltaDestination, description="Where replicas go: "  # type: ignore[arg-type]
+    destination: Destination = Field(default_factory=DeltaDestination, description="Where replicas go: "
                                      "{kind: delta} (default) or {kind: postgres, host, …}; the fields of each kind follow; docs/postgres.md.")
     source: EventSourceSettings | None = Field(None, description="An event stream (Debezium or simple CDC events, "
                                                "files or Kafka) instead of the Delta change feed; see "
                                                "lakemirror.daemon.settings.event_source.")
-    runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)  # type: ignore[arg-type]
-    http: HttpSettings = Field(default_factory=HttpSettings)  # type: ignore[arg-type]
-    restart: RestartSettings = Field(default_factory=RestartSettings)  # type: ignore[arg-type]
-    databricks: DatabricksSettings = Field(default_factory=DatabricksSettings)  # type: ignore[arg-type]
+    runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
+    http: HttpSettings = Field(default_factory=HttpSettings)
+    restart: RestartSettings = Field(default_factory=RestartSettings)
+    databricks: DatabricksSettings = Field(default_factory=DatabricksSettings)
     schedules: list[ScheduleSettings] = Field(
         default_factory=list, description="Batch sub-tasks (clone, incremental, reconcile, metadata) the daemon "
                                           "runs on a schedule; see lakemirror.daemon.settings.schedule.")

@@ -54,7 +54,7 @@ class Strict(BaseModel):
 class ObjectSettings(Strict):
     """Settings of one object (table), after inheritance. Any level may set any of these."""
 
-    operations: list[Operation] = Field(default_factory=lambda: ["clone"],
+    operations: list[Operation] = Field(default_factory=lambda: list[Operation](["clone"]),
                                         description="Operations run, in this order, per table.")
     timeout_seconds: float = Field(3600.0, gt=0, description="Per object and attempt.")
     keys: list[str] = Field(default_factory=list, description="Key columns; empty = inferred.")

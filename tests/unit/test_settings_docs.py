@@ -61,3 +61,22 @@ def test_a_tagged_union_lists_each_kinds_fields() -> None:
     table = config_docs.render(Outer)
     assert "| `target` | one of `kind: plain` \\| `kind: remote` | `{kind: plain}` | Where to. |" in table
     assert "| `target.host` | string (at least 1 characters) | required | (`kind: remote`) Where. |" in table
+
+
+def test_the_api_request_body_schema_is_the_settings_model() -> None:
+    import json
+
+    from lakemirror.daemon.openapi import document
+    from lakemirror.daemon.settings import Settings
+    from lakemirror.daemon.settings.pipeline import DAEMON_ONLY_KEYS
+
+    schemas = document()["components"]["schemas"]
+    body = schemas["PipelineSettings"]
+    assert set(body["properties"]) == set(Settings.model_fields) - set(DAEMON_ONLY_KEYS)
+    assert set(body["required"]) == {"source_catalog", "destination_catalog", "schema_name"}
+    assert body["properties"]["trigger_interval_seconds"]["description"] == \
+        Settings.model_fields["trigger_interval_seconds"].description
+    text = json.dumps(schemas)
+    assert '"type": "null"' not in text and "$defs" not in text, "OpenAPI 3.0 spells these otherwise"
+    refs = {part.split('"')[0] for part in text.split('"$ref": "#/components/schemas/')[1:]}
+    assert refs <= set(schemas), refs - set(schemas)
