@@ -162,9 +162,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LAKEMIRROR_", env_nested_delimiter="__",
                                       extra="forbid", frozen=True, allow_inf_nan=False)
 
-    version: Literal[1] = Field(SETTINGS_VERSION, description="Version of this settings format. Files without "
-                                "one are read as the current version; a later lakemirror that changes a field's "
-                                "meaning reads older versions through a migration of its own.")
+    version: Literal[1] = Field(SETTINGS_VERSION, description="Version of this settings format: 1, the only "
+                                "one so far; a file that leaves it out is read as version 1.")
     pipeline_id: str | None = Field(None, description="Stable id of the pipeline (default derived from the names).")
     source_catalog: str = Field(description="Catalog of the source tables.")
     destination_catalog: str = Field(description="Catalog of the replicas.")
