@@ -3,7 +3,7 @@
 VENV := .venv/bin
 PYTEST := $(VENV)/python -m pytest
 
-.PHONY: setup demo run test test-unit test-integration test-e2e torture bench clean
+.PHONY: setup demo run test typecheck test-unit test-integration test-e2e torture bench clean
 
 setup:
 	@scripts/setup.sh
@@ -14,8 +14,12 @@ demo: setup
 run: setup
 	$(VENV)/lakemirror run $(CONFIG)
 
-test: setup
+test: setup typecheck
 	$(PYTEST) tests
+
+# mypy --strict over the packages that pass it (scripts/typecheck.sh names them).
+typecheck: setup
+	scripts/typecheck.sh
 
 test-unit: setup
 	$(PYTEST) tests/unit

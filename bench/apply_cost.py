@@ -42,7 +42,7 @@ def apply_cost(rows: int, fraction: float, applies: int, seed: int) -> list[dict
     from lakemirror import tables
     from lakemirror.checkpoints.delta_store import DeltaCheckpointStore
     from lakemirror.checkpoints.records import CHECKPOINT_DDL
-    from lakemirror.daemon.config import RuntimeSettings
+    from lakemirror.daemon.settings import RuntimeSettings
     from lakemirror.daemon.spark import local_session
     from lakemirror.identifiers import TableName
     from lakemirror.schema import columns_from_struct

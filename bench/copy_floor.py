@@ -14,7 +14,7 @@ import time
 
 def main(argv: list[str]) -> int:
     source, target, version = argv[0], argv[1], int(argv[2])
-    from lakemirror.daemon.config import RuntimeSettings
+    from lakemirror.daemon.settings import RuntimeSettings
     from lakemirror.daemon.spark import local_session
 
     t0 = time.time()

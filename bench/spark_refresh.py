@@ -16,7 +16,7 @@ import time
 def main(argv: list[str]) -> int:
     source, target = argv[0], argv[1]
     from bench.big import process_tree_cpu
-    from lakemirror.daemon.config import RuntimeSettings
+    from lakemirror.daemon.settings import RuntimeSettings
     from lakemirror.daemon.spark import local_session
 
     spark = local_session(RuntimeSettings(shuffle_partitions=2), app_name="bench-full-refresh")

@@ -22,8 +22,9 @@ from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
-from lakemirror.daemon.config import Settings, local_path_problem
-from lakemirror.daemon.databricks_pipelines import DAEMON_ONLY_KEYS, DatabricksNotConfigured, DatabricksPipelines
+from lakemirror.daemon.settings import Settings, local_path_problem
+from lakemirror.daemon.databricks_pipelines import DatabricksNotConfigured, DatabricksPipelines
+from lakemirror.daemon.settings.pipeline import DAEMON_ONLY_KEYS
 from lakemirror.daemon.pipelines import (FoldersOverlap, PipelineExists, PipelineHandle, PipelineRegistry,
                                          checkpoint_dir_to_delete)
 from lakemirror.daemon.routes import Match

@@ -1,4 +1,5 @@
-"""The ``lakemirror`` command line: thin commands that build an Application and call one method."""
+"""The ``lakemirror`` command line: thin commands that build a context (:mod:`lakemirror.daemon.context`)
+and call one method."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    from lakemirror.daemon.config import parse_set_flags
+    from lakemirror.daemon.settings import parse_set_flags
 
     out: dict[str, Any] = parse_set_flags(getattr(args, "set", None) or [])
     if getattr(args, "trigger_interval_seconds", None) is not None:
@@ -40,7 +41,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _load(args: argparse.Namespace) -> Any:
-    from lakemirror.daemon.config import load_settings
+    from lakemirror.daemon.settings import load_settings
 
     return load_settings(args.config, _overrides(args))
 
@@ -63,21 +64,20 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from lakemirror.daemon.app import Application
+    settings = _load(args)  # a bad file is refused before the daemon's modules (Spark's among them) load
+    from lakemirror.daemon.context import DaemonContext
     from lakemirror.daemon.signals import ShutdownSignals
 
-    settings = _load(args)
     signals = ShutdownSignals()
     signals.install()
-    app = Application(settings)
-    app.run(signals.stop)
+    DaemonContext(settings).run(signals.stop)
     return EXIT_OK
 
 
 def _daemon_url(settings: Any) -> str | None:
     """The running daemon's endpoint, as it recorded it in its pipeline folder."""
     endpoint = Path(settings.checkpoint_volume) / settings.effective_pipeline_id / "daemon.json"
-    return json.loads(endpoint.read_text())["url"] if endpoint.is_file() else None  # type: ignore[no-any-return]
+    return json.loads(endpoint.read_text())["url"] if endpoint.is_file() else None
 
 
 def cmd_control(args: argparse.Namespace) -> int:
@@ -155,7 +155,7 @@ def _status_offline(settings: Any) -> list[dict[str, Any]] | None:
     import time
 
     from lakemirror.checkpoints.state import FileStateStore
-    from lakemirror.daemon.app import pipeline_spec
+    from lakemirror.daemon.settings.runtime_spec import pipeline_spec
     from lakemirror.identifiers import TableName
     from lakemirror.sources.catalog import LocalCatalog
     from lakemirror.supervisor.recorded import read_pipeline
@@ -183,13 +183,16 @@ def _status_with_spark(settings: Any) -> list[dict[str, Any]]:
     from pyspark.sql import functions as F
 
     from lakemirror import tables
+    from lakemirror.checkpoints.delta_store import DeltaCheckpointStore
     from lakemirror.checkpoints.offline import summarize
     from lakemirror.checkpoints.records import CheckpointRow
-    from lakemirror.daemon.app import Application
+    from lakemirror.daemon.context import DaemonContext
 
-    app = Application(settings)
+    app = DaemonContext(settings)
     app.preflight()  # what the mode needs, as one line, before Spark starts
-    loc = app.checkpoints.location
+    store = app.checkpoints
+    assert isinstance(store, DeltaCheckpointStore)
+    loc = store.location
     if not tables.exists(app.spark, loc):
         return []
     data = tables.read(app.spark, loc).where(F.col("pipeline_id") == F.lit(app.spec.pipeline_id)).collect()
@@ -230,15 +233,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_replicate(args: argparse.Namespace) -> int:
     """Batch clone / reconcile / metadata sync; exit 0 only if every object succeeded."""
-    from lakemirror.daemon.replicate_app import ReplicateApp
-    from lakemirror.daemon.replicate_config import cli_overrides, load_replicate_config
+    from lakemirror.daemon.settings.replicate import cli_overrides, load_replicate_config
 
     cli = cli_overrides(args.target_catalog, args.target_schemas, args.operation, args.uc_object_types)
     config = load_replicate_config(args.config, cli)
     if args.validate_only:
         print(f"{args.config}: valid ({len(config.selected_catalogs())} catalog(s), max_workers {config.max_workers}).")
         return EXIT_OK
-    summary = ReplicateApp(config).run()
+    from lakemirror.daemon.context import ReplicateContext
+
+    summary = ReplicateContext(config).run()
     for o in summary.failed:
         print(f"FAILED {o.operation} {o.job.source} -> {o.job.target} after {o.attempts} attempt(s): {o.error}",
               file=sys.stderr)

@@ -24,7 +24,7 @@ from databricks.sdk import WorkspaceClient
 from databricks.sdk.service import compute, jobs
 
 from lakemirror import __version__
-from lakemirror.daemon.config import Settings
+from lakemirror.daemon.settings import Settings
 
 CREATED_BY = "lakemirror"
 TASK_KEY = "lakemirror"

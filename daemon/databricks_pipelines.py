@@ -19,11 +19,8 @@ from databricks.sdk.errors import NotFound
 from databricks.sdk.service import jobs
 
 from lakemirror.daemon import databricks_jobs as dj
-from lakemirror.daemon.config import DatabricksSettings, Settings
-
-#: Body keys that belong to the daemon, never to one pipeline.
-DAEMON_ONLY_KEYS = ("runtime", "http", "databricks")
-
+from lakemirror.daemon.settings import DatabricksSettings, Settings
+from lakemirror.daemon.settings.pipeline import DAEMON_ONLY_KEYS
 
 class DatabricksNotConfigured(Exception):
     pass

@@ -18,14 +18,15 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lakemirror.daemon.config import load_settings
+from lakemirror.daemon.settings import load_settings
 from lakemirror.daemon.status import render_table
 from lakemirror.identifiers import TableName
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from lakemirror.daemon.app import Application
+    from lakemirror.daemon.context import DaemonContext
+    from lakemirror.supervisor.supervisor import TableView
 
 TABLES = {
     "customers": ("id BIGINT NOT NULL, name STRING, tier STRING, balance DOUBLE", None),
@@ -47,7 +48,7 @@ def demo_config(workdir: Path, http_port: int) -> dict[str, object]:
     }
 
 
-def create_sources(spark: "SparkSession", app: "Application") -> None:
+def create_sources(spark: "SparkSession", app: "DaemonContext") -> None:
     for table, (ddl, key) in TABLES.items():
         loc = app.catalog.locate(TableName("demo", "shop", table))
         assert loc.path is not None
@@ -59,7 +60,7 @@ def create_sources(spark: "SparkSession", app: "Application") -> None:
 class DemoWriter:
     """Commits a random mix of upserts, deletes and re-inserts to every demo table each second."""
 
-    def __init__(self, spark: "SparkSession", app: "Application", seed: int = 7) -> None:
+    def __init__(self, spark: "SparkSession", app: "DaemonContext", seed: int = 7) -> None:
         self.spark = spark
         self.app = app
         self.rng = random.Random(seed)
@@ -118,7 +119,7 @@ class DemoWriter:
         self.commits += 1
 
 
-def compare(spark: "SparkSession", app: "Application") -> dict[str, tuple[int, int, int]]:
+def compare(spark: "SparkSession", app: "DaemonContext") -> dict[str, tuple[int, int, int]]:
     """Per table: (source rows, replica rows, rows differing in either direction)."""
     from lakemirror import tables
 
@@ -133,14 +134,14 @@ def compare(spark: "SparkSession", app: "Application") -> dict[str, tuple[int, i
 
 
 def run_demo(workdir: Path, duration: float | None, http_port: int) -> int:
-    from lakemirror.daemon.app import Application
+    from lakemirror.daemon.context import DaemonContext
     from lakemirror.daemon.signals import ShutdownSignals
 
     if workdir.exists():
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
     settings = load_settings(None, demo_config(workdir, http_port))
-    app = Application(settings)
+    app = DaemonContext(settings)
     app.preflight()  # Java and Delta's jars, then the port: one line each, before Spark starts
     app.bind()
     print("starting Spark (local[2]) with Delta…", flush=True)
@@ -187,7 +188,7 @@ def run_demo(workdir: Path, duration: float | None, http_port: int) -> int:
     return 0 if ok else 1
 
 
-def _draw(views: list, commits: int, url: str, tty: bool) -> None:  # type: ignore[type-arg]
+def _draw(views: "list[TableView]", commits: int, url: str, tty: bool) -> None:
     from dataclasses import asdict
 
     text = render_table([asdict(v) for v in views])

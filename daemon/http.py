@@ -43,6 +43,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: How often the serving loop checks for shutdown between connections (seconds).
+SHUTDOWN_POLL_SECONDS = 0.05
+
 __all__ = ["MAX_BODY_BYTES", "ControlServer", "readiness"]
 
 
@@ -167,10 +170,13 @@ class ControlServer:
     @property
     def url(self) -> str:
         host = self.server.server_address[0]
-        return f"http://{host}:{self.port}"
+        return f"http://{host.decode() if isinstance(host, bytes) else host}:{self.port}"
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self.server.serve_forever, name="http", daemon=True)
+        # serve_forever notices shutdown() between waits for a connection: a short wait makes
+        # close() (the daemon's drain, every test's teardown) take at most 0.05 s instead of 0.5 s.
+        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": SHUTDOWN_POLL_SECONDS},
+                                        name="http", daemon=True)
         self._thread.start()
         self._sampler = threading.Thread(target=self._sample, name="http-lag-sampler", daemon=True)
         self._sampler.start()

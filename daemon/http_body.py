@@ -9,7 +9,7 @@ and so is one nested past :data:`MAX_JSON_DEPTH`; sizes are capped before anythi
 from __future__ import annotations
 
 import json
-from typing import Any, BinaryIO
+from typing import Any, Protocol
 
 #: The largest body accepted (a pipeline's settings are a few kilobytes).
 MAX_BODY_BYTES = 1 << 20
@@ -56,7 +56,14 @@ def framing(content_lengths: list[str], transfer_encoding: str | None,
     return length
 
 
-def read_chunked(stream: BinaryIO, max_bytes: int = MAX_BODY_BYTES) -> bytes:
+class Readable(Protocol):
+    """A byte stream read by lines and by sizes (a request's ``rfile``)."""
+
+    def readline(self, limit: int = -1, /) -> bytes: ...
+    def read(self, size: int = -1, /) -> bytes: ...
+
+
+def read_chunked(stream: Readable, max_bytes: int = MAX_BODY_BYTES) -> bytes:
     """The body of a ``Transfer-Encoding: chunked`` request (RFC 9112 §7.1), capped at ``max_bytes``."""
     out = bytearray()
     while True:

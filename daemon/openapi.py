@@ -1,7 +1,9 @@
 """The OpenAPI 3 document of the daemon's HTTP endpoint, served at ``GET /api/openapi.json``.
 
-Written by hand (it is the published contract); a unit test checks that it names exactly the
-routes of :data:`lakemirror.daemon.routes.ROUTES`, which are the ones the server answers.
+Written by hand (it is the published contract) except the request body of
+``POST /api/continuous-sync``, which is generated from the settings model
+(:mod:`lakemirror.daemon.settings.openapi`); a unit test checks that it names exactly the routes
+of :data:`lakemirror.daemon.routes.ROUTES`, which are the ones the server answers.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from lakemirror import __version__
+from lakemirror.daemon.settings.openapi import pipeline_settings_schemas
 
 _ERR = {"$ref": "#/components/schemas/Error"}
 _PROBLEMS = {"$ref": "#/components/schemas/Problems"}
@@ -35,7 +38,7 @@ WORKSPACE = [_param("X-Databricks-Host", "header", "Databricks mode: the workspa
              _param("X-Databricks-Token", "header", "Databricks mode: the token for X-Databricks-Host; never "
                     "logged nor echoed.", required=False)]
 TABLE = _param("table", "path", "The table name (URL-encoded).")
-_SECURE = [{"bearer": []}]
+_SECURE: list[dict[str, list[str]]] = [{"bearer": []}]
 
 
 def _body_errors() -> dict[str, Any]:
@@ -81,20 +84,7 @@ def document() -> dict[str, Any]:
                     "error": {"type": "string"},
                     "problems": {"type": "array", "items": {"type": "object", "properties": {
                         "field": {"type": "string"}, "message": {"type": "string"}}}}}},
-                "PipelineSettings": {"type": "object", "additionalProperties": True,
-                                     "required": ["source_catalog", "destination_catalog", "schema_name"],
-                                     "description": "The settings of the pipeline YAML (see "
-                                                    "docs/configuration.md) except runtime, http and databricks. "
-                                                    "checkpoint_volume may be left out here (unlike in the YAML): "
-                                                    "it defaults to <the daemon's checkpoint_volume>/api, so the "
-                                                    "pipeline's folder is <checkpoint_volume>/api/<pipeline_id>.",
-                                     "properties": {k: {"type": t} for k, t in (
-                                         ("pipeline_id", "string"), ("source_catalog", "string"),
-                                         ("destination_catalog", "string"), ("schema_name", "string"),
-                                         ("destination_schema", "string"), ("checkpoint_volume", "string"),
-                                         ("trigger_interval_seconds", "number"),
-                                         ("allow_schema_evolution", "boolean"), ("table_overrides", "object"))}
-                                     | {"tables": {"type": "array", "items": {"type": "string"}}}},
+                **pipeline_settings_schemas(),
                 "Submitted": {"type": "object", "required": ["job_id", "run_url"], "properties": {
                     "job_id": {"oneOf": [{"type": "string"}, {"type": "integer"}]},
                     "run_url": {"type": "string", "description": "Empty where there is no workspace."}}},

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from lakemirror.daemon.config import Settings
+from lakemirror.daemon.settings import Settings
 from lakemirror.supervisor.supervisor import Supervisor, TableView
 
 log = logging.getLogger(__name__)

@@ -143,7 +143,7 @@ def bind_failure(host: str, port: int, exc: OSError) -> StartupError:
 
 
 def check_mode(runtime: Any) -> None:
-    """The prerequisites of ``runtime.mode`` (a :class:`~lakemirror.daemon.config.RuntimeSettings`):
+    """The prerequisites of ``runtime.mode`` (a :class:`~lakemirror.daemon.settings.RuntimeSettings`):
     local: Java and Delta's jars; connect: the client packages and a reachable server; databricks:
     the job's own session, nothing to check. Raises :class:`StartupError`, ``JavaMissing`` or
     ``JarsMissing``, each one line."""

@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lakemirror.daemon.config import RuntimeSettings
+from lakemirror.daemon.settings import RuntimeSettings
 from lakemirror.daemon.jars import jar_paths
 from lakemirror.daemon.spark_secrets import secret_properties_file, split_secret_confs
 from lakemirror.object_store import needs_s3a

@@ -43,7 +43,7 @@ class UniqueKeyLoader(yaml.SafeLoader):
                 if key in seen:
                     raise DuplicateKeyError(key, seen[key], line, key_node.start_mark.column + 1)
                 seen[key] = line
-        return super().construct_mapping(node, deep=deep)  # type: ignore[no-any-return]
+        return super().construct_mapping(node, deep=deep)
 
 
 def load(text: str) -> Any:

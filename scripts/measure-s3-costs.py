@@ -53,7 +53,7 @@ def measure_append(runs: int) -> None:
     from lakemirror import tables
     from lakemirror.checkpoints.delta_store import arrow_rows
     from lakemirror.checkpoints.records import CHECKPOINT_DDL, CheckpointRow
-    from lakemirror.daemon.config import RuntimeSettings
+    from lakemirror.daemon.settings import RuntimeSettings
     from lakemirror.daemon.spark import local_session
     from lakemirror.identifiers import TableName
     from lakemirror.object_store import delta_rs_target

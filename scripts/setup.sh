@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything lakemirror needs on a fresh machine, idempotently:
 #   - checks Python >= 3.11 and Java >= 17 (with a message saying what to install),
-#   - creates .venv and installs lakemirror with its pinned dependencies and test extras,
+#   - creates .venv and installs lakemirror with its pinned dependencies and its test and dev extras,
 #   - resolves Delta's jars from Maven Central once into the local cache (~/.cache/lakemirror),
 #     and hadoop-aws with the AWS SDK bundle (about 690 MB, for s3a:// locations and the
 #     object-storage tests), so that every later run, test and demo starts offline,
@@ -32,7 +32,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -e '.[test]'
+  .venv/bin/python -m pip install --quiet -e '.[test,dev]'
   echo "$want" > "$stamp"
 fi
 # fetch-jars resolves only the groups not cached yet (a machine set up before the s3 group gets it alone).

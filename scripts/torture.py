@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from lakemirror.daemon.config import RuntimeSettings  # noqa: E402
+from lakemirror.daemon.settings import RuntimeSettings  # noqa: E402
 from lakemirror.daemon.spark import local_session  # noqa: E402
 from tests.torture.harness import KillRecord, Torture, render_markdown  # noqa: E402
 

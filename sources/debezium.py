@@ -29,14 +29,14 @@ from __future__ import annotations
 import json
 import re
 from datetime import datetime, timezone
-from typing import Any, Mapping, Sequence
+from typing import Any, Final, Mapping, Sequence
 
 from lakemirror.sources.change_event import (
     BASIS_MYSQL_BINLOG, BASIS_POSTGRES_LSN, BASIS_SIMPLE_TIMESTAMP, BASIS_TS_MS, DELETE, SNAPSHOT, STREAM,
     TRUNCATE, UPSERT, ChangeEvent, DeadLetter, Decoded, Position, Skipped,
 )
 
-FORMAT_DEBEZIUM = "debezium"
+FORMAT_DEBEZIUM: Final = "debezium"
 FORMAT_SIMPLE = "simple"
 FORMATS = (FORMAT_DEBEZIUM, FORMAT_SIMPLE)
 

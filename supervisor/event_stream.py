@@ -341,6 +341,11 @@ class EventStreamRunner:
     def pause_persisted(self, paused: bool) -> None:
         self._paused = paused
 
+    def source_exists(self) -> bool:
+        """Always: an event source has no table that could appear later (the supervisor asks
+        only of tables that failed as missing)."""
+        return True
+
     def resync(self, reason: str) -> None:
         log.warning("%s: resync is not supported for event sources (%s); replay the topic instead", self.table, reason)
 

@@ -9,7 +9,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    from lakemirror.daemon.config import RuntimeSettings
+    from lakemirror.daemon.settings import RuntimeSettings
     from lakemirror.daemon.jars import JarsMissing, jar_paths
     from lakemirror.daemon.spark import local_session
 

@@ -38,7 +38,7 @@ def test_killed_at_every_crash_point_the_replica_stays_exact(spark: Any, tmp_pat
 
 
 def test_the_crash_hook_kills_at_the_nth_arrival_and_rejects_unknown_points() -> None:
-    program = ("from lakemirror.daemon.app import crash_points_from_environment as c\n"
+    program = ("from lakemirror.daemon.context import crash_points_from_environment as c\n"
                "f = c()\nfor i in range(5):\n    print(i, flush=True); f('after_merge')\n")
     env = {"LAKEMIRROR_TEST_KILL_AT": "after_merge:3", "PATH": "/usr/bin:/bin"}
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env, timeout=60)

@@ -16,8 +16,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from lakemirror import tables
-from lakemirror.daemon.app import Application
-from lakemirror.daemon.config import load_settings
+from lakemirror.daemon.context import DaemonContext
+from lakemirror.daemon.settings import load_settings
 from lakemirror.daemon.metrics import Metrics
 from lakemirror.identifiers import TableName, quote
 from tests.integration.postgres_server import postgres  # noqa: F401 (the session's PostgreSQL, for the Postgres sink)
@@ -43,8 +43,8 @@ class Pipeline:
         self.settings = load_settings(None, base)
         self.app = self._new_app()
 
-    def _new_app(self) -> Application:
-        return Application(self.settings).replace(
+    def _new_app(self) -> DaemonContext:
+        return DaemonContext(self.settings).replace(
             spark=self.spark, metrics=Metrics("test", CollectorRegistry()))
 
     # -- sources --------------------------------------------------------------------------------

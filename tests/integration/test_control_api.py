@@ -15,8 +15,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from lakemirror import tables
-from lakemirror.daemon.app import Application
-from lakemirror.daemon.config import load_settings
+from lakemirror.daemon.context import DaemonContext
+from lakemirror.daemon.settings import load_settings
 from lakemirror.daemon.metrics import Metrics
 from lakemirror.identifiers import TableName
 
@@ -39,7 +39,7 @@ def test_post_get_cdf_check_and_delete_on_a_running_daemon(spark: Any, tmp_path:
         "pipeline_id": "main", "source_catalog": "src", "destination_catalog": "dst", "schema_name": "sales",
         "tables": [], "checkpoint_volume": str(checkpoints), "http": {"port": 0},
         "runtime": {"mode": "local", "warehouse": str(warehouse)}})
-    app = Application(settings).replace(spark=spark, metrics=Metrics("main", CollectorRegistry()))
+    app = DaemonContext(settings).replace(spark=spark, metrics=Metrics("main", CollectorRegistry()))
     source = app.catalog.locate(TableName("src", "sales", "orders"))
     raw = app.catalog.locate(TableName("src", "sales", "raw_events"))
     spark.sql(f"CREATE TABLE {source.sql} (id BIGINT NOT NULL, status STRING) USING DELTA "

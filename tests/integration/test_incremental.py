@@ -14,8 +14,8 @@ import pytest
 from lakemirror import tables
 from lakemirror.checkpoints.audit import InMemoryAuditLog
 from lakemirror.checkpoints.state import FileStateStore
-from lakemirror.daemon.replicate_app import ReplicateApp
-from lakemirror.daemon.replicate_config import CliOverrides, load_replicate_config
+from lakemirror.daemon.context import ReplicateContext
+from lakemirror.daemon.settings.replicate import CliOverrides, load_replicate_config
 from lakemirror.errors import DestinationConflict
 from lakemirror.identifiers import TableName
 from lakemirror.sinks.clone import CLONE_VERSION_PROPERTY, DeltaCloner
@@ -106,8 +106,8 @@ def test_a_cloned_replica_is_adopted_without_a_copy_and_replicate_runs_the_opera
         "checkpoint_volume": str(tmp_path / "cp"), "runtime": {"mode": "local", "warehouse": str(tmp_path / "lh")},
         "catalogs": [{"name": "src", "target_catalog": "dst", "include_schemas": ["s"]}]})
     audit = InMemoryAuditLog()
-    summary = ReplicateApp(config, {"spark": spark, "audit": audit, "execution_user": "tester",
-                                    "runner_kwargs": {"sleep": lambda s: None}}).run()
+    summary = ReplicateContext(config).replace(spark=spark, audit=audit, execution_user="tester",
+                                               sleep=lambda s: None).run()
     assert summary.ok, summary.failed
     inc = [r for r in audit.records if json.loads(r.details or "{}")["operation"] == "incremental"]
     assert len(inc) == 1 and inc[0].operation_type == "replication" and inc[0].status == "success"
@@ -129,8 +129,6 @@ def test_a_replica_of_a_continuous_pipeline_is_refused(spark: Any, tmp_path: Pat
 
 
 def test_the_daemon_runs_a_scheduled_sweep_and_reconcile_with_audit_rows(make_pipeline: Any) -> None:
-    from lakemirror.daemon.subtask_app import SubtaskComposer
-
     p = make_pipeline(tables=["orders"], schedules=[
         {"name": "archive-sweep", "operations": ["incremental", "reconcile"], "every_seconds": 60,
          "tables": ["archive"], "reconcile": {"buckets": 16}}])
@@ -143,8 +141,7 @@ def test_the_daemon_runs_a_scheduled_sweep_and_reconcile_with_audit_rows(make_pi
         return type("Done", (), {"join": lambda self, t=None: None, "is_alive": lambda self: False})()
 
     app = p.app
-    service = SubtaskComposer(p.settings, app.spec, lambda: p.spark, app.catalog, app.list_tables,
-                              app.metrics).service(clock=lambda: now[0], spawn=inline)
+    service = app.replace(clock=lambda: now[0], spawn=inline).subtasks
     now[0] += 60
     service.tick()                                                     # bootstrap + reconcile
     p.sql("archive", "UPDATE {t} SET v = 'x' WHERE id < 3")

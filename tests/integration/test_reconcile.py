@@ -91,8 +91,8 @@ def test_incremental_clone_applies_only_the_change_feed(spark, tmp_path):
 
 
 def test_replicate_command_end_to_end_with_audit_metadata_and_a_failure(spark, tmp_path):
-    from lakemirror.daemon.replicate_app import ReplicateApp
-    from lakemirror.daemon.replicate_config import load_replicate_config
+    from lakemirror.daemon.context import ReplicateContext
+    from lakemirror.daemon.settings.replicate import load_replicate_config
 
     cat = LocalCatalog(tmp_path)
     orders, nokey = cat.locate(TableName("prod", "sales", "orders")), cat.locate(TableName("prod", "sales", "nokey"))
@@ -120,9 +120,8 @@ def test_replicate_command_end_to_end_with_audit_metadata_and_a_failure(spark, t
                 spark.sql(f"INSERT INTO {orders.sql} VALUES (1000, 'late')")
             return out
 
-    app = ReplicateApp(cfg, {"spark": spark, "run_id": "run-1", "execution_user": "tester"})
-    app = ReplicateApp(cfg, {**app.overrides, "operations": WriteAfterClone(spark, app.catalog, app.results,
-                                                                            run_id="run-1")})
+    app = ReplicateContext(cfg).replace(spark=spark, run_id="run-1", execution_user="tester")
+    app.replace(operations=WriteAfterClone(spark, app.catalog, app.results, run_id="run-1"))
     summary = app.run()
 
     assert not summary.ok
@@ -149,13 +148,13 @@ def test_replicate_command_end_to_end_with_audit_metadata_and_a_failure(spark, t
     assert field.metadata.get("comment") == "col's `c`"
 
     # Metadata alone, from the CLI: changed comments (quotes, backticks) reach the existing replica.
-    from lakemirror.daemon.replicate_config import CliOverrides
+    from lakemirror.daemon.settings.replicate import CliOverrides
 
     spark.sql(f"ALTER TABLE {orders.sql} ALTER COLUMN `no``te` COMMENT 'new \"q\" `b` \\'s'")
     spark.sql(f"COMMENT ON TABLE {orders.sql} IS 'v2 `x`'")
-    again = ReplicateApp(load_replicate_config(None, CliOverrides(operations=["metadata"], target_schemas=["sales"]),
-                                               data=cfg.model_dump(exclude={"cli"})),
-                         {"spark": spark, "run_id": "run-2", "execution_user": "tester"}).run()
+    again = ReplicateContext(load_replicate_config(
+        None, CliOverrides(operations=["metadata"], target_schemas=["sales"]), data=cfg.model_dump(exclude={"cli"}))
+    ).replace(spark=spark, run_id="run-2", execution_user="tester").run()
     assert again.ok and {o.operation for o in again.outcomes} == {"metadata"}
     assert spark.sql(f"DESCRIBE DETAIL {replica.sql}").collect()[0]["description"] == "v2 `x`"
     assert tables.read(spark, replica).schema["no`te"].metadata.get("comment") == "new \"q\" `b` 's"

@@ -20,7 +20,7 @@ TOKEN = "lm-session-token-9f8e7d"
 
 CHILD = r"""
 import json, os, sys
-from lakemirror.daemon.config import RuntimeSettings
+from lakemirror.daemon.settings import RuntimeSettings
 from lakemirror.daemon.spark import local_session
 
 confs = json.loads(sys.stdin.readline())  # not argv: the test reads every argv

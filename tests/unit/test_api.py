@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from lakemirror.daemon import routes
 from lakemirror.daemon.api import ContinuousSyncApi
-from lakemirror.daemon.config import Settings
+from lakemirror.daemon.settings import Settings
 from lakemirror.daemon.http import ControlServer
 from lakemirror.daemon.openapi import document
 from lakemirror.daemon.pipelines import PipelineHandle, PipelineRegistry

@@ -15,7 +15,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from lakemirror.daemon.api import ContinuousSyncApi
-from lakemirror.daemon.config import DatabricksSettings
+from lakemirror.daemon.settings import DatabricksSettings
 from lakemirror.daemon.databricks_pipelines import DatabricksPipelines
 from lakemirror.daemon.http import ControlServer
 from lakemirror.daemon.pipelines import PipelineRegistry
@@ -164,14 +164,14 @@ class NoAmbientWorkspace:
 @pytest.fixture
 def root_url(tmp_path: Path) -> Iterator[str]:
     """The API as the composition root wires it in databricks mode (the real header -> client factory)."""
-    from lakemirror.daemon.app import Application
-    from lakemirror.daemon.config import load_settings
+    from lakemirror.daemon.context import DaemonContext
+    from lakemirror.daemon.settings import load_settings
 
     settings = load_settings(None, {
         "pipeline_id": "main", "source_catalog": "prod", "destination_catalog": "prod_mirror", "schema_name": "orders",
         "checkpoint_volume": "/Volumes/clone_audit/streaming/cs_checkpoints", "runtime": {"mode": "databricks"},
         "databricks": {"wheel": WHEEL, "config_dir": CONFIG_DIR}})
-    app = Application(settings).replace(workspace=NoAmbientWorkspace())
+    app = DaemonContext(settings).replace(workspace=NoAmbientWorkspace())
     server = ControlServer("127.0.0.1", 0, CollectorRegistry(), lambda: [], {}, api=app.api)
     server.start()
     yield server.url

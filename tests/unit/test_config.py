@@ -1,4 +1,4 @@
-"""lakemirror.daemon.config (load_settings) and the `lakemirror validate` command."""
+"""lakemirror.daemon.settings (load_settings) and the `lakemirror validate` command."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from lakemirror.daemon.cli import main
-from lakemirror.daemon.config import load_settings, parse_set_flags
+from lakemirror.daemon.settings import load_settings, parse_set_flags
 from lakemirror.errors import ConfigError
 
 BASE: dict[str, Any] = {
@@ -185,7 +185,7 @@ def test_validate_applies_cli_flags(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 
 def test_replica_properties_reach_the_pipeline_spec(tmp_path: Path) -> None:
-    from lakemirror.daemon.app import pipeline_spec
+    from lakemirror.daemon.settings.runtime_spec import pipeline_spec
 
     settings = load_settings(write(tmp_path, {"replica_properties": {"delta.enableDeletionVectors": "true"}}))
     assert pipeline_spec(settings).replica_properties == {"delta.enableDeletionVectors": "true"}

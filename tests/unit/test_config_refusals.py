@@ -15,8 +15,8 @@ import yaml
 from lakemirror.daemon import spark_values, yaml_loader
 from lakemirror.daemon.api import settings_from_body
 from lakemirror.daemon.cli import main
-from lakemirror.daemon.config import load_settings, warn_unknown_environment
-from lakemirror.daemon.replicate_config import load_replicate_config
+from lakemirror.daemon.settings import load_settings, warn_unknown_environment
+from lakemirror.daemon.settings.replicate import load_replicate_config
 from lakemirror.errors import ConfigError
 
 PIPELINE = """\

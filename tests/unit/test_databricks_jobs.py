@@ -6,7 +6,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from lakemirror.daemon.config import Settings
+from lakemirror.daemon.settings import Settings
 from lakemirror.daemon.databricks_jobs import (JobTarget, Schedule, SyncKind, build_job_settings, get_run,
                                                lakemirror_jobs, resume_job, stop_job, submit_job)
 from tests.unit.databricks_fake import FakeJobsApi

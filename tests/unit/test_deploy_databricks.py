@@ -11,7 +11,7 @@ from typing import Any, Iterator
 import yaml
 from databricks.bundles.jobs import Job
 
-from lakemirror.daemon.config import Settings, load_settings, parse_set_flags
+from lakemirror.daemon.settings import Settings, load_settings, parse_set_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 BUNDLE_DIR = ROOT / "deploy" / "databricks"

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from lakemirror.daemon.config import Settings, load_settings
+from lakemirror.daemon.settings import Settings, load_settings
 
 K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
 KUSTOMIZATION: dict[str, Any] = yaml.safe_load((K8S / "kustomization.yaml").read_text(encoding="utf-8"))

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from prometheus_client import CollectorRegistry
 
-from lakemirror.daemon.config import load_settings
+from lakemirror.daemon.settings import load_settings
 from lakemirror.daemon.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]

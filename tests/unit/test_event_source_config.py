@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from lakemirror.daemon.cli import main
-from lakemirror.daemon.config import load_settings
-from lakemirror.daemon.event_source_app import event_stream_spec
+from lakemirror.daemon.settings import load_settings
+from lakemirror.daemon.settings.runtime_spec import event_stream_spec
 from lakemirror.errors import ConfigError
 
 BASE: dict[str, Any] = {"source_catalog": "cdc", "destination_catalog": "dst", "schema_name": "shop",

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from lakemirror.daemon import jars
-from lakemirror.daemon.config import RuntimeSettings, load_settings
+from lakemirror.daemon.settings import RuntimeSettings, load_settings
 from lakemirror.daemon.spark import session_jars
 from lakemirror.errors import ConfigError
 from lakemirror.object_store import delta_rs_storage_options, delta_rs_uri, needs_s3a

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from lakemirror.daemon.app import postgres_connector
-from lakemirror.daemon.config import load_settings
-from lakemirror.daemon.destination_config import DeltaDestination
+from lakemirror.daemon.context import postgres_connector
+from lakemirror.daemon.settings import load_settings
+from lakemirror.daemon.settings.destination import DeltaDestination
 from lakemirror.errors import ConfigError
 from lakemirror.sinks.choose import choose_sink
 
@@ -70,19 +69,21 @@ def test_an_unknown_kind_is_refused():
         load_settings(None, {**BASE, "destination": {"kind": "oracle"}})
 
 
-def test_validate_exits_2_with_one_line_naming_the_field(tmp_path: Path):
+def test_validate_exits_2_with_one_line_naming_the_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    from lakemirror.daemon.cli import main
+
     cfg = tmp_path / "p.yaml"
     cfg.write_text("source_catalog: s\ndestination_catalog: d\nschema_name: x\ncheckpoint_volume: /tmp/x\n"
                    "destination: {kind: postgres, host: db, database: app, user: lm, port: -1}\n")
-    done = subprocess.run([sys.executable, "-m", "lakemirror.daemon.cli", "validate", str(cfg)],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2, done
-    assert "destination.postgres.port" in done.stderr + done.stdout
-    assert "Traceback" not in done.stderr
+    code = main(["validate", str(cfg)])
+    printed = capsys.readouterr()
+    assert code == 2, printed
+    assert "destination.postgres.port" in printed.err + printed.out
+    assert "Traceback" not in printed.err
 
 
 def test_an_event_source_with_a_postgres_destination_is_refused(tmp_path) -> None:
-    from lakemirror.daemon.config import load_settings
+    from lakemirror.daemon.settings import load_settings
     from lakemirror.errors import ConfigError
     path = tmp_path / "p.yaml"
     path.write_text(

@@ -13,8 +13,8 @@ from prometheus_client import CollectorRegistry
 
 from lakemirror.checkpoints.records import InMemoryCheckpointStore
 from lakemirror.daemon import preflight
-from lakemirror.daemon.app import Application
-from lakemirror.daemon.config import load_settings
+from lakemirror.daemon.context import DaemonContext
+from lakemirror.daemon.settings import load_settings
 from lakemirror.daemon.metrics import Metrics
 from lakemirror.supervisor.supervisor import Supervisor
 from lakemirror.daemon.preflight import (CONNECT_REQUIREMENTS, StartupError, bind_failure, check_connect,
@@ -105,7 +105,7 @@ def test_a_port_in_use_is_one_line_naming_the_setting(listening: socket.socket) 
         f"port {port} on 127.0.0.1 is in use: set http.port (or --http-port) to a free port, or stop the other process")
 
 
-# -- the order of Application.run -------------------------------------------------------------------
+# -- the order of DaemonContext.run -------------------------------------------------------------------
 
 def _stopped() -> Any:
     """A stop event already set: a run that wrongly gets past start-up returns instead of running on."""
@@ -114,7 +114,7 @@ def _stopped() -> Any:
     return stop
 
 
-def app_for(tmp_path: Path, port: int, checks: list[str], fail: StartupError | None = None) -> Application:
+def app_for(tmp_path: Path, port: int, checks: list[str], fail: StartupError | None = None) -> DaemonContext:
     settings = load_settings(None, {
         "source_catalog": "src", "destination_catalog": "dst", "schema_name": "sales", "tables": ["t"],
         "checkpoint_volume": str(tmp_path / "ck"), "runtime": {"warehouse": str(tmp_path / "wh")},
@@ -126,7 +126,7 @@ def app_for(tmp_path: Path, port: int, checks: list[str], fail: StartupError | N
             raise fail
     # a real supervisor with no tables to run: nothing here needs Spark
     supervisor = Supervisor(runner_factory=lambda table: None, list_tables=lambda: [])  # type: ignore[arg-type, return-value]
-    return Application(settings).replace(preflight=check, checkpoints=InMemoryCheckpointStore(),
+    return DaemonContext(settings).replace(mode_check=check, checkpoints=InMemoryCheckpointStore(),
                                          metrics=Metrics("t", CollectorRegistry()), supervisor=supervisor)
 
 
@@ -162,7 +162,7 @@ def test_a_failure_after_the_port_removes_daemon_json_and_the_folders_it_made(tm
 
 
 def test_check_mode_dispatches_on_the_mode(closed_port: int) -> None:
-    from lakemirror.daemon.config import RuntimeSettings
+    from lakemirror.daemon.settings import RuntimeSettings
 
     with pytest.raises(StartupError, match="Spark Connect"):
         preflight.check_mode(RuntimeSettings(mode="connect", spark_remote=f"sc://127.0.0.1:{closed_port}"))

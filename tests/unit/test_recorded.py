@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -77,20 +75,3 @@ def test_a_stopped_table_reports_its_replica_and_the_sources_unapplied_commits(t
     (offsets / "1").write_text('v1\n{"batchWatermarkMs":0}\n{"reservoirVersion":4,"index":-1}')
     caught_up = read()["t"]
     assert (caught_up.versions_behind, caught_up.lag_seconds(time.time() + 3600)) == (0, 0.0)
-
-
-def test_status_without_a_daemon_starts_no_jvm(tmp_path: Path) -> None:
-    from lakemirror.daemon.cli import main
-
-    config = tmp_path / "p.yaml"
-    config.write_text(f"source_catalog: src\ndestination_catalog: dst\nschema_name: s\ntables: [t]\n"
-                      f"checkpoint_volume: {tmp_path / 'ck'}\nruntime: {{mode: local, warehouse: {tmp_path / 'lake'}}}\n")
-    catalog = LocalCatalog(tmp_path / "lake")
-    write_deltalake(str(catalog.locate(TableName.parse("dst.continuous_sync.checkpoints")).path), arrow_rows([]))
-    # In a process of its own: the suite's shared Spark session may be running in this one.
-    probe = ("import sys\nfrom lakemirror.daemon.cli import main\n"
-             f"code = main(['status', {str(config)!r}, '--json'])\n"
-             "from pyspark import SparkContext\n"
-             "print('exit', code, 'jvm', SparkContext._active_spark_context is not None)\n")
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False)
-    assert done.stdout.strip().splitlines()[-1] == "exit 0 jvm False", done.stdout + done.stderr

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lakemirror.daemon.replicate_app import plan, task_settings
-from lakemirror.daemon.replicate_config import CliOverrides, cli_overrides, deep_merge, load_replicate_config
+from lakemirror.daemon.settings.runtime_spec import plan, task_settings
+from lakemirror.daemon.settings.replicate import CliOverrides, cli_overrides, deep_merge, load_replicate_config
 from lakemirror.errors import ConfigError
 from lakemirror.supervisor.replicate import InMemoryDiscovery
 

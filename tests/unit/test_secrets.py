@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 
 import pytest
-from lakemirror.daemon.config import load_settings
+from lakemirror.daemon.settings import load_settings
 from lakemirror.secrets import MASK, is_secret_key, mask_secrets, redact
 from lakemirror.supervisor.classify import classify
 

@@ -13,12 +13,12 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from lakemirror.daemon.app import pipeline_spec
+from lakemirror.daemon.settings.runtime_spec import pipeline_spec
 from lakemirror.daemon.cli import main
-from lakemirror.daemon.config import load_settings
+from lakemirror.daemon.settings import load_settings
 from lakemirror.daemon.http import ControlServer
 from lakemirror.daemon.metrics import Metrics
-from lakemirror.daemon.subtask_app import jobs_for, subtask_of
+from lakemirror.daemon.settings.runtime_spec import jobs_for, subtask_of
 from lakemirror.errors import ConfigError
 from lakemirror.identifiers import TableName
 from lakemirror.sinks.planner import diff_schema

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lakemirror.checkpoints.state import TableProgress
-from lakemirror.daemon.replicate_config import CliOverrides, load_replicate_config
+from lakemirror.daemon.settings.replicate import CliOverrides, load_replicate_config
 from lakemirror.errors import ConfigError
 from lakemirror.sinks.delta_merge import txn_app_id
 from lakemirror.supervisor.incremental import SweepFacts, plan_sweep, sweep_app_id

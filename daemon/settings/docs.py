@@ -1,6 +1,6 @@
 """The configuration reference, rendered from the settings models themselves.
 
-``docs/configuration.md`` is this module's output (``python -m lakemirror.daemon.config_docs``
+``docs/configuration.md`` is this module's output (``python -m lakemirror.daemon.settings.docs``
 writes it; a unit test fails when the file and the models disagree), so a field's name, type,
 default and help text are written once, on the model, and the reference cannot drift from them.
 """
@@ -18,7 +18,7 @@ from pydantic_core import PydanticUndefined
 
 INTRO = """# Configuration reference
 
-Generated from the settings models (`python -m lakemirror.daemon.config_docs > docs/configuration.md`);
+Generated from the settings models (`python -m lakemirror.daemon.settings.docs > docs/configuration.md`);
 do not edit by hand. A pipeline is a YAML file; environment variables override it
 (`LAKEMIRROR_<FIELD>`, nested with `__`: `LAKEMIRROR_RUNTIME__MASTER=local[4]`), and command-line
 flags override both (`--set runtime.master=local[4]`). `lakemirror validate FILE` reports every
@@ -156,7 +156,7 @@ def _cell(text: str) -> str:
 
 def render(model: type[BaseModel] | None = None) -> str:
     if model is None:
-        from lakemirror.daemon.config import Settings
+        from lakemirror.daemon.settings import Settings
         model = Settings
     out = [INTRO, "| Setting | Type | Default | Meaning |", "|---|---|---|---|"]
     for path, type_name, default, help_text in rows(model):

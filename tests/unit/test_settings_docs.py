@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from lakemirror.daemon import config_docs
+from lakemirror.daemon.settings import docs as config_docs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -15,7 +15,7 @@ def test_the_configuration_reference_is_the_rendered_models() -> None:
     written = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
     assert written == config_docs.render(), (
         "docs/configuration.md differs from the settings models: run "
-        "`.venv/bin/python -m lakemirror.daemon.config_docs > docs/configuration.md`")
+        "`.venv/bin/python -m lakemirror.daemon.settings.docs > docs/configuration.md`")
 
 
 def test_every_setting_has_help_text() -> None:
@@ -40,7 +40,7 @@ def test_nested_models_defaults_bounds_and_types_are_rendered() -> None:
 
 
 def _settings() -> type[BaseModel]:
-    from lakemirror.daemon.config import Settings
+    from lakemirror.daemon.settings import Settings
     return Settings
 
 
@@ -61,3 +61,22 @@ def test_a_tagged_union_lists_each_kinds_fields() -> None:
     table = config_docs.render(Outer)
     assert "| `target` | one of `kind: plain` \\| `kind: remote` | `{kind: plain}` | Where to. |" in table
     assert "| `target.host` | string (at least 1 characters) | required | (`kind: remote`) Where. |" in table
+
+
+def test_the_api_request_body_schema_is_the_settings_model() -> None:
+    import json
+
+    from lakemirror.daemon.openapi import document
+    from lakemirror.daemon.settings import Settings
+    from lakemirror.daemon.settings.pipeline import DAEMON_ONLY_KEYS
+
+    schemas = document()["components"]["schemas"]
+    body = schemas["PipelineSettings"]
+    assert set(body["properties"]) == set(Settings.model_fields) - set(DAEMON_ONLY_KEYS)
+    assert set(body["required"]) == {"source_catalog", "destination_catalog", "schema_name"}
+    assert body["properties"]["trigger_interval_seconds"]["description"] == \
+        Settings.model_fields["trigger_interval_seconds"].description
+    text = json.dumps(schemas)
+    assert '"type": "null"' not in text and "$defs" not in text, "OpenAPI 3.0 spells these otherwise"
+    refs = {part.split('"')[0] for part in text.split('"$ref": "#/components/schemas/')[1:]}
+    assert refs <= set(schemas), refs - set(schemas)

@@ -12,16 +12,16 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Final, Literal, Mapping
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from lakemirror.daemon.destination_config import DeltaDestination, Destination
-from lakemirror.daemon.event_source_config import EventSourceSettings
+from lakemirror.daemon.settings.destination import DeltaDestination, Destination
+from lakemirror.daemon.settings.event_source import EventSourceSettings
 from lakemirror.daemon import spark_values, yaml_loader
-from lakemirror.daemon.schedule_config import ScheduleSettings, schedule_problems
+from lakemirror.daemon.settings.schedule import ScheduleSettings, schedule_problems
 from lakemirror.errors import ConfigError
 from lakemirror.sinks.apply_choice import DEFAULT_DRIVER_APPLY_BELOW_BYTES, DEFAULT_REWRITE_BELOW_BYTES
 
@@ -37,6 +37,13 @@ def _check_name(value: str, what: str) -> str:
     if not _NAME.match(value):
         raise ValueError(f"{what} {value!r} may not contain '.', '/', '`' or control characters")
     return value
+
+
+#: Blocks of the YAML that belong to the daemon, not to a pipeline posted to its control API.
+DAEMON_ONLY_KEYS = ("runtime", "http", "databricks")
+
+#: The version of the settings format this lakemirror writes and reads (the ``version`` field).
+SETTINGS_VERSION: Final = 1
 
 
 class Strict(BaseModel):
@@ -150,11 +157,13 @@ class DatabricksSettings(Strict):
 
 
 class Settings(BaseSettings):
-    """A Continuous Sync pipeline. Field names follow the seed's YAML."""
+    """A Continuous Sync pipeline: the daemon's YAML. Field names follow the seed's YAML."""
 
     model_config = SettingsConfigDict(env_prefix="LAKEMIRROR_", env_nested_delimiter="__",
                                       extra="forbid", frozen=True, allow_inf_nan=False)
 
+    version: Literal[1] = Field(SETTINGS_VERSION, description="Version of this settings format: 1, the only "
+                                "one so far; a file that leaves it out is read as version 1.")
     pipeline_id: str | None = Field(None, description="Stable id of the pipeline (default derived from the names).")
     source_catalog: str = Field(description="Catalog of the source tables.")
     destination_catalog: str = Field(description="Catalog of the replicas.")
@@ -164,8 +173,13 @@ class Settings(BaseSettings):
     exclude_tables: list[str] = Field(default_factory=list, description="Tables never mirrored.")
     checkpoint_volume: str = Field(description="Root directory of stream checkpoints and pipeline state. In local "
                                    "mode a local (or mounted) directory, also when the tables are on S3.")
-    trigger_interval_seconds: float = Field(5.0, ge=0.001, le=86400, description="Micro-batch trigger interval: "
-                                            "the shortest time between two batches of one table.")
+    trigger_interval_seconds: float = Field(
+        5.0, ge=0.001, le=86400, description="Spark's processing-time trigger of the always-on streaming queries "
+        "(every table's with apply_workers 0, the gated queries of local mode, an event source's): how often a "
+        "query looks for new source commits and starts a micro-batch.")
+    turn_interval_seconds: float | None = Field(
+        None, ge=0.001, le=86400, description="With apply_workers above 0: the shortest time between the starts "
+        "of two turns of one table. Unset: trigger_interval_seconds.")
     apply_workers: int = Field(1, ge=0, le=1024, description="How many tables apply changes at the same time. "
                                "Tables with unapplied commits take turns, the longest-waiting first; a turn applies "
                                "everything the table accumulated (one batch of its query, which stays up between turns). 0: one "
@@ -218,18 +232,18 @@ class Settings(BaseSettings):
         "leaves no checksum files (delta-rs leaves none): 0.13 against 0.46 JVM CPU-s a batch for a 1M-row "
         "source (docs/BENCHMARKS.md). Tables known by name (Unity Catalog) always use DeltaSource. "
         "false (default): DeltaSource everywhere.")
-    destination: Destination = Field(default_factory=DeltaDestination, description="Where replicas go: "  # type: ignore[arg-type]
+    destination: Destination = Field(default_factory=DeltaDestination, description="Where replicas go: "
                                      "{kind: delta} (default) or {kind: postgres, host, …}; the fields of each kind follow; docs/postgres.md.")
     source: EventSourceSettings | None = Field(None, description="An event stream (Debezium or simple CDC events, "
                                                "files or Kafka) instead of the Delta change feed; see "
-                                               "lakemirror.daemon.event_source_config.")
-    runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)  # type: ignore[arg-type]
-    http: HttpSettings = Field(default_factory=HttpSettings)  # type: ignore[arg-type]
-    restart: RestartSettings = Field(default_factory=RestartSettings)  # type: ignore[arg-type]
-    databricks: DatabricksSettings = Field(default_factory=DatabricksSettings)  # type: ignore[arg-type]
+                                               "lakemirror.daemon.settings.event_source.")
+    runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
+    http: HttpSettings = Field(default_factory=HttpSettings)
+    restart: RestartSettings = Field(default_factory=RestartSettings)
+    databricks: DatabricksSettings = Field(default_factory=DatabricksSettings)
     schedules: list[ScheduleSettings] = Field(
         default_factory=list, description="Batch sub-tasks (clone, incremental, reconcile, metadata) the daemon "
-                                          "runs on a schedule; see lakemirror.daemon.schedule_config.")
+                                          "runs on a schedule; see lakemirror.daemon.settings.schedule.")
 
     @field_validator("source_catalog", "destination_catalog", "schema_name", "destination_schema", "audit_catalog")
     @classmethod
@@ -298,6 +312,11 @@ class Settings(BaseSettings):
             return self.pipeline_id
         raw = f"{self.source_catalog}.{self.schema_name}-to-{self.destination_catalog}"
         return re.sub(r"[^A-Za-z0-9_.-]", "_", raw)[:64]
+
+    @property
+    def effective_turn_interval_seconds(self) -> float:
+        """The shortest time between two turns of one table (``turn_interval_seconds``, else the trigger's)."""
+        return self.turn_interval_seconds if self.turn_interval_seconds is not None else self.trigger_interval_seconds
 
     @property
     def effective_checkpoint_table(self) -> str:

@@ -27,7 +27,7 @@ from typing import Literal, Sequence
 
 from pydantic import Field, field_validator, model_validator
 
-from lakemirror.daemon.task_options import CloneOptions, MetadataSettings, ReconcileSettings, RetrySettings, Strict
+from lakemirror.daemon.settings.task_options import CloneOptions, MetadataSettings, ReconcileSettings, RetrySettings, Strict
 from lakemirror.supervisor.scheduler import DailyAt, Every, Trigger
 
 SubtaskOperation = Literal["clone", "reconcile", "metadata", "incremental"]
@@ -47,9 +47,9 @@ class ScheduleSettings(Strict):
     daily_at: str | None = Field(None, description="Run once a day at HH:MM, UTC (24-hour), e.g. '02:30'.")
     tables: list[str] | None = Field(None, description="Tables of the source schema (default: the pipeline's).")
     timeout_seconds: float = Field(3600.0, gt=0, description="Per table, operation and attempt.")
-    retry: RetrySettings = Field(default_factory=RetrySettings)  # type: ignore[arg-type]
-    clone: CloneOptions = Field(default_factory=CloneOptions)  # type: ignore[arg-type]
-    reconcile: ReconcileSettings = Field(default_factory=ReconcileSettings)  # type: ignore[arg-type]
+    retry: RetrySettings = Field(default_factory=RetrySettings)
+    clone: CloneOptions = Field(default_factory=CloneOptions)
+    reconcile: ReconcileSettings = Field(default_factory=ReconcileSettings)
     metadata: MetadataSettings = Field(default_factory=MetadataSettings)
 
     @field_validator("name")

@@ -39,9 +39,9 @@ from typing import Any, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from lakemirror.daemon.config import RuntimeSettings, read_yaml
+from lakemirror.daemon.settings.pipeline import RuntimeSettings, read_yaml
 from lakemirror.errors import ConfigError
-from lakemirror.daemon.task_options import CloneOptions, MetadataSettings, ReconcileSettings, RetrySettings
+from lakemirror.daemon.settings.task_options import CloneOptions, MetadataSettings, ReconcileSettings, RetrySettings
 
 Operation = Literal["clone", "reconcile", "metadata", "incremental"]
 OPERATIONS: tuple[str, ...] = ("clone", "reconcile", "metadata", "incremental")
@@ -54,7 +54,7 @@ class Strict(BaseModel):
 class ObjectSettings(Strict):
     """Settings of one object (table), after inheritance. Any level may set any of these."""
 
-    operations: list[Operation] = Field(default_factory=lambda: ["clone"],
+    operations: list[Operation] = Field(default_factory=lambda: list[Operation](["clone"]),
                                         description="Operations run, in this order, per table.")
     timeout_seconds: float = Field(3600.0, gt=0, description="Per object and attempt.")
     keys: list[str] = Field(default_factory=list, description="Key columns; empty = inferred.")

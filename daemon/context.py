@@ -1,0 +1,603 @@
+"""The composition root: every component of the daemon, of ``lakemirror replicate`` and of the
+daemon's scheduled sub-tasks is built here, once, from validated settings.
+
+A context is a set of factories, each a :func:`functools.cached_property`: the first access builds
+the part from the settings and the parts it needs, later accesses return the same object, and a
+part nobody asks for is never built (a daemon without schedules never opens the audit table).
+Tests swap parts with :meth:`GlobalContext.replace` instead of patching modules::
+
+    ctx = DaemonContext(settings).replace(spark=spark, metrics=Metrics("t", CollectorRegistry()))
+
+:class:`GlobalContext` holds what every command needs (Spark, the catalog, the batch operations'
+audit log, results and runner); :class:`ReplicateContext` adds the ``replicate`` command's run;
+:class:`DaemonContext` adds the streaming pipeline, the control API, the HTTP server and the
+scheduled sub-tasks, and runs the daemon.
+"""
+
+from __future__ import annotations
+
+import copy
+import getpass
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from dataclasses import replace as dataclass_replace
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Self, Sequence, TextIO
+
+from lakemirror import __version__
+from lakemirror.checkpoints.audit import AuditLog, DeltaAuditLog
+from lakemirror.checkpoints.delta_store import DeltaCheckpointStore
+from lakemirror.checkpoints.records import CheckpointStore
+from lakemirror.checkpoints.state import FileStateStore
+from lakemirror.daemon import preflight
+from lakemirror.daemon.api import ContinuousSyncApi
+from lakemirror.daemon.databricks_pipelines import DatabricksPipelines
+from lakemirror.daemon.http import ControlServer
+from lakemirror.daemon.jars import JarsMissing
+from lakemirror.daemon.metrics import Metrics
+from lakemirror.daemon.pipelines import PipelineHandle, PipelineRegistry
+from lakemirror.daemon.settings import PostgresDestination, RuntimeSettings, Settings
+from lakemirror.daemon.settings.replicate import ReplicateConfig
+from lakemirror.daemon.settings.runtime_spec import (
+    REPLICATE_NAMESPACE, event_stream_spec, jobs_for, pipeline_spec, plan, subtask_of,
+)
+from lakemirror.daemon.spark import JavaMissing
+from lakemirror.daemon.worker import CommandWorker
+from lakemirror.errors import ConfigError, LakemirrorError
+from lakemirror.identifiers import TableName
+from lakemirror.secrets import redact
+from lakemirror.sinks.choose import choose_sink
+from lakemirror.sinks.postgres.executor import Connector
+from lakemirror.sinks.reconcile import DeltaReconciliationStore
+from lakemirror.sources.catalog import Catalog, LocalCatalog, UnityCatalog
+from lakemirror.supervisor import cdf_check
+from lakemirror.supervisor.batch_ops import SparkDiscovery, SparkOperations
+from lakemirror.supervisor.event_stream import RUNNER_PREFIX, EventStreamRunner
+from lakemirror.supervisor.incremental import IncrementalOperations, IncrementalSweep, WithIncremental
+from lakemirror.supervisor.recorded import read_pipeline
+from lakemirror.supervisor.replicate import (
+    BatchRunner, Discovery, Operations, Progress, RunSummary, TableJob, TextProgress,
+)
+from lakemirror.supervisor.runner import FAULT_POINTS, RunnerContext, TableRunner
+from lakemirror.supervisor.spec import PipelineSpec
+from lakemirror.supervisor.state import RestartPolicy
+from lakemirror.supervisor.subtasks import SubtaskRun, SubtaskService
+from lakemirror.supervisor.supervisor import Runner, Supervisor
+
+if TYPE_CHECKING:
+    from databricks.sdk import WorkspaceClient
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+#: The torture harness (tests/torture) names crash points here, e.g. ``after_merge`` or
+#: ``after_merge:3`` (the third time the point is reached); never set in production.
+KILL_AT_ENV = "LAKEMIRROR_TEST_KILL_AT"
+
+#: Event-source pipelines write records they cannot apply to ``<destination schema>.<prefix><source name>``.
+DEAD_LETTER_PREFIX = "_lakemirror_dead_letters_"
+
+
+def crash_points_from_environment() -> Callable[[str], None]:
+    """A fault hook that SIGKILLs this process at the armed point, or a no-op when none is armed."""
+    armed = os.environ.get(KILL_AT_ENV, "").strip()
+    if not armed:
+        return lambda point: None
+    name, _, nth = armed.partition(":")
+    if name not in FAULT_POINTS:
+        raise ConfigError([(KILL_AT_ENV, f"unknown crash point {name!r}; known: {', '.join(FAULT_POINTS)}")])
+    remaining = [int(nth or 1)]
+
+    def fault(point: str) -> None:
+        if point == name:
+            remaining[0] -= 1
+            if remaining[0] <= 0:
+                os.kill(os.getpid(), signal.SIGKILL)
+    return fault
+
+
+def postgres_connector(s: Settings) -> Connector | None:
+    """The connections of a pipeline whose replicas are in Postgres (shared by its tables), else None."""
+    d = s.destination
+    choice = choose_sink(d.kind, d.target() if isinstance(d, PostgresDestination) else None)
+    log.info("pipeline %s: %s", s.effective_pipeline_id, choice.reason)
+    return Connector(choice.postgres) if choice.postgres is not None else None
+
+
+class GlobalContext:
+    """What every command builds the same way: Spark, the catalog, and the batch operations' audit
+    log, reconciliation results and runner. Subclasses name the runtime and the audit tables."""
+
+    @property
+    def runtime(self) -> RuntimeSettings:
+        raise NotImplementedError
+
+    def replace(self, **parts: Any) -> Self:
+        """Use ``parts`` instead of building them (tests): each name is one of this context's
+        factories; an unknown name raises, so a misspelt override cannot be silently ignored."""
+        for name, value in parts.items():
+            if not isinstance(getattr(type(self), name, None), cached_property):
+                raise TypeError(f"{type(self).__name__} has no factory {name!r}")
+            self.__dict__[name] = value
+        return self
+
+    @cached_property
+    def spark(self) -> "SparkSession":
+        from lakemirror.daemon.spark import create_session
+
+        return create_session(self.runtime)
+
+    @property
+    def unity_catalog(self) -> bool:
+        return self.runtime.mode == "databricks"
+
+    @cached_property
+    def catalog(self) -> Catalog:
+        return UnityCatalog() if self.unity_catalog else LocalCatalog(self.runtime.warehouse)
+
+    @cached_property
+    def clock(self) -> Callable[[], float]:
+        return time.time
+
+    @cached_property
+    def sleep(self) -> Callable[[float], None]:
+        """How batch operations wait between attempts."""
+        return time.sleep
+
+    @cached_property
+    def execution_user(self) -> str:
+        """Who the audit rows name: the workspace user on Databricks, the OS user elsewhere."""
+        if self.unity_catalog:
+            return str(self.spark.sql("SELECT current_user()").collect()[0][0])
+        return getpass.getuser()
+
+    def located(self, fqn: str) -> Any:
+        """The table ``fqn``, its schema created if missing."""
+        name = TableName.parse(fqn)
+        self.catalog.ensure_schema(self.spark, name.catalog, name.schema)
+        return self.catalog.locate(name)
+
+    @property
+    def audit_table(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def reconciliation_table(self) -> str:
+        raise NotImplementedError
+
+    @cached_property
+    def audit(self) -> AuditLog:
+        return DeltaAuditLog(self.spark, self.located(self.audit_table))
+
+    @cached_property
+    def results(self) -> Any:
+        """Where reconciliations write their results (:class:`InMemoryReconciliationStore` is the twin)."""
+        return DeltaReconciliationStore(self.spark, self.located(self.reconciliation_table))
+
+    def spark_operations(self, run_id: str) -> SparkOperations:
+        """Clone, reconcile and metadata on Spark, their reconciliations tagged with ``run_id``."""
+        return SparkOperations(self.spark, self.catalog, self.results, unity_catalog=self.unity_catalog,
+                               run_id=run_id)
+
+    def incremental_sweep(self, checkpoint_volume: str, namespace: str) -> IncrementalSweep:
+        """Incremental sweeps keeping state under ``<checkpoint_volume>/<namespace>/incremental``;
+        ``namespace`` is also part of their transaction ids."""
+        states = FileStateStore(Path(checkpoint_volume) / namespace / "incremental")
+        return IncrementalSweep(self.spark, self.catalog, states, checkpoint_volume, namespace)
+
+    def batch_runner(self, operations: Operations, run_id: str, max_workers: int,
+                     progress: Progress | None = None) -> BatchRunner:
+        return BatchRunner(operations, self.audit, run_id=run_id, execution_user=self.execution_user,
+                           max_workers=max_workers, progress=progress, clock=self.clock, sleep=self.sleep)
+
+
+class ReplicateContext(GlobalContext):
+    """``lakemirror replicate``: discovery, operations, the audit log and one batch run."""
+
+    def __init__(self, config: ReplicateConfig, out: TextIO | None = None) -> None:
+        self.config = config
+        self.out = out if out is not None else sys.stdout
+
+    @property
+    def runtime(self) -> RuntimeSettings:
+        return self.config.runtime
+
+    @property
+    def audit_table(self) -> str:
+        return self.config.effective_audit_table
+
+    @property
+    def reconciliation_table(self) -> str:
+        return self.config.effective_reconciliation_table
+
+    @cached_property
+    def run_id(self) -> str:
+        return uuid.uuid4().hex
+
+    @cached_property
+    def discovery(self) -> Discovery:
+        return SparkDiscovery(self.spark, self.catalog)
+
+    @cached_property
+    def operations(self) -> Operations:
+        ops: Operations = self.spark_operations(self.run_id)
+        if self.config.checkpoint_volume is None:
+            return ops
+        sweep = self.incremental_sweep(self.config.checkpoint_volume, REPLICATE_NAMESPACE)
+        return WithIncremental(ops, IncrementalOperations(sweep))
+
+    @cached_property
+    def progress(self) -> Progress:
+        return TextProgress(self.out)
+
+    def plan(self) -> list[TableJob]:
+        return plan(self.config, self.discovery)
+
+    def run(self) -> RunSummary:
+        jobs = self.plan()
+        log.info("replicate run %s: %d tables", self.run_id, len(jobs))
+        return self.batch_runner(self.operations, self.run_id, self.config.max_workers, self.progress).run(jobs)
+
+
+class DaemonContext(GlobalContext):
+    """The daemon: one streaming pipeline from the settings (more through the control API), its
+    HTTP server and its scheduled sub-tasks."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    @property
+    def runtime(self) -> RuntimeSettings:
+        return self.settings.runtime
+
+    @property
+    def audit_catalog(self) -> str:
+        return self.settings.audit_catalog or self.settings.destination_catalog
+
+    @property
+    def audit_table(self) -> str:
+        return f"{self.audit_catalog}.continuous_sync.audit_log"
+
+    @property
+    def reconciliation_table(self) -> str:
+        return f"{self.audit_catalog}.continuous_sync.reconciliation"
+
+    # -- the streaming pipeline -----------------------------------------------------------------
+
+    @cached_property
+    def spec(self) -> PipelineSpec:
+        return pipeline_spec(self.settings)
+
+    @cached_property
+    def pipeline_dir(self) -> Path:
+        return Path(self.settings.checkpoint_volume) / self.spec.pipeline_id
+
+    @cached_property
+    def states(self) -> FileStateStore:
+        return FileStateStore(self.pipeline_dir)
+
+    @cached_property
+    def checkpoints(self) -> CheckpointStore:
+        store = DeltaCheckpointStore(self.spark, self.located(self.settings.effective_checkpoint_table))
+        store.ensure()
+        return store
+
+    @cached_property
+    def metrics(self) -> Metrics:
+        return Metrics(self.spec.pipeline_id)
+
+    @cached_property
+    def fault(self) -> Callable[[str], None]:
+        """The crash-test hook of the runners (a no-op unless the torture harness arms it)."""
+        return crash_points_from_environment()
+
+    @cached_property
+    def runner_context(self) -> RunnerContext:
+        return RunnerContext(self.spark, self.catalog, self.states, self.checkpoints, self.spec,
+                             fault=self.fault, postgres=postgres_connector(self.settings))
+
+    @cached_property
+    def restart_policy(self) -> RestartPolicy:
+        r = self.settings.restart
+        return RestartPolicy(r.base_delay_seconds, r.max_delay_seconds, 2.0, r.jitter)
+
+    def list_tables(self) -> list[str]:
+        spec = self.spec
+        if spec.tables is not None:
+            return [t for t in spec.tables if t not in spec.exclude_tables]
+        found = self.catalog.list_tables(self.spark, spec.source_catalog, spec.schema_name)
+        return [t.table for t in found if t.table not in spec.exclude_tables]
+
+    @cached_property
+    def supervisor(self) -> Supervisor:
+        if self.settings.source is not None:  # an event stream feeds the replicas instead of the change feed
+            return self.event_source_supervisor
+        spec, s = self.spec, self.settings
+        checkpoint_table = self.catalog.locate(TableName.parse(s.effective_checkpoint_table))
+        recorded = lambda: read_pipeline(  # noqa: E731 (no Spark: shown while the JVM starts)
+            spec, locate=self.catalog.locate, states=FileStateStore(self.pipeline_dir),
+            state_dir=self.pipeline_dir / "state", checkpoint_table=checkpoint_table)
+        return Supervisor(
+            runner_factory=lambda table: TableRunner(table, self.runner_context),
+            list_tables=self.list_tables, policy=self.restart_policy, observer=self.metrics,
+            lag_interval_seconds=s.lag_interval_seconds, apply_workers=spec.apply_workers,
+            min_turn_interval_seconds=s.effective_turn_interval_seconds,
+            # Listed tables too: the discovery loop starts a listed table that failed as missing once it exists.
+            discover_interval_seconds=s.discover_interval_seconds, recorded=recorded)
+
+    @cached_property
+    def event_source_supervisor(self) -> Supervisor:
+        """A supervisor with one entry, ``events:<name>``, whose runner is the event source's single
+        query; restarts, backoff, drain and metrics are the supervisor's as for any table."""
+        source, spec = self.settings.source, self.spec
+        if source is None:
+            raise ValueError("the settings name no event source")
+        stream = event_stream_spec(source, self.settings)
+        folder = Path(spec.checkpoint_root) / spec.pipeline_id / "events" / source.name
+        destination = (spec.destination_catalog, spec.destination_schema)
+
+        def runner(_: str) -> Runner:
+            session = self.spark
+            self.catalog.ensure_schema(session, *destination)
+            return EventStreamRunner(
+                stream, session, spec.pipeline_id, folder,
+                lambda table: self.catalog.locate(TableName(*destination, table)),
+                self.catalog.locate(TableName(*destination, DEAD_LETTER_PREFIX + source.name)))
+
+        return Supervisor(runner_factory=runner, list_tables=lambda: [RUNNER_PREFIX + source.name],
+                          policy=self.restart_policy, observer=self.metrics,
+                          lag_interval_seconds=self.settings.lag_interval_seconds, apply_workers=0)
+
+    # -- the scheduled sub-tasks ----------------------------------------------------------------
+
+    @cached_property
+    def sweep(self) -> IncrementalSweep:
+        """Incremental sweeps of the sub-tasks: state under ``<checkpoint_volume>/<pipeline>/incremental``,
+        the pipeline id in their transaction ids."""
+        return self.incremental_sweep(self.settings.checkpoint_volume, self.spec.pipeline_id)
+
+    @cached_property
+    def _subtask_lock(self) -> threading.Lock:
+        return threading.Lock()
+
+    def run_subtask(self, run_id: str, jobs: Sequence[TableJob]) -> SubtaskRun:
+        """One sub-task run: its own run id and operations, one table at a time, writing the same
+        audit rows as ``lakemirror replicate``."""
+        with self._subtask_lock:  # the lazy parts are built once, whichever sub-task runs first
+            sweep = self.sweep
+            _ = self.audit, self.results, self.execution_user
+        ops = self.spark_operations(run_id)
+        summary = self.batch_runner(WithIncremental(ops, IncrementalOperations(sweep)), run_id, 1).run(jobs)
+        reconciled = {TableName.parse(k).table: v for k, v in ops.latest_results.items()}
+        return SubtaskRun(summary, reconciled)
+
+    @cached_property
+    def spawn(self) -> Callable[[Callable[[], None], str], threading.Thread]:
+        """How sub-task runs get their threads."""
+        def daemon_thread(target: Callable[[], None], name: str) -> threading.Thread:
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            return thread
+        return daemon_thread
+
+    @cached_property
+    def subtasks(self) -> SubtaskService:
+        """The scheduled sub-tasks (``schedules``); Spark-side parts are built on their first run."""
+        tasks = [subtask_of(s, self.spec.pipeline_id) for s in self.settings.schedules]
+        return SubtaskService(tasks, jobs=lambda t: jobs_for(t, self.spec, self.list_tables),
+                              run=self.run_subtask, observer=self.metrics, clock=self.clock, spawn=self.spawn)
+
+    # -- the control API: more pipelines in this daemon, or Databricks jobs ---------------------
+
+    @cached_property
+    def pipelines(self) -> PipelineRegistry:
+        return PipelineRegistry()
+
+    @cached_property
+    def worker(self) -> CommandWorker:
+        """The one thread that makes the API's Spark calls (HTTP threads never do)."""
+        return CommandWorker()
+
+    @cached_property
+    def workspace(self) -> "WorkspaceClient":
+        """Databricks mode: the workspace of the job this daemon runs in (ambient authentication)."""
+        from databricks.sdk import WorkspaceClient
+
+        return WorkspaceClient()
+
+    @cached_property
+    def workspace_as(self) -> Callable[[str, str], "WorkspaceClient"]:
+        """Databricks mode: the workspace a request names with X-Databricks-Host / -Token (a PAT;
+        nothing read from the environment or a profile; retries bounded below the API timeout)."""
+        def connect(host: str, token: str) -> "WorkspaceClient":
+            from databricks.sdk import WorkspaceClient
+            from databricks.sdk.core import Config
+
+            return WorkspaceClient(config=Config(host=host, token=token, auth_type="pat", retry_timeout_seconds=20,
+                                                 http_timeout_seconds=20))
+        return connect
+
+    def for_pipeline(self, settings: Settings) -> "DaemonContext":
+        """The context of a pipeline posted to the API: its own spec, state and supervisor, this
+        daemon's Spark session, catalog and metrics registry (labelled with its id)."""
+        child = DaemonContext(settings).replace(spark=self.spark, catalog=self.catalog, fault=self.fault,
+                                                clock=self.clock)
+        if settings.effective_checkpoint_table == self.settings.effective_checkpoint_table:
+            child.replace(checkpoints=self.checkpoints)
+        metrics = copy.copy(self.metrics)  # the same collectors (one registry per process)
+        metrics.pipeline = child.spec.pipeline_id
+        return child.replace(metrics=metrics)
+
+    def start_pipeline(self, settings: Settings) -> PipelineHandle:
+        """Build, register and start a pipeline posted to the API. Runs on the worker thread."""
+        child = self.for_pipeline(settings)
+        if settings.source is None:
+            child.runner_context  # opens its checkpoint table now: a failure is the request's
+        handle = PipelineHandle(settings, child.supervisor, "api")
+        self.pipelines.add(handle)
+        with handle.lock:
+            handle.supervisor.start()
+        return handle
+
+    def check_cdf(self, catalog: str, schema: str) -> list[cdf_check.Readiness]:
+        """Describe every table of ``catalog.schema`` and judge it. Runs on the worker thread."""
+        out = []
+        declaration: cdf_check.KeyDeclaration = "constraint" if self.unity_catalog else "property"
+        for name in self.catalog.list_tables(self.spark, catalog, schema):
+            try:
+                info = self.catalog.describe(self.spark, name)
+            except Exception as exc:  # one unreadable table is a verdict, not a failed request
+                out.append(cdf_check.unreadable(str(name), str(exc)))
+                continue
+            out.append(cdf_check.assess(info, key_declaration=declaration,
+                                        retention_warning_seconds=self.settings.retention_warning_seconds))
+        return out
+
+    @cached_property
+    def api(self) -> ContinuousSyncApi:
+        databricks: Callable[[], DatabricksPipelines] | None = None
+        databricks_as: Callable[[str, str], DatabricksPipelines] | None = None
+        if self.unity_catalog:
+            settings = self.settings.databricks
+
+            def databricks() -> DatabricksPipelines:
+                return DatabricksPipelines(self.workspace, settings)
+
+            def databricks_as(host: str, token: str) -> DatabricksPipelines:
+                return DatabricksPipelines(self.workspace_as(host, token), settings)
+        return ContinuousSyncApi(
+            mode=self.settings.runtime.mode, registry=self.pipelines, worker=self.worker,
+            start_pipeline=self.start_pipeline, cdf_check=self.check_cdf, databricks=databricks,
+            databricks_as=databricks_as,
+            default_checkpoint_volume=self.settings.checkpoint_volume.rstrip("/") + "/api",
+            drain_timeout_seconds=self.settings.drain_timeout_seconds)
+
+    @cached_property
+    def server(self) -> ControlServer:
+        h = self.settings.http
+        info = {"pipeline_id": self.spec.pipeline_id, "version": __version__,
+                "source": f"{self.spec.source_catalog}.{self.spec.schema_name}",
+                "destination": f"{self.spec.destination_catalog}.{self.spec.destination_schema}"}
+        token = h.auth_token.get_secret_value() if h.auth_token is not None else None
+        return ControlServer(h.host, h.port, self.metrics.registry, self.supervisor.views, info,
+                             lag_slo_seconds=self.settings.lag_slo_seconds,
+                             commands=self.supervisor.command, auth_token=token, api=self.api,
+                             subtasks=self.subtasks.status)
+
+    # -- running --------------------------------------------------------------------------------
+
+    @cached_property
+    def mode_check(self) -> Callable[[RuntimeSettings], None]:
+        """What the runtime mode needs (Java, Delta's jars, a reachable Connect server)."""
+        return preflight.check_mode
+
+    def write_endpoint_file(self) -> None:
+        """Tell `lakemirror status` where the running daemon listens."""
+        self.pipeline_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.pipeline_dir / ".daemon.json.tmp"
+        tmp.write_text(json.dumps({"url": self.server.url, "pid": os.getpid(), "started_at": time.time()}))
+        os.replace(tmp, self.pipeline_dir / "daemon.json")
+
+    def preflight(self) -> None:
+        """What the runtime mode needs, checked before anything is bound, written or started:
+        raise :class:`StartupError` (one line: the cause and the fix)."""
+        self.mode_check(self.settings.runtime)
+
+    def bind(self) -> ControlServer:
+        """Bind the HTTP port (the first thing that can clash with another process)."""
+        h = self.settings.http
+        try:
+            return self.server
+        except OSError as exc:
+            raise preflight.bind_failure(h.host, h.port, exc) from None
+
+    def start_spark(self) -> None:
+        """Start the session and open the checkpoint table if the supervisor's start did not need them
+        yet (every table is discovered), so that a Spark that cannot start is a failure to start (one
+        line, nothing left behind) rather than a daemon running on without tables."""
+        self.checkpoints
+
+    def start_supervisor(self, sup: Supervisor, handle: PipelineHandle) -> None:
+        """The supervisor's start (tables known from the records are listed at once, then the runners
+        start Spark), then :meth:`start_spark`; a failure of either is a :class:`StartupError`."""
+        try:
+            with handle.lock:
+                sup.start()
+            self.start_spark()
+        except (LakemirrorError, JarsMissing, JavaMissing):
+            raise
+        except Exception as exc:
+            first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+            raise preflight.StartupError(f"Spark did not start in {self.settings.runtime.mode} mode: "
+                                         f"{redact(first.strip())[:300]}") from exc
+
+    def run(self, stop: threading.Event, on_tick: Callable[[Any], None] | None = None) -> None:
+        """Run until ``stop`` is set, then drain. Blocks; call from the main thread.
+
+        Start-up runs cheapest first: the mode's prerequisites, then the port, and only then are
+        files written and Spark started. A failure at any step raises with nothing left behind:
+        no ``daemon.json`` and no folder this start created."""
+        self.preflight()
+        server = self.bind()
+        created = _missing_ancestor(self.pipeline_dir)
+        started = False
+        try:
+            server.start()
+            self.write_endpoint_file()
+            log.info("pipeline %s: serving %s/metrics", self.spec.pipeline_id, server.url)
+            sup, subtasks = self.supervisor, self.subtasks
+            config_pipeline = PipelineHandle(self.settings, sup, "config")
+            self.pipelines.add(config_pipeline)
+            self.start_supervisor(sup, config_pipeline)
+            started = True
+        finally:
+            if not started:
+                self.worker.close(wait=False)
+                server.close()
+                (self.pipeline_dir / "daemon.json").unlink(missing_ok=True)
+                _remove_if_empty(self.pipeline_dir, created)
+        try:
+            while not stop.is_set():
+                self.pipelines.tick_all()
+                subtasks.tick()  # starts due sub-tasks on their own threads; never blocks
+                if on_tick is not None:
+                    on_tick(sup.views())
+                stop.wait(0.5)
+        finally:
+            log.info("draining: letting batches in flight finish (up to %.0fs)", self.settings.drain_timeout_seconds)
+            deadline = time.monotonic() + self.settings.drain_timeout_seconds
+            self.worker.close(wait=False)
+            self.pipelines.shutdown_all(self.settings.drain_timeout_seconds)
+            subtasks.shutdown(max(0.0, deadline - time.monotonic()))
+            server.close()
+            (self.pipeline_dir / "daemon.json").unlink(missing_ok=True)
+
+
+def _missing_ancestor(path: Path) -> Path | None:
+    """The outermost folder of ``path`` (itself included) that does not exist yet, or None."""
+    missing = None
+    for folder in (path, *path.parents):
+        if folder.exists():
+            break
+        missing = folder
+    return missing
+
+
+def _remove_if_empty(path: Path, up_to: Path | None) -> None:
+    """Remove ``path`` and its parents up to ``up_to`` while they are empty (what a failed start made)."""
+    if up_to is None:
+        return
+    for folder in (path, *path.parents):
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+        if folder == up_to:
+            return

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# mypy --strict over the packages that pass it (make typecheck; part of make test).
+# The layers are top-level folders that install as lakemirror.<layer> (pyproject.toml's package-dir);
+# mypy does not follow setuptools' editable import hook, so it reads them through a tree of symbolic
+# links laid out as the installed namespace (build/typecheck/lakemirror/...).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PACKAGES=${TYPECHECK_PACKAGES:-"lakemirror.daemon lakemirror.checkpoints"}
+tree=build/typecheck
+rm -rf "$tree" && mkdir -p "$tree/lakemirror"
+for entry in lakemirror/*.py; do ln -s "$PWD/$entry" "$tree/lakemirror/"; done
+for layer in daemon supervisor sources sinks checkpoints; do ln -s "$PWD/$layer" "$tree/lakemirror/$layer"; done
+args=()
+for p in $PACKAGES; do args+=(-p "$p"); done
+MYPYPATH="$tree" exec .venv/bin/python -m mypy --strict "${args[@]}"
