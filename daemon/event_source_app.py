@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from lakemirror.daemon.config import Settings
+from lakemirror.daemon.destination_config import PostgresDestination
 from lakemirror.daemon.event_source_config import EventSourceSettings
 from lakemirror.identifiers import TableName
 from lakemirror.sources.catalog import Catalog
+from lakemirror.supervisor.event_postgres import PostgresEventStreamRunner, RealTimeSpec
 from lakemirror.supervisor.event_stream import RUNNER_PREFIX, EventStreamRunner, EventStreamSpec
 from lakemirror.supervisor.observer import Observer
 from lakemirror.supervisor.spec import PipelineSpec
@@ -46,15 +48,31 @@ def event_source_supervisor(settings: Settings, spec: PipelineSpec, spark: Calla
     stream = event_stream_spec(source, settings)
     folder = Path(spec.checkpoint_root) / spec.pipeline_id / "events" / source.name
 
+    destination = settings.destination
+    if isinstance(destination, PostgresDestination):  # replicas in Postgres: micro-batch or Real-Time Mode
+        target = destination.target()
+        rt = source.real_time
+        real_time = None if rt is None else RealTimeSpec(rt.checkpoint_interval_seconds, rt.max_dwell_ms, rt.max_rows)
+
+        def runner(_: str) -> EventStreamRunner:
+            return PostgresEventStreamRunner(stream, spark(), spec.pipeline_id, folder, target, real_time)
+    else:
+        runner = _delta_runner(stream, spec, spark, catalog, folder, source.name)
+
+    r = settings.restart
+    return Supervisor(runner_factory=runner, list_tables=lambda: [RUNNER_PREFIX + source.name],  # type: ignore[arg-type]
+                      policy=RestartPolicy(r.base_delay_seconds, r.max_delay_seconds, 2.0, r.jitter),
+                      observer=observer, lag_interval_seconds=settings.lag_interval_seconds, apply_workers=0)
+
+
+def _delta_runner(stream: EventStreamSpec, spec: PipelineSpec, spark: Callable[[], "SparkSession"], catalog: Catalog,
+                  folder: Path, name: str) -> Callable[[str], EventStreamRunner]:
     def runner(_: str) -> EventStreamRunner:
         session = spark()
         catalog.ensure_schema(session, spec.destination_catalog, spec.destination_schema)
         return EventStreamRunner(
             stream, session, spec.pipeline_id, folder,
             lambda table: catalog.locate(TableName(spec.destination_catalog, spec.destination_schema, table)),
-            catalog.locate(TableName(spec.destination_catalog, spec.destination_schema, DEAD_LETTER_PREFIX + source.name)))
+            catalog.locate(TableName(spec.destination_catalog, spec.destination_schema, DEAD_LETTER_PREFIX + name)))
 
-    r = settings.restart
-    return Supervisor(runner_factory=runner, list_tables=lambda: [RUNNER_PREFIX + source.name],  # type: ignore[arg-type]
-                      policy=RestartPolicy(r.base_delay_seconds, r.max_delay_seconds, 2.0, r.jitter),
-                      observer=observer, lag_interval_seconds=settings.lag_interval_seconds, apply_workers=0)
+    return runner

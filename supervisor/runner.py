@@ -84,6 +84,19 @@ class BatchReport:
     outcome: MergeOutcome
     duration_seconds: float
     ended_at: float
+    latency: "StreamLatency | None" = None
+
+
+@dataclass(frozen=True)
+class StreamLatency:
+    """Latencies of one batch: from the query's progress where Spark reports them (Real-Time Mode on
+    builds that do; None otherwise), and the sink's own flush times, which Spark's e2e latency
+    leaves out (the write to the destination)."""
+
+    processing_ms: float | None = None
+    source_queuing_ms: float | None = None
+    e2e_ms: float | None = None
+    flush_seconds: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)

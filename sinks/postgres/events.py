@@ -128,6 +128,9 @@ class PostgresEventSink:
             self._ready = False
         if not self._ready:
             with self._conn.transaction():
+                # Concurrent foreach tasks set up at once: one at a time (CREATE … IF NOT EXISTS races).
+                self._conn.execute(sql.SQL("SELECT pg_advisory_xact_lock(hashtextextended({}, 0))").format(
+                    sql.Literal(f"lakemirror:{self.target.schema}")))
                 self._conn.execute(q.ensure_schema(self.target.schema))
                 self._conn.execute(create_floors(self.target.schema))
                 self._conn.execute(create_event_dead_letters(self.target.schema))

@@ -413,7 +413,9 @@ class Torture:
                     f"{table}: batch {r['batch_id']} re-applies versions from {r['first_version']} (after {last})")
                 assert (r["last_committed_version"] or -1) >= last, f"{table}: checkpoint versions went backwards"
                 last = max(last, r["last_committed_version"] or -1)
-            assert last == self.latest(table), f"{table}: checkpoint rows end at {last}, source at {self.latest(table)}"
+            assert last == self.latest(table), (
+                f"{table}: checkpoint rows end at {last}, source at {self.latest(table)}; rows (epoch, batch, first, "
+                f"last, error): {[(r['epoch'], r['batch_id'], r['first_version'], r['last_committed_version'], r['error']) for r in rows if r['source_fqn'].endswith(f'.{table}')][-12:]}")
             self.report.checks[f"{table}: checkpoint rows consistent"] = (
                 f"{len(mine)} batch rows, unique per batch, versions monotonic up to {last}")
 
