@@ -106,7 +106,7 @@ class PostgresEventStreamRunner(EventStreamRunner):
         self.real_time = real_time
         self.factory = EventSinkFactory(target, pipeline_id, spec.name,
                                         EventDecoder(spec.kind, spec.format, spec.key_columns),
-                                        spec.tables, spec.allow_evolution)
+                                        spec.tables, spec.allow_schema_evolution)
         self._sink: PostgresEventSink | None = None
         self._flush_times: FlushTimes | None = None
         self._reported_batch = -1
