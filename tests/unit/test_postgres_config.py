@@ -114,3 +114,24 @@ def test_real_time_mode_is_refused_where_spark_cannot_run_it(tmp_path) -> None:
             assert why in str(exc), str(exc)
         else:
             raise AssertionError(f"accepted real_time with {source} into {destination}")
+
+
+def test_an_event_source_into_postgres_runs_the_postgres_runner_in_the_mode_configured(tmp_path) -> None:
+    from lakemirror.daemon.app import pipeline_spec
+    from lakemirror.daemon.config import load_settings
+    from lakemirror.daemon.event_source_app import event_source_supervisor
+    from lakemirror.sources.catalog import LocalCatalog
+    from lakemirror.supervisor.event_postgres import PostgresEventStreamRunner, RealTimeSpec
+    from lakemirror.supervisor.observer import NoopObserver
+
+    pg = "{kind: postgres, host: h, database: d, user: u, schema: replicas}"
+    for source, real_time in (
+            ("{kind: kafka, bootstrap_servers: 'k:9092', topics: [t], real_time: {max_dwell_ms: 30, max_rows: 7}}",
+             RealTimeSpec(5.0, 30, 7)),
+            ("{kind: kafka, bootstrap_servers: 'k:9092', topics: [t]}", None)):
+        settings = load_settings(_event_yaml(tmp_path, source, pg))
+        supervisor = event_source_supervisor(settings, pipeline_spec(settings), lambda: object(),  # no Spark needed
+                                             LocalCatalog(tmp_path), NoopObserver())
+        runner = supervisor._factory("events:events")
+        assert isinstance(runner, PostgresEventStreamRunner)
+        assert runner.real_time == real_time and runner.target.schema == "replicas" and runner.target.host == "h"
