@@ -21,6 +21,7 @@ from deltalake import DeltaTable
 
 from bench.apply_cost import apply_cost
 from bench.big import WARMUP_COMMITS, bootstrap, peak_resident_mib, steady_cost
+from bench.kafka_postgres_latency import kafka_postgres_latency, render as render_kafka_postgres
 from bench.key_lookup import key_lookup
 from bench.measure import summarize_runs
 from bench.postgres_sink import postgres_throughput, render as render_postgres
@@ -183,7 +184,7 @@ def catch_up(system: str, rows: int, commits: int, fraction: float, seed: int) -
 # -- report ---------------------------------------------------------------------------------------
 
 WORKLOADS = ("steady", "scale", "catch_up", "steady_cost", "bootstrap", "apply_cost", "key_lookup", "postgres",
-             "production")
+             "production", "kafka_postgres_latency")
 
 
 def _when(section: dict[str, Any]) -> str:
@@ -373,6 +374,8 @@ def render(results: dict[str, Any]) -> str:
         lines += ["", *render_postgres(results["postgres"])]
     if results.get("production"):
         lines += ["", *render_production(results["production"], p.get("production") or {}, _steady_table)]
+    if results.get("kafka_postgres_latency"):
+        lines += ["", *render_kafka_postgres(results["kafka_postgres_latency"])]
     lines += ["", "## Notes", "", *results.get("notes", [])]
     return "\n".join(lines) + "\n"
 
@@ -481,6 +484,9 @@ def run_workload(name: str, p: dict[str, Any], seed: int) -> list[dict[str, Any]
         rows = 20_000 if p["steady_rows"] < 100_000 else 100_000
         out = postgres_throughput(rows, rows, seed)
         print(f"  {out}", flush=True)
+    elif name == "kafka_postgres_latency":
+        print("latency Kafka -> PostgreSQL, Real-Time Mode and micro-batch ...", flush=True)
+        out = kafka_postgres_latency(20.0, 10.0 if p["steady_rows"] < 100_000 else 30.0)
     elif name == "key_lookup":
         print("key lookup ...", flush=True)
         out = key_lookup(p["lookup_rows"], 5, seed)

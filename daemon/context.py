@@ -59,6 +59,7 @@ from lakemirror.sinks.reconcile import DeltaReconciliationStore
 from lakemirror.sources.catalog import Catalog, LocalCatalog, UnityCatalog
 from lakemirror.supervisor import cdf_check
 from lakemirror.supervisor.batch_ops import SparkDiscovery, SparkOperations
+from lakemirror.supervisor.event_postgres import PostgresEventStreamRunner, RealTimeSpec
 from lakemirror.supervisor.event_stream import RUNNER_PREFIX, EventStreamRunner
 from lakemirror.supervisor.incremental import IncrementalOperations, IncrementalSweep, WithIncremental
 from lakemirror.supervisor.recorded import read_pipeline
@@ -342,6 +343,18 @@ class DaemonContext(GlobalContext):
         stream = event_stream_spec(source, self.settings)
         folder = Path(spec.checkpoint_root) / spec.pipeline_id / "events" / source.name
         destination = (spec.destination_catalog, spec.destination_schema)
+        postgres = self.settings.destination
+        if isinstance(postgres, PostgresDestination):  # replicas in Postgres: micro-batch or Real-Time Mode
+            target, rt = postgres.target(), source.real_time
+            real_time = None if rt is None else RealTimeSpec(rt.checkpoint_interval_seconds, rt.max_dwell_ms,
+                                                              rt.max_rows)
+
+            def postgres_runner(_: str) -> Runner:
+                return PostgresEventStreamRunner(stream, self.spark, spec.pipeline_id, folder, target, real_time)
+
+            return Supervisor(runner_factory=postgres_runner, list_tables=lambda: [RUNNER_PREFIX + source.name],
+                              policy=self.restart_policy, observer=self.metrics,
+                              lag_interval_seconds=self.settings.lag_interval_seconds, apply_workers=0)
 
         def runner(_: str) -> Runner:
             session = self.spark

@@ -56,6 +56,13 @@ class Metrics:
         self.failures = Gauge("lakemirror_consecutive_failures", "Consecutive failures of the table.", t, registry=r)
         self.next_retry = Gauge("lakemirror_next_retry_timestamp_seconds",
                                 "Unix time of the next retry of a degraded table (0 if none).", t, registry=r)
+        latency_buckets = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+        self.flush = Histogram("lakemirror_sink_flush_seconds", "Time of one commit to the destination by the sink "
+                               "(a Postgres flush: one transaction). Spark's e2e latency leaves it out.", t,
+                               buckets=latency_buckets, registry=r)
+        self.stream_latency = Gauge("lakemirror_stream_latency_seconds", "Latencies of the last batch from the "
+                                    "query's progress, by kind (processing | source_queuing | e2e), where the Spark "
+                                    "build reports them (Real-Time Mode).", [*t, "kind"], registry=r)
         k = ["pipeline", "task"]
         self.subtask_runs = Counter("lakemirror_subtask_runs_total", "Runs of a scheduled sub-task, by outcome "
                                     "(status = success | failed).", [*k, "status"], registry=r)
@@ -93,6 +100,14 @@ class Metrics:
             self.replays.labels(**lab).inc()
         self.duration.labels(**lab).observe(report.duration_seconds)
         self.last_success.labels(**lab).set(report.ended_at)
+        latency = report.latency
+        if latency is not None:
+            for seconds in latency.flush_seconds:
+                self.flush.labels(**lab).observe(seconds)
+            for kind, ms in (("processing", latency.processing_ms), ("source_queuing", latency.source_queuing_ms),
+                             ("e2e", latency.e2e_ms)):
+                if ms is not None:
+                    self.stream_latency.labels(**lab, kind=kind).set(ms / 1000)
 
     def lag_measured(self, table: str, reading: LagReading) -> None:
         lab = self._l(table)

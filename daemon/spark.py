@@ -7,6 +7,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 import re
 import shutil
 import subprocess
@@ -80,6 +83,10 @@ def local_session(rt: RuntimeSettings, app_name: str = "lakemirror", s3a: bool |
     from pyspark.sql import SparkSession
 
     check_java()
+    # Python workers run this interpreter (lakemirror installed), not the first python3 on PATH:
+    # Real-Time Mode's foreach writer (sinks/postgres/foreach.py) runs lakemirror code there.
+    # PySpark takes the workers' interpreter from PYSPARK_PYTHON only; one set by the user wins.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (SparkSession.builder.master(rt.master).appName(app_name)
                .config("spark.jars", ",".join(session_jars(rt, s3a)))
                .config("spark.ui.enabled", "false")

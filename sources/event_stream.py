@@ -13,8 +13,11 @@ rename), as for any Spark file source.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
+
+from lakemirror.sources.change_event import Decoded, Skipped
+from lakemirror.sources.debezium import FORMAT_DEBEZIUM, decode_debezium, decode_line
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -32,6 +35,25 @@ class RawEvent:
     origin: str = ""              # the file's path, or the Kafka topic
     partition: int | None = None  # Kafka partition (None for files)
     offset: int = 0               # Kafka offset, or the 1-based line number in the file
+
+
+@dataclass(frozen=True)
+class EventDecoder:
+    """One raw message into the change contract, by the source's kind and format. Picklable, so a
+    ``foreach`` writer on an executor decodes as the driver's batch function does."""
+
+    kind: str                                   # files | kafka
+    format: str = FORMAT_DEBEZIUM               # debezium | simple
+    key_columns: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def __call__(self, raw: RawEvent) -> Decoded:
+        keys = dict(self.key_columns)
+        if raw.partition is not None or self.kind == "kafka":
+            if self.format == FORMAT_DEBEZIUM:
+                return decode_debezium(raw.value, raw.key, key_columns=keys, topic=raw.origin)
+            if raw.value is None:
+                return Skipped("tombstone (a null value)")
+        return decode_line(raw.value or "", self.format, key_columns=keys)
 
 
 def lines_of(file: str, text: str | None) -> Iterator[RawEvent]:

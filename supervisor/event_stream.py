@@ -38,7 +38,7 @@ from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.txn import BatchStats, MergeOutcome, TxnId
 from lakemirror.sources.change_event import ChangeEvent, DeadLetter, Skipped
 from lakemirror.sources.debezium import FORMAT_DEBEZIUM, decode_debezium, decode_line
-from lakemirror.sources.event_stream import (RawEvent, file_stream, kafka_stream, raw_events_from_file_rows,
+from lakemirror.sources.event_stream import (EventDecoder, RawEvent, file_stream, kafka_stream, raw_events_from_file_rows,
                                              raw_events_from_kafka_rows)
 from lakemirror.supervisor import state as sm
 from lakemirror.supervisor.lag import LagReading
@@ -120,13 +120,7 @@ class EventBatchApplier:
         self._last_purge = clock()
 
     def decode(self, raw: RawEvent) -> ChangeEvent | Skipped | DeadLetter:
-        keys = self.spec.key_columns
-        if raw.partition is not None or self.spec.kind == KIND_KAFKA:
-            if self.spec.format == FORMAT_DEBEZIUM:
-                return decode_debezium(raw.value, raw.key, key_columns=keys, topic=raw.origin)
-            if raw.value is None:
-                return Skipped("tombstone (a null value)")
-        return decode_line(raw.value or "", self.spec.format, key_columns=keys)
+        return EventDecoder(self.spec.kind, self.spec.format, self.spec.key_columns)(raw)
 
     def apply(self, raws: Iterable[RawEvent], batch_id: int, epoch: str) -> EventBatchResult:
         letters: list[DeadLetterRow] = []

@@ -84,6 +84,19 @@ class BatchReport:
     outcome: MergeOutcome
     duration_seconds: float
     ended_at: float
+    latency: "StreamLatency | None" = None
+
+
+@dataclass(frozen=True)
+class StreamLatency:
+    """Latencies of one batch: from the query's progress where Spark reports them (Real-Time Mode on
+    builds that do; None otherwise), and the sink's own flush times, which Spark's e2e latency
+    leaves out (the write to the destination)."""
+
+    processing_ms: float | None = None
+    source_queuing_ms: float | None = None
+    e2e_ms: float | None = None
+    flush_seconds: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -121,6 +134,9 @@ FAULT_POINTS = (
     "before_merge",                # a micro-batch is planned (offsets logged), nothing written
     "after_merge",                 # the MERGE is committed, its checkpoint row is not
     "before_commit_log",           # the checkpoint row is written, Spark's commit log is not
+    # A Postgres replica's batch (sinks/postgres/executor.py), inside its one transaction:
+    "postgres_after_copy",         # the winners are COPYed into staging, nothing upserted
+    "postgres_before_commit",      # upsert, tombstones and progress row written, not committed
 )
 
 
@@ -132,7 +148,7 @@ class TableRunner:
         self.destination = ctx.spec.destination(table)
         self.slug = self.source.slug
         #: The table's Postgres replica, when the pipeline writes to Postgres (sinks/choose.py).
-        self.pg = (PostgresTable(ctx.postgres, ctx.spec.pipeline_id, table, str(self.source))
+        self.pg = (PostgresTable(ctx.postgres, ctx.spec.pipeline_id, table, str(self.source), fault=ctx.fault)
                    if ctx.postgres is not None else None)
         self._events: list[sm.Event | BatchReport] = []
         self._healthy_query: "StreamingQuery | None" = None

@@ -24,6 +24,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from lakemirror.daemon.settings.real_time import RealTimeSettings
 from lakemirror.sources.debezium import FORMAT_DEBEZIUM
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
@@ -56,6 +57,8 @@ class EventSourceSettings(BaseModel):
                                        "row back. Longer than the worst delivery delay of the source.")
     purge_interval_seconds: float = Field(3600.0, gt=0, description="How often tombstones past the horizon are purged.")
     max_per_trigger: int | None = Field(None, gt=0, description="Cap on files (or Kafka offsets) per micro-batch.")
+    real_time: RealTimeSettings | None = Field(None, description="Kafka into a PostgreSQL destination only: run in "
+                                               "Spark's Real-Time Mode (lakemirror.daemon.settings.real_time).")
 
     @field_validator("name")
     @classmethod
@@ -91,6 +94,8 @@ class EventSourceSettings(BaseModel):
                 raise ValueError("kind kafka needs bootstrap_servers, e.g. 127.0.0.1:9092")
             if bool(self.topics) == bool(self.topic_pattern):
                 raise ValueError("kind kafka needs topics or topic_pattern (one of them)")
+        if self.real_time is not None and self.kind != "kafka":
+            raise ValueError("real_time needs kind kafka: Spark's Real-Time Mode reads Kafka only")
         for table, columns in self.key_columns.items():
             if not columns:
                 raise ValueError(f"key_columns.{table} is empty; name the key column(s)")

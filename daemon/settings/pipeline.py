@@ -299,9 +299,9 @@ class Settings(BaseSettings):
         if self.checkpoint_table is not None:
             from lakemirror.identifiers import TableName
             TableName.parse(self.checkpoint_table)
-        if self.source is not None and self.destination.kind != "delta":
-            raise ValueError(f"an event `source` writes Delta replicas; destination kind {self.destination.kind} "
-                             "takes the Delta change feed only: remove `source` or the `destination` block")
+        if self.source is not None and self.source.real_time is not None and self.destination.kind != "postgres":
+            raise ValueError("source.real_time needs destination kind postgres: open-source Spark runs Real-Time "
+                             "Mode into foreach sinks only, not Delta; remove real_time or write to PostgreSQL")
         return self
 
     # -- derived ----------------------------------------------------------------------------

@@ -135,12 +135,16 @@ class PostgresReplica:
     """A replica table in Postgres (:class:`~.protocol.ReplicaSink`): COPY, then guarded SQL."""
 
     def __init__(self, connector: Connector, pipeline_id: str, table: ReplicaTable, *, label: str | None = None,
-                 on_retry: Callable[[str], None] | None = None) -> None:
+                 on_retry: Callable[[str], None] | None = None,
+                 fault: Callable[[str], None] = lambda point: None) -> None:
         self.connector = connector
         self.pipeline_id = pipeline_id
         self.table = table
         self.label = label or f"{table.schema}.{table.name}"
         self._on_retry = on_retry
+        #: The crash-test hook (supervisor/runner.py: FAULT_POINTS), called inside a batch's
+        #: transaction at ``postgres_after_copy`` and ``postgres_before_commit``; a no-op unless armed.
+        self._fault = fault
 
     @property
     def target(self) -> PostgresTarget:
@@ -291,12 +295,14 @@ class PostgresReplica:
                     ins, upd, dele = ins + i, upd + u, dele + d
             else:
                 self._copy(conn, plan.rows)
+                self._fault("postgres_after_copy")
                 conn.execute(q.analyze_staging())
                 ins, upd, dele = self._statements(conn, None)
             self._dead_letters(conn, epoch, batch_id, dead)
             conn.execute(q.purge_tombstones(t, self.target.tombstone_horizon_seconds))
             conn.execute(q.finish_batch(t.schema, self.pipeline_id, t.name, epoch, batch_id, ins, upd, dele,
                                         len(dead)))
+            self._fault("postgres_before_commit")
         if dead:
             log.warning("%s: batch %d: %d row(s) refused, kept in %s.%s", self.label, batch_id, len(dead),
                         t.schema, q.DEAD_LETTER_TABLE)

@@ -65,6 +65,10 @@ class ReplicaTable:
     name: str
     keys: tuple[str, ...]
     columns: tuple[Column, ...]
+    #: The SQL type of ``_lakemirror_position``: one bigint for a change feed (version * 2 + rank);
+    #: ``bigint[]`` for an event source's order (phase, major, minor, micro, rank), which Postgres
+    #: compares element by element as the guard needs (:mod:`.events`).
+    position_type: str = "bigint"
 
     def __post_init__(self) -> None:
         if not self.keys:

@@ -14,7 +14,7 @@ beyond reading the batch. Batches are bounded by ``max_files_per_trigger`` /
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from lakemirror.identifiers import quote
 from lakemirror.sinks.planner import CDF_COLUMNS, CHANGE_TYPE, UPDATE_PRE, MergePlan
@@ -51,15 +51,17 @@ class PostgresBatchSink:
 class PostgresTable:
     """One source table's replica in Postgres, as the runner drives it."""
 
-    def __init__(self, connector: Connector, pipeline_id: str, name: str, label: str) -> None:
+    def __init__(self, connector: Connector, pipeline_id: str, name: str, label: str,
+                 fault: Callable[[str], None] = lambda point: None) -> None:
         self.connector = connector
         self.pipeline_id = pipeline_id
         self.name = name
         self.label = label
+        self.fault = fault
 
     def replica(self, plan: MergePlan) -> PostgresReplica:
         table = ReplicaTable.from_plan(self.connector.target.schema, self.name, plan)
-        return PostgresReplica(self.connector, self.pipeline_id, table, label=self.label)
+        return PostgresReplica(self.connector, self.pipeline_id, table, label=self.label, fault=self.fault)
 
     def prepare(self, plan: MergePlan, allow_evolution: bool) -> None:
         self.replica(plan).prepare(allow_evolution)

@@ -127,15 +127,16 @@ def dead_letter(schema: str, pipeline: str, table: str, epoch: int, batch_id: in
 
 def create_replica(t: ReplicaTable, name: str, pk_name: str) -> sql.Composed:
     """The replica (or its loading twin ``name``): mapped columns, the position, the primary key."""
-    return sql.SQL("CREATE TABLE {} ({}, {} bigint NOT NULL, CONSTRAINT {} PRIMARY KEY ({}))").format(
-        _ident(t.schema, name), sql.SQL(", ").join(_column_defs(t)), _ident(POSITION), _ident(pk_name),
-        _list(t.keys))
+    return sql.SQL("CREATE TABLE {} ({}, {} {} NOT NULL, CONSTRAINT {} PRIMARY KEY ({}))").format(
+        _ident(t.schema, name), sql.SQL(", ").join(_column_defs(t)), _ident(POSITION), sql.SQL(t.position_type),
+        _ident(pk_name), _list(t.keys))
 
 
 def create_tombstones(t: ReplicaTable) -> sql.Composed:
-    return sql.SQL("CREATE TABLE {} ({}, {} bigint NOT NULL, deleted_at timestamptz NOT NULL DEFAULT now(), "
+    return sql.SQL("CREATE TABLE {} ({}, {} {} NOT NULL, deleted_at timestamptz NOT NULL DEFAULT now(), "
                    "PRIMARY KEY ({}))").format(
-        _tomb(t), sql.SQL(", ").join(_column_defs(t, t.keys)), _ident(POSITION), _list(t.keys))
+        _tomb(t), sql.SQL(", ").join(_column_defs(t, t.keys)), _ident(POSITION), sql.SQL(t.position_type),
+        _list(t.keys))
 
 
 def drop_table(schema: str, name: str) -> sql.Composed:
@@ -185,9 +186,9 @@ def add_columns(t: ReplicaTable, names: tuple[str, ...]) -> sql.Composed:
 
 def create_staging(t: ReplicaTable) -> sql.Composed:
     """A temporary table for the batch's winners, dropped at commit (or rollback)."""
-    return sql.SQL("CREATE TEMPORARY TABLE {} ({} integer NOT NULL, {} text NOT NULL, {} bigint NOT NULL, {}) "
+    return sql.SQL("CREATE TEMPORARY TABLE {} ({} integer NOT NULL, {} text NOT NULL, {} {} NOT NULL, {}) "
                    "ON COMMIT DROP").format(_ident(STAGING), _ident(ROW_NO), _ident(OP), _ident(POS),
-                                            sql.SQL(", ").join(_column_defs(t)))
+                                            sql.SQL(t.position_type), sql.SQL(", ").join(_column_defs(t)))
 
 
 def copy_staging(t: ReplicaTable) -> sql.Composed:

@@ -9,7 +9,10 @@ After the writer stops, a last daemon catches up and drains, and :func:`verify` 
 
 - each replica equals its source row for row (a full comparison, not counts), so no sequence
   number is missing or stale;
-- no Delta transaction (pipeline, table, epoch, batch) was committed twice to a replica;
+- no Delta transaction (pipeline, table, epoch, batch) was committed twice to a replica; with a
+  PostgreSQL destination (``Torture(postgres=…)``, killed also inside the batch's transaction at
+  ``postgres_after_copy`` and ``postgres_before_commit``), the progress rows committed with the data
+  show each source version applied once;
 - the checkpoint rows tell a consistent story: one row per batch and epoch, versions that never
   go backwards, and the last one reaching the source's version.
 
@@ -45,16 +48,23 @@ NAMED_POINTS = ("bootstrap_before_snapshot", "bootstrap_after_snapshot", "before
 TABLES = ("events", "pairs")
 #: Points a restarted daemon passes again and again (bootstrap and the schema change happen once).
 REPEATABLE_POINTS = ("before_merge", "after_merge", "before_commit_log")
+#: With a Postgres destination: inside the batch's transaction after the COPY into staging and
+#: after the upsert before COMMIT, then after the COMMIT (before the checkpoint row, and before
+#: Spark's commit log), with the bootstrap's points and an additive schema change.
+POSTGRES_POINTS = ("bootstrap_after_snapshot", "postgres_after_copy", "postgres_before_commit", "after_merge",
+                   "before_commit_log", "schema_change")
+POSTGRES_REPEATABLE = ("postgres_after_copy", "postgres_before_commit", "after_merge", "before_commit_log")
 
 
-def schedule(kills: int, seed: int) -> list[str]:
+def schedule(kills: int, seed: int, points: tuple[str, ...] = NAMED_POINTS,
+             repeatable: tuple[str, ...] = REPEATABLE_POINTS) -> list[str]:
     """The order of kills: every named point once, then random moments alternating with repeatable
     points reached at a later arrival (``point:n``), so crashes also land mid-stream, not only on
     a restarted daemon's first batch."""
     rng = random.Random(seed)
-    plan = list(NAMED_POINTS[:kills])
+    plan = list(points[:kills])
     while len(plan) < kills:
-        plan.append("random" if len(plan) % 2 else f"{rng.choice(REPEATABLE_POINTS)}:{rng.randint(2, 6)}")
+        plan.append("random" if len(plan) % 2 else f"{rng.choice(repeatable)}:{rng.randint(2, 6)}")
     return plan
 
 
@@ -237,12 +247,20 @@ class DaemonProcess:
 
 
 class Torture:
+    """``postgres``: the ``destination:`` block of a PostgreSQL server (replicas there, not Delta),
+    plus ``connect``: a callable returning a psycopg connection to it (for the proof)."""
+
     def __init__(self, spark: Any, workdir: Path, seed: int = 7, writer_interval: float = 0.7,
-                 replica_properties: dict[str, str] | None = None) -> None:
+                 replica_properties: dict[str, str] | None = None,
+                 postgres: dict[str, Any] | None = None, connect: Any = None) -> None:
         self.spark = spark
         self.workdir = workdir
         self.seed = seed
         self.writer_interval = writer_interval
+        self.postgres = postgres
+        self.connect = connect
+        self.points = POSTGRES_POINTS if postgres else NAMED_POINTS
+        self.repeatable = POSTGRES_REPEATABLE if postgres else REPEATABLE_POINTS
         self.catalog = LocalCatalog(workdir / "lakehouse")
         self.writer = Writer(spark, self.catalog, TableName("src", "torture", "_"), seed)
         self.report = TortureReport(seed)
@@ -253,7 +271,8 @@ class Torture:
             "trigger_interval_seconds": 0.5, "lag_interval_seconds": 1, "discover_interval_seconds": 5,
             "runtime": {"warehouse": str(workdir / "lakehouse"), "shuffle_partitions": 2},
             "http": {"port": 0}, "restart": {"base_delay_seconds": 0.5, "max_delay_seconds": 4},
-            **({"replica_properties": replica_properties} if replica_properties else {})}))
+            **({"replica_properties": replica_properties} if replica_properties else {}),
+            **({"destination": postgres} if postgres else {})}))
         self.daemon = DaemonProcess(config, workdir / "ck" / "torture", workdir / "daemon.log")
 
     def source(self, table: str) -> Any:
@@ -273,7 +292,7 @@ class Torture:
         rng = random.Random(self.seed + 1)
         self.writer.create()
         writer_started = False
-        for point in schedule(kills, self.seed):
+        for point in schedule(kills, self.seed, self.points, self.repeatable):
             if point == "schema_change":
                 self.writer.add_column()
             t0 = time.time()
@@ -325,19 +344,31 @@ class Torture:
 
     # -- the proof -----------------------------------------------------------------------------
 
+    def replica_rows(self, table: str, columns: list[str]) -> list[tuple[Any, ...]]:
+        if self.postgres is None:
+            return [tuple(r) for r in tables.read(self.spark, self.replica(table)).select(*columns).collect()]
+        from psycopg import sql
+
+        with self.connect() as conn:
+            return [tuple(r) for r in conn.execute(sql.SQL("SELECT {} FROM {}").format(
+                sql.SQL(", ").join(sql.Identifier(c) for c in columns),
+                sql.Identifier(self.postgres["schema"], table))).fetchall()]
+
     def verify(self) -> None:
         for table in TABLES:
             src = tables.read(self.spark, self.source(table))
             want = sorted((tuple(r) for r in src.collect()), key=repr)
-            got = sorted((tuple(r) for r in tables.read(self.spark, self.replica(table)).select(*src.columns).collect()),
-                         key=repr)
+            got = sorted(self.replica_rows(table, src.columns), key=repr)
             missing = set(want) - set(got)
             extra = set(got) - set(want)
             assert not missing and not extra and len(got) == len(want), (
                 f"{table}: replica differs from source: {len(missing)} rows missing (e.g. {sorted(missing, key=repr)[:5]}), "
                 f"{len(extra)} extra (e.g. {sorted(extra, key=repr)[:5]})")
             self.report.checks[f"{table}: replica equals source"] = f"{len(want)} rows, row for row"
-            self._verify_transactions(table)
+            if self.postgres is None:
+                self._verify_transactions(table)
+            else:
+                self._verify_postgres_progress(table)
         self._verify_checkpoint_rows()
 
     def _verify_transactions(self, table: str) -> None:
@@ -350,6 +381,22 @@ class Torture:
                              for h in history if h["userMetadata"] in tags})
         self.report.checks[f"{table}: each transaction id at most once"] = (
             f"{len(tags)} batch commits ({', '.join(operations)}), 0 doubled")
+
+    def _verify_postgres_progress(self, table: str) -> None:
+        """Each batch's progress row commits with its data: one row per (epoch, batch) by the primary
+        key, and the source versions of an epoch's batches never overlap (none applied twice)."""
+        from psycopg import sql
+
+        with self.connect() as conn:
+            rows = conn.execute(sql.SQL(
+                "SELECT epoch, batch_id, first_version, last_version FROM {} WHERE pipeline_id = 'torture' "
+                "AND table_name = %s AND batch_id >= 0 ORDER BY epoch, first_version").format(
+                sql.Identifier(self.postgres["schema"], "lakemirror_progress")), (table,)).fetchall()  # type: ignore[index]
+        for (e1, b1, _, last), (e2, b2, first, _) in zip(rows, rows[1:]):
+            assert e1 != e2 or first > last, (
+                f"{table}: batches {b1} and {b2} of epoch {e1} both applied version {first} (ends at {last})")
+        self.report.checks[f"{table}: each source version applied once"] = (
+            f"{len(rows)} batch transactions in Postgres, version ranges disjoint per epoch")
 
     def _verify_checkpoint_rows(self) -> None:
         loc = self.catalog.locate(TableName.parse("dst.continuous_sync.checkpoints"))
@@ -366,12 +413,15 @@ class Torture:
                     f"{table}: batch {r['batch_id']} re-applies versions from {r['first_version']} (after {last})")
                 assert (r["last_committed_version"] or -1) >= last, f"{table}: checkpoint versions went backwards"
                 last = max(last, r["last_committed_version"] or -1)
-            assert last == self.latest(table), f"{table}: checkpoint rows end at {last}, source at {self.latest(table)}"
+            assert last == self.latest(table), (
+                f"{table}: checkpoint rows end at {last}, source at {self.latest(table)}; rows (epoch, batch, first, "
+                f"last, error): {[(r['epoch'], r['batch_id'], r['first_version'], r['last_committed_version'], r['error']) for r in rows if r['source_fqn'].endswith(f'.{table}')][-12:]}")
             self.report.checks[f"{table}: checkpoint rows consistent"] = (
                 f"{len(mine)} batch rows, unique per batch, versions monotonic up to {last}")
 
 
-def render_markdown(report: TortureReport, machine: str, command: str, title: str = "crash torture") -> str:
+def render_markdown(report: TortureReport, machine: str, command: str, title: str = "crash torture",
+                    skipped_by: str = "Delta skipped them by transaction id") -> str:
     reached = sum(k.reached for k in report.kills)
     lines = [
         f"# Reliability: {title}", "",
@@ -379,7 +429,7 @@ def render_markdown(report: TortureReport, machine: str, command: str, title: st
         f"**{report.kill_count} SIGKILLs** ({reached} at the intended moment), "
         f"{report.writer_commits} source commits carrying {report.writer_ops} sequence-numbered operations, "
         f"{report.elapsed_seconds:.0f} s in all. {report.batches_replayed} micro-batches were replayed after a "
-        f"crash and found already committed (Delta skipped them by transaction id).", "",
+        f"crash and found already committed ({skipped_by}).", "",
         "| # | crash point | reached | seconds |", "|---|---|---|---|",
     ]
     for i, k in enumerate(report.kills, 1):

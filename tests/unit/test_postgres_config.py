@@ -82,17 +82,57 @@ def test_validate_exits_2_with_one_line_naming_the_field(tmp_path: Path, capsys:
     assert "Traceback" not in printed.err
 
 
-def test_an_event_source_with_a_postgres_destination_is_refused(tmp_path) -> None:
-    from lakemirror.daemon.settings import load_settings
-    from lakemirror.errors import ConfigError
+def _event_yaml(tmp_path, source: str, destination: str):
     path = tmp_path / "p.yaml"
     path.write_text(
         "source_catalog: a\ndestination_catalog: b\nschema_name: s\ncheckpoint_volume: " + str(tmp_path) + "\n"
-        "source: {kind: files, path: " + str(tmp_path) + "}\n"
-        "destination: {kind: postgres, host: h, database: d, user: u}\n")
-    try:
-        load_settings(path)
-    except ConfigError as exc:
-        assert "event `source` writes Delta replicas" in str(exc)
-    else:
-        raise AssertionError("accepted an event source with a Postgres destination")
+        "source: " + source + "\ndestination: " + destination + "\n")
+    return path
+
+
+def test_an_event_source_with_a_postgres_destination_is_accepted_in_both_modes(tmp_path) -> None:
+    from lakemirror.daemon.settings import load_settings
+    pg = "{kind: postgres, host: h, database: d, user: u}"
+    s = load_settings(_event_yaml(tmp_path, "{kind: files, path: " + str(tmp_path) + "}", pg))
+    assert s.source is not None and s.source.real_time is None and s.destination.kind == "postgres"
+    s = load_settings(_event_yaml(tmp_path, "{kind: kafka, bootstrap_servers: 'k:9092', topics: [t], "
+                                            "real_time: {max_dwell_ms: 50}}", pg))
+    assert s.source is not None and s.source.real_time is not None and s.source.real_time.max_dwell_ms == 50
+    assert s.source.real_time.checkpoint_interval_seconds == 5.0
+
+
+def test_real_time_mode_is_refused_where_spark_cannot_run_it(tmp_path) -> None:
+    from lakemirror.daemon.settings import load_settings
+    from lakemirror.errors import ConfigError
+    kafka = "{kind: kafka, bootstrap_servers: 'k:9092', topics: [t], real_time: {}}"
+    for source, destination, why in (
+            (kafka, "{kind: delta}", "source.real_time needs destination kind postgres"),
+            ("{kind: files, path: " + str(tmp_path) + ", real_time: {}}",
+             "{kind: postgres, host: h, database: d, user: u}", "real_time needs kind kafka")):
+        try:
+            load_settings(_event_yaml(tmp_path, source, destination))
+        except ConfigError as exc:
+            assert why in str(exc), str(exc)
+        else:
+            raise AssertionError(f"accepted real_time with {source} into {destination}")
+
+
+def test_an_event_source_into_postgres_runs_the_postgres_runner_in_the_mode_configured(tmp_path) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from lakemirror.daemon.context import DaemonContext
+    from lakemirror.daemon.metrics import Metrics
+    from lakemirror.daemon.settings import load_settings
+    from lakemirror.supervisor.event_postgres import PostgresEventStreamRunner, RealTimeSpec
+
+    pg = "{kind: postgres, host: h, database: d, user: u, schema: replicas}"
+    for source, real_time in (
+            ("{kind: kafka, bootstrap_servers: 'k:9092', topics: [t], real_time: {max_dwell_ms: 30, max_rows: 7}}",
+             RealTimeSpec(5.0, 30, 7)),
+            ("{kind: kafka, bootstrap_servers: 'k:9092', topics: [t]}", None)):
+        settings = load_settings(_event_yaml(tmp_path, source, pg))
+        ctx = DaemonContext(settings).replace(spark=object(),  # no Spark needed
+                                              metrics=Metrics("main", CollectorRegistry()))
+        runner = ctx.event_source_supervisor._factory("events:events")
+        assert isinstance(runner, PostgresEventStreamRunner)
+        assert runner.real_time == real_time and runner.target.schema == "replicas" and runner.target.host == "h"

@@ -1,0 +1,34 @@
+"""``source.real_time``: run a Kafka event source into PostgreSQL in Spark's Real-Time Mode.
+
+::
+
+    source:
+      kind: kafka
+      ...
+      real_time:
+        checkpoint_interval_seconds: 5   # trigger(realTime="5 seconds"): how often offsets are checkpointed
+        max_dwell_ms: 100                # a record is committed to Postgres at most this long after it came
+        max_rows: 1000                   # ... or as soon as a writer holds this many
+
+Open-source Spark 4.2 runs Real-Time Mode from Kafka into ``foreach`` sinks only (not
+``foreachBatch``, not Delta), so it needs ``source.kind: kafka`` and ``destination.kind: postgres``;
+the pipeline YAML is refused otherwise (exit 2). Without this block the source runs in micro-batches
+(``trigger_interval_seconds``), the default.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class RealTimeSettings(BaseModel):
+    """Real-Time Mode: ``trigger(realTime=…)`` and a ``foreach`` writer that commits by time and count."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    checkpoint_interval_seconds: float = Field(
+        5.0, ge=1, le=3600, description="The realTime trigger's duration: how long each real-time batch runs before "
+        "its offsets are checkpointed. Not a latency target; a restart replays at most this much.")
+    max_dwell_ms: int = Field(100, ge=1, le=60000, description="Each foreach writer commits a record to Postgres at "
+                              "most this long after it arrived (a timer flushes during lulls).")
+    max_rows: int = Field(1000, ge=1, le=1_000_000, description="... or as soon as the writer holds this many records.")

@@ -1,0 +1,213 @@
+"""An event source (Kafka / Debezium, JSON-lines files) into PostgreSQL replicas, in one of two modes.
+
+- **micro-batch** (the default): ``foreachBatch`` every ``trigger_interval_seconds``; the driver
+  decodes the batch and applies it in one transaction (:class:`~lakemirror.sinks.postgres.events.PostgresEventSink`).
+- **Real-Time Mode** (``source.real_time``, Kafka only): ``trigger(realTime=…)`` with the ``foreach``
+  writer of :mod:`lakemirror.sinks.postgres.foreach`, which commits on the executors by count and by
+  dwell time. Spark's Real-Time Mode is at-least-once into ``foreach``; the sequence guard makes
+  every redelivery a no-op, so the replica is exact in both modes.
+
+Either way the runner is an :class:`~lakemirror.supervisor.event_stream.EventStreamRunner` to the
+supervisor (restarts, backoff, drain, status). In Real-Time Mode no batch function runs on the
+driver: each finished real-time batch is reported from the query's progress instead, with the
+latencies the progress carries (``processingLatencyMs``, ``sourceQueuingLatencyMs``,
+``e2eLatencyMs`` where the Spark build reports them; open-source 4.2 does not) and the flush times
+the writers added to an accumulator.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from lakemirror.identifiers import TableName
+from lakemirror.sinks.memory import ApplyCounts
+from lakemirror.sinks.postgres.events import FlushResult, PostgresEventSink
+from lakemirror.sinks.postgres.executor import PostgresTarget
+from lakemirror.sinks.postgres.foreach import EventSinkFactory, PostgresForeachWriter
+from lakemirror.sinks.txn import BatchStats, MergeOutcome
+from lakemirror.sources.event_stream import EventDecoder, raw_events_from_file_rows, raw_events_from_kafka_rows
+from lakemirror.supervisor import state as sm
+from lakemirror.supervisor.event_stream import KIND_KAFKA, EventStreamRunner, EventStreamSpec, ReplicaStatus
+from lakemirror.supervisor.runner import BatchReport, StreamLatency
+from lakemirror.tables import TableLocation
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+WRITE_POSTGRES_EVENTS = "postgres-guarded-upsert"
+WRITE_POSTGRES_FOREACH = "postgres-foreach"
+READ_DRIVER, READ_EXECUTORS = "driver", "executors"
+
+
+@dataclass(frozen=True)
+class RealTimeSpec:
+    """Real-Time Mode's settings (``source.real_time`` in the YAML)."""
+
+    checkpoint_interval_seconds: float = 5.0   # trigger(realTime=…): a checkpoint interval, not a latency
+    max_dwell_ms: int = 100                    # a writer commits a record at most this long after it came
+    max_rows: int = 1000                       # ... or as soon as it holds this many
+
+
+class FlushTimes:
+    """Flush durations (seconds) added up by the ``foreach`` writers on the executors (an accumulator)."""
+
+    def __init__(self, spark: "SparkSession") -> None:
+        from pyspark.accumulators import AccumulatorParam
+
+        class _Lists(AccumulatorParam):  # type: ignore[type-arg]
+            def zero(self, value: list[float]) -> list[float]:
+                return []
+
+            def addInPlace(self, a: list[float], b: list[float]) -> list[float]:
+                a.extend(b)
+                return a
+
+        self._acc = spark.sparkContext.accumulator([], _Lists())
+        self._seen = 0
+
+    def callback(self) -> Callable[[FlushResult], None]:
+        acc = self._acc
+        return lambda result: acc.add([result.seconds])
+
+    def new(self) -> list[float]:
+        values = list(self._acc.value)
+        fresh, self._seen = values[self._seen:], len(values)
+        return fresh
+
+
+def progress_latency(progress: Any, flushes: list[float]) -> StreamLatency:
+    """The latencies a query progress reports (None where absent) and the sink's flush times."""
+    def field(name: str) -> float | None:
+        value = progress.get(name) if hasattr(progress, "get") else None
+        if isinstance(value, dict):  # a distribution: keep its top percentile
+            value = value.get("P99") or value.get("p99") or value.get("max")
+        try:
+            return None if value is None else float(value)
+        except (TypeError, ValueError):
+            return None
+    return StreamLatency(processing_ms=field("processingLatencyMs"), source_queuing_ms=field("sourceQueuingLatencyMs"),
+                         e2e_ms=field("e2eLatencyMs"), flush_seconds=tuple(flushes))
+
+
+class PostgresEventStreamRunner(EventStreamRunner):
+    """One event source's query into Postgres replicas (micro-batch, or Real-Time Mode)."""
+
+    def __init__(self, spec: EventStreamSpec, spark: "SparkSession", pipeline_id: str, folder: Path,
+                 target: PostgresTarget, real_time: RealTimeSpec | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        def no_delta(table: str) -> TableLocation:
+            raise AssertionError("a Postgres event runner writes no Delta replica")
+        super().__init__(spec, spark, pipeline_id, folder, no_delta,
+                         TableLocation(TableName("postgres", "none", "none"), None), clock)
+        self.target = target
+        self.real_time = real_time
+        self.factory = EventSinkFactory(target, pipeline_id, spec.name,
+                                        EventDecoder(spec.kind, spec.format, spec.key_columns),
+                                        spec.tables, spec.allow_schema_evolution)
+        self._sink: PostgresEventSink | None = None
+        self._flush_times: FlushTimes | None = None
+        self._reported_batch = -1
+        self._last_purge_at = clock()
+
+    # -- the query ---------------------------------------------------------------------------------
+
+    def _launch(self) -> None:
+        try:
+            stream = self._stream().writeStream.option("checkpointLocation", str(self.folder / "checkpoint"))
+            rt = self.real_time
+            if rt is not None:
+                if self.spec.kind != KIND_KAFKA:
+                    raise ValueError("Real-Time Mode reads Kafka only (source.kind: kafka)")
+                self._flush_times = FlushTimes(self.spark)
+                writer = PostgresForeachWriter(self.factory, max_rows=rt.max_rows, max_dwell_ms=rt.max_dwell_ms,
+                                               on_flush=self._flush_times.callback())
+                stream = (stream.foreach(writer).outputMode("update")
+                          .trigger(realTime=f"{rt.checkpoint_interval_seconds:g} seconds"))
+            else:
+                stream = stream.foreachBatch(self._batch).trigger(
+                    processingTime=f"{self.spec.trigger_interval_seconds} seconds")
+            self._query = stream.start()
+            self._emit(sm.StreamStarted())
+        except Exception as exc:  # a failure to start is a visible state, never a dead thread
+            self._emit(sm.Failed(error=f"{self.table}: {exc}".splitlines()[0]))
+
+    def _batch(self, batch: "DataFrame", batch_id: int) -> None:
+        with self._batch_lock:
+            if self._draining:
+                raise RuntimeError("draining: the batch is left for the next start")
+            started = self.clock()
+            try:
+                rows = batch.collect()
+                raws = (raw_events_from_kafka_rows(rows) if self.spec.kind == KIND_KAFKA
+                        else raw_events_from_file_rows(rows))
+                if self._sink is None:
+                    self._sink = self.factory()
+                result = self._sink.apply(raws)
+                self._purge_when_due()
+            except Exception as exc:
+                self._batch_error = f"{self.table}: batch {batch_id} failed: {type(exc).__name__}: " + \
+                    (str(exc).strip().splitlines() or [""])[0]
+                raise
+            self._record(result)
+            ended = self.clock()
+            self.applied_through, self.last_batch_at = batch_id, ended
+            outcome = MergeOutcome(BatchStats(result.events, batch_id, batch_id, None), result.counts, replayed=False,
+                                   read=READ_DRIVER, write=WRITE_POSTGRES_EVENTS)
+            self._emit(BatchReport(self.table, batch_id, outcome, ended - started, ended,
+                                   StreamLatency(flush_seconds=(result.seconds,))))
+            self._emit(sm.BatchApplied())
+
+    def _record(self, result: FlushResult) -> None:
+        self.dead_letter_count += result.dead_letters
+        for table, counts in result.tables.items():
+            status = self.replicas.setdefault(table, ReplicaStatus())
+            status.batches += 1
+            status.inserted += counts.inserted
+            status.updated += counts.updated
+            status.deleted += counts.deleted
+
+    def _purge_when_due(self) -> None:
+        now = self.clock()
+        if self._sink is None or now - self._last_purge_at < self.spec.purge_interval_seconds:
+            return
+        self._last_purge_at = now
+        self._sink.purge(self.spec.tombstone_horizon_seconds)
+
+    def halt(self, timeout: float = 60.0) -> None:
+        super().halt(timeout)
+        if self._sink is not None:
+            self._sink.close()
+            self._sink = None
+
+    # -- Real-Time Mode: batches reported from the query's progress ---------------------------------
+
+    def poll(self) -> list["sm.Event | BatchReport"]:
+        if self.real_time is not None:
+            self._report_progress()
+        return super().poll()
+
+    def _report_progress(self) -> None:
+        query = self._query
+        if query is None:
+            return
+        try:
+            progress = query.lastProgress
+        except Exception:  # noqa: BLE001 (a query stopping under us: poll() reports it)
+            return
+        if not progress or int(progress["batchId"]) <= self._reported_batch:
+            return
+        batch_id = int(progress["batchId"])
+        self._reported_batch = batch_id
+        rows = int(progress.get("numInputRows") or 0)
+        duration = float((progress.get("durationMs") or {}).get("triggerExecution") or 0) / 1000
+        flushes = self._flush_times.new() if self._flush_times is not None else []
+        now = self.clock()
+        self.applied_through, self.last_batch_at = batch_id, now
+        outcome = MergeOutcome(BatchStats(rows, batch_id, batch_id, None), ApplyCounts(), replayed=False,
+                               read=READ_EXECUTORS, write=WRITE_POSTGRES_FOREACH)
+        self._emit(BatchReport(self.table, batch_id, outcome, duration, now, progress_latency(progress, flushes)))
+        self._emit(sm.BatchApplied())
+
