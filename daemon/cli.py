@@ -126,10 +126,12 @@ def cmd_status(args: argparse.Namespace) -> int:
             if args.json:
                 print(json.dumps(payload, indent=2))
             else:
-                from lakemirror.daemon.status import render_subtasks
+                from lakemirror.daemon.status import render_event_sources, render_subtasks
 
                 subtasks = render_subtasks(payload.get("subtasks", []))
-                print(render_table(payload["tables"]) + (f"\n\n{subtasks}" if subtasks else ""))
+                events = render_event_sources(payload["tables"])
+                print(render_table(payload["tables"]) + (f"\n\n{events}" if events else "")
+                      + (f"\n\n{subtasks}" if subtasks else ""))
             return EXIT_OK
     if not args.config:
         print("give CONFIG (to find the daemon or its checkpoint table) or --url", file=sys.stderr)
