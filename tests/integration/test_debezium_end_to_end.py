@@ -26,7 +26,7 @@ from lakemirror.daemon.debezium_stack import DebeziumStack, StackError
 from lakemirror.identifiers import TableName
 from lakemirror.sinks.guard_plan import POSITION_COLUMN
 from lakemirror.supervisor import state as sm
-from lakemirror.supervisor.event_stream import EventStreamRunner, EventStreamSpec
+from lakemirror.supervisor.event_stream import EventLagReading, EventStreamRunner, EventStreamSpec
 from lakemirror.tables import TableLocation
 
 pytestmark = pytest.mark.integration
@@ -149,7 +149,7 @@ def replica_rows(spark: Any, loc: TableLocation, table: str, zoned: set[str]) ->
     for row in tables.read(spark, loc).drop(POSITION_COLUMN).collect():
         d = row.asDict()
         # Spark hands TIMESTAMP values back as naive local times: make them aware again.
-        d = {n: (v.astimezone(timezone.utc) if n in zoned and v is not None else normal(v)) for n, v in d.items()}
+        d = {n: (v.astimezone(timezone.utc) if n in zoned and isinstance(v, datetime) else normal(v)) for n, v in d.items()}
         out[tuple(d[k] for k in key)] = d
     return out
 
@@ -162,6 +162,7 @@ class Replicator:
         self.spec = EventStreamSpec("shop", "kafka", "debezium", bootstrap_servers=stack.bootstrap_servers,
                                     topic_pattern=stack.topic_pattern, tables=tuple(TABLES),
                                     trigger_interval_seconds=0.5)
+        self.most_behind = 0
 
     def locate(self, table: str) -> TableLocation:
         return TableLocation(TableName("dst", "shop", table), str(self.root / "lake" / table))
@@ -175,7 +176,10 @@ class Replicator:
             while True:
                 for item in runner.poll():
                     assert not isinstance(item, sm.Failed), item
-                if done():
+                reading = runner.probe_lag(time.time())  # the real broker's end offsets, as the supervisor asks
+                assert isinstance(reading, EventLagReading)
+                self.most_behind = max(self.most_behind, reading.versions_behind)
+                if reading.versions_behind == 0 and done():
                     return runner
                 assert time.time() < deadline, f"timed out waiting for {what}"
                 time.sleep(2.0)
@@ -198,8 +202,11 @@ def test_a_real_oltp_workload_through_debezium_is_replicated_row_for_row(spark: 
         def equal() -> bool:
             return all(replica_rows(spark, replicator.locate(t), t, zoned) == postgres_rows(db, t) for t in TABLES)
 
-        first = replicator.run_until(equal, "the replicas to match Postgres")
+        first = replicator.run_until(equal, "the replicas to match Postgres and no offset to be behind")
         assert first.dead_letter_count == 0 and sum(s.inserted for s in first.replicas.values()) > 0
+        assert replicator.most_behind > 0  # the backlog was seen before it was applied
+        assert all(r.last_event_lag_seconds is not None and r.last_event_lag_seconds >= 0 for r in first.replicas.values())
+        assert {r.position_basis for r in first.replicas.values()} == {"postgres lsn, txId, in-transaction order"}
 
         # More changes while the replicator is down: a new runner resumes from the checkpoint's offsets.
         oltp_workload(db, rng, rounds=60, next_id=next_id)
