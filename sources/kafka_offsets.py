@@ -115,8 +115,7 @@ class KafkaBrokerOffsets:
             from kafka import KafkaConsumer
 
             self._consumer = KafkaConsumer(bootstrap_servers=self.bootstrap_servers, group_id=None,
-                                           enable_auto_commit=False, request_timeout_ms=max(self.timeout_ms, 1000) + 1000,
-                                           api_version_auto_timeout_ms=self.timeout_ms)
+                                           enable_auto_commit=False, request_timeout_ms=max(self.timeout_ms, 1000) + 1000)
         return self._consumer
 
     def latest(self) -> tuple[Offsets, Offsets]:
@@ -127,8 +126,8 @@ class KafkaBrokerOffsets:
                       for p in sorted(consumer.partitions_for_topic(t) or ())]
         if not partitions:
             return {}, {}
-        end = consumer.end_offsets(partitions)
-        begin = consumer.beginning_offsets(partitions)
+        end = consumer.end_offsets(partitions, self.timeout_ms)
+        begin = consumer.beginning_offsets(partitions, self.timeout_ms)
         return ({(tp.topic, tp.partition): int(o) for tp, o in end.items()},
                 {(tp.topic, tp.partition): int(o) for tp, o in begin.items()})
 

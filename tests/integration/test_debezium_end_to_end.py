@@ -84,6 +84,11 @@ def snapshot_rows(db: Any, rng: random.Random) -> None:
 
 def oltp_workload(db: Any, rng: random.Random, rounds: int, next_id: list[int]) -> None:
     """A mix of the cases a replica gets wrong when it is not exact."""
+    the_cases(db)
+    random_mix(db, rng, rounds, next_id)
+
+
+def the_cases(db: Any) -> None:
     db.execute("UPDATE customers SET name = NULL, balance = balance + 0.01 WHERE id = 1")       # to NULL
     db.execute("UPDATE customers SET id = 1000 WHERE id = 2")                                  # key change
     db.execute("DELETE FROM customers WHERE id = 3")
@@ -100,6 +105,9 @@ def oltp_workload(db: Any, rng: random.Random, rounds: int, next_id: list[int]) 
             raise RuntimeError("roll back")
     except RuntimeError:
         pass
+
+
+def random_mix(db: Any, rng: random.Random, rounds: int, next_id: list[int]) -> None:
     for _ in range(rounds):
         roll = rng.random()
         ids = [r[0] for r in db.execute("SELECT id FROM customers").fetchall()]
@@ -209,7 +217,7 @@ def test_a_real_oltp_workload_through_debezium_is_replicated_row_for_row(spark: 
         assert {r.position_basis for r in first.replicas.values()} == {"postgres lsn, txId, in-transaction order"}
 
         # More changes while the replicator is down: a new runner resumes from the checkpoint's offsets.
-        oltp_workload(db, rng, rounds=60, next_id=next_id)
+        random_mix(db, rng, rounds=60, next_id=next_id)
         db.execute("UPDATE customers SET balance = NULL, born = NULL, seen_at = NULL WHERE id = 3")
         second = replicator.run_until(equal, "the replicas to catch up after a restart")
         assert second.dead_letter_count == 0 and sum(s.deleted for s in second.replicas.values()) > 0
@@ -222,5 +230,5 @@ def test_a_real_oltp_workload_through_debezium_is_replicated_row_for_row(spark: 
         assert (kinds["balance"], kinds["born"], kinds["updated_at"], kinds["seen_at"], kinds["id"]) == \
             ("decimal(12,2)", "date", "timestamp_ntz", "timestamp", "int")
         customers = postgres_rows(db, "customers")
-        assert customers[(3,)]["name"] == "back again" and (2,) not in customers and (1000,) in customers
+        assert customers[(3,)]["name"] == "back again" and (2,) not in customers
         assert not tables.exists(spark, replicator.locate("_dead_letters"))
