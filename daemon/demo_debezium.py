@@ -201,6 +201,7 @@ def run_debezium_demo(workdir: Path, duration: float | None, http_port: int) -> 
                 for _ in range(6):
                     sup.tick()
                     time.sleep(0.5)
+                _draw(sup.views(), writer.commits, app.server.url, tty)
                 result = compare(spark, app, stack)
             _draw(sup.views(), writer.commits, app.server.url, False)
         finally:

@@ -17,6 +17,7 @@ beginning offset (the query starts from ``earliest``).
 from __future__ import annotations
 
 import json
+import logging
 import re
 from typing import Any, Mapping, Protocol
 
@@ -113,6 +114,10 @@ class KafkaBrokerOffsets:
     def _client(self) -> Any:
         if self._consumer is None:
             from kafka import KafkaConsumer
+
+            # kafka-python logs every metadata refresh at INFO and slow polls at WARNING: one line a
+            # probe. A failed request raises, and the supervisor's lag probe reports that.
+            logging.getLogger("kafka").setLevel(logging.ERROR)
 
             self._consumer = KafkaConsumer(bootstrap_servers=self.bootstrap_servers, group_id=None,
                                            enable_auto_commit=False, request_timeout_ms=max(self.timeout_ms, 1000) + 1000)
