@@ -229,6 +229,5 @@ def test_a_real_oltp_workload_through_debezium_is_replicated_row_for_row(spark: 
         kinds = {f.name: f.dataType.simpleString() for f in tables.read(spark, replicator.locate("customers")).schema.fields}
         assert (kinds["balance"], kinds["born"], kinds["updated_at"], kinds["seen_at"], kinds["id"]) == \
             ("decimal(12,2)", "date", "timestamp_ntz", "timestamp", "int")
-        customers = postgres_rows(db, "customers")
-        assert customers[(3,)]["name"] == "back again" and (2,) not in customers
+        assert (2,) not in postgres_rows(db, "customers")  # moved to 1000 by the key change, whatever came after
         assert not tables.exists(spark, replicator.locate("_dead_letters"))
