@@ -126,10 +126,12 @@ def cmd_status(args: argparse.Namespace) -> int:
             if args.json:
                 print(json.dumps(payload, indent=2))
             else:
-                from lakemirror.daemon.status import render_subtasks
+                from lakemirror.daemon.status import render_event_sources, render_subtasks
 
                 subtasks = render_subtasks(payload.get("subtasks", []))
-                print(render_table(payload["tables"]) + (f"\n\n{subtasks}" if subtasks else ""))
+                events = render_event_sources(payload["tables"])
+                print(render_table(payload["tables"]) + (f"\n\n{events}" if events else "")
+                      + (f"\n\n{subtasks}" if subtasks else ""))
             return EXIT_OK
     if not args.config:
         print("give CONFIG (to find the daemon or its checkpoint table) or --url", file=sys.stderr)
@@ -226,6 +228,10 @@ def cmd_fetch_jars(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    if args.source == "debezium":
+        from lakemirror.daemon.demo_debezium import run_debezium_demo
+
+        return run_debezium_demo(workdir=Path(args.workdir), duration=args.duration, http_port=args.http_port)
     from lakemirror.daemon.demo import run_demo
 
     return run_demo(workdir=Path(args.workdir), duration=args.duration, http_port=args.http_port)
@@ -288,6 +294,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", default=".lakemirror-demo")
     p.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
     p.add_argument("--http-port", type=int, default=9464)
+    p.add_argument("--source", choices=["delta", "debezium"], default="delta",
+                   help="delta: Delta tables' change feed (default); debezium: a PostgreSQL database through "
+                        "Debezium and Kafka, all started on loopback by the project's scripts")
     p.set_defaults(func=cmd_demo)
     p = sub.add_parser("replicate", help="batch clone, reconciliation or metadata sync (one shot)")
     p.add_argument("config", help="replication YAML file")

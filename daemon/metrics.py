@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from lakemirror import __version__
 from lakemirror.daemon.jars import DELTA_VERSION, SPARK_VERSION
+from lakemirror.supervisor.event_stream import RUNNER_PREFIX, EventBatchReport, EventLagReading
 from lakemirror.supervisor.lag import LagReading
 from lakemirror.supervisor.runner import BatchReport
 from lakemirror.supervisor.state import TableState, TableStatus
@@ -74,6 +75,22 @@ class Metrics:
         self.mismatched = Gauge("lakemirror_reconcile_mismatched_keys", "Keys the last reconciliation found "
                                 "different from the source, by kind (missing | extra | different).",
                                 [*t, "kind"], registry=r)
+        e = ["pipeline", "source", "table"]
+        self.event_rows = Counter("lakemirror_event_rows_applied_total", "Replica rows changed by an event source, "
+                                  "per replica table and operation (insert | update | delete).", [*e, "op"], registry=r)
+        self.event_stale = Counter("lakemirror_event_changes_stale_total", "Changes an event source's sequence guard "
+                                   "dropped as older than the replica's row or tombstone.", e, registry=r)
+        self.event_lag = Histogram("lakemirror_event_time_lag_seconds", "Per applied change: seconds from its commit at "
+                                   "the source (the event's ts_ms) to its commit in the replica.", e,
+                                   buckets=(0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024), registry=r)
+        self.event_batch_lag = Gauge("lakemirror_event_batch_lag_seconds", "The last batch's oldest change: seconds "
+                                     "from its source commit to its replica commit.", e, registry=r)
+        self.dead_letters = Counter("lakemirror_dead_letters_total", "Events an event source put in its dead-letter "
+                                    "table (undecodable, no key, or not fitting the replica).", ["pipeline", "source"],
+                                    registry=r)
+        self.offsets_behind = Gauge("lakemirror_kafka_offsets_behind", "Kafka messages not yet applied, per "
+                                    "topic-partition: the broker's end offset minus the last applied batch's end "
+                                    "offset.", ["pipeline", "source", "topic", "partition"], registry=r)
         self.build = Info("lakemirror_build", "Versions of lakemirror, Spark and Delta.", registry=r)
         self.build.info({"version": __version__, "spark": SPARK_VERSION, "delta": DELTA_VERSION})
 
@@ -108,6 +125,21 @@ class Metrics:
                              ("e2e", latency.e2e_ms)):
                 if ms is not None:
                     self.stream_latency.labels(**lab, kind=kind).set(ms / 1000)
+        if isinstance(report, EventBatchReport):
+            self._event_batch(report)
+
+    def _event_batch(self, report: EventBatchReport) -> None:
+        if report.dead_letters:
+            self.dead_letters.labels(pipeline=self.pipeline, source=report.source).inc(report.dead_letters)
+        for table, done in report.replicas.items():
+            lab = {"pipeline": self.pipeline, "source": report.source, "table": table}
+            for op, n in (("insert", done.inserted), ("update", done.updated), ("delete", done.deleted)):
+                self.event_rows.labels(**lab, op=op).inc(n)
+            self.event_stale.labels(**lab).inc(done.stale)
+            for seconds in done.event_lags_seconds:
+                self.event_lag.labels(**lab).observe(seconds)
+            if done.event_lags_seconds:
+                self.event_batch_lag.labels(**lab).set(max(done.event_lags_seconds))
 
     def lag_measured(self, table: str, reading: LagReading) -> None:
         lab = self._l(table)
@@ -117,6 +149,11 @@ class Metrics:
         self.source_version.labels(**lab).set(reading.latest_source_version)
         if reading.retention_headroom_seconds is not None:
             self.headroom.labels(**lab).set(reading.retention_headroom_seconds)
+        if isinstance(reading, EventLagReading):
+            source = table[len(RUNNER_PREFIX):] if table.startswith(RUNNER_PREFIX) else table
+            for (topic, partition), n in reading.offsets_behind.items():
+                self.offsets_behind.labels(pipeline=self.pipeline, source=source, topic=topic,
+                                           partition=str(partition)).set(n)
 
     def retry_scheduled(self, table: str, status: TableStatus) -> None:
         self.retries.labels(**self._l(table)).inc()

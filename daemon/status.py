@@ -49,3 +49,25 @@ def render_subtasks(rows: Iterable[Mapping[str, Any]], now: float | None = None)
         return ""
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(line)).rstrip() for line in lines)
+
+
+def render_event_sources(rows: Iterable[Mapping[str, Any]]) -> str:
+    """Each event source's replicas (rows by operation, guard drops, event-time lag), dead letters and
+    Kafka offsets behind per topic-partition; empty string when the pipeline has no event source."""
+    blocks = []
+    for r in rows:
+        d = r.get("detail")
+        if not isinstance(d, Mapping) or "replicas" not in d:
+            continue
+        header = ("REPLICA", "INSERTED", "UPDATED", "DELETED", "STALE", "BATCHES", "EVENT LAG", "ORDERED BY")
+        lines = [header]
+        for table, x in (d.get("replicas") or {}).items():
+            lines.append((str(table), str(x.get("inserted", 0)), str(x.get("updated", 0)), str(x.get("deleted", 0)),
+                          str(x.get("stale", 0)), str(x.get("batches", 0)), _fmt_lag(x.get("event_lag_seconds")),
+                          str(x.get("position_basis") or "-")))
+        widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+        table_text = "\n".join("  ".join(c.ljust(widths[i]) for i, c in enumerate(line)).rstrip() for line in lines)
+        behind = ", ".join(f"{o['topic']}[{o['partition']}] {o['behind']}" for o in d.get("offsets_behind") or ())
+        blocks.append(f"event source {d.get('source')} ({d.get('kind')}): dead letters {d.get('dead_letters', 0)}; "
+                      f"offsets behind: {behind or '-'}\n{table_text}")
+    return "\n\n".join(blocks)

@@ -5,7 +5,8 @@
 #   - chromium: the status page served at `GET /` is rendered headless (screenshot and DOM) by
 #     tests/unit/test_status_page.py.
 #   - postgresql-15: the Postgres sink's tests (scripts/postgres.sh starts a throwaway cluster).
-#   - maven: scripts/kafka.sh resolves the Kafka broker's jars with it (the Kafka source's test).
+#   - maven: scripts/kafka.sh and scripts/debezium.sh resolve the Kafka broker's, Kafka Connect's and
+#     Debezium's jars with it (the Kafka source's and the Debezium end-to-end tests, the Debezium demo).
 # Does nothing when every tool is already there. Needs root (or sudo) and Debian's apt; it refreshes
 # the package lists only when they do not know the packages yet. The packages' own daemons are not
 # started: the tests start what they need on loopback ports.

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # A throwaway PostgreSQL 15 cluster on 127.0.0.1, for tests and benchmarks. Idempotent.
 #
-#   scripts/postgres.sh start PORT DATA_DIR   # initdb if DATA_DIR is new, start, wait until ready
+#   scripts/postgres.sh start PORT DATA_DIR [--logical]
+#                                             # initdb if DATA_DIR is new, start, wait until ready;
+#                                             # --logical: wal_level=logical, for Debezium (scripts/debezium.sh)
 #   scripts/postgres.sh stop  PORT DATA_DIR   # fast shutdown (no-op when not running)
 #   scripts/postgres.sh status PORT DATA_DIR  # exit 0 when it accepts connections
 #
@@ -10,9 +12,15 @@
 # refuses to run as root); otherwise as the calling user. PG_BIN overrides the binaries' folder.
 set -euo pipefail
 
-usage() { echo "usage: $0 start|stop|status PORT DATA_DIR" >&2; exit 2; }
-[ $# -eq 3 ] || usage
+usage() { echo "usage: $0 start|stop|status PORT DATA_DIR [--logical]" >&2; exit 2; }
+[ $# -eq 3 ] || [ $# -eq 4 ] || usage
 cmd=$1 port=$2 data=$3
+wal=()
+if [ $# -eq 4 ]; then
+  [ "$4" = --logical ] || usage
+  # Logical decoding for Debezium's pgoutput: a replication slot per connector.
+  wal=(-c wal_level=logical -c max_replication_slots=8 -c max_wal_senders=8)
+fi
 case "$port" in ''|*[!0-9]*) echo "postgres.sh: PORT must be a number, got '$port'" >&2; exit 2;; esac
 
 bin=${PG_BIN:-}
@@ -52,7 +60,7 @@ case "$cmd" in
       ready && exit 0
     else
       as_owner "$bin/pg_ctl" -D "$data" -l "$data/server.log" -w -t 60 \
-        -o "-c listen_addresses=127.0.0.1 -p $port -k $data -c fsync=off" start >/dev/null || {
+        -o "-c listen_addresses=127.0.0.1 -p $port -k $data -c fsync=off ${wal[*]:-}" start >/dev/null || {
         tail -20 "$data/server.log" >&2; exit 1; }
     fi
     for _ in $(seq 1 120); do ready && exit 0; sleep 0.5; done

@@ -45,3 +45,6 @@ else
 fi
 # The Kafka broker of the Kafka source's integration test (scripts/kafka.sh): its jars once, like Delta's.
 scripts/kafka.sh fetch || echo "setup: could not resolve the Kafka broker's jars (needs mvn); the Kafka source's test is skipped" >&2
+# Kafka Connect and Debezium's Postgres connector (scripts/debezium.sh), for the Debezium end-to-end test
+# and `lakemirror demo --source debezium`: resolved once into the same cache.
+scripts/debezium.sh fetch || echo "setup: could not resolve Kafka Connect and Debezium (needs mvn); the Debezium end-to-end test is skipped" >&2

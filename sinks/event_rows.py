@@ -17,14 +17,33 @@ STRING, BIGINT, DOUBLE, BOOLEAN = "string", "bigint", "double", "boolean"
 _INTEGRAL = {"bigint": 2**63, "int": 2**31, "smallint": 2**15, "tinyint": 2**7}
 
 
+def _kind(v: Any) -> str:
+    if isinstance(v, bool):
+        return BOOLEAN
+    if isinstance(v, int):
+        return BIGINT
+    if isinstance(v, float):
+        return DOUBLE
+    if isinstance(v, datetime):
+        return "timestamp" if v.tzinfo is not None else "timestamp_ntz"
+    if isinstance(v, date):
+        return "date"
+    if isinstance(v, (bytes, bytearray)):
+        return "binary"
+    return STRING
+
+
 def infer_type(values: Iterable[Any]) -> str:
-    """The Spark SQL type for a column with these JSON values (all NULL: string)."""
+    """The Spark SQL type for a column with these values (all NULL: string).
+
+    Used only when the events declare no types (schemaless JSON); Connect-typed events carry the
+    source's own types (:attr:`lakemirror.sources.change_event.ChangeEvent.types`).
+    """
     kinds = set()
     for v in values:
         if v is None:
             continue
-        kinds.add(BOOLEAN if isinstance(v, bool) else BIGINT if isinstance(v, int)
-                  else DOUBLE if isinstance(v, float) else STRING)
+        kinds.add(_kind(v))
     if not kinds:
         return STRING
     if len(kinds) == 1:
@@ -73,12 +92,28 @@ def convert(value: Any, sql_type: str) -> Any:
             return value.lower() == "true"
         raise ValueError(f"{value!r} is not a boolean")
     if kind == "string":
-        return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (Decimal, date)):
+            return str(value) if not isinstance(value, datetime) else value.isoformat()
+        return json.dumps(value, sort_keys=True, default=str)
     if kind.startswith("decimal"):
+        if isinstance(value, bool) or isinstance(value, (dict, list, bytes)):
+            raise ValueError(f"{value!r} is not a decimal")
         try:
             return Decimal(str(value))
         except InvalidOperation:
             raise ValueError(f"{value!r} is not a decimal") from None
+    if kind == "binary":
+        if isinstance(value, (bytes, bytearray)):
+            return bytes(value)
+        raise ValueError(f"{value!r} is not bytes for a binary column")
+    if kind == "date" and isinstance(value, date) and not isinstance(value, datetime):
+        return value
+    if kind in ("timestamp", "timestamp_ntz") and isinstance(value, datetime):
+        if kind == "timestamp_ntz":  # wall-clock time: an aware value is read as UTC's wall clock
+            return value.astimezone(timezone.utc).replace(tzinfo=None) if value.tzinfo else value
+        return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
     if kind == "date" and isinstance(value, str):
         try:
             return date.fromisoformat(value)

@@ -113,6 +113,9 @@ class GuardedDeltaSink:
         wanted = plan.column_names()
 
         def typed(name: str) -> str:
+            declared = next((w.types[name] for w in plan.winners if name in w.types), None)
+            if declared is not None:  # the source's own type (Connect schemas): never a guess
+                return declared
             return infer_type(w.columns.get(name) for w in plan.upserts) if plan.upserts else \
                 infer_type(w.keys[plan.key_columns.index(name)][1] for w in plan.winners)
 

@@ -71,6 +71,8 @@ class ChangeEvent:
     columns: Mapping[str, Any] = field(default_factory=dict)   # the row after the change (upserts only)
     basis: str = ""                     # what the position is made of (one of the BASIS_* texts)
     ts_ms: int | None = None            # the source's commit time, for event-time lag
+    types: Mapping[str, str] = field(default_factory=dict)  # Spark SQL type per column, when the source
+                                                            # declares them (Connect schemas); else inferred
 
     def __post_init__(self) -> None:
         if self.op not in OPERATIONS:

@@ -31,6 +31,7 @@ import re
 from datetime import datetime, timezone
 from typing import Any, Final, Mapping, Sequence
 
+from lakemirror.sources.connect_types import BadValue, column_codecs, decode_row, envelope_field
 from lakemirror.sources.change_event import (
     BASIS_MYSQL_BINLOG, BASIS_POSTGRES_LSN, BASIS_SIMPLE_TIMESTAMP, BASIS_TS_MS, DELETE, SNAPSHOT, STREAM,
     TRUNCATE, UPSERT, ChangeEvent, DeadLetter, Decoded, Position, Skipped,
@@ -74,22 +75,35 @@ def _json(text: str, what: str) -> Any:
         raise _Bad(f"{what} is not JSON ({exc})") from None
 
 
-def _unwrap(doc: Any) -> Any:
-    """The payload of a JSON-converter message with an embedded schema, else the message itself."""
+def _split(doc: Any) -> tuple[Any, Any]:
+    """(payload, schema) of a JSON-converter message with an embedded schema, else (message, None)."""
     if isinstance(doc, dict) and "payload" in doc and set(doc) <= {"schema", "payload"}:
-        return doc["payload"]
-    return doc
+        return doc["payload"], doc.get("schema")
+    return doc, None
 
 
-def _key_from_message(key: str | None) -> tuple[tuple[str, Any], ...] | None:
+def _unwrap(doc: Any) -> Any:
+    return _split(doc)[0]
+
+
+def _typed(row: Mapping[str, Any], schema: Any) -> tuple[dict[str, Any], dict[str, str]]:
+    """A row image decoded through its Connect schema (decimals, dates, timestamps …), with its types."""
+    try:
+        return decode_row(row, column_codecs(schema))
+    except BadValue as exc:
+        raise _Bad(f"a value does not match its schema: {exc}") from None
+
+
+def _key_from_message(key: str | None) -> tuple[tuple[tuple[str, Any], ...], dict[str, str]] | None:
     if key is None:
         return None
-    doc = _unwrap(_json(key, "the message key"))
+    doc, schema = _split(_json(key, "the message key"))
     if doc is None:
         return None
     if not isinstance(doc, dict) or not doc:
         raise _Bad(f"the message key {key!r} is not a JSON object of key columns")
-    return tuple(doc.items())
+    values, types = _typed(doc, schema)
+    return tuple(values.items()), types
 
 
 def _key_from_row(table: str, row: Mapping[str, Any] | None, key_columns: KeyColumns) -> tuple[tuple[str, Any], ...]:
@@ -134,7 +148,7 @@ def _table_of(source: Mapping[str, Any], topic: str | None) -> str:
 
 
 def _decode_envelope(value: str, key: str | None, key_columns: KeyColumns, topic: str | None) -> Decoded:
-    payload = _unwrap(_json(value, "the message value"))
+    payload, schema = _split(_json(value, "the message value"))
     if payload is None:
         return Skipped("tombstone (a null value after a delete)")
     if not isinstance(payload, dict):
@@ -162,11 +176,19 @@ def _decode_envelope(value: str, key: str | None, key_columns: KeyColumns, topic
         raise _Bad(f"op {op!r} without an 'after' row image")
     if row is not None and not isinstance(row, dict):
         raise _Bad("the row image is not a JSON object")
-    keys = _key_from_message(key)
-    if keys is None:
-        keys = _key_from_row(table, row, key_columns)
+    types: dict[str, str] = {}
+    if kind == UPSERT:
+        after, types = _typed(after, envelope_field(schema, "after"))
+    elif isinstance(row, dict):
+        row, _ = _typed(row, envelope_field(schema, "before"))
+    from_key = _key_from_message(key)
+    if from_key is None:
+        keys = _key_from_row(table, after if kind == UPSERT else row, key_columns)
+    else:
+        keys, key_types = from_key
+        types = {**key_types, **types}
     columns = {**dict(keys), **after} if kind == UPSERT else {}
-    return ChangeEvent(table, kind, keys, position, columns, basis=basis, ts_ms=ts_ms)
+    return ChangeEvent(table, kind, keys, position, columns, basis=basis, ts_ms=ts_ms, types=types)
 
 
 def decode_debezium(value: str | None, key: str | None = None, *, key_columns: KeyColumns | None = None,

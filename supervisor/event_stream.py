@@ -28,7 +28,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from lakemirror.identifiers import TableName
 from lakemirror.sinks.dead_letters import DeadLetterRow, DeadLetterTable
@@ -38,6 +38,8 @@ from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.txn import BatchStats, MergeOutcome, TxnId
 from lakemirror.sources.change_event import ChangeEvent, DeadLetter, Skipped
 from lakemirror.sources.debezium import FORMAT_DEBEZIUM, decode_debezium, decode_line
+from lakemirror.sources.kafka_offsets import (BrokerOffsets, KafkaBrokerOffsets, Offsets, offsets_behind,
+                                              parse_end_offsets, progress_end_offsets)
 from lakemirror.sources.event_stream import (EventDecoder, RawEvent, file_stream, kafka_stream, raw_events_from_file_rows,
                                              raw_events_from_kafka_rows)
 from lakemirror.supervisor import state as sm
@@ -87,6 +89,18 @@ class ReplicaStatus:
     replays: int = 0
     position_basis: str = ""
     last_ts_ms: int | None = None
+    last_event_lag_seconds: float | None = None   # the last batch's oldest change: source commit → replica commit
+
+
+@dataclass(frozen=True)
+class ReplicaBatch:
+    """What one batch did to one replica (for metrics): rows by operation, guard drops, event-time lags."""
+
+    inserted: int
+    updated: int
+    deleted: int
+    stale: int
+    event_lags_seconds: tuple[float, ...]   # per change with a source ts_ms: replica commit time minus ts_ms
 
 
 @dataclass(frozen=True)
@@ -95,6 +109,7 @@ class EventBatchResult:
     skipped: int
     dead_letters: int
     outcomes: dict[str, GuardOutcome]
+    replicas: dict[str, ReplicaBatch] = field(default_factory=dict)
 
     @property
     def counts(self) -> ApplyCounts:
@@ -142,6 +157,7 @@ class EventBatchApplier:
         plans, refused = plan_batch(changes)
         letters += [DeadLetterRow(origin[id(e)], reason, e.table) for e, reason in refused]
         outcomes: dict[str, GuardOutcome] = {}
+        replicas: dict[str, ReplicaBatch] = {}
         for table, plan in sorted(plans.items()):
             sink = self.sinks.get(table)
             if sink is None:
@@ -155,17 +171,24 @@ class EventBatchApplier:
                                                             clock=self.clock)
             txn = TxnId(f"lakemirror/{self.pipeline_id}/{self.spec.name}/{table}/{epoch}", batch_id)
             outcome = sink.apply(self.session_for(table), plan, txn)
+            committed = self.clock()
             outcomes[table] = outcome
             letters += [DeadLetterRow(origin[id(e)], reason, table) for e, reason in outcome.rejected]
-            self._record(table, plan.winners, outcome)
+            lags = event_lags((e for e in changes if e.table == table), committed)
+            replicas[table] = ReplicaBatch(outcome.counts.inserted, outcome.counts.updated, outcome.counts.deleted,
+                                           outcome.stale, lags)
+            self._record(table, plan.winners, outcome, lags)
         self.dead_letters.append(self.session_for("__dead_letters"), letters,
                                  TxnId(f"lakemirror/{self.pipeline_id}/{self.spec.name}/dead-letters/{epoch}", batch_id),
                                  self.clock())
         self._purge_when_due()
-        return EventBatchResult(events, skipped, len(letters), outcomes)
+        return EventBatchResult(events, skipped, len(letters), outcomes, replicas)
 
-    def _record(self, table: str, winners: Iterable[ChangeEvent], outcome: GuardOutcome) -> None:
+    def _record(self, table: str, winners: Iterable[ChangeEvent], outcome: GuardOutcome,
+                lags: tuple[float, ...] = ()) -> None:
         status = self.replicas.setdefault(table, ReplicaStatus())
+        if lags:
+            status.last_event_lag_seconds = max(lags)
         status.batches += 1
         status.inserted += outcome.counts.inserted
         status.updated += outcome.counts.updated
@@ -192,6 +215,53 @@ class EventBatchApplier:
                          self.spec.tombstone_horizon_seconds)
 
 
+@dataclass(frozen=True)
+class EventBatchReport(BatchReport):
+    """A batch report of an event source, with what each replica took (the metrics' per-table view)."""
+
+    source: str = ""
+    replicas: dict[str, ReplicaBatch] = field(default_factory=dict)
+    dead_letters: int = 0
+
+
+@dataclass(frozen=True)
+class EventLagReading(LagReading):
+    """Lag of an event source: ``versions_behind`` counts Kafka messages not yet applied (all partitions),
+    ``offsets_behind`` has them per topic-partition; ``lag_seconds`` is 0 when nothing is behind,
+    else at least how long the backlog has been seen (the unread events' own times are unknown until
+    read) and at least the last batch's event-time lag."""
+
+    offsets_behind: dict[tuple[str, int], int] = field(default_factory=dict)
+
+
+def checkpoint_end_offsets(checkpoint: Path) -> Offsets:
+    """The Kafka end offsets of the last batch the query's checkpoint records as committed."""
+    commits, offsets = checkpoint / "commits", checkpoint / "offsets"
+    try:
+        done = [int(p.name) for p in commits.iterdir() if p.name.isdigit()]
+    except OSError:
+        return {}
+    if not done:
+        return {}
+    try:
+        lines = (offsets / str(max(done))).read_text().splitlines()
+    except OSError:
+        return {}
+    out: Offsets = {}
+    for line in lines[2:]:  # "v1", the batch's metadata, then one line per source
+        try:
+            out.update(parse_end_offsets(line))
+        except (ValueError, TypeError):
+            continue
+    return out
+
+
+def event_lags(changes: Iterable[ChangeEvent], committed_at: float) -> tuple[float, ...]:
+    """Event-time lag of each change that carries its source commit time (``ts_ms``): how long after
+    its commit at the source it was committed to the replica (never negative: clocks may differ)."""
+    return tuple(max(0.0, committed_at - e.ts_ms / 1000.0) for e in changes if e.ts_ms is not None)
+
+
 def checkpoint_epoch(folder: Path) -> str:
     """The transaction-id epoch of the query checkpointed in ``folder / 'checkpoint'``: kept while the
     checkpoint has offsets, renewed when it starts empty (a new or reset checkpoint)."""
@@ -212,7 +282,7 @@ class EventStreamRunner:
 
     def __init__(self, spec: EventStreamSpec, spark: "SparkSession", pipeline_id: str, folder: Path,
                  locate: Callable[[str], TableLocation], dead_letters: TableLocation,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, broker: BrokerOffsets | None = None) -> None:
         self.table = RUNNER_PREFIX + spec.name
         self.spec = spec
         self.spark = spark
@@ -234,6 +304,10 @@ class EventStreamRunner:
         self._paused = False
         self._epoch = ""
         self._batch_error: str | None = None
+        self._broker = broker
+        self._applied_offsets: Offsets = {}
+        self._behind: Offsets = {}
+        self._behind_since: float | None = None
 
     @property
     def replicas(self) -> dict[str, ReplicaStatus]:
@@ -297,7 +371,8 @@ class EventStreamRunner:
             self.applied_through, self.last_batch_at = batch_id, ended
             stats = BatchStats(result.events, batch_id, batch_id, None)
             outcome = MergeOutcome(stats, result.counts, replayed=any(o.replayed for o in result.outcomes.values()))
-            self._emit(BatchReport(self.table, batch_id, outcome, ended - started, ended))
+            self._emit(EventBatchReport(self.table, batch_id, outcome, ended - started, ended, source=self.spec.name,
+                                        replicas=result.replicas, dead_letters=result.dead_letters))
             self._emit(sm.BatchApplied())
 
     def halt(self, timeout: float = 60.0) -> None:
@@ -314,6 +389,8 @@ class EventStreamRunner:
                 log.debug("stopping %s: %s", self.table, exc)
             finally:
                 self._query = None
+        if self._broker is not None:
+            self._broker.close()
 
     def poll(self) -> list["sm.Event | BatchReport"]:
         query = self._query
@@ -326,8 +403,55 @@ class EventStreamRunner:
             out, self._events = self._events, []
         return out
 
+    def _applied(self) -> Offsets:
+        """End offsets of the last completed batch: Spark's progress, else the checkpoint's last commit."""
+        query = self._query
+        applied: Offsets = {}
+        if query is not None:
+            try:
+                applied = progress_end_offsets(query.lastProgress)
+            except Exception as exc:  # a stopping query: keep what is known
+                log.debug("%s: reading progress: %s", self.table, exc)
+        if not applied and not self._applied_offsets:
+            applied = checkpoint_end_offsets(self.folder / "checkpoint")
+        if applied:
+            self._applied_offsets = {**self._applied_offsets, **applied}
+        return self._applied_offsets
+
     def probe_lag(self, now: float) -> LagReading | None:
-        return None  # event-time lag per replica: ReplicaStatus.last_ts_ms (offsets behind: not yet)
+        """Offsets behind per topic-partition (the last batch's end offsets against the broker's latest)
+        and the event-time lag; None for a files source (Spark's file source has no backlog to ask)."""
+        if self.spec.kind != KIND_KAFKA:
+            return None
+        if self._broker is None:
+            self._broker = KafkaBrokerOffsets(self.spec.bootstrap_servers or "", topics=self.spec.topics,
+                                              topic_pattern=self.spec.topic_pattern)
+        latest, beginning = self._broker.latest()
+        applied = self._applied()
+        behind = offsets_behind(applied, latest, beginning)
+        total = sum(behind.values())
+        if total == 0:
+            self._behind_since, lag = None, 0.0
+        else:
+            self._behind_since = self._behind_since if self._behind_since is not None else now
+            last = max((r.last_event_lag_seconds or 0.0 for r in self.replicas.values()), default=0.0)
+            lag = max(now - self._behind_since, last)
+        self._behind = behind
+        reading = EventLagReading(lag, total, sum(latest.values()), sum(applied.get(tp, 0) for tp in latest),
+                                  offsets_behind=behind)
+        self.last_lag = reading
+        return reading
+
+    def describe(self) -> dict[str, Any]:
+        """The source's own status (``/status`` and ``lakemirror status``): replicas, offsets, dead letters."""
+        return {
+            "source": self.spec.name, "kind": self.spec.kind, "dead_letters": self.dead_letter_count,
+            "offsets_behind": [{"topic": t, "partition": p, "behind": n} for (t, p), n in sorted(self._behind.items())],
+            "replicas": {table: {"inserted": r.inserted, "updated": r.updated, "deleted": r.deleted, "stale": r.stale,
+                                 "batches": r.batches, "event_lag_seconds": r.last_event_lag_seconds,
+                                 "position_basis": r.position_basis}
+                         for table, r in sorted(self.replicas.items())},
+        }
 
     def persisted_pause(self) -> bool:
         return self._paused

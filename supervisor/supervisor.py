@@ -14,7 +14,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 from lakemirror.supervisor import state as sm
 from lakemirror.supervisor.failure import REDISCOVERABLE
@@ -59,6 +59,7 @@ class TableView:
     last_error: str | None
     last_batch_at: float | None
     retry_delay_seconds: float | None = None   # the backoff chosen for the pending retry (degraded)
+    detail: dict[str, Any] | None = None        # a runner's own status (an event source: replicas, offsets)
 
 
 @dataclass
@@ -310,7 +311,8 @@ class Supervisor:
                 failures=st.failures, retries=st.retries, next_retry_at=st.next_retry_at,
                 last_error=st.last_error,
                 last_batch_at=e.runner.last_batch_at or (known.last_batch_at if known else None),
-                retry_delay_seconds=(st.next_retry_at - st.since) if st.next_retry_at is not None else None))
+                retry_delay_seconds=(st.next_retry_at - st.since) if st.next_retry_at is not None else None,
+                detail=_detail(e.runner)))
         for name, known in sorted(recorded.items()):
             if any(name == n for n, _ in items):
                 continue
@@ -320,6 +322,17 @@ class Supervisor:
                 applied_through=known.applied_through, rows_applied=known.rows_applied, batches=known.batches,
                 failures=0, retries=0, next_retry_at=None, last_error=None, last_batch_at=known.last_batch_at))
         return sorted(out, key=lambda v: v.table)
+
+
+def _detail(runner: Runner) -> dict[str, Any] | None:
+    describe = getattr(runner, "describe", None)
+    if describe is None:
+        return None
+    try:
+        return describe()  # type: ignore[no-any-return]
+    except Exception as exc:  # noqa: BLE001 (a view must never fail)
+        log.debug("describing a runner failed: %s", exc)
+        return None
 
 
 def counts_as_batch(report: BatchReport) -> bool:

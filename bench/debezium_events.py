@@ -1,0 +1,285 @@
+"""Debezium events from Kafka into Delta: lakemirror's event source against the seed recipe.
+
+    .venv/bin/python -m bench.debezium_events --events 200000 [--out docs/bench/debezium_events.json]
+
+One KRaft broker (scripts/kafka.sh) on loopback; four Debezium topics (``bench.public.t0`` … ``t3``)
+of two partitions each: eight partitions, four tables. The events are Debezium's Postgres envelopes
+as the JSON converter writes them without schemas (``before``, ``after``, ``source`` with ``lsn``,
+``txId`` and ``ts_ms``, ``op``), keyed by the primary key, with the tombstone after each delete:
+inserts, updates, deletes and re-inserts of 5,000 keys per table, several changes of one key in one
+millisecond (one transaction), and, as a Connect task restarted without its last offsets flushed
+does, every 20,000 events the last 2,000 of a partition delivered again after newer ones.
+
+Both consumers read the same topics from the beginning with Spark's Kafka source and
+``foreachBatch``, at most ``--max-offsets`` messages a batch:
+
+- lakemirror: :class:`lakemirror.supervisor.event_stream.EventStreamRunner` (decode, per-key fold by
+  log position, one guarded MERGE per replica under a transaction id, tombstones);
+- the seed recipe (shared/seeds, file 002): parse the JSON, per table keep each key's latest event
+  by timestamp (``row_number`` over ``ts_ms`` descending), one ``DeltaTable`` MERGE (delete, update
+  all, insert), no guard.
+
+Reported per system: events per second to drain the whole backlog (wall time from the query's start
+until every message is applied), and whether each replica equals the fold of the distinct events by
+log position (the state PostgreSQL would hold). The machine's load average is recorded before and
+after, as the machine is shared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+ROOT = Path(__file__).resolve().parents[1]
+TABLES = ("t0", "t1", "t2", "t3")
+KEYS = 5000
+PARTITIONS = 2
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def envelope(table: str, op: str, key: int, row: dict[str, Any] | None, lsn: int, tx: int, ts_ms: int) -> dict[str, Any]:
+    source = {"version": "3.7.0.Final", "connector": "postgresql", "name": "bench", "ts_ms": ts_ms,
+              "snapshot": "false", "db": "bench", "schema": "public", "table": table, "txId": tx, "lsn": lsn}
+    return {"before": {"id": key} if op == "d" else None, "after": row, "source": source, "op": op,
+            "ts_ms": ts_ms + 3}
+
+
+def workload(events: int, seed: int) -> Iterator[tuple[str, int, dict[str, Any], dict[str, Any] | None]]:
+    """(topic, partition, key, value) in log order; ``value`` None is a tombstone."""
+    rng = random.Random(seed)
+    live: dict[tuple[str, int], bool] = {}
+    lsn, tx, ts = 10_000, 500, 1_764_000_000_000
+    made = 0
+    while made < events:
+        tx += 1
+        ts += rng.choice((0, 0, 1, 2))          # several transactions can share one millisecond
+        table = rng.choice(TABLES)
+        key = rng.randint(1, KEYS)
+        for _ in range(rng.choice((1, 1, 1, 2, 3))):  # changes of one key in one transaction: one ts_ms
+            if made >= events:
+                break
+            lsn += rng.randint(8, 200)
+            exists = live.get((table, key), False)
+            roll = rng.random()
+            if not exists:
+                op = "c"
+            elif roll < 0.8:
+                op = "u"
+            else:
+                op = "d"
+            row = None if op == "d" else {"id": key, "v": made, "name": f"n{rng.randint(0, 999)}",
+                                          "amount": round(rng.uniform(-1e4, 1e4), 2)}
+            live[(table, key)] = op != "d"
+            topic = f"bench.public.{table}"
+            partition = key % PARTITIONS
+            yield topic, partition, {"id": key}, envelope(table, op, key, row, lsn, tx, ts)
+            made += 1
+            if op == "d":
+                yield topic, partition, {"id": key}, None
+
+
+def produce(servers: str, events: int, seed: int) -> list[tuple[str, int, dict[str, Any], dict[str, Any] | None]]:
+    """Create the topics and produce the workload with its redelivered ranges; every message sent."""
+    from kafka import KafkaProducer
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    KafkaAdminClient(bootstrap_servers=servers).create_topics(
+        [NewTopic(f"bench.public.{t}", PARTITIONS, 1) for t in TABLES])
+    producer = KafkaProducer(bootstrap_servers=servers, linger_ms=20, batch_size=256 * 1024)
+    sent: list[tuple[str, int, dict[str, Any], dict[str, Any] | None]] = []
+    per_partition: dict[tuple[str, int], list[int]] = {}
+    for n, message in enumerate(workload(events, seed), start=1):
+        topic, partition, key, value = message
+        sent.append(message)
+        per_partition.setdefault((topic, partition), []).append(len(sent) - 1)
+        if n % 20_000 == 0:  # a Connect task restarted without its last offsets: a range again
+            tp = (topic, partition)
+            for i in per_partition[tp][-2000:]:
+                sent.append(sent[i])
+    for topic, partition, key, value in sent:
+        producer.send(topic, key=json.dumps(key).encode(), value=None if value is None else json.dumps(value).encode(),
+                      partition=partition)
+    producer.flush()
+    producer.close()
+    return sent
+
+
+def expected(sent: list[tuple[str, int, dict[str, Any], dict[str, Any] | None]]) -> dict[str, dict[int, dict[str, Any]]]:
+    """Each table's rows after every distinct event applied in log order (what PostgreSQL holds)."""
+    unique = {}
+    for topic, _, key, value in sent:
+        if value is not None:
+            unique[(value["source"]["lsn"], key["id"], value["op"])] = value
+    out: dict[str, dict[int, dict[str, Any]]] = {t: {} for t in TABLES}
+    for (lsn, key, op), value in sorted(unique.items()):
+        rows = out[value["source"]["table"]]
+        if op == "d":
+            rows.pop(key, None)
+        else:
+            rows[key] = value["after"]
+    return out
+
+
+def replica_state(spark: Any, path: str) -> dict[int, dict[str, Any]]:
+    from delta.tables import DeltaTable
+
+    if not DeltaTable.isDeltaTable(spark, path):
+        return {}
+    df = spark.read.format("delta").load(path)
+    return {r["id"]: {c: r[c] for c in ("id", "v", "name", "amount")} for r in df.collect()}
+
+
+def wrong_keys(spark: Any, root: Path, want: dict[str, dict[int, dict[str, Any]]]) -> int:
+    bad = 0
+    for table in TABLES:
+        got = replica_state(spark, str(root / table))
+        bad += sum(1 for k in set(got) | set(want[table]) if got.get(k) != want[table].get(k))
+    return bad
+
+
+def run_lakemirror(spark: Any, servers: str, root: Path, total: int, max_offsets: int) -> dict[str, Any]:
+    from lakemirror.identifiers import TableName
+    from lakemirror.supervisor import state as sm
+    from lakemirror.supervisor.event_stream import EventBatchReport, EventStreamRunner, EventStreamSpec
+    from lakemirror.tables import TableLocation
+
+    spec = EventStreamSpec("bench", "kafka", "debezium", bootstrap_servers=servers, topic_pattern="bench\\.public\\..*",
+                           trigger_interval_seconds=0.1, max_per_trigger=max_offsets)
+
+    def locate(table: str) -> TableLocation:
+        return TableLocation(TableName("b", "s", table), str(root / table))
+
+    runner = EventStreamRunner(spec, spark, "bench", root / "_events", locate, locate("_dead_letters"))
+    read = batches = 0
+    started = time.time()
+    runner.launch()
+    try:
+        while read < total:
+            for item in runner.poll():
+                if isinstance(item, EventBatchReport):
+                    read += item.outcome.stats.rows_read
+                    batches += 1
+                if isinstance(item, sm.Failed):
+                    raise RuntimeError(item.error)
+            time.sleep(0.05)
+        elapsed = time.time() - started
+    finally:
+        runner.halt()
+    stale = sum(r.stale for r in runner.replicas.values())
+    return {"seconds": elapsed, "batches": batches, "messages": read, "stale_dropped": stale,
+            "dead_letters": runner.dead_letter_count}
+
+
+RECIPE_SCHEMA = ("before STRUCT<id: BIGINT>, after STRUCT<id: BIGINT, v: BIGINT, name: STRING, amount: DOUBLE>, "
+                 "source STRUCT<`table`: STRING, lsn: BIGINT, txId: BIGINT, ts_ms: BIGINT>, op STRING, ts_ms BIGINT")
+
+
+def run_recipe(spark: Any, servers: str, root: Path, total: int, max_offsets: int) -> dict[str, Any]:
+    """The seed recipe's approach: foreachBatch, latest per key by timestamp, one DeltaTable MERGE, no guard."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    counted = {"messages": 0, "batches": 0}
+
+    def batch(df: Any, batch_id: int) -> None:
+        df = df.persist()
+        counted["messages"] += df.count()
+        counted["batches"] += 1
+        events = (df.where(F.col("value").isNotNull())
+                  .select(F.from_json(F.col("value").cast("string"), RECIPE_SCHEMA).alias("e")).select("e.*")
+                  .select(F.col("source.table").alias("tbl"), F.coalesce(F.col("after.id"), F.col("before.id")).alias("id"),
+                          "op", F.col("source.ts_ms").alias("ts"), F.col("after.v").alias("v"),
+                          F.col("after.name").alias("name"), F.col("after.amount").alias("amount")))
+        latest = (events.withColumn("rn", F.row_number().over(Window.partitionBy("tbl", "id").orderBy(F.col("ts").desc())))
+                  .where("rn = 1").drop("rn").persist())
+        for table in TABLES:
+            rows = latest.where(F.col("tbl") == table)
+            path = str(root / table)
+            if not DeltaTable.isDeltaTable(df.sparkSession, path):
+                (rows.where("op != 'd'").select("id", "v", "name", "amount").write.format("delta").save(path))
+                continue
+            cols = {c: f"s.{c}" for c in ("id", "v", "name", "amount")}
+            (DeltaTable.forPath(df.sparkSession, path).alias("t").merge(rows.alias("s"), "t.id = s.id")
+             .whenMatchedDelete("s.op = 'd'").whenMatchedUpdate(set=cols)
+             .whenNotMatchedInsert(condition="s.op != 'd'", values=cols).execute())
+        latest.unpersist()
+        df.unpersist()
+
+    stream = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", servers)
+              .option("subscribePattern", "bench\\.public\\..*").option("startingOffsets", "earliest")
+              .option("maxOffsetsPerTrigger", str(max_offsets)).load())
+    started = time.time()
+    query = (stream.writeStream.foreachBatch(batch).option("checkpointLocation", str(root / "_checkpoint"))
+             .trigger(processingTime="0.1 seconds").start())
+    try:
+        while counted["messages"] < total:
+            if not query.isActive:
+                raise RuntimeError(f"the recipe's query stopped: {query.exception()}")
+            time.sleep(0.05)
+        elapsed = time.time() - started
+    finally:
+        query.stop()
+    return {"seconds": elapsed, "batches": counted["batches"], "messages": counted["messages"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--max-offsets", type=int, default=50_000, help="maxOffsetsPerTrigger for both")
+    parser.add_argument("--seed", type=int, default=25)
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "bench" / "debezium_events.json")
+    args = parser.parse_args(argv)
+
+    from lakemirror.daemon.settings import RuntimeSettings
+    from lakemirror.daemon.spark import local_session
+
+    work = Path(tempfile.mkdtemp(prefix="lakemirror-bench-debezium-"))
+    kafka_dir, port = work / "kafka", free_port()
+    subprocess.run([str(ROOT / "scripts" / "kafka.sh"), "start", str(kafka_dir), str(port), str(free_port())], check=True)
+    servers = f"127.0.0.1:{port}"
+    load_before = os.getloadavg()
+    try:
+        sent = produce(servers, args.events, args.seed)
+        want = expected(sent)
+        spark = local_session(RuntimeSettings(master="local[2]", shuffle_partitions=2, driver_memory="3g"),
+                              app_name="lakemirror-bench-debezium")
+        results: dict[str, Any] = {"events": args.events, "messages": len(sent), "partitions": PARTITIONS * len(TABLES),
+                                   "tables": len(TABLES), "max_offsets_per_trigger": args.max_offsets,
+                                   "cpus": os.cpu_count(), "load_before": load_before}
+        for name, run in (("lakemirror", run_lakemirror), ("seed_recipe", run_recipe)):
+            root = work / name
+            out = run(spark, servers, root, len(sent), args.max_offsets)
+            out["events_per_second"] = len(sent) / out["seconds"]
+            out["wrong_keys"] = wrong_keys(spark, root, want)
+            out["keys"] = sum(len(rows) for rows in want.values())
+            results[name] = out
+            print(name, json.dumps(out), flush=True)
+        results["load_after"] = os.getloadavg()
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=2) + "\n")
+        print(json.dumps(results, indent=2))
+        spark.stop()
+    finally:
+        subprocess.run([str(ROOT / "scripts" / "kafka.sh"), "stop", str(kafka_dir)], check=False)
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

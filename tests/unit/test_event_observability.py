@@ -1,0 +1,115 @@
+"""Observability of event sources: offsets behind per topic-partition, event-time lag, rows by
+operation and dead letters, as metrics and in status."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from lakemirror.daemon.metrics import Metrics
+from lakemirror.daemon.status import render_event_sources
+from lakemirror.identifiers import TableName
+from lakemirror.sinks.memory import ApplyCounts
+from lakemirror.sinks.txn import BatchStats, MergeOutcome
+from lakemirror.sources.change_event import UPSERT, ChangeEvent, Position
+from lakemirror.sources.kafka_offsets import StaticOffsets, offsets_behind, parse_end_offsets, progress_end_offsets
+from lakemirror.supervisor.event_stream import (EventBatchReport, EventLagReading, EventStreamRunner, EventStreamSpec,
+                                                ReplicaBatch, ReplicaStatus, checkpoint_end_offsets, event_lags)
+from lakemirror.tables import TableLocation
+
+
+def test_offsets_behind_counts_unread_partitions_from_their_beginning() -> None:
+    applied = {("t", 0): 10, ("t", 1): 7}
+    latest = {("t", 0): 10, ("t", 1): 12, ("t", 2): 5}
+    assert offsets_behind(applied, latest, {("t", 2): 1}) == {("t", 0): 0, ("t", 1): 5, ("t", 2): 4}
+
+
+def test_spark_progress_end_offsets_in_either_style() -> None:
+    class Source:
+        endOffset = '{"shop.public.a": {"0": 4, "2": 9}}'
+
+    class Progress:
+        sources = [Source()]
+
+    assert progress_end_offsets(Progress()) == {("shop.public.a", 0): 4, ("shop.public.a", 2): 9}
+    assert progress_end_offsets({"sources": [{"endOffset": {"x": {"1": 3}}}]}) == {("x", 1): 3}
+    assert progress_end_offsets({"sources": [{"endOffset": "not json"}]}) == {}
+    assert parse_end_offsets(None) == {}
+
+
+def test_the_checkpoint_gives_the_last_committed_batch_end_offsets(tmp_path: Path) -> None:
+    cp = tmp_path / "checkpoint"
+    (cp / "offsets").mkdir(parents=True)
+    (cp / "commits").mkdir()
+    for n, end in ((0, 3), (1, 8), (2, 11)):
+        (cp / "offsets" / str(n)).write_text(f'v1\n{{"batchWatermarkMs":0}}\n{{"t":{{"0":{end}}}}}\n')
+    (cp / "commits" / "0").write_text("v1\n{}")
+    (cp / "commits" / "1").write_text("v1\n{}")  # batch 2 is planned, not committed
+    assert checkpoint_end_offsets(cp) == {("t", 0): 8}
+    assert checkpoint_end_offsets(tmp_path / "nothing") == {}
+
+
+def test_event_lag_is_commit_time_minus_source_commit_time() -> None:
+    events = [ChangeEvent("a", UPSERT, (("id", 1),), Position(1, 5), {"id": 1}, ts_ms=1_000_000),
+              ChangeEvent("a", UPSERT, (("id", 2),), Position(1, 6), {"id": 2}, ts_ms=None),
+              ChangeEvent("a", UPSERT, (("id", 3),), Position(1, 7), {"id": 3}, ts_ms=1_002_500)]
+    assert event_lags(events, 1_003.0) == (3.0, 0.5)
+    assert event_lags(events[:1], 999.0) == (0.0,)  # a source clock ahead of ours is not a negative lag
+
+
+def runner(tmp_path: Path, broker: StaticOffsets, now: list[float]) -> EventStreamRunner:
+    spec = EventStreamSpec("shop", "kafka", bootstrap_servers="127.0.0.1:1", topic_pattern="shop\\..*")
+    loc = TableLocation(TableName("d", "s", "x"), str(tmp_path / "x"))
+    return EventStreamRunner(spec, None, "p", tmp_path, lambda t: loc, loc, clock=lambda: now[0],  # type: ignore[arg-type]
+                             broker=broker)
+
+
+def test_probe_lag_reports_offsets_behind_and_a_lag_that_is_zero_when_caught_up(tmp_path: Path) -> None:
+    broker = StaticOffsets({("shop.a", 0): 5, ("shop.a", 1): 3})
+    now = [100.0]
+    r = runner(tmp_path, broker, now)
+    first = r.probe_lag(100.0)
+    assert isinstance(first, EventLagReading)
+    assert first.offsets_behind == {("shop.a", 0): 5, ("shop.a", 1): 3} and first.versions_behind == 8
+    assert first.lag_seconds == 0.0  # the backlog was first seen now
+    r._applied_offsets = {("shop.a", 0): 5, ("shop.a", 1): 1}   # what the last batch's progress said
+    r.replicas["a"] = ReplicaStatus(last_event_lag_seconds=2.0)
+    second = r.probe_lag(130.0)
+    assert second is not None and second.versions_behind == 2 and second.lag_seconds == 30.0
+    r._applied_offsets = {("shop.a", 0): 5, ("shop.a", 1): 3}
+    third = r.probe_lag(140.0)
+    assert third is not None and third.versions_behind == 0 and third.lag_seconds == 0.0
+    assert r.describe()["offsets_behind"] == [{"topic": "shop.a", "partition": 0, "behind": 0},
+                                              {"topic": "shop.a", "partition": 1, "behind": 0}]
+
+
+def test_event_metrics_are_exported(tmp_path: Path) -> None:
+    registry = CollectorRegistry()
+    m = Metrics("p", registry)
+    outcome = MergeOutcome(BatchStats(9, 3, 3, None), ApplyCounts(2, 1, 1), replayed=False)
+    m.batch_applied("events:shop", EventBatchReport(
+        "events:shop", 3, outcome, 0.5, 1000.0, source="shop", dead_letters=2,
+        replicas={"customers": ReplicaBatch(2, 1, 1, 4, (0.3, 1.5))}))
+    m.lag_measured("events:shop", EventLagReading(0.0, 7, 20, 13, offsets_behind={("shop.public.customers", 2): 7}))
+    value = registry.get_sample_value
+    assert value("lakemirror_event_rows_applied_total", {"pipeline": "p", "source": "shop", "table": "customers", "op": "delete"}) == 1
+    assert value("lakemirror_event_changes_stale_total", {"pipeline": "p", "source": "shop", "table": "customers"}) == 4
+    assert value("lakemirror_dead_letters_total", {"pipeline": "p", "source": "shop"}) == 2
+    assert value("lakemirror_event_time_lag_seconds_count", {"pipeline": "p", "source": "shop", "table": "customers"}) == 2
+    assert value("lakemirror_event_batch_lag_seconds", {"pipeline": "p", "source": "shop", "table": "customers"}) == 1.5
+    assert value("lakemirror_kafka_offsets_behind", {"pipeline": "p", "source": "shop",
+                                                     "topic": "shop.public.customers", "partition": "2"}) == 7
+    assert value("lakemirror_versions_behind", {"pipeline": "p", "table": "events:shop"}) == 7
+
+
+def test_status_shows_each_event_source(tmp_path: Path) -> None:
+    r = runner(tmp_path, StaticOffsets({("shop.a", 0): 4}), [0.0])
+    r.probe_lag(0.0)
+    r.dead_letter_count = 3
+    r.replicas["customers"] = ReplicaStatus(batches=2, inserted=5, updated=1, deleted=2, stale=1,
+                                            position_basis="postgres lsn", last_event_lag_seconds=1.25)
+    text = render_event_sources([{"table": "events:shop", "detail": r.describe()}, {"table": "x", "detail": None}])
+    assert "event source shop (kafka): dead letters 3; offsets behind: shop.a[0] 4" in text
+    assert "customers  5" in text and "1.2s" in text and "postgres lsn" in text
+    assert render_event_sources([{"table": "x"}]) == ""
