@@ -7,29 +7,14 @@ version's commit time was never fetched) and a lag measured from the wrong commi
 
 from __future__ import annotations
 
-
-from lakemirror.checkpoints.records import InMemoryCheckpointStore
-from lakemirror.checkpoints.state import InMemoryStateStore
-from lakemirror.identifiers import TableName
 from lakemirror.sinks.planner import plan_merge
 from lakemirror.sources.change_feed import SourceHead
 from lakemirror.sources.keys import choose_key
 from lakemirror.sources.memory import MemoryChangeSource
 from lakemirror.schema import Column
 from lakemirror.supervisor.retention import RetentionWindow
-from lakemirror.supervisor.runner import Prepared, RunnerContext, TableRunner
-from lakemirror.supervisor.spec import PipelineSpec
-from lakemirror.tables import TableLocation
-
-
-class _Spark:
-    def newSession(self) -> "_Spark":
-        return self
-
-
-class _Catalog:
-    def locate(self, name: TableName) -> TableLocation:
-        return TableLocation(name, f"/nowhere/{name.slug}")
+from lakemirror.supervisor.runner import Prepared, TableRunner
+from tests.unit.runner_fakes import table_runner
 
 
 class _MovingSource(MemoryChangeSource):
@@ -47,9 +32,8 @@ class _MovingSource(MemoryChangeSource):
 
 
 def test_a_batch_landing_during_a_probe_does_not_mix_versions() -> None:
-    spec = PipelineSpec("p", "src", "dst", "s", "s", "/ck", tables=("t",))
-    ctx = RunnerContext(_Spark(), _Catalog(), InMemoryStateStore(), InMemoryCheckpointStore(), spec)  # type: ignore[arg-type]
-    runner = TableRunner("t", ctx)
+    runner = table_runner()
+    ctx = runner.ctx
     cols = (Column("id", "bigint", False),)
     runner.prepared = Prepared(choose_key("src.s.t", cols, configured=("id",)), plan_merge(cols, ["id"]),
                                ctx.states.load(runner.slug), RetentionWindow())

@@ -7,10 +7,7 @@ from typing import Any
 
 import pytest
 
-from lakemirror.checkpoints.records import InMemoryCheckpointStore
-from lakemirror.checkpoints.state import InMemoryStateStore
 from lakemirror.errors import DestinationConflict, LakemirrorError, SchemaIncompatible, SourceReplaced
-from lakemirror.identifiers import TableName
 from lakemirror.schema import Column
 from lakemirror.sinks.delta_replica import evolution
 from lakemirror.sinks.memory import MemoryTableReplica
@@ -22,21 +19,10 @@ from lakemirror.sources.contract import change_from_cdf_row
 from lakemirror.sources.memory import MemoryChangeSource
 from lakemirror.supervisor import state as sm
 from lakemirror.supervisor.batch_apply import Drained
-from lakemirror.supervisor.runner import BatchReport, RunnerContext, TableRunner
-from lakemirror.supervisor.spec import PipelineSpec
-from lakemirror.tables import TableLocation
+from lakemirror.supervisor.runner import BatchReport, TableRunner
+from tests.unit.runner_fakes import table_runner
 
 COLUMNS = (Column("id", "bigint", False), Column("v", "string"))
-
-
-class _Spark:
-    def newSession(self) -> "_Spark":
-        return self
-
-
-class _Catalog:
-    def locate(self, name: TableName) -> TableLocation:
-        return TableLocation(name, f"/nowhere/{name.slug}")
 
 
 class Crash(Exception):
@@ -57,11 +43,10 @@ def dele(i: int) -> dict[str, Any]:
 
 def _runner(source: MemoryChangeSource | None = None, replica: MemoryTableReplica | None = None,
             fault: Any = None, allow_schema_evolution: bool = False) -> TableRunner:
-    spec = PipelineSpec("p", "src", "dst", "s", "s", "/ck", tables=("t",), allow_schema_evolution=allow_schema_evolution)
-    ctx = RunnerContext(_Spark(), _Catalog(), InMemoryStateStore(), InMemoryCheckpointStore(), spec,  # type: ignore[arg-type]
-                        clock=lambda: 1000.0, sleep=lambda s: None, fault=fault or (lambda point: None))
-    runner = TableRunner("t", ctx)
-    runner.change_source = source or MemoryChangeSource(ctx.catalog.locate(runner.source), COLUMNS, ("id",))  # type: ignore[assignment]
+    runner = table_runner(allow_schema_evolution=allow_schema_evolution,
+                          context={"clock": lambda: 1000.0, "sleep": lambda s: None,
+                                   "fault": fault or (lambda point: None)})
+    runner.change_source = source or MemoryChangeSource(runner.ctx.catalog.locate(runner.source), COLUMNS, ("id",))  # type: ignore[assignment]
     runner.replica = replica or MemoryTableReplica("p")
     return runner
 
