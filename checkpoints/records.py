@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -60,9 +60,10 @@ CHECKPOINT_DDL = ", ".join([
 
 class CheckpointStore(Protocol):
     """Where checkpoint rows go. ``append`` must be idempotent per (txn_app_id, batch_id);
-    ``known_new`` says no earlier attempt wrote that batch's row, so the store need not look."""
+    ``known_new`` says no earlier attempt wrote that batch's row, so the store need not look;
+    ``spark``: the session a Spark-backed store reads with (the batch's own), ignored by others."""
 
-    def append(self, row: CheckpointRow, *, known_new: bool = False) -> None: ...
+    def append(self, row: CheckpointRow, spark: Any = None, *, known_new: bool = False) -> None: ...
 
     def latest(self, pipeline_id: str) -> dict[str, CheckpointRow]:
         """The newest row per source table of a pipeline."""
@@ -76,7 +77,7 @@ class InMemoryCheckpointStore:
         self.rows: list[CheckpointRow] = []
         self._lock = threading.Lock()
 
-    def append(self, row: CheckpointRow, *, known_new: bool = False) -> None:
+    def append(self, row: CheckpointRow, spark: Any = None, *, known_new: bool = False) -> None:
         with self._lock:
             present = any(r.is_batch and (r.txn_app_id, r.batch_id) == (row.txn_app_id, row.batch_id)
                           for r in self.rows)

@@ -2,7 +2,7 @@
 
 Chosen per table by :mod:`lakemirror.sinks.apply_choice`; the MERGE executor dispatches here. The
 batch's rows come to the driver as Arrow: read by delta-rs when the stream's offsets show whole
-source versions (:mod:`lakemirror.supervisor.batch_feed`), otherwise by one Spark action (no
+source versions (:mod:`lakemirror.sinks.batch_feed`), otherwise by one Spark action (no
 join). The winning change per key is picked there (:mod:`lakemirror.sinks.arrow_changes`), and
 one delta-rs MERGE writes them; into a replica with deletion vectors on, which delta-rs does not
 write, :mod:`lakemirror.sinks.dv_merge` marks the changed rows deleted and appends the new ones.
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: A batch's change rows read without Spark (``columns``, preimages left out, at most ``max_rows``),
-#: or None when Spark is to read them (:class:`lakemirror.supervisor.batch_feed.BatchFeed`).
+#: or None when Spark is to read them (:class:`lakemirror.sinks.batch_feed.BatchFeed`).
 ChangeReader = Callable[[Sequence[str], int], "pa.Table | None"]
 
 #: The memory delta-rs's MERGE may hold before it spills to disk (DataFusion's pool; its default has no

@@ -1,17 +1,23 @@
 """The in-memory twin of the Delta MERGE executor: applies change rows to a dict.
 
 It follows the same :class:`~lakemirror.sinks.planner.MergePlan` semantics as the Delta
-executor and serves as the reference ("oracle") in tests.
+executor and serves as the reference ("oracle") in tests. :class:`MemoryTableReplica` wraps it as
+the twin of a table replica (:class:`~lakemirror.sinks.contract.TableReplica`): claim, bootstrap,
+prepare and one epoch's batches, for unit tests of the table runner's parts.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
+from lakemirror.errors import DestinationConflict, SchemaIncompatible
 from lakemirror.sinks.planner import (
     CHANGE_RANK, CHANGE_TYPE, COMMIT_VERSION, DELETE, UPDATE_PRE, MergePlan,
 )
+
+if TYPE_CHECKING:
+    from lakemirror.sinks.txn import MergeOutcome, TxnId
 
 Row = Mapping[str, Any]
 Key = tuple[Any, ...]
@@ -76,3 +82,68 @@ class InMemoryReplica:
         if app_id is not None and batch_id is not None:
             self.txn_versions[app_id] = batch_id  # like Delta: recorded with the commit, never before
         return ApplyCounts(ins, upd, dele)
+
+
+class MemoryBatchSink:
+    """One epoch's batches applied to an :class:`InMemoryReplica` (batches are lists of change rows)."""
+
+    def __init__(self, replica: InMemoryReplica, app_ids: set[str]) -> None:
+        self.replica = replica
+        self.app_ids = app_ids
+
+    def apply(self, batch: Iterable[Row], txn: "TxnId", read: Any = None) -> "MergeOutcome":
+        from lakemirror.sinks.txn import BatchStats, MergeOutcome  # txn imports this module's ApplyCounts
+
+        rows = list(batch)
+        versions = [int(r[COMMIT_VERSION]) for r in rows]
+        stats = BatchStats(len(rows), min(versions, default=None), max(versions, default=None), None)
+        replayed = txn.version <= self.replica.txn_versions.get(txn.app_id, -1)
+        counts = self.replica.apply(rows, app_id=txn.app_id, batch_id=txn.version)
+        self.app_ids.add(txn.app_id)
+        return MergeOutcome(stats, counts, replayed=replayed)
+
+
+class MemoryTableReplica:
+    """The in-memory twin of a table replica (:class:`~lakemirror.sinks.contract.TableReplica`).
+
+    ``owner``: the pipeline that created the replica (None: no replica yet). The bootstrap replaces
+    the rows and keeps the transaction ids already recorded, as a Delta overwrite keeps its log."""
+
+    def __init__(self, pipeline_id: str, owner: str | None = None) -> None:
+        self.pipeline_id = pipeline_id
+        self.owner = owner
+        self.replica: InMemoryReplica | None = None
+        self.bootstraps: list[tuple[int, int]] = []   # (version, epoch) of each bootstrap
+        self.columns: tuple[str, ...] = ()
+        self.app_ids: set[str] = set()
+
+    def claim(self, epoch: int) -> None:
+        if epoch == 0 and self.owner is not None and self.owner != self.pipeline_id:
+            raise DestinationConflict(f"the replica already exists and was not created by pipeline "
+                                      f"{self.pipeline_id!r}; drop it or choose another destination")
+
+    def bootstrap(self, plan: MergePlan, snapshot: Iterable[Row], version: int, epoch: int,
+                  source_properties: Mapping[str, str]) -> None:
+        txns = self.replica.txn_versions if self.replica is not None else {}
+        self.replica = InMemoryReplica(plan)
+        self.replica.txn_versions = dict(txns)
+        for row in snapshot:
+            self.replica.rows[tuple(row[k] for k in plan.keys)] = {c: row.get(c) for c in plan.column_names}
+        self.owner, self.columns = self.pipeline_id, tuple(plan.column_names)
+        self.bootstraps.append((version, epoch))
+
+    def prepare(self, plan: MergePlan, allow_evolution: bool) -> bool:
+        added = tuple(c for c in plan.column_names if c not in self.columns)
+        if not added or self.replica is None:
+            return False
+        if not allow_evolution:
+            raise SchemaIncompatible(f"the source has new columns ({', '.join(added)}) and "
+                                     f"allow_schema_evolution is false")
+        self.columns += added
+        self.replica.plan = plan
+        return True
+
+    def batch_sink(self, plan: MergePlan, epoch: int) -> MemoryBatchSink:
+        if self.replica is None:
+            raise RuntimeError("the replica has not been bootstrapped")
+        return MemoryBatchSink(self.replica, self.app_ids)

@@ -1,6 +1,6 @@
 """Spark's side of the Postgres sink: micro-batch DataFrames to Arrow on the driver, then the replica.
 
-The runner (:mod:`lakemirror.supervisor.runner`) treats a table's Postgres replica through
+The table runner treats a table's Postgres replica through
 :class:`PostgresTable`: ``prepare`` when the table starts, ``bootstrap`` with the snapshot at the
 pinned version, and ``batch_sink`` for its ``foreachBatch`` function, whose ``apply`` answers
 like the Delta MERGE sink's (a :class:`~lakemirror.sinks.txn.MergeOutcome`), so the runner's
@@ -14,7 +14,7 @@ beyond reading the batch. Batches are bounded by ``max_files_per_trigger`` /
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from lakemirror.identifiers import quote
 from lakemirror.sinks.planner import CDF_COLUMNS, CHANGE_TYPE, UPDATE_PRE, MergePlan
@@ -49,7 +49,8 @@ class PostgresBatchSink:
 
 
 class PostgresTable:
-    """One source table's replica in Postgres, as the runner drives it."""
+    """One source table's replica in Postgres, as the runner drives it
+    (a :class:`~lakemirror.sinks.contract.TableReplica`)."""
 
     def __init__(self, connector: Connector, pipeline_id: str, name: str, label: str,
                  fault: Callable[[str], None] = lambda point: None) -> None:
@@ -63,10 +64,17 @@ class PostgresTable:
         table = ReplicaTable.from_plan(self.connector.target.schema, self.name, plan)
         return PostgresReplica(self.connector, self.pipeline_id, table, label=self.label, fault=self.fault)
 
-    def prepare(self, plan: MergePlan, allow_evolution: bool) -> None:
-        self.replica(plan).prepare(allow_evolution)
+    def claim(self, epoch: int) -> None:
+        """Nothing to check here: the replica's owner mark is checked by its bootstrap, in the
+        transaction that replaces it (:meth:`PostgresReplica.bootstrap`)."""
 
-    def bootstrap(self, plan: MergePlan, snapshot: "DataFrame", version: int, epoch: int) -> None:
+    def prepare(self, plan: MergePlan, allow_evolution: bool) -> bool:
+        """Follow the source's columns; False: the replica logs what it added itself."""
+        self.replica(plan).prepare(allow_evolution)
+        return False
+
+    def bootstrap(self, plan: MergePlan, snapshot: "DataFrame", version: int, epoch: int,
+                  source_properties: Mapping[str, str] | None = None) -> None:
         columns = [quote(c.name) for c in plan.columns]
         self.replica(plan).bootstrap(snapshot.select(*columns).toArrow(), version, epoch)
 

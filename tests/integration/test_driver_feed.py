@@ -46,7 +46,7 @@ def test_every_batch_read_by_delta_rs_holds_exactly_sparks_rows(spark, tmp_path,
     to Spark are the ones with part of a version or a metadata change, and no others."""
     from lakemirror.sinks.planner import UPDATE_PRE
     from lakemirror.sources import change_feed
-    from lakemirror.supervisor.batch_feed import BatchFeed
+    from lakemirror.sinks.batch_feed import BatchFeed
     from lakemirror.tables import TableLocation
 
     source = TableLocation(TableName("src", "s", "feed"), str(tmp_path / "source"))
@@ -92,7 +92,7 @@ def test_a_stream_after_a_property_change_reads_its_whole_versions_with_delta_rs
     commits: delta-rs reads each, and they equal Spark's."""
     from lakemirror.sinks.planner import UPDATE_PRE
     from lakemirror.sources import change_feed
-    from lakemirror.supervisor.batch_feed import BatchFeed
+    from lakemirror.sinks.batch_feed import BatchFeed
     from lakemirror.tables import TableLocation
 
     source = TableLocation(TableName("src", "s", "feed2"), str(tmp_path / "source"))

@@ -151,9 +151,9 @@ def test_a_gated_backlog_is_split_by_the_rate_limit_one_turn_per_batch(make_pipe
 def test_queries_started_per_turn_split_a_backlog_or_a_rate_limit_and_stay_exact(
         make_pipeline: Any, monkeypatch: Any) -> None:
     """Where batch functions run on a server (Spark Connect), a turn starts the table's query."""
-    from lakemirror.supervisor import runner, turns
+    from lakemirror.supervisor import stream_wiring, turns
 
-    monkeypatch.setattr(runner, "has_own_jvm", lambda spark: False)
+    monkeypatch.setattr(stream_wiring, "has_own_jvm", lambda spark: False)
     monkeypatch.setattr(turns, "ONE_BATCH_VERSIONS", 3)  # a backlog of 3 versions counts as long
     pipeline = make_pipeline(apply_workers=1)
     limited = make_pipeline(apply_workers=1, max_files_per_trigger=1)

@@ -34,7 +34,7 @@ def test_the_sql_uses_the_planners_rule_and_one_merge() -> None:
 
 
 def test_a_server_side_batch_error_is_reported_by_its_cause() -> None:
-    from lakemirror.supervisor.connect_batches import server_batch_cause
+    from lakemirror.sinks.connect_batches import server_batch_cause
 
     wrapped = RuntimeError(
         "[STREAM_FAILED] Query [id = 1] Found error inside foreachBatch Python process: Traceback (most recent call last):\n"

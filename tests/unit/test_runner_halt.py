@@ -8,29 +8,9 @@ import threading
 
 import pytest
 
-from lakemirror.checkpoints.records import InMemoryCheckpointStore
-from lakemirror.checkpoints.state import InMemoryStateStore
-from lakemirror.identifiers import TableName
 from lakemirror.sinks.delta_merge import TxnId
-from lakemirror.supervisor.runner import Drained, RunnerContext, TableRunner
-from lakemirror.supervisor.spec import PipelineSpec
-from lakemirror.tables import TableLocation
-
-
-class _Spark:
-    def newSession(self) -> "_Spark":
-        return self
-
-
-class _Catalog:
-    def locate(self, name: TableName) -> TableLocation:
-        return TableLocation(name, f"/nowhere/{name.slug}")
-
-
-def _runner(apply_workers: int) -> TableRunner:
-    spec = PipelineSpec("p", "src", "dst", "s", "s", "/ck", tables=("t",), apply_workers=apply_workers)
-    ctx = RunnerContext(_Spark(), _Catalog(), InMemoryStateStore(), InMemoryCheckpointStore(), spec)  # type: ignore[arg-type]
-    return TableRunner("t", ctx)
+from lakemirror.supervisor.runner import Drained, TableRunner
+from tests.unit.runner_fakes import table_runner
 
 
 class _StreamThreadQuery:
@@ -57,7 +37,7 @@ class _StreamThreadQuery:
 
 @pytest.mark.parametrize("apply_workers", [0, 1])
 def test_a_batch_beginning_while_the_query_stops_is_refused_not_deadlocked(apply_workers: int) -> None:
-    runner = _runner(apply_workers)
+    runner = table_runner(apply_workers=apply_workers)
     query = _StreamThreadQuery(runner)
     runner._query = query  # type: ignore[assignment]  # noqa: SLF001
     runner.halt(timeout=10.0)

@@ -1,0 +1,112 @@
+"""A table's Delta replica as a :class:`~lakemirror.sinks.contract.TableReplica`, written by Spark.
+
+The bootstrap writes the snapshot in one commit that also stamps the replica with the pipeline,
+source, epoch and bootstrap version (:mod:`lakemirror.sinks.snapshot_copy`); preparing adds the
+source's new columns when the pipeline allows it (:func:`evolution`, pure); each epoch's batches go
+through one :class:`~lakemirror.sinks.delta_merge.DeltaMergeSink`, whose path (MERGE, rewrite of a
+small replica, or the driver's delta-rs MERGE) the first batch chooses
+(:func:`~lakemirror.sinks.apply_choice.choose_apply`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Mapping
+
+from lakemirror.errors import DestinationConflict, SchemaIncompatible
+from lakemirror.identifiers import TableName
+from lakemirror.schema import Column
+from lakemirror.sinks import snapshot_copy
+from lakemirror.sinks.apply_choice import ApplyChoice, choose_apply
+from lakemirror.sinks.delta_merge import DeltaMergeSink
+from lakemirror.sinks.planner import MergePlan, diff_schema
+from lakemirror.sources.catalog import Catalog
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ApplyLimits:
+    """The pipeline's settings for choosing a small replica's apply path (:mod:`.apply_choice`)."""
+
+    rewrite_below_bytes: int
+    driver_apply: bool
+    driver_apply_below_bytes: int
+
+
+def evolution(label: str, plan: MergePlan, replica: tuple[Column, ...], allow: bool) -> tuple[Column, ...]:
+    """The columns to add so the replica follows ``plan`` (pure); raises when it cannot or may not."""
+    diff = diff_schema(plan.columns, replica)
+    if diff.is_empty:
+        return ()
+    if not diff.is_additive:
+        raise SchemaIncompatible(
+            f"{label}: the replica cannot follow the source schema ({diff.describe()}). "
+            f"Resync the table to rebuild the replica, or revert the change on the source.", table=label)
+    if not allow:
+        raise SchemaIncompatible(
+            f"{label}: the source has new columns ({diff.describe()}) and allow_schema_evolution "
+            f"is false. Set allow_schema_evolution: true, or exclude the columns.", table=label)
+    return tuple(diff.added)
+
+
+@dataclass
+class DeltaReplica:
+    """The Delta table ``name`` (located by ``catalog``) as the replica of the source ``source``."""
+
+    spark: "SparkSession"
+    catalog: Catalog
+    name: TableName
+    source: str
+    pipeline_id: str
+    limits: ApplyLimits
+    replica_properties: Mapping[str, str] = field(default_factory=dict)
+
+    def claim(self, epoch: int) -> None:
+        dst = self.catalog.locate(self.name)
+        if epoch == 0 and snapshot_copy.tables.exists(self.spark, dst):
+            owner = snapshot_copy.replica_properties(self.spark, dst).get(snapshot_copy.PIPELINE_PROPERTY)
+            if owner != self.pipeline_id:
+                raise DestinationConflict(
+                    f"{self.name} already exists and was not created by pipeline "
+                    f"{self.pipeline_id!r}; drop it or choose another destination", table=self.source)
+
+    def bootstrap(self, plan: MergePlan, snapshot: "DataFrame", version: int, epoch: int,
+                  source_properties: Mapping[str, str]) -> None:
+        self.catalog.ensure_schema(self.spark, self.name.catalog, self.name.schema)
+        log.info("table %s: bootstrapping %s from source version %d (epoch %d)", self.source, self.name, version, epoch)
+        snapshot_copy.write_snapshot(
+            snapshot, self.catalog.locate(self.name), plan.columns,
+            {**self.replica_properties,
+             snapshot_copy.PIPELINE_PROPERTY: self.pipeline_id,
+             snapshot_copy.SOURCE_PROPERTY: self.source,
+             snapshot_copy.EPOCH_PROPERTY: str(epoch),
+             snapshot_copy.BOOTSTRAP_VERSION_PROPERTY: str(version)}, source_properties)
+
+    def prepare(self, plan: MergePlan, allow_evolution: bool) -> bool:
+        dst = self.catalog.locate(self.name)
+        added = evolution(self.source, plan, snapshot_copy.replica_columns(self.spark, dst), allow_evolution)
+        if not added:
+            return False
+        snapshot_copy.add_columns(self.spark, dst, added)
+        log.info("table %s: added columns to %s: %s", self.source, self.name, ", ".join(c.name for c in added))
+        return True
+
+    def batch_sink(self, plan: MergePlan, epoch: int) -> DeltaMergeSink:
+        return DeltaMergeSink(self.catalog.locate(self.name), plan, stable_source=True,
+                              choose=lambda: self.choose_apply(plan))
+
+    def choose_apply(self, plan: MergePlan) -> tuple[ApplyChoice, int]:
+        """MERGE, rewrite or the driver's MERGE, asked by the first batch: two Spark jobs on the
+        replica that need not delay the table's start."""
+        facts = snapshot_copy.replica_facts(self.spark, self.catalog.locate(self.name))
+        choice = choose_apply(facts, plan.column_names, self.limits.rewrite_below_bytes,
+                              driver_apply=self.limits.driver_apply,
+                              driver_apply_below_bytes=self.limits.driver_apply_below_bytes,
+                              key_types=[c.type for c in plan.columns if c.name in plan.keys])
+        log.info("table %s: %s", self.source, choice.reason)
+        return choice, facts.rows

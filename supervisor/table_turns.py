@@ -1,0 +1,179 @@
+"""One table's side of the turn pool (:mod:`.turns`): is it ready, has it work, take a turn.
+
+With a session of its own JVM the table's query stays up and each batch waits for its turn at the
+table's gate (:mod:`.turn_gate`): a turn lets the held or waiting batch go and waits until it is
+applied. Through Spark Connect a turn starts the query with a ``once`` or ``availableNow`` trigger
+(:func:`~lakemirror.supervisor.turns.one_batch_turn` chooses) and waits for its end. Either way a
+failure is reported through the runner's poll like a failed always-on query.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Callable
+
+from lakemirror.errors import LakemirrorError
+from lakemirror.sinks.connect_batches import server_batch_cause
+from lakemirror.sources.commit_log import CommitLog
+from lakemirror.supervisor import state as sm
+from lakemirror.supervisor import turns
+from lakemirror.supervisor.classify import classify
+from lakemirror.supervisor.spec import PipelineSpec
+from lakemirror.supervisor.table_live import TableLive
+from lakemirror.supervisor.turn_gate import TurnGate
+
+if TYPE_CHECKING:
+    from pyspark.sql.streaming.query import StreamingQuery
+
+log = logging.getLogger(__name__)
+
+#: How often a turn's worker looks at the query while it waits for the turn's batch to begin.
+GATE_POLL_SECONDS = 0.02
+#: How long a turn waits for its batch to begin once Spark has committed the batch before it, when
+#: the source may have new commits: Spark lists the source and plans the batch meanwhile. A turn
+#: withdrawn too early loses nothing: the batch then waits for the table's next turn.
+GATE_SETTLE_SECONDS = 1.0
+
+
+class TableTurns:
+    """The turns of one table's query. ``gate`` / ``turn_query`` are set when its query is wired."""
+
+    def __init__(self, live: TableLive, spec: PipelineSpec, label: str, *,
+                 commit_files: Callable[[], CommitLog | None],
+                 failed: Callable[[LakemirrorError], sm.Failed],
+                 collect: Callable[[], None], track: Callable[["StreamingQuery"], None]) -> None:
+        self.live = live
+        self.spec = spec
+        self.label = label
+        self.commit_files = commit_files
+        self.failed = failed
+        self.collect = collect
+        self.track = track
+        self.lock = threading.Lock()
+        self.gate: TurnGate | None = None
+        #: Starts the table's query (True: a ``once`` trigger); set while ready for a turn.
+        self.turn_query: Callable[[bool], "StreamingQuery"] | None = None
+        self.last_trigger: str | None = None  # how its latest turn ran: gated, once or availableNow
+
+    def reset(self) -> None:
+        self.turn_query, self.gate = None, None
+
+    def wait_idle(self, timeout: float) -> None:
+        """Wait (at most ``timeout``) for a turn in flight to end."""
+        if self.lock.acquire(timeout=max(0.0, timeout)):
+            self.lock.release()
+
+    def ready(self) -> bool:
+        if self.live.draining:
+            return False
+        if self.gate is not None:
+            return self.gate.ready
+        return self.turn_query is not None
+
+    def has_pending(self) -> bool | None:
+        """Whether the source has a commit the replica has not applied; None: cannot tell cheaply.
+
+        True until a turn has run since the launch: that turn proves the table healthy (a table
+        retrying after failures is not running again before it), whether or not there is data."""
+        if self.gate is not None and self.gate.waiting:
+            return True  # Spark planned a batch already
+        through = self.live.applied_through
+        if not self.live.turn_proven:
+            return True
+        if through is None:
+            return None
+        commits = self.commit_files()
+        return None if commits is None else commits.has_commit(through + 1)
+
+    def small_backlog(self) -> bool | None:
+        """Whether fewer than ``ONE_BATCH_VERSIONS`` source versions are unapplied (one commit-file
+        check); None when that cannot be told cheaply."""
+        through = self.live.applied_through
+        if through is None:
+            return None
+        commits = self.commit_files()
+        if commits is None:
+            return None
+        try:
+            return not commits.has_commit(through + turns.ONE_BATCH_VERSIONS)
+        except Exception:  # noqa: BLE001 (an unreadable log: the turn splits as usual)
+            return None
+
+    def take(self) -> None:
+        """Apply everything the table's change feed holds at the start of the turn, then return."""
+        live = self.live
+        with self.lock:
+            gate, query = self.gate, live.query
+            if gate is not None:
+                if query is not None and not live.draining:
+                    self._take_gated(gate, query)
+                return
+            start = self.turn_query
+            if start is None or live.draining:
+                return
+            spec = self.spec
+            once = turns.one_batch_turn(rate_limited=bool(spec.max_files_per_trigger or spec.max_bytes_per_trigger),
+                                        proven=live.turn_proven, small_backlog=self.small_backlog())
+            self.last_trigger = "once" if once else "availableNow"
+            try:
+                query = start(once)
+                live.query = query
+                query.awaitTermination()
+            except Exception as exc:
+                live.query = None
+                if live.draining:
+                    return  # the drain refused the next batch (Drained): nothing was applied
+                self.turn_query = None
+                live.emit(self.failed(live.batch_error or classify(server_batch_cause(exc), table=self.label)))
+                return
+            live.query = None
+            self.collect()
+            if not live.turn_proven:
+                live.turn_proven = True  # a turn that ran to its end (even with nothing new) proves the table
+                live.emit(sm.BatchApplied())
+            self.track(query)
+
+    def _take_gated(self, gate: TurnGate, query: "StreamingQuery") -> None:
+        """Let the table's held or waiting batch go, and wait until the turn's batch is applied.
+
+        A query that failed meanwhile ends the turn; the runner's poll reports it. A turn in which
+        no batch begins is withdrawn once Spark has committed the batch before it and the source
+        has no commit beyond what is applied (or after ``GATE_SETTLE_SECONDS`` more, when the
+        source has one or cannot tell): the query then looks for new commits by itself."""
+        self.last_trigger = "gated"
+        held = gate.held_batch
+        since = gate.grant()
+        committed_at: float | None = None if held is not None else time.monotonic()
+        try:
+            while not gate.wait_ended(since, GATE_POLL_SECONDS):
+                if gate.applying:
+                    continue  # a batch ends by leaving the gate, even when it fails
+                if self.live.draining or not query.isActive:
+                    gate.withdraw()
+                    return
+                if committed_at is None:
+                    if not committed(query, held):
+                        continue
+                    committed_at = time.monotonic()
+                    self.track(query)
+                    if self._nothing_new() and gate.withdraw():
+                        return
+                if time.monotonic() - committed_at > GATE_SETTLE_SECONDS and gate.withdraw():
+                    return
+        except Exception as exc:  # noqa: BLE001 (a query stopping under us: poll() reports a failure)
+            log.debug("table %s: turn ended early: %s", self.label, exc)
+            gate.withdraw()
+
+    def _nothing_new(self) -> bool:
+        try:
+            return self.has_pending() is False
+        except Exception:  # noqa: BLE001 (an unreadable log: give Spark its settle time)
+            return False
+
+
+def committed(query: "StreamingQuery", batch_id: int | None) -> bool:
+    """Whether Spark has finished the trigger of ``batch_id`` (committed it)."""
+    progress = query.lastProgress
+    return bool(progress) and batch_id is not None and int(progress["batchId"]) >= batch_id  # type: ignore[index]

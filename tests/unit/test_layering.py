@@ -1,0 +1,89 @@
+"""Imports flow one way: daemon → supervisor → sinks → sources, checkpoints → the core package.
+
+Parsed with ``ast`` (every import statement, also those inside functions and ``TYPE_CHECKING``
+blocks), so a lazy import cannot hide an upward dependency. Among the bottom layers, sinks consume
+the change contract of sources and write checkpoint rows, never the other way round; the core
+package (``lakemirror/``: identifiers, tables, errors, schema) imports no layer. Below the daemon
+nothing imports Prometheus or the settings libraries (the daemon's edges, HOUSE.md).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: What each layer may import, besides itself and the core package.
+ALLOWED: dict[str, frozenset[str]] = {
+    "daemon": frozenset({"supervisor", "sinks", "sources", "checkpoints"}),
+    "supervisor": frozenset({"sinks", "sources", "checkpoints"}),
+    "sinks": frozenset({"sources", "checkpoints"}),
+    "sources": frozenset(),
+    "checkpoints": frozenset(),
+    "lakemirror": frozenset(),
+}
+LAYERS = tuple(ALLOWED)
+#: Libraries only the daemon (the edges) may import.
+EDGE_LIBRARIES = ("prometheus_client", "pydantic", "pydantic_settings")
+
+
+def imported_modules(text: str, package: tuple[str, ...]) -> list[tuple[int, str]]:
+    """(line, module) of every import in ``text``; relative ones resolved against ``package``."""
+    tree = ast.parse(text)
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[:len(package) - node.level + 1]
+                module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            out.append((node.lineno, module))
+    return out
+
+
+def layer_of(module: str) -> str | None:
+    """The layer a ``lakemirror.*`` module belongs to; None for other distributions."""
+    parts = module.split(".")
+    if parts[0] != "lakemirror":
+        return None
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else "lakemirror"
+
+
+def violations(layer: str) -> list[str]:
+    found = []
+    for path in sorted((ROOT / layer).rglob("*.py")):
+        where = path.relative_to(ROOT)
+        package = ("lakemirror", *path.relative_to(ROOT).parent.parts)
+        for line, module in imported_modules(path.read_text(encoding="utf-8"), package):
+            target = layer_of(module)
+            if target is not None and target not in (layer, "lakemirror") and target not in ALLOWED[layer]:
+                found.append(f"{where}:{line} imports {module} ({layer} must not depend on {target})")
+            if layer != "daemon" and module.split(".")[0] in EDGE_LIBRARIES:
+                found.append(f"{where}:{line} imports {module} (only the daemon imports {module.split('.')[0]})")
+    return found
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_no_layer_imports_upward(layer: str) -> None:
+    found = violations(layer)
+    assert not found, "imports against the one-way layering:\n" + "\n".join(found)
+
+
+def test_every_layer_folder_is_checked() -> None:
+    """A new top-level package must be placed in the layering before it can be imported from."""
+    packages = {p.parent.name for p in ROOT.glob("*/__init__.py")} - {"bench", "tests", "scripts"}
+    assert packages <= set(LAYERS), f"packages outside the layering: {sorted(packages - set(LAYERS))}"
+
+
+def test_relative_and_lazy_imports_are_seen() -> None:
+    """``from ..daemon import x`` and an import inside a function count like any other."""
+    text = "from ...daemon import cli\nfrom .plan import x\ndef f():\n    import lakemirror.supervisor.runner\n"
+    modules = [m for _, m in imported_modules(text, ("lakemirror", "sinks", "postgres"))]
+    assert modules == ["lakemirror.daemon", "lakemirror.sinks.postgres.plan", "lakemirror.supervisor.runner"]
+    assert [layer_of(m) for m in modules] == ["daemon", "sinks", "supervisor"]
