@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from lakemirror.daemon.bootstrap_config import BootstrapSettings
 from lakemirror.daemon.schedule_config import ScheduleSettings, schedule_problems
 from lakemirror.errors import ConfigError
 from lakemirror.sinks.apply_choice import DEFAULT_DRIVER_APPLY_BELOW_BYTES, DEFAULT_REWRITE_BELOW_BYTES
@@ -177,6 +178,7 @@ class Settings(BaseSettings):
     http: HttpSettings = Field(default_factory=HttpSettings)  # type: ignore[arg-type]
     restart: RestartSettings = Field(default_factory=RestartSettings)  # type: ignore[arg-type]
     databricks: DatabricksSettings = Field(default_factory=DatabricksSettings)  # type: ignore[arg-type]
+    bootstrap: BootstrapSettings = Field(default_factory=BootstrapSettings)  # type: ignore[arg-type]
     schedules: list[ScheduleSettings] = Field(
         default_factory=list, description="Batch sub-tasks (clone, incremental, reconcile, metadata) the daemon "
                                           "runs on a schedule; see lakemirror.daemon.schedule_config.")

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from lakemirror import __version__
 from lakemirror.daemon.jars import DELTA_VERSION, SPARK_VERSION
+from lakemirror.supervisor.bootstrap_policy import BootstrapProgress
 from lakemirror.supervisor.lag import LagReading
 from lakemirror.supervisor.runner import BatchReport
 from lakemirror.supervisor.state import TableState, TableStatus
@@ -67,6 +68,14 @@ class Metrics:
         self.mismatched = Gauge("lakemirror_reconcile_mismatched_keys", "Keys the last reconciliation found "
                                 "different from the source, by kind (missing | extra | different).",
                                 [*t, "kind"], registry=r)
+        self.boot_chunks_done = Gauge("lakemirror_bootstrap_chunks_done", "Chunks of the table's running bootstrap "
+                                      "committed to the replica (equal to the total once it has ended).", t, registry=r)
+        self.boot_chunks_total = Gauge("lakemirror_bootstrap_chunks_total", "Chunks the table's running (or last) "
+                                       "bootstrap copies its snapshot in.", t, registry=r)
+        self.boot_rows = Counter("lakemirror_bootstrap_rows_copied_total", "Snapshot rows copied by bootstrap chunks, "
+                                 "as the source's file statistics count them (rows dropped because the change feed "
+                                 "had touched their key included).", t, registry=r)
+        self._boot_rows_seen: dict[str, int] = {}
         self.build = Info("lakemirror_build", "Versions of lakemirror, Spark and Delta.", registry=r)
         self.build.info({"version": __version__, "spark": SPARK_VERSION, "delta": DELTA_VERSION})
 
@@ -108,6 +117,16 @@ class Metrics:
 
     def table_removed(self, table: str) -> None:
         pass
+
+    def bootstrap_progressed(self, table: str, progress: BootstrapProgress) -> None:
+        lab = self._l(table)
+        self.boot_chunks_done.labels(**lab).set(progress.chunks_done)
+        self.boot_chunks_total.labels(**lab).set(progress.chunks_total)
+        seen = self._boot_rows_seen.get(table, 0)
+        added = progress.rows_copied - seen if progress.rows_copied >= seen else progress.rows_copied
+        self._boot_rows_seen[table] = progress.rows_copied
+        if added > 0:
+            self.boot_rows.labels(**lab).inc(added)
 
     # SubtaskObserver ---------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable
 
 from lakemirror.checkpoints import stream_dir
+from lakemirror.checkpoints.bootstrap_state import BootstrapStore, bootstrap_store_for
 from lakemirror.checkpoints.records import CheckpointRow, CheckpointStore
 from lakemirror.checkpoints.state import StateStore, TableProgress
 from lakemirror.errors import (
@@ -45,6 +46,8 @@ from lakemirror.sources.keys import KeyChoice, choose_key
 from lakemirror.supervisor import state as sm
 from lakemirror.supervisor import turns
 from lakemirror.supervisor.batch_feed import BatchFeed
+from lakemirror.supervisor.bootstrap_policy import BootstrapProgress
+from lakemirror.supervisor.chunked_bootstrap import BootstrapJob, ChunkedBootstrap
 from lakemirror.supervisor.classify import classify
 from lakemirror.supervisor.lag import LagReading, compute_lag
 from lakemirror.supervisor.offsets import applied_through_from_offset
@@ -105,12 +108,25 @@ class RunnerContext:
     #: Crash-test hook: called at named points of a batch's life (see FAULT_POINTS); a no-op
     #: unless the torture harness arms it to kill the process there.
     fault: Callable[[str], None] = lambda point: None
+    #: Bootstrap chunks copied at once over all tables (``bootstrap.parallel_chunks``), and where a
+    #: chunked bootstrap keeps its plan (default: beside ``states``); both made from the spec if None.
+    bootstrap_slots: threading.Semaphore | None = None
+    bootstraps: BootstrapStore | None = None
+
+    def __post_init__(self) -> None:
+        if self.bootstrap_slots is None:
+            self.bootstrap_slots = threading.BoundedSemaphore(max(1, self.spec.bootstrap.parallel_chunks))
+        if self.bootstraps is None:
+            self.bootstraps = bootstrap_store_for(self.states)
 
 
 #: Where the torture harness may kill the daemon (tests/torture): each is a moment at which a
 #: crash must lose nothing and apply nothing twice.
 FAULT_POINTS = (
     "bootstrap_before_snapshot",   # the new epoch is saved, the snapshot not yet written
+    "bootstrap_inside_chunk",      # a chunk's rows are read, its commit not yet written
+    "bootstrap_between_chunks",    # a chunk is committed, the next not yet begun
+    "bootstrap_after_catch_up",    # a catch-up's MERGE is committed, its touched keys are not
     "bootstrap_after_snapshot",    # the snapshot is committed, the state does not say so yet
     "schema_change",               # the replica gained columns, the stream not restarted yet
     "before_merge",                # a micro-batch is planned (offsets logged), nothing written
@@ -126,7 +142,7 @@ class TableRunner:
         self.source = ctx.spec.source(table)
         self.destination = ctx.spec.destination(table)
         self.slug = self.source.slug
-        self._events: list[sm.Event | BatchReport] = []
+        self._events: list[sm.Event | BatchReport | BootstrapProgress] = []
         self._healthy_query: "StreamingQuery | None" = None
         self._lock = threading.Lock()
         self._batch_lock = threading.Lock()
@@ -157,6 +173,8 @@ class TableRunner:
         self.applied_through: int | None = None
         self.last_batch_at: float | None = None
         self.last_lag: LagReading | None = None
+        #: The running bootstrap's progress (None when the table is not bootstrapping).
+        self.bootstrap_progress: BootstrapProgress | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -219,11 +237,11 @@ class TableRunner:
 
     # -- events ---------------------------------------------------------------------------------
 
-    def _emit(self, item: "sm.Event | BatchReport") -> None:
+    def _emit(self, item: "sm.Event | BatchReport | BootstrapProgress") -> None:
         with self._lock:
             self._events.append(item)
 
-    def poll(self) -> list["sm.Event | BatchReport"]:
+    def poll(self) -> list["sm.Event | BatchReport | BootstrapProgress"]:
         """Events since the last poll, plus a failure event if the query died."""
         # Started-per-turn queries report their own end; always-on ones (gated or not) end only by failing.
         query = self._query if self.ctx.spec.apply_workers == 0 or self._gate is not None else None
@@ -413,19 +431,34 @@ class TableRunner:
         self.ctx.catalog.ensure_schema(spark, self.destination.catalog, self.destination.schema)
         log.info("table %s: bootstrapping %s from source version %d (epoch %d)",
                  self.source, self.destination, version, progress.epoch)
-        snapshot_copy.write_snapshot(
-            change_feed.snapshot(spark, src, version), dst, plan.columns,
-            {**self.ctx.spec.replica_properties,
-             snapshot_copy.PIPELINE_PROPERTY: self.ctx.spec.pipeline_id,
-             snapshot_copy.SOURCE_PROPERTY: str(self.source),
-             snapshot_copy.EPOCH_PROPERTY: str(progress.epoch),
-             snapshot_copy.BOOTSTRAP_VERSION_PROPERTY: str(version)}, source_properties)
+        spec = self.ctx.spec
+        job = BootstrapJob(spark, str(self.source), self.slug, src, dst, plan, progress.epoch, version,
+                           txn_app_id(spec.pipeline_id, self.slug, progress.epoch),
+                           f"{spec.checkpoint_root.rstrip('/')}/{spec.pipeline_id}/{self.slug}/e{progress.epoch}-touched",
+                           source_properties)
+        assert self.ctx.bootstraps is not None and self.ctx.bootstrap_slots is not None
+        chunked = ChunkedBootstrap(job, policy=spec.bootstrap, store=self.ctx.bootstraps,
+                                   slots=self.ctx.bootstrap_slots, clock=self.ctx.clock, fault=self.ctx.fault,
+                                   on_progress=self._bootstrap_progressed)
+        # The replica holds the source as of ``through``: V, or later when the change feed was
+        # applied between chunks; the table's stream starts after it.
+        through = chunked.run()
+        snapshot_copy.set_properties(spark, dst, {
+            **spec.replica_properties, snapshot_copy.PIPELINE_PROPERTY: spec.pipeline_id,
+            snapshot_copy.SOURCE_PROPERTY: str(self.source), snapshot_copy.EPOCH_PROPERTY: str(progress.epoch),
+            snapshot_copy.BOOTSTRAP_VERSION_PROPERTY: str(through)})
         self.ctx.fault("bootstrap_after_snapshot")
-        progress = replace(progress, bootstrapped=True)
+        progress = replace(progress, bootstrapped=True, bootstrap_version=through)
         self.ctx.states.save(self.slug, progress)
-        log.info("table %s: bootstrapped %s at source version %d (epoch %d)",
-                 self.source, self.destination, version, progress.epoch)
+        chunked.finish()
+        self.bootstrap_progress = None
+        log.info("table %s: bootstrapped %s at source version %d (epoch %d; snapshot at %d)",
+                 self.source, self.destination, through, progress.epoch, version)
         return progress
+
+    def _bootstrap_progressed(self, progress: BootstrapProgress) -> None:
+        self.bootstrap_progress = progress
+        self._emit(progress)
 
     def _evolve_replica(self, plan: MergePlan) -> None:
         spark = self.session

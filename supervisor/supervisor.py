@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from lakemirror.supervisor import state as sm
+from lakemirror.supervisor.bootstrap_policy import BootstrapProgress
 from lakemirror.supervisor.lag import LagReading
 from lakemirror.supervisor.observer import NoopObserver, Observer
 from lakemirror.supervisor.runner import BatchReport
@@ -32,7 +33,7 @@ class Runner(Protocol):
 
     def launch(self) -> None: ...
     def halt(self, timeout: float = 60.0) -> None: ...
-    def poll(self) -> list[sm.Event | BatchReport]: ...
+    def poll(self) -> list[sm.Event | BatchReport | BootstrapProgress]: ...
     def probe_lag(self, now: float) -> LagReading | None: ...
     def pause_persisted(self, paused: bool) -> None: ...
     def persisted_pause(self) -> bool: ...
@@ -56,6 +57,7 @@ class TableView:
     last_error: str | None
     last_batch_at: float | None
     retry_delay_seconds: float | None = None   # the backoff chosen for the pending retry (degraded)
+    bootstrap: dict[str, object] | None = None  # a running bootstrap: chunks and rows done, rate, ETA
 
 
 @dataclass
@@ -64,6 +66,7 @@ class _Table:
     status: sm.TableStatus
     rows_applied: int = 0
     batches: int = 0
+    bootstrap: BootstrapProgress | None = None
 
 
 class Supervisor:
@@ -138,6 +141,9 @@ class Supervisor:
                     entry.rows_applied += item.outcome.counts.total
                     entry.batches += 1
                     self.observer.batch_applied(name, item)
+                elif isinstance(item, BootstrapProgress):
+                    entry.bootstrap = item if item.chunks_done < item.chunks_total else None
+                    self.observer.bootstrap_progressed(name, item)
                 else:
                     self._dispatch(name, item, now)
             self._dispatch(name, sm.Tick(), now)
@@ -250,5 +256,7 @@ class Supervisor:
                 applied_through=e.runner.applied_through, rows_applied=e.rows_applied, batches=e.batches,
                 failures=st.failures, retries=st.retries, next_retry_at=st.next_retry_at,
                 last_error=st.last_error, last_batch_at=e.runner.last_batch_at,
-                retry_delay_seconds=(st.next_retry_at - st.since) if st.next_retry_at is not None else None))
+                retry_delay_seconds=(st.next_retry_at - st.since) if st.next_retry_at is not None else None,
+                bootstrap=e.bootstrap.as_dict() if e.bootstrap is not None and st.state == sm.TableState.BOOTSTRAPPING
+                else None))
         return out
