@@ -102,7 +102,8 @@ def write_chunk(chunk: "DataFrame", target: TableLocation, columns: Sequence[Col
     written twice."""
     projected = chunk.select(*[f"`{c.name.replace('`', '``')}`" for c in columns])
     if touched is not None:
-        condition = [projected[f"`{k}`"].eqNullSafe(touched[f"`{k}`"]) for k in keys]
+        quoted = [f"`{k.replace('`', '``')}`" for k in keys]
+        condition = [projected[k].eqNullSafe(touched[k]) for k in quoted]
         projected = projected.join(touched, condition, "left_anti")
     options = {"txnAppId": txn.app_id, "txnVersion": str(txn.version), "userMetadata": txn.tag()}
     if first:

@@ -76,30 +76,33 @@ class BootstrapProgress:
     chunks_total: int
     chunks_done: int
     rows_total: int | None       # None: the source's files carry no row counts
-    rows_copied: int             # rows copied by chunks (after dropping keys the change feed touched)
-    started_at: float
+    rows_copied: int             # rows this run's chunks copied (source file statistics)
+    started_at: float            # when this run of the bootstrap began (a resumed one: its restart)
     now: float
-    rows_done_estimate: int = 0  # rows of the done chunks as planned (for the rate and ETA)
+    rows_done_estimate: int = 0  # rows of every committed chunk, this run's and earlier runs'
+    chunks_copied: int = 0       # chunks this run committed
     applied_through: int | None = None  # the last source version the catch-ups applied
     catch_ups: int = 0
     note: str = ""               # the latest decision worth showing (e.g. an urgent catch-up)
 
     @property
     def rows_per_second(self) -> float | None:
+        """This run's copy rate (a resumed run does not count what an earlier run copied)."""
         elapsed = self.now - self.started_at
-        return self.rows_done_estimate / elapsed if elapsed > 0 and self.rows_done_estimate else None
+        return self.rows_copied / elapsed if elapsed > 0 and self.rows_copied else None
 
     @property
     def eta_seconds(self) -> float | None:
-        """Seconds until every chunk is copied, at the rate so far (rows when known, else chunks)."""
-        elapsed = self.now - self.started_at
+        """Seconds until every chunk is copied, at this run's rate (rows when known, else chunks)."""
         if self.chunks_done >= self.chunks_total:
             return 0.0
-        if elapsed <= 0 or self.chunks_done == 0:
+        elapsed = self.now - self.started_at
+        if elapsed <= 0 or self.chunks_copied == 0:
             return None
-        if self.rows_total and self.rows_done_estimate:
-            return (self.rows_total - self.rows_done_estimate) * elapsed / self.rows_done_estimate
-        return (self.chunks_total - self.chunks_done) * elapsed / self.chunks_done
+        rate = self.rows_per_second
+        if self.rows_total is not None and rate:
+            return max(0.0, self.rows_total - self.rows_done_estimate) / rate
+        return (self.chunks_total - self.chunks_done) * elapsed / self.chunks_copied
 
     def describe(self) -> str:
         rate, eta = self.rows_per_second, self.eta_seconds

@@ -78,6 +78,16 @@ class ChunkedBootstrap:
         self._rows_copied = 0
         self._rows_done = 0
         self._note = ""
+        self._snapshot_files: snapshot_files.SnapshotFiles | None = None
+        self._listed = False
+
+    def _files(self) -> "snapshot_files.SnapshotFiles | None":
+        """The source's files at V, listed once per run (None: the session cannot read by file)."""
+        with self._lock:
+            if not self._listed:
+                self._snapshot_files = snapshot_files.snapshot_files(self.job.spark, self.job.source, self.job.version)
+                self._listed = True
+            return self._snapshot_files
 
     # -- the plan --------------------------------------------------------------------------------
 
@@ -86,8 +96,11 @@ class ChunkedBootstrap:
         saved = self.store.load(j.slug, j.epoch)
         if saved is not None and saved.version == j.version:
             return saved, True
-        files = snapshot_files.files_at(j.spark, j.source, j.version)
-        chunks = plan_chunks(files, self.policy.chunk_bytes) if files is not None else (Chunk(0, (), 0, None),)
+        files = self._files()
+        if files is None or files.size_bytes() <= self.policy.chunk_bytes:
+            chunks: tuple[Chunk, ...] = (Chunk(0, (), 0, None),)  # one chunk: copied as a plain snapshot
+        else:
+            chunks = plan_chunks(files.files(), self.policy.chunk_bytes)
         plan = BootstrapPlan(j.epoch, j.version, chunks)
         self.store.save(j.slug, plan)
         return plan, False
@@ -164,8 +177,9 @@ class ChunkedBootstrap:
         j = self.job
         with self.slots:
             t0 = self.clock()
-            rows = (change_feed.snapshot(j.spark, j.source, j.version) if len(plan.chunks) == 1
-                    else snapshot_files.read_files(j.spark, j.source, j.version, chunk.paths))
+            files = self._files() if len(plan.chunks) > 1 else None
+            rows = (files.read(chunk.paths) if files is not None
+                    else change_feed.snapshot(j.spark, j.source, j.version))
             self.fault("bootstrap_inside_chunk")
             snapshot_copy.write_chunk(rows, j.replica, j.plan.columns, TxnId(chunk_app_id(self.app, chunk.number),
                                                                               chunk.number),
@@ -215,6 +229,7 @@ class ChunkedBootstrap:
         progress = BootstrapProgress(
             version=plan.version, chunks_total=len(plan.chunks), chunks_done=len(done), rows_total=rows_total,
             rows_copied=self._rows_copied, started_at=started, now=self.clock(), rows_done_estimate=self._rows_done,
+            chunks_copied=len(self._durations),
             applied_through=plan.applied_through, catch_ups=sum(1 for r in plan.rounds if r.done), note=self._note)
         self.on_progress(progress)
         return progress
