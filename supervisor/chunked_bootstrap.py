@@ -58,12 +58,18 @@ class BootstrapJob:
     source_properties: Mapping[str, str]
 
 
+class BootstrapInterrupted(Exception):
+    """Raised between chunks when the table is being stopped: committed chunks stay, the next run
+    resumes after them."""
+
+
 class ChunkedBootstrap:
     """Runs a :class:`BootstrapJob` to its end; :meth:`run` returns the version the replica holds."""
 
     def __init__(self, job: BootstrapJob, *, policy: BootstrapPolicy, store: BootstrapStore,
                  slots: threading.Semaphore, clock: Callable[[], float], fault: Callable[[str], None],
-                 on_progress: Callable[[BootstrapProgress], None] = lambda p: None) -> None:
+                 on_progress: Callable[[BootstrapProgress], None] = lambda p: None,
+                 stopping: Callable[[], bool] = lambda: False) -> None:
         self.job = job
         self.policy = policy
         self.store = store
@@ -71,6 +77,7 @@ class ChunkedBootstrap:
         self.clock = clock
         self.fault = fault
         self.on_progress = on_progress
+        self.stopping = stopping
         self.app = bootstrap_app_id(job.stream_app_id)
         self.retention = RetentionWindow.from_properties(dict(job.source_properties))
         self._lock = threading.Lock()
@@ -127,6 +134,9 @@ class ChunkedBootstrap:
         copying_since = self.clock()
         self._report(plan, done, started)
         while pending:
+            if self.stopping():
+                raise BootstrapInterrupted(f"{j.name}: stopping; the bootstrap resumes at chunk "
+                                           f"{pending[0].number} of {len(plan.chunks)} on the next start")
             if 0 in {c.number for c in pending}:
                 wave = [pending[0]]  # the first chunk creates (replaces) the replica: alone
             else:

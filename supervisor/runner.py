@@ -47,7 +47,7 @@ from lakemirror.supervisor import state as sm
 from lakemirror.supervisor import turns
 from lakemirror.supervisor.batch_feed import BatchFeed
 from lakemirror.supervisor.bootstrap_policy import BootstrapProgress
-from lakemirror.supervisor.chunked_bootstrap import BootstrapJob, ChunkedBootstrap
+from lakemirror.supervisor.chunked_bootstrap import BootstrapInterrupted, BootstrapJob, ChunkedBootstrap
 from lakemirror.supervisor.classify import classify
 from lakemirror.supervisor.lag import LagReading, compute_lag
 from lakemirror.supervisor.offsets import applied_through_from_offset
@@ -370,6 +370,8 @@ class TableRunner:
                                     if self.applied_through is None else self.applied_through)
             self._start_stream(prepared)
             self._emit(sm.StreamStarted())
+        except BootstrapInterrupted as exc:  # a drain stopped the bootstrap between chunks: not a failure
+            log.info("table %s: %s", self.source, exc)
         except Exception as exc:  # every failure becomes a visible state, never a dead thread
             log.warning("table %s failed to start: %s", self.source, exc)
             error = classify(exc, table=str(self.source))
@@ -439,7 +441,7 @@ class TableRunner:
         assert self.ctx.bootstraps is not None and self.ctx.bootstrap_slots is not None
         chunked = ChunkedBootstrap(job, policy=spec.bootstrap, store=self.ctx.bootstraps,
                                    slots=self.ctx.bootstrap_slots, clock=self.ctx.clock, fault=self.ctx.fault,
-                                   on_progress=self._bootstrap_progressed)
+                                   on_progress=self._bootstrap_progressed, stopping=lambda: self._draining)
         # The replica holds the source as of ``through``: V, or later when the change feed was
         # applied between chunks; the table's stream starts after it.
         through = chunked.run()

@@ -114,3 +114,13 @@ def test_the_plan_round_trips_and_belongs_to_one_epoch(tmp_path):
         assert store.load("t", 2) is None
     assert isinstance(bootstrap_store_for(FileStateStore(tmp_path)), FileBootstrapStore)
     assert isinstance(bootstrap_store_for(InMemoryStateStore()), InMemoryBootstrapStore)
+
+
+def test_status_shows_a_running_bootstraps_chunks_and_eta():
+    from lakemirror.daemon.status import render_table
+
+    boot = BootstrapProgress(3, 12, 4, None, 40, 100.0, 120.0, chunks_copied=4)
+    text = render_table([{"table": "t", "state": "bootstrapping", "bootstrap": boot.as_dict()},
+                         {"table": "u", "state": "running", "bootstrap": None}])
+    assert "bootstrapping 4/12 chunks, ETA 40s" in text
+    assert "running" in text.splitlines()[2]
