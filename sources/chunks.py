@@ -16,7 +16,7 @@ would conflict with each other (``ConcurrentTransactionException``) when committ
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 #: Default byte target of one chunk: large enough that a chunk's commit and job overheads (a few
 #: hundred ms on two cores) stay small against its copy, small enough that a crash redoes little.
@@ -39,14 +39,14 @@ class Chunk:
     size_bytes: int
     rows: int | None             # None: some file has no row count
 
-    def to_json(self) -> dict[str, object]:
+    def to_json(self) -> dict[str, Any]:
         return {"number": self.number, "paths": list(self.paths), "size_bytes": self.size_bytes, "rows": self.rows}
 
     @classmethod
-    def from_json(cls, data: dict[str, object]) -> "Chunk":
+    def from_json(cls, data: dict[str, Any]) -> "Chunk":
         rows = data.get("rows")
-        return cls(int(data["number"]), tuple(str(p) for p in data["paths"]),  # type: ignore[arg-type, union-attr]
-                   int(data["size_bytes"]), None if rows is None else int(rows))  # type: ignore[call-overload]
+        return cls(int(data["number"]), tuple(str(p) for p in data["paths"]), int(data["size_bytes"]),
+                   None if rows is None else int(rows))
 
 
 def plan_chunks(files: Iterable[SourceFile], target_bytes: int = DEFAULT_CHUNK_BYTES) -> tuple[Chunk, ...]:

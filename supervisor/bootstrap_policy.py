@@ -108,7 +108,7 @@ class BootstrapProgress:
         rate, eta = self.rows_per_second, self.eta_seconds
         return (f"chunk {self.chunks_done}/{self.chunks_total}, {self.rows_copied} rows copied"
                 + (f" of {self.rows_total}" if self.rows_total is not None else "")
-                + (f", {rate:.0f} rows/s" if rate else "")
+                + (f", {rate:.3g} rows/s" if rate else "")
                 + (f", ETA {eta:.0f}s" if eta is not None else ""))
 
     def as_dict(self) -> dict[str, object]:

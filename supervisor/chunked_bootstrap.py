@@ -31,7 +31,7 @@ from lakemirror.sinks.planner import CHANGE_TYPE, UPDATE_PRE, MergePlan
 from lakemirror.sinks.txn import TxnId
 from lakemirror.sources import change_feed, snapshot_files
 from lakemirror.sources.chunks import Chunk, bootstrap_app_id, chunk_app_id, chunk_number, plan_chunks
-from lakemirror.supervisor.bootstrap_policy import CATCH_UP, BootstrapPolicy, BootstrapProgress, next_step
+from lakemirror.supervisor.bootstrap_policy import CATCH_UP, BootstrapPolicy, BootstrapProgress, Step, next_step
 from lakemirror.supervisor.retention import RetentionWindow, headroom_seconds
 from lakemirror.tables import TableLocation
 
@@ -158,7 +158,7 @@ class ChunkedBootstrap:
         snapshot_copy.drop_path_table(self.job.spark, self.job.touched_path)
         self.store.forget(self.job.slug)
 
-    def _decide(self, plan: BootstrapPlan, copying_since: float, chunks_left: int):  # type: ignore[no-untyped-def]
+    def _decide(self, plan: BootstrapPlan, copying_since: float, chunks_left: int) -> Step:
         j = self.job
         through = plan.applied_through
         head = change_feed.source_head(j.spark, j.source, since_version=through, window=1)
