@@ -1,4 +1,7 @@
 # lakemirror daemon image: Python 3.11, Java 17, Delta's jars baked in (no network at start).
+# The same image runs the Spark Connect server of deploy/k8s/spark-connect.yaml: pyspark's own
+# spark-connect jar with Delta's jars and SQL extension (no Delta Connect plugin), its Python workers
+# being this venv, which has lakemirror and Connect's extras (pandas < 3, grpcio, ...; pyproject.toml).
 #   docker build -t lakemirror .
 #   docker run --rm -v $PWD/pipeline.yaml:/etc/lakemirror/pipeline.yaml -p 9464:9464 lakemirror
 

@@ -23,6 +23,7 @@ from bench.apply_cost import apply_cost
 from bench.big import WARMUP_COMMITS, bootstrap, peak_resident_mib, steady_cost
 from bench.key_lookup import key_lookup
 from bench.measure import summarize_runs
+from bench.postgres_sink import postgres_throughput, render as render_postgres
 from bench.systems import VARIANTS, DeltaRsLoop, FullRefresh, LakemirrorDaemon
 from bench.workload import SourceTable, same_rows, table_path
 
@@ -171,7 +172,8 @@ def catch_up(system: str, rows: int, commits: int, fraction: float, seed: int) -
 
 # -- report ---------------------------------------------------------------------------------------
 
-WORKLOADS = ("steady", "scale", "catch_up", "steady_cost", "bootstrap", "apply_cost", "key_lookup", "bootstrap_chunked")
+WORKLOADS = ("steady", "scale", "catch_up", "steady_cost", "bootstrap", "apply_cost", "key_lookup", "postgres",
+             "bootstrap_chunked")
 
 
 def _when(section: dict[str, Any]) -> str:
@@ -370,6 +372,8 @@ def render(results: dict[str, Any]) -> str:
             lines.append(f"| {r['kind']} | {r['layout']} | {r['build_cpu_s']} | {r['kept_mb']} ({r['row_by_row_kept_mb']}) | "
                          f"{r['lookup_cpu_ms']} | {r['row_by_row_cpu_ms']} | {r['speedup']}x | {r['rows_found']:,} | "
                          f"{'yes' if r['same_rows_as_row_by_row'] else 'NO'} |")
+    if results.get("postgres"):
+        lines += ["", *render_postgres(results["postgres"])]
     lines += ["", "## Notes", "", *results.get("notes", [])]
     return "\n".join(lines) + "\n"
 
@@ -478,6 +482,11 @@ def run_workload(name: str, p: dict[str, Any], seed: int) -> list[dict[str, Any]
 
         print("chunked bootstrap ...", flush=True)
         out = bootstrap_chunked(p["chunked_rows"], p["chunked_files"])
+        print(f"  {out}", flush=True)
+    elif name == "postgres":
+        print("throughput into PostgreSQL ...", flush=True)
+        rows = 20_000 if p["steady_rows"] < 100_000 else 100_000
+        out = postgres_throughput(rows, rows, seed)
         print(f"  {out}", flush=True)
     elif name == "key_lookup":
         print("key lookup ...", flush=True)

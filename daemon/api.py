@@ -14,22 +14,54 @@ from __future__ import annotations
 import logging
 import re
 import shutil
+import threading
 from dataclasses import asdict
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, Mapping
+from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
 from lakemirror.daemon.config import Settings, local_path_problem
 from lakemirror.daemon.databricks_pipelines import DAEMON_ONLY_KEYS, DatabricksNotConfigured, DatabricksPipelines
-from lakemirror.daemon.pipelines import PipelineExists, PipelineHandle, PipelineRegistry, checkpoint_dir_to_delete
+from lakemirror.daemon.pipelines import (FoldersOverlap, PipelineExists, PipelineHandle, PipelineRegistry,
+                                         checkpoint_dir_to_delete)
 from lakemirror.daemon.routes import Match
 from lakemirror.daemon.worker import CommandWorker, WorkerClosed, WorkerTimeout
+from lakemirror.secrets import redact
 from lakemirror.supervisor.cdf_check import Readiness
+from lakemirror.secrets import redact
 
 log = logging.getLogger(__name__)
 
 Reply = tuple[int, Any]
 _NAME = re.compile(r"^[^\x00-\x1f`]{1,255}$")
+
+#: The request headers of the seed's REST example that name the workspace (and its token) a
+#: pipeline is submitted to in databricks mode. The token is never logged nor echoed.
+HOST_HEADER, TOKEN_HEADER = "X-Databricks-Host", "X-Databricks-Token"
+
+
+class BadCredentials(Exception):
+    """The X-Databricks-* headers cannot be used (the message names the fix, never the token)."""
+
+
+def workspace_credentials(headers: Mapping[str, str] | None) -> tuple[str, str] | None:
+    """``(host, token)`` from the request's X-Databricks-* headers; None when neither is sent."""
+    host = (headers.get(HOST_HEADER) or "").strip() if headers is not None else ""
+    token = (headers.get(TOKEN_HEADER) or "").strip() if headers is not None else ""
+    if not host and not token:
+        return None
+    if not host or not token:
+        raise BadCredentials(f"send both {HOST_HEADER} and {TOKEN_HEADER}, or neither (the daemon's own "
+                             f"workspace credentials are used then)")
+    url = urlsplit(host if "://" in host else f"https://{host}")
+    loopback = url.hostname in ("127.0.0.1", "localhost", "::1")
+    if url.scheme not in ("https", "http") or (url.scheme == "http" and not loopback) or not url.hostname \
+            or url.username or url.password or url.query or url.fragment or url.path not in ("", "/"):
+        raise BadCredentials(f"{HOST_HEADER} must be a workspace URL such as https://<workspace>.cloud.databricks"
+                             f".com (https; no path, query or credentials)")
+    return f"{url.scheme}://{url.netloc}", token
 
 
 def _loc(parts: tuple[Any, ...]) -> str:
@@ -39,14 +71,23 @@ def _loc(parts: tuple[Any, ...]) -> str:
     return out or "(body)"
 
 
-def settings_from_body(body: Any, mode: str) -> Settings | list[dict[str, str]]:
-    """The pipeline a request body describes, or every problem with its field (for a 422)."""
+def settings_from_body(body: Any, mode: str, default_checkpoint_volume: str | None = None
+                       ) -> Settings | list[dict[str, str]]:
+    """The pipeline a request body describes, or every problem with its field (for a 422).
+
+    A body without ``checkpoint_volume`` gets ``default_checkpoint_volume`` (the daemon's own
+    ``<checkpoint_volume>/api``, so the pipeline's folder is ``<checkpoint_volume>/api/<pipeline_id>``):
+    the seed's REST example names no folder. The YAML pipeline still has to name one.
+    """
     if not isinstance(body, dict):
         return [{"field": "(body)", "message": "the body must be a JSON object of pipeline settings"}]
     problems = [{"field": k, "message": "set by the daemon's own configuration, not per pipeline"}
                 for k in DAEMON_ONLY_KEYS if k in body]
+    fields = {k: v for k, v in body.items() if k not in DAEMON_ONLY_KEYS}
+    if "checkpoint_volume" not in fields and default_checkpoint_volume is not None:
+        fields["checkpoint_volume"] = default_checkpoint_volume
     try:
-        settings = Settings.model_validate({k: v for k, v in body.items() if k not in DAEMON_ONLY_KEYS})
+        settings = Settings.model_validate(fields)
     except ValidationError as exc:
         for err in exc.errors(include_url=False):
             msg = err["msg"]
@@ -55,7 +96,8 @@ def settings_from_body(body: Any, mode: str) -> Settings | list[dict[str, str]]:
             elif err["type"] == "missing":
                 msg = "required setting is missing"
             problems.append({"field": _loc(tuple(err["loc"])), "message": msg})
-        return problems
+        # a field (a dict key) or message may quote a credential the body holds
+        return [{"field": redact(p["field"]), "message": redact(p["message"])} for p in problems]
     if mode != "databricks":
         problem = local_path_problem(settings.checkpoint_volume)
         if problem:
@@ -82,17 +124,42 @@ class ContinuousSyncApi:
                  start_pipeline: Callable[[Settings], PipelineHandle],
                  cdf_check: Callable[[str, str], list[Readiness]],
                  databricks: Callable[[], DatabricksPipelines] | None = None,
+                 databricks_as: Callable[[str, str], DatabricksPipelines] | None = None,
+                 default_checkpoint_volume: str | None = None,
                  timeout_seconds: float = 30.0, drain_timeout_seconds: float = 120.0) -> None:
         self.mode = mode
         self.registry = registry
         self.worker = worker
         self.start_pipeline = start_pipeline   # runs on the worker: builds, registers, starts
         self.cdf_check_fn = cdf_check          # runs on the worker
-        self.databricks = databricks           # databricks mode only; built lazily by the root
+        self.databricks_ambient = databricks   # databricks mode only; built lazily by the root
+        self.databricks_as = databricks_as     # (host, token) of the request's X-Databricks-* headers
+        self.default_checkpoint_volume = default_checkpoint_volume
+        self._local = threading.local()        # per HTTP thread: the request's workspace credentials
         self.timeout = timeout_seconds
         self.drain_timeout = drain_timeout_seconds
 
-    def handle(self, m: Match, body: Any) -> Reply:
+    def databricks(self) -> DatabricksPipelines:
+        """The workspace of this request: the X-Databricks-* headers' when sent, else the daemon's."""
+        credentials = getattr(self._local, "credentials", None)
+        if credentials is not None:
+            if self.databricks_as is None:
+                raise DatabricksNotConfigured(f"this daemon does not take {HOST_HEADER} / {TOKEN_HEADER}; send "
+                                              f"the request without them")
+            return self.databricks_as(*credentials)
+        if self.databricks_ambient is None:
+            raise DatabricksNotConfigured(f"this daemon has no workspace of its own: send {HOST_HEADER} and "
+                                          f"{TOKEN_HEADER}")
+        return self.databricks_ambient()
+
+    def handle(self, m: Match, body: Any, headers: Mapping[str, str] | None = None) -> Reply:
+        """Answer one request; ``headers`` are the request's (X-Databricks-* are read in databricks mode)."""
+        self._local.credentials = None
+        if self.mode == "databricks":
+            try:
+                self._local.credentials = workspace_credentials(headers)
+            except BadCredentials as exc:
+                return 400, {"error": str(exc)}
         try:
             return getattr(self, f"_{m.route.name}")(m, body)  # type: ignore[no-any-return]
         except WorkerTimeout as exc:
@@ -101,14 +168,27 @@ class ContinuousSyncApi:
             return 503, {"error": str(exc)}
         except DatabricksNotConfigured as exc:
             return 503, {"error": str(exc)}
+        except OSError as exc:  # the SDK's errors (DatabricksError, requests' errors) are OSErrors
+            if not self._remote:
+                raise
+            credentials = getattr(self._local, "credentials", None)
+            known = (credentials[1],) if credentials is not None else ()
+            reason = redact(f"{type(exc).__name__}: {exc}", known)
+            log.warning("api: %s %s: the Databricks workspace failed: %s", m.route.method, m.route.template, reason)
+            return 502, {"error": f"the Databricks workspace failed: {reason}"}
+
+    @property
+    def _remote(self) -> bool:
+        """Databricks mode: pipelines are jobs in a workspace."""
+        return self.mode == "databricks" and (self.databricks_ambient is not None or self.databricks_as is not None)
 
     # -- pipelines --------------------------------------------------------------------------------
 
     def _create(self, m: Match, body: Any) -> Reply:
-        parsed = settings_from_body(body, self.mode)
+        parsed = settings_from_body(body, self.mode, self.default_checkpoint_volume)
         if isinstance(parsed, list):
             return 422, {"error": "invalid pipeline", "problems": parsed}
-        if self.mode == "databricks" and self.databricks is not None:
+        if self._remote:
             submitted = self.databricks().submit(parsed)
             log.info("api: pipeline %s submitted as job %s", parsed.effective_pipeline_id, submitted.job_id)
             return 201, {"job_id": submitted.job_id, "run_url": submitted.run_url}
@@ -116,22 +196,28 @@ class ContinuousSyncApi:
         if self.registry.get(pid) is not None:
             return 409, {"error": f"pipeline {pid!r} already runs in this daemon (DELETE it first, or set "
                                   f"another pipeline_id)"}
+        folder = Path(parsed.checkpoint_volume) / pid
+        clash = self.registry.overlapping(folder)
+        if clash is not None:
+            return 409, {"error": str(FoldersOverlap(folder, clash.pipeline_id, clash.directory))}
         try:
             handle = self.worker.call(f"start pipeline {pid}", lambda: self.start_pipeline(parsed), self.timeout)
         except PipelineExists:
             return 409, {"error": f"pipeline {pid!r} already runs in this daemon"}
+        except FoldersOverlap as exc:  # another request took an overlapping folder meanwhile
+            return 409, {"error": str(exc)}
         log.info("api: pipeline %s started", pid)
         return 201, {"job_id": handle.pipeline_id, "run_url": ""}
 
     def _list(self, m: Match, body: Any) -> Reply:
         out = [pipeline_json(h) for h in self.registry.all()]
-        if self.mode == "databricks" and self.databricks is not None:
+        if self._remote:
             out += self.databricks().list()
         return 200, {"pipelines": out}
 
     def _job_id(self, m: Match) -> int | None:
         raw = m.params["job_id"]
-        if self.mode == "databricks" and self.databricks is not None and raw.isdigit() \
+        if self._remote and raw.isdigit() \
                 and self.registry.get(raw) is None:
             return int(raw)
         return None
@@ -143,7 +229,7 @@ class ContinuousSyncApi:
         remote = self._job_id(m)
         if remote is not None:
             try:
-                return 200, self.databricks().describe(remote)  # type: ignore[misc]
+                return 200, self.databricks().describe(remote)
             except KeyError:
                 return self._unknown(m.params["job_id"])
         h = self.registry.get(m.params["job_id"])
@@ -160,7 +246,7 @@ class ContinuousSyncApi:
                 return 409, {"error": "cleanup_checkpoints=true is not done for a Databricks job: its cancelled run "
                                       "may still be draining; delete its checkpoint folder once the run has ended"}
             try:
-                self.databricks().delete(remote)  # type: ignore[misc]
+                self.databricks().delete(remote)
             except KeyError:
                 return self._unknown(m.params["job_id"])
             return 200, {"job_id": remote, "stopped": True, "checkpoints_deleted": False}
@@ -206,7 +292,7 @@ class ContinuousSyncApi:
         remote = self._job_id(m)
         if remote is not None:
             try:
-                getattr(self.databricks(), verb)(remote)  # type: ignore[misc]
+                getattr(self.databricks(), verb)(remote)
             except KeyError:
                 return self._unknown(m.params["job_id"])
             return 202, {"job_id": remote, "accepted": verb}

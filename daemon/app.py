@@ -24,15 +24,24 @@ from lakemirror.checkpoints.state import FileStateStore
 from lakemirror.daemon.api import ContinuousSyncApi
 from lakemirror.daemon.config import Settings
 from lakemirror.daemon.databricks_pipelines import DatabricksPipelines
+from lakemirror.daemon.destination_config import PostgresDestination
+from lakemirror.daemon.event_source_app import event_source_supervisor
 from lakemirror.daemon.http import ControlServer
 from lakemirror.daemon.metrics import Metrics
 from lakemirror.daemon.pipelines import PipelineHandle, PipelineRegistry
 from lakemirror.daemon.subtask_app import SubtaskComposer
 from lakemirror.daemon.worker import CommandWorker
-from lakemirror.errors import ConfigError
+from lakemirror.daemon import preflight
+from lakemirror.daemon.jars import JarsMissing
+from lakemirror.daemon.spark import JavaMissing
+from lakemirror.errors import ConfigError, LakemirrorError
+from lakemirror.secrets import redact
 from lakemirror.identifiers import TableName
+from lakemirror.sinks.choose import choose_sink
+from lakemirror.sinks.postgres.executor import Connector
 from lakemirror.sources.catalog import Catalog, LocalCatalog, UnityCatalog
 from lakemirror.supervisor import cdf_check
+from lakemirror.supervisor.recorded import read_pipeline
 from lakemirror.supervisor.runner import FAULT_POINTS, RunnerContext, TableRunner
 from lakemirror.supervisor.spec import PipelineSpec, TableOptions
 from lakemirror.supervisor.state import RestartPolicy
@@ -64,6 +73,14 @@ def pipeline_spec(s: Settings) -> PipelineSpec:
         rewrite_below_bytes=s.rewrite_below_bytes, driver_apply=s.driver_apply,
         driver_apply_below_bytes=s.driver_apply_below_bytes, kernel_change_feed=s.kernel_change_feed,
         bootstrap=s.bootstrap.policy())
+
+
+def postgres_connector(s: Settings) -> Connector | None:
+    """The connections of a pipeline whose replicas are in Postgres (shared by its tables), else None."""
+    d = s.destination
+    choice = choose_sink(d.kind, d.target() if isinstance(d, PostgresDestination) else None)
+    log.info("pipeline %s: %s", s.effective_pipeline_id, choice.reason)
+    return Connector(choice.postgres) if choice.postgres is not None else None
 
 
 #: The torture harness (tests/torture) names crash points here, e.g. ``after_merge`` or
@@ -145,7 +162,7 @@ class Application:
     @cached_property
     def runner_context(self) -> RunnerContext:
         return RunnerContext(self.spark, self.catalog, self.states, self.checkpoints, self.spec,
-                             fault=crash_points_from_environment())
+                             fault=crash_points_from_environment(), postgres=postgres_connector(self.settings))
 
     def list_tables(self, spec: PipelineSpec | None = None) -> list[str]:
         spec = spec or self.spec
@@ -156,18 +173,27 @@ class Application:
 
     def _supervisor_for(self, settings: Settings, spec: PipelineSpec, ctx: Callable[[], RunnerContext],
                         metrics: Metrics) -> Supervisor:
+        if settings.source is not None:  # an event stream feeds the replicas instead of the change feed
+            return event_source_supervisor(settings, spec, lambda: self.spark, self.catalog, metrics)
         r = settings.restart
+        checkpoint_table = self.catalog.locate(TableName.parse(settings.effective_checkpoint_table))
+        pipeline_dir = Path(settings.checkpoint_volume) / spec.pipeline_id
+        recorded = lambda: read_pipeline(  # noqa: E731 (no Spark: shown while the JVM starts)
+            spec, locate=self.catalog.locate, states=FileStateStore(pipeline_dir), state_dir=pipeline_dir / "state",
+            checkpoint_table=checkpoint_table)
         return Supervisor(
             runner_factory=lambda table: TableRunner(table, ctx()),
             list_tables=lambda: self.list_tables(spec),
             policy=RestartPolicy(r.base_delay_seconds, r.max_delay_seconds, 2.0, r.jitter),
             observer=metrics, lag_interval_seconds=settings.lag_interval_seconds,
             apply_workers=spec.apply_workers, min_turn_interval_seconds=spec.trigger_interval_seconds,
-            discover_interval_seconds=settings.discover_interval_seconds if spec.tables is None else None)
+            # Listed tables too: the discovery loop starts a listed table that failed as missing once it exists.
+            discover_interval_seconds=settings.discover_interval_seconds, recorded=recorded)
 
     @cached_property
     def supervisor(self) -> Supervisor:
-        return self._supervisor_for(self.settings, self.spec, lambda: self.runner_context, self.metrics)
+        return self._get("supervisor", lambda: self._supervisor_for(  # type: ignore[no-any-return]
+            self.settings, self.spec, lambda: self.runner_context, self.metrics))
 
     # -- the control API: more pipelines in this daemon, or Databricks jobs ---------------------
 
@@ -201,7 +227,7 @@ class Application:
             checkpoints.ensure()
         states = FileStateStore(Path(settings.checkpoint_volume) / spec.pipeline_id)
         ctx = RunnerContext(self.spark, self.catalog, states, checkpoints, spec,
-                            fault=crash_points_from_environment())
+                            fault=crash_points_from_environment(), postgres=postgres_connector(settings))
         # The same collectors, labelled with this pipeline's id (one registry per process).
         metrics = copy.copy(self.metrics)
         metrics.pipeline = spec.pipeline_id
@@ -226,14 +252,27 @@ class Application:
                                         retention_warning_seconds=self.settings.retention_warning_seconds))
         return out
 
+    def workspace_as(self, host: str, token: str) -> "WorkspaceClient":
+        """Databricks mode: the workspace a request names with X-Databricks-Host / -Token (a PAT;
+        nothing read from the environment or a profile; retries bounded below the API timeout)."""
+        from databricks.sdk import WorkspaceClient
+        from databricks.sdk.core import Config
+
+        return WorkspaceClient(config=Config(host=host, token=token, auth_type="pat", retry_timeout_seconds=20,
+                                             http_timeout_seconds=20))
+
     @cached_property
     def api(self) -> ContinuousSyncApi:
-        databricks = None
+        databricks = databricks_as = None
         if self.settings.runtime.mode == "databricks":
             databricks = lambda: DatabricksPipelines(self.workspace, self.settings.databricks)  # noqa: E731
+            databricks_as = lambda host, token: DatabricksPipelines(  # noqa: E731
+                self._get("workspace_as", lambda: self.workspace_as)(host, token), self.settings.databricks)
         return self._get("api", lambda: ContinuousSyncApi(  # type: ignore[no-any-return]
             mode=self.settings.runtime.mode, registry=self.pipelines, worker=self.worker,
             start_pipeline=self.start_pipeline, cdf_check=self.check_cdf, databricks=databricks,
+            databricks_as=databricks_as,
+            default_checkpoint_volume=self.settings.checkpoint_volume.rstrip("/") + "/api",
             drain_timeout_seconds=self.settings.drain_timeout_seconds))
 
     @cached_property
@@ -267,16 +306,65 @@ class Application:
         tmp.write_text(json.dumps({"url": self.server.url, "pid": os.getpid(), "started_at": time.time()}))
         os.replace(tmp, self.pipeline_dir / "daemon.json")
 
+    def preflight(self) -> None:
+        """What the runtime mode needs, checked before anything is bound, written or started:
+        raise :class:`StartupError` (one line: the cause and the fix)."""
+        check = self._get("preflight", lambda: preflight.check_mode)
+        check(self.settings.runtime)
+
+    def bind(self) -> ControlServer:
+        """Bind the HTTP port (the first thing that can clash with another process)."""
+        h = self.settings.http
+        try:
+            return self.server
+        except OSError as exc:
+            raise preflight.bind_failure(h.host, h.port, exc) from None
+
+    def start_spark(self) -> None:
+        """Start the session and open the checkpoint table if the supervisor's start did not need them
+        yet (every table is discovered), so that a Spark that cannot start is a failure to start (one
+        line, nothing left behind) rather than a daemon running on without tables."""
+        self.checkpoints
+
+    def start_supervisor(self, sup: Supervisor, handle: PipelineHandle) -> None:
+        """The supervisor's start (tables known from the records are listed at once, then the runners
+        start Spark), then :meth:`start_spark`; a failure of either is a :class:`StartupError`."""
+        try:
+            with handle.lock:
+                sup.start()
+            self.start_spark()
+        except (LakemirrorError, JarsMissing, JavaMissing):
+            raise
+        except Exception as exc:
+            first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+            raise preflight.StartupError(f"Spark did not start in {self.settings.runtime.mode} mode: "
+                                         f"{redact(first.strip())[:300]}") from exc
+
     def run(self, stop: threading.Event, on_tick: Any = None) -> None:
-        """Run until ``stop`` is set, then drain. Blocks; call from the main thread."""
-        self.server.start()
-        self.write_endpoint_file()
-        log.info("pipeline %s: serving %s/metrics", self.spec.pipeline_id, self.server.url)
-        sup, subtasks = self.supervisor, self.subtasks
-        config_pipeline = PipelineHandle(self.settings, sup, "config")
-        self.pipelines.add(config_pipeline)
-        with config_pipeline.lock:
-            sup.start()
+        """Run until ``stop`` is set, then drain. Blocks; call from the main thread.
+
+        Start-up runs cheapest first: the mode's prerequisites, then the port, and only then are
+        files written and Spark started. A failure at any step raises with nothing left behind:
+        no ``daemon.json`` and no folder this start created."""
+        self.preflight()
+        server = self.bind()
+        created = _missing_ancestor(self.pipeline_dir)
+        started = False
+        try:
+            server.start()
+            self.write_endpoint_file()
+            log.info("pipeline %s: serving %s/metrics", self.spec.pipeline_id, server.url)
+            sup, subtasks = self.supervisor, self.subtasks
+            config_pipeline = PipelineHandle(self.settings, sup, "config")
+            self.pipelines.add(config_pipeline)
+            self.start_supervisor(sup, config_pipeline)
+            started = True
+        finally:
+            if not started:
+                self.worker.close(wait=False)
+                server.close()
+                (self.pipeline_dir / "daemon.json").unlink(missing_ok=True)
+                _remove_if_empty(self.pipeline_dir, created)
         try:
             while not stop.is_set():
                 self.pipelines.tick_all()
@@ -290,5 +378,28 @@ class Application:
             self.worker.close(wait=False)
             self.pipelines.shutdown_all(self.settings.drain_timeout_seconds)
             subtasks.shutdown(max(0.0, deadline - time.monotonic()))
-            self.server.close()
+            server.close()
             (self.pipeline_dir / "daemon.json").unlink(missing_ok=True)
+
+
+def _missing_ancestor(path: Path) -> Path | None:
+    """The outermost folder of ``path`` (itself included) that does not exist yet, or None."""
+    missing = None
+    for folder in (path, *path.parents):
+        if folder.exists():
+            break
+        missing = folder
+    return missing
+
+
+def _remove_if_empty(path: Path, up_to: Path | None) -> None:
+    """Remove ``path`` and its parents up to ``up_to`` while they are empty (what a failed start made)."""
+    if up_to is None:
+        return
+    for folder in (path, *path.parents):
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+        if folder == up_to:
+            return

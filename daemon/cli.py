@@ -13,8 +13,10 @@ from typing import Any, Sequence
 
 from lakemirror import __version__
 from lakemirror.daemon.jars import JarsMissing
+from lakemirror.daemon.preflight import StartupError
 from lakemirror.daemon.spark import JavaMissing
 from lakemirror.errors import ConfigError
+from lakemirror.secrets import redact
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 
@@ -54,9 +56,9 @@ def _print_problems(err: ConfigError) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     settings = _load(args)
     tables = ", ".join(settings.tables) if settings.tables is not None else "every table of the schema"
-    print(f"{args.config}: valid. Pipeline {settings.effective_pipeline_id}: "
-          f"{settings.source_catalog}.{settings.schema_name} -> "
-          f"{settings.destination_catalog}.{settings.destination_schema or settings.schema_name} ({tables}).")
+    print(redact(f"{args.config}: valid. Pipeline {settings.effective_pipeline_id}: "
+                 f"{settings.source_catalog}.{settings.schema_name} -> "
+                 f"{settings.destination_catalog}.{settings.destination_schema or settings.schema_name} ({tables})."))
     return EXIT_OK
 
 
@@ -136,32 +138,87 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _status_from_checkpoints(settings: Any, as_json: bool) -> int:
-    from lakemirror.daemon.app import Application
-
-    app = Application(settings)
-    latest = app.checkpoints.latest(app.spec.pipeline_id)
-    rows = [{"table": r.source_fqn, "state": "degraded" if r.degraded else "stopped (last seen)",
-             "lag_seconds": r.lag_seconds, "applied_through": r.last_committed_version,
-             "rows_applied": r.rows_merged, "batches": r.batch_id + 1, "last_batch_at": r.ended_at.timestamp(),
-             "last_error": r.error} for r in latest.values()]
+    """Status when no daemon answers, from the pipeline's own records: without Spark where they are on
+    this machine (:mod:`lakemirror.supervisor.recorded`), else through a Spark session."""
+    rows = _status_offline(settings)
+    if rows is None:
+        rows = _status_with_spark(settings)
     from lakemirror.daemon.status import render_table
 
     print(json.dumps(rows, indent=2, default=str) if as_json else render_table(rows))
     return EXIT_OK
 
 
+def _status_offline(settings: Any) -> list[dict[str, Any]] | None:
+    """Every known table from the state files, the checkpoint table (delta-rs), each replica's
+    transaction record and each source's commit files; None when they are not on this machine."""
+    import time
+
+    from lakemirror.checkpoints.state import FileStateStore
+    from lakemirror.daemon.app import pipeline_spec
+    from lakemirror.identifiers import TableName
+    from lakemirror.sources.catalog import LocalCatalog
+    from lakemirror.supervisor.recorded import read_pipeline
+    from lakemirror.tables import is_local_table
+
+    if settings.runtime.mode == "databricks":
+        return None
+    catalog = LocalCatalog(settings.runtime.warehouse)
+    checkpoint_table = catalog.locate(TableName.parse(settings.effective_checkpoint_table))
+    if checkpoint_table.path is None or not is_local_table(checkpoint_table.path):
+        return None
+    spec = pipeline_spec(settings)
+    folder = Path(settings.checkpoint_volume) / spec.pipeline_id
+    recorded = read_pipeline(spec, locate=catalog.locate, states=FileStateStore(folder), state_dir=folder / "state",
+                             checkpoint_table=checkpoint_table)
+    now = time.time()
+    return [{"table": t.table, "state": "paused" if t.paused else "degraded" if t.degraded else "stopped",
+             "lag_seconds": t.lag_seconds(now), "versions_behind": t.versions_behind,
+             "applied_through": t.applied_through, "rows_applied": t.rows_applied, "batches": t.batches,
+             "last_batch_at": t.last_batch_at, "last_error": t.last_error} for t in recorded.values()]
+
+
+def _status_with_spark(settings: Any) -> list[dict[str, Any]]:
+    """The checkpoint table read by Spark (a catalog only Spark can reach: Unity Catalog)."""
+    from pyspark.sql import functions as F
+
+    from lakemirror import tables
+    from lakemirror.checkpoints.offline import summarize
+    from lakemirror.checkpoints.records import CheckpointRow
+    from lakemirror.daemon.app import Application
+
+    app = Application(settings)
+    app.preflight()  # what the mode needs, as one line, before Spark starts
+    loc = app.checkpoints.location
+    if not tables.exists(app.spark, loc):
+        return []
+    data = tables.read(app.spark, loc).where(F.col("pipeline_id") == F.lit(app.spec.pipeline_id)).collect()
+    summaries = summarize(CheckpointRow(**r.asDict()) for r in data)
+    return [{"table": fqn, "state": "degraded" if s.latest.degraded else "stopped (last seen)",
+             "lag_seconds": s.latest.lag_seconds, "applied_through": s.latest.last_committed_version,
+             "rows_applied": s.rows_applied, "batches": s.batches,
+             "last_batch_at": s.last_batch.ended_at.timestamp() if s.last_batch else None,
+             "last_error": s.latest.error} for fqn, s in summaries.items()]
+
+
 def cmd_fetch_jars(args: argparse.Namespace) -> int:
-    from lakemirror.daemon.jars import JarsMissing, fetch, jar_paths
+    from lakemirror.daemon.jars import OPTIONAL_PACKAGES, FetchFailed, JarsMissing, fetch_missing, jar_paths
 
     if args.check:
         try:
-            print(f"{len(jar_paths(args.dest))} jars cached")
+            counts = [f"{len(jar_paths(args.dest))} jars cached"]
+            counts += [f"{len(jar_paths(args.dest, g))} {g} jars" for g in OPTIONAL_PACKAGES]
         except JarsMissing as exc:
             print(exc, file=sys.stderr)
             return EXIT_FAILED
+        print(", ".join(counts))
         return EXIT_OK
-    folder = fetch(args.dest)
-    print(f"Delta jars cached in {folder}")
+    try:
+        written = fetch_missing(args.dest, refresh=args.refresh)
+    except FetchFailed as exc:
+        print(f"fetch-jars: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print("\n".join(f"jars cached in {folder}" for folder in written) or "every jar group is already cached")
     return EXIT_OK
 
 
@@ -236,9 +293,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--uc-object-types", metavar="T,…", help="metadata object types, e.g. table_tag,column_comment")
     p.add_argument("--operation", metavar="OP[,OP]", help="clone, incremental, reconcile and/or metadata (overrides the file)")
     p.set_defaults(func=cmd_replicate)
-    p = sub.add_parser("fetch-jars", help="resolve Delta's jars from Maven Central into the local cache")
+    p = sub.add_parser("fetch-jars", help="resolve Delta's jars (and hadoop-aws for s3a://) from Maven Central into the local cache")
     p.add_argument("--dest", help="target folder (default ~/.cache/lakemirror/jars-…)")
     p.add_argument("--check", action="store_true", help="only check that the jars are cached")
+    p.add_argument("--refresh", action="store_true", help="fetch every group again, even those already cached")
     p.set_defaults(func=cmd_fetch_jars)
     return parser
 
@@ -274,8 +332,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except ConfigError as err:
         return _print_problems(err)
+    except StartupError as err:
+        print(f"lakemirror: cannot start: {redact(str(err))}", file=sys.stderr)
+        return EXIT_FAILED
     except (JarsMissing, JavaMissing) as err:
-        print(f"lakemirror: {err}", file=sys.stderr)
+        print(f"lakemirror: {redact(str(err))}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
         return EXIT_FAILED

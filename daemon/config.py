@@ -8,20 +8,25 @@ Environment variables use the prefix ``LAKEMIRROR_`` and ``__`` for nesting, e.g
 
 from __future__ import annotations
 
+import logging
 import os
-
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from lakemirror.daemon.bootstrap_config import BootstrapSettings
+from lakemirror.daemon.destination_config import DeltaDestination, Destination
+from lakemirror.daemon.event_source_config import EventSourceSettings
+from lakemirror.daemon import spark_values, yaml_loader
 from lakemirror.daemon.schedule_config import ScheduleSettings, schedule_problems
 from lakemirror.errors import ConfigError
 from lakemirror.sinks.apply_choice import DEFAULT_DRIVER_APPLY_BELOW_BYTES, DEFAULT_REWRITE_BELOW_BYTES
+
+log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^[^\x00-\x1f/`.]+$")
 _PIPELINE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -36,7 +41,15 @@ def _check_name(value: str, what: str) -> str:
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+def _scalar_strings(v: Any) -> Any:
+    """YAML writes ``true`` and ``8`` for the strings Spark and Delta read as "true" and "8"."""
+    if isinstance(v, dict):
+        return {k: (str(x).lower() if isinstance(x, bool) else str(x) if isinstance(x, (int, float)) else x)
+                for k, x in v.items()}
+    return v
 
 
 class TableOverride(Strict):
@@ -70,17 +83,47 @@ class RuntimeSettings(Strict):
         "local", description="local: embedded Spark + Delta (default); connect: a Spark Connect server; "
                              "databricks: the session of a Databricks job.")
     master: str = Field("local[2]", description="Spark master URL in local mode.")
-    warehouse: str = Field("./lakehouse", description="Local mode: the directory holding catalogs/schemas/tables.")
+    warehouse: str = Field("./lakehouse", description="Local mode: the directory holding catalogs/schemas/tables, "
+                           "or s3a://bucket/path for a lakehouse on S3 (with the spark.hadoop.fs.s3a.* confs in "
+                           "spark_conf; docs/deployment.md, \"Object storage\").")
     spark_remote: str | None = Field(None, description="Connect mode: the server, e.g. sc://host:15002.")
     jars_dir: str | None = Field(None, description="Directory of Delta's jars (default: ~/.cache/lakemirror/jars).")
-    shuffle_partitions: int = Field(4, ge=1, description="spark.sql.shuffle.partitions for the daemon's session.")
-    driver_memory: str = Field("2g", description="Local mode: spark.driver.memory.")
-    spark_conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark confs.")
+    shuffle_partitions: int = Field(4, ge=1, le=spark_values.JAVA_INT_MAX, description="spark.sql.shuffle.partitions for the daemon's session.")
+    driver_memory: str = Field("2g", description="Local mode: spark.driver.memory, the JVM's heap (e.g. 2g, 512m).")
+    spark_conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark confs; those whose format "
+                                       "lakemirror knows (sizes, durations, booleans) are checked at load.")
+
+    @field_validator("master")
+    @classmethod
+    def _master(cls, v: str) -> str:
+        return spark_values.master_url(v)
+
+    @field_validator("driver_memory", mode="before")
+    @classmethod
+    def _heap(cls, v: Any) -> str:
+        return spark_values.jvm_heap(v, "driver_memory")
+
+    @field_validator("spark_conf", mode="before")
+    @classmethod
+    def _conf_strings(cls, v: Any) -> Any:
+        return _scalar_strings(v)
+
+    @field_validator("spark_conf")
+    @classmethod
+    def _conf(cls, v: dict[str, str]) -> dict[str, str]:
+        return {k: spark_values.spark_conf_value(k, x) for k, x in v.items()}
 
     @model_validator(mode="after")
     def _remote(self) -> "RuntimeSettings":
         if self.mode == "connect" and not (self.spark_remote or "").startswith("sc://"):
             raise ValueError("runtime.mode connect needs runtime.spark_remote = sc://host:port")
+        if self.spark_remote is not None:
+            from lakemirror.daemon.preflight import StartupError, remote_address
+
+            try:
+                remote_address(self.spark_remote)
+            except StartupError as exc:
+                raise ValueError(str(exc)) from None
         return self
 
 
@@ -111,7 +154,7 @@ class Settings(BaseSettings):
     """A Continuous Sync pipeline. Field names follow the seed's YAML."""
 
     model_config = SettingsConfigDict(env_prefix="LAKEMIRROR_", env_nested_delimiter="__",
-                                      extra="forbid", frozen=True)
+                                      extra="forbid", frozen=True, allow_inf_nan=False)
 
     pipeline_id: str | None = Field(None, description="Stable id of the pipeline (default derived from the names).")
     source_catalog: str = Field(description="Catalog of the source tables.")
@@ -120,8 +163,9 @@ class Settings(BaseSettings):
     destination_schema: str | None = Field(None, description="Schema of the replicas (default: schema_name).")
     tables: list[str] | None = Field(None, description="Tables to mirror; omit for every table, new ones picked up live.")
     exclude_tables: list[str] = Field(default_factory=list, description="Tables never mirrored.")
-    checkpoint_volume: str = Field(description="Root directory of stream checkpoints and pipeline state.")
-    trigger_interval_seconds: float = Field(5.0, gt=0, le=86400, description="Micro-batch trigger interval: "
+    checkpoint_volume: str = Field(description="Root directory of stream checkpoints and pipeline state. In local "
+                                   "mode a local (or mounted) directory, also when the tables are on S3.")
+    trigger_interval_seconds: float = Field(5.0, ge=0.001, le=86400, description="Micro-batch trigger interval: "
                                             "the shortest time between two batches of one table.")
     apply_workers: int = Field(1, ge=0, le=1024, description="How many tables apply changes at the same time. "
                                "Tables with unapplied commits take turns, the longest-waiting first; a turn applies "
@@ -143,8 +187,9 @@ class Settings(BaseSettings):
                                              "(retention headroom) is closer than this.")
     lag_slo_seconds: float = Field(300.0, gt=0, description="/readyz fails when a table lags more than this.")
     drain_timeout_seconds: float = Field(120.0, gt=0, description="SIGTERM: how long to wait for batches in flight.")
-    max_files_per_trigger: int | None = Field(None, gt=0, description="Cap on source files per micro-batch.")
-    max_bytes_per_trigger: str | None = Field(None, description="Soft cap on bytes per micro-batch, e.g. '512m'.")
+    max_files_per_trigger: int | None = Field(None, gt=0, le=spark_values.JAVA_INT_MAX, description="Cap on source files per micro-batch.")
+    max_bytes_per_trigger: str | None = Field(None, description="Soft cap on bytes per micro-batch, e.g. '512m' "
+                                              "(units b, k, m, g, t, p) or a number of bytes.")
     replica_properties: dict[str, str] = Field(
         default_factory=dict, description="Delta table properties set on every streamed replica at bootstrap, "
         "e.g. {'delta.enableDeletionVectors': 'true'}: a MERGE then writes only the changed rows instead of "
@@ -174,6 +219,11 @@ class Settings(BaseSettings):
         "leaves no checksum files (delta-rs leaves none): 0.13 against 0.46 JVM CPU-s a batch for a 1M-row "
         "source (docs/BENCHMARKS.md). Tables known by name (Unity Catalog) always use DeltaSource. "
         "false (default): DeltaSource everywhere.")
+    destination: Destination = Field(default_factory=DeltaDestination, description="Where replicas go: "  # type: ignore[arg-type]
+                                     "{kind: delta} (default) or {kind: postgres, host, …}; the fields of each kind follow; docs/postgres.md.")
+    source: EventSourceSettings | None = Field(None, description="An event stream (Debezium or simple CDC events, "
+                                               "files or Kafka) instead of the Delta change feed; see "
+                                               "lakemirror.daemon.event_source_config.")
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)  # type: ignore[arg-type]
     http: HttpSettings = Field(default_factory=HttpSettings)  # type: ignore[arg-type]
     restart: RestartSettings = Field(default_factory=RestartSettings)  # type: ignore[arg-type]
@@ -207,6 +257,16 @@ class Settings(BaseSettings):
             raise ValueError(f"table names repeat: {v}")
         return v
 
+    @field_validator("max_bytes_per_trigger", mode="before")
+    @classmethod
+    def _max_bytes(cls, v: Any) -> str | None:
+        return None if v is None else spark_values.byte_size(v, "max_bytes_per_trigger")[0]
+
+    @field_validator("replica_properties", mode="before")
+    @classmethod
+    def _property_strings(cls, v: Any) -> Any:
+        return _scalar_strings(v)
+
     @field_validator("replica_properties")
     @classmethod
     def _replica_properties(cls, v: dict[str, str]) -> dict[str, str]:
@@ -214,7 +274,7 @@ class Settings(BaseSettings):
             if not key.startswith("delta."):
                 raise ValueError(f"replica_properties: {key!r} is not a Delta table property; only 'delta.*' "
                                  f"properties may be set (lakemirror.* ones are lakemirror's own)")
-        return v
+        return {k: spark_values.delta_property(k, x) for k, x in v.items()}
 
     @model_validator(mode="after")
     def _cross(self) -> "Settings":
@@ -227,6 +287,9 @@ class Settings(BaseSettings):
         if self.checkpoint_table is not None:
             from lakemirror.identifiers import TableName
             TableName.parse(self.checkpoint_table)
+        if self.source is not None and self.destination.kind != "delta":
+            raise ValueError(f"an event `source` writes Delta replicas; destination kind {self.destination.kind} "
+                             "takes the Delta change feed only: remove `source` or the `destination` block")
         return self
 
     # -- derived ----------------------------------------------------------------------------
@@ -264,7 +327,9 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise ConfigError([(str(p), "file not found")])
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        data = yaml_loader.load(p.read_text(encoding="utf-8"))
+    except yaml_loader.DuplicateKeyError as exc:
+        raise ConfigError([(f"{p}:{exc.line}:{exc.column}", str(exc))]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark else str(p)
@@ -324,13 +389,34 @@ def local_path_problem(value: str) -> str | None:
     return None
 
 
+def object_storage_problem(field: str, value: str) -> str | None:
+    """Why a location cannot be used in local mode for ``field`` (``checkpoint_volume`` or
+    ``runtime.warehouse``) because of its URI scheme, or None.
+
+    The warehouse may be on S3 through Hadoop's ``s3a://`` (``s3://`` and ``s3n://`` have no file
+    system in Spark's Hadoop). ``checkpoint_volume`` holds the daemon's own state files, written
+    with atomic local renames, so it must be a local directory even when the tables are on S3."""
+    scheme = value.split(":", 1)[0].lower() if _SCHEME.match(value) else ""
+    if scheme in ("", "file"):
+        return None
+    if field == "checkpoint_volume":
+        return (f"{value} is not a local directory: checkpoint_volume holds the daemon's state files and stream "
+                f"checkpoints, which need a local (or mounted) file system; the tables may be on S3 "
+                f"(runtime.warehouse: s3a://bucket/path)")
+    if scheme in ("s3", "s3n"):
+        return f"{value}: Spark reaches S3 through Hadoop's s3a:// file system; write s3a://{value.split('://', 1)[-1]}"
+    if scheme != "s3a":
+        return f"{value}: local mode supports a local directory or s3a://bucket/path as the warehouse"
+    return None
+
+
 def _path_problems(settings: Settings, origin: str, overrides: dict[str, Any]) -> list[tuple[str, str]]:
     if settings.runtime.mode != "local":
         return []
     found = []
     for loc, value in ((("checkpoint_volume",), settings.checkpoint_volume),
                        (("runtime", "warehouse"), settings.runtime.warehouse)):
-        problem = local_path_problem(value)
+        problem = object_storage_problem(".".join(loc), value) or local_path_problem(value)
         if problem:
             found.append((_origin_of(loc, origin, overrides), problem))
     return found
@@ -364,12 +450,31 @@ def load_settings(path: str | Path | None, overrides: dict[str, Any] | None = No
             problems.append((_origin_of(tuple(err["loc"]), origin, overrides or {}), msg))
         raise ConfigError(problems) from None
     settings = Settings.model_validate(bound.model_dump())
+    warn_unknown_environment(os.environ)
     unusable = _path_problems(settings, origin, overrides or {})
     unusable += [(_origin_of(loc, origin, overrides or {}), msg)
                  for loc, msg in schedule_problems(settings.schedules, settings.tables, settings.exclude_tables)]
     if unusable:
         raise ConfigError(unusable)
     return settings
+
+
+#: Variables with our prefix that are not settings: read elsewhere (jars.py, the torture harness).
+OTHER_VARIABLES = ("LAKEMIRROR_JARS_DIR", "LAKEMIRROR_TEST_KILL_AT")
+
+
+def warn_unknown_environment(environ: Mapping[str, str]) -> list[str]:
+    """Log a warning for each ``LAKEMIRROR_*`` variable that sets nothing (a misspelling is otherwise
+    ignored without a word), naming the closest setting; return the warnings."""
+    from lakemirror.daemon.env_check import unknown_variables
+
+    warnings = []
+    for var, close in unknown_variables(environ, Settings, "LAKEMIRROR_", "__", OTHER_VARIABLES):
+        hint = f"; did you mean {close}?" if close else "; see docs/configuration.md"
+        warnings.append(f"environment variable {var} is not a lakemirror setting and is ignored{hint}")
+    for text in warnings:
+        log.warning("%s", text)
+    return warnings
 
 
 def parse_set_flags(values: list[str]) -> dict[str, Any]:
@@ -383,5 +488,8 @@ def parse_set_flags(values: list[str]) -> dict[str, Any]:
         parts = key.strip().split(".")
         for part in parts[:-1]:
             node = node.setdefault(part, {})
-        node[parts[-1]] = yaml.safe_load(raw) if raw else raw
+        try:
+            node[parts[-1]] = yaml_loader.load(raw) if raw else raw
+        except yaml.YAMLError as exc:
+            raise ConfigError([(f"--set {key}", f"not a valid YAML value: {exc}")]) from None
     return out

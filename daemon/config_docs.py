@@ -56,7 +56,8 @@ def _default(info: FieldInfo) -> str:
         except TypeError:
             return ""
         if isinstance(value, BaseModel):
-            return "see below"
+            kind = getattr(value, "kind", None)
+            return f"`{{kind: {kind}}}`" if isinstance(kind, str) else "see below"
         return f"`{value!r}`" if value not in ([], {}, ()) else "empty"
     value = info.default
     if value is None or value is PydanticUndefined:
@@ -92,23 +93,54 @@ def _model_of(annotation: Any) -> tuple[type[BaseModel] | None, str]:
 
 
 def _bounds(info: FieldInfo) -> str:
+    unit = " characters" if info.annotation is str else " items"
     words = {"gt": ">", "ge": ">=", "lt": "<", "le": "<=", "min_length": "at least", "max_length": "at most"}
     parts = []
     for item in info.metadata:
         for attr, word in words.items():
             value = getattr(item, attr, None)
             if value is not None:
-                parts.append(f"{word} {value}" + (" items" if attr.endswith("length") else ""))
+                parts.append(f"{word} {value}" + (unit if attr.endswith("length") else ""))
     return f" ({', '.join(parts)})" if parts else ""
 
 
+def _variants(annotation: Any) -> list[type[BaseModel]]:
+    """The models of a union of several (a tagged union such as ``destination``), else []."""
+    if get_origin(annotation) in (Union, types.UnionType):
+        models = [a for a in get_args(annotation) if _is_model(a)]
+        if len(models) > 1:
+            return models
+    return []
+
+
+def _kind(model: type[BaseModel]) -> str:
+    """A variant's tag: the default (or only) value of its ``kind`` field, else its name."""
+    kind = model.model_fields.get("kind")
+    if kind is not None:
+        if isinstance(kind.default, str):
+            return kind.default
+        args = get_args(kind.annotation)
+        if args:
+            return str(args[0])
+    return model.__name__
+
+
 def rows(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, str, str, str]]:
-    """(path, type, default, help) for every field of ``model``, nested models flattened."""
+    """(path, type, default, help) for every field of ``model``, nested models flattened; the
+    fields of each variant of a tagged union are listed under the variant's ``kind``."""
     for name, info in model.model_fields.items():
         path = f"{prefix}{name}"
         sub, joint = _model_of(info.annotation)
         help_text = " ".join((info.description or "").split())
-        if sub is not None:
+        variants = _variants(info.annotation)
+        if variants:
+            kinds = " \\| ".join(f"`kind: {_kind(v)}`" for v in variants)
+            yield path, f"one of {kinds}", _default(info), help_text
+            for variant in variants:
+                for sub_path, type_name, default, sub_help in rows(variant, f"{path}."):
+                    if sub_path != f"{path}.kind":
+                        yield sub_path, type_name, default, f"(`kind: {_kind(variant)}`) {sub_help}".strip()
+        elif sub is not None:
             doc_lines = (sub.__doc__ or "").strip().splitlines()
             kind = {"[].": "list of mappings", ".<name>.": "mapping of names to mappings"}.get(joint, "mapping")
             yield (path, kind, _default(info),

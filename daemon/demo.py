@@ -141,6 +141,8 @@ def run_demo(workdir: Path, duration: float | None, http_port: int) -> int:
     workdir.mkdir(parents=True)
     settings = load_settings(None, demo_config(workdir, http_port))
     app = Application(settings)
+    app.preflight()  # Java and Delta's jars, then the port: one line each, before Spark starts
+    app.bind()
     print("starting Spark (local[2]) with Delta…", flush=True)
     spark = app.spark
     create_sources(spark, app)

@@ -1,25 +1,40 @@
-"""The daemon's HTTP endpoint: ``/metrics``, ``/healthz``, ``/readyz``, ``/status``, the control
-commands ``POST /tables/{table}/pause|resume|resync`` (see :mod:`lakemirror.daemon.control`) and the
-REST control API under ``/api`` (see :mod:`lakemirror.daemon.api`, documented at ``/api/openapi.json``).
-Every route is one of :data:`lakemirror.daemon.routes.ROUTES`.
+"""The daemon's HTTP endpoint: the status page at ``/``, ``/metrics``, ``/healthz``, ``/readyz``,
+``/status``, the control commands ``POST /tables/{table}/pause|resume|resync`` (see
+:mod:`lakemirror.daemon.control`) and the REST control API under ``/api`` (see
+:mod:`lakemirror.daemon.api`, documented at ``/api/openapi.json``). Every route is one of
+:data:`lakemirror.daemon.routes.ROUTES`.
 
 The HTTP threads never call Spark: they read the supervisor's views, which are plain data, and
 queue commands that the supervisor applies on its own thread. Served by the standard library's
 threading server on the configured interface.
+
+What a client sends can never make the server raise: a body is framed and parsed by
+:mod:`lakemirror.daemon.http_body` (a bad one is a 400/408/413/501 with a JSON ``error``), errors
+of the standard library's parser are answered in JSON too, and a connection that breaks is one
+log line, never a traceback. Slow clients cannot hold the endpoint: a request (line, headers and
+body) must arrive within ``read_timeout_seconds`` of the server starting to wait for it, or the
+connection is closed; at most ``max_connections`` connections are served at once and the next ones
+get an immediate 503, so a handful of stalled sockets never starve ``/metrics`` or the API.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import math
+import socket
+import sys
 import threading
+import time
 from dataclasses import asdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from lakemirror.daemon import control, openapi, routes
+from lakemirror.daemon import control, openapi, page, routes
+from lakemirror.daemon.http_body import MAX_BODY_BYTES, BadRequest, framing, parse_json, read_chunked
 from lakemirror.secrets import redact
 from lakemirror.supervisor.supervisor import TableView
 
@@ -28,7 +43,77 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 1 << 20
+__all__ = ["MAX_BODY_BYTES", "ControlServer", "readiness"]
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A socket's reading side that gives up at the request's deadline (not per read: a client
+    sending one byte a second cannot keep a request open past it)."""
+
+    def __init__(self, sock: socket.socket, deadline: Callable[[], float]) -> None:
+        self._sock = sock
+        self._deadline = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        remaining = self._deadline() - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("the request did not arrive within the read timeout")
+        self._sock.settimeout(None if math.isinf(remaining) else remaining)
+        return self._sock.recv_into(buffer)
+
+
+class _Server(ThreadingHTTPServer):
+    """The standard threading server with a cap on the connections served at once (the next ones
+    get an immediate 503) and one log line, never a traceback, when a connection breaks."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], max_connections: int) -> None:
+        if max_connections < 1:
+            raise ValueError("max_connections must be at least 1")
+        self.slots = threading.BoundedSemaphore(max_connections)
+        self.max_connections = max_connections
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            self._refuse(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+    def _refuse(self, request: socket.socket) -> None:
+        body = json.dumps({"error": f"the server is busy ({self.max_connections} connections open); retry "
+                                    f"shortly"}).encode()
+        head = (f"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+                f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+        try:
+            request.settimeout(0.5)
+            request.sendall(head + body)
+        except OSError:
+            pass
+        self.shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        exc = sys.exc_info()[1]
+        peer = client_address[0] if isinstance(client_address, tuple) and client_address else "?"
+        if isinstance(exc, OSError):  # the client went away mid-request: its business, not ours
+            log.info("http: connection from %s ended: %s", peer, exc)
+        else:
+            log.warning("http: request from %s failed: %s", peer, redact(f"{type(exc).__name__}: {exc}"))
+        log.debug("http: the failure's traceback", exc_info=exc)
 
 
 def readiness(views: list[TableView], lag_slo_seconds: float) -> tuple[bool, list[str]]:
@@ -45,11 +130,24 @@ def readiness(views: list[TableView], lag_slo_seconds: float) -> tuple[bool, lis
 
 
 class ControlServer:
+    """The endpoint. ``read_timeout_seconds``: how long a request (line, headers, body) may take to
+    arrive; ``max_connections``: connections served at once; ``lag_sample_seconds``: how often the
+    status page's lag history samples the views (it keeps ``lag_samples`` per table)."""
+
     def __init__(self, host: str, port: int, registry: CollectorRegistry,
                  views: Callable[[], list[TableView]], info: dict[str, Any], lag_slo_seconds: float = 300.0,
                  commands: Callable[[str, str], bool] | None = None, auth_token: str | None = None,
                  api: "ContinuousSyncApi | None" = None,
-                 subtasks: Callable[[], list[dict[str, Any]]] | None = None) -> None:
+                 subtasks: Callable[[], list[dict[str, Any]]] | None = None,
+                 read_timeout_seconds: float = 10.0, max_connections: int = 32,
+                 lag_sample_seconds: float = 5.0, lag_samples: int = 120) -> None:
+        if read_timeout_seconds <= 0:
+            raise ValueError("read_timeout_seconds must be positive")
+        self.read_timeout = read_timeout_seconds
+        self.history = page.LagHistory(lag_samples)
+        self.lag_sample_seconds = lag_sample_seconds
+        self._stop = threading.Event()
+        self._sampler: threading.Thread | None = None
         self.registry = registry
         self.subtasks = subtasks  # the scheduled sub-tasks' views, shown by /status
         self.views = views
@@ -59,8 +157,7 @@ class ControlServer:
         self.lag_slo = lag_slo_seconds
         self.api = api
         handler = self._handler()
-        self.server = ThreadingHTTPServer((host, port), handler)
-        self.server.daemon_threads = True
+        self.server = _Server((host, port), handler, max_connections)
         self._thread: threading.Thread | None = None
 
     @property
@@ -75,17 +172,46 @@ class ControlServer:
     def start(self) -> None:
         self._thread = threading.Thread(target=self.server.serve_forever, name="http", daemon=True)
         self._thread.start()
+        self._sampler = threading.Thread(target=self._sample, name="http-lag-sampler", daemon=True)
+        self._sampler.start()
 
     def close(self) -> None:
+        self._stop.set()
         self.server.shutdown()
         self.server.server_close()
-        if self._thread is not None:
-            self._thread.join(5)
+        for thread in (self._thread, self._sampler):
+            if thread is not None:
+                thread.join(5)
+
+    def _sample(self) -> None:
+        """Fill the status page's lag history from the views (plain data) until closed."""
+        while True:
+            try:
+                self.history.record(self.views(), time.time())
+            except Exception as exc:  # a view that cannot be read now is a gap in the sparkline
+                log.debug("http: lag sample failed: %s", exc)
+            if self._stop.wait(self.lag_sample_seconds):
+                return
+
+    # -- the status page ------------------------------------------------------------------------
+
+    def headroom(self, table: str) -> float | None:
+        """The retention headroom /metrics exports for a table of the configured pipeline."""
+        return self.registry.get_sample_value("lakemirror_retention_headroom_seconds",
+                                              {"pipeline": str(self.info.get("pipeline_id", "")), "table": table})
+
+    def page(self) -> bytes:
+        host = str(self.server.server_address[0])
+        title = f"lakemirror {self.info.get('pipeline_id', '')}".strip()
+        return page.render(self.views(), self.history, self.headroom, title=title,
+                           needs_token=bool(self.auth_token),
+                           control_allowed=self.commands is not None and (
+                               bool(self.auth_token) or control.is_loopback(host))).encode()
 
     # -- the routes that are not under /api -----------------------------------------------------
 
-    def answer(self, m: routes.Match, body: Any) -> tuple[int, Any]:
-        """(status, JSON payload) of every route but /metrics."""
+    def answer(self, m: routes.Match, body: Any, headers: Any = None) -> tuple[int, Any]:
+        """(status, JSON payload) of every route but /metrics and the page; ``headers`` are the request's."""
         name = m.route.name
         if name == "healthz":
             return 200, {"status": "ok"}
@@ -107,16 +233,40 @@ class ControlServer:
             return 202, {"accepted": verb, "table": table}
         if self.api is None:
             return 404, {"error": "the control API is not enabled on this endpoint"}
-        return self.api.handle(m, body)
+        return self.api.handle(m, body, headers)
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
+            deadline = math.inf
+
+            def setup(self) -> None:
+                super().setup()
+                buffered = self.rfile
+                self.rfile = io.BufferedReader(_DeadlineReader(self.connection, lambda: self.deadline))
+                buffered.close()  # the socket file the standard setup made; ours replaces it
+
+            def handle_one_request(self) -> None:
+                self.deadline = time.monotonic() + outer.read_timeout
+                super().handle_one_request()
+
             def log_message(self, fmt: str, *args: Any) -> None:
                 log.debug("http: " + fmt, *args)
 
+            def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+                """The standard parser's refusals (bad request line, header too long, ...) in JSON."""
+                self.close_connection = True
+                if self.request_version == "HTTP/0.9":  # so that the status line is written at all
+                    self.request_version = "HTTP/1.0"
+                text = message or self.responses.get(code, ("error", ""))[0]
+                try:
+                    self._json(code, {"error": text}, {"Connection": "close"})
+                except OSError:
+                    pass
+
             def _send(self, code: int, body: bytes, ctype: str, headers: dict[str, str] | None = None) -> None:
+                self.connection.settimeout(outer.read_timeout)  # a client that stops reading is dropped too
                 self.send_response(code)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
@@ -129,24 +279,33 @@ class ControlServer:
                 self._send(code, json.dumps(payload, indent=2, default=str).encode(), "application/json", headers)
 
             def _body(self) -> tuple[bool, Any]:
-                length = int(self.headers.get("Content-Length") or 0)
-                if length > MAX_BODY_BYTES:
-                    self._json(413, {"error": f"the body is larger than {MAX_BODY_BYTES} bytes"})
-                    return False, None
-                raw = self.rfile.read(length) if length else b""
-                if not raw.strip():
-                    return True, None
                 try:
-                    return True, json.loads(raw)
-                except ValueError as exc:
-                    self._json(422, {"error": "invalid pipeline", "problems": [
-                        {"field": "(body)", "message": f"not valid JSON: {exc}"}]})
-                    return False, None
+                    frame = framing(self.headers.get_all("Content-Length") or [],
+                                    self.headers.get("Transfer-Encoding"), MAX_BODY_BYTES)
+                    if frame is None:
+                        raw = b""
+                    elif frame == "chunked":
+                        raw = read_chunked(self.rfile, MAX_BODY_BYTES)
+                    else:
+                        assert isinstance(frame, int)
+                        raw = self.rfile.read(frame)
+                        if len(raw) != frame:
+                            raise BadRequest(400, f"the body ended after {len(raw)} of the {frame} bytes "
+                                                  f"Content-Length announced")
+                    return True, parse_json(raw)
+                except BadRequest as exc:
+                    self.close_connection = True
+                    self._json(exc.status, {"error": exc.message}, {"Connection": "close"})
+                except TimeoutError:
+                    self.close_connection = True
+                    self._json(408, {"error": f"the body did not arrive within {outer.read_timeout:g}s"},
+                               {"Connection": "close"})
+                return False, None
 
             def _dispatch(self, method: str) -> None:
                 m = routes.match(method, self.path)
                 if m is None:
-                    self._json(404, {"error": f"no such endpoint {self.path.split('?', 1)[0]}",
+                    self._json(404, {"error": f"no such endpoint {self.path.split('?', 1)[0][:200]}",
                                      "endpoints": [f"{r.method} {r.template}" for r in routes.ROUTES]})
                     return
                 if isinstance(m, str):
@@ -163,13 +322,19 @@ class ControlServer:
                 if m.route.name == "metrics":
                     self._send(200, generate_latest(outer.registry), CONTENT_TYPE_LATEST)
                     return
+                if m.route.name == "page":
+                    self._send(200, outer.page(), "text/html; charset=utf-8",
+                               {"Cache-Control": "no-store", "Content-Security-Policy":
+                                "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; "
+                                "connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'"})
+                    return
                 ok, body = self._body() if method in ("POST", "DELETE") else (True, None)
                 if not ok:
                     return
                 try:
-                    code, payload = outer.answer(m, body)
+                    code, payload = outer.answer(m, body, self.headers)
                 except Exception as exc:  # an unexpected failure is a 500 with a redacted reason, never a hang
-                    log.exception("http: %s %s failed", method, m.route.template)
+                    log.exception("http: %s %s failed", method, m.route.template)  # a bug of ours: keep the trace
                     code, payload = 500, {"error": redact(f"{type(exc).__name__}: {exc}")}
                 self._json(code, payload)
 
@@ -181,5 +346,11 @@ class ControlServer:
 
             def do_DELETE(self) -> None:  # noqa: N802
                 self._dispatch("DELETE")
+
+            def do_PUT(self) -> None:  # noqa: N802: answered 405 or 404 like any method a route lacks
+                self._dispatch("PUT")
+
+            def do_PATCH(self) -> None:  # noqa: N802
+                self._dispatch("PATCH")
 
         return Handler

@@ -30,8 +30,20 @@ def _param(name: str, where: str, description: str, schema: dict[str, Any] | Non
 
 
 JOB_ID = _param("job_id", "path", "The pipeline id (local and connect mode) or the Databricks job id.")
+WORKSPACE = [_param("X-Databricks-Host", "header", "Databricks mode: the workspace to use for this request "
+                    "(https://...); with X-Databricks-Token. Ignored in local and connect mode.", required=False),
+             _param("X-Databricks-Token", "header", "Databricks mode: the token for X-Databricks-Host; never "
+                    "logged nor echoed.", required=False)]
 TABLE = _param("table", "path", "The table name (URL-encoded).")
 _SECURE = [{"bearer": []}]
+
+
+def _body_errors() -> dict[str, Any]:
+    return {"400": _json(_ERR, "The body cannot be read: bad Content-Length or chunked framing, not UTF-8, "
+                               "not valid JSON, or nested deeper than 64 levels."),
+            "408": _json(_ERR, "The body did not arrive within the read timeout."),
+            "413": _json(_ERR, "The body is larger than 1 MiB."),
+            "501": _json(_ERR, "A Transfer-Encoding other than chunked.")}
 
 
 def _op(summary: str, responses: dict[str, Any], *, params: list[dict[str, Any]] | None = None,
@@ -70,10 +82,12 @@ def document() -> dict[str, Any]:
                     "problems": {"type": "array", "items": {"type": "object", "properties": {
                         "field": {"type": "string"}, "message": {"type": "string"}}}}}},
                 "PipelineSettings": {"type": "object", "additionalProperties": True,
-                                     "required": ["source_catalog", "destination_catalog", "schema_name",
-                                                  "checkpoint_volume"],
-                                     "description": "The settings of the pipeline YAML (see the README's "
-                                                    "configuration reference) except runtime, http and databricks.",
+                                     "required": ["source_catalog", "destination_catalog", "schema_name"],
+                                     "description": "The settings of the pipeline YAML (see "
+                                                    "docs/configuration.md) except runtime, http and databricks. "
+                                                    "checkpoint_volume may be left out here (unlike in the YAML): "
+                                                    "it defaults to <the daemon's checkpoint_volume>/api, so the "
+                                                    "pipeline's folder is <checkpoint_volume>/api/<pipeline_id>.",
                                      "properties": {k: {"type": t} for k, t in (
                                          ("pipeline_id", "string"), ("source_catalog", "string"),
                                          ("destination_catalog", "string"), ("schema_name", "string"),
@@ -110,6 +124,9 @@ def document() -> dict[str, Any]:
             },
         },
         "paths": {
+            "/": {"get": _op("The per-table status page (HTML, no external assets): state, lag and its recent "
+                             "history, rows applied, last error, retention headroom, pause/resume buttons.",
+                             {"200": {"description": "HTML.", "content": {"text/html": {"schema": {"type": "string"}}}}})},
             "/metrics": {"get": _op("Prometheus metrics.", {"200": {"description": "Text format.", "content": text}})},
             "/healthz": {"get": _op("The process is alive.", {"200": _json({"type": "object"}, "Alive.")})},
             "/readyz": {"get": _op("Every table that is not paused runs within the lag SLO.", {
@@ -123,17 +140,20 @@ def document() -> dict[str, Any]:
             "/api/continuous-sync": {
                 "post": _op("Start a Continuous Sync pipeline (in this daemon, or as a Databricks job).", {
                     "201": _json({"$ref": "#/components/schemas/Submitted"}, "Started or submitted."),
-                    "409": _json(_ERR, "A pipeline of that id already runs."),
+                    **_body_errors(),
+                    "409": _json(_ERR, "A pipeline of that id already runs, or its checkpoint folder is, holds or "
+                                       "lies inside a running pipeline's (symbolic links resolved); the message "
+                                       "names both folders."),
                     "422": _json(_PROBLEMS, "Invalid settings: every problem with its field."),
                     "504": _json(_ERR, "Not started within the API timeout.")},
-                    secured=True, body={"$ref": "#/components/schemas/PipelineSettings"}),
+                    params=WORKSPACE, secured=True, body={"$ref": "#/components/schemas/PipelineSettings"}),
                 "get": _op("Every pipeline, with per-table state and lag.", {"200": _json(
                     {"type": "object", "properties": {"pipelines": {"type": "array", "items": one}}}, "Pipelines.")},
-                    secured=True)},
+                    params=WORKSPACE, secured=True)},
             "/api/continuous-sync/{job_id}": {
                 "get": _op("One pipeline, with per-table state and lag.", {
                     "200": _json(one, "The pipeline."), "404": _json(_ERR, "No such pipeline.")},
-                    params=[JOB_ID], secured=True),
+                    params=[JOB_ID, *WORKSPACE], secured=True),
                 "delete": _op("Stop (drain) the pipeline or cancel and delete its Databricks job.", {
                     "200": _json({"type": "object"}, "Stopped."),
                     "202": _json({"type": "object"}, "Still draining after the API timeout."),
@@ -142,16 +162,16 @@ def document() -> dict[str, Any]:
                     "422": _json(_PROBLEMS, "Invalid query.")},
                     params=[JOB_ID, _param("cleanup_checkpoints", "query",
                                            "Also delete <checkpoint_volume>/<pipeline_id> (default false).",
-                                           {"type": "boolean", "default": False}, required=False)],
+                                           {"type": "boolean", "default": False}, required=False), *WORKSPACE],
                     secured=True)},
             "/api/continuous-sync/{job_id}/pause": {"post": _op(
                 "Pause every table of the pipeline (a Databricks job: pause its trigger and cancel its run).",
                 {"202": _json({"type": "object"}, "Queued."), "404": _json(_ERR, "No such pipeline.")},
-                params=[JOB_ID], secured=True)},
+                params=[JOB_ID, *WORKSPACE], secured=True)},
             "/api/continuous-sync/{job_id}/resume": {"post": _op(
                 "Resume every table of the pipeline (a Databricks job: unpause its trigger).",
                 {"202": _json({"type": "object"}, "Queued."), "404": _json(_ERR, "No such pipeline.")},
-                params=[JOB_ID], secured=True)},
+                params=[JOB_ID, *WORKSPACE], secured=True)},
             "/api/continuous-sync/{job_id}/resync/{table}": {"post": _op(
                 "Rebuild one table's replica from a new snapshot (queued for the pipeline's supervisor).",
                 {"202": _json({"type": "object"}, "Queued."), "404": _json(_ERR, "No such pipeline or table."),

@@ -69,16 +69,46 @@ class PipelineExists(Exception):
     pass
 
 
+class FoldersOverlap(Exception):
+    """A new pipeline's folder is, holds or lies inside the folder of one that runs."""
+
+    def __init__(self, new: Path, other_id: str, other: Path) -> None:
+        super().__init__(f"the checkpoint folder {new} overlaps {other}, the folder of pipeline {other_id!r} "
+                         f"that runs in this daemon (same folder, or one inside the other, symbolic links "
+                         f"resolved): give this pipeline another checkpoint_volume or pipeline_id")
+        self.new, self.other_id, self.other = new, other_id, other
+
+
+def overlaps(a: Path, b: Path) -> bool:
+    """True when two folders are the same or one holds the other, symbolic links resolved."""
+    ra, rb = a.expanduser().absolute().resolve(), b.expanduser().absolute().resolve()
+    return ra == rb or ra in rb.parents or rb in ra.parents
+
+
 class PipelineRegistry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._pipelines: dict[str, PipelineHandle] = {}
 
     def add(self, handle: PipelineHandle) -> None:
+        """Register a pipeline; :class:`PipelineExists` for a taken id, :class:`FoldersOverlap` when its
+        folder overlaps a registered pipeline's (two supervisors would share state and checkpoints)."""
         with self._lock:
             if handle.pipeline_id in self._pipelines:
                 raise PipelineExists(handle.pipeline_id)
+            clash = self._overlapping(handle.directory)
+            if clash is not None:
+                raise FoldersOverlap(handle.directory, clash.pipeline_id, clash.directory)
             self._pipelines[handle.pipeline_id] = handle
+
+    def _overlapping(self, directory: Path) -> PipelineHandle | None:
+        return next((h for h in self._pipelines.values() if overlaps(directory, h.directory)), None)
+
+    def overlapping(self, directory: Path) -> PipelineHandle | None:
+        """The registered pipeline whose folder overlaps ``directory``, if any (a hint for a quick
+        refusal: :meth:`add` is the authority)."""
+        with self._lock:
+            return self._overlapping(directory)
 
     def reserve_check(self, pipeline_id: str) -> bool:
         """True when no pipeline of that id runs (a hint: :meth:`add` is the authority)."""
@@ -129,7 +159,7 @@ def checkpoint_dir_to_delete(checkpoint_volume: str, pipeline_id: str, protected
     if resolved == root or root not in resolved.parents:
         raise ValueError(f"{target} is not inside the checkpoint volume {volume}")
     for other in protected:
-        o = other.expanduser().absolute().resolve()
-        if o == resolved or resolved in o.parents or o in resolved.parents:
-            raise ValueError(f"{target} overlaps {o}, the directory of a pipeline that still runs")
+        if overlaps(resolved, other):
+            raise ValueError(f"{target} overlaps {other.expanduser().absolute().resolve()}, the directory of a "
+                             f"pipeline that still runs")
     return target

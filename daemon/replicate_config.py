@@ -48,7 +48,7 @@ OPERATIONS: tuple[str, ...] = ("clone", "reconcile", "metadata", "incremental")
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ObjectSettings(Strict):

@@ -21,10 +21,11 @@ class Route:
 
     @property
     def parts(self) -> list[str]:
-        return self.template.strip("/").split("/")
+        return self.template.strip("/").split("/") if self.template != "/" else []
 
 
 ROUTES: tuple[Route, ...] = (
+    Route("GET", "/", "page"),
     Route("GET", "/metrics", "metrics"),
     Route("GET", "/healthz", "healthz"),
     Route("GET", "/readyz", "readyz"),
@@ -91,5 +92,6 @@ def match(method: str, target: str) -> Match | None | str:
 
 
 def allowed_methods(target: str) -> list[str]:
-    segments = urlsplit(target).path.strip("/").split("/")
+    path = urlsplit(target).path.strip("/")
+    segments = path.split("/") if path else []
     return sorted({r.method for r in ROUTES if _match_path(r, segments) is not None})

@@ -67,6 +67,14 @@ class ScheduleSettings(Strict):
             raise ValueError(f"operations repeat: {v}")
         return v
 
+    @field_validator("daily_at", mode="before")
+    @classmethod
+    def _daily_quoted(cls, v: object) -> object:
+        if isinstance(v, int) and not isinstance(v, bool):  # YAML 1.1 reads 02:30 unquoted as 150 (base 60)
+            raise ValueError(f"write the time of day quoted, e.g. daily_at: \"02:30\" (unquoted, YAML reads "
+                             f"HH:MM as a number: {v})")
+        return v
+
     @field_validator("daily_at")
     @classmethod
     def _daily(cls, v: str | None) -> str | None:

@@ -10,7 +10,7 @@ from lakemirror.sinks.metadata_sync import DEFAULT_OBJECT_TYPES, OBJECT_TYPES
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class RetrySettings(Strict):

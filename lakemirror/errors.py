@@ -42,8 +42,12 @@ class ConfigError(TerminalError):
     code = "config"
 
     def __init__(self, problems: list[tuple[str, str]]) -> None:
-        self.problems = problems
-        super().__init__("; ".join(f"{loc}: {msg}" for loc, msg in problems))
+        from lakemirror.secrets import redact
+
+        # A location or message may quote a value (an identifier, a URL) holding a credential: every
+        # problem is redacted here, once, so no output of a ConfigError (CLI, log, API) can show it.
+        self.problems = [(redact(str(loc)), redact(str(msg))) for loc, msg in problems]
+        super().__init__("; ".join(f"{loc}: {msg}" for loc, msg in self.problems))
 
 
 class SchemaChangeRestart(TransientError):

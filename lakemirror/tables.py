@@ -40,6 +40,20 @@ def has_own_jvm(spark: "SparkSession") -> bool:
     return getattr(spark, "_jvm", None) is not None
 
 
+def own_session(spark: "SparkSession") -> "SparkSession":
+    """A session of its own (confs, temp views) sharing ``spark``'s cluster: ``newSession`` with a
+    JVM of its own; over Spark Connect, which has no ``newSession``, a new server-side session."""
+    if has_own_jvm(spark) or not hasattr(spark, "client"):
+        return spark.newSession()
+    # A new server session on the same address (and token), like ``builder.remote(url).create()``.
+    # Not ``cloneSession``: a foreachBatch query started in a clone failed to start its Python worker.
+    from pyspark.sql import SparkSession
+
+    channel = spark.client._builder  # noqa: SLF001 (the address the session was made with)
+    params = "".join(f";{k}={v}" for k, v in channel._params.items() if k != "session_id")  # noqa: SLF001
+    return SparkSession.builder.remote(f"sc://{channel.url.netloc}/{params}").create()  # type: ignore[attr-defined,no-any-return]
+
+
 def reader(spark: "SparkSession", loc: TableLocation, **options: Any) -> "DataFrameReader":
     r = spark.read.format("delta")
     for k, v in options.items():
@@ -66,11 +80,32 @@ def delta_table(spark: "SparkSession", loc: TableLocation) -> "DeltaTable":
 
 
 def exists(spark: "SparkSession", loc: TableLocation) -> bool:
-    from delta.tables import DeltaTable
-
+    """Whether the Delta table is there. Without a JVM of its own (Spark Connect, where Delta's
+    Python API needs the Connect plugin that Maven Central does not serve) a path is asked by SQL."""
+    if loc.path and not has_own_jvm(spark):
+        try:
+            spark.sql(f"DESCRIBE DETAIL {loc.sql}").collect()
+        except Exception as exc:  # noqa: BLE001 (only "no Delta table there" means False)
+            text = str(exc)
+            if any(m in text for m in ("DELTA_MISSING_DELTA_TABLE", "DELTA_TABLE_NOT_FOUND", "PATH_NOT_FOUND",
+                                       "is not a Delta table", "doesn't exist", "does not exist")):
+                return False
+            raise
+        return True
     if loc.path:
+        from delta.tables import DeltaTable
+
         return bool(DeltaTable.isDeltaTable(spark, loc.path))
     return bool(spark.catalog.tableExists(loc.name.sql))
+
+
+def history(spark: "SparkSession", loc: TableLocation, limit: int | None = None) -> "DataFrame":
+    """The table's commits, newest first (``DESCRIBE HISTORY``'s columns): Delta's Python API in a
+    session with its own JVM, the SQL statement over Spark Connect (no Delta plugin there)."""
+    if has_own_jvm(spark):
+        table = delta_table(spark, loc)
+        return table.history(limit) if limit is not None else table.history()
+    return spark.sql(f"DESCRIBE HISTORY {loc.sql}" + (f" LIMIT {int(limit)}" if limit is not None else ""))
 
 
 def write(df: "DataFrame", loc: TableLocation, mode: str, **options: Any) -> None:
@@ -91,13 +126,12 @@ RECENT_COMMITS = 100
 def tagged_commits(spark: "SparkSession", loc: TableLocation, user_metadata: str, *columns: str) -> list[Any]:
     """Rows (``userMetadata`` and ``columns``) of the commits whose ``userMetadata`` is
     ``user_metadata``, newest first."""
-    table = delta_table(spark, loc)
-    recent = table.history(RECENT_COMMITS).select("userMetadata", *columns).collect()
+    recent = history(spark, loc, RECENT_COMMITS).select("userMetadata", *columns).collect()
     found = [r for r in recent if r["userMetadata"] == user_metadata]
     if found or len(recent) < RECENT_COMMITS:
         return found
     quoted = user_metadata.replace("'", "''")
-    return table.history().where(f"userMetadata = '{quoted}'").select("userMetadata", *columns).collect()
+    return history(spark, loc).where(f"userMetadata = '{quoted}'").select("userMetadata", *columns).collect()
 
 
 def is_local_path(location: str) -> bool:
@@ -132,15 +166,25 @@ DELTA_RS_WRITER_FEATURES = frozenset({"appendOnly", "invariants", "checkConstrai
 DV_WRITER_FEATURES = DELTA_RS_WRITER_FEATURES | {"deletionVectors", "changeDataFeed"}
 
 
-def delta_rs_can_write(path: str) -> bool:
-    """Whether delta-rs is installed and writes the Delta table at local ``path`` correctly."""
+def delta_rs_can_write(path: str, storage_options: "dict[str, str] | None" = None) -> bool:
+    """Whether delta-rs is installed and writes the Delta table at ``path`` correctly: a local
+    path, or with ``storage_options`` a delta-rs URI such as ``s3://…``
+    (:func:`lakemirror.object_store.delta_rs_target`)."""
     import importlib.util
 
-    if importlib.util.find_spec("deltalake") is None or not is_local_table(path):
+    if importlib.util.find_spec("deltalake") is None:
         return False
     from deltalake import DeltaTable
 
-    protocol = DeltaTable(path).protocol()
+    if not storage_options:
+        if not is_local_table(path):
+            return False
+        protocol = DeltaTable(path).protocol()
+    else:
+        try:
+            protocol = DeltaTable(path, storage_options=storage_options).protocol()
+        except Exception:  # noqa: BLE001 (no table there, or delta-rs cannot reach it: Spark writes)
+            return False
     if protocol.min_writer_version < 7:
         return protocol.min_writer_version <= 3  # 4 and up: change data feed, generated columns, column mapping
     return set(protocol.writer_features or ()) <= DELTA_RS_WRITER_FEATURES

@@ -2,12 +2,16 @@
 # Installs the Debian packages that the deployment tests run for real, idempotently:
 #   - prometheus: `promtool check rules` / `promtool test rules` on deploy/prometheus, and the server
 #     for the scrape test.
+#   - chromium: the status page served at `GET /` is rendered headless (screenshot and DOM) by
+#     tests/unit/test_status_page.py.
+#   - postgresql-15: the Postgres sink's tests (scripts/postgres.sh starts a throwaway cluster).
+#   - maven: scripts/kafka.sh resolves the Kafka broker's jars with it (the Kafka source's test).
 # Does nothing when every tool is already there. Needs root (or sudo) and Debian's apt; it refreshes
 # the package lists only when they do not know the packages yet. The packages' own daemons are not
 # started: the tests start what they need on loopback ports.
 set -euo pipefail
 
-declare -A tool_of=([prometheus]=promtool)
+declare -A tool_of=([prometheus]=promtool [chromium]=chromium [postgresql-15]=pg_ctlcluster [maven]=mvn)
 missing=()
 for pkg in "${!tool_of[@]}"; do
   command -v "${tool_of[$pkg]}" >/dev/null 2>&1 || missing+=("$pkg")

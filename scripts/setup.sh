@@ -3,7 +3,10 @@
 #   - checks Python >= 3.11 and Java >= 17 (with a message saying what to install),
 #   - creates .venv and installs lakemirror with its pinned dependencies and test extras,
 #   - resolves Delta's jars from Maven Central once into the local cache (~/.cache/lakemirror),
-#     so that every later run, test and demo starts offline.
+#     and hadoop-aws with the AWS SDK bundle (about 690 MB, for s3a:// locations and the
+#     object-storage tests), so that every later run, test and demo starts offline,
+#   - installs the Debian packages of scripts/install-services.sh (apt-get, as root or with sudo) when
+#     their tools are missing; LAKEMIRROR_SKIP_SYSTEM_PACKAGES=1 skips this step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,6 +35,13 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install --quiet -e '.[test]'
   echo "$want" > "$stamp"
 fi
+# fetch-jars resolves only the groups not cached yet (a machine set up before the s3 group gets it alone).
 .venv/bin/lakemirror fetch-jars --check >/dev/null 2>&1 || .venv/bin/lakemirror fetch-jars
 # Debian packages the deployment tests run for real (promtool); their tests are skipped if this fails.
-[ ! -x scripts/install-services.sh ] || scripts/install-services.sh || echo "setup: could not install the Debian packages of scripts/install-services.sh; the tests that need them are skipped" >&2
+if [ "${LAKEMIRROR_SKIP_SYSTEM_PACKAGES:-0}" = 1 ]; then
+  echo "setup: LAKEMIRROR_SKIP_SYSTEM_PACKAGES=1: not installing the Debian packages of scripts/install-services.sh; the tests that need them are skipped" >&2
+else
+  [ ! -x scripts/install-services.sh ] || scripts/install-services.sh || echo "setup: could not install the Debian packages of scripts/install-services.sh; the tests that need them are skipped" >&2
+fi
+# The Kafka broker of the Kafka source's integration test (scripts/kafka.sh): its jars once, like Delta's.
+scripts/kafka.sh fetch || echo "setup: could not resolve the Kafka broker's jars (needs mvn); the Kafka source's test is skipped" >&2

@@ -2,9 +2,10 @@
 
 Two implementations of one :class:`Catalog` protocol:
 
-- :class:`LocalCatalog`, the embedded default: a local lakehouse under one warehouse directory.
-  ``prod.orders.order_items`` lives at ``<warehouse>/prod/orders/order_items`` as a path-based
-  Delta table, so configs written for Unity Catalog read the same locally. A primary key is
+- :class:`LocalCatalog`, the embedded default: a lakehouse under one warehouse directory, local or
+  on object storage (``s3a://bucket/lakehouse``). ``prod.orders.order_items`` lives at
+  ``<warehouse>/prod/orders/order_items`` as a path-based Delta table, so configs written for
+  Unity Catalog read the same locally. A primary key is
   declared with the table property ``lakemirror.primaryKey``.
 - :class:`UnityCatalog`, on Databricks: tables by name, keys from PRIMARY KEY constraints, and
   the backing tables of Streaming Tables (:meth:`UnityCatalog.backing_table`).
@@ -110,20 +111,45 @@ def _logged_table_id(spark: "SparkSession", path: str) -> str | None:
 
 
 class LocalCatalog:
-    """Path-based Delta tables under ``warehouse/<catalog>/<schema>/<table>``."""
+    """Path-based Delta tables under ``warehouse/<catalog>/<schema>/<table>``.
+
+    ``warehouse`` is a local directory, or a URI of a file system Spark's Hadoop reads (such as
+    ``s3a://bucket/lakehouse``): its folders are then listed through Hadoop's FileSystem, and
+    :attr:`warehouse` stays the URI string."""
 
     def __init__(self, warehouse: str | Path) -> None:
-        self.warehouse = Path(warehouse).resolve()
+        self.warehouse: Path | str = (Path(warehouse).resolve() if tables.is_local_path(str(warehouse))
+                                      else str(warehouse).rstrip("/"))
+
+    def _folder(self, *parts: str) -> str:
+        if isinstance(self.warehouse, Path):
+            return str(self.warehouse.joinpath(*parts))
+        return "/".join((self.warehouse, *parts))
 
     def locate(self, name: TableName) -> TableLocation:
-        return TableLocation(name, str(self.warehouse / name.catalog / name.schema / name.table))
+        return TableLocation(name, self._folder(name.catalog, name.schema, name.table))
+
+    def list_folders(self, spark: "SparkSession", *parts: str) -> list[str]:
+        """Names of the visible folders under ``warehouse/<parts>`` (none if it does not exist)."""
+        if isinstance(self.warehouse, Path):
+            folder = self.warehouse.joinpath(*parts)
+            return sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")) \
+                if folder.is_dir() else []
+        from lakemirror.object_store import list_folders
+
+        return [n for n in list_folders(spark, self._folder(*parts)) if not n.startswith(".")]
 
     def list_tables(self, spark: "SparkSession", catalog: str, schema: str) -> list[TableName]:
-        folder = self.warehouse / catalog / schema
-        if not folder.is_dir():
-            return []
-        return sorted(TableName(catalog, schema, p.name) for p in folder.iterdir()
-                      if (p / "_delta_log").is_dir() and not p.name.startswith("."))
+        if isinstance(self.warehouse, Path):
+            folder = self.warehouse / catalog / schema
+            if not folder.is_dir():
+                return []
+            return sorted(TableName(catalog, schema, p.name) for p in folder.iterdir()
+                          if (p / "_delta_log").is_dir() and not p.name.startswith("."))
+        from lakemirror.object_store import list_folders
+
+        return sorted(TableName(catalog, schema, name) for name in self.list_folders(spark, catalog, schema)
+                      if "_delta_log" in list_folders(spark, self._folder(catalog, schema, name)))
 
     def describe(self, spark: "SparkSession", name: TableName) -> TableInfo:
         loc = self.locate(name)
@@ -134,7 +160,8 @@ class LocalCatalog:
         return TableInfo(loc, table_id, columns, props, parse_declared(props.get(PRIMARY_KEY_PROPERTY)))
 
     def ensure_schema(self, spark: "SparkSession", catalog: str, schema: str) -> None:
-        (self.warehouse / catalog / schema).mkdir(parents=True, exist_ok=True)
+        if isinstance(self.warehouse, Path):  # object stores have no folders to create
+            (self.warehouse / catalog / schema).mkdir(parents=True, exist_ok=True)
 
 
 class UnityCatalog:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from lakemirror import tables
 from lakemirror.tables import TableLocation, has_own_jvm
@@ -114,12 +114,34 @@ def source_head(spark: "SparkSession", loc: TableLocation, since_version: int,
     then it reads back to the commit ``since_version + 1`` that lag is measured from (never the
     whole history).
     """
-    history = tables.delta_table(spark, loc).history(window).select("version", "timestamp").collect()
-    times = {int(r["version"]): r["timestamp"].timestamp() for r in history}
+    def newest(n: int) -> dict[int, float]:
+        rows = tables.history(spark, loc, n).select("version", "timestamp").collect()
+        return {int(r["version"]): r["timestamp"].timestamp() for r in rows}
+    return head_from_history(newest, since_version, window)
+
+
+#: How often the read back to the needed commit is repeated when the source commits meanwhile.
+HISTORY_RETRIES = 5
+
+
+def head_from_history(newest: Callable[[int], dict[int, float]], since_version: int,
+                      window: int) -> SourceHead:
+    """:func:`source_head` over ``newest(n)``, the commit times of the newest ``n`` versions.
+
+    A history read is "the newest n commits": when the source commits between the first read and
+    the read back to ``since_version + 1``, the second read ends one commit short of it. The needed
+    commit must never be reported missing for that reason (a missing commit means its change
+    window has closed), so the read back is repeated with the newer head until it reaches the
+    needed commit or shows that the log no longer holds it, each time reaching further back."""
+    times = newest(window)
     latest = max(times)
     needed = since_version + 1
-    if latest >= needed and needed not in times:
-        rows = (tables.delta_table(spark, loc).history(latest - needed + 1)
-                .where(f"version = {int(needed)}").select("version", "timestamp").collect())
-        times.update({int(r["version"]): r["timestamp"].timestamp() for r in rows})
-    return SourceHead(latest, times)
+    for attempt in range(HISTORY_RETRIES):
+        if latest < needed or needed in times:
+            break
+        back = newest(latest - needed + 1 + 8 * 2 ** attempt)  # room for commits landing meanwhile
+        times.update(back)
+        if needed in times or not back or max(back) <= latest:
+            break  # found, or the log no longer holds it: no newer commit cut the read short
+        latest = max(back)
+    return SourceHead(max(times), times)

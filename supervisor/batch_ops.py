@@ -9,7 +9,6 @@ cancelled by :meth:`SparkOperations.cancel`.
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from lakemirror.errors import NoUsableKey, TerminalError
@@ -46,9 +45,7 @@ class SparkDiscovery:
 
     def list_schemas(self, catalog: str) -> list[str]:
         if isinstance(self.catalog, LocalCatalog):
-            folder = Path(self.catalog.warehouse) / catalog
-            return sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")) \
-                if folder.is_dir() else []
+            return self.catalog.list_folders(self.spark, catalog)
         from lakemirror.identifiers import quote
 
         rows = self.spark.sql(f"SHOW SCHEMAS IN {quote(catalog)}").collect()

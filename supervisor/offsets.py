@@ -14,8 +14,13 @@ from typing import Any, Mapping
 BASE_INDEX = -1
 
 
-def applied_through_from_offset(offset: Mapping[str, Any] | str | None) -> int | None:
-    """The highest source version fully applied at ``offset``, or None if it cannot be told."""
+def applied_through_from_offset(offset: Mapping[str, Any] | str | None,
+                                files_in_version: int | None = None) -> int | None:
+    """The highest source version fully applied at ``offset``, or None if it cannot be told.
+
+    ``files_in_version``: how many file indexes the offset's version has, where known. Delta's
+    ``DeltaSource`` ends a batch that read a whole version at that version's last file index (not at
+    the next version's ``-1``): that version is then fully applied too."""
     if offset is None:
         return None
     if isinstance(offset, str):
@@ -24,4 +29,7 @@ def applied_through_from_offset(offset: Mapping[str, Any] | str | None) -> int |
     if "reservoirVersion" not in offset:
         return None
     version = int(offset["reservoirVersion"])
+    index = int(offset.get("index", BASE_INDEX))
+    if files_in_version is not None and index >= 0 and index == files_in_version - 1:
+        return version
     return version - 1

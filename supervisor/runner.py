@@ -30,36 +30,39 @@ from lakemirror.checkpoints.bootstrap_state import BootstrapStore, bootstrap_sto
 from lakemirror.checkpoints.records import CheckpointRow, CheckpointStore
 from lakemirror.checkpoints.state import StateStore, TableProgress
 from lakemirror.errors import (
-    ChangeWindowExpired, DestinationConflict, LakemirrorError, SchemaChangeRestart, SchemaIncompatible,
-    SourceReplaced,
+    DestinationConflict, LakemirrorError, SchemaIncompatible, SourceReplaced,
 )
 from lakemirror.sinks import snapshot_copy
 from lakemirror.sinks.apply_choice import ApplyChoice, choose_apply
 from lakemirror.sinks.delta_merge import DeltaMergeSink, MergeOutcome, TxnId, txn_app_id
 from lakemirror.sinks.driver_apply import ChangeReader
 from lakemirror.sinks.planner import ColumnSelection, MergePlan, diff_schema, plan_merge
+from lakemirror.sinks.postgres.spark_batches import PostgresTable
 from lakemirror.sources import change_feed
 from lakemirror.sources.catalog import Catalog, table_id
 from lakemirror.sources.change_feed import SourceHead
 from lakemirror.sources.commit_log import CommitLog, commit_log_for, probe_head
 from lakemirror.sources.keys import KeyChoice, choose_key
 from lakemirror.supervisor import state as sm
-from lakemirror.supervisor import turns
+from lakemirror.supervisor import replica_record, turns
 from lakemirror.supervisor.batch_feed import BatchFeed
 from lakemirror.supervisor.bootstrap_policy import BootstrapProgress
 from lakemirror.supervisor.chunked_bootstrap import BootstrapInterrupted, BootstrapJob, ChunkedBootstrap
 from lakemirror.supervisor.classify import classify
+from lakemirror.supervisor.failure import failed_event
+from lakemirror.supervisor.connect_batches import ConnectBatches, batch_job, server_batch_cause
 from lakemirror.supervisor.lag import LagReading, compute_lag
 from lakemirror.supervisor.offsets import applied_through_from_offset
 from lakemirror.supervisor.retention import RetentionWindow, headroom_seconds
 from lakemirror.supervisor.spec import PipelineSpec
 from lakemirror.supervisor.turn_gate import TurnGate
-from lakemirror.tables import has_own_jvm
+from lakemirror.tables import has_own_jvm, own_session
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
+    from lakemirror.sinks.postgres.executor import Connector
     from lakemirror.tables import TableLocation
 
 log = logging.getLogger(__name__)
@@ -113,6 +116,9 @@ class RunnerContext:
     bootstrap_slots: threading.Semaphore | None = None
     bootstraps: BootstrapStore | None = None
 
+    #: The Postgres server the replicas go to (``destination.kind: postgres``); None: Delta replicas.
+    postgres: "Connector | None" = None
+
     def __post_init__(self) -> None:
         if self.bootstrap_slots is None:
             self.bootstrap_slots = threading.BoundedSemaphore(max(1, self.spec.bootstrap.parallel_chunks))
@@ -142,6 +148,9 @@ class TableRunner:
         self.source = ctx.spec.source(table)
         self.destination = ctx.spec.destination(table)
         self.slug = self.source.slug
+        #: The table's Postgres replica, when the pipeline writes to Postgres (sinks/choose.py).
+        self.pg = (PostgresTable(ctx.postgres, ctx.spec.pipeline_id, table, str(self.source))
+                   if ctx.postgres is not None else None)
         self._events: list[sm.Event | BatchReport | BootstrapProgress] = []
         self._healthy_query: "StreamingQuery | None" = None
         self._lock = threading.Lock()
@@ -156,6 +165,9 @@ class TableRunner:
         self._gate: TurnGate | None = None  # turns taken inside an always-on query's batch function
         self._draining = False
         self._query: StreamingQuery | None = None
+        #: Spark Connect: the batches the server-side batch function recorded (None: a local session).
+        self._connect: ConnectBatches | None = None
+        self._connect_progress_id: int | None = None
         #: The session the table's query is started in: :attr:`session`, or one of the query's own
         #: (``kernel_change_feed``: :func:`lakemirror.sources.change_feed.kernel_stream`).
         self.stream_session: SparkSession | None = None
@@ -171,6 +183,9 @@ class TableRunner:
         self._known_latest: int | None = None
         self.prepared: Prepared | None = None
         self.applied_through: int | None = None
+        #: The last batch of the epoch the replica's own log records at launch: a replay of it or
+        #: an earlier batch is skipped unread (:mod:`lakemirror.supervisor.replica_record`).
+        self._recorded_txn: int | None = None
         self.last_batch_at: float | None = None
         self.last_lag: LagReading | None = None
         #: The running bootstrap's progress (None when the table is not bootstrapping).
@@ -181,7 +196,7 @@ class TableRunner:
     @property
     def session(self) -> "SparkSession":
         if self._session is None:
-            self._session = self.ctx.spark.newSession()
+            self._session = own_session(self.ctx.spark)
         return self._session
 
     @property
@@ -248,25 +263,24 @@ class TableRunner:
         if query is not None and not query.isActive and not self._draining:
             self._query = None
             exc = query.exception()
-            error = self._batch_error or classify(exc or RuntimeError("the stream stopped"), table=str(self.source))
+            error = self._batch_error or classify(server_batch_cause(exc or RuntimeError("the stream stopped")),
+                                                  table=str(self.source))
             self._emit(self._failed(error))
         elif query is not None and (self._gate is None or not self._turn_proven):
             self._track_progress(query)
+            self._collect_connect_batches(query)
         with self._lock:
             out, self._events = self._events, []
         return out
 
     def _failed(self, error: LakemirrorError) -> sm.Failed:
-        restart = isinstance(error, SchemaChangeRestart) and self.ctx.spec.allow_schema_evolution
-        window_lost = isinstance(error, (ChangeWindowExpired, SourceReplaced))
-        resync = window_lost and self.ctx.spec.change_window_policy == "resync"
-        message = str(error)
-        if window_lost:
-            message += (" The table was resynced (new bootstrap epoch)." if resync else
-                        f" Policy change_window_policy=fail: the table stays failed; run `lakemirror resync CONFIG "
-                        f"{self.table}` (or POST /tables/{self.table}/resync), or set change_window_policy: resync.")
-        return sm.Failed(error=message, code=error.code, restart_now=restart, rand=random.random(),
-                         fatal=window_lost and not resync, resync=resync)
+        spec = self.ctx.spec
+        return failed_event(error, table=self.table, allow_schema_evolution=spec.allow_schema_evolution,
+                            change_window_policy=spec.change_window_policy, rand=random.random())
+
+    def source_exists(self) -> bool:
+        """Whether the source table exists now (the discovery loop's check of a missing table)."""
+        return bool(snapshot_copy.tables.exists(self.session, self.ctx.catalog.locate(self.source)))
 
     def resync(self, reason: str) -> None:
         """Forget the replica's progress so the next launch bootstraps a new epoch.
@@ -281,6 +295,7 @@ class TableRunner:
         self.prepared = None
         self._commit_log, self._commit_times, self._known_latest = None, {}, None
         self._commit_log_opened = False
+        self._recorded_txn = None
         self._resync_reason = reason
         self._resynced_from_table_id = progress.source_table_id
         log.warning("table %s: resync (%s)", self.source, reason)
@@ -309,7 +324,7 @@ class TableRunner:
         # stream's thread meanwhile, and commit times read for one version cannot price another
         # (that mix once reported a 0 s change window and a lag off by whole batches).
         through, prepared = self.applied_through, self.prepared
-        if through is None or prepared is None:
+        if through is None:
             return None
         loc = self.ctx.catalog.locate(self.source)
         # Read only as many of the newest commits as the table was behind at the last probe (plus
@@ -319,8 +334,9 @@ class TableRunner:
                 or change_feed.source_head(self.session, loc, through, window=window))
         self._known_latest = head.latest_version
         times = dict(head.commit_times)
-        headroom = headroom_seconds(applied_through=through, latest_version=head.latest_version,
-                                    commit_times=times, window=prepared.retention, now=now)
+        headroom = None if prepared is None else headroom_seconds(
+            applied_through=through, latest_version=head.latest_version, commit_times=times,
+            window=prepared.retention, now=now)
         needed = through + 1
         if head.latest_version >= needed and needed not in times:
             # The needed commit is gone from the log: lag is at least the oldest commit still there.
@@ -328,7 +344,8 @@ class TableRunner:
         reading = compute_lag(applied_through=through, latest_version=head.latest_version,
                               commit_times=times, now=now)
         self.last_lag = replace(reading, retention_headroom_seconds=headroom)
-        self._warn_on_headroom(headroom)
+        if headroom is not None:
+            self._warn_on_headroom(headroom)
         return self.last_lag
 
     def _head_from_commit_files(self, loc: TableLocation, through: int) -> SourceHead | None:
@@ -356,8 +373,25 @@ class TableRunner:
 
     # -- preparation and bootstrap --------------------------------------------------------------
 
+    def _adopt_record(self) -> None:
+        """Take the applied version from the replica's own record before anything else: a table
+        that fails to start reports what its replica holds, not its epoch's bootstrap version."""
+        spec = self.ctx.spec
+        try:
+            record = replica_record.read_record(
+                self.ctx.states.load(self.slug), checkpoint_root=spec.checkpoint_root, pipeline_id=spec.pipeline_id,
+                table_slug=self.slug, replica_path=self.ctx.catalog.locate(self.destination).path,
+                source_path=self.ctx.catalog.locate(self.source).path)
+        except Exception as exc:  # noqa: BLE001 (the stream's own progress remains)
+            log.info("table %s: cannot read the replica's transaction record: %s", self.source, exc)
+            record = None
+        self._recorded_txn = record.txn_version if record is not None else None
+        if record is not None and record.applied_through is not None:
+            self.applied_through = max(self.applied_through or -1, record.applied_through)
+
     def _launch(self) -> None:
         try:
+            self._adopt_record()
             prepared = self.prepare()
             if self._draining:
                 return
@@ -416,7 +450,7 @@ class TableRunner:
         spark = self.session
         src = self.ctx.catalog.locate(self.source)
         dst = self.ctx.catalog.locate(self.destination)
-        if progress.epoch == 0 and snapshot_copy.tables.exists(spark, dst):
+        if self.pg is None and progress.epoch == 0 and snapshot_copy.tables.exists(spark, dst):
             owner = snapshot_copy.replica_properties(spark, dst).get(snapshot_copy.PIPELINE_PROPERTY)
             if owner != self.ctx.spec.pipeline_id:
                 raise DestinationConflict(
@@ -430,29 +464,34 @@ class TableRunner:
         version = progress.bootstrap_version
         assert version is not None
         self.ctx.fault("bootstrap_before_snapshot")
-        self.ctx.catalog.ensure_schema(spark, self.destination.catalog, self.destination.schema)
-        log.info("table %s: bootstrapping %s from source version %d (epoch %d)",
-                 self.source, self.destination, version, progress.epoch)
-        spec = self.ctx.spec
-        job = BootstrapJob(spark, str(self.source), self.slug, src, dst, plan, progress.epoch, version,
-                           txn_app_id(spec.pipeline_id, self.slug, progress.epoch),
-                           f"{spec.checkpoint_root.rstrip('/')}/{spec.pipeline_id}/{self.slug}/e{progress.epoch}-touched",
-                           source_properties)
-        assert self.ctx.bootstraps is not None and self.ctx.bootstrap_slots is not None
-        chunked = ChunkedBootstrap(job, policy=spec.bootstrap, store=self.ctx.bootstraps,
-                                   slots=self.ctx.bootstrap_slots, clock=self.ctx.clock, fault=self.ctx.fault,
-                                   on_progress=self._bootstrap_progressed, stopping=lambda: self._draining)
-        # The replica holds the source as of ``through``: V, or later when the change feed was
-        # applied between chunks; the table's stream starts after it.
-        through = chunked.run()
-        snapshot_copy.set_properties(spark, dst, {
-            **spec.replica_properties, snapshot_copy.PIPELINE_PROPERTY: spec.pipeline_id,
-            snapshot_copy.SOURCE_PROPERTY: str(self.source), snapshot_copy.EPOCH_PROPERTY: str(progress.epoch),
-            snapshot_copy.BOOTSTRAP_VERSION_PROPERTY: str(through)})
+        through, chunked = version, None
+        if self.pg is not None:
+            self.pg.bootstrap(plan, change_feed.snapshot(spark, src, version), version, progress.epoch)
+        else:
+            self.ctx.catalog.ensure_schema(spark, self.destination.catalog, self.destination.schema)
+            log.info("table %s: bootstrapping %s from source version %d (epoch %d)",
+                     self.source, self.destination, version, progress.epoch)
+            spec = self.ctx.spec
+            job = BootstrapJob(spark, str(self.source), self.slug, src, dst, plan, progress.epoch, version,
+                               txn_app_id(spec.pipeline_id, self.slug, progress.epoch),
+                               f"{spec.checkpoint_root.rstrip('/')}/{spec.pipeline_id}/{self.slug}/e{progress.epoch}-touched",
+                               source_properties)
+            assert self.ctx.bootstraps is not None and self.ctx.bootstrap_slots is not None
+            chunked = ChunkedBootstrap(job, policy=spec.bootstrap, store=self.ctx.bootstraps,
+                                       slots=self.ctx.bootstrap_slots, clock=self.ctx.clock, fault=self.ctx.fault,
+                                       on_progress=self._bootstrap_progressed, stopping=lambda: self._draining)
+            # The replica holds the source as of ``through``: V, or later when the change feed was
+            # applied between chunks; the table's stream starts after it.
+            through = chunked.run()
+            snapshot_copy.set_properties(spark, dst, {
+                **spec.replica_properties, snapshot_copy.PIPELINE_PROPERTY: spec.pipeline_id,
+                snapshot_copy.SOURCE_PROPERTY: str(self.source), snapshot_copy.EPOCH_PROPERTY: str(progress.epoch),
+                snapshot_copy.BOOTSTRAP_VERSION_PROPERTY: str(through)})
         self.ctx.fault("bootstrap_after_snapshot")
         progress = replace(progress, bootstrapped=True, bootstrap_version=through)
         self.ctx.states.save(self.slug, progress)
-        chunked.finish()
+        if chunked is not None:
+            chunked.finish()
         self.bootstrap_progress = None
         log.info("table %s: bootstrapped %s at source version %d (epoch %d; snapshot at %d)",
                  self.source, self.destination, through, progress.epoch, version)
@@ -463,6 +502,9 @@ class TableRunner:
         self._emit(progress)
 
     def _evolve_replica(self, plan: MergePlan) -> None:
+        if self.pg is not None:
+            self.pg.prepare(plan, self.ctx.spec.allow_schema_evolution)
+            return
         spark = self.session
         dst = self.ctx.catalog.locate(self.destination)
         diff = diff_schema(plan.columns, snapshot_copy.replica_columns(spark, dst))
@@ -494,10 +536,11 @@ class TableRunner:
             options["maxBytesPerTrigger"] = spec.max_bytes_per_trigger
         kernel = spec.kernel_change_feed
         stream = change_feed.change_stream(self.session, src, progress.bootstrap_version, options, kernel=kernel)
-        sink = DeltaMergeSink(self.ctx.catalog.locate(self.destination), prepared.plan, stable_source=True,
-                              choose=lambda: self._choose_apply(prepared.plan))
+        sink: Any = (self.pg.batch_sink(prepared.plan, progress.epoch) if self.pg is not None else
+                     DeltaMergeSink(self.ctx.catalog.locate(self.destination), prepared.plan, stable_source=True,
+                                    choose=lambda: self._choose_apply(prepared.plan)))
         app_id = txn_app_id(spec.pipeline_id, self.slug, progress.epoch)
-        checkpoint = f"{spec.checkpoint_root.rstrip('/')}/{spec.pipeline_id}/{self.slug}/e{progress.epoch}"
+        checkpoint = replica_record.stream_checkpoint(spec.checkpoint_root, spec.pipeline_id, self.slug, progress.epoch)
         self.stream_session = stream.sparkSession
         stream_dir.use_file_system_manager(self.stream_session, checkpoint)
         removed = stream_dir.remove_interrupted_writes(self.session, checkpoint)
@@ -505,6 +548,9 @@ class TableRunner:
             log.warning("table %s: removed %d unfinished checkpoint write(s) of a stopped or killed query: %s",
                         self.source, len(removed), ", ".join(removed))
 
+        if not has_own_jvm(self.session):
+            self._start_connect_query(prepared, stream, app_id, checkpoint)
+            return
         gate = TurnGate() if spec.apply_workers > 0 and has_own_jvm(self.session) else None
         feed = self.batch_feed = BatchFeed.for_stream(checkpoint, src, progress.bootstrap_version)
 
@@ -530,6 +576,47 @@ class TableRunner:
             # A DataStreamWriter can start a query again once its last one has ended.
             self._turn_query = lambda once: (writer.trigger(once=True) if once
                                              else writer.trigger(availableNow=True)).start()
+
+    def _start_connect_query(self, prepared: Prepared, stream: "DataFrame", app_id: str, checkpoint: str) -> None:
+        """Spark Connect: the batch function runs on the server, in SQL only
+        (:mod:`lakemirror.sinks.connect_apply`), and records each batch's checkpoint row; the
+        runner reads those rows back (:meth:`_collect_connect_batches`)."""
+        spec = self.ctx.spec
+        job = batch_job(target=self.ctx.catalog.locate(self.destination), plan=prepared.plan, app_id=app_id,
+                        epoch=prepared.progress.epoch, pipeline_id=spec.pipeline_id, source_fqn=str(self.source),
+                        dest_fqn=str(self.destination),
+                        checkpoint_table=getattr(self.ctx.checkpoints, "location", None))
+        batches = ConnectBatches(job)
+        batches.skip_recorded(self.session)
+        self._connect, self._connect_progress_id = batches, None
+        writer = (stream.writeStream.queryName(f"lakemirror:{spec.pipeline_id}:{self.source}")
+                  .option("checkpointLocation", checkpoint)
+                  .foreachBatch(job.bound()))
+        if spec.apply_workers == 0:
+            self._query = writer.trigger(processingTime=f"{spec.trigger_interval_seconds} seconds").start()
+        else:
+            self._turn_query = lambda once: (writer.trigger(once=True) if once
+                                             else writer.trigger(availableNow=True)).start()
+
+    def _collect_connect_batches(self, query: "StreamingQuery | None" = None) -> None:
+        """Report the batches the server applied since the last look (Spark Connect only). With an
+        always-on query, the checkpoint table is read only once the query reports a new trigger."""
+        batches = self._connect
+        if batches is None:
+            return
+        if query is not None:
+            progress = query.lastProgress
+            batch_id = getattr(progress, "batchId", None) if progress else None
+            if batch_id is None or batch_id == self._connect_progress_id:
+                return
+            self._connect_progress_id = batch_id
+        for batch_id, outcome, started, ended in batches.new_outcomes(self.session):
+            if outcome.stats.last_version is not None:
+                self.applied_through = max(self.applied_through or -1, outcome.stats.last_version)
+            self.last_batch_at = ended
+            self._turn_proven = True
+            self._emit(BatchReport(self.table, batch_id, outcome, ended - started, ended))
+            self._emit(sm.BatchApplied())
 
     def _choose_apply(self, plan: MergePlan) -> tuple[ApplyChoice, int]:
         """MERGE, rewrite or the driver's MERGE (:mod:`lakemirror.sinks.apply_choice`), asked by the first batch: two
@@ -609,9 +696,10 @@ class TableRunner:
                 if self._draining:
                     return  # the drain refused the next batch (Drained): nothing was applied
                 self._turn_query = None
-                self._emit(self._failed(self._batch_error or classify(exc, table=str(self.source))))
+                self._emit(self._failed(self._batch_error or classify(server_batch_cause(exc), table=str(self.source))))
                 return
             self._query = None
+            self._collect_connect_batches()
             if not self._turn_proven:
                 self._turn_proven = True  # a turn that ran to its end (even with nothing new) proves the table
                 self._emit(sm.BatchApplied())
@@ -669,7 +757,11 @@ class TableRunner:
             try:
                 self._check_same_source(source_table_id, batch)
                 self.ctx.fault("before_merge")
-                outcome = sink.apply(batch, txn, read)
+                if self._recorded_txn is not None and txn.version <= self._recorded_txn:
+                    # The replica's log holds this batch: nothing to read (its change files may be gone).
+                    outcome = replica_record.replayed_outcome()
+                else:
+                    outcome = sink.apply(batch, txn, read)
                 if outcome.replayed:
                     log.info("table %s: batch %d of %s was already committed to the replica (a restart "
                              "replays it); Delta skipped the write", self.source, txn.version, txn.app_id)

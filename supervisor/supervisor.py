@@ -14,12 +14,14 @@ import random
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable, Mapping, Protocol
 
 from lakemirror.supervisor import state as sm
 from lakemirror.supervisor.bootstrap_policy import BootstrapProgress
+from lakemirror.supervisor.failure import REDISCOVERABLE
 from lakemirror.supervisor.lag import LagReading
 from lakemirror.supervisor.observer import NoopObserver, Observer
+from lakemirror.supervisor.recorded import RecordedTable
 from lakemirror.supervisor.runner import BatchReport
 from lakemirror.supervisor.turns import TurnPool, TurnTaker
 
@@ -38,6 +40,7 @@ class Runner(Protocol):
     def pause_persisted(self, paused: bool) -> None: ...
     def persisted_pause(self) -> bool: ...
     def resync(self, reason: str) -> None: ...
+    def source_exists(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,8 @@ class Supervisor:
                  policy: sm.RestartPolicy = sm.RestartPolicy(), observer: Observer | None = None,
                  clock: Callable[[], float] = time.time, rand: Callable[[], float] = random.random,
                  lag_interval_seconds: float = 2.0, discover_interval_seconds: float | None = None,
-                 apply_workers: int = 0, min_turn_interval_seconds: float = 1.0) -> None:
+                 apply_workers: int = 0, min_turn_interval_seconds: float = 1.0,
+                 recorded: Callable[[], Mapping[str, RecordedTable]] | None = None) -> None:
         self._factory = runner_factory
         self._list_tables = list_tables
         self.policy = policy
@@ -84,6 +88,9 @@ class Supervisor:
         self.lag_interval = lag_interval_seconds
         self.discover_interval = discover_interval_seconds
         self._tables: dict[str, _Table] = {}
+        #: What the pipeline's records say about its tables (read before any runner exists).
+        self._read_recorded = recorded
+        self._recorded: dict[str, RecordedTable] = {}
         self._commands: "queue.Queue[tuple[str, str]]" = queue.Queue()
         self._view_lock = threading.Lock()
         self._next_lag = 0.0
@@ -120,6 +127,7 @@ class Supervisor:
     # -- loop (the supervisor thread) -----------------------------------------------------------
 
     def start(self) -> None:
+        self._seed(self.clock())
         self._discover(self.clock())
         if self._turns is not None:
             self._turns.start()
@@ -138,8 +146,9 @@ class Supervisor:
         for name, entry in list(self._tables.items()):
             for item in entry.runner.poll():
                 if isinstance(item, BatchReport):
-                    entry.rows_applied += item.outcome.counts.total
-                    entry.batches += 1
+                    if counts_as_batch(item):
+                        entry.rows_applied += item.outcome.counts.total
+                        entry.batches += 1
                     self.observer.batch_applied(name, item)
                 elif isinstance(item, BootstrapProgress):
                     entry.bootstrap = item if item.chunks_done < item.chunks_total else None
@@ -150,7 +159,9 @@ class Supervisor:
         if now >= self._next_lag:
             self._next_lag = now + self.lag_interval
             for name, entry in list(self._tables.items()):
-                if entry.status.state in (sm.TableState.RUNNING, sm.TableState.DEGRADED, sm.TableState.FAILED):
+                # Lag keeps counting whatever the state: a table restarting its stream, retrying or
+                # failed still falls behind its source.
+                if entry.status.state != sm.TableState.STOPPED:
                     self._probe(name, entry, now)
 
     def shutdown(self, timeout_seconds: float = 60.0) -> None:
@@ -184,15 +195,33 @@ class Supervisor:
         except Exception as exc:  # the catalog may be briefly unreachable: keep what runs
             log.warning("listing tables failed: %s", exc)
             return
+        self._rediscover_missing()
         for name in names:
             if name in self._tables:
                 continue
             runner = self._factory(name)
-            entry = _Table(runner, sm.TableStatus(since=now))
+            known = self._recorded.get(name)
+            entry = _Table(runner, sm.TableStatus(since=now), rows_applied=known.rows_applied if known else 0,
+                           batches=known.batches if known else 0)
             with self._view_lock:
                 self._tables[name] = entry
             log.info("table %s: added to the pipeline", name)
             self._dispatch(name, sm.Pause() if runner.persisted_pause() else sm.Launch(), now)
+
+    def _rediscover_missing(self) -> None:
+        """Relaunch a table that failed because it did not exist, once it does: a missing table is
+        a configuration error, never retried, and found here by the discovery loop instead."""
+        for name, entry in list(self._tables.items()):
+            if entry.status.state != sm.TableState.FAILED or entry.status.error_code not in REDISCOVERABLE:
+                continue
+            try:
+                present = entry.runner.source_exists()
+            except Exception as exc:  # noqa: BLE001 (looked for again at the next discovery)
+                log.debug("table %s: cannot tell whether it exists: %s", name, exc)
+                continue
+            if present:
+                log.info("table %s: the missing table now exists; starting it", name)
+                self._dispatch(name, sm.Resume(), self.clock())
 
     def _apply_commands(self, now: float) -> None:
         while True:
@@ -237,26 +266,71 @@ class Supervisor:
         except Exception as exc:  # a lag probe failure must not disturb replication
             log.debug("table %s: lag probe failed: %s", name, exc)
             return
+        if reading is None and entry.runner.last_lag is None and name in self._recorded:
+            reading = self._recorded[name].reading(now)  # the runner knows nothing yet: the record does
         if reading is not None:
             self.observer.lag_measured(name, reading)
+
+    def _seed(self, now: float) -> None:
+        """List the tables the pipeline's records know at once, state ``starting`` (or ``paused``),
+        with their applied version and lag from those records: the runners need Spark, which may
+        take a minute to start."""
+        if self._read_recorded is None:
+            return
+        try:
+            recorded = dict(self._read_recorded())
+        except Exception as exc:  # noqa: BLE001 (the tables still appear once their runners exist)
+            log.warning("reading the pipeline's records failed: %s", exc)
+            return
+        with self._view_lock:
+            self._recorded = recorded
+        for name, known in recorded.items():
+            state = sm.TableState.PAUSED if known.paused else sm.TableState.STARTING
+            self.observer.state_changed(name, sm.TableStatus(state=state, since=now))
+            reading = known.reading(now)
+            if reading is not None:
+                self.observer.lag_measured(name, reading)
 
     # -- views (any thread) ---------------------------------------------------------------------
 
     def views(self) -> list[TableView]:
         with self._view_lock:
             items = list(self._tables.items())
+            recorded = dict(self._recorded)
+        now = self.clock()
         out = []
         for name, e in sorted(items):
             lag = e.runner.last_lag
             st = e.status
+            known = recorded.get(name)
+            through = e.runner.applied_through
+            if lag is None and known is not None:  # nothing measured yet: what the records say
+                lag = known.reading(now)
+            if through is None and known is not None:
+                through = known.applied_through
             out.append(TableView(
                 table=name, state=st.state.value,
                 lag_seconds=lag.lag_seconds if lag else None,
                 versions_behind=lag.versions_behind if lag else None,
-                applied_through=e.runner.applied_through, rows_applied=e.rows_applied, batches=e.batches,
+                applied_through=through, rows_applied=e.rows_applied, batches=e.batches,
                 failures=st.failures, retries=st.retries, next_retry_at=st.next_retry_at,
-                last_error=st.last_error, last_batch_at=e.runner.last_batch_at,
+                last_error=st.last_error,
+                last_batch_at=e.runner.last_batch_at or (known.last_batch_at if known else None),
                 retry_delay_seconds=(st.next_retry_at - st.since) if st.next_retry_at is not None else None,
                 bootstrap=e.bootstrap.as_dict() if e.bootstrap is not None and st.state == sm.TableState.BOOTSTRAPPING
                 else None))
-        return out
+        for name, known in sorted(recorded.items()):
+            if any(name == n for n, _ in items):
+                continue
+            out.append(TableView(
+                table=name, state=(sm.TableState.PAUSED if known.paused else sm.TableState.STARTING).value,
+                lag_seconds=known.lag_seconds(now), versions_behind=known.versions_behind,
+                applied_through=known.applied_through, rows_applied=known.rows_applied, batches=known.batches,
+                failures=0, retries=0, next_retry_at=None, last_error=None, last_batch_at=known.last_batch_at))
+        return sorted(out, key=lambda v: v.table)
+
+
+def counts_as_batch(report: BatchReport) -> bool:
+    """Whether a batch report adds to a table's batch count: a batch that applied change rows and
+    was not a replay, i.e. one with a checkpoint row of its own (the offline view counts those)."""
+    return report.outcome.stats.rows_read > 0 and not report.outcome.replayed

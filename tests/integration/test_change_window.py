@@ -12,16 +12,9 @@ from typing import Any
 
 import pytest
 
+from tests.integration.conftest import vacuum_everything
+
 pytestmark = pytest.mark.integration
-
-
-def vacuum_everything(pipeline: Any, table: str) -> None:
-    spark = pipeline.spark
-    spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
-    try:
-        pipeline.sql(table, "VACUUM {t} RETAIN 0 HOURS")
-    finally:
-        spark.conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
 
 
 def changes_then_vacuum_while_stopped(p: Any) -> None:

@@ -75,6 +75,14 @@ def test_post_get_cdf_check_and_delete_on_a_running_daemon(spark: Any, tmp_path:
         code, listed = call("GET", f"{url}/api/continuous-sync")
         assert code == 200 and [p["job_id"] for p in listed["pipelines"]] == ["main", "api1"]
 
+        code, answer = call("POST", f"{url}/api/continuous-sync", {
+            "pipeline_id": "nested", "source_catalog": "src", "destination_catalog": "dst2", "schema_name": "sales",
+            "tables": ["orders"], "checkpoint_volume": str(checkpoints / "api1")})
+        assert code == 409 and str(checkpoints / "api1" / "nested") in answer["error"], answer
+        assert str(checkpoints / "main") not in answer["error"] and str(checkpoints / "api1") in answer["error"]
+        with urllib.request.urlopen(f"{url}/", timeout=30) as page:
+            assert page.status == 200 and b'<tr data-table="orders">' not in page.read()  # main has no tables
+
         code, check = call("GET", f"{url}/api/incremental/cdf-check?catalog=src&schema=sales")
         assert code == 200 and check["ready"] is False
         verdicts = {t["table"]: t for t in check["tables"]}

@@ -84,9 +84,10 @@ def test_a_table_without_a_usable_key_is_refused_with_the_reason(pipeline):
     pipeline.create("nokey", "a STRING, b STRING")
     pipeline.sql("nokey", "INSERT INTO {t} VALUES ('x', 'y')")
     pipeline.start()
-    pipeline.tick_until(lambda: pipeline.views()["nokey"].state == "degraded", what="nokey to degrade")
-    error = pipeline.views()["nokey"].last_error
-    assert "no usable primary key" in error and "lakemirror.primaryKey" in error
+    pipeline.tick_until(lambda: pipeline.views()["nokey"].state == "failed", what="nokey to fail")
+    view = pipeline.views()["nokey"]
+    assert "no usable primary key" in view.last_error and "lakemirror.primaryKey" in view.last_error
+    assert (view.retries, view.next_retry_at) == (0, None), "a configuration error is not retried"
     from lakemirror import tables
     assert not tables.exists(pipeline.spark, pipeline.replica("nokey")), "nothing replicated wrongly"
 

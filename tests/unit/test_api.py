@@ -105,6 +105,7 @@ class Daemon:
         config.tick()
         self.api = ContinuousSyncApi(mode="local", registry=self.registry, worker=self.worker,
                                      start_pipeline=self.start_pipeline, cdf_check=self.cdf_check,
+                                     default_checkpoint_volume=str(tmp / "ck" / "api"),
                                      timeout_seconds=timeout, drain_timeout_seconds=5)
         self.server = ControlServer(host, 0, CollectorRegistry(), config.views, {"pipeline_id": "main"},
                                     commands=config.supervisor.command, auth_token=token, api=self.api)
@@ -157,6 +158,8 @@ def call(method: str, url: str, body: Any = None, token: str | None = None,
         req.add_header("Authorization", f"Bearer {token}")
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
+            if resp.headers.get_content_type() == "text/html":
+                return resp.status, resp.read().decode()
             return resp.status, json.loads(resp.read() or b"null")
     except HTTPError as exc:
         return exc.code, json.loads(exc.read() or b"null")
@@ -257,6 +260,77 @@ def test_delete_answers_202_while_a_long_drain_goes_on(tmp_path: Path) -> None:
         d.close()
 
 
+# -- the seed's body and checkpoint folders ------------------------------------------------------------
+
+SEED_BODY = {"source_catalog": "prod", "destination_catalog": "prod_mirror", "schema_name": "orders",
+             "trigger_interval_seconds": 30}
+
+
+def test_the_seeds_rest_example_is_accepted_as_written_under_the_daemons_api_folder(
+        daemon: Daemon, tmp_path: Path) -> None:
+    code, answer = call("POST", f"{daemon.url}/api/continuous-sync", SEED_BODY)
+    assert code == 201, answer
+    handle = daemon.registry.get(answer["job_id"])
+    assert handle is not None and handle.origin == "api"
+    assert handle.settings.checkpoint_volume == str(tmp_path / "ck" / "api")
+    assert handle.directory == tmp_path / "ck" / "api" / answer["job_id"]
+    assert call("POST", f"{daemon.url}/api/continuous-sync", SEED_BODY)[0] == 409  # same derived id
+
+
+def test_without_a_daemon_default_checkpoint_volume_stays_required(tmp_path: Path) -> None:
+    from lakemirror.daemon.api import settings_from_body
+
+    assert settings_from_body(SEED_BODY, "local") == [
+        {"field": "checkpoint_volume", "message": "required setting is missing"}]
+    given = settings_from_body({**SEED_BODY, "checkpoint_volume": str(tmp_path / "mine")}, "local", str(tmp_path / "d"))
+    assert not isinstance(given, list) and given.checkpoint_volume == str(tmp_path / "mine")
+
+
+def _overlap_cases(tmp: Path) -> list[tuple[str, dict[str, Any], str]]:
+    """(case, body fields, the running folder the 409 names); the configured pipeline is tmp/ck/main."""
+    (tmp / "via").mkdir()
+    (tmp / "via" / "x").symlink_to(tmp / "ck" / "main")          # the same folder under another name
+    (tmp / "alias").symlink_to(tmp / "ck" / "main")              # a volume that is main's folder
+    (tmp / "ck_link").symlink_to(tmp / "ck")
+    main = str(tmp / "ck" / "main")
+    return [("inside", {"checkpoint_volume": main, "pipeline_id": "p4"}, main),
+            ("holds", {"checkpoint_volume": str(tmp), "pipeline_id": "ck"}, main),
+            ("same via symlink", {"checkpoint_volume": str(tmp / "via"), "pipeline_id": "x"}, main),
+            ("inside via symlink", {"checkpoint_volume": str(tmp / "alias"), "pipeline_id": "p3"}, main),
+            ("api pipeline's folder", {"checkpoint_volume": str(tmp / "ck" / "p2"), "pipeline_id": "p5"},
+             str(tmp / "ck" / "p2")),
+            ("api pipeline's folder via symlink", {"checkpoint_volume": str(tmp / "ck_link" / "p2" / "sub"),
+                                                   "pipeline_id": "p6"}, str(tmp / "ck" / "p2"))]
+
+
+def test_a_pipeline_whose_folder_overlaps_a_running_ones_is_refused_at_creation(daemon: Daemon, tmp_path: Path) -> None:
+    assert call("POST", f"{daemon.url}/api/continuous-sync", body(tmp_path))[0] == 201  # tmp/ck/p2: a sibling
+    for case, fields, running in _overlap_cases(tmp_path):
+        code, answer = call("POST", f"{daemon.url}/api/continuous-sync", body(tmp_path, **fields))
+        assert code == 409, (case, answer)
+        new = str(Path(fields["checkpoint_volume"]) / fields["pipeline_id"])
+        assert new in answer["error"] and running in answer["error"], (case, answer)
+    assert [p.pipeline_id for p in daemon.registry.all()] == ["main", "p2"]
+    assert len(daemon.threads) == 1  # refused before any start reached the worker
+    code, _ = call("POST", f"{daemon.url}/api/continuous-sync", body(tmp_path, pipeline_id="p7"))
+    assert code == 201  # another sibling is fine
+
+
+def test_the_registry_itself_refuses_overlapping_folders(tmp_path: Path) -> None:
+    from lakemirror.daemon.pipelines import FoldersOverlap, PipelineRegistry
+
+    registry = PipelineRegistry()
+    d = Daemon.__new__(Daemon)  # only its supervisor factory is used
+    d.runners, d.halt_gate = {}, None
+    registry.add(PipelineHandle(pipeline_settings(tmp_path, pipeline_id="a"), d._supervisor("a", []), "api"))
+    inner = PipelineHandle(pipeline_settings(tmp_path, pipeline_id="b", checkpoint_volume=str(tmp_path / "ck" / "a")),
+                           d._supervisor("b", []), "api")
+    with pytest.raises(FoldersOverlap, match="overlaps"):
+        registry.add(inner)
+    registry.add(PipelineHandle(pipeline_settings(tmp_path, pipeline_id="c"), d._supervisor("c", []), "api"))
+    assert [h.pipeline_id for h in registry.all()] == ["a", "c"]
+
+
 # -- validation --------------------------------------------------------------------------------------
 
 def test_a_bad_body_is_422_with_every_problem_and_its_field(daemon: Daemon, tmp_path: Path) -> None:
@@ -271,11 +345,15 @@ def test_a_bad_body_is_422_with_every_problem_and_its_field(daemon: Daemon, tmp_
     assert daemon.threads == [] and [p.pipeline_id for p in daemon.registry.all()] == ["main"]
 
 
-@pytest.mark.parametrize("raw, message", [(b"{not json", "not valid JSON"), (b"[1, 2]", "JSON object"),
-                                          (b"", "JSON object")])
+@pytest.mark.parametrize("raw, message", [(b"[1, 2]", "JSON object"), (b"", "JSON object"), (b'"x"', "JSON object")])
 def test_a_body_that_is_no_object_is_422(daemon: Daemon, raw: bytes, message: str) -> None:
     code, answer = call("POST", f"{daemon.url}/api/continuous-sync", raw=raw)
     assert code == 422 and message in answer["problems"][0]["message"]
+
+
+def test_a_body_that_is_no_json_is_400(daemon: Daemon) -> None:
+    code, answer = call("POST", f"{daemon.url}/api/continuous-sync", raw=b"{not json")
+    assert code == 400 and "not valid JSON" in answer["error"]
 
 
 def test_an_unusable_checkpoint_volume_is_422(daemon: Daemon, tmp_path: Path) -> None:
@@ -363,7 +441,7 @@ def test_the_server_answers_every_documented_operation_and_nothing_else(daemon: 
     for method, path in sorted(_operations_of_the_document()):
         url = daemon.url + path.replace("{job_id}", "nope").replace("{table}", "orders")
         code, answer = call(method, url, {} if method == "POST" else None)
-        assert code not in (405, 501) and not (code == 404 and "no such endpoint" in answer.get("error", "")), \
+        assert code not in (405, 501) and not (code == 404 and "no such endpoint" in str(answer)), \
             (method, path, code, answer)
     for method, path in [("GET", "/api"), ("GET", "/api/continuous-sync/a/b"), ("GET", "/tables/x"),
                          ("POST", "/api/continuous-sync/a/resync"), ("GET", "/metrics/"), ("GET", "/status/x")]:
@@ -384,3 +462,11 @@ def test_route_matching(method: str, target: str, name: str, params: dict[str, s
     assert isinstance(m, routes.Match) and m.route.name == name and m.params == params
     assert routes.match("PATCH", target) == "method"
     assert routes.match(method, "/api/nothing") is None
+
+
+def test_workspace_headers_are_ignored_outside_databricks_mode(daemon: Daemon) -> None:
+    req = urllib.request.Request(f"{daemon.url}/api/continuous-sync", data=json.dumps(SEED_BODY).encode(),
+                                 method="POST", headers={"X-Databricks-Host": "https://ws.example.com",
+                                                         "X-Databricks-Token": "dapi-x"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        assert resp.status == 201 and json.loads(resp.read())["run_url"] == ""

@@ -4,6 +4,7 @@ local fake of the Jobs and Files APIs; the exact requests are checked."""
 from __future__ import annotations
 
 import json
+import logging
 import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
@@ -144,3 +145,86 @@ def test_without_wheel_and_config_dir_submitting_is_503_and_says_what_to_set(fak
     finally:
         server.close()
         api.worker.close()
+
+
+# -- the seed's X-Databricks-Host / X-Databricks-Token headers, through the composition root ---------
+
+SECRET = "dapi-REQUEST-TOKEN-7f3c9e1b2a"
+SEED_BODY = {"source_catalog": "prod", "destination_catalog": "prod_mirror", "schema_name": "orders",
+             "trigger_interval_seconds": 30}
+
+
+class NoAmbientWorkspace:
+    """The daemon's own workspace: must not be used when a request names another one."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"the daemon's own workspace was used ({name}) despite the request's headers")
+
+
+@pytest.fixture
+def root_url(tmp_path: Path) -> Iterator[str]:
+    """The API as the composition root wires it in databricks mode (the real header -> client factory)."""
+    from lakemirror.daemon.app import Application
+    from lakemirror.daemon.config import load_settings
+
+    settings = load_settings(None, {
+        "pipeline_id": "main", "source_catalog": "prod", "destination_catalog": "prod_mirror", "schema_name": "orders",
+        "checkpoint_volume": "/Volumes/clone_audit/streaming/cs_checkpoints", "runtime": {"mode": "databricks"},
+        "databricks": {"wheel": WHEEL, "config_dir": CONFIG_DIR}})
+    app = Application(settings).replace(workspace=NoAmbientWorkspace())
+    server = ControlServer("127.0.0.1", 0, CollectorRegistry(), lambda: [], {}, api=app.api)
+    server.start()
+    yield server.url
+    server.close()
+    app.api.worker.close()
+
+
+def send(url: str, body: Any, headers: dict[str, str], method: str = "POST") -> tuple[int, Any, str]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode() if body is not None else None, method=method,
+                                 headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            raw = resp.read().decode()
+            return resp.status, json.loads(raw), raw
+    except HTTPError as exc:
+        raw = exc.read().decode()
+        return exc.code, json.loads(raw), raw
+
+
+def test_the_seeds_request_creates_the_job_in_the_named_workspace_with_its_token_and_never_shows_it(
+        fake: FakeJobsApi, root_url: str, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]) -> None:
+    caplog.set_level(logging.DEBUG)
+    headers = {"X-Databricks-Host": fake.host, "X-Databricks-Token": SECRET}
+    code, answer, raw = send(f"{root_url}/api/continuous-sync", SEED_BODY, headers)
+    assert (code, answer) == (201, {"job_id": 42, "run_url": "https://ws/jobs/42/runs/7"})
+    assert fake.calls() == [("PUT", f"/api/2.0/fs/files{CONFIG_DIR}/prod.orders-to-prod_mirror.yaml"),
+                            ("POST", "/api/2.2/jobs/create"), ("GET", "/api/2.2/jobs/runs/list")]
+    assert all(h.get("Authorization") == f"Bearer {SECRET}" for h in fake.headers)
+    uploaded = yaml.safe_load(fake.requests[0][3])
+    assert uploaded == {**SEED_BODY, "checkpoint_volume": "/Volumes/clone_audit/streaming/cs_checkpoints/api"}
+    # the other routes use the request's workspace too
+    code, listed, raw_list = send(f"{root_url}/api/continuous-sync", None, headers, "GET")
+    assert code == 200 and [p["job_id"] for p in listed["pipelines"]] == [42]
+    # a workspace that refuses: a 502 naming the cause, without the token
+    fake.routes[("POST", "/api/2.2/jobs/create")] = None
+    code, failed, raw_failed = send(f"{root_url}/api/continuous-sync", {**SEED_BODY, "schema_name": "x"}, headers)
+    assert code == 502 and "the Databricks workspace failed" in failed["error"]
+    logged = "\n".join(r.getMessage() + str(r.args) + str(r.exc_info) for r in caplog.records)
+    out = capfd.readouterr()
+    for text in (raw, raw_list, raw_failed, logged, out.out, out.err):
+        assert SECRET not in text
+    assert "api: POST /api/continuous-sync: the Databricks workspace failed" in logged
+
+
+@pytest.mark.parametrize("headers, message", [
+    ({"X-Databricks-Token": SECRET}, "send both X-Databricks-Host and X-Databricks-Token"),
+    ({"X-Databricks-Host": "https://ws.example.com"}, "send both"),
+    ({"X-Databricks-Host": "http://ws.example.com", "X-Databricks-Token": SECRET}, "must be a workspace URL"),
+    ({"X-Databricks-Host": "https://user:pw@ws.example.com", "X-Databricks-Token": SECRET}, "must be a workspace URL"),
+    ({"X-Databricks-Host": "https://ws.example.com/path", "X-Databricks-Token": SECRET}, "must be a workspace URL"),
+])
+def test_unusable_workspace_headers_are_400_without_echoing_the_token(
+        fake: FakeJobsApi, root_url: str, headers: dict[str, str], message: str) -> None:
+    code, answer, raw = send(f"{root_url}/api/continuous-sync", SEED_BODY, headers)
+    assert code == 400 and message in answer["error"] and SECRET not in raw
+    assert fake.requests == []

@@ -100,3 +100,63 @@ def test_first_line_truncates() -> None:
 
 def test_message_without_a_table_does_not_say_none() -> None:
     assert not str(classify(ValueError("odd"))).startswith("None")
+
+
+#: A MERGE whose batch read a vacuumed change file: the top exception only says a wait failed.
+VACUUMED_IN_MERGE = Py4JJavaError(
+    "An error occurred while calling o412.execute.\n"
+    ": org.apache.spark.SparkException: Exception thrown in awaitResult: \n"
+    "\tat org.apache.spark.util.SparkThreadUtils$.awaitResult(SparkThreadUtils.scala:56)\n"
+    "\tat org.apache.spark.sql.delta.commands.MergeIntoCommand.run(MergeIntoCommand.scala:88)\n"
+    "Caused by: org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 in stage 12.0 failed 1 "
+    "times, most recent failure: Lost task 0.0 in stage 12.0 (TID 20) (localhost executor driver): "
+    "java.io.FileNotFoundException: File file:/w/src/_change_data/cdc-00000-1a.c000.snappy.parquet does not exist\n"
+    "\tat org.apache.spark.scheduler.DAGScheduler.failJobAndIndependentStages(DAGScheduler.scala:2856)\n"
+    "\t... 40 more\n"
+    "Caused by: java.io.FileNotFoundException: File file:/w/src/_change_data/cdc-00000-1a.c000.snappy.parquet "
+    "does not exist\n"
+    "\tat org.apache.hadoop.fs.RawLocalFileSystem.deprecatedGetFileStatus(RawLocalFileSystem.java:915)\n")
+
+
+def test_the_message_names_the_root_cause_not_the_wrapper() -> None:
+    err = classify(VACUUMED_IN_MERGE, table="c.s.t")
+    assert type(err) is ChangeWindowExpired
+    assert "awaitResult" not in str(err)
+    assert ("(FileNotFoundException: File file:/w/src/_change_data/cdc-00000-1a.c000.snappy.parquet does not "
+            "exist)") in str(err)
+
+
+class _JavaThrowable:
+    def __init__(self, text: str, cause: "_JavaThrowable | None" = None) -> None:
+        self.text, self.cause = text, cause
+
+    def toString(self) -> str:
+        return self.text
+
+    def getCause(self) -> "_JavaThrowable | None":
+        return self.cause
+
+
+def test_the_java_cause_chain_of_a_py4j_error_is_followed() -> None:
+    """Py4J's text can end at the wrapper; the Java exception still holds its causes."""
+    exc = Py4JJavaError("An error occurred while calling o9.execute.\n"
+                        ": org.apache.spark.SparkException: Exception thrown in awaitResult: ")
+    exc.java_exception = _JavaThrowable(  # type: ignore[attr-defined]
+        "org.apache.spark.SparkException: Exception thrown in awaitResult: ",
+        _JavaThrowable("org.apache.spark.SparkFileNotFoundException: [FAILED_READ_FILE.FILE_NOT_EXIST] File "
+                       "file:/w/src/_change_data/cdc-1.parquet does not exist. SQLSTATE: 42K03"))
+    err = classify(exc, table="c.s.t")
+    assert type(err) is ChangeWindowExpired
+    assert "(SparkFileNotFoundException: [FAILED_READ_FILE.FILE_NOT_EXIST] File file:/w/src/_change_data/cdc-1" \
+        in str(err)
+
+
+def test_a_python_cause_chain_is_followed() -> None:
+    try:
+        try:
+            raise OSError("disk full on /w/dst")
+        except OSError as inner:
+            raise RuntimeError("Exception thrown in awaitResult") from inner
+    except RuntimeError as outer:
+        err = classify(outer, table="c.s.t")
+    assert str(err) == "c.s.t: OSError: disk full on /w/dst"

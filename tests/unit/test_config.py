@@ -59,7 +59,7 @@ def test_valid_file(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("changes, drop, where, message", [
     ({"trigger_interval_seconds": "soon"}, (), "trigger_interval_seconds", "Input should be a valid number"),
-    ({"trigger_interval_seconds": -1}, (), "trigger_interval_seconds", "Input should be greater than 0"),
+    ({"trigger_interval_seconds": -1}, (), "trigger_interval_seconds", "greater than or equal to 0.001"),
     ({"trigger_interval_secs": 5}, (), "trigger_interval_secs", "unknown setting (check the spelling"),
     ({"runtime": {"mastr": "local[1]"}}, (), "runtime.mastr", "unknown setting"),
     ({}, ("schema_name",), "schema_name", "required setting is missing"),
@@ -157,7 +157,7 @@ def test_validate_invalid_file_exits_2_listing_problems(tmp_path: Path, capsys: 
     lines = err.splitlines()
     assert lines[0] == "invalid configuration (2 problems):"
     assert f"  {path}: bogus: unknown setting (check the spelling; see docs/configuration.md)" in lines
-    assert f"  {path}: trigger_interval_seconds: Input should be greater than 0" in lines
+    assert f"  {path}: trigger_interval_seconds: Input should be greater than or equal to 0.001" in lines
     assert "Traceback" not in err
 
 
@@ -181,7 +181,7 @@ def test_validate_valid_file_exits_0(tmp_path: Path, capsys: pytest.CaptureFixtu
 def test_validate_applies_cli_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write(tmp_path)
     assert main(["validate", str(path), "--trigger-interval-seconds", "-3"]) == 2
-    assert "trigger_interval_seconds: Input should be greater than 0" in capsys.readouterr().err
+    assert "trigger_interval_seconds: Input should be greater than or equal to 0.001" in capsys.readouterr().err
 
 
 def test_replica_properties_reach_the_pipeline_spec(tmp_path: Path) -> None:

@@ -42,3 +42,22 @@ def test_nested_models_defaults_bounds_and_types_are_rendered() -> None:
 def _settings() -> type[BaseModel]:
     from lakemirror.daemon.config import Settings
     return Settings
+
+
+def test_a_tagged_union_lists_each_kinds_fields() -> None:
+    from typing import Annotated, Literal, Union
+
+    class Plain(BaseModel):
+        kind: Literal["plain"] = "plain"
+
+    class Remote(BaseModel):
+        kind: Literal["remote"]
+        host: str = Field(min_length=1, description="Where.")
+
+    class Outer(BaseModel):
+        target: Annotated[Union[Plain, Remote], Field(discriminator="kind")] = Field(
+            default_factory=Plain, description="Where to.")
+
+    table = config_docs.render(Outer)
+    assert "| `target` | one of `kind: plain` \\| `kind: remote` | `{kind: plain}` | Where to. |" in table
+    assert "| `target.host` | string (at least 1 characters) | required | (`kind: remote`) Where. |" in table

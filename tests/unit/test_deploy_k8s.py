@@ -146,10 +146,12 @@ def test_the_connect_server_loads_delta_and_can_import_lakemirror(pipeline: Sett
     assert args[:2] == ["--class", "org.apache.spark.sql.connect.service.SparkConnectServer"]
     for conf in ("spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension",
                  "spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog",
-                 "spark.connect.extensions.relation.classes=org.apache.spark.sql.connect.delta.DeltaRelationPlugin",
-                 "spark.connect.extensions.command.classes=org.apache.spark.sql.connect.delta.DeltaCommandPlugin",
                  f"spark.sql.warehouse.dir={pipeline.runtime.warehouse}"):
         assert conf in args, conf
+    # No Delta Connect plugin: Maven Central does not serve it, and lakemirror needs none (SQL only).
+    assert not [a for a in args if "spark.connect.extensions" in a or "delta.connect" in a.lower()], args
+    # Delta's jars come from the image's cache, on the driver's class path.
+    assert args[args.index("--driver-class-path") + 1] == "/opt/lakemirror/jars/*"
     assert {"name": "PYSPARK_PYTHON", "value": "/opt/lakemirror/venv/bin/python"} in c["env"]
     # the server and the daemon see the same lakehouse and checkpoints at the same paths
     for dep in (DAEMON, CONNECT):

@@ -160,3 +160,19 @@ def test_hadolint_would_catch_a_shell_form_entrypoint(tmp_path: Path) -> None:
     bad.write_text("FROM python:3.11-slim-bookworm\nUSER 10001\nENTRYPOINT lakemirror run\n")
     done = subprocess.run([binary, "--no-color", str(bad)], capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "DL3025" in done.stdout
+
+
+def test_the_image_can_serve_spark_connect_without_delta_plugin() -> None:
+    """The image is also the Connect server's (deploy/k8s/spark-connect.yaml): the venv it installs
+    with the project's dependencies must carry Connect's extras, which the server's Python workers
+    need to run lakemirror's batch function (scripts/connect-server.sh is the same shape)."""
+    import tomllib
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = {re.split(r"[<>=!~\[; ]", d, maxsplit=1)[0].lower() for d in deps}
+    assert {"pandas", "grpcio", "grpcio-status", "googleapis-common-protos", "zstandard"} <= names, names
+    pandas = next(d for d in deps if d.lower().startswith("pandas"))
+    assert "<3" in pandas.replace(" ", ""), "pyspark 4.2 does not support pandas 3"
+    installs = [i.args for i in parse(DOCKERFILE.read_text()) if i.keyword == "RUN" and "pip install" in i.args]
+    assert any(re.search(r"pip install (--no-cache-dir )?\.(\s|$)", a) and "--no-deps" not in a for a in installs), installs
+    assert "delta-connect" not in DOCKERFILE.read_text().lower()

@@ -82,3 +82,12 @@ def test_offset_that_cannot_be_told(offset: object) -> None:
 def test_malformed_json_offset_is_an_error() -> None:
     with pytest.raises(ValueError):
         applied_through_from_offset("{not json")
+
+
+def test_an_offset_at_its_versions_last_file_has_applied_that_version() -> None:
+    from lakemirror.supervisor.offsets import applied_through_from_offset
+    # DeltaSource ends a batch that read all of version 3 (one file) at (3, 0), not at (4, -1).
+    assert applied_through_from_offset({"reservoirVersion": 3, "index": 0}, files_in_version=1) == 3
+    assert applied_through_from_offset({"reservoirVersion": 3, "index": 0}, files_in_version=2) == 2
+    assert applied_through_from_offset({"reservoirVersion": 3, "index": 0}) == 2  # unknown: the safe side
+    assert applied_through_from_offset({"reservoirVersion": 4, "index": -1}, files_in_version=1) == 3

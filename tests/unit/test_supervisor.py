@@ -39,6 +39,7 @@ class FakeRunner:
         self.paused = paused
         self.lag_to_report: LagReading | None = None
         self.probes = 0
+        self.exists = True
 
     def launch(self) -> None:
         self.launches += 1
@@ -63,6 +64,9 @@ class FakeRunner:
 
     def persisted_pause(self) -> bool:
         return self.paused
+
+    def source_exists(self) -> bool:
+        return self.exists
 
     def batch(self, batch_id: int, rows: int, at: float) -> None:
         outcome = MergeOutcome(BatchStats(rows, 1, 1, None), ApplyCounts(inserted=rows), replayed=False)
@@ -248,17 +252,25 @@ def test_views_content_and_lag_probe() -> None:
     assert ("lag", "a", 12.5) in w.observer.calls
 
 
-def test_lag_is_probed_once_per_interval_and_only_for_running_or_degraded() -> None:
+def test_lag_is_probed_once_per_interval_whatever_the_state_but_stopped() -> None:
+    """A table restarting its stream (starting), retrying or failed still falls behind: its lag
+    keeps counting."""
     w = World(["a"])
     w.sup.start()
-    w.sup.tick()  # still starting: no probe
-    assert w.runners["a"].probes == 0
+    w.sup.tick()  # starting: probed too
+    assert w.runners["a"].probes == 1
     w.runners["a"].pending.append(sm.StreamStarted())
-    w.clock.now += 5
-    w.sup.tick()
     w.clock.now += 4.9
     w.sup.tick()
     assert w.runners["a"].probes == 1
+    w.clock.now += 0.1
+    w.runners["a"].pending.append(sm.Failed("restart for a new column", restart_now=True))
+    w.sup.tick()
+    assert (w.state("a"), w.runners["a"].probes) == ("starting", 2)
+    w.sup.shutdown(1.0)
+    w.clock.now += 5
+    w.sup.tick()
+    assert w.runners["a"].probes == 2
 
 
 def test_shutdown_halts_every_runner() -> None:
@@ -276,3 +288,72 @@ def test_shutdown_honours_the_drain_timeout() -> None:
     w = started(["a", "b"])
     w.sup.shutdown(10.0)
     assert all(t <= 10.0 for r in w.runners.values() for t in r.halts)
+
+
+def test_a_missing_table_stays_failed_without_retries_and_discovery_starts_it_once_it_exists() -> None:
+    from lakemirror.sources.catalog import TableMissing
+    from lakemirror.supervisor.failure import failed_event
+
+    w = World(["a"], discover=30.0)
+    w.sup.start()
+    a = w.runners["a"]
+    a.exists = False
+    a.pending.append(failed_event(TableMissing("table c.s.a does not exist (no Delta table at /x)", table="c.s.a"),
+                                  table="a", allow_schema_evolution=True, change_window_policy="fail", rand=0.0))
+    w.sup.tick()
+    view = {v.table: v for v in w.sup.views()}["a"]
+    assert (view.state, view.next_retry_at, view.retries) == ("failed", None, 0)
+    assert "Create the table, or remove 'a' from `tables:`" in (view.last_error or "")
+    for _ in range(3):  # no retries while it is missing, however long it takes
+        w.clock.now += 1000
+        w.sup.tick()
+    assert (w.state("a"), a.launches) == ("failed", 1)
+    a.exists = True
+    w.clock.now += 30
+    w.sup.tick()
+    assert (w.state("a"), a.launches) == ("starting", 2)
+
+
+def test_tables_known_from_the_records_are_listed_at_once_with_their_applied_version_and_lag() -> None:
+    """Runners need Spark (a minute to start); the records need none, and are shown meanwhile."""
+    from lakemirror.supervisor.recorded import RecordedTable
+
+    clock = FakeClock(1000.0)
+    recorded = {"a": RecordedTable("a", applied_through=187, latest_version=190, oldest_unapplied_at=850.0,
+                                   batches=5, rows_applied=40),
+                "b": RecordedTable("b", applied_through=8, latest_version=8, oldest_unapplied_at=None, batches=2)}
+    observer = RecordingObserver()
+    seen_while_starting: list[list[TableView]] = []
+    runners: dict[str, FakeRunner] = {}
+
+    def make(name: str) -> FakeRunner:
+        seen_while_starting.append(sup.views())  # what /status shows while the JVM starts
+        runners[name] = FakeRunner(name)
+        return runners[name]
+
+    sup = Supervisor(runner_factory=make, list_tables=lambda: ["a", "b"], policy=POLICY, observer=observer,
+                     clock=clock, lag_interval_seconds=5.0, recorded=lambda: recorded)
+    sup.start()
+    first = {v.table: v for v in seen_while_starting[0]}
+    assert {n: (v.state, v.applied_through, v.versions_behind, v.lag_seconds, v.batches) for n, v in first.items()} \
+        == {"a": ("starting", 187, 3, 150.0, 5), "b": ("starting", 8, 0, 0.0, 2)}
+    assert ("state", "a", "starting") in observer.calls and ("lag", "a", 150.0) in observer.calls
+    # Once the runners exist, and until they measure anything, the records still answer; lag keeps counting.
+    clock.now += 10
+    sup.tick()
+    views = {v.table: v for v in sup.views()}
+    assert (views["a"].applied_through, views["a"].lag_seconds, views["a"].batches) == (187, 160.0, 5)
+    assert ("lag", "a", 160.0) in observer.calls
+
+
+def test_the_batch_count_counts_batches_with_a_checkpoint_row() -> None:
+    """A replayed batch was counted when first applied; an empty one writes no checkpoint row."""
+    w = started(["a"])
+    a = w.runners["a"]
+    a.batch(0, rows=3, at=w.clock.now)
+    empty = MergeOutcome(BatchStats(0, None, None, None), ApplyCounts(), replayed=False)
+    replay = MergeOutcome(BatchStats(2, 1, 1, None), ApplyCounts(inserted=2), replayed=True)
+    a.pending += [BatchReport("a", 1, empty, 0.1, w.clock.now), BatchReport("a", 2, replay, 0.1, w.clock.now)]
+    w.sup.tick()
+    view = {v.table: v for v in w.sup.views()}["a"]
+    assert (view.batches, view.rows_applied) == (1, 3)

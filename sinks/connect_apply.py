@@ -1,0 +1,174 @@
+"""The SQL-only apply path, for Spark Connect servers without Delta's Connect plugin.
+
+Maven Central does not serve ``delta-connect-server``, so over such a server Delta's Python API
+(``DeltaTable``) fails (``NO_HANDLER_FOR_EXTENSION``). Everything here is SQL text and plain
+DataFrame calls, which the server plans with Delta's SQL extension:
+
+- the winning change per key is the same rule as :mod:`lakemirror.sinks.planner` (``max_by`` over
+  commit version and change rank), as a ``SELECT`` over a temp view of the batch;
+- one ``MERGE INTO <replica> USING (<that SELECT>)`` per batch, under Delta's ``txnAppId`` /
+  ``txnVersion`` confs (a replayed batch is skipped by Delta and answers with no row) and a
+  ``userMetadata`` tag naming the transaction (how a replay recovers its first commit's counts);
+  the confs are unset in ``finally``: they live in the table's Connect session, which the
+  client shares;
+- the batch's checkpoint row is appended by the batch function itself, after the MERGE, once per
+  (txn_app_id, batch_id): the client reads it back to report the batch.
+
+:func:`apply_batch` runs in a Python worker ON THE SERVER (Spark Connect's ``foreachBatch``), so
+it is a top-level function of an importable module, bound to a picklable :class:`ConnectBatchJob`
+with :func:`functools.partial`, and imports only lakemirror and pyspark (the server's Python is the
+project's environment: scripts/connect-server.sh).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Callable
+
+from lakemirror.identifiers import quote
+from lakemirror.sinks.memory import ApplyCounts
+from lakemirror.sinks.planner import (COMMIT_TIMESTAMP, COMMIT_VERSION, LATEST_COLUMN, SOURCE_ALIAS, TARGET_ALIAS,
+                                      MergePlan)
+from lakemirror.sinks.txn import BatchStats, MergeOutcome, TxnId, counts_from_metrics
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
+TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+
+
+def latest_changes_sql(plan: MergePlan, view: str) -> str:
+    """One row per key of the batch in temp view ``view``: the winning change, its op in ``__lm_op``."""
+    keys = ", ".join(quote(k) for k in plan.keys)
+    return (f"SELECT {quote(LATEST_COLUMN)}.* FROM (SELECT {plan.latest_expr} AS {quote(LATEST_COLUMN)} "
+            f"FROM {quote(view)} WHERE {plan.change_filter} GROUP BY {keys})")
+
+
+def merge_sql(plan: MergePlan, target_sql: str, view: str) -> str:
+    """The batch's ``MERGE INTO`` (same clauses as the Spark executor's ``DeltaTable`` merge)."""
+    names = list(plan.assignments)
+    sets = ", ".join(f"{TARGET_ALIAS}.{c} = {plan.assignments[c]}" for c in names)
+    return (f"MERGE INTO {target_sql} AS {TARGET_ALIAS} USING ({latest_changes_sql(plan, view)}) AS {SOURCE_ALIAS} "
+            f"ON {plan.match_condition} "
+            f"WHEN MATCHED AND {plan.delete_condition} THEN DELETE "
+            f"WHEN MATCHED THEN UPDATE SET {sets} "
+            f"WHEN NOT MATCHED AND {plan.upsert_condition} THEN INSERT ({', '.join(names)}) "
+            f"VALUES ({', '.join(plan.assignments[c] for c in names)})")
+
+
+@dataclass(frozen=True)
+class ConnectBatchJob:
+    """Everything the server-side batch function needs: plain values only (it is pickled)."""
+
+    target_sql: str
+    plan: MergePlan
+    app_id: str
+    epoch: int
+    pipeline_id: str
+    source_fqn: str
+    dest_fqn: str
+    checkpoint_sql: str  # the checkpoint table, as SQL refers to it
+    checkpoint_path: str | None  # set: a path-based checkpoint table (appended to by path)
+
+    @property
+    def view(self) -> str:
+        return "lakemirror_batch_" + "".join(c if c.isalnum() else "_" for c in self.app_id)
+
+    def bound(self) -> Callable[["DataFrame", int], None]:
+        """The function to hand ``foreachBatch``: :func:`apply_batch` bound to this job."""
+        return functools.partial(apply_batch, self)
+
+
+def apply_batch(job: ConnectBatchJob, batch: "DataFrame", batch_id: int) -> None:
+    """Apply one micro-batch and record its checkpoint row (runs on the Connect server)."""
+    started = time.time()
+    outcome = merge_batch(job, batch, TxnId(job.app_id, batch_id))
+    if outcome.stats.rows_read:
+        record_batch(batch.sparkSession, job, batch_id, outcome, started)
+
+
+def merge_batch(job: ConnectBatchJob, batch: "DataFrame", txn: TxnId) -> MergeOutcome:
+    """MERGE the batch's winning changes into the replica under ``txn``, in SQL only."""
+    session = batch.sparkSession
+    batch.createOrReplaceTempView(job.view)
+    try:
+        stats = batch_stats(session, job.view)
+        if stats.rows_read == 0:
+            return MergeOutcome(stats, ApplyCounts(), replayed=False)
+        with transaction_confs(session, txn):
+            answer = session.sql(merge_sql(job.plan, job.target_sql, job.view)).collect()
+    finally:
+        session.catalog.dropTempView(job.view)
+    if answer:
+        row = answer[0].asDict()
+        counts = ApplyCounts(int(row.get("num_inserted_rows") or 0), int(row.get("num_updated_rows") or 0),
+                             int(row.get("num_deleted_rows") or 0))
+        return MergeOutcome(stats, counts, replayed=False)
+    return MergeOutcome(stats, replayed_counts(session, job.target_sql, txn), replayed=True)
+
+
+def batch_stats(session: "SparkSession", view: str) -> BatchStats:
+    row = session.sql(f"SELECT count(*) AS n, min({quote(COMMIT_VERSION)}) AS lo, max({quote(COMMIT_VERSION)}) AS hi, "
+                      f"max({quote(COMMIT_TIMESTAMP)}) AS ts FROM {quote(view)}").collect()[0]
+    ts = row["ts"].timestamp() if row["ts"] is not None else None
+    return BatchStats(int(row["n"] or 0), row["lo"], row["hi"], ts)
+
+
+def replayed_counts(session: "SparkSession", target_sql: str, txn: TxnId) -> ApplyCounts:
+    """The counts of the earlier commit that applied ``txn`` (found by its ``userMetadata`` tag)."""
+    tag = txn.tag().replace("'", "''")
+    rows = (session.sql(f"DESCRIBE HISTORY {target_sql}").where(f"userMetadata = '{tag}'")
+            .select("operationMetrics").limit(1).collect())
+    return counts_from_metrics(rows[0]["operationMetrics"]) if rows else ApplyCounts()
+
+
+class transaction_confs:
+    """Set Delta's transaction confs on ``session`` for one write; always unset them after."""
+
+    def __init__(self, session: "SparkSession", txn: TxnId) -> None:
+        self.session, self.txn = session, txn
+
+    def __enter__(self) -> None:
+        conf = self.session.conf
+        conf.set(TXN_APP_ID, self.txn.app_id)
+        conf.set(TXN_VERSION, str(self.txn.version))
+        conf.set(USER_METADATA, self.txn.tag())
+
+    def __exit__(self, *exc: Any) -> None:
+        for key in (TXN_APP_ID, TXN_VERSION, USER_METADATA):
+            self.session.conf.unset(key)
+
+
+def record_batch(session: "SparkSession", job: ConnectBatchJob, batch_id: int, outcome: MergeOutcome,
+                 started: float) -> None:
+    """Append the batch's checkpoint row, unless a replayed batch's row is already there."""
+    from lakemirror.checkpoints.records import CHECKPOINT_DDL, CheckpointRow
+
+    if outcome.replayed and checkpoint_has_batch(session, job, batch_id):
+        return
+    stats, counts = outcome.stats, outcome.counts
+    row = CheckpointRow(
+        pipeline_id=job.pipeline_id, source_fqn=job.source_fqn, dest_fqn=job.dest_fqn, epoch=job.epoch,
+        batch_id=batch_id, txn_app_id=job.app_id, first_version=stats.first_version,
+        last_version=stats.last_version, last_committed_version=stats.last_version, rows_read=stats.rows_read,
+        rows_merged=counts.total, rows_inserted=counts.inserted, rows_updated=counts.updated,
+        rows_deleted=counts.deleted, lag_seconds=None, error=None, degraded=False,
+        started_at=datetime.fromtimestamp(started, tz=timezone.utc),
+        ended_at=datetime.fromtimestamp(time.time(), tz=timezone.utc))
+    df = session.createDataFrame([tuple(row.as_dict().values())], CHECKPOINT_DDL)
+    writer = df.write.format("delta").mode("append")
+    if job.checkpoint_path:
+        writer.save(job.checkpoint_path)
+    else:
+        writer.saveAsTable(job.checkpoint_sql)
+
+
+def checkpoint_has_batch(session: "SparkSession", job: ConnectBatchJob, batch_id: int) -> bool:
+    app = job.app_id.replace("'", "''")
+    return bool(session.sql(f"SELECT 1 FROM {job.checkpoint_sql} WHERE txn_app_id = '{app}' "
+                            f"AND batch_id = {int(batch_id)} AND error IS NULL LIMIT 1").collect())

@@ -1,0 +1,332 @@
+"""The thin executor of the Postgres sink: runs the statements of :mod:`.statements` on a server.
+
+Each call opens its own connection (within the target's connection cap), so a server restarted
+between batches costs nothing but a reconnect. Inside a call, a lost connection is retried with
+exponential backoff (the ``backoff`` package) for up to ``retry_seconds``; a batch's transaction is
+idempotent (its progress row is claimed first and commits with the data), so a retry after a
+commit whose answer was lost finds the progress row and reports a replay: nothing is lost or
+applied twice. Vendor errors are translated here, once, into lakemirror's Transient/Terminal errors.
+
+A row the server refuses (a constraint, a value out of range, a NUL character in text) fails the
+batch's set-based transaction; the batch is then applied again row by row, each row under a
+savepoint, and each refused row is stored in ``lakemirror_dead_letters`` with the server's reason,
+in the same transaction: the stream goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
+
+import backoff
+import psycopg
+from psycopg import errors as pg_errors
+
+from lakemirror.errors import DestinationConflict, LakemirrorError, SchemaIncompatible, TerminalError, TransientError
+from lakemirror.secrets import redact
+from lakemirror.sinks.memory import ApplyCounts
+from lakemirror.sinks.postgres import statements as q
+from lakemirror.sinks.postgres.plan import POSITION, BatchPlan, DeadRow, ReplicaTable, derived_name, diff_replica
+from lakemirror.sinks.postgres.plan import plan_batch, snapshot_rows
+from lakemirror.sinks.postgres.protocol import SinkResult, staged_row_json
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+#: Errors that concern a row's data, not the connection or the statement: the row is dead-lettered.
+ROW_ERRORS = (pg_errors.DataError, pg_errors.IntegrityError)
+
+
+@dataclass(frozen=True)
+class PostgresTarget:
+    """Where replicas go: one database and schema. Built from the configuration by the daemon."""
+
+    host: str
+    port: int
+    database: str
+    schema: str
+    user: str
+    password: str | None = field(default=None, repr=False)
+    sslmode: str = "prefer"
+    max_connections: int = 4
+    statement_timeout_seconds: float = 60.0
+    connect_timeout_seconds: int = 10
+    retry_seconds: float = 60.0
+    tombstone_horizon_seconds: float = 7 * 86400.0
+
+    def describe(self) -> str:
+        return f"postgres://{self.user}@{self.host}:{self.port}/{self.database} (schema {self.schema})"
+
+    def connect_kwargs(self) -> dict[str, Any]:
+        timeout_ms = max(1, int(self.statement_timeout_seconds * 1000))
+        return {"host": self.host, "port": self.port, "dbname": self.database, "user": self.user,
+                "password": self.password, "sslmode": self.sslmode, "connect_timeout": self.connect_timeout_seconds,
+                "application_name": "lakemirror", "autocommit": True,
+                # Per connection: every statement of the sink is bounded; timestamps travel in UTC.
+                "options": f"-c statement_timeout={timeout_ms} -c TimeZone=UTC"}
+
+
+class Connector:
+    """Opens connections to a target, at most ``max_connections`` at a time (shared by all tables)."""
+
+    def __init__(self, target: PostgresTarget,
+                 connect: Callable[..., psycopg.Connection[Any]] = psycopg.connect) -> None:
+        self.target = target
+        self._connect = connect
+        self._slots = threading.BoundedSemaphore(target.max_connections)
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        with self._slots:
+            conn = self._connect(**self.target.connect_kwargs())
+            try:
+                yield conn
+            finally:
+                conn.close()
+
+    def translate(self, exc: BaseException, table: str) -> LakemirrorError:
+        """A lakemirror error for a psycopg one, saying what to do (credentials redacted)."""
+        if isinstance(exc, LakemirrorError):
+            return exc
+        known = (self.target.password,) if self.target.password else ()
+        detail = redact(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__, known)
+        where = f"{table}: {self.target.describe()}"
+        if isinstance(exc, pg_errors.InsufficientPrivilege):
+            return TerminalError(f"{where}: permission denied ({detail}). Grant the user USAGE and CREATE on the "
+                                 f"schema and ownership of lakemirror's tables in it.", table=table, code="permission")
+        if isinstance(exc, pg_errors.QueryCanceled):
+            return TransientError(f"{where}: a statement ran past statement_timeout_seconds="
+                                  f"{self.target.statement_timeout_seconds:g} ({detail}); raise it or make batches "
+                                  f"smaller (max_files_per_trigger).", table=table, code="postgres_timeout")
+        if isinstance(exc, psycopg.OperationalError):
+            hint = ("check the user and password (password / password_env / password_file)"
+                    if "authentication" in detail or "password" in detail else
+                    "check that the server runs and that host, port and database are right")
+            return TransientError(f"{where}: cannot reach the server ({detail}); {hint}. Retrying.",
+                                  table=table, code="postgres_unavailable")
+        return TerminalError(f"{where}: {type(exc).__name__}: {detail}", table=table, code="postgres_error")
+
+
+def _not_worth_retrying(exc: Exception) -> bool:
+    """A timeout or a refused login: retrying at once would fail the same way."""
+    if isinstance(exc, pg_errors.QueryCanceled):
+        return True
+    text = str(exc)
+    return "authentication failed" in text or "does not exist" in text or "no pg_hba.conf entry" in text
+
+
+def _owner(comment: str | None) -> str | None:
+    """The pipeline named in a replica's comment (set at bootstrap), or None."""
+    try:
+        mark = json.loads(comment or "")
+    except ValueError:
+        return None
+    return mark.get(q.OWNER_MARK) if isinstance(mark, dict) else None
+
+
+class PostgresReplica:
+    """A replica table in Postgres (:class:`~.protocol.ReplicaSink`): COPY, then guarded SQL."""
+
+    def __init__(self, connector: Connector, pipeline_id: str, table: ReplicaTable, *, label: str | None = None,
+                 on_retry: Callable[[str], None] | None = None) -> None:
+        self.connector = connector
+        self.pipeline_id = pipeline_id
+        self.table = table
+        self.label = label or f"{table.schema}.{table.name}"
+        self._on_retry = on_retry
+
+    @property
+    def target(self) -> PostgresTarget:
+        return self.connector.target
+
+    # -- the retry boundary ---------------------------------------------------------------------
+
+    def _run(self, work: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """``work`` on a fresh connection; a lost connection retried with backoff; errors translated."""
+        def note(details: Any) -> None:
+            exc = details.get("exception")
+            log.warning("%s: Postgres connection lost (%s); retry %d in %.1fs", self.label,
+                        str(exc).strip().splitlines()[0] if exc else "?", details["tries"], details["wait"])
+            if self._on_retry is not None:
+                self._on_retry(str(exc))
+
+        @backoff.on_exception(backoff.expo, psycopg.OperationalError, max_time=self.target.retry_seconds,
+                              max_value=5, giveup=_not_worth_retrying, on_backoff=note, jitter=backoff.full_jitter)
+        def attempt() -> T:
+            with self.connector.connection() as conn:
+                return work(conn)
+
+        try:
+            return attempt()
+        except (psycopg.Error, OSError) as exc:
+            raise self.connector.translate(exc, self.label) from exc
+
+    # -- ReplicaSink ----------------------------------------------------------------------------
+
+    def prepare(self, allow_evolution: bool) -> None:
+        """Connect, create the schema and lakemirror's own tables, and follow the source's columns."""
+        t = self.table
+
+        def work(conn: psycopg.Connection[Any]) -> None:
+            with conn.transaction():
+                conn.execute(q.ensure_schema(t.schema))
+                conn.execute(q.create_progress(t.schema))
+                conn.execute(q.create_dead_letters(t.schema))
+            have = [(str(n), str(ty)) for n, ty in conn.execute(q.replica_columns(t)).fetchall()]
+            if not have:
+                return  # not bootstrapped yet
+            diff = diff_replica(t, have)
+            if diff.is_empty:
+                return
+            if not diff.is_additive:
+                raise SchemaIncompatible(
+                    f"{self.label}: the Postgres replica cannot follow the source schema ({diff.describe()}). "
+                    f"Resync the table to rebuild the replica, or revert the change on the source.", table=self.label)
+            if not allow_evolution:
+                raise SchemaIncompatible(
+                    f"{self.label}: the source has new columns ({diff.describe()}) and allow_schema_evolution is "
+                    f"false. Set allow_schema_evolution: true, or exclude the columns.", table=self.label)
+            conn.execute(q.add_columns(t, tuple(c.name for c in diff.added)))
+            log.info("%s: added columns to the Postgres replica: %s", self.label, diff.describe())
+
+        self._run(work)
+
+    def _owner_mark(self, epoch: int) -> str:
+        return json.dumps({q.OWNER_MARK: self.pipeline_id, "epoch": epoch}, sort_keys=True)
+
+    def bootstrap(self, snapshot: "pa.Table", version: int, epoch: int) -> None:
+        """Load ``snapshot`` into a new table, then swap it in for the replica, in one transaction,
+        with fresh tombstones and the epoch's progress row (batch -1, ``last_version`` = ``version``)."""
+        t = self.table
+        rows, dead = snapshot_rows(snapshot, t, version)
+
+        def work(conn: psycopg.Connection[Any]) -> None:
+            with conn.transaction():
+                conn.execute(q.ensure_schema(t.schema))
+                conn.execute(q.create_progress(t.schema))
+                conn.execute(q.create_dead_letters(t.schema))
+                found = conn.execute(q.table_comment(t.schema, t.name)).fetchall()
+                if found and _owner(found[0][0]) != self.pipeline_id:
+                    raise DestinationConflict(
+                        f"{self.label}: the Postgres table already exists and was not created by pipeline "
+                        f"{self.pipeline_id!r}; drop it or choose another schema", table=self.label)
+                if conn.execute(q.claim_batch(t.schema, self.pipeline_id, t.name, epoch, q.BOOTSTRAP_BATCH,
+                                              None, version)).fetchone() is None:
+                    return  # this epoch's bootstrap committed before (a crash before its state was saved)
+                loading_pk, pk = derived_name(t.name, "__lm_loading_pk"), derived_name(t.name, "__lm_pk")
+                conn.execute(q.drop_table(t.schema, t.loading))
+                conn.execute(q.create_replica(t, t.loading, loading_pk))
+                with conn.cursor().copy(q.copy_into(t.schema, t.loading, [*t.column_names, POSITION])) as copy:
+                    for row in rows:
+                        copy.write_row(row)
+                conn.execute(q.drop_table(t.schema, t.name))
+                conn.execute(q.rename_table(t.schema, t.loading, t.name))
+                conn.execute(q.rename_constraint(t, loading_pk, pk))
+                conn.execute(q.drop_table(t.schema, t.tombstones))
+                conn.execute(q.create_tombstones(t))
+                conn.execute(q.mark_owner(t, self._owner_mark(epoch)))
+                self._dead_letters(conn, epoch, q.BOOTSTRAP_BATCH, dead)
+                conn.execute(q.finish_batch(t.schema, self.pipeline_id, t.name, epoch, q.BOOTSTRAP_BATCH,
+                                            len(rows), 0, 0, len(dead)))
+
+        self._run(work)
+        log.info("%s: bootstrapped %d rows at source version %d (epoch %d)", self.label, len(rows), version, epoch)
+
+    def apply(self, changes: "pa.Table", epoch: int, batch_id: int) -> SinkResult:
+        plan = plan_batch(changes, self.table)
+        if plan.stats.rows_read == 0:
+            return SinkResult(plan.stats, ApplyCounts(), replayed=False)
+
+        def work(conn: psycopg.Connection[Any]) -> SinkResult:
+            try:
+                return self._apply(conn, plan, epoch, batch_id, careful=False)
+            except ROW_ERRORS as exc:
+                log.warning("%s: batch %d has a row Postgres refuses (%s); applying it row by row", self.label,
+                            batch_id, str(exc).strip().splitlines()[0])
+                return self._apply(conn, plan, epoch, batch_id, careful=True)
+
+        return self._run(work)
+
+    def last_applied(self, epoch: int) -> int | None:
+        t = self.table
+
+        def work(conn: psycopg.Connection[Any]) -> int | None:
+            row = conn.execute(q.last_applied(t.schema, self.pipeline_id, t.name, epoch)).fetchone()
+            return None if row is None or row[0] is None else int(row[0])
+
+        return self._run(work)
+
+    # -- one batch ------------------------------------------------------------------------------
+
+    def _apply(self, conn: psycopg.Connection[Any], plan: BatchPlan, epoch: int, batch_id: int,
+               careful: bool) -> SinkResult:
+        t = self.table
+        with conn.transaction():
+            claimed = conn.execute(q.claim_batch(t.schema, self.pipeline_id, t.name, epoch, batch_id,
+                                                 plan.first_version, plan.last_version)).fetchone()
+            if claimed is None:
+                row = conn.execute(q.batch_counts(t.schema, self.pipeline_id, t.name, epoch, batch_id)).fetchone()
+                counts = ApplyCounts(*(int(v) for v in row)) if row else ApplyCounts()
+                return SinkResult(plan.stats, counts, replayed=True)
+            conn.execute(q.create_staging(t))
+            dead = list(plan.dead)
+            if careful:
+                ins = upd = dele = 0
+                for staged in plan.rows:
+                    try:
+                        with conn.transaction():  # a savepoint: a refused row rolls back alone
+                            self._copy(conn, [staged])
+                            i, u, d = self._statements(conn, staged.row_no)
+                    except ROW_ERRORS as exc:
+                        dead.append(DeadRow(staged.position // 2, staged.op, _reason(exc),
+                                            staged_row_json(t, staged)))
+                        continue
+                    ins, upd, dele = ins + i, upd + u, dele + d
+            else:
+                self._copy(conn, plan.rows)
+                conn.execute(q.analyze_staging())
+                ins, upd, dele = self._statements(conn, None)
+            self._dead_letters(conn, epoch, batch_id, dead)
+            conn.execute(q.purge_tombstones(t, self.target.tombstone_horizon_seconds))
+            conn.execute(q.finish_batch(t.schema, self.pipeline_id, t.name, epoch, batch_id, ins, upd, dele,
+                                        len(dead)))
+        if dead:
+            log.warning("%s: batch %d: %d row(s) refused, kept in %s.%s", self.label, batch_id, len(dead),
+                        t.schema, q.DEAD_LETTER_TABLE)
+        return SinkResult(plan.stats, ApplyCounts(ins, upd, dele), replayed=False, dead=len(dead))
+
+    def _copy(self, conn: psycopg.Connection[Any], rows: Any) -> None:
+        with conn.cursor().copy(q.copy_staging(self.table)) as copy:
+            for staged in rows:
+                copy.write_row((staged.row_no, staged.op, staged.position, *staged.values))
+
+    def _statements(self, conn: psycopg.Connection[Any], row_no: int | None) -> tuple[int, int, int]:
+        t = self.table
+        deleted = conn.execute(q.guarded_delete(t, row_no)).fetchone()
+        conn.execute(q.write_tombstones(t, row_no))
+        written = conn.execute(q.guarded_upsert(t, row_no)).fetchone()
+        conn.execute(q.clear_tombstones(t, row_no))
+        assert deleted is not None and written is not None
+        return int(written[0]), int(written[1]), int(deleted[0])
+
+    def _dead_letters(self, conn: psycopg.Connection[Any], epoch: int, batch_id: int, dead: list[DeadRow]) -> None:
+        t = self.table
+        for d in dead:
+            conn.execute(q.dead_letter(t.schema, self.pipeline_id, t.name, epoch, batch_id, d.commit_version, d.op,
+                                       d.reason, d.row_json))
+
+
+def _reason(exc: BaseException) -> str:
+    """The server's reason for refusing a row: SQLSTATE, message and detail."""
+    diag = getattr(exc, "diag", None)
+    primary = getattr(diag, "message_primary", None) or str(exc).strip().splitlines()[0]
+    detail = getattr(diag, "message_detail", None)
+    state = getattr(exc, "sqlstate", None)
+    return " ".join(p for p in (f"[{state}]" if state else "", primary, f"({detail})" if detail else "") if p)

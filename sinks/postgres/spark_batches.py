@@ -1,0 +1,72 @@
+"""Spark's side of the Postgres sink: micro-batch DataFrames to Arrow on the driver, then the replica.
+
+The runner (:mod:`lakemirror.supervisor.runner`) treats a table's Postgres replica through
+:class:`PostgresTable`: ``prepare`` when the table starts, ``bootstrap`` with the snapshot at the
+pinned version, and ``batch_sink`` for its ``foreachBatch`` function, whose ``apply`` answers
+like the Delta MERGE sink's (a :class:`~lakemirror.sinks.txn.MergeOutcome`), so the runner's
+checkpoint rows, metrics and crash points are the same for both kinds of replica.
+
+A batch's change rows come to the driver without their ``update_preimage`` rows (never applied),
+as one Arrow table; the winner per key is picked there (:mod:`.plan`), which costs no Spark job
+beyond reading the batch. Batches are bounded by ``max_files_per_trigger`` /
+``max_bytes_per_trigger`` where the driver's memory needs it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from lakemirror.identifiers import quote
+from lakemirror.sinks.planner import CDF_COLUMNS, CHANGE_TYPE, UPDATE_PRE, MergePlan
+from lakemirror.sinks.postgres.executor import Connector, PostgresReplica
+from lakemirror.sinks.postgres.plan import ReplicaTable
+from lakemirror.sinks.txn import READ_BY_SPARK, MergeOutcome, TxnId
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+#: ``MergeOutcome.write`` of a batch applied to a Postgres replica.
+WRITE_POSTGRES = "postgres-copy-upsert"
+
+
+class PostgresBatchSink:
+    """The ``foreachBatch`` apply of one table into its Postgres replica, for one epoch."""
+
+    def __init__(self, replica: PostgresReplica, epoch: int) -> None:
+        self.replica = replica
+        self.epoch = epoch
+
+    def changes(self, batch: "DataFrame") -> Any:
+        """The batch's applicable change rows as an Arrow table (replica columns + CDF columns)."""
+        cols = [*self.replica.table.column_names, *CDF_COLUMNS]
+        return (batch.where(f"{quote(CHANGE_TYPE)} <> '{UPDATE_PRE}'")
+                .select(*[quote(c) for c in cols]).toArrow())
+
+    def apply(self, batch: "DataFrame", txn: TxnId, read: Any = None) -> MergeOutcome:
+        """Apply ``batch`` under ``txn.version`` (the batch id); a replayed batch id is skipped."""
+        result = self.replica.apply(self.changes(batch), self.epoch, txn.version)
+        return MergeOutcome(result.stats, result.counts, result.replayed, read=READ_BY_SPARK, write=WRITE_POSTGRES)
+
+
+class PostgresTable:
+    """One source table's replica in Postgres, as the runner drives it."""
+
+    def __init__(self, connector: Connector, pipeline_id: str, name: str, label: str) -> None:
+        self.connector = connector
+        self.pipeline_id = pipeline_id
+        self.name = name
+        self.label = label
+
+    def replica(self, plan: MergePlan) -> PostgresReplica:
+        table = ReplicaTable.from_plan(self.connector.target.schema, self.name, plan)
+        return PostgresReplica(self.connector, self.pipeline_id, table, label=self.label)
+
+    def prepare(self, plan: MergePlan, allow_evolution: bool) -> None:
+        self.replica(plan).prepare(allow_evolution)
+
+    def bootstrap(self, plan: MergePlan, snapshot: "DataFrame", version: int, epoch: int) -> None:
+        columns = [quote(c.name) for c in plan.columns]
+        self.replica(plan).bootstrap(snapshot.select(*columns).toArrow(), version, epoch)
+
+    def batch_sink(self, plan: MergePlan, epoch: int) -> PostgresBatchSink:
+        return PostgresBatchSink(self.replica(plan), epoch)

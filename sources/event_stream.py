@@ -1,0 +1,77 @@
+"""Event streams as Structured Streaming sources: JSON-lines files in a directory (and Kafka topics).
+
+The streaming DataFrames carry raw messages only; decoding is the pure
+:mod:`lakemirror.sources.debezium`, run on each micro-batch's rows by the batch function
+(:mod:`lakemirror.supervisor.event_stream`). Each row becomes a :class:`RawEvent` that remembers
+where it came from, so a poison message reaches the dead letters with its file and line (or topic,
+partition and offset).
+
+Files: Spark's file source reads each new file once, whole (``wholetext``), so a line's number in
+its file is known exactly; files must be moved into the directory complete (write elsewhere, then
+rename), as for any Spark file source.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+FILE_COLUMN = "file"
+VALUE_COLUMN = "value"
+
+
+@dataclass(frozen=True)
+class RawEvent:
+    """One message as read, before decoding."""
+
+    value: str | None
+    key: str | None = None
+    origin: str = ""              # the file's path, or the Kafka topic
+    partition: int | None = None  # Kafka partition (None for files)
+    offset: int = 0               # Kafka offset, or the 1-based line number in the file
+
+
+def lines_of(file: str, text: str | None) -> Iterator[RawEvent]:
+    """The non-blank lines of one file as raw events, numbered from 1."""
+    for number, line in enumerate((text or "").splitlines(), start=1):
+        if line.strip():
+            yield RawEvent(line, None, file, None, number)
+
+
+def raw_events_from_file_rows(rows: Iterable[Any]) -> Iterator[RawEvent]:
+    """Rows of :func:`file_stream` (one per file) as raw events, files in path order."""
+    for row in sorted(rows, key=lambda r: str(r[FILE_COLUMN])):
+        yield from lines_of(str(row[FILE_COLUMN]), row[VALUE_COLUMN])
+
+
+def file_stream(spark: "SparkSession", path: str, *, max_files_per_trigger: int | None = None) -> "DataFrame":
+    """New files of ``path`` as a stream of (file, value = the whole file's text)."""
+    reader = spark.readStream.format("text").option("wholetext", "true")
+    if max_files_per_trigger is not None:
+        reader = reader.option("maxFilesPerTrigger", str(max_files_per_trigger))
+    return reader.load(path).selectExpr(f"_metadata.file_path AS {FILE_COLUMN}", VALUE_COLUMN)
+
+
+def raw_events_from_kafka_rows(rows: Iterable[Any]) -> Iterator[RawEvent]:
+    """Rows of :func:`kafka_stream` as raw events, in (topic, partition, offset) order."""
+    for row in sorted(rows, key=lambda r: (r["topic"], r["partition"], r["offset"])):
+        yield RawEvent(row["value"], row["key"], row["topic"], int(row["partition"]), int(row["offset"]))
+
+
+def kafka_stream(spark: "SparkSession", bootstrap_servers: str, *, topics: str | None = None,
+                 topic_pattern: str | None = None, starting_offsets: str = "earliest",
+                 max_offsets_per_trigger: int | None = None) -> "DataFrame":
+    """Spark's Kafka source: key and value as strings; offsets live in the query's checkpoint."""
+    reader = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap_servers)
+              .option("startingOffsets", starting_offsets).option("failOnDataLoss", "true"))
+    if topic_pattern:
+        reader = reader.option("subscribePattern", topic_pattern)
+    else:
+        reader = reader.option("subscribe", topics or "")
+    if max_offsets_per_trigger is not None:
+        reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
+    return reader.load().selectExpr("CAST(key AS STRING) AS key", "CAST(value AS STRING) AS value",
+                                    "topic", "partition", "offset")

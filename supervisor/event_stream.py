@@ -1,0 +1,362 @@
+"""One Structured Streaming query per event source, fanned out to one guarded MERGE per replica.
+
+An event source (JSON-lines files or Kafka topics carrying Debezium or the seed's simple events)
+holds the changes of many tables in one stream. Each micro-batch:
+
+1. its raw messages are decoded (:mod:`lakemirror.sources.debezium`) on the driver; tombstones and
+   transaction markers are skipped; poison messages become dead letters;
+2. the changes are routed by table (``source.table`` / the topic for Debezium, ``table_name`` for
+   the simple form) and folded per key (:func:`lakemirror.sinks.guard_plan.plan_batch`);
+3. each replica takes one guarded MERGE (:class:`lakemirror.sinks.guard_merge.GuardedDeltaSink`)
+   in a session of its own, under the transaction id ``lakemirror/<pipeline>/<source>/<table>/<epoch>``
+   and the batch id, so a replayed batch is skipped by Delta and a redelivered event by the guard;
+4. the dead letters are appended under the batch's own transaction id.
+
+The epoch is a random id kept beside the query's checkpoint and renewed whenever the checkpoint
+starts empty: a reset checkpoint (batch ids from 0 again) gets new transaction ids instead of
+having every write skipped as a replay (CDC_SEMANTICS.md §2).
+
+:class:`EventStreamRunner` runs the query under the supervisor like a table runner (one entry per
+source, named ``events:<name>``); the per-replica counts are in :attr:`EventStreamRunner.replicas`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterable
+
+from lakemirror.identifiers import TableName
+from lakemirror.sinks.dead_letters import DeadLetterRow, DeadLetterTable
+from lakemirror.sinks.guard_merge import GuardedDeltaSink, GuardOutcome
+from lakemirror.sinks.guard_plan import plan_batch
+from lakemirror.sinks.memory import ApplyCounts
+from lakemirror.sinks.txn import BatchStats, MergeOutcome, TxnId
+from lakemirror.sources.change_event import ChangeEvent, DeadLetter, Skipped
+from lakemirror.sources.debezium import FORMAT_DEBEZIUM, decode_debezium, decode_line
+from lakemirror.sources.event_stream import (RawEvent, file_stream, kafka_stream, raw_events_from_file_rows,
+                                             raw_events_from_kafka_rows)
+from lakemirror.supervisor import state as sm
+from lakemirror.supervisor.lag import LagReading
+from lakemirror.supervisor.runner import BatchReport
+from lakemirror.tables import TableLocation
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+log = logging.getLogger(__name__)
+
+KIND_FILES, KIND_KAFKA = "files", "kafka"
+RUNNER_PREFIX = "events:"
+
+
+@dataclass(frozen=True)
+class EventStreamSpec:
+    """Everything one event source's query needs (built from the YAML's ``source`` block)."""
+
+    name: str
+    kind: str                                   # files | kafka
+    format: str = FORMAT_DEBEZIUM               # debezium | simple
+    path: str | None = None                     # files: the directory of JSON-lines files
+    bootstrap_servers: str | None = None        # kafka
+    topics: str | None = None                   # kafka: comma-separated topics
+    topic_pattern: str | None = None            # kafka: or a pattern
+    tables: tuple[str, ...] | None = None       # event tables replicated; None: every table seen
+    key_columns: dict[str, tuple[str, ...]] = field(default_factory=dict)  # for events without a key
+    tombstone_horizon_seconds: float = 7 * 86400.0
+    purge_interval_seconds: float = 3600.0
+    allow_schema_evolution: bool = True
+    trigger_interval_seconds: float = 5.0
+    max_per_trigger: int | None = None          # files or offsets per micro-batch
+
+
+@dataclass
+class ReplicaStatus:
+    """What one replica of an event source has taken so far (status and tests)."""
+
+    batches: int = 0
+    inserted: int = 0
+    updated: int = 0
+    deleted: int = 0
+    stale: int = 0
+    replays: int = 0
+    position_basis: str = ""
+    last_ts_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class EventBatchResult:
+    events: int
+    skipped: int
+    dead_letters: int
+    outcomes: dict[str, GuardOutcome]
+
+    @property
+    def counts(self) -> ApplyCounts:
+        return ApplyCounts(sum(o.counts.inserted for o in self.outcomes.values()),
+                           sum(o.counts.updated for o in self.outcomes.values()),
+                           sum(o.counts.deleted for o in self.outcomes.values()))
+
+
+class EventBatchApplier:
+    """The batch function's body: decode, route, fold, one guarded MERGE per replica, dead letters."""
+
+    def __init__(self, spec: EventStreamSpec, pipeline_id: str, locate: Callable[[str], TableLocation],
+                 dead_letters: DeadLetterTable, session_for: Callable[[str], "SparkSession"],
+                 clock: Callable[[], float] = time.time) -> None:
+        self.spec = spec
+        self.pipeline_id = pipeline_id
+        self.locate = locate
+        self.dead_letters = dead_letters
+        self.session_for = session_for
+        self.clock = clock
+        self.sinks: dict[str, GuardedDeltaSink] = {}
+        self.replicas: dict[str, ReplicaStatus] = {}
+        self._last_purge = clock()
+
+    def decode(self, raw: RawEvent) -> ChangeEvent | Skipped | DeadLetter:
+        keys = self.spec.key_columns
+        if raw.partition is not None or self.spec.kind == KIND_KAFKA:
+            if self.spec.format == FORMAT_DEBEZIUM:
+                return decode_debezium(raw.value, raw.key, key_columns=keys, topic=raw.origin)
+            if raw.value is None:
+                return Skipped("tombstone (a null value)")
+        return decode_line(raw.value or "", self.spec.format, key_columns=keys)
+
+    def apply(self, raws: Iterable[RawEvent], batch_id: int, epoch: str) -> EventBatchResult:
+        letters: list[DeadLetterRow] = []
+        changes: list[ChangeEvent] = []
+        origin: dict[int, RawEvent] = {}
+        events = skipped = 0
+        for raw in raws:
+            events += 1
+            decoded = self.decode(raw)
+            if isinstance(decoded, DeadLetter):
+                letters.append(DeadLetterRow(raw, decoded.reason, decoded.table))
+            elif isinstance(decoded, Skipped):
+                skipped += 1
+            elif self.spec.tables is not None and decoded.table not in self.spec.tables:
+                skipped += 1
+            else:
+                changes.append(decoded)
+                origin[id(decoded)] = raw
+        plans, refused = plan_batch(changes)
+        letters += [DeadLetterRow(origin[id(e)], reason, e.table) for e, reason in refused]
+        outcomes: dict[str, GuardOutcome] = {}
+        for table, plan in sorted(plans.items()):
+            sink = self.sinks.get(table)
+            if sink is None:
+                try:
+                    location = self.locate(table)
+                except ValueError as exc:  # a table name the destination cannot hold
+                    letters += [DeadLetterRow(origin[id(e)], f"no replica for table {table!r}: {exc}", table)
+                                for e in changes if e.table == table]
+                    continue
+                sink = self.sinks[table] = GuardedDeltaSink(location, self.spec.allow_schema_evolution,
+                                                            clock=self.clock)
+            txn = TxnId(f"lakemirror/{self.pipeline_id}/{self.spec.name}/{table}/{epoch}", batch_id)
+            outcome = sink.apply(self.session_for(table), plan, txn)
+            outcomes[table] = outcome
+            letters += [DeadLetterRow(origin[id(e)], reason, table) for e, reason in outcome.rejected]
+            self._record(table, plan.winners, outcome)
+        self.dead_letters.append(self.session_for("__dead_letters"), letters,
+                                 TxnId(f"lakemirror/{self.pipeline_id}/{self.spec.name}/dead-letters/{epoch}", batch_id),
+                                 self.clock())
+        self._purge_when_due()
+        return EventBatchResult(events, skipped, len(letters), outcomes)
+
+    def _record(self, table: str, winners: Iterable[ChangeEvent], outcome: GuardOutcome) -> None:
+        status = self.replicas.setdefault(table, ReplicaStatus())
+        status.batches += 1
+        status.inserted += outcome.counts.inserted
+        status.updated += outcome.counts.updated
+        status.deleted += outcome.counts.deleted
+        status.stale += outcome.stale
+        status.replays += outcome.replayed
+        for w in winners:
+            if w.basis and w.basis != status.position_basis:
+                if "last resort" in w.basis:
+                    log.warning("%s: events carry no log position; ordered by %s", table, w.basis)
+                status.position_basis = w.basis
+            if w.ts_ms is not None:
+                status.last_ts_ms = max(status.last_ts_ms or 0, w.ts_ms)
+
+    def _purge_when_due(self) -> None:
+        now = self.clock()
+        if now - self._last_purge < self.spec.purge_interval_seconds:
+            return
+        self._last_purge = now
+        for table, sink in self.sinks.items():
+            purged = sink.purge(self.session_for(table), self.spec.tombstone_horizon_seconds)
+            if purged:
+                log.info("%s: purged %d tombstones older than %.0f s", table, purged,
+                         self.spec.tombstone_horizon_seconds)
+
+
+def checkpoint_epoch(folder: Path) -> str:
+    """The transaction-id epoch of the query checkpointed in ``folder / 'checkpoint'``: kept while the
+    checkpoint has offsets, renewed when it starts empty (a new or reset checkpoint)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    marker = folder / "epoch"
+    offsets = folder / "checkpoint" / "offsets"
+    if marker.is_file() and offsets.is_dir() and any(offsets.iterdir()):
+        return marker.read_text().strip()
+    epoch = uuid.uuid4().hex[:12]
+    tmp = folder / "epoch.tmp"
+    tmp.write_text(epoch)
+    tmp.replace(marker)
+    return epoch
+
+
+class EventStreamRunner:
+    """Runs one event source's query; the supervisor drives it like a table runner."""
+
+    def __init__(self, spec: EventStreamSpec, spark: "SparkSession", pipeline_id: str, folder: Path,
+                 locate: Callable[[str], TableLocation], dead_letters: TableLocation,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.table = RUNNER_PREFIX + spec.name
+        self.spec = spec
+        self.spark = spark
+        self.folder = folder
+        self.clock = clock
+        self._sessions: dict[str, "SparkSession"] = {}
+        self.applier = EventBatchApplier(spec, pipeline_id, locate, DeadLetterTable(dead_letters), self._session,
+                                         clock)
+        self.dead_letter_count = 0
+        self.applied_through: int | None = None
+        self.last_batch_at: float | None = None
+        self.last_lag: LagReading | None = None
+        self._events: list[sm.Event | BatchReport] = []
+        self._lock = threading.Lock()
+        self._batch_lock = threading.Lock()
+        self._query: "StreamingQuery | None" = None
+        self._thread: threading.Thread | None = None
+        self._draining = False
+        self._paused = False
+        self._epoch = ""
+        self._batch_error: str | None = None
+
+    @property
+    def replicas(self) -> dict[str, ReplicaStatus]:
+        return self.applier.replicas
+
+    def _session(self, name: str) -> "SparkSession":
+        if name not in self._sessions:
+            self._sessions[name] = self.spark.newSession()
+        return self._sessions[name]
+
+    def _emit(self, item: "sm.Event | BatchReport") -> None:
+        with self._lock:
+            self._events.append(item)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def launch(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._draining = False
+        self._thread = threading.Thread(target=self._launch, name=f"launch:{self.table}", daemon=True)
+        self._thread.start()
+
+    def _stream(self) -> "DataFrame":
+        spec = self.spec
+        if spec.kind == KIND_KAFKA:
+            return kafka_stream(self.spark, spec.bootstrap_servers or "", topics=spec.topics,
+                                topic_pattern=spec.topic_pattern, max_offsets_per_trigger=spec.max_per_trigger)
+        return file_stream(self.spark, spec.path or "", max_files_per_trigger=spec.max_per_trigger)
+
+    def _launch(self) -> None:
+        try:
+            self._epoch = checkpoint_epoch(self.folder)
+            query = (self._stream().writeStream.foreachBatch(self._batch)
+                     .option("checkpointLocation", str(self.folder / "checkpoint"))
+                     .trigger(processingTime=f"{self.spec.trigger_interval_seconds} seconds")
+                     .start())
+            self._query = query
+            self._emit(sm.StreamStarted())
+        except Exception as exc:  # a failure to start is a visible state, never a dead thread
+            log.warning("%s failed to start: %s", self.table, exc)
+            self._emit(sm.Failed(error=f"{self.table}: {exc}".splitlines()[0]))
+
+    def _batch(self, batch: "DataFrame", batch_id: int) -> None:
+        with self._batch_lock:
+            if self._draining:
+                raise RuntimeError("draining: the batch is left for the next start")
+            started = self.clock()
+            try:
+                rows = batch.collect()
+                raws = (raw_events_from_kafka_rows(rows) if self.spec.kind == KIND_KAFKA
+                        else raw_events_from_file_rows(rows))
+                result = self.applier.apply(raws, batch_id, self._epoch)
+            except Exception as exc:
+                # Spark reports a batch function's error as a Python traceback inside a JVM one; keep ours.
+                self._batch_error = f"{self.table}: batch {batch_id} failed: {type(exc).__name__}: " + \
+                    (str(exc).strip().splitlines() or [""])[0]
+                raise
+            self.dead_letter_count += result.dead_letters
+            ended = self.clock()
+            self.applied_through, self.last_batch_at = batch_id, ended
+            stats = BatchStats(result.events, batch_id, batch_id, None)
+            outcome = MergeOutcome(stats, result.counts, replayed=any(o.replayed for o in result.outcomes.values()))
+            self._emit(BatchReport(self.table, batch_id, outcome, ended - started, ended))
+            self._emit(sm.BatchApplied())
+
+    def halt(self, timeout: float = 60.0) -> None:
+        self._draining = True
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        query = self._query
+        if query is not None:
+            if self._batch_lock.acquire(timeout=timeout):
+                self._batch_lock.release()
+            try:
+                query.stop()
+            except Exception as exc:  # an already dead query cannot be stopped
+                log.debug("stopping %s: %s", self.table, exc)
+            finally:
+                self._query = None
+
+    def poll(self) -> list["sm.Event | BatchReport"]:
+        query = self._query
+        if query is not None and not query.isActive and not self._draining:
+            self._query = None
+            exc = query.exception()
+            self._emit(sm.Failed(error=self._batch_error or f"{self.table}: {exc or 'the stream stopped'}".splitlines()[0]))
+            self._batch_error = None
+        with self._lock:
+            out, self._events = self._events, []
+        return out
+
+    def probe_lag(self, now: float) -> LagReading | None:
+        return None  # event-time lag per replica: ReplicaStatus.last_ts_ms (offsets behind: not yet)
+
+    def persisted_pause(self) -> bool:
+        return self._paused
+
+    def pause_persisted(self, paused: bool) -> None:
+        self._paused = paused
+
+    def resync(self, reason: str) -> None:
+        log.warning("%s: resync is not supported for event sources (%s); replay the topic instead", self.table, reason)
+
+    # -- turns (never: an event source keeps its own always-on query) -----------------------------
+
+    def ready_for_turn(self) -> bool:
+        return False
+
+    def has_pending(self) -> bool | None:
+        return None
+
+    def take_turn(self) -> None:
+        return None
+
+
+def replica_locator(locate: Callable[[TableName], TableLocation], catalog: str, schema: str) -> Callable[[str], TableLocation]:
+    """Event tables land as ``<catalog>.<schema>.<table>`` in the destination."""
+    return lambda table: locate(TableName(catalog, schema, table))
+

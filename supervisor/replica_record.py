@@ -1,0 +1,103 @@
+"""What a replica itself records about the batches applied to it: read without Spark.
+
+Every batch is committed to the replica under a Delta transaction id (``txn`` action: the
+table's app id of the epoch, and the batch id as its version). The replica's log therefore says
+which batch of the current epoch was applied last, even when the daemon died before Spark
+committed that batch to its stream checkpoint. The stream checkpoint's ``offsets/<batch>`` file
+says which source versions that batch covered: every version below its end offset's
+``reservoirVersion`` (:mod:`lakemirror.supervisor.offsets`). Together they give the last source
+version the replica holds, which is what a table reports as applied from the moment the daemon
+starts, whatever its state, instead of its epoch's bootstrap version.
+
+A batch the replica's log already records needs nothing from the source: a restart that replays
+it (Spark had not committed it) skips it without reading its change files, which may have been
+vacuumed since (:func:`replayed_outcome`).
+
+Read with delta-rs and plain file reads, for replicas and checkpoints on the driver's file system;
+elsewhere the record is unknown (None) and the runner learns the applied version from its stream.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+from lakemirror.checkpoints import stream_dir
+from lakemirror.checkpoints.state import TableProgress
+from lakemirror.sinks.memory import ApplyCounts
+from lakemirror.sinks.txn import BatchStats, MergeOutcome, txn_app_id
+from lakemirror.sources.feed_range import LocalCommitActions
+from lakemirror.supervisor.offsets import applied_through_from_offset
+from lakemirror.tables import is_local_table, local_dir
+
+log = logging.getLogger(__name__)
+
+#: ``MergeOutcome.read`` / ``.write`` of a replayed batch skipped before anything was read.
+READ_NOTHING, WRITE_NOTHING = "none", "replay-skipped"
+
+
+def stream_checkpoint(checkpoint_root: str, pipeline_id: str, table_slug: str, epoch: int) -> str:
+    """The stream checkpoint folder of a table's epoch."""
+    return f"{checkpoint_root.rstrip('/')}/{pipeline_id}/{table_slug}/e{epoch}"
+
+
+def replica_txn_version(replica_path: str | None, app_id: str) -> int | None:
+    """The last batch of ``app_id`` the replica's log records; None when it records none, or the
+    replica is not a Delta table on the driver's file system (then it cannot be told here)."""
+    if replica_path is None or not is_local_table(replica_path):
+        return None
+    from deltalake import DeltaTable
+
+    folder = local_dir(replica_path)
+    version = DeltaTable(str(folder)).transaction_version(app_id)
+    return None if version is None else int(version)
+
+
+def applied_through_after_batch(checkpoint: str, batch_id: int, source_path: str | None = None) -> int | None:
+    """The last source version fully applied once batch ``batch_id`` of ``checkpoint`` is applied
+    (from the end offset Spark logged for the batch before running it, and, for a source on the
+    driver's file system, the number of files of the offset's version)."""
+    folder = local_dir(checkpoint)
+    if folder is None:
+        return None
+    try:
+        offset = stream_dir.source_offset((folder / "offsets" / str(batch_id)).read_text(encoding="utf-8"))
+        files = None
+        source_dir = local_dir(source_path) if source_path is not None and is_local_table(source_path) else None
+        parsed = json.loads(offset) if offset is not None else None
+        if source_dir is not None and isinstance(parsed, dict) and "reservoirVersion" in parsed:
+            shape = LocalCommitActions(str(source_dir)).shape(int(parsed["reservoirVersion"]))
+            files = shape.files if shape is not None else None
+        return applied_through_from_offset(offset, files)
+    except (OSError, UnicodeDecodeError, KeyError, ValueError, TypeError):
+        return None
+
+
+@dataclass(frozen=True)
+class ReplicaRecord:
+    app_id: str
+    txn_version: int | None        # the last batch of the epoch in the replica (None: none yet)
+    applied_through: int | None    # the last source version the replica holds (None: unknown)
+
+
+def read_record(progress: TableProgress, *, checkpoint_root: str, pipeline_id: str, table_slug: str,
+                replica_path: str | None, source_path: str | None = None) -> ReplicaRecord | None:
+    """The replica's record for the table's current epoch; None when it cannot be read here."""
+    if not progress.bootstrapped or progress.bootstrap_version is None:
+        return None
+    app_id = txn_app_id(pipeline_id, table_slug, progress.epoch)
+    if replica_path is None or not is_local_table(replica_path):
+        return None
+    txn = replica_txn_version(replica_path, app_id)
+    if txn is None:
+        return ReplicaRecord(app_id, None, progress.bootstrap_version)
+    checkpoint = stream_checkpoint(checkpoint_root, pipeline_id, table_slug, progress.epoch)
+    through = applied_through_after_batch(checkpoint, txn, source_path)
+    return ReplicaRecord(app_id, txn, through)
+
+
+def replayed_outcome() -> MergeOutcome:
+    """The outcome of a replayed batch the replica already holds, skipped without reading it."""
+    return MergeOutcome(BatchStats(0, None, None, None), ApplyCounts(), replayed=True, read=READ_NOTHING,
+                        write=WRITE_NOTHING)

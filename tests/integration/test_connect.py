@@ -1,0 +1,135 @@
+"""``runtime.mode: connect`` end to end, through a Spark Connect server started by
+scripts/connect-server.sh: no Delta Connect plugin, so every batch is applied on the server in SQL
+(sinks/connect_apply.py) and reported back through the checkpoint table.
+
+One server and one pipeline for the whole module (a server start costs a second JVM)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from lakemirror import tables
+
+from tests.integration.conftest import Pipeline
+
+pytestmark = [pytest.mark.integration, pytest.mark.connect]
+
+
+class ConnectPipeline(Pipeline):
+    def latest_version(self, table: str) -> int:
+        return int(tables.history(self.spark, self.source(table), 1).collect()[0]["version"])
+
+    def checkpoint_rows(self, table: str) -> list[Any]:
+        loc = self.app.checkpoints.location
+        return (tables.read(self.spark, loc).where(f"source_fqn = 'src.sales.{table}' AND error IS NULL")
+                .orderBy("txn_app_id", "batch_id").collect())
+
+    def merges(self, table: str) -> list[Any]:
+        return (tables.history(self.spark, self.replica(table)).where("operation = 'MERGE'")
+                .select("version", "userMetadata", "operationMetrics").collect())
+
+
+@pytest.fixture(scope="module")
+def remote(connect_server: str) -> Iterator[Any]:
+    """A Connect session beside the suite's classic one. ``getOrCreate`` refuses while a classic
+    session runs (SESSION_ALREADY_EXIST), so it is created outright; creating it marks the process
+    as Connect-only (``SPARK_CONNECT_MODE_ENABLED``), which would make every later classic
+    ``getOrCreate`` refuse too, so the mark is taken back when the module ends."""
+    import os
+
+    from pyspark.sql import SparkSession
+
+    before = {k: os.environ.get(k) for k in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE")}
+    session = SparkSession.builder.remote(connect_server).create()
+    try:
+        yield session
+    finally:
+        session.stop()
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _pipeline(remote: Any, root: Path, url: str) -> ConnectPipeline:
+    return ConnectPipeline(remote, root, runtime={"mode": "connect", "spark_remote": url,
+                                                  "warehouse": str(root / "lakehouse")},
+                           restart={"base_delay_seconds": 0.5, "max_delay_seconds": 2, "jitter": 0.0})
+
+
+def test_connect_replicates_replays_and_isolates(remote: Any, connect_server: str, tmp_path: Path) -> None:
+    assert not tables.has_own_jvm(remote)  # the daemon talks to the server, not to a JVM of its own
+    p = _pipeline(remote, tmp_path, connect_server)
+    try:
+        p.create("orders", "id BIGINT NOT NULL, v STRING, n INT", key="id")
+        p.create("bad", "id BIGINT NOT NULL, v INT", key="id")
+        p.sql("orders", "INSERT INTO {t} VALUES (1, 'a', 1), (2, 'b', 2), (3, 'c', 3)")
+        p.sql("bad", "INSERT INTO {t} VALUES (1, 1)")
+        p.start()
+        p.wait_caught_up("orders", "bad", timeout=240)
+        p.assert_replica_equals_source("orders")  # the bootstrap
+
+        # Inserts, updates, deletes and a delete followed by a re-insert of the same key.
+        p.sql("orders", "INSERT INTO {t} VALUES (4, 'd', 4), (5, 'e', 5)")
+        p.sql("orders", "UPDATE {t} SET v = 'B', n = 20 WHERE id = 2")
+        p.sql("orders", "DELETE FROM {t} WHERE id IN (1, 3)")
+        p.sql("orders", "INSERT INTO {t} VALUES (3, 'c again', 33)")
+        p.sql("orders", "UPDATE {t} SET n = n + 100 WHERE id >= 4")
+        p.wait_caught_up("orders", timeout=240)
+        p.assert_replica_equals_source("orders")
+        rows = p.checkpoint_rows("orders")
+        assert rows, "the server-side batch function wrote no checkpoint row"
+        # Keys 4 and 5 are new and key 1 is gone (key 3's delete and re-insert may meet in one batch,
+        # where its winner is the re-insert: an update of the bootstrapped row).
+        assert sum(r["rows_deleted"] for r in rows) >= 1 and sum(r["rows_inserted"] for r in rows) >= 2
+        merges = p.merges("orders")
+        assert len(merges) == len(rows), (merges, rows)  # one MERGE commit per recorded batch
+        tags = [json.loads(m["userMetadata"]) for m in merges]
+        assert {(t["lakemirror_txn"], t["batch"]) for t in tags} == {(r["txn_app_id"], r["batch_id"]) for r in rows}
+
+        # A restart that replays the last batch: its MERGE is committed but Spark's commit log lost
+        # it (a crash between the two). Delta skips the replayed MERGE by its transaction id.
+        p.stop()
+        last = rows[-1]
+        stream_dirs = [d for d in (tmp_path / "checkpoints").rglob("commits")
+                       if "orders" in str(d) and d.parent.name == f"e{last['epoch']}"]
+        assert len(stream_dirs) == 1, stream_dirs
+        commits = stream_dirs[0]
+        (commits / str(last["batch_id"])).unlink()
+        p.sql("orders", "INSERT INTO {t} VALUES (6, 'f', 6)")
+        p.app = p._new_app()
+        p.start()
+        p.wait_caught_up("orders", timeout=240)
+        p.assert_replica_equals_source("orders")
+        after = p.checkpoint_rows("orders")
+        keys = [(r["txn_app_id"], r["batch_id"]) for r in after]
+        assert len(keys) == len(set(keys)), f"a replayed batch was recorded twice: {keys}"
+        assert (last["txn_app_id"], last["batch_id"]) in keys
+        merges_after = p.merges("orders")
+        replayed_tag = json.dumps({"lakemirror_txn": last["txn_app_id"], "batch": last["batch_id"]}, sort_keys=True)
+        assert [m["userMetadata"] for m in merges_after].count(replayed_tag) == 1, "the replayed batch was applied twice"
+        assert len(merges_after) == len(after) > len(rows)
+
+        # A poisoned table (its replica refuses the next change) fails alone; the other keeps going.
+        p.spark.sql(f"ALTER TABLE {p.replica('bad').sql} ADD CONSTRAINT small CHECK (v < 100)")
+        p.sql("bad", "INSERT INTO {t} VALUES (2, 500)")
+        p.tick_until(lambda: p.views()["bad"].state == "degraded", timeout=240, what="bad to degrade")
+        assert "small" in p.views()["bad"].last_error or "CHECK" in p.views()["bad"].last_error.upper()
+        p.sql("orders", "INSERT INTO {t} VALUES (7, 'g', 7)")
+        p.sql("orders", "DELETE FROM {t} WHERE id = 2")
+        p.wait_caught_up("orders", timeout=240)
+        p.assert_replica_equals_source("orders")
+        assert p.views()["bad"].failures > 0
+        # Its cause removed, the poisoned table recovers by itself.
+        p.spark.sql(f"ALTER TABLE {p.replica('bad').sql} DROP CONSTRAINT small")
+        p.wait_caught_up("bad", timeout=240)
+        p.assert_replica_equals_source("bad")
+        # The transaction confs set by the batch function never stay in the client's session.
+        assert remote.conf.get("spark.databricks.delta.write.txnAppId", None) is None
+    finally:
+        p.stop()

@@ -1,0 +1,58 @@
+"""After a restart, a table reports what its replica holds, and a replay needs nothing vacuumed.
+
+A drain (SIGTERM) or a kill can land after a batch is committed to the replica but before Spark
+commits it to the stream checkpoint: the next run replays that batch. The replica's own Delta
+transaction record (``txn``) says the batch is applied already, so the replay must not read the
+batch's change files, which VACUUM may have deleted meanwhile.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lakemirror.supervisor.replica_record import stream_checkpoint
+
+from tests.integration.conftest import vacuum_everything
+
+pytestmark = pytest.mark.integration
+
+
+def uncommit_last_batch(pipeline: Any, table: str) -> int:
+    """Remove Spark's commit of the table's last batch, as a stop between the replica's commit and
+    Spark's leaves it; returns that batch's id."""
+    runner = pipeline.runner(table)
+    progress = pipeline.app.states.load(runner.slug)
+    spec = pipeline.app.spec
+    commits = Path(stream_checkpoint(spec.checkpoint_root, spec.pipeline_id, runner.slug, progress.epoch)) / "commits"
+    last = max(int(p.name) for p in commits.iterdir() if p.name.isdigit())
+    (commits / str(last)).unlink()
+    return last
+
+
+def test_a_replay_of_a_batch_the_replica_holds_needs_no_vacuumed_change_file(pipeline: Any) -> None:
+    pipeline.create("t", "id BIGINT NOT NULL, v STRING", key="id")
+    pipeline.sql("t", "INSERT INTO {t} VALUES (1, 'a'), (2, 'b'), (3, 'c')")
+    pipeline.start()
+    pipeline.wait_caught_up("t")
+    pipeline.sql("t", "UPDATE {t} SET v = 'B' WHERE id = 2")
+    pipeline.sql("t", "DELETE FROM {t} WHERE id = 3")
+    pipeline.wait_caught_up("t")
+    applied = pipeline.runner("t").applied_through
+    pipeline.stop()
+    uncommit_last_batch(pipeline, "t")
+    vacuum_everything(pipeline, "t")  # the replayed batch's _change_data files are gone
+
+    pipeline.app = pipeline._new_app()  # noqa: SLF001 (a new daemon process on the same folders)
+    pipeline.start()
+    pipeline.tick_until(lambda: pipeline.runner("t").applied_through is not None, what="t to start")
+    # From its first reading the table reports what the replica holds, not its bootstrap version.
+    assert pipeline.runner("t").applied_through == applied
+    pipeline.sql("t", "INSERT INTO {t} VALUES (4, 'd')")
+    pipeline.tick_until(lambda: pipeline.views()["t"].state == "failed" or pipeline.caught_up("t"),
+                        what="t to catch up (or fail)")
+    view = pipeline.views()["t"]
+    assert view.state == "running", view.last_error
+    pipeline.assert_replica_equals_source("t")

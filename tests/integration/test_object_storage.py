@@ -1,0 +1,91 @@
+"""Sources and replicas on S3 (``s3a://``), against a local S3-compatible server (moto's, started
+by scripts/s3-server.sh): replication through bootstrap and the change feed, lag and retention
+headroom, and an expired change window. The lakehouse (sources, replicas, the checkpoint table)
+lives in the bucket; the daemon's own state and the stream checkpoints stay in a local directory
+(``checkpoint_volume``, which the config requires to be local)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+from lakemirror import tables
+from lakemirror.object_store import delta_rs_target
+from lakemirror.sources.commit_log import HadoopCommitLog, commit_log_for
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize("settings, path", [
+    ({}, "applies by rewriting the replica with Spark (the replica is not a path on the driver's file system)"),
+    ({"rewrite_below_bytes": 0}, "applies by MERGE"),
+], ids=["small replica: Spark rewrite", "Spark MERGE"])
+def test_a_source_and_replica_on_s3_replicate_every_kind_of_change(
+        s3_pipeline: Any, caplog: pytest.LogCaptureFixture, settings: dict[str, Any], path: str) -> None:
+    caplog.set_level(logging.INFO, logger="lakemirror.supervisor.runner")
+    p = s3_pipeline(**settings)
+    assert p.source("o").path.startswith("s3a://") and p.replica("o").path.startswith("s3a://")
+    p.create("o", "id BIGINT NOT NULL, v STRING, n INT", key="id")
+    p.sql("o", "INSERT INTO {t} VALUES (1, 'a', 1), (2, 'b', 2), (3, 'c', 3)")
+    p.start()
+    p.wait_caught_up("o")                                  # the bootstrap snapshot
+    p.assert_replica_equals_source("o")
+    p.sql("o", "INSERT INTO {t} VALUES (4, 'd', 4), (5, 'e', 5)")
+    p.sql("o", "UPDATE {t} SET v = 'B', n = 20 WHERE id = 2")
+    p.sql("o", "DELETE FROM {t} WHERE id IN (1, 4)")
+    p.sql("o", "INSERT INTO {t} VALUES (1, 'again', 100)")  # re-inserted after its delete
+    p.wait_caught_up("o")
+    p.assert_replica_equals_source("o")
+    assert p.rows(p.replica("o"), ["id", "v", "n"]) == [(1, "again", 100), (2, "B", 20), (3, "c", 3), (5, "e", 5)]
+
+    assert any(path in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
+
+    # lag and retention headroom, measured from the commit files in the bucket
+    p.tick_until(lambda: p.runner("o").last_lag is not None, what="a lag reading")
+    lag = p.runner("o").last_lag
+    assert lag.lag_seconds is not None and lag.lag_seconds >= 0
+    assert lag.retention_headroom_seconds is not None and lag.retention_headroom_seconds > 0
+    log = commit_log_for(p.spark, p.source("o"))  # the probes' commit times: S3 objects' times, via Hadoop
+    assert isinstance(log, HadoopCommitLog) and log.commit_time(0) is not None and log.commit_time(10**6) is None
+    view = p.views()["o"]
+    assert view.lag_seconds is not None and view.applied_through == p.latest_version("o")
+    # the checkpoint table lives in the bucket too: appended by delta-rs (s3://, storage options from
+    # the session's s3a settings), read by Spark
+    store = p.app.checkpoints
+    assert store.location.path.startswith("s3a://") and store._by_delta_rs is True  # noqa: SLF001
+    assert tables.read(p.spark, store.location).where("error IS NULL").count() >= 2
+
+    # delta-rs reads the replica Spark wrote, through the same settings
+    from deltalake import DeltaTable
+
+    uri, options = delta_rs_target(p.spark, p.replica("o").path)
+    assert uri.startswith("s3://") and options["AWS_ENDPOINT_URL"].startswith("http://127.0.0.1:")
+    seen = DeltaTable(uri, storage_options=options).to_pyarrow_table(columns=["id", "v", "n"]).to_pylist()
+    assert sorted(tuple(r.values()) for r in seen) == [(1, "again", 100), (2, "B", 20), (3, "c", 3), (5, "e", 5)]
+
+
+def test_a_source_version_vacuumed_on_s3_fails_the_table_under_policy_fail(s3_pipeline: Any) -> None:
+    p = s3_pipeline(change_window_policy="fail")
+    p.create("w", "id BIGINT NOT NULL, v INT", key="id")
+    p.sql("w", "INSERT INTO {t} VALUES (1, 1), (2, 2)")
+    p.start()
+    p.wait_caught_up("w")
+    p.stop()
+    # while the daemon is stopped: changes, then every file they wrote vacuumed away in the bucket
+    p.sql("w", "UPDATE {t} SET v = 10 WHERE id = 1")
+    p.sql("w", "DELETE FROM {t} WHERE id = 2")
+    p.sql("w", "INSERT INTO {t} VALUES (3, 3)")
+    p.spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+    try:
+        p.sql("w", "VACUUM {t} RETAIN 0 HOURS")
+    finally:
+        p.spark.conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
+    p.app = p._new_app()  # noqa: SLF001 (a new daemon process over the same bucket and folders)
+    p.start()
+    p.tick_until(lambda: p.views()["w"].state == "failed", what="the table to fail")
+    error = p.views()["w"].last_error
+    assert "change window expired" in error and "lakemirror resync" in error, error
+    assert "s3a://" in error, "the missing file is named, in the bucket"
+    assert p.rows(p.replica("w")) == [(1, 1), (2, 2)], "nothing half-applied"

@@ -1,0 +1,47 @@
+"""The Spark Connect batch function: picklable by plain pickle (no closure over the runner), and its
+SQL keeps the planner's winner-per-key rule and clauses."""
+
+from __future__ import annotations
+
+import pickle
+
+from lakemirror.schema import Column
+from lakemirror.sinks.connect_apply import ConnectBatchJob, apply_batch, latest_changes_sql, merge_sql
+from lakemirror.sinks.planner import plan_merge
+
+
+def _job() -> ConnectBatchJob:
+    plan = plan_merge((Column("id", "bigint", False), Column("v", "string", True)), ["id"])
+    return ConnectBatchJob(target_sql="delta.`/r`", plan=plan, app_id="lakemirror/p/src__s__t/e1", epoch=1,
+                           pipeline_id="p", source_fqn="src.s.t", dest_fqn="dst.s.t",
+                           checkpoint_sql="delta.`/c`", checkpoint_path="/c")
+
+
+def test_the_bound_batch_function_pickles_by_reference() -> None:
+    fn = pickle.loads(pickle.dumps(_job().bound()))
+    assert fn.func is apply_batch and fn.args == (_job(),)
+
+
+def test_the_sql_uses_the_planners_rule_and_one_merge() -> None:
+    job = _job()
+    latest = latest_changes_sql(job.plan, job.view)
+    assert job.plan.latest_expr in latest and job.plan.change_filter in latest and "GROUP BY `id`" in latest
+    merge = merge_sql(job.plan, job.target_sql, job.view)
+    assert merge.startswith("MERGE INTO delta.`/r` AS t USING (")
+    assert f"WHEN MATCHED AND {job.plan.delete_condition} THEN DELETE" in merge
+    assert f"WHEN NOT MATCHED AND {job.plan.upsert_condition} THEN INSERT (`id`, `v`) VALUES (s.`id`, s.`v`)" in merge
+    assert job.view.isidentifier()
+
+
+def test_a_server_side_batch_error_is_reported_by_its_cause() -> None:
+    from lakemirror.supervisor.connect_batches import server_batch_cause
+
+    wrapped = RuntimeError(
+        "[STREAM_FAILED] Query [id = 1] Found error inside foreachBatch Python process: Traceback (most recent call last):\n"
+        '  File "/x/connect_apply.py", line 99, in merge_batch\n'
+        "pyspark.errors.exceptions.connect.AnalysisException: [DELTA_VIOLATE_CONSTRAINT_WITH_VALUES] CHECK "
+        "constraint small (v < 100) violated by row with values: v : 500\n")
+    cause = server_batch_cause(wrapped)
+    assert str(cause).startswith("pyspark.errors.exceptions.connect.AnalysisException: [DELTA_VIOLATE_CONSTRAINT")
+    plain = ValueError("no wrapper")
+    assert server_batch_cause(plain) is plain

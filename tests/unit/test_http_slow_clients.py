@@ -1,0 +1,137 @@
+"""Slow and stalled clients against the real ControlServer over real sockets: they cannot starve the
+control API or /metrics, the server closes them after its read timeout (also a client that trickles
+a byte at a time), and past the connection cap new connections get an immediate 503."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import urllib.request
+from typing import Iterator
+
+import pytest
+from prometheus_client import CollectorRegistry, Gauge
+
+from lakemirror.daemon.http import ControlServer
+from lakemirror.supervisor.supervisor import TableView
+
+READ_TIMEOUT = 1.0
+GENEROUS = 15.0  # no timing is asserted tighter than this: the machine is shared
+
+VIEW = TableView(table="orders", state="running", lag_seconds=1.0, versions_behind=0, applied_through=3,
+                 rows_applied=10, batches=1, failures=0, retries=0, next_retry_at=None, last_error=None,
+                 last_batch_at=None)
+HALF_REQUESTS = [
+    b"",                                                               # connects, sends nothing
+    b"GET /metr",                                                      # half a request line
+    b"GET /metrics HTTP/1.1\r\nHost: x\r\n",                           # headers never end
+    b"POST /tables/orders/pause HTTP/1.1\r\nContent-Length: 50\r\n\r\n{\"a\"",  # body never ends
+    b"POST /api/continuous-sync HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n10\r\n{",
+]
+
+
+def make_server(max_connections: int = 16) -> ControlServer:
+    registry = CollectorRegistry()
+    Gauge("lakemirror_lag_seconds", "lag", ["pipeline", "table"], registry=registry).labels("main", "orders").set(1)
+    commands: list[tuple[str, str]] = []
+    server = ControlServer("127.0.0.1", 0, registry, lambda: [VIEW], {"pipeline_id": "main"},
+                           commands=lambda verb, table: commands.append((verb, table)) is None,
+                           read_timeout_seconds=READ_TIMEOUT, max_connections=max_connections)
+    server.start()
+    return server
+
+
+@pytest.fixture
+def server() -> Iterator[ControlServer]:
+    s = make_server()
+    yield s
+    s.close()
+
+
+def stall(port: int, raw: bytes) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=GENEROUS)
+    if raw:
+        sock.sendall(raw)
+    return sock
+
+
+def closed_by_server(sock: socket.socket) -> bytes:
+    """Everything the server sent until it closed the connection (raises socket.timeout if it never does)."""
+    data = b""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            return data
+        if not chunk:
+            return data
+        data += chunk
+
+
+def get(url: str) -> tuple[int, bytes]:
+    with urllib.request.urlopen(url, timeout=GENEROUS) as resp:
+        return resp.status, resp.read()
+
+
+def test_stalled_clients_do_not_starve_metrics_or_control_and_are_closed_after_the_timeout(
+        server: ControlServer) -> None:
+    stalled = [stall(server.port, raw) for raw in HALF_REQUESTS]
+    try:
+        code, metrics = get(f"{server.url}/metrics")
+        assert code == 200 and b'lakemirror_lag_seconds{pipeline="main",table="orders"} 1.0' in metrics
+        assert get(f"{server.url}/status")[0] == 200
+        req = urllib.request.Request(f"{server.url}/tables/orders/pause", method="POST")
+        with urllib.request.urlopen(req, timeout=GENEROUS) as resp:
+            assert resp.status == 202
+        for sock, raw in zip(stalled, HALF_REQUESTS):
+            answer = closed_by_server(sock)  # socket.timeout here: the server held the connection open
+            if raw.endswith(b"\r\n\r\n{\"a\"") or raw.endswith(b"{"):  # the headers were read: told why
+                assert answer.startswith(b"HTTP/1.") and b" 408 " in answer.split(b"\r\n", 1)[0], answer
+                assert b"did not arrive within 1s" in answer
+            else:
+                assert answer == b"", answer
+    finally:
+        for sock in stalled:
+            sock.close()
+
+
+def test_a_client_trickling_one_byte_at_a_time_is_closed_at_the_deadline(server: ControlServer) -> None:
+    sock = stall(server.port, b"G")
+    started = time.monotonic()
+    try:
+        with pytest.raises((BrokenPipeError, ConnectionResetError, EOFError)):
+            for byte in b"ET /metrics HTTP/1.1\r\nX-Slow: " + b"a" * 1000:
+                sock.settimeout(0.2)
+                try:  # a recv that finds the connection closed ends the trickle
+                    if sock.recv(1) == b"":
+                        raise EOFError("closed by the server")
+                except socket.timeout:
+                    pass
+                sock.sendall(bytes([byte]))
+                assert time.monotonic() - started < GENEROUS, "the server kept a trickling client"
+    finally:
+        sock.close()
+
+
+def test_past_the_cap_a_connection_gets_503_at_once_and_the_server_recovers() -> None:
+    server = make_server(max_connections=3)
+    try:
+        stalled = [stall(server.port, b"GET /metr") for _ in range(3)]
+        extra = stall(server.port, b"")
+        answer = closed_by_server(extra)
+        assert answer.split(b"\r\n", 1)[0] == b"HTTP/1.0 503 Service Unavailable", answer
+        assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"].startswith("the server is busy (3 connections")
+        for sock in stalled:
+            assert closed_by_server(sock) == b""
+            sock.close()
+        deadline = time.monotonic() + GENEROUS
+        while True:  # the slots come back as the stalled connections' threads end
+            try:
+                assert get(f"{server.url}/healthz") == (200, json.dumps({"status": "ok"}, indent=2).encode())
+                break
+            except (ConnectionResetError, urllib.error.HTTPError):
+                assert time.monotonic() < deadline, "the server never recovered its connection slots"
+                time.sleep(0.05)
+    finally:
+        server.close()

@@ -1,0 +1,153 @@
+"""The Postgres sink's pure parts: batch plan and sequence guard (on the in-memory twin), type
+mapping, and the SQL it composes. No server, no Spark."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+
+import pyarrow as pa
+import pytest
+
+from lakemirror.errors import SchemaIncompatible
+from lakemirror.schema import Column
+from lakemirror.sinks.memory import ApplyCounts
+from lakemirror.sinks.postgres import statements as q
+from lakemirror.sinks.postgres.plan import (ReplicaTable, derived_name, diff_replica, plan_batch, position,
+                                            snapshot_position)
+from lakemirror.sinks.postgres.protocol import MemoryReplicaSink
+from lakemirror.sinks.postgres.types import UnsupportedType, json_text, postgres_type
+
+TABLE = ReplicaTable("s", "t", ("id",), (Column("id", "bigint"), Column("v", "string")))
+
+
+def changes(*rows: tuple) -> pa.Table:
+    """(id, v, change type, version) rows as a change-feed batch."""
+    return pa.table({
+        "id": pa.array([r[0] for r in rows], pa.int64()), "v": pa.array([r[1] for r in rows], pa.string()),
+        "_change_type": [r[2] for r in rows], "_commit_version": pa.array([r[3] for r in rows], pa.int64()),
+        "_commit_timestamp": pa.array([dt.datetime(2024, 1, 1)] * len(rows), pa.timestamp("us"))})
+
+
+def test_position_orders_versions_first_and_a_delete_before_an_upsert():
+    assert position(5, "delete") < position(5, "insert") == position(5, "update_postimage") < position(6, "delete")
+    assert snapshot_position(5) == position(5, "insert")
+
+
+def test_one_winner_per_key_with_the_planner_rule():
+    plan = plan_batch(changes((1, "a", "insert", 3), (1, "b", "update_postimage", 4), (1, "x", "update_preimage", 4),
+                              (2, "c", "insert", 4), (2, None, "delete", 5), (3, "d", "delete", 6),
+                              (3, "e", "insert", 6)), TABLE, preimages_dropped=False)
+    winners = {r.values[0]: (r.op, r.values[1], r.position) for r in plan.rows}
+    assert winners == {1: ("upsert", "b", 9), 2: ("delete", None, 10), 3: ("upsert", "e", 13)}
+    assert (plan.first_version, plan.last_version, plan.upserts, plan.deletes) == (3, 6, 2, 1)
+
+
+def test_a_null_key_is_a_dead_letter_not_a_row():
+    plan = plan_batch(changes((None, "a", "insert", 3), (1, "b", "insert", 3)), TABLE)
+    assert [r.values for r in plan.rows] == [(1, "b")]
+    assert len(plan.dead) == 1 and "NULL in key column(s) id" in plan.dead[0].reason
+    assert plan.dead[0].row_json == '{"id":null,"v":"a"}'
+
+
+def twin() -> MemoryReplicaSink:
+    sink = MemoryReplicaSink(TABLE)
+    sink.bootstrap(pa.table({"id": pa.array([1, 2], pa.int64()), "v": ["a", "b"]}), version=2, epoch=1)
+    return sink
+
+
+def test_a_replayed_batch_id_changes_nothing_and_reports_the_first_counts():
+    sink = twin()
+    first = sink.apply(changes((1, "a2", "update_postimage", 3), (3, "c", "insert", 3)), 1, 0)
+    again = sink.apply(changes((1, "zzz", "update_postimage", 3)), 1, 0)
+    assert first.counts == again.counts == ApplyCounts(1, 1, 0) and again.replayed and not first.replayed
+    assert sink.snapshot() == {(1,): {"id": 1, "v": "a2"}, (2,): {"id": 2, "v": "b"}, (3,): {"id": 3, "v": "c"}}
+    assert sink.last_applied(1) == 3
+
+
+def test_a_late_older_change_does_not_move_a_row_backwards_nor_resurrect_a_deleted_key():
+    sink = twin()
+    sink.apply(changes((1, "new", "update_postimage", 7), (2, None, "delete", 7)), 1, 0)
+    late = sink.apply(changes((1, "old", "update_postimage", 5), (2, "zombie", "insert", 6)), 1, 1)
+    assert late.counts == ApplyCounts() and sink.snapshot() == {(1,): {"id": 1, "v": "new"}}
+    assert sink.tombstones[(2,)][0] == position(7, "delete")
+    # A re-insert in the delete's own version ranks after the delete: it lands, and clears the tombstone.
+    again = sink.apply(changes((2, "again", "insert", 7)), 1, 2)
+    assert again.counts == ApplyCounts(1, 0, 0) and sink.snapshot()[(2,)] == {"id": 2, "v": "again"}
+    assert (2,) not in sink.tombstones
+    older = sink.apply(changes((1, "older", "update_postimage", 4), (2, None, "delete", 3)), 1, 3)
+    assert older.counts == ApplyCounts() and sink.snapshot()[(2,)] == {"id": 2, "v": "again"}
+
+
+def test_a_tombstone_past_the_horizon_is_purged():
+    now = [0.0]
+    sink = MemoryReplicaSink(TABLE, tombstone_horizon_seconds=10, now=lambda: now[0])
+    sink.bootstrap(pa.table({"id": pa.array([1], pa.int64()), "v": ["a"]}), version=1, epoch=1)
+    sink.apply(changes((1, None, "delete", 5)), 1, 0)
+    assert (1,) in sink.tombstones
+    now[0] = 11.0
+    sink.apply(changes((9, "x", "insert", 6)), 1, 1)
+    assert (1,) not in sink.tombstones
+
+
+def test_a_refused_row_goes_to_the_dead_letters_and_the_rest_applies():
+    sink = MemoryReplicaSink(TABLE, reject=lambda row: "too long" if len(row["v"] or "") > 3 else None)
+    sink.bootstrap(pa.table({"id": pa.array([], pa.int64()), "v": pa.array([], pa.string())}), version=1, epoch=1)
+    result = sink.apply(changes((1, "ok", "insert", 2), (2, "toolong", "insert", 2)), 1, 0)
+    assert result.dead == 1 and sink.snapshot() == {(1,): {"id": 1, "v": "ok"}}
+    assert sink.dead_letters[0][2].reason == "too long"
+
+
+def test_schema_evolution_adds_columns_and_refuses_the_rest():
+    sink = twin()
+    wider = ReplicaTable("s", "t", ("id",), (*TABLE.columns, Column("n", "decimal(8,2)")))
+    diff = diff_replica(wider, [("id", "bigint"), ("v", "text"), ("_lakemirror_position", "bigint")])
+    assert [c.name for c in diff.added] == ["n"] and diff.is_additive
+    retyped = diff_replica(TABLE, [("id", "integer"), ("v", "text")])
+    assert retyped.retyped == (("id", "integer", "bigint"),) and not retyped.is_additive
+    sink.table = wider
+    sink.prepare(allow_evolution=True)
+    assert ("n", "numeric(8,2)") in sink.replica_columns
+    sink.table = ReplicaTable("s", "t", ("id",), (Column("id", "bigint"),))
+    with pytest.raises(SchemaIncompatible, match="dropped v"):
+        sink.prepare(allow_evolution=True)
+
+
+@pytest.mark.parametrize("spark, pg", [
+    ("tinyint", "smallint"), ("smallint", "smallint"), ("int", "integer"), ("bigint", "bigint"), ("float", "real"),
+    ("double", "double precision"), ("decimal(38,18)", "numeric(38,18)"), ("string", "text"), ("varchar(5)", "text"),
+    ("boolean", "boolean"), ("date", "date"), ("timestamp", "timestamp with time zone"),
+    ("timestamp_ntz", "timestamp without time zone"), ("binary", "bytea"), ("array<int>", "jsonb"),
+    ("map<string,int>", "jsonb"), ("struct<a:int,b:array<string>>", "jsonb")])
+def test_spark_types_map_to_postgres(spark, pg):
+    assert postgres_type(spark) == pg
+
+
+def test_an_unmapped_type_says_what_to_do():
+    with pytest.raises(UnsupportedType, match="exclude_columns"):
+        postgres_type("interval day to second")
+
+
+def test_nested_values_become_json():
+    assert json_text([("k", decimal.Decimal("1.50")), ("z", None)]) == '{"k":"1.50","z":null}'
+    assert json_text([(1, "a")]) == '[[1,"a"]]'
+    assert json_text({"a": b"\x00\x01", "d": dt.date(2024, 1, 2), "s": "a\x00b"}) == \
+        '{"a":"AAE=","d":"2024-01-02","s":"a\ufffdb"}'
+
+
+def test_identifiers_are_quoted_and_values_are_literals():
+    hostile = ReplicaTable('we"ird', "t%1; DROP", ("k y",), (Column("k y", "int"), Column('v"', "string")))
+    upsert = q.guarded_upsert(hostile).as_string(None)
+    assert '"we""ird"."t%1; DROP"' in upsert and '"k y"' in upsert and '"v"""' in upsert
+    assert "WHERE t._lakemirror_position < EXCLUDED._lakemirror_position" in upsert.replace('"', "")
+    claim = q.claim_batch("s", "pipe'line", "t", 1, 7, None, 9).as_string(None)
+    assert "'pipe''line'" in claim and "NULL" in claim and "ON CONFLICT DO NOTHING RETURNING 1" in claim
+    one = q.guarded_delete(TABLE, row_no=3).as_string(None)
+    assert '"_lm_row" = 3' in one and '"_lakemirror_position" < s."_lm_position"' in one
+
+
+def test_long_derived_names_fit_postgres_identifiers():
+    name = derived_name("x" * 80, "__lm_tombstones")
+    assert len(name.encode()) <= 63 and name.endswith("__lm_tombstones")
+    assert derived_name("x" * 80, "__lm_tombstones") != derived_name("x" * 79 + "y", "__lm_tombstones")
+    assert derived_name("short", "__lm_pk") == "short__lm_pk"

@@ -1,0 +1,261 @@
+"""The per-table status page at ``GET /``: rendered by the real ControlServer over fake table views and
+the real Metrics, then loaded in headless Chromium (Debian's package, installed by
+scripts/install-services.sh): a screenshot whose pixels are checked and the DOM Chromium built. The
+pause/resume buttons are checked through the routes their script posts to."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import struct
+import subprocess
+import tempfile
+import time
+import urllib.request
+import zlib
+from dataclasses import replace
+from pathlib import Path
+from typing import Iterator
+from urllib.error import HTTPError
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from lakemirror.daemon.http import ControlServer
+from lakemirror.daemon.metrics import Metrics
+from lakemirror.daemon.page import LagHistory, render, sparkline
+from lakemirror.supervisor.lag import LagReading
+from lakemirror.supervisor.supervisor import TableView
+
+TOKEN = "page-t0ken-for-tests-9b2e"
+HOSTILE = '<script>alert("x")</script> & failed at jdbc:postgresql://app:hunter2@db/x'
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="chromium not installed (Debian package chromium: run scripts/install-services.sh)")
+
+BASE = TableView(table="orders", state="running", lag_seconds=1.5, versions_behind=1, applied_through=7,
+                 rows_applied=12345, batches=4, failures=0, retries=0, next_retry_at=None, last_error=None,
+                 last_batch_at=None)
+
+
+class Tables:
+    """Fake views whose lag moves on every read, as a live pipeline's does."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+        self.commands: list[tuple[str, str]] = []
+
+    def views(self) -> list[TableView]:
+        self.reads += 1
+        wave = (self.reads % 7) * 0.8
+        return [replace(BASE, lag_seconds=1.0 + wave),
+                replace(BASE, table="customers", state="paused", lag_seconds=4.0 - wave / 2, rows_applied=42),
+                replace(BASE, table="events <b>", state="failed", lag_seconds=None, rows_applied=0,
+                        last_error=HOSTILE)]
+
+    def command(self, verb: str, table: str) -> bool:
+        if table not in {v.table for v in self.views()}:
+            return False
+        self.commands.append((verb, table))
+        return True
+
+
+def serve(token: str | None) -> tuple[ControlServer, Tables]:
+    tables = Tables()
+    metrics = Metrics("main", CollectorRegistry())
+    metrics.lag_measured("orders", LagReading(1.5, 1, 8, 7, retention_headroom_seconds=6.5 * 86400))
+    metrics.lag_measured("customers", LagReading(3.0, 2, 8, 6, retention_headroom_seconds=5400.0))
+    server = ControlServer("127.0.0.1", 0, metrics.registry, tables.views, {"pipeline_id": "main"},
+                           commands=tables.command, auth_token=token, lag_sample_seconds=0.01)
+    server.start()
+    deadline = time.monotonic() + 15
+    while len(server.history.samples("orders")) < 10:  # the sampler thread fills the sparklines
+        assert time.monotonic() < deadline, "the lag sampler recorded nothing"
+        time.sleep(0.02)
+    return server, tables
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[ControlServer, Tables]]:
+    server, tables = serve(TOKEN)
+    yield server, tables
+    server.close()
+
+
+def fetch(url: str, method: str = "GET", token: str | None = None) -> tuple[int, str, dict[str, str]]:
+    req = urllib.request.Request(url, method=method)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, resp.read().decode(), dict(resp.headers)
+    except HTTPError as exc:
+        return exc.code, exc.read().decode(), dict(exc.headers)
+
+
+# -- what the server sends -------------------------------------------------------------------------
+
+def test_the_page_has_every_table_with_escaped_redacted_errors_and_no_external_asset(
+        served: tuple[ControlServer, Tables]) -> None:
+    server, _ = served
+    code, page, headers = fetch(server.url + "/")
+    assert code == 200 and headers["Content-Type"] == "text/html; charset=utf-8"
+    assert "default-src 'none'" in headers["Content-Security-Policy"]
+    for table in ("orders", "customers", "events &lt;b&gt;"):
+        assert f'<td class="table">{table}</td>' in page
+    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; failed" in page
+    assert "hunter2" not in page and '<script>alert("x")' not in page
+    assert page.count("<polyline") == 2  # orders and customers have lag samples; the failed table none
+    assert '<td class="num headroom">6.5d</td>' in page and '<td class="num headroom">1.5h</td>' in page
+    assert '<td class="num rows">12,345</td>' in page
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page), "an external asset"
+    assert "<link" not in page and "@import" not in page and 'id="token"' in page
+
+
+def test_the_buttons_post_to_the_control_routes_with_the_bearer_token(served: tuple[ControlServer, Tables]) -> None:
+    server, tables = served
+    page = fetch(server.url + "/")[1]
+    script = page[page.index("<script>"):]
+    assert 'const url = "/tables/" + encodeURIComponent(table) + "/" + verb;' in script
+    assert 'fetch(url, {method: "POST", headers: headers})' in script
+    assert 'headers["Authorization"] = "Bearer " + token;' in script
+    assert "sessionStorage.getItem(KEY)" in script and "sessionStorage.setItem(KEY" in script
+    buttons = re.findall(r'<button data-verb="(\w+)" data-table="([^"]*)">', page)
+    assert ("pause", "orders") in buttons and ("resume", "customers") in buttons
+    # what a click sends, for each button: the table name as the script encodes it
+    for verb, table in buttons:
+        name = table.replace("&lt;", "<").replace("&gt;", ">")
+        url = f"{server.url}/tables/{urllib.request.quote(name, safe='')}/{verb}"
+        assert fetch(url, "POST")[0] == 401
+        assert fetch(url, "POST", TOKEN)[0] == 202
+    assert sorted(set(tables.commands)) == sorted({(v, t.replace("&lt;", "<").replace("&gt;", ">"))
+                                                   for v, t in buttons})
+
+
+def test_without_a_token_on_loopback_the_page_asks_for_none() -> None:
+    server, tables = serve(None)
+    try:
+        page = fetch(server.url + "/")[1]
+        assert 'data-needs-token="false"' in page and 'id="token"' not in page and " disabled" not in page
+        assert fetch(f"{server.url}/tables/orders/pause", "POST")[0] == 202
+    finally:
+        server.close()
+
+
+# -- the pure parts ----------------------------------------------------------------------------------
+
+def test_the_lag_history_is_bounded_and_forgets_dropped_tables() -> None:
+    history = LagHistory(capacity=3)
+    for i in range(10):
+        history.record([replace(BASE, lag_seconds=float(i)), replace(BASE, table="b", lag_seconds=None)], now=i)
+    assert history.samples("orders") == [(7, 7.0), (8, 8.0), (9, 9.0)]
+    history.record([replace(BASE, table="b")], now=10)
+    assert history.samples("orders") == [] and len(history.samples("b")) == 3
+
+
+def test_sparkline_scales_to_the_peak_and_needs_two_measured_samples() -> None:
+    assert "polyline" not in sparkline([(0, 1.0), (1, None)])
+    svg = sparkline([(0, 0.0), (1, 2.0), (2, 4.0)], width=100, height=24)
+    assert 'points="0.0,22.0 50.0,12.0 100.0,2.0"' in svg and "peak 4.0s" in svg
+
+
+def test_render_disables_the_buttons_where_control_is_refused_anyway() -> None:
+    page = render([BASE], LagHistory(), lambda t: None, title="x", needs_token=False, control_allowed=False)
+    assert page.count(" disabled>") == 2 and "set http.auth_token" in page
+
+
+# -- in Chromium --------------------------------------------------------------------------------------
+
+def chromium(*args: str) -> subprocess.CompletedProcess[bytes]:
+    assert CHROMIUM is not None
+    with tempfile.TemporaryDirectory(prefix="lakemirror-chromium-") as profile:
+        return subprocess.run(
+            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             "--hide-scrollbars", f"--user-data-dir={profile}", *args],
+            capture_output=True, timeout=120, cwd=profile, env={"HOME": profile, "PATH": "/usr/bin:/bin"})
+
+
+def png_pixels(data: bytes) -> tuple[int, int, list[bytes]]:
+    """(width, height, rows of RGB(A) bytes) of an 8-bit, non-interlaced truecolour PNG."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, idat, header = 8, b"", b""
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        chunk = data[pos + 8:pos + 8 + length]
+        header = chunk if kind == b"IHDR" else header
+        idat += chunk if kind == b"IDAT" else b""
+        pos += 12 + length
+    width, height, depth, colour, _, _, interlace = struct.unpack(">IIBBBBB", header)
+    assert depth == 8 and colour in (2, 6) and interlace == 0, (depth, colour, interlace)
+    bpp = 3 if colour == 2 else 4
+    raw, stride, rows, prev = zlib.decompress(idat), width * bpp, [], bytearray(width * bpp)
+    for y in range(height):
+        kind, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for x in range(stride):
+            a = line[x - bpp] if x >= bpp else 0
+            b, c = prev[x], (prev[x - bpp] if x >= bpp else 0)
+            if kind == 1:
+                line[x] = (line[x] + a) & 0xFF
+            elif kind == 2:
+                line[x] = (line[x] + b) & 0xFF
+            elif kind == 3:
+                line[x] = (line[x] + (a + b) // 2) & 0xFF
+            elif kind == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[x] = (line[x] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 0xFF
+        rows.append(bytes(line))
+        prev = line
+    return width, height, rows
+
+
+def colours(data: bytes) -> dict[bytes, int]:
+    width, _, rows = png_pixels(data)
+    bpp = len(rows[0]) // width
+    counts: dict[bytes, int] = {}
+    for row in rows:
+        for i in range(0, len(row), bpp):
+            px = row[i:i + 3]
+            counts[px] = counts.get(px, 0) + 1
+    return counts
+
+
+@needs_chromium
+def test_chromium_renders_the_page_with_its_tables_sparklines_and_badges(
+        served: tuple[ControlServer, Tables], tmp_path: Path) -> None:
+    server, _ = served
+    shot = tmp_path / "page.png"
+    done = chromium(f"--screenshot={shot}", "--window-size=1200,800", server.url + "/")
+    assert shot.is_file(), done.stderr.decode(errors="replace")[-2000:]
+    data = shot.read_bytes()
+    assert len(data) > 10_000, len(data)
+    width, height, _ = png_pixels(data)
+    assert (width, height) == (1200, 800)
+    seen = colours(data)
+    white = seen.get(b"\xff\xff\xff", 0)
+    assert white < 0.97 * width * height, "the page rendered (nearly) blank"
+    for name, rgb in (("running badge", b"\xda\xfb\xe1"), ("paused badge", b"\xff\xf8\xc5"),
+                      ("failed badge", b"\xff\xeb\xe9"), ("table header", b"\xf6\xf8\xfa")):
+        assert seen.get(rgb, 0) > 50, f"no {name} colour #{rgb.hex()} in the screenshot"
+    blue = sum(n for px, n in seen.items() if px[2] > 150 and px[0] < 120 and px[1] < 170)
+    assert blue > 30, "no sparkline strokes"
+
+    blank = tmp_path / "blank.png"
+    chromium(f"--screenshot={blank}", "--window-size=1200,800", "about:blank")
+    assert colours(blank.read_bytes()).get(b"\xff\xff\xff", 0) == width * height  # what "blank" looks like
+
+
+@needs_chromium
+def test_chromium_builds_the_dom_with_every_row_and_the_error_as_text(served: tuple[ControlServer, Tables]) -> None:
+    server, _ = served
+    done = chromium("--dump-dom", "--virtual-time-budget=2000", server.url + "/")
+    dom = done.stdout.decode()
+    assert "<tbody>" in dom, done.stderr.decode(errors="replace")[-2000:]
+    rows = re.findall(r'<tr data-table="([^"]*)">', dom)
+    assert rows == ["orders", "customers", "events &lt;b&gt;"]
+    assert "&lt;script&gt;alert(\"x\")&lt;/script&gt; &amp; failed at" in dom  # text, not an element
+    assert "hunter2" not in dom and '<script>alert("x")' not in dom
+    assert dom.count("<polyline") == 2
+    assert 'id="token"' in dom and json.dumps("Pause")[1:-1] in dom
