@@ -34,8 +34,17 @@ class BootstrapSettings(BaseModel):
     safety_factor: float = Field(
         2.0, ge=1, description="A bootstrapping table applies its change feed at once (and logs a warning) when the "
         "change window would close within this many times the next chunk's expected time.")
+    internal_file_reads: bool = Field(
+        False, description="Read chunks as groups of the source's data files through Delta's INTERNAL Scala API "
+        "(DeltaLog.createDataFrame over py4j), which may change in any Delta release. It needs no planning scan and "
+        "splits any table by files; used only where the session has a JVM of its own (never over Spark Connect). "
+        "Off (the default): a chunk is a range of the first key column, read through the public API as VERSION AS "
+        "OF with a range filter, and Delta's data skipping prunes the files; planning costs one aggregate over the "
+        "key column, and a table whose files' key ranges all overlap (or whose first key is not an integer, "
+        "decimal, string or date) is copied as one chunk.")
 
     def policy(self) -> BootstrapPolicy:
         return BootstrapPolicy(chunk_bytes=self.chunk_bytes, parallel_chunks=self.parallel_chunks,
                                chunk_budget_seconds=self.chunk_budget_seconds,
-                               headroom_fraction=self.headroom_fraction, safety_factor=self.safety_factor)
+                               headroom_fraction=self.headroom_fraction, safety_factor=self.safety_factor,
+                               internal_file_reads=self.internal_file_reads)

@@ -1,7 +1,9 @@
 """The chunk planner of a chunked bootstrap: the snapshot at a pinned version, split into groups of
 its data files. Pure: no Spark.
 
-A chunk is a group of the source's data files at the pinned version V. The plan is a function of
+On the fast path (``bootstrap.internal_file_reads``) a chunk is a group of the source's data files at
+the pinned version V; on the default, public path it is a range of the key
+(:mod:`lakemirror.sources.key_ranges`). The plan is a function of
 the file list alone (sorted by path, grouped greedily up to a byte target), so planning again
 from the same version gives the same chunks; the plan is nevertheless saved with the table's
 bootstrap state (:mod:`lakemirror.checkpoints.bootstrap_state`) so a restart never re-plans.
@@ -17,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
+
+from lakemirror.sources.key_ranges import KeyRange
 
 #: Default byte target of one chunk: large enough that a chunk's commit and job overheads (a few
 #: hundred ms on two cores) stay small against its copy, small enough that a crash redoes little.
@@ -38,15 +42,27 @@ class Chunk:
     paths: tuple[str, ...]
     size_bytes: int
     rows: int | None             # None: some file has no row count
+    #: Set on the public read path: the chunk is these rows of the key (its ``paths`` stay empty).
+    key_range: KeyRange | None = None
+
+    @property
+    def whole_table(self) -> bool:
+        """The chunk is the whole snapshot (a table copied in one chunk)."""
+        return not self.paths and (self.key_range is None or self.key_range.predicate() is None)
 
     def to_json(self) -> dict[str, Any]:
-        return {"number": self.number, "paths": list(self.paths), "size_bytes": self.size_bytes, "rows": self.rows}
+        out: dict[str, Any] = {"number": self.number, "paths": list(self.paths), "size_bytes": self.size_bytes,
+                               "rows": self.rows}
+        if self.key_range is not None:
+            out["key_range"] = self.key_range.to_json()
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Chunk":
         rows = data.get("rows")
+        key_range = data.get("key_range")
         return cls(int(data["number"]), tuple(str(p) for p in data["paths"]), int(data["size_bytes"]),
-                   None if rows is None else int(rows))
+                   None if rows is None else int(rows), None if key_range is None else KeyRange.from_json(key_range))
 
 
 def plan_chunks(files: Iterable[SourceFile], target_bytes: int = DEFAULT_CHUNK_BYTES) -> tuple[Chunk, ...]:

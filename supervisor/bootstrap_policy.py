@@ -31,6 +31,9 @@ class BootstrapPolicy:
     #: The change window must outlast the next chunk's expected time this many times over, or the
     #: table catches up first.
     safety_factor: float = 2.0
+    #: Read chunks as groups of files through Delta's internal ``DeltaLog.createDataFrame`` (opt-in;
+    #: only on a session with its own JVM) instead of the public key-range reads.
+    internal_file_reads: bool = False
 
     def budget_seconds(self, headroom_seconds: float) -> float:
         if self.chunk_budget_seconds is not None:

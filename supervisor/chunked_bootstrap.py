@@ -30,7 +30,7 @@ from lakemirror.sinks.delta_merge import DeltaMergeSink
 from lakemirror.sinks.planner import CHANGE_TYPE, UPDATE_PRE, MergePlan
 from lakemirror.sinks.txn import TxnId
 from lakemirror.sources import change_feed, snapshot_files
-from lakemirror.sources.chunks import Chunk, bootstrap_app_id, chunk_app_id, chunk_number, plan_chunks
+from lakemirror.sources.chunks import Chunk, bootstrap_app_id, chunk_app_id, chunk_number
 from lakemirror.supervisor.bootstrap_policy import CATCH_UP, BootstrapPolicy, BootstrapProgress, Step, next_step
 from lakemirror.supervisor.retention import RetentionWindow, headroom_seconds
 from lakemirror.tables import TableLocation
@@ -85,16 +85,18 @@ class ChunkedBootstrap:
         self._rows_copied = 0
         self._rows_done = 0
         self._note = ""
-        self._snapshot_files: snapshot_files.SnapshotFiles | None = None
-        self._listed = False
+        self.choice = snapshot_files.choose_chunk_reads(internal_file_reads=policy.internal_file_reads,
+                                                        own_jvm=tables.has_own_jvm(job.spark))
+        self._reads: snapshot_files.ChunkReads | None = None
 
-    def _files(self) -> "snapshot_files.SnapshotFiles | None":
-        """The source's files at V, listed once per run (None: the session cannot read by file)."""
+    def _chunk_reads(self) -> snapshot_files.ChunkReads:
+        """The chunk reads :func:`~lakemirror.sources.snapshot_files.choose_chunk_reads` chose, made
+        once per run (the fast path lists the source's files at V once)."""
         with self._lock:
-            if not self._listed:
-                self._snapshot_files = snapshot_files.snapshot_files(self.job.spark, self.job.source, self.job.version)
-                self._listed = True
-            return self._snapshot_files
+            if self._reads is None:
+                self._reads = snapshot_files.chunk_reads(self.job.spark, self.job.source, self.job.version,
+                                                         self.job.plan.keys, self.choice)
+            return self._reads
 
     # -- the plan --------------------------------------------------------------------------------
 
@@ -103,11 +105,13 @@ class ChunkedBootstrap:
         saved = self.store.load(j.slug, j.epoch)
         if saved is not None and saved.version == j.version:
             return saved, True
-        files = self._files()
-        if files is None or files.size_bytes() <= self.policy.chunk_bytes:
-            chunks: tuple[Chunk, ...] = (Chunk(0, (), 0, None),)  # one chunk: copied as a plain snapshot
-        else:
-            chunks = plan_chunks(files.files(), self.policy.chunk_bytes)
+        reads = self._chunk_reads()
+        chunks = reads.plan(self.policy.chunk_bytes)
+        log.info("table %s: bootstrap at version %d in %d chunk(s); %s", j.name, j.version, len(chunks),
+                 self.choice.reason)
+        note = getattr(reads, "note", None)
+        if note:
+            log.warning("table %s: bootstrap: %s", j.name, note)
         plan = BootstrapPlan(j.epoch, j.version, chunks)
         self.store.save(j.slug, plan)
         return plan, False
@@ -187,9 +191,8 @@ class ChunkedBootstrap:
         j = self.job
         with self.slots:
             t0 = self.clock()
-            files = self._files() if len(plan.chunks) > 1 else None
-            rows = (files.read(chunk.paths) if files is not None
-                    else change_feed.snapshot(j.spark, j.source, j.version))
+            rows = (change_feed.snapshot(j.spark, j.source, j.version) if chunk.whole_table
+                    else self._chunk_reads().read(chunk))
             self.fault("bootstrap_inside_chunk")
             snapshot_copy.write_chunk(rows, j.replica, j.plan.columns, TxnId(chunk_app_id(self.app, chunk.number),
                                                                               chunk.number),

@@ -18,6 +18,10 @@ pytestmark = pytest.mark.integration
 
 CHUNKS = {"chunk_bytes": 1, "parallel_chunks": 1}
 
+#: Every chunked test runs on both chunk reads: the public key ranges (the default) and Delta's
+#: internal file reads (``bootstrap.internal_file_reads``).
+READS = pytest.mark.parametrize("reads", [{}, {"internal_file_reads": True}], ids=["key_ranges", "internal_files"])
+
 
 class Crash(RuntimeError):
     pass
@@ -82,8 +86,9 @@ def chunk_commits(p: Any, table: str) -> list[str]:
     return [r["userMetadata"] for r in rows]
 
 
-def test_a_crashed_bootstrap_resumes_at_the_first_uncommitted_chunk(make_pipeline):
-    p = make_pipeline(bootstrap=CHUNKS)
+@READS
+def test_a_crashed_bootstrap_resumes_at_the_first_uncommitted_chunk(make_pipeline, reads):
+    p = make_pipeline(bootstrap={**CHUNKS, **reads})
     make_source(p, "big", appends=12)
     faults = with_faults(p)
     faults.at("bootstrap_between_chunks", 4, crash("between chunks"))  # chunk 3 committed, crash
@@ -126,13 +131,14 @@ def vacuum_all(p: Any, table: str) -> None:
         p.spark.conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
 
 
-def test_changes_between_chunks_survive_a_vacuum_only_through_the_interleaving(make_pipeline):
+@READS
+def test_changes_between_chunks_survive_a_vacuum_only_through_the_interleaving(make_pipeline, reads):
     """Updates, deletes and re-inserts land on the source between chunks, and the source is
     VACUUMed (retaining 0 hours) while the bootstrap runs: the change data of the versions after the
     snapshot is gone before the bootstrap ends, so only the catch-ups between chunks can have applied
     them. The source keeps deletion vectors, so its snapshot's files stay readable after a VACUUM
     (see the limits in docs/how-it-works.md)."""
-    p = make_pipeline(bootstrap={**CHUNKS, "chunk_budget_seconds": 0.001})
+    p = make_pipeline(bootstrap={**CHUNKS, "chunk_budget_seconds": 0.001, **reads})
     make_source(p, "hot", appends=8, props="'delta.enableDeletionVectors' = 'true'")
     v = p.latest_version("hot")
     steps = {
@@ -165,8 +171,9 @@ def test_changes_between_chunks_survive_a_vacuum_only_through_the_interleaving(m
     assert catch_ups >= 3
 
 
-def test_chunks_of_two_tables_run_in_parallel_up_to_the_limit(make_pipeline):
-    p = make_pipeline(bootstrap={"chunk_bytes": 1, "parallel_chunks": 2})
+@READS
+def test_chunks_of_two_tables_run_in_parallel_up_to_the_limit(make_pipeline, reads):
+    p = make_pipeline(bootstrap={"chunk_bytes": 1, "parallel_chunks": 2, **reads})
     make_source(p, "a", appends=6)
     make_source(p, "b", appends=6)
     inside = {"now": 0, "max": 0}
@@ -191,3 +198,32 @@ def test_chunks_of_two_tables_run_in_parallel_up_to_the_limit(make_pipeline):
     p.assert_replica_equals_source("a")
     p.assert_replica_equals_source("b")
     assert inside["max"] == 2, inside
+
+
+def test_a_key_range_chunk_reads_only_its_own_files(make_pipeline, tmp_path):
+    """The public chunk reads rest on Delta's data skipping: a chunk's scan must not open a file
+    outside its key range. Checked with the public API alone: a file of another chunk is moved away
+    and the chunk still reads in full (a scan that listed it would fail on the missing file)."""
+    from pathlib import Path
+
+    from lakemirror.sources.snapshot_files import KeyRangeReads
+
+    p = make_pipeline()
+    make_source(p, "ranged", appends=6)
+    version = p.latest_version("ranged")
+    reads = KeyRangeReads(p.spark, p.source("ranged"), version, ["id"])
+    chunks = reads.plan(1)
+    assert [c.rows for c in chunks] == [10] * 6 and all(c.key_range is not None for c in chunks)
+    assert [(c.key_range.lower, c.key_range.upper) for c in chunks] == [
+        (None, "10"), ("10", "20"), ("20", "30"), ("30", "40"), ("40", "50"), ("50", None)]
+    by_file = {r["f"]: r["lo"] for r in reads.snapshot().selectExpr("_metadata.file_path AS f", "id")
+               .groupBy("f").agg({"id": "min"}).withColumnRenamed("min(id)", "lo").collect()}
+    other = next(f for f, lo in by_file.items() if lo == 0)  # chunk 0's file
+    moved = Path(other.removeprefix("file:"))
+    moved.rename(tmp_path / "away.parquet")
+    try:
+        assert sorted(r["id"] for r in reads.read(chunks[3]).collect()) == list(range(30, 40))
+        with pytest.raises(Exception):
+            reads.read(chunks[0]).count()  # the test's premise: a scan that needs the file fails
+    finally:
+        (tmp_path / "away.parquet").rename(moved)
