@@ -6,8 +6,9 @@ in a process of its own (`local[2]`):
 - the copy floor: a plain Spark read of the source at its version written as a new Delta table
   (``python -m bench.copy_floor``);
 - lakemirror, one chunk per source file (``bootstrap.chunk_bytes`` = the largest file), from
-  starting the daemon to a live replica;
-- lakemirror, the same, SIGKILLed once after half of the chunks are committed and started again
+  starting the daemon to a live replica, once with the default key-range reads (public API) and
+  once with ``bootstrap.internal_file_reads`` (Delta's internal file reads);
+- lakemirror, default reads, SIGKILLed once after half of the chunks are committed and started again
   over the same folders: the chunks committed before the kill, after it, and the chunk commits in
   the replica's log (each chunk exactly once when nothing is written twice).
 """
@@ -15,6 +16,7 @@ in a process of its own (`local[2]`):
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -43,10 +45,10 @@ def _source(path: Path, rows: int, files: int) -> int:
     return max(int(s) for s in DeltaTable(str(path)).get_add_actions(flatten=True).column("size_bytes").to_pylist())
 
 
-def _daemon(workdir: Path, warehouse: Path, name: str, chunk_bytes: int) -> LakemirrorDaemon:
+def _daemon(workdir: Path, warehouse: Path, name: str, chunk_bytes: int, internal: bool = False) -> LakemirrorDaemon:
     daemon = LakemirrorDaemon(workdir, warehouse, ["big"], trigger_seconds=1.0, destination_catalog=name)
     config = yaml.safe_load(daemon.config.read_text())
-    config["bootstrap"] = {"chunk_bytes": chunk_bytes}
+    config["bootstrap"] = {"chunk_bytes": chunk_bytes, "internal_file_reads": internal}
     daemon.config.write_text(yaml.safe_dump(config))
     return daemon
 
@@ -77,19 +79,23 @@ def bootstrap_chunked(rows: int, files: int) -> list[dict[str, Any]]:
         out.append({"system": "copy floor (Spark read at V, written as a new Delta table)", "rows": rows,
                     "files": files, "seconds_to_replica": round(floor, 2),
                     "copy_seconds": json.loads(done.stdout.strip().splitlines()[-1])["copy_seconds"],
-                    "replica_equal_source": same_rows(src, floor_dst)})
+                    "replica_equal_source": same_rows(src, floor_dst), "load_average_1min": round(os.getloadavg()[0], 1)})
 
-        daemon = _daemon(workdir / "lm", warehouse, "dst", largest)
-        t0 = time.time()
-        daemon.start()
-        daemon.wait_through({"big": version}, timeout=3600)
-        total = time.time() - t0
-        daemon.stop()
-        out.append({"system": f"lakemirror, chunked ({files} chunks, start to live replica)", "rows": rows,
-                    "files": files, "seconds_to_replica": round(total, 2), "vs_floor": round(total / floor, 2),
-                    "copy_seconds": daemon.bootstrap_seconds("big"),
-                    "chunk_commits": _chunk_commits(daemon.replica_path("big")),
-                    "replica_equal_source": same_rows(src, daemon.replica_path("big"))})
+        for internal, label in ((False, "key-range reads, public API (default)"),
+                                (True, "file reads through Delta's internal API (bootstrap.internal_file_reads)")):
+            name = "dsti" if internal else "dst"
+            daemon = _daemon(workdir / f"lm-{name}", warehouse, name, largest, internal)
+            t0 = time.time()
+            daemon.start()
+            daemon.wait_through({"big": version}, timeout=3600)
+            total = time.time() - t0
+            daemon.stop()
+            out.append({"system": f"lakemirror, chunked, {label} (start to live replica)", "rows": rows,
+                        "files": files, "seconds_to_replica": round(total, 2), "vs_floor": round(total / floor, 2),
+                        "copy_seconds": daemon.bootstrap_seconds("big"),
+                        "chunk_commits": _chunk_commits(daemon.replica_path("big")),
+                        "replica_equal_source": same_rows(src, daemon.replica_path("big")),
+                        "load_average_1min": round(os.getloadavg()[0], 1)})
 
         killed = _daemon(workdir / "lmk", warehouse, "dstk", largest)
         t0 = time.time()
@@ -111,7 +117,8 @@ def bootstrap_chunked(rows: int, files: int) -> list[dict[str, Any]]:
                     "chunks_committed_before_kill": len(before), "chunks_committed_after_restart": len(after),
                     "chunks_committed_twice": len(set(before) & set(after)),
                     "chunk_commits": _chunk_commits(killed.replica_path("big")),
-                    "replica_equal_source": same_rows(src, killed.replica_path("big"))})
+                    "replica_equal_source": same_rows(src, killed.replica_path("big")),
+                    "load_average_1min": round(os.getloadavg()[0], 1)})
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return out

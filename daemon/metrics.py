@@ -73,8 +73,8 @@ class Metrics:
         self.boot_chunks_total = Gauge("lakemirror_bootstrap_chunks_total", "Chunks the table's running (or last) "
                                        "bootstrap copies its snapshot in.", t, registry=r)
         self.boot_rows = Counter("lakemirror_bootstrap_rows_copied_total", "Snapshot rows copied by bootstrap chunks, "
-                                 "as the source's file statistics count them (rows dropped because the change feed "
-                                 "had touched their key included).", t, registry=r)
+                                 "as the chunk plan counts them (the planning aggregate, or the files' statistics "
+                                 "on the internal file reads; rows dropped because the change feed had touched their key included).", t, registry=r)
         self._boot_rows_seen: dict[str, int] = {}
         self.build = Info("lakemirror_build", "Versions of lakemirror, Spark and Delta.", registry=r)
         self.build.info({"version": __version__, "spark": SPARK_VERSION, "delta": DELTA_VERSION})

@@ -113,36 +113,48 @@ def write_chunk(chunk: "DataFrame", target: TableLocation, columns: Sequence[Col
         tables.write(projected, target, "append", **options)
 
 
-def recorded_transactions(spark: "SparkSession", target: TableLocation) -> dict[str, int]:
-    """The replica's Delta transaction records (app id → version): what its log says is committed.
+def recorded_transactions(spark: "SparkSession", target: TableLocation, app_ids: Sequence[str]) -> dict[str, int]:
+    """Which of ``app_ids`` the replica's log records, with their versions (public APIs only).
 
-    Read from the table's snapshot (the ``txn`` actions survive log cleanup in checkpoints); where
-    the session has no JVM of its own, from the tags of the commits in its history."""
+    A replica on the driver's file system is asked through delta-rs (``transaction_version``: the
+    ``txn`` actions, which survive log cleanup in checkpoints); elsewhere (object storage, Spark
+    Connect) through ``DESCRIBE HISTORY`` and the tags the writes carry in ``userMetadata``. History
+    is cleaned after ``delta.logRetentionDuration``: a chunk committed before that is not seen here,
+    and its rewrite is then skipped by Delta itself (the same ``txnAppId``/``txnVersion``), so a
+    chunk is still never written twice."""
     if not tables.exists(spark, target):
         return {}
-    jvm = getattr(spark, "_jvm", None)
-    if jvm is None:
-        out: dict[str, int] = {}
-        for row in tables.delta_table(spark, target).history().select("userMetadata").collect():
-            meta = row["userMetadata"]
-            if meta and '"lakemirror_txn"' in meta:
-                tag = json.loads(meta)
-                out[tag["lakemirror_txn"]] = max(out.get(tag["lakemirror_txn"], -1), int(tag["batch"]))
-        return out
-    path = target.path or str(spark.sql(f"DESCRIBE DETAIL {target.sql}").collect()[0]["location"])
-    none = jvm.scala.Option.empty()
-    log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)  # type: ignore[attr-defined]
-    found = jvm.scala.jdk.javaapi.CollectionConverters.asJava(log.update(False, none, none).transactions())
-    return {str(k): int(found.get(k)) for k in found.keySet()}
+    wanted = set(app_ids)
+    location = target.path
+    if location is not None and tables.is_local_table(location):
+        from deltalake import DeltaTable
 
-
-def append_keys(keys: "DataFrame", target: TableLocation, txn: TxnId) -> None:
-    """Append ``keys`` to the touched-keys table ``target`` (created on first use) under ``txn``."""
-    tables.write(keys, target, "append", txnAppId=txn.app_id, txnVersion=str(txn.version))
+        folder = tables.local_dir(location)
+        replica = DeltaTable(str(folder))
+        found = {app: replica.transaction_version(app) for app in wanted}
+        return {app: int(v) for app, v in found.items() if v is not None}
+    out: dict[str, int] = {}
+    for row in spark.sql(f"DESCRIBE HISTORY {target.sql}").select("userMetadata").collect():
+        meta = row["userMetadata"]
+        if meta and '"lakemirror_txn"' in meta:
+            tag = json.loads(meta)
+            app = tag["lakemirror_txn"]
+            if app in wanted:
+                out[app] = max(out.get(app, -1), int(tag["batch"]))
+    return out
 
 
 def drop_path_table(spark: "SparkSession", path: str) -> None:
-    """Delete the Delta table at ``path`` (the bootstrap's touched-keys table) and its folder."""
+    """Delete the Delta table at ``path`` (the bootstrap's touched keys) and its folder: on the
+    driver's file system directly, elsewhere through Hadoop's public FileSystem API where the
+    session has a JVM of its own; over Spark Connect it is left (keys only, small)."""
+    import shutil
+
+    folder = tables.local_dir(path)
+    if folder is not None:
+        if folder.is_dir():
+            shutil.rmtree(folder)
+        return
     jvm = getattr(spark, "_jvm", None)
     if jvm is None:
         return
@@ -150,3 +162,8 @@ def drop_path_table(spark: "SparkSession", path: str) -> None:
     fs = hpath.getFileSystem(spark._jsparkSession.sessionState().newHadoopConf())  # type: ignore[attr-defined]
     if fs.exists(hpath):
         fs.delete(hpath, True)
+
+
+def append_keys(keys: "DataFrame", target: TableLocation, txn: TxnId) -> None:
+    """Append ``keys`` to the touched-keys table ``target`` (created on first use) under ``txn``."""
+    tables.write(keys, target, "append", txnAppId=txn.app_id, txnVersion=str(txn.version))

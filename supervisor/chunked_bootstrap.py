@@ -116,8 +116,9 @@ class ChunkedBootstrap:
         self.store.save(j.slug, plan)
         return plan, False
 
-    def _committed(self) -> set[int]:
-        found = snapshot_copy.recorded_transactions(self.job.spark, self.job.replica)
+    def _committed(self, plan: BootstrapPlan) -> set[int]:
+        found = snapshot_copy.recorded_transactions(self.job.spark, self.job.replica,
+                                                    [chunk_app_id(self.app, c.number) for c in plan.chunks])
         return {n for app in found if (n := chunk_number(self.app, app)) is not None}
 
     # -- running ---------------------------------------------------------------------------------
@@ -125,7 +126,7 @@ class ChunkedBootstrap:
     def run(self) -> int:
         j = self.job
         plan, resumed = self._load_or_plan()
-        done = self._committed() if resumed else set()
+        done = self._committed(plan) if resumed else set()
         started = self.clock()
         self._rows_done = sum(c.rows or 0 for c in plan.chunks if c.number in done)
         if resumed:
