@@ -184,7 +184,7 @@ def catch_up(system: str, rows: int, commits: int, fraction: float, seed: int) -
 # -- report ---------------------------------------------------------------------------------------
 
 WORKLOADS = ("steady", "scale", "catch_up", "steady_cost", "bootstrap", "apply_cost", "key_lookup", "postgres",
-             "production", "kafka_postgres_latency")
+             "production", "kafka_postgres_latency", "bootstrap_chunked")
 
 
 def _when(section: dict[str, Any]) -> str:
@@ -342,6 +342,19 @@ def render(results: dict[str, Any]) -> str:
             lines.append(f"| {r['system']} | {r['seconds_to_replica']}{f' ({spread})' if spread else ''} | "
                          f"{r['seconds_to_replica'] / floor:.2f}x | "
                          f"{r.get('copy_seconds', '-')} | {'yes' if r['replica_equal_source'] else 'NO'} |")
+    if results.get("bootstrap_chunked"):
+        r0 = results["bootstrap_chunked"][0]
+        lines += ["", "## Chunked bootstrap", "", _when(r0) + " "
+                  f"A {r0['rows']:,}-row table written in {r0['files']} appends (one file each), copied by lakemirror "
+                  f"in one chunk per file (`bootstrap.chunk_bytes` = the largest file); once uninterrupted, once "
+                  f"SIGKILLed after half of the chunks were committed and started again. One run of each.", "",
+                  "| system | start to replica s | vs copy floor | chunks committed before / after the kill | "
+                  "chunk commits in the replica | replica exact |", "|---|---|---|---|---|---|"]
+        for r in results["bootstrap_chunked"]:
+            kill = (f"{r['chunks_committed_before_kill']} / {r['chunks_committed_after_restart']}"
+                    if "chunks_committed_before_kill" in r else "-")
+            lines.append(f"| {r['system']} | {r['seconds_to_replica']} | {r.get('vs_floor', 1.0)}x | {kill} | "
+                         f"{r.get('chunk_commits', '-')} | {'yes' if r['replica_equal_source'] else 'NO'} |")
     if results.get("apply_cost"):
         r0 = results["apply_cost"][0]
         lines += ["", "## Where lakemirror's time goes: one micro-batch apply", "", _when(r0) + " "
@@ -443,6 +456,7 @@ def parameters(quick: bool) -> dict[str, Any]:
             "cost_rows": 500_000 if quick else 10_000_000, "cost_cycles": 2 if quick else 4,
             "cost_warmup_commits": 10 if quick else WARMUP_COMMITS,
             "bootstrap_rows": 500_000 if quick else 5_000_000, "lookup_rows": 500_000 if quick else 5_000_000,
+            "chunked_rows": 500_000 if quick else 5_000_000, "chunked_files": 20,
             "production": production_parameters(quick)}
 
 
@@ -478,6 +492,12 @@ def run_workload(name: str, p: dict[str, Any], seed: int) -> list[dict[str, Any]
     elif name == "bootstrap":
         print("bootstrap ...", flush=True)
         out = bootstrap(p["bootstrap_rows"])
+        print(f"  {out}", flush=True)
+    elif name == "bootstrap_chunked":
+        from bench.chunked import bootstrap_chunked
+
+        print("chunked bootstrap ...", flush=True)
+        out = bootstrap_chunked(p["chunked_rows"], p["chunked_files"])
         print(f"  {out}", flush=True)
     elif name == "postgres":
         print("throughput into PostgreSQL ...", flush=True)

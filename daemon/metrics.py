@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from lakemirror import __version__
 from lakemirror.daemon.jars import DELTA_VERSION, SPARK_VERSION
 from lakemirror.supervisor.event_stream import RUNNER_PREFIX, EventBatchReport, EventLagReading
+from lakemirror.supervisor.bootstrap_policy import BootstrapProgress
 from lakemirror.supervisor.lag import LagReading
 from lakemirror.supervisor.runner import BatchReport
 from lakemirror.supervisor.state import TableState, TableStatus
@@ -91,6 +92,14 @@ class Metrics:
         self.offsets_behind = Gauge("lakemirror_kafka_offsets_behind", "Kafka messages not yet applied, per "
                                     "topic-partition: the broker's end offset minus the last applied batch's end "
                                     "offset.", ["pipeline", "source", "topic", "partition"], registry=r)
+        self.boot_chunks_done = Gauge("lakemirror_bootstrap_chunks_done", "Chunks of the table's running bootstrap "
+                                      "committed to the replica (equal to the total once it has ended).", t, registry=r)
+        self.boot_chunks_total = Gauge("lakemirror_bootstrap_chunks_total", "Chunks the table's running (or last) "
+                                       "bootstrap copies its snapshot in.", t, registry=r)
+        self.boot_rows = Counter("lakemirror_bootstrap_rows_copied_total", "Snapshot rows copied by bootstrap chunks, "
+                                 "as the chunk plan counts them (the planning aggregate, or the files' statistics "
+                                 "on the internal file reads; rows dropped because the change feed had touched their key included).", t, registry=r)
+        self._boot_rows_seen: dict[str, int] = {}
         self.build = Info("lakemirror_build", "Versions of lakemirror, Spark and Delta.", registry=r)
         self.build.info({"version": __version__, "spark": SPARK_VERSION, "delta": DELTA_VERSION})
 
@@ -160,6 +169,16 @@ class Metrics:
 
     def table_removed(self, table: str) -> None:
         pass
+
+    def bootstrap_progressed(self, table: str, progress: BootstrapProgress) -> None:
+        lab = self._l(table)
+        self.boot_chunks_done.labels(**lab).set(progress.chunks_done)
+        self.boot_chunks_total.labels(**lab).set(progress.chunks_total)
+        seen = self._boot_rows_seen.get(table, 0)
+        added = progress.rows_copied - seen if progress.rows_copied >= seen else progress.rows_copied
+        self._boot_rows_seen[table] = progress.rows_copied
+        if added > 0:
+            self.boot_rows.labels(**lab).inc(added)
 
     # SubtaskObserver ---------------------------------------------------------------------------
 

@@ -14,6 +14,16 @@ def _fmt_age(ts: Any, now: float) -> str:
     return "-" if not ts else f"{max(0.0, now - float(ts)):.0f}s ago"
 
 
+def _fmt_state(r: Mapping[str, Any]) -> str:
+    """The state, with a running bootstrap's chunks done and ETA (``bootstrap`` of ``/status``)."""
+    boot = r.get("bootstrap")
+    if not boot:
+        return str(r.get("state"))
+    eta = boot.get("eta_seconds")
+    return (f"{r.get('state')} {boot.get('chunks_done')}/{boot.get('chunks_total')} chunks"
+            + ("" if eta is None else f", ETA {float(eta):.0f}s"))
+
+
 def render_table(rows: Iterable[Mapping[str, Any]], now: float | None = None) -> str:
     now = time.time() if now is None else now
     header = ("TABLE", "STATE", "LAG", "BEHIND", "APPLIED@V", "ROWS", "BATCHES", "LAST BATCH", "LAST ERROR")
@@ -23,7 +33,7 @@ def render_table(rows: Iterable[Mapping[str, Any]], now: float | None = None) ->
         if r.get("state") == "degraded" and r.get("next_retry_at"):
             error = f"retry in {max(0.0, float(r['next_retry_at']) - now):.0f}s: {error}"
         lines.append((
-            str(r.get("table")), str(r.get("state")), _fmt_lag(r.get("lag_seconds")),
+            str(r.get("table")), _fmt_state(r), _fmt_lag(r.get("lag_seconds")),
             "-" if r.get("versions_behind") is None else str(r.get("versions_behind")),
             "-" if r.get("applied_through") is None else str(r.get("applied_through")),
             str(r.get("rows_applied", 0)), str(r.get("batches", 0)),

@@ -1,11 +1,15 @@
 """Writing a replica from a source snapshot (the bootstrap's copy step) and replica DDL.
 
-The snapshot write replaces the replica atomically (one Delta commit with ``overwriteSchema``),
-so a bootstrap killed half-way is simply redone at the same pinned version.
+The one-shot snapshot write replaces the replica atomically (one Delta commit with
+``overwriteSchema``), so a bootstrap killed half-way is simply redone at the same pinned version.
+A chunked bootstrap (:mod:`lakemirror.supervisor.chunked_bootstrap`) writes the snapshot as one
+commit per chunk (:func:`write_chunk`), each under a Delta transaction id of its own, so a killed
+bootstrap resumes at the first chunk the replica's transaction records do not name.
 """
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from lakemirror import tables
@@ -13,6 +17,7 @@ from lakemirror.identifiers import sql_string
 from lakemirror.schema import Column, columns_from_struct
 from lakemirror.sinks.apply_choice import ReplicaFacts
 from lakemirror.sinks.planner import add_columns_sql
+from lakemirror.sinks.txn import TxnId
 from lakemirror.tables import TableLocation
 
 if TYPE_CHECKING:
@@ -80,3 +85,85 @@ def replica_facts(spark: "SparkSession", target: TableLocation) -> ReplicaFacts:
 def add_columns(spark: "SparkSession", target: TableLocation, added: Sequence[Column]) -> None:
     spark.sql(add_columns_sql(target.sql, added))
 
+
+
+# -- chunked bootstrap (lakemirror.supervisor.chunked_bootstrap) ------------------------------------
+
+
+def write_chunk(chunk: "DataFrame", target: TableLocation, columns: Sequence[Column], txn: TxnId, *, first: bool,
+                touched: "DataFrame | None" = None, keys: Sequence[str] = (),
+                source_properties: Mapping[str, str] | None = None) -> None:
+    """Commit one bootstrap chunk to ``target`` under the Delta transaction ``txn``.
+
+    The first chunk replaces the replica (``overwriteSchema``, as the one-shot copy does); the others
+    append. Rows whose key is in ``touched`` (keys the change feed changed after the snapshot's
+    version) are dropped: the replica already holds a newer state of them, or none (a delete).
+    Delta skips the write when ``txn`` is already recorded in the replica: a chunk is never
+    written twice."""
+    projected = chunk.select(*[f"`{c.name.replace('`', '``')}`" for c in columns])
+    if touched is not None:
+        quoted = [f"`{k.replace('`', '``')}`" for k in keys]
+        condition = [projected[k].eqNullSafe(touched[k]) for k in quoted]
+        projected = projected.join(touched, condition, "left_anti")
+    options = {"txnAppId": txn.app_id, "txnVersion": str(txn.version), "userMetadata": txn.tag()}
+    if first:
+        tables.write(projected, target, "overwrite", overwriteSchema="true", **options,
+                     **creation_options(source_properties or {}))
+    else:
+        tables.write(projected, target, "append", **options)
+
+
+def recorded_transactions(spark: "SparkSession", target: TableLocation, app_ids: Sequence[str]) -> dict[str, int]:
+    """Which of ``app_ids`` the replica's log records, with their versions (public APIs only).
+
+    A replica on the driver's file system is asked through delta-rs (``transaction_version``: the
+    ``txn`` actions, which survive log cleanup in checkpoints); elsewhere (object storage, Spark
+    Connect) through ``DESCRIBE HISTORY`` and the tags the writes carry in ``userMetadata``. History
+    is cleaned after ``delta.logRetentionDuration``: a chunk committed before that is not seen here,
+    and its rewrite is then skipped by Delta itself (the same ``txnAppId``/``txnVersion``), so a
+    chunk is still never written twice."""
+    if not tables.exists(spark, target):
+        return {}
+    wanted = set(app_ids)
+    location = target.path
+    if location is not None and tables.is_local_table(location):
+        from deltalake import DeltaTable
+
+        folder = tables.local_dir(location)
+        replica = DeltaTable(str(folder))
+        found = {app: replica.transaction_version(app) for app in wanted}
+        return {app: int(v) for app, v in found.items() if v is not None}
+    out: dict[str, int] = {}
+    for row in spark.sql(f"DESCRIBE HISTORY {target.sql}").select("userMetadata").collect():
+        meta = row["userMetadata"]
+        if meta and '"lakemirror_txn"' in meta:
+            tag = json.loads(meta)
+            app = tag["lakemirror_txn"]
+            if app in wanted:
+                out[app] = max(out.get(app, -1), int(tag["batch"]))
+    return out
+
+
+def drop_path_table(spark: "SparkSession", path: str) -> None:
+    """Delete the Delta table at ``path`` (the bootstrap's touched keys) and its folder: on the
+    driver's file system directly, elsewhere through Hadoop's public FileSystem API where the
+    session has a JVM of its own; over Spark Connect it is left (keys only, small)."""
+    import shutil
+
+    folder = tables.local_dir(path)
+    if folder is not None:
+        if folder.is_dir():
+            shutil.rmtree(folder)
+        return
+    jvm = getattr(spark, "_jvm", None)
+    if jvm is None:
+        return
+    hpath = jvm.org.apache.hadoop.fs.Path(path)
+    fs = hpath.getFileSystem(spark._jsparkSession.sessionState().newHadoopConf())  # type: ignore[attr-defined]
+    if fs.exists(hpath):
+        fs.delete(hpath, True)
+
+
+def append_keys(keys: "DataFrame", target: TableLocation, txn: TxnId) -> None:
+    """Append ``keys`` to the touched-keys table ``target`` (created on first use) under ``txn``."""
+    tables.write(keys, target, "append", txnAppId=txn.app_id, txnVersion=str(txn.version))

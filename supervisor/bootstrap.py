@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Protocol
 
 from lakemirror.checkpoints.state import StateStore, TableProgress
 from lakemirror.sinks.contract import TableReplica
@@ -23,6 +23,20 @@ log = logging.getLogger(__name__)
 
 #: A position past any table's head: asks the source for its latest version only.
 HEAD_ONLY = 1 << 62
+
+
+class SnapshotCopier(Protocol):
+    """Copies the snapshot at a pinned version in steps of its own (a chunked bootstrap,
+    :mod:`lakemirror.supervisor.chunked_bootstrap`) instead of the replica's one-shot copy."""
+
+    def copy(self, plan: MergePlan, version: int, epoch: int, source_properties: Mapping[str, str]) -> int:
+        """Copy the snapshot at ``version``; the version the replica holds when done (``version``,
+        or later when changes were applied between steps)."""
+        ...
+
+    def finish(self) -> None:
+        """Clean up once the table is saved as bootstrapped."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -37,6 +51,8 @@ class Bootstrap:
     destination: str
     fault: Callable[[str], None]
     emit: Callable[[sm.Event], None]
+    #: None: the replica's own one-shot snapshot copy.
+    copier: SnapshotCopier | None = None
 
     def run(self, progress: TableProgress, table_id: str | None, plan: MergePlan,
             source_properties: Mapping[str, str]) -> TableProgress:
@@ -50,10 +66,18 @@ class Bootstrap:
         version = progress.bootstrap_version
         assert version is not None
         self.fault("bootstrap_before_snapshot")
-        self.replica.bootstrap(plan, self.source.snapshot(version), version, progress.epoch, source_properties)
+        if self.copier is None:
+            self.replica.bootstrap(plan, self.source.snapshot(version), version, progress.epoch, source_properties)
+            through = version
+        else:
+            through = self.copier.copy(plan, version, progress.epoch, source_properties)
         self.fault("bootstrap_after_snapshot")
-        progress = replace(progress, bootstrapped=True)
+        # The stream starts after ``through``: the snapshot's version, or the last change applied
+        # between a chunked copy's chunks.
+        progress = replace(progress, bootstrapped=True, bootstrap_version=through)
         self.states.save(self.slug, progress)
-        log.info("table %s: bootstrapped %s at source version %d (epoch %d)",
-                 self.label, self.destination, version, progress.epoch)
+        if self.copier is not None:
+            self.copier.finish()
+        log.info("table %s: bootstrapped %s at source version %d (epoch %d; snapshot at %d)",
+                 self.label, self.destination, through, progress.epoch, version)
         return progress

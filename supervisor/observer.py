@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from lakemirror.supervisor.bootstrap_policy import BootstrapProgress
 from lakemirror.supervisor.lag import LagReading
 from lakemirror.supervisor.runner import BatchReport
 from lakemirror.supervisor.state import TableStatus
@@ -19,6 +20,7 @@ class Observer(Protocol):
     def lag_measured(self, table: str, reading: LagReading) -> None: ...
     def retry_scheduled(self, table: str, status: TableStatus) -> None: ...
     def table_removed(self, table: str) -> None: ...
+    def bootstrap_progressed(self, table: str, progress: BootstrapProgress) -> None: ...
 
 
 class NoopObserver:
@@ -35,4 +37,7 @@ class NoopObserver:
         pass
 
     def table_removed(self, table: str) -> None:
+        pass
+
+    def bootstrap_progressed(self, table: str, progress: BootstrapProgress) -> None:
         pass

@@ -32,6 +32,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, Callable
 
 from lakemirror import tables
+from lakemirror.checkpoints.bootstrap_state import BootstrapStore, bootstrap_store_for
 from lakemirror.checkpoints.records import CheckpointStore
 from lakemirror.checkpoints.state import StateStore, TableProgress
 from lakemirror.errors import LakemirrorError
@@ -46,6 +47,8 @@ from lakemirror.supervisor import replica_record
 from lakemirror.supervisor import state as sm
 from lakemirror.supervisor.batch_apply import BatchApply, Drained, RowWriter
 from lakemirror.supervisor.bootstrap import Bootstrap
+from lakemirror.supervisor.bootstrap_policy import BootstrapProgress
+from lakemirror.supervisor.chunked_bootstrap import BootstrapInterrupted, ChunkedCopy
 from lakemirror.supervisor.classify import classify
 from lakemirror.supervisor.failure import failed_event
 from lakemirror.supervisor.lag import LagReading
@@ -83,14 +86,28 @@ class RunnerContext:
     #: Crash-test hook: called at named points of a batch's life (see FAULT_POINTS); a no-op
     #: unless the torture harness arms it to kill the process there.
     fault: Callable[[str], None] = lambda point: None
+    #: Bootstrap chunks copied at once over all tables (``bootstrap.parallel_chunks``), and where a
+    #: chunked bootstrap keeps its plan (default: beside ``states``); both made from the spec if None.
+    bootstrap_slots: threading.Semaphore | None = None
+    bootstraps: BootstrapStore | None = None
+
     #: The Postgres server the replicas go to (``destination.kind: postgres``); None: Delta replicas.
     postgres: "Connector | None" = None
+
+    def __post_init__(self) -> None:
+        if self.bootstrap_slots is None:
+            self.bootstrap_slots = threading.BoundedSemaphore(max(1, self.spec.bootstrap.parallel_chunks))
+        if self.bootstraps is None:
+            self.bootstraps = bootstrap_store_for(self.states)
 
 
 #: Where the torture harness may kill the daemon (tests/torture): each is a moment at which a
 #: crash must lose nothing and apply nothing twice.
 FAULT_POINTS = (
     "bootstrap_before_snapshot",   # the new epoch is saved, the snapshot not yet written
+    "bootstrap_inside_chunk",      # a chunk's rows are read, its commit not yet written
+    "bootstrap_between_chunks",    # a chunk is committed, the next not yet begun
+    "bootstrap_after_catch_up",    # a catch-up's MERGE is committed, its touched keys are not
     "bootstrap_after_snapshot",    # the snapshot is committed, the state does not say so yet
     "schema_change",               # the replica gained columns, the stream not restarted yet
     "before_merge",                # a micro-batch is planned (offsets logged), nothing written
@@ -275,7 +292,7 @@ class TableRunner:
 
     # -- events ---------------------------------------------------------------------------------
 
-    def poll(self) -> list["sm.Event | BatchReport"]:
+    def poll(self) -> list["sm.Event | BatchReport | BootstrapProgress"]:
         """Events since the last poll, plus a failure event if the query died."""
         live, gate = self.live, self.turns.gate
         # Started-per-turn queries report their own end; always-on ones (gated or not) end only by failing.
@@ -371,6 +388,8 @@ class TableRunner:
                 self.live.applied_through = prepared.progress.bootstrap_version
             self._start_stream(prepared)
             self.live.emit(sm.StreamStarted())
+        except BootstrapInterrupted as exc:  # a drain stopped the bootstrap between chunks: not a failure
+            log.info("table %s: %s", self.source, exc)
         except Exception as exc:  # every failure becomes a visible state, never a dead thread
             log.warning("table %s failed to start: %s", self.source, exc)
             error = classify(exc, table=str(self.source))
@@ -394,10 +413,27 @@ class TableRunner:
         """Key, plan, checks, bootstrap and schema of the table (:mod:`.prepare`)."""
         ctx, label = self.ctx, str(self.source)
         bootstrap = Bootstrap(self.change_source, self.replica, ctx.states, self.slug, label, str(self.destination),
-                              ctx.fault, self.live.emit)
+                              ctx.fault, self.live.emit, self._chunked_copy())
         return Preparation(self.change_source, self.replica, ctx.states, self.slug, label,
                            ctx.spec.options_for(self.table), ctx.spec.allow_schema_evolution, bootstrap,
                            ctx.fault).run()
+
+    def _chunked_copy(self) -> ChunkedCopy | None:
+        """A Delta replica bootstraps in chunks (one when the table is small); other replicas
+        (Postgres, the in-memory twin) take the snapshot in one copy."""
+        if not isinstance(self.replica, DeltaReplica):
+            return None
+        ctx, spec = self.ctx, self.ctx.spec
+        assert ctx.bootstraps is not None and ctx.bootstrap_slots is not None
+        return ChunkedCopy(
+            self.session, label=str(self.source), slug=self.slug, source=ctx.catalog.locate(self.source),
+            replica=ctx.catalog.locate(self.destination),
+            ensure_schema=lambda: ctx.catalog.ensure_schema(self.session, self.destination.catalog,
+                                                            self.destination.schema),
+            pipeline_id=spec.pipeline_id, checkpoint_root=spec.checkpoint_root,
+            replica_properties=spec.replica_properties, policy=spec.bootstrap, store=ctx.bootstraps,
+            slots=ctx.bootstrap_slots, clock=ctx.clock, fault=ctx.fault, on_progress=self.live.emit,
+            stopping=lambda: self.live.draining)
 
     def _start_stream(self, prepared: Prepared) -> None:
         wiring = wire_stream(self.session, self.ctx.spec, self.slug, self.change_source, self.replica,

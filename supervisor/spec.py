@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from lakemirror.identifiers import TableName
 from lakemirror.sinks.apply_choice import DEFAULT_DRIVER_APPLY_BELOW_BYTES, DEFAULT_REWRITE_BELOW_BYTES
+from lakemirror.supervisor.bootstrap_policy import BootstrapPolicy
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class PipelineSpec:
     driver_apply: bool = True                   # ... or, at a local path, MERGEd by delta-rs on the driver
     driver_apply_below_bytes: int = DEFAULT_DRIVER_APPLY_BELOW_BYTES  # ... as are local replicas up to this size
     kernel_change_feed: bool = False            # opt-in (Delta: testing only): Kernel-based change-feed source
+    bootstrap: BootstrapPolicy = field(default_factory=BootstrapPolicy)  # chunked, time-boxed bootstraps
 
     def source(self, table: str) -> TableName:
         return TableName(self.source_catalog, self.schema_name, table)

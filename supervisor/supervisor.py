@@ -14,9 +14,10 @@ import random
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from lakemirror.supervisor import state as sm
+from lakemirror.supervisor.bootstrap_policy import BootstrapProgress
 from lakemirror.supervisor.failure import REDISCOVERABLE
 from lakemirror.supervisor.lag import LagReading
 from lakemirror.supervisor.observer import NoopObserver, Observer
@@ -37,7 +38,7 @@ class Runner(Protocol):
 
     def launch(self) -> None: ...
     def halt(self, timeout: float = 60.0) -> None: ...
-    def poll(self) -> list[sm.Event | BatchReport]: ...
+    def poll(self) -> Sequence[sm.Event | BatchReport | BootstrapProgress]: ...
     def probe_lag(self, now: float) -> LagReading | None: ...
     def pause_persisted(self, paused: bool) -> None: ...
     def persisted_pause(self) -> bool: ...
@@ -63,6 +64,7 @@ class TableView:
     last_batch_at: float | None
     retry_delay_seconds: float | None = None   # the backoff chosen for the pending retry (degraded)
     detail: dict[str, Any] | None = None        # a runner's own status (an event source: replicas, offsets)
+    bootstrap: dict[str, object] | None = None  # a running bootstrap: chunks and rows done, rate, ETA
 
 
 @dataclass
@@ -71,6 +73,7 @@ class _Table:
     status: sm.TableStatus
     rows_applied: int = 0
     batches: int = 0
+    bootstrap: BootstrapProgress | None = None
 
 
 class Supervisor:
@@ -151,6 +154,9 @@ class Supervisor:
                         entry.rows_applied += item.outcome.counts.total
                         entry.batches += 1
                     self.observer.batch_applied(name, item)
+                elif isinstance(item, BootstrapProgress):
+                    entry.bootstrap = item if item.chunks_done < item.chunks_total else None
+                    self.observer.bootstrap_progressed(name, item)
                 else:
                     self._dispatch(name, item, now)
             self._dispatch(name, sm.Tick(), now)
@@ -315,7 +321,9 @@ class Supervisor:
                 last_error=st.last_error,
                 last_batch_at=e.runner.last_batch_at or (known.last_batch_at if known else None),
                 retry_delay_seconds=(st.next_retry_at - st.since) if st.next_retry_at is not None else None,
-                detail=_detail(e.runner)))
+                detail=_detail(e.runner),
+                bootstrap=e.bootstrap.as_dict() if e.bootstrap is not None and st.state == sm.TableState.BOOTSTRAPPING
+                else None))
         for name, known in sorted(recorded.items()):
             if any(name == n for n, _ in items):
                 continue

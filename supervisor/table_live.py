@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Union
 from lakemirror.errors import LakemirrorError
 from lakemirror.sinks.txn import MergeOutcome
 from lakemirror.supervisor import state as sm
+from lakemirror.supervisor.bootstrap_policy import BootstrapProgress
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
@@ -44,7 +45,7 @@ class StreamLatency:
     flush_seconds: tuple[float, ...] = ()
 
 
-Item = Union[sm.Event, BatchReport]
+Item = Union[sm.Event, BatchReport, BootstrapProgress]
 
 
 @dataclass

@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from lakemirror.daemon.settings.bootstrap import BootstrapSettings
 from lakemirror.daemon.settings.destination import DeltaDestination, Destination
 from lakemirror.daemon.settings.event_source import EventSourceSettings
 from lakemirror.daemon import spark_values, yaml_loader
@@ -241,6 +242,7 @@ class Settings(BaseSettings):
     http: HttpSettings = Field(default_factory=HttpSettings)
     restart: RestartSettings = Field(default_factory=RestartSettings)
     databricks: DatabricksSettings = Field(default_factory=DatabricksSettings)
+    bootstrap: BootstrapSettings = Field(default_factory=BootstrapSettings)
     schedules: list[ScheduleSettings] = Field(
         default_factory=list, description="Batch sub-tasks (clone, incremental, reconcile, metadata) the daemon "
                                           "runs on a schedule; see lakemirror.daemon.settings.schedule.")

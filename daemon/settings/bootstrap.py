@@ -1,0 +1,50 @@
+"""The ``bootstrap:`` block of a pipeline's configuration: how new replicas are copied.
+
+A new replica is copied from the source's snapshot at a pinned version in chunks (groups of the
+source's data files), one replica commit each, interleaved with the change feed so a copy longer
+than the source's retention loses no change (:mod:`lakemirror.supervisor.chunked_bootstrap`).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from lakemirror.sources.chunks import DEFAULT_CHUNK_BYTES
+from lakemirror.supervisor.bootstrap_policy import BootstrapPolicy
+
+
+class BootstrapSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    chunk_bytes: int = Field(
+        DEFAULT_CHUNK_BYTES, gt=0, description="Target size of one bootstrap chunk (bytes of the source's data "
+        "files at the snapshot's version; a file is never split). Each chunk is one replica commit under a Delta "
+        "transaction id of its own: a killed bootstrap resumes at the first uncommitted chunk and redoes at most "
+        "the chunks it was writing. A table no larger than this is copied in one commit, as a plain snapshot.")
+    parallel_chunks: int = Field(
+        2, ge=1, le=64, description="Chunks copied at the same time, over all tables of the pipeline. Keep it at "
+        "about the cores Spark has: each chunk is a Spark job.")
+    chunk_budget_seconds: float | None = Field(
+        None, gt=0, description="Copying time after which a bootstrapping table applies its change feed (from the "
+        "last applied version through the source's latest) before copying more, so the change window cannot "
+        "expire under a long copy. Default: headroom_fraction of the source's retention headroom.")
+    headroom_fraction: float = Field(
+        0.25, gt=0, le=1, description="Without chunk_budget_seconds: the copying budget as a fraction of the time "
+        "left until the oldest unapplied source version may be vacuumed or log-cleaned.")
+    safety_factor: float = Field(
+        2.0, ge=1, description="A bootstrapping table applies its change feed at once (and logs a warning) when the "
+        "change window would close within this many times the next chunk's expected time.")
+    internal_file_reads: bool = Field(
+        False, description="Read chunks as groups of the source's data files through Delta's INTERNAL Scala API "
+        "(DeltaLog.createDataFrame over py4j), which may change in any Delta release. It needs no planning scan and "
+        "splits any table by files; used only where the session has a JVM of its own (never over Spark Connect). "
+        "Off (the default): a chunk is a range of the first key column, read through the public API as VERSION AS "
+        "OF with a range filter, and Delta's data skipping prunes the files; planning costs one aggregate over the "
+        "key column, and a table whose files' key ranges all overlap (or whose first key is not an integer, "
+        "decimal, string or date) is copied as one chunk.")
+
+    def policy(self) -> BootstrapPolicy:
+        return BootstrapPolicy(chunk_bytes=self.chunk_bytes, parallel_chunks=self.parallel_chunks,
+                               chunk_budget_seconds=self.chunk_budget_seconds,
+                               headroom_fraction=self.headroom_fraction, safety_factor=self.safety_factor,
+                               internal_file_reads=self.internal_file_reads)
