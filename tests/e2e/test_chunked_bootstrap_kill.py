@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from lakemirror import tables
-from lakemirror.daemon.app import KILL_AT_ENV
+from lakemirror.daemon.context import KILL_AT_ENV
 from lakemirror.identifiers import TableName
 from lakemirror.sources.catalog import LocalCatalog
 

@@ -1,5 +1,5 @@
 """The documented references and the shipped examples stay true to the code (the configuration
-reference is rendered from the settings models: tests/unit/test_config_docs.py)."""
+reference is rendered from the settings models: tests/unit/test_settings_docs.py)."""
 
 from __future__ import annotations
 
