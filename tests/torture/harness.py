@@ -295,6 +295,10 @@ class Torture:
         for point in schedule(kills, self.seed, self.points, self.repeatable):
             if point == "schema_change":
                 self.writer.add_column()
+            if not writer_started and not point.startswith("bootstrap"):
+                # Every later point needs batches with changes in them: the writer runs from now on.
+                self.writer.start(self.writer_interval)
+                writer_started = True
             t0 = time.time()
             if point == "random":
                 self.daemon.start()
@@ -312,9 +316,6 @@ class Torture:
                 self.report.kills.append(KillRecord(point, code == -signal.SIGKILL, time.time() - t0))
             if progress is not None:
                 progress(len(self.report.kills), self.report.kills[-1])
-            if not writer_started and not point.startswith("bootstrap"):
-                self.writer.start(self.writer_interval)
-                writer_started = True
         self.writer.stop()
         self.report.writer_commits = self.writer.commits
         self.report.writer_ops = self.writer.seq
