@@ -174,21 +174,22 @@ class PostgresReplica:
 
     # -- ReplicaSink ----------------------------------------------------------------------------
 
-    def prepare(self, allow_evolution: bool) -> None:
-        """Connect, create the schema and lakemirror's own tables, and follow the source's columns."""
+    def prepare(self, allow_evolution: bool) -> bool:
+        """Connect, create the schema and lakemirror's own tables, and follow the source's columns;
+        True when columns were added to the replica."""
         t = self.table
 
-        def work(conn: psycopg.Connection[Any]) -> None:
+        def work(conn: psycopg.Connection[Any]) -> bool:
             with conn.transaction():
                 conn.execute(q.ensure_schema(t.schema))
                 conn.execute(q.create_progress(t.schema))
                 conn.execute(q.create_dead_letters(t.schema))
             have = [(str(n), str(ty)) for n, ty in conn.execute(q.replica_columns(t)).fetchall()]
             if not have:
-                return  # not bootstrapped yet
+                return False  # not bootstrapped yet
             diff = diff_replica(t, have)
             if diff.is_empty:
-                return
+                return False
             if not diff.is_additive:
                 raise SchemaIncompatible(
                     f"{self.label}: the Postgres replica cannot follow the source schema ({diff.describe()}). "
@@ -199,8 +200,9 @@ class PostgresReplica:
                     f"false. Set allow_schema_evolution: true, or exclude the columns.", table=self.label)
             conn.execute(q.add_columns(t, tuple(c.name for c in diff.added)))
             log.info("%s: added columns to the Postgres replica: %s", self.label, diff.describe())
+            return True
 
-        self._run(work)
+        return self._run(work)
 
     def _owner_mark(self, epoch: int) -> str:
         return json.dumps({q.OWNER_MARK: self.pipeline_id, "epoch": epoch}, sort_keys=True)

@@ -69,9 +69,8 @@ class PostgresTable:
         transaction that replaces it (:meth:`PostgresReplica.bootstrap`)."""
 
     def prepare(self, plan: MergePlan, allow_evolution: bool) -> bool:
-        """Follow the source's columns; False: the replica logs what it added itself."""
-        self.replica(plan).prepare(allow_evolution)
-        return False
+        """Follow the source's columns; True when the replica gained columns."""
+        return self.replica(plan).prepare(allow_evolution)
 
     def bootstrap(self, plan: MergePlan, snapshot: "DataFrame", version: int, epoch: int,
                   source_properties: Mapping[str, str] | None = None) -> None:
