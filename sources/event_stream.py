@@ -83,6 +83,11 @@ def raw_events_from_kafka_rows(rows: Iterable[Any]) -> Iterator[RawEvent]:
         yield RawEvent(row["value"], row["key"], row["topic"], int(row["partition"]), int(row["offset"]))
 
 
+def raw_events_from_rows(rows: Iterable[Any], from_kafka: bool) -> Iterator[RawEvent]:
+    """A batch's rows as raw events: Kafka records, or lines of the file source."""
+    return raw_events_from_kafka_rows(rows) if from_kafka else raw_events_from_file_rows(rows)
+
+
 def kafka_stream(spark: "SparkSession", bootstrap_servers: str, *, topics: str | None = None,
                  topic_pattern: str | None = None, starting_offsets: str = "earliest",
                  max_offsets_per_trigger: int | None = None) -> "DataFrame":

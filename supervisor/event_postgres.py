@@ -28,7 +28,7 @@ from lakemirror.sinks.postgres.events import FlushResult, PostgresEventSink
 from lakemirror.sinks.postgres.executor import PostgresTarget
 from lakemirror.sinks.postgres.foreach import EventSinkFactory, PostgresForeachWriter
 from lakemirror.sinks.txn import BatchStats, MergeOutcome
-from lakemirror.sources.event_stream import EventDecoder, raw_events_from_file_rows, raw_events_from_kafka_rows
+from lakemirror.sources.event_stream import EventDecoder, raw_events_from_rows
 from lakemirror.supervisor import state as sm
 from lakemirror.supervisor.event_stream import KIND_KAFKA, EventStreamRunner, EventStreamSpec, ReplicaStatus
 from lakemirror.supervisor.runner import BatchReport, StreamLatency
@@ -141,8 +141,7 @@ class PostgresEventStreamRunner(EventStreamRunner):
             started = self.clock()
             try:
                 rows = batch.collect()
-                raws = (raw_events_from_kafka_rows(rows) if self.spec.kind == KIND_KAFKA
-                        else raw_events_from_file_rows(rows))
+                raws = raw_events_from_rows(rows, self.spec.kind == KIND_KAFKA)
                 if self._sink is None:
                     self._sink = self.factory()
                 result = self._sink.apply(raws)

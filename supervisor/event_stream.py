@@ -37,11 +37,10 @@ from lakemirror.sinks.guard_plan import plan_batch
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.txn import BatchStats, MergeOutcome, TxnId
 from lakemirror.sources.change_event import ChangeEvent, DeadLetter, Skipped
-from lakemirror.sources.debezium import FORMAT_DEBEZIUM, decode_debezium, decode_line
+from lakemirror.sources.debezium import FORMAT_DEBEZIUM
 from lakemirror.sources.kafka_offsets import (BrokerOffsets, KafkaBrokerOffsets, Offsets, offsets_behind,
                                               parse_end_offsets, progress_end_offsets)
-from lakemirror.sources.event_stream import (EventDecoder, RawEvent, file_stream, kafka_stream, raw_events_from_file_rows,
-                                             raw_events_from_kafka_rows)
+from lakemirror.sources.event_stream import EventDecoder, RawEvent, file_stream, kafka_stream, raw_events_from_rows
 from lakemirror.supervisor import state as sm
 from lakemirror.supervisor.lag import LagReading
 from lakemirror.supervisor.runner import BatchReport
@@ -358,8 +357,7 @@ class EventStreamRunner:
             started = self.clock()
             try:
                 rows = batch.collect()
-                raws = (raw_events_from_kafka_rows(rows) if self.spec.kind == KIND_KAFKA
-                        else raw_events_from_file_rows(rows))
+                raws = raw_events_from_rows(rows, self.spec.kind == KIND_KAFKA)
                 result = self.applier.apply(raws, batch_id, self._epoch)
             except Exception as exc:
                 # Spark reports a batch function's error as a Python traceback inside a JVM one; keep ours.
