@@ -20,8 +20,9 @@ from lakemirror.tables import is_local_path, local_dir
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-#: Spark's checkpoint file manager names its temporary files ``.<final name>.<uuid>.tmp``.
-_INTERRUPTED = re.compile(r"^\..+\.tmp$")
+#: Spark's checkpoint file manager names its temporary files ``.<final name>.<uuid>.tmp``; on a
+#: checksummed file system (Hadoop's local one) each has a ``..<final name>.<uuid>.tmp.crc`` beside it.
+_INTERRUPTED = re.compile(r"^\..+\.tmp(\.crc)?$")
 LOG_DIRS = ("offsets", "commits")
 
 #: The Spark SQL conf that names the class writing a query's checkpoint files.

@@ -116,7 +116,7 @@ class PostgresEventStreamRunner(EventStreamRunner):
 
     def _launch(self) -> None:
         try:
-            stream = self._stream().writeStream.option("checkpointLocation", str(self.folder / "checkpoint"))
+            stream = self._stream().writeStream.option("checkpointLocation", self._checkpoint())
             rt = self.real_time
             if rt is not None:
                 if self.spec.kind != KIND_KAFKA:

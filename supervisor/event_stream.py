@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
+from lakemirror.checkpoints import stream_dir
 from lakemirror.identifiers import TableName
 from lakemirror.sinks.dead_letters import DeadLetterRow, DeadLetterTable
 from lakemirror.sinks.guard_merge import GuardedDeltaSink, GuardOutcome
@@ -267,7 +268,7 @@ def checkpoint_epoch(folder: Path) -> str:
     folder.mkdir(parents=True, exist_ok=True)
     marker = folder / "epoch"
     offsets = folder / "checkpoint" / "offsets"
-    if marker.is_file() and offsets.is_dir() and any(offsets.iterdir()):
+    if marker.is_file() and offsets.is_dir() and any(p.name.isdigit() for p in offsets.iterdir()):
         return marker.read_text().strip()
     epoch = uuid.uuid4().hex[:12]
     tmp = folder / "epoch.tmp"
@@ -337,11 +338,20 @@ class EventStreamRunner:
                                 topic_pattern=spec.topic_pattern, max_offsets_per_trigger=spec.max_per_trigger)
         return file_stream(self.spark, spec.path or "", max_files_per_trigger=spec.max_per_trigger)
 
+    def _checkpoint(self) -> str:
+        """The query's checkpoint, cleared of the partial offset and commit writes of a query stopped
+        or killed while writing them (a leftover in ``offsets`` makes Spark refuse to start at batch 0)."""
+        checkpoint = str(self.folder / "checkpoint")
+        for path in stream_dir.remove_interrupted_writes(self.spark, checkpoint):
+            log.info("%s: removed an interrupted checkpoint write: %s", self.table, path)
+        return checkpoint
+
     def _launch(self) -> None:
         try:
+            checkpoint = self._checkpoint()
             self._epoch = checkpoint_epoch(self.folder)
             query = (self._stream().writeStream.foreachBatch(self._batch)
-                     .option("checkpointLocation", str(self.folder / "checkpoint"))
+                     .option("checkpointLocation", checkpoint)
                      .trigger(processingTime=f"{self.spec.trigger_interval_seconds} seconds")
                      .start())
             self._query = query

@@ -59,7 +59,10 @@ class Candidate:
     last_ended: float | None = None      # when its previous turn ended
 
 
-def is_due(c: Candidate, now: float, min_interval: float, idle_recheck: float = IDLE_RECHECK_SECONDS) -> bool:
+def is_due(c: Candidate, now: float, min_interval: float, idle_recheck: float | None = None) -> bool:
+    """Whether ``c`` is due for a turn (``idle_recheck``: ``IDLE_RECHECK_SECONDS`` when not given)."""
+    if idle_recheck is None:
+        idle_recheck = IDLE_RECHECK_SECONDS
     if c.last_started is None:
         return True
     waited = now - c.last_started
@@ -69,7 +72,7 @@ def is_due(c: Candidate, now: float, min_interval: float, idle_recheck: float = 
 
 
 def next_turn(candidates: Sequence[Candidate], now: float, min_interval: float,
-              idle_recheck: float = IDLE_RECHECK_SECONDS) -> str | None:
+              idle_recheck: float | None = None) -> str | None:
     """The due table served least recently (never-served tables first), or None.
 
     Least recently served is round robin among the tables with work: a table waits at most one

@@ -164,8 +164,9 @@ def test_a_pool_needs_a_worker() -> None:
 def test_only_sparks_unfinished_temporary_files_are_taken_for_interrupted_writes() -> None:
     from lakemirror.checkpoints.stream_dir import interrupted_writes
 
-    names = ["0", "1", ".0.crc", ".1.0f1e2d3c-4b5a.tmp", ".2.abc.tmp", "tmp", "3.tmp"]
-    assert interrupted_writes(names) == [".1.0f1e2d3c-4b5a.tmp", ".2.abc.tmp"]
+    names = ["0", "1", ".0.crc", ".1.0f1e2d3c-4b5a.tmp", "..1.0f1e2d3c-4b5a.tmp.crc", ".2.abc.tmp", "tmp", "3.tmp",
+             "3.tmp.crc"]
+    assert interrupted_writes(names) == ["..1.0f1e2d3c-4b5a.tmp.crc", ".1.0f1e2d3c-4b5a.tmp", ".2.abc.tmp"]
 
 
 @pytest.mark.parametrize("rate_limited, proven, small_backlog, once", [
