@@ -45,8 +45,9 @@ PRODUCTION: dict[str, Any] = {"driver_apply": False, "rewrite_below_bytes": 0, "
 SYSTEMS: dict[str, dict[str, Any]] = {
     "lakemirror, S3, Spark MERGE": {},
     "lakemirror, S3, Spark MERGE, over Spark Connect": {"connect": True},
+    "lakemirror, S3, Spark MERGE, 2 apply workers": {"settings": {"apply_workers": 2}},
 }
-LOCAL_MODE, CONNECT_MODE = SYSTEMS
+LOCAL_MODE, CONNECT_MODE, TWO_WORKERS = SYSTEMS
 
 
 def parameters(quick: bool) -> dict[str, Any]:
@@ -139,11 +140,13 @@ class S3Daemon(LakemirrorDaemon):
     delta-rs; the daemon's own state and stream checkpoints stay in its local working directory."""
 
     def __init__(self, s3: S3Server, workdir: Path, warehouse: str, tables: list[str], trigger: float, name: str,
-                 connect: ConnectServer | None = None, extra_conf: dict[str, str] | None = None) -> None:
+                 connect: ConnectServer | None = None, extra_conf: dict[str, str] | None = None,
+                 settings: dict[str, Any] | None = None) -> None:
         runtime: dict[str, Any] = {"spark_conf": {**s3.spark_conf, **(extra_conf or {})}}
         if connect is not None:
             runtime.update(mode="connect", spark_remote=connect.url)
-        super().__init__(workdir, warehouse, tables, trigger, variant=name, settings=PRODUCTION,  # type: ignore[arg-type]
+        super().__init__(workdir, warehouse, tables, trigger, variant=name,  # type: ignore[arg-type]
+                         settings={**PRODUCTION, **(settings or {})},
                          runtime=runtime)
         self.s3, self.lakehouse = s3, warehouse  # s3a://bucket/<run>/lakehouse
         self.server_pid = connect.pid if connect is not None else None
@@ -190,7 +193,8 @@ class S3Site:
         connect = self.connect if SYSTEMS[system].get("connect") else None
         if SYSTEMS[system].get("connect") and connect is None:
             raise RuntimeError(f"{system} needs a Spark Connect server")
-        return S3Daemon(self.s3, workdir, warehouse, tables, trigger, system, connect)
+        return S3Daemon(self.s3, workdir, warehouse, tables, trigger, system, connect,
+                        settings=SYSTEMS[system].get("settings"))
 
 
 def production(p: dict[str, Any], seed: int) -> list[dict[str, Any]]:
@@ -202,7 +206,9 @@ def production(p: dict[str, Any], seed: int) -> list[dict[str, Any]]:
     try:
         site = S3Site(s3)
         for n in p["tables"]:
-            for system in (LOCAL_MODE, "delta-rs"):
+            # two apply workers (tables applied two at a time) at the smallest table count only
+            variants = (TWO_WORKERS,) if n == min(p["tables"]) else ()
+            for system in (LOCAL_MODE, *variants, "delta-rs"):
                 out.append(_run(system, n, p, seed, site))
         if p["connect_tables"]:
             connect = ConnectServer(s3)
