@@ -7,7 +7,7 @@ uses (the batch read in place, statistics observed during the MERGE, no AQE), wi
 deletion vectors on the replica, and the materialized path it used before (the batch persisted,
 counted by an action of its own, then copied again by Delta before the MERGE), the rewrite of
 the whole replica that small replicas took instead of a MERGE, and the driver path (a delta-rs
-MERGE on the driver) that small local replicas now take (:mod:`lakemirror.sinks.apply_choice`). Each
+MERGE on the driver) that small local replicas now take (:mod:`lakemirror.sinks.merge.apply_choice`). Each
 apply is followed by its checkpoint row, written the way the runner writes it (a blind append for
 a fresh batch) and, for comparison, the way it was written before (an append with Delta writer
 transaction ids, which makes Delta reconstruct the table's transaction state on every append).
@@ -46,10 +46,10 @@ def apply_cost(rows: int, fraction: float, applies: int, seed: int) -> list[dict
     from lakemirror.daemon.spark import local_session
     from lakemirror.identifiers import TableName
     from lakemirror.schema import columns_from_struct
-    from lakemirror.sinks import snapshot_copy
-    from lakemirror.sinks.apply_choice import DEFAULT_REWRITE_BELOW_BYTES, choose_apply
-    from lakemirror.sinks.delta_merge import DeltaMergeSink, TxnId
-    from lakemirror.sinks.planner import plan_merge
+    from lakemirror.sinks.batch import snapshot_copy
+    from lakemirror.sinks.merge.apply_choice import DEFAULT_REWRITE_BELOW_BYTES, choose_apply
+    from lakemirror.sinks.merge.delta_merge import DeltaMergeSink, TxnId
+    from lakemirror.sinks.merge.planner import plan_merge
     from lakemirror.sources.catalog import table_id
     from lakemirror.tables import TableLocation
 

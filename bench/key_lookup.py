@@ -1,5 +1,5 @@
 """Finding a batch's changed keys in one replica file, per kind of key: the deletion-vector apply's
-share of a steady cycle that grows with the replica (:mod:`lakemirror.sinks.dv_merge`).
+share of a steady cycle that grows with the replica (:mod:`lakemirror.sinks.accelerator.dv_merge`).
 
 For each kind, a file of ``rows`` rows and a batch of 2.2% of that many distinct keys, half of
 them in the file (a 1% change of a table twice the file's size, as the steady-cost replica's two
@@ -18,9 +18,9 @@ from typing import Any, Callable
 import numpy as np
 import pyarrow as pa
 
-from lakemirror.sinks.composite_keys import CompositeKeys
-from lakemirror.sinks.hashed_keys import HashedKeys
-from lakemirror.sinks.key_match import FileKeys, KeptKeys, KeyLookup, key_probe
+from lakemirror.sinks.accelerator.composite_keys import CompositeKeys
+from lakemirror.sinks.accelerator.hashed_keys import HashedKeys
+from lakemirror.sinks.accelerator.key_match import FileKeys, KeptKeys, KeyLookup, key_probe
 
 
 def _kinds(rows: int, rng: np.random.Generator) -> dict[str, pa.Table]:

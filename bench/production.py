@@ -8,7 +8,7 @@ change feed read by Delta's ``DeltaSource`` (``kernel_change_feed: false``), eve
 Spark's MERGE (``driver_apply: false``, ``rewrite_below_bytes: 0``: no driver-side delta-rs, no
 rewrite of small replicas). The same daemon also runs over Spark Connect (a server started by
 scripts/connect-server.sh with hadoop-aws and the same s3a settings), where each batch is MERGEd in
-SQL on the server (sinks/connect_apply.py).
+SQL on the server (sinks/merge/connect_apply.py).
 
 The workload is ``bench.__main__.steady_lag``'s, with :class:`S3Site` in place of the local disk:
 the same writer, warm-up, lag measure and exactness check. The time a replica's commit appeared is

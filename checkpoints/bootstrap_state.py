@@ -1,7 +1,7 @@
 """The durable plan of a table's chunked bootstrap: the chunk list and the catch-up rounds.
 
 Which chunks are *committed* is not kept here: the replica's own Delta transaction records say so
-(:func:`lakemirror.sinks.snapshot_copy.committed_chunks`), so progress and data cannot disagree.
+(:func:`lakemirror.sinks.batch.snapshot_copy.committed_chunks`), so progress and data cannot disagree.
 What is kept is what a restart must reuse exactly: the chunks (a restart never re-plans), and each
 catch-up round's version range, saved before the round writes anything, so a round redone after a
 crash reads the same range under the same transaction version (and Delta skips what it committed).

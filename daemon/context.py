@@ -55,7 +55,7 @@ from lakemirror.identifiers import TableName
 from lakemirror.secrets import redact
 from lakemirror.sinks.choose import choose_sink
 from lakemirror.sinks.postgres.executor import Connector
-from lakemirror.sinks.reconcile import DeltaReconciliationStore
+from lakemirror.sinks.batch.reconcile import DeltaReconciliationStore
 from lakemirror.sources.catalog import Catalog, LocalCatalog, UnityCatalog
 from lakemirror.supervisor import cdf_check
 from lakemirror.supervisor.batch_ops import SparkDiscovery, SparkOperations

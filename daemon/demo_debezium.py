@@ -131,7 +131,7 @@ def _normal(value: Any, zoned: bool) -> Any:
 def compare(spark: "SparkSession", app: "DaemonContext", stack: DebeziumStack) -> dict[str, tuple[int, int, int]]:
     """Per table: (PostgreSQL rows, replica rows, keys whose rows differ or exist on one side only)."""
     from lakemirror import tables
-    from lakemirror.sinks.guard_plan import POSITION_COLUMN
+    from lakemirror.sinks.events.guard_plan import POSITION_COLUMN
 
     out = {}
     with stack.connect_sql() as db:

@@ -161,7 +161,7 @@ def is_local_table(location: str) -> bool:
 #: Protocol features a delta-rs (1.6) write handles correctly; a table with any other stays with Spark.
 DELTA_RS_WRITER_FEATURES = frozenset({"appendOnly", "invariants", "checkConstraints", "timestampNtz"})
 #: Protocol features a replica may list and still be applied to by the driver's deletion vectors
-#: (:mod:`lakemirror.sinks.dv_merge`, which refuses a table that turns on what it does not honour:
+#: (:mod:`lakemirror.sinks.accelerator.dv_merge`, which refuses a table that turns on what it does not honour:
 #: append-only, constraints, invariants, a change data feed).
 DV_WRITER_FEATURES = DELTA_RS_WRITER_FEATURES | {"deletionVectors", "changeDataFeed"}
 

@@ -2,7 +2,7 @@
 # A Spark Connect server for `runtime.mode: connect`, built from open-source parts only:
 # pyspark's own spark-connect jar, Delta's cached jars (`lakemirror fetch-jars`) and Delta's SQL
 # extension and catalog. No delta-connect-server plugin (Maven Central does not serve it), so
-# lakemirror talks to this server in SQL only (sinks/connect_apply.py).
+# lakemirror talks to this server in SQL only (sinks/merge/connect_apply.py).
 #
 #   scripts/connect-server.sh start [PORT [LOG_DIR]]   start on 127.0.0.1:PORT; returns once it listens
 #   scripts/connect-server.sh stop  [PORT [LOG_DIR]]   stop the server the pid file names

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None,
                         help="default: docs/RELIABILITY.md (docs/RELIABILITY_DELETION_VECTORS.md with --deletion-vectors)")
     parser.add_argument("--deletion-vectors", action="store_true",
-                        help="replicas with deletion vectors on: batches applied by sinks/dv_merge.py")
+                        help="replicas with deletion vectors on: batches applied by sinks/accelerator/dv_merge.py")
     parser.add_argument("--postgres", action="store_true",
                         help="replicas in a PostgreSQL started by scripts/postgres.sh, killed also inside a batch's "
                              "transaction (written to docs/RELIABILITY_POSTGRES.md)")
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     flag = " --deletion-vectors" if args.deletion_vectors else " --postgres" if args.postgres else ""
     command = (f"make torture{' DV=1' if args.deletion_vectors else ''}  # python scripts/torture.py --kills {args.kills} "
                f"--seed {args.seed}{flag}")
-    title = ("crash torture, replicas with deletion vectors (sinks/dv_merge.py)" if args.deletion_vectors else
+    title = ("crash torture, replicas with deletion vectors (sinks/accelerator/dv_merge.py)" if args.deletion_vectors else
              "crash torture, PostgreSQL replicas (sinks/postgres)" if args.postgres else "crash torture")
     skipped_by = ("their progress rows, committed with the data, made them no-ops" if args.postgres else
                   "Delta skipped them by transaction id")

@@ -1,7 +1,7 @@
 """Which kind of replica a pipeline writes, and why: the one place the sink is chosen. Pure.
 
 A Delta replica takes each micro-batch as a Spark DataFrame (MERGE, rewrite or the driver's
-delta-rs MERGE: :mod:`lakemirror.sinks.apply_choice` chooses among those). A Postgres replica
+delta-rs MERGE: :mod:`lakemirror.sinks.merge.apply_choice` chooses among those). A Postgres replica
 takes each micro-batch's winning changes on the driver, by COPY and one guarded upsert
 (:mod:`lakemirror.sinks.postgres`).
 """

@@ -6,8 +6,8 @@ once per epoch, :meth:`TableReplica.prepare` each time the table starts (follow 
 columns), then :meth:`TableReplica.batch_sink` for the object whose ``apply`` takes each
 micro-batch exactly once under its transaction id (:class:`BatchSink`).
 
-Implementations: :class:`lakemirror.sinks.delta_replica.DeltaReplica` (Delta MERGE, rewrite or the
-driver's delta-rs MERGE: :mod:`lakemirror.sinks.apply_choice`),
+Implementations: :class:`lakemirror.sinks.merge.delta_replica.DeltaReplica` (Delta MERGE, rewrite or the
+driver's delta-rs MERGE: :mod:`lakemirror.sinks.merge.apply_choice`),
 :class:`lakemirror.sinks.postgres.spark_batches.PostgresTable` (COPY and a guarded upsert) and
 :class:`lakemirror.sinks.memory.MemoryTableReplica`, the in-memory twin unit tests use. ``Frame``
 is what a snapshot and a batch are made of: a Spark DataFrame, or a list of row dicts for the twin.
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Protocol, TypeVar
 
-from lakemirror.sinks.planner import MergePlan
+from lakemirror.sinks.merge.planner import MergePlan
 from lakemirror.sinks.txn import MergeOutcome, TxnId
 
 Frame = TypeVar("Frame", contravariant=True)

@@ -1,6 +1,6 @@
 """The in-memory twin of the Delta MERGE executor: applies change rows to a dict.
 
-It follows the same :class:`~lakemirror.sinks.planner.MergePlan` semantics as the Delta
+It follows the same :class:`~lakemirror.sinks.merge.planner.MergePlan` semantics as the Delta
 executor and serves as the reference ("oracle") in tests. :class:`MemoryTableReplica` wraps it as
 the twin of a table replica (:class:`~lakemirror.sinks.contract.TableReplica`): claim, bootstrap,
 prepare and one epoch's batches, for unit tests of the table runner's parts.
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from lakemirror.errors import DestinationConflict, SchemaIncompatible
-from lakemirror.sinks.planner import (
+from lakemirror.sinks.merge.planner import (
     CHANGE_RANK, CHANGE_TYPE, COMMIT_VERSION, DELETE, UPDATE_PRE, MergePlan,
 )
 

@@ -1,7 +1,7 @@
 """What every apply path shares: a batch's transaction id, its statistics and its outcome.
 
-Pure: no pyspark import. The executors (:mod:`lakemirror.sinks.delta_merge`, its rewrite, and
-:mod:`lakemirror.sinks.driver_apply`) all commit a batch under one :class:`TxnId`, which Delta
+Pure: no pyspark import. The executors (:mod:`lakemirror.sinks.merge.delta_merge`, its rewrite, and
+:mod:`lakemirror.sinks.accelerator.driver_apply`) all commit a batch under one :class:`TxnId`, which Delta
 records in the replica's log (a ``txn`` action) and in the commit's ``userMetadata`` (its tag).
 """
 

@@ -9,7 +9,7 @@ simple form) turns one raw message into exactly one :class:`Decoded` outcome:
 - :class:`DeadLetter`: a message that cannot be applied (not JSON, no key, unknown operation),
   with the reason; it goes to the dead-letter table and the stream goes on.
 
-The guard (:mod:`lakemirror.sinks.guard_plan`) orders a key's changes by :meth:`ChangeEvent.order`:
+The guard (:mod:`lakemirror.sinks.events.guard_plan`) orders a key's changes by :meth:`ChangeEvent.order`:
 the :class:`Position` first, then the operation's rank (a delete before an upsert at one position).
 """
 

@@ -12,11 +12,11 @@ import threading
 from typing import TYPE_CHECKING, Any, Mapping
 
 from lakemirror.errors import NoUsableKey, TerminalError
-from lakemirror.sinks.clone import CLONE_VERSION_PROPERTY, DeepCloner, DeltaCloner
-from lakemirror.sinks.metadata_sync import CATALOG_TAG, SCHEMA_TAG, VOLUME_TAG, MetadataSync, Overwrite
-from lakemirror.sinks.reconcile import ReconcileOptions, Reconciler
-from lakemirror.sinks.reconcile_plan import ReconcileResult
-from lakemirror.sinks.snapshot_copy import replica_properties
+from lakemirror.sinks.batch.clone import CLONE_VERSION_PROPERTY, DeepCloner, DeltaCloner
+from lakemirror.sinks.batch.metadata_sync import CATALOG_TAG, SCHEMA_TAG, VOLUME_TAG, MetadataSync, Overwrite
+from lakemirror.sinks.batch.reconcile import ReconcileOptions, Reconciler
+from lakemirror.sinks.batch.reconcile_plan import ReconcileResult
+from lakemirror.sinks.batch.snapshot_copy import replica_properties
 from lakemirror.sinks.sql import SparkSql
 from lakemirror.sources.catalog import Catalog, LocalCatalog, UnityCatalog
 from lakemirror.sources.keys import choose_key

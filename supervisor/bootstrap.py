@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, Protocol
 
 from lakemirror.checkpoints.state import StateStore, TableProgress
 from lakemirror.sinks.contract import TableReplica
-from lakemirror.sinks.planner import MergePlan
+from lakemirror.sinks.merge.planner import MergePlan
 from lakemirror.sources.contract import ChangeSource
 from lakemirror.supervisor import state as sm
 

@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Callable, Mapping
 
 from lakemirror import tables
 from lakemirror.checkpoints.bootstrap_state import BootstrapStore
-from lakemirror.sinks import snapshot_copy
-from lakemirror.sinks.delta_merge import DeltaMergeSink
-from lakemirror.sinks.planner import CHANGE_TYPE, UPDATE_PRE, MergePlan
+from lakemirror.sinks.batch import snapshot_copy
+from lakemirror.sinks.merge.delta_merge import DeltaMergeSink
+from lakemirror.sinks.merge.planner import CHANGE_TYPE, UPDATE_PRE, MergePlan
 from lakemirror.sinks.txn import TxnId, txn_app_id
 from lakemirror.sources import change_feed, snapshot_files
 from lakemirror.sources.chunks import Chunk, bootstrap_app_id, chunk_app_id, chunk_number

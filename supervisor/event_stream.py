@@ -6,8 +6,8 @@ holds the changes of many tables in one stream. Each micro-batch:
 1. its raw messages are decoded (:mod:`lakemirror.sources.debezium`) on the driver; tombstones and
    transaction markers are skipped; poison messages become dead letters;
 2. the changes are routed by table (``source.table`` / the topic for Debezium, ``table_name`` for
-   the simple form) and folded per key (:func:`lakemirror.sinks.guard_plan.plan_batch`);
-3. each replica takes one guarded MERGE (:class:`lakemirror.sinks.guard_merge.GuardedDeltaSink`)
+   the simple form) and folded per key (:func:`lakemirror.sinks.events.guard_plan.plan_batch`);
+3. each replica takes one guarded MERGE (:class:`lakemirror.sinks.events.guard_merge.GuardedDeltaSink`)
    in a session of its own, under the transaction id ``lakemirror/<pipeline>/<source>/<table>/<epoch>``
    and the batch id, so a replayed batch is skipped by Delta and a redelivered event by the guard;
 4. the dead letters are appended under the batch's own transaction id.
@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from lakemirror.checkpoints import stream_dir
 from lakemirror.identifiers import TableName
-from lakemirror.sinks.dead_letters import DeadLetterRow, DeadLetterTable
-from lakemirror.sinks.guard_merge import GuardedDeltaSink, GuardOutcome
-from lakemirror.sinks.guard_plan import plan_batch
+from lakemirror.sinks.events.dead_letters import DeadLetterRow, DeadLetterTable
+from lakemirror.sinks.events.guard_merge import GuardedDeltaSink, GuardOutcome
+from lakemirror.sinks.events.guard_plan import plan_batch
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.txn import BatchStats, MergeOutcome, TxnId
 from lakemirror.sources.change_event import ChangeEvent, DeadLetter, Skipped

@@ -2,7 +2,7 @@
 
 A sweep is the continuous stream run with ``trigger(availableNow=True)``: the CDF rows committed
 since the last sweep are read in micro-batches and each batch goes through the same
-:class:`~lakemirror.sinks.delta_merge.DeltaMergeSink` as the stream, under a Delta transaction id
+:class:`~lakemirror.sinks.merge.delta_merge.DeltaMergeSink` as the stream, under a Delta transaction id
 ``lakemirror-incremental/<namespace>/<replica>/e<epoch>-v<start>`` (version = batch id). The
 sweep has its own checkpoint location, ``<checkpoint root>/<namespace>/incremental/<replica>/
 e<epoch>``, and its own state (:class:`~lakemirror.checkpoints.state.FileStateStore` under
@@ -29,10 +29,10 @@ from lakemirror import tables
 from lakemirror.checkpoints.state import StateStore, TableProgress
 from lakemirror.errors import DestinationConflict, TerminalError
 from lakemirror.identifiers import TableName
-from lakemirror.sinks.clone import CLONE_SOURCE_ID_PROPERTY, CLONE_VERSION_PROPERTY, clone_properties
-from lakemirror.sinks.delta_merge import DeltaMergeSink, TxnId
-from lakemirror.sinks.planner import ColumnSelection, diff_schema, plan_merge
-from lakemirror.sinks import snapshot_copy
+from lakemirror.sinks.batch.clone import CLONE_SOURCE_ID_PROPERTY, CLONE_VERSION_PROPERTY, clone_properties
+from lakemirror.sinks.merge.delta_merge import DeltaMergeSink, TxnId
+from lakemirror.sinks.merge.planner import ColumnSelection, diff_schema, plan_merge
+from lakemirror.sinks.batch import snapshot_copy
 from lakemirror.sources import change_feed
 from lakemirror.sources.catalog import Catalog
 from lakemirror.sources.keys import choose_key

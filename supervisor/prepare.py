@@ -1,7 +1,7 @@
 """A table's preparation before its stream starts: key, merge plan, checks, bootstrap, schema.
 
 :meth:`Preparation.run` describes the source, chooses its key (:func:`~lakemirror.sources.keys.choose_key`)
-and plans the merge (:func:`~lakemirror.sinks.planner.plan_merge`), refuses a source without a
+and plans the merge (:func:`~lakemirror.sinks.merge.planner.plan_merge`), refuses a source without a
 change feed or one dropped and recreated since the replica's epoch began, bootstraps the replica
 when its epoch is not bootstrapped yet (:mod:`.bootstrap`), and lets the replica follow the
 source's columns. What it found comes back as :class:`Prepared`.
@@ -16,7 +16,7 @@ from typing import Any, Callable
 from lakemirror.checkpoints.state import StateStore, TableProgress
 from lakemirror.errors import LakemirrorError, SourceReplaced
 from lakemirror.sinks.contract import TableReplica
-from lakemirror.sinks.planner import ColumnSelection, MergePlan, plan_merge
+from lakemirror.sinks.merge.planner import ColumnSelection, MergePlan, plan_merge
 from lakemirror.sources.contract import ChangeSource
 from lakemirror.sources.keys import KeyChoice, choose_key
 from lakemirror.supervisor.bootstrap import Bootstrap

@@ -36,10 +36,10 @@ from lakemirror.checkpoints.bootstrap_state import BootstrapStore, bootstrap_sto
 from lakemirror.checkpoints.records import CheckpointStore
 from lakemirror.checkpoints.state import StateStore, TableProgress
 from lakemirror.errors import LakemirrorError
-from lakemirror.sinks.batch_feed import BatchFeed
-from lakemirror.sinks.connect_batches import ConnectBatches, server_batch_cause
+from lakemirror.sinks.accelerator.batch_feed import BatchFeed
+from lakemirror.sinks.merge.connect_batches import ConnectBatches, server_batch_cause
 from lakemirror.sinks.contract import TableReplica
-from lakemirror.sinks.delta_replica import ApplyLimits, DeltaReplica
+from lakemirror.sinks.merge.delta_replica import ApplyLimits, DeltaReplica
 from lakemirror.sinks.postgres.spark_batches import PostgresTable
 from lakemirror.sources.catalog import Catalog
 from lakemirror.sources.delta_source import DeltaChangeFeed

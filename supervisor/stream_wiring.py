@@ -8,8 +8,8 @@ version from a checkpoint of the epoch's own, and calls the batch function with 
   on an always-on query; with ``apply_workers > 0`` each batch first waits for the table's turn
   inside the batch function (:class:`~lakemirror.supervisor.turn_gate.TurnGate`);
 - through Spark Connect, a SQL-only batch function that runs on the server
-  (:mod:`lakemirror.sinks.connect_apply`) and records each batch's checkpoint row for the runner to
-  read back (:class:`~lakemirror.sinks.connect_batches.ConnectBatches`); with ``apply_workers > 0``
+  (:mod:`lakemirror.sinks.merge.connect_apply`) and records each batch's checkpoint row for the runner to
+  read back (:class:`~lakemirror.sinks.merge.connect_batches.ConnectBatches`); with ``apply_workers > 0``
   each turn starts the query with a ``once`` or ``availableNow`` trigger.
 """
 
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from lakemirror.checkpoints import stream_dir
-from lakemirror.sinks.batch_feed import BatchFeed
-from lakemirror.sinks.connect_batches import ConnectBatches, batch_job
+from lakemirror.sinks.accelerator.batch_feed import BatchFeed
+from lakemirror.sinks.merge.connect_batches import ConnectBatches, batch_job
 from lakemirror.sinks.contract import TableReplica
 from lakemirror.sinks.txn import TxnId, txn_app_id
 from lakemirror.sources.delta_source import DeltaChangeFeed

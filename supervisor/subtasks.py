@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Protocol, Sequence
 
 from lakemirror.secrets import redact
-from lakemirror.sinks.reconcile_plan import ReconcileResult
+from lakemirror.sinks.batch.reconcile_plan import ReconcileResult
 from lakemirror.supervisor.replicate import RunSummary, TableJob, TaskSettings
 from lakemirror.supervisor.scheduler import Scheduler, TaskPolicy, TaskView, Trigger
 

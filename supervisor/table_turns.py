@@ -15,7 +15,7 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from lakemirror.errors import LakemirrorError
-from lakemirror.sinks.connect_batches import server_batch_cause
+from lakemirror.sinks.merge.connect_batches import server_batch_cause
 from lakemirror.sources.commit_log import CommitLog
 from lakemirror.supervisor import state as sm
 from lakemirror.supervisor import turns

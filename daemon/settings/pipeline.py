@@ -24,7 +24,7 @@ from lakemirror.daemon.settings.event_source import EventSourceSettings
 from lakemirror.daemon import spark_values, yaml_loader
 from lakemirror.daemon.settings.schedule import ScheduleSettings, schedule_problems
 from lakemirror.errors import ConfigError
-from lakemirror.sinks.apply_choice import DEFAULT_DRIVER_APPLY_BELOW_BYTES, DEFAULT_REWRITE_BELOW_BYTES
+from lakemirror.sinks.merge.apply_choice import DEFAULT_DRIVER_APPLY_BELOW_BYTES, DEFAULT_REWRITE_BELOW_BYTES
 
 log = logging.getLogger(__name__)
 

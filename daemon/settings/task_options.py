@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from lakemirror.sinks.metadata_sync import DEFAULT_OBJECT_TYPES, OBJECT_TYPES
+from lakemirror.sinks.batch.metadata_sync import DEFAULT_OBJECT_TYPES, OBJECT_TYPES
 
 
 class Strict(BaseModel):

@@ -7,7 +7,7 @@ compares element by element, so the same guarded statements (:mod:`.statements`)
 writes a row only if its order is strictly newer than the row's and than the key's tombstone.
 
 Exactly once without a progress row: every flush is one transaction that folds its events per key
-(:func:`lakemirror.sinks.guard_plan.plan_batch`), COPYs the winners into staging and applies them
+(:func:`lakemirror.sinks.events.guard_plan.plan_batch`), COPYs the winners into staging and applies them
 under the guard. A flush applied again (Spark replays a batch after a crash; Real-Time Mode's
 ``foreach`` is at-least-once; a connection lost during COMMIT) changes nothing, because every row
 already holds an order at least as new. Dead letters are keyed by where the message came from
@@ -17,7 +17,7 @@ Per table, one writer at a time: a transaction-scoped advisory lock on the table
 flushes of concurrent ``foreach`` tasks (Kafka partitions), so a delete and an older upsert of one
 key committed side by side cannot resurrect the key, and the first flush creates the table once.
 
-Tables are created on first use with types inferred from the events (:mod:`lakemirror.sinks.event_rows`:
+Tables are created on first use with types inferred from the events (:mod:`lakemirror.sinks.events.event_rows`:
 bigint, double precision, boolean, text); new columns are added (``allow_evolution``); a value that
 does not fit its column, a NULL key or a row Postgres refuses goes to ``lakemirror_event_dead_letters``
 with the reason, and the stream goes on. A truncate deletes every older row and leaves a floor in
@@ -37,8 +37,8 @@ from psycopg import sql
 
 from lakemirror.errors import SchemaIncompatible
 from lakemirror.schema import Column
-from lakemirror.sinks.event_rows import convert, infer_type
-from lakemirror.sinks.guard_plan import TablePlan, plan_batch
+from lakemirror.sinks.events.event_rows import convert, infer_type
+from lakemirror.sinks.events.guard_plan import TablePlan, plan_batch
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.postgres import statements as q
 from lakemirror.sinks.postgres.executor import ROW_ERRORS, Connector, PostgresTarget, _not_worth_retrying, _reason

@@ -1,7 +1,7 @@
 """What one batch of change rows does to a Postgres replica, as data. Pure: no connection, no Spark.
 
 A batch's change rows are reduced to one winner per key by the planner's rule
-(:func:`lakemirror.sinks.arrow_changes.winning_changes`: highest ``_commit_version``, a delete ranks
+(:func:`lakemirror.sinks.accelerator.arrow_changes.winning_changes`: highest ``_commit_version``, a delete ranks
 before an insert or postimage of its version, ``update_preimage`` never applied). Each winner
 carries its source *position*, the one orderable bigint ``_commit_version * 2 + rank`` (rank 0 for
 a delete, 1 for an upsert), which the replica keeps in ``_lakemirror_position`` and which guards
@@ -21,8 +21,8 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, Sequence
 
 from lakemirror.schema import Column
-from lakemirror.sinks.arrow_changes import batch_stats, winning_changes
-from lakemirror.sinks.planner import COMMIT_VERSION, DELETE, OP_COLUMN, MergePlan, SchemaDiff
+from lakemirror.sinks.accelerator.arrow_changes import batch_stats, winning_changes
+from lakemirror.sinks.merge.planner import COMMIT_VERSION, DELETE, OP_COLUMN, MergePlan, SchemaDiff
 from lakemirror.sinks.postgres.types import is_json, json_text, postgres_type
 from lakemirror.sinks.txn import BatchStats
 

@@ -1,7 +1,7 @@
 """The interface of a replica that takes change batches on the driver, and its in-memory twin.
 
 :class:`ReplicaSink` is what the runner needs from a replica target that is not a Delta table
-(the Delta replica takes Spark DataFrames: :mod:`lakemirror.sinks.delta_merge`): make sure it can
+(the Delta replica takes Spark DataFrames: :mod:`lakemirror.sinks.merge.delta_merge`): make sure it can
 follow the source's columns, load a bootstrap snapshot, apply one micro-batch exactly once, and
 say how far it has applied. :class:`PostgresReplica` (:mod:`.executor`) implements it against a
 real server; :class:`MemoryReplicaSink` implements the same semantics on dicts, for unit tests:
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from lakemirror.errors import SchemaIncompatible
 from lakemirror.sinks.memory import ApplyCounts
-from lakemirror.sinks.planner import DELETE
+from lakemirror.sinks.merge.planner import DELETE
 from lakemirror.sinks.postgres.plan import (DeadRow, ReplicaTable, StagedRow, diff_replica, plan_batch,
                                             snapshot_position, snapshot_rows)
 from lakemirror.sinks.postgres.types import is_json, json_text

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from lakemirror.identifiers import quote
-from lakemirror.sinks.planner import CDF_COLUMNS, CHANGE_TYPE, UPDATE_PRE, MergePlan
+from lakemirror.sinks.merge.planner import CDF_COLUMNS, CHANGE_TYPE, UPDATE_PRE, MergePlan
 from lakemirror.sinks.postgres.executor import Connector, PostgresReplica
 from lakemirror.sinks.postgres.plan import ReplicaTable
 from lakemirror.sinks.txn import READ_BY_SPARK, MergeOutcome, TxnId

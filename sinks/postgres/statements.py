@@ -15,7 +15,7 @@ from __future__ import annotations
 from psycopg import sql
 
 from lakemirror.sinks.postgres.plan import POSITION, UPSERT, ReplicaTable
-from lakemirror.sinks.planner import DELETE
+from lakemirror.sinks.merge.planner import DELETE
 
 PROGRESS_TABLE = "lakemirror_progress"
 DEAD_LETTER_TABLE = "lakemirror_dead_letters"

@@ -18,7 +18,7 @@ import yaml
 
 from lakemirror import tables
 from lakemirror.identifiers import TableName
-from lakemirror.sinks.delta_merge import is_txn_tag
+from lakemirror.sinks.merge.delta_merge import is_txn_tag
 from lakemirror.sources.catalog import LocalCatalog
 
 pytestmark = pytest.mark.e2e

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.e2e
 def test_killed_at_every_crash_point_the_replica_stays_exact(spark: Any, tmp_path: Path,
                                                              replica_properties: dict[str, str] | None) -> None:
     """With deletion vectors on, the batches are applied by the driver's own Delta commits
-    (sinks/dv_merge.py): a kill between its files and its commit, or after the commit, loses and
+    (sinks/accelerator/dv_merge.py): a kill between its files and its commit, or after the commit, loses and
     doubles nothing either."""
     report = Torture(spark, tmp_path, seed=11, replica_properties=replica_properties).run(kills=len(NAMED_POINTS))
     assert report.kill_count == len(NAMED_POINTS)

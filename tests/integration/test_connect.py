@@ -1,6 +1,6 @@
 """``runtime.mode: connect`` end to end, through a Spark Connect server started by
 scripts/connect-server.sh: no Delta Connect plugin, so every batch is applied on the server in SQL
-(sinks/connect_apply.py) and reported back through the checkpoint table.
+(sinks/merge/connect_apply.py) and reported back through the checkpoint table.
 
 One server and one pipeline for the whole module (a server start costs a second JVM)."""
 

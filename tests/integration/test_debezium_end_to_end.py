@@ -24,7 +24,7 @@ import pytest
 from lakemirror import tables
 from lakemirror.daemon.debezium_stack import DebeziumStack, StackError
 from lakemirror.identifiers import TableName
-from lakemirror.sinks.guard_plan import POSITION_COLUMN
+from lakemirror.sinks.events.guard_plan import POSITION_COLUMN
 from lakemirror.supervisor import state as sm
 from lakemirror.supervisor.event_stream import EventLagReading, EventStreamRunner, EventStreamSpec
 from lakemirror.tables import TableLocation

@@ -1,4 +1,4 @@
-"""The driver's deletion-vector apply (sinks/dv_merge.py) against real Delta: Spark reads what it
+"""The driver's deletion-vector apply (sinks/accelerator/dv_merge.py) against real Delta: Spark reads what it
 writes, row for row, and it reads (and adds to) what Spark wrote."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from lakemirror.sinks import dv_compaction, dv_merge, replica_log
-from lakemirror.sinks.deletion_vectors import DvDescriptor
-from lakemirror.sinks.dv_merge import DeletionVectorMerge, DvUnfit
-from lakemirror.sinks.planner import DELETE, OP_COLUMN
-from lakemirror.sinks.replica_log import load_snapshot
+from lakemirror.sinks.accelerator import dv_compaction, dv_merge, replica_log
+from lakemirror.sinks.accelerator.deletion_vectors import DvDescriptor
+from lakemirror.sinks.accelerator.dv_merge import DeletionVectorMerge, DvUnfit
+from lakemirror.sinks.merge.planner import DELETE, OP_COLUMN
+from lakemirror.sinks.accelerator.replica_log import load_snapshot
 from lakemirror.sinks.txn import TxnId
 
 pytestmark = pytest.mark.integration
@@ -109,7 +109,7 @@ def test_keys_of_several_integer_columns_are_encoded_and_match_as_the_merge_does
     MERGE's counts."""
     import datetime
 
-    from lakemirror.sinks.key_match import KEY_CACHE
+    from lakemirror.sinks.accelerator.key_match import KEY_CACHE
 
     def part(n: int) -> Any:
         return n if first == "INT" else datetime.date(2026, 1, 10) + datetime.timedelta(days=n)
@@ -147,7 +147,7 @@ def test_string_keys_are_found_by_hash_and_match_as_the_merge_does(spark, tmp_pa
     """A STRING key: every file's keys are kept hashed; random inserts, updates, deletes and
     re-inserts, a NULL key (equal to NULL) and two keys whose hashes collide (Thue-Morse words)
     equal the model after every batch, with the MERGE's counts."""
-    from lakemirror.sinks.key_match import KEY_CACHE
+    from lakemirror.sinks.accelerator.key_match import KEY_CACHE
 
     def thue_morse(letters: str) -> str:
         bits = [0]

@@ -44,9 +44,9 @@ def test_every_batch_read_by_delta_rs_holds_exactly_sparks_rows(spark, tmp_path,
     """A stream over every kind of commit, with and without a rate limit that splits appends:
     each batch the feed reads equals the batch Spark planned, row for row; the batches it leaves
     to Spark are the ones with part of a version or a metadata change, and no others."""
-    from lakemirror.sinks.planner import UPDATE_PRE
+    from lakemirror.sinks.merge.planner import UPDATE_PRE
     from lakemirror.sources import change_feed
-    from lakemirror.sinks.batch_feed import BatchFeed
+    from lakemirror.sinks.accelerator.batch_feed import BatchFeed
     from lakemirror.tables import TableLocation
 
     source = TableLocation(TableName("src", "s", "feed"), str(tmp_path / "source"))
@@ -90,9 +90,9 @@ def test_every_batch_read_by_delta_rs_holds_exactly_sparks_rows(spark, tmp_path,
 def test_a_stream_after_a_property_change_reads_its_whole_versions_with_delta_rs(spark, tmp_path):
     """Started after the history (as a restarted table's query is), its batches hold only data
     commits: delta-rs reads each, and they equal Spark's."""
-    from lakemirror.sinks.planner import UPDATE_PRE
+    from lakemirror.sinks.merge.planner import UPDATE_PRE
     from lakemirror.sources import change_feed
-    from lakemirror.sinks.batch_feed import BatchFeed
+    from lakemirror.sinks.accelerator.batch_feed import BatchFeed
     from lakemirror.tables import TableLocation
 
     source = TableLocation(TableName("src", "s", "feed2"), str(tmp_path / "source"))

@@ -12,7 +12,7 @@ import pytest
 
 from lakemirror import tables
 from lakemirror.identifiers import TableName
-from lakemirror.sinks.guard_plan import POSITION_COLUMN
+from lakemirror.sinks.events.guard_plan import POSITION_COLUMN
 
 pytestmark = pytest.mark.integration
 

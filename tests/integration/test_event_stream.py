@@ -17,7 +17,7 @@ import pytest
 
 from lakemirror import tables
 from lakemirror.identifiers import TableName
-from lakemirror.sinks.guard_plan import POSITION_COLUMN, ordered_fold
+from lakemirror.sinks.events.guard_plan import POSITION_COLUMN, ordered_fold
 from lakemirror.sources.change_event import ChangeEvent
 from lakemirror.sources.debezium import decode_line
 from lakemirror.supervisor.event_stream import EventStreamRunner, EventStreamSpec

@@ -11,8 +11,8 @@ import pytest
 
 from lakemirror import tables
 from lakemirror.identifiers import TableName
-from lakemirror.sinks.guard_merge import GuardedDeltaSink
-from lakemirror.sinks.guard_plan import POSITION_COLUMN, GuardedMemoryReplica, ordered_fold, plan_batch
+from lakemirror.sinks.events.guard_merge import GuardedDeltaSink
+from lakemirror.sinks.events.guard_plan import POSITION_COLUMN, GuardedMemoryReplica, ordered_fold, plan_batch
 from lakemirror.sinks.txn import TxnId
 from lakemirror.sources.change_event import DELETE, SNAPSHOT, STREAM, TRUNCATE, UPSERT, ChangeEvent, Position
 from lakemirror.tables import TableLocation

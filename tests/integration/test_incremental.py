@@ -18,8 +18,8 @@ from lakemirror.daemon.context import ReplicateContext
 from lakemirror.daemon.settings.replicate import CliOverrides, load_replicate_config
 from lakemirror.errors import DestinationConflict
 from lakemirror.identifiers import TableName
-from lakemirror.sinks.clone import CLONE_VERSION_PROPERTY, DeltaCloner
-from lakemirror.sinks.snapshot_copy import PIPELINE_PROPERTY, replica_properties, set_properties
+from lakemirror.sinks.batch.clone import CLONE_VERSION_PROPERTY, DeltaCloner
+from lakemirror.sinks.batch.snapshot_copy import PIPELINE_PROPERTY, replica_properties, set_properties
 from lakemirror.sources.catalog import LocalCatalog
 from lakemirror.supervisor.incremental import IncrementalSweep
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from lakemirror.sinks.guard_plan import ordered_fold
+from lakemirror.sinks.events.guard_plan import ordered_fold
 from lakemirror.sinks.postgres.executor import PostgresTarget
 from lakemirror.sources.change_event import ChangeEvent
 from lakemirror.sources.debezium import decode_debezium

@@ -15,7 +15,7 @@ import pytest
 
 from lakemirror import tables
 from lakemirror.identifiers import TableName
-from lakemirror.sinks.guard_plan import POSITION_COLUMN, ordered_fold
+from lakemirror.sinks.events.guard_plan import POSITION_COLUMN, ordered_fold
 from lakemirror.sources.change_event import ChangeEvent
 from lakemirror.sources.debezium import decode_debezium
 from lakemirror.supervisor import state as sm

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 ], ids=["small replica: Spark rewrite", "Spark MERGE"])
 def test_a_source_and_replica_on_s3_replicate_every_kind_of_change(
         s3_pipeline: Any, caplog: pytest.LogCaptureFixture, settings: dict[str, Any], path: str) -> None:
-    caplog.set_level(logging.INFO, logger="lakemirror.sinks.delta_replica")
+    caplog.set_level(logging.INFO, logger="lakemirror.sinks.merge.delta_replica")
     p = s3_pipeline(**settings)
     assert p.source("o").path.startswith("s3a://") and p.replica("o").path.startswith("s3a://")
     p.create("o", "id BIGINT NOT NULL, v STRING, n INT", key="id")

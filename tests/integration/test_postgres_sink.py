@@ -212,7 +212,7 @@ def test_an_unreachable_server_degrades_the_table_with_one_clear_message(make_pi
 def test_a_replayed_batch_is_skipped_and_a_late_older_change_moves_nothing(spark, postgres):
     """The batch sink straight from Spark DataFrames, as foreachBatch calls it."""
     from lakemirror.schema import Column
-    from lakemirror.sinks.planner import plan_merge
+    from lakemirror.sinks.merge.planner import plan_merge
     from lakemirror.sinks.postgres.executor import Connector, PostgresTarget
     from lakemirror.sinks.postgres.spark_batches import PostgresTable
     from lakemirror.sinks.txn import TxnId

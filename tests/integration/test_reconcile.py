@@ -8,9 +8,9 @@ import pytest
 
 from lakemirror import tables
 from lakemirror.identifiers import TableName
-from lakemirror.sinks.clone import CLONE_VERSION_PROPERTY, DeltaCloner
-from lakemirror.sinks.reconcile import DeltaReconciliationStore, ReconcileOptions, Reconciler
-from lakemirror.sinks.snapshot_copy import replica_properties
+from lakemirror.sinks.batch.clone import CLONE_VERSION_PROPERTY, DeltaCloner
+from lakemirror.sinks.batch.reconcile import DeltaReconciliationStore, ReconcileOptions, Reconciler
+from lakemirror.sinks.batch.snapshot_copy import replica_properties
 from lakemirror.sources.catalog import LocalCatalog
 
 pytestmark = pytest.mark.integration

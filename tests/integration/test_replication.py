@@ -128,7 +128,7 @@ def test_restart_resumes_from_the_checkpoint_without_loss_or_duplicates(pipeline
 
     # one epoch only (no re-bootstrap on restart) and every batch's transaction committed once
     from lakemirror import tables
-    from lakemirror.sinks.delta_merge import is_txn_tag
+    from lakemirror.sinks.merge.delta_merge import is_txn_tag
     history = tables.delta_table(pipeline.spark, pipeline.replica("r")).history().collect()
     tags = [h["userMetadata"] for h in history if is_txn_tag(h["userMetadata"])]
     assert len(tags) == len(set(tags)) and len(tags) >= 4
@@ -147,7 +147,7 @@ def test_bootstrap_copies_the_snapshot_then_streams_from_the_next_version(pipeli
     v = pipeline.latest_version("b")
     pipeline.start()
     pipeline.wait_caught_up("b")
-    from lakemirror.sinks import snapshot_copy
+    from lakemirror.sinks.batch import snapshot_copy
     props = snapshot_copy.replica_properties(pipeline.spark, pipeline.replica("b"))
     assert props[snapshot_copy.BOOTSTRAP_VERSION_PROPERTY] == str(v)
     assert props[snapshot_copy.PIPELINE_PROPERTY] == "test"
@@ -159,14 +159,14 @@ def test_bootstrap_copies_the_snapshot_then_streams_from_the_next_version(pipeli
 
 def test_replica_properties_are_set_at_bootstrap_and_a_deletion_vector_replica_stays_exact(make_pipeline):
     """``replica_properties`` reach the replica; with deletion vectors on, batches mark changed rows
-    deleted instead of rewriting their files (on the driver: sinks/dv_merge.py), and the replica must
+    deleted instead of rewriting their files (on the driver: sinks/accelerator/dv_merge.py), and the replica must
     still equal the source."""
     pipeline = make_pipeline(replica_properties={"delta.enableDeletionVectors": "true"})  # so: never a rewrite
     pipeline.create("dv", "id BIGINT NOT NULL, v STRING", key="id")
     pipeline.sql("dv", "INSERT INTO {t} SELECT id, 'a' FROM range(0, 200)")
     pipeline.start()
     pipeline.wait_caught_up("dv")
-    from lakemirror.sinks import snapshot_copy
+    from lakemirror.sinks.batch import snapshot_copy
     props = snapshot_copy.replica_properties(pipeline.spark, pipeline.replica("dv"))
     assert props["delta.enableDeletionVectors"] == "true" and props[snapshot_copy.PIPELINE_PROPERTY] == "test"
     pipeline.sql("dv", "UPDATE {t} SET v = 'b' WHERE id % 3 = 0")
@@ -192,8 +192,8 @@ def test_a_batch_applied_twice_is_skipped_and_reported_as_replayed(spark, tmp_pa
 
     from lakemirror import tables
     from lakemirror.schema import Column
-    from lakemirror.sinks.delta_merge import DeltaMergeSink, TxnId
-    from lakemirror.sinks.planner import plan_merge
+    from lakemirror.sinks.merge.delta_merge import DeltaMergeSink, TxnId
+    from lakemirror.sinks.merge.planner import plan_merge
     from lakemirror.tables import TableLocation
 
     replica = TableLocation(TableName("dst", "s", "t"), str(tmp_path / "replica"))
@@ -309,8 +309,8 @@ def test_a_merge_that_changes_nothing_is_fresh_not_a_replay(spark, tmp_path):
     from datetime import datetime
 
     from lakemirror.schema import Column
-    from lakemirror.sinks.delta_merge import DeltaMergeSink, TxnId
-    from lakemirror.sinks.planner import plan_merge
+    from lakemirror.sinks.merge.delta_merge import DeltaMergeSink, TxnId
+    from lakemirror.sinks.merge.planner import plan_merge
     from lakemirror.tables import TableLocation
 
     replica = TableLocation(TableName("dst", "s", "noop"), str(tmp_path / "replica"))
@@ -334,10 +334,10 @@ def test_every_apply_path_reports_the_batch_as_an_action_would(spark, tmp_path, 
     from an action, a rewrite's counts from a recount), and an empty batch harmless."""
     from lakemirror import tables
     from lakemirror.schema import Column
-    from lakemirror.sinks.apply_choice import ApplyChoice
-    from lakemirror.sinks.delta_merge import DeltaMergeSink, TxnId
+    from lakemirror.sinks.merge.apply_choice import ApplyChoice
+    from lakemirror.sinks.merge.delta_merge import DeltaMergeSink, TxnId
     from lakemirror.sinks.memory import ApplyCounts
-    from lakemirror.sinks.planner import plan_merge
+    from lakemirror.sinks.merge.planner import plan_merge
     from lakemirror.tables import TableLocation
 
     name, stable = path, path != "materialized"
@@ -384,9 +384,9 @@ def _driver_case(spark, tmp_path, name: str, ddl: str, keys: list[str], deletion
     vectors when ``deletion_vectors``)."""
     from lakemirror import tables
     from lakemirror.schema import columns_from_struct
-    from lakemirror.sinks.apply_choice import ApplyChoice
-    from lakemirror.sinks.delta_merge import DeltaMergeSink
-    from lakemirror.sinks.planner import plan_merge
+    from lakemirror.sinks.merge.apply_choice import ApplyChoice
+    from lakemirror.sinks.merge.delta_merge import DeltaMergeSink
+    from lakemirror.sinks.merge.planner import plan_merge
     from lakemirror.tables import TableLocation
 
     source = TableLocation(TableName("src", "s", name), str(tmp_path / f"{name}-source"))
@@ -414,9 +414,9 @@ def test_the_driver_path_quotes_odd_column_names_and_keeps_every_type(spark, tmp
     """Names DataFusion would misread unquoted (a double quote, a single quote, upper case) and the
     types Spark hands to Arrow (decimal, timestamp, date, binary, nested) reach the replica exact,
     whether Spark or delta-rs (:mod:`lakemirror.sources.driver_feed`) reads the batch, and whether
-    delta-rs MERGEs it or deletion vectors mark it (:mod:`lakemirror.sinks.dv_merge`, with a
+    delta-rs MERGEs it or deletion vectors mark it (:mod:`lakemirror.sinks.accelerator.dv_merge`, with a
     composite key holding a NULL part); the batch's statistics are the same either way."""
-    from lakemirror.sinks.delta_merge import DeltaMergeSink, TxnId
+    from lakemirror.sinks.merge.delta_merge import DeltaMergeSink, TxnId
     from lakemirror.sinks.memory import ApplyCounts
     from lakemirror.sources.driver_feed import DriverFeed
     from lakemirror.sources.feed_range import VersionRange
@@ -460,8 +460,8 @@ def test_the_driver_path_quotes_odd_column_names_and_keeps_every_type(spark, tmp
 
 
 def test_the_driver_path_hands_a_large_batch_to_spark_and_a_refused_one_for_good(spark, tmp_path, monkeypatch):
-    from lakemirror.sinks.delta_merge import TxnId
-    from lakemirror.sinks.driver_apply import DriverApply
+    from lakemirror.sinks.merge.delta_merge import TxnId
+    from lakemirror.sinks.accelerator.driver_apply import DriverApply
 
     source, replica, sink, feed, same = _driver_case(spark, tmp_path, "handoff", "id BIGINT NOT NULL, v STRING", ["id"])
     txn = "lakemirror/test/handoff/e1"
@@ -488,8 +488,8 @@ def test_the_driver_path_hands_a_large_batch_to_spark_and_a_refused_one_for_good
 
 def test_spark_and_the_driver_recognise_each_others_committed_batches(spark, tmp_path):
     """A batch committed by one engine is a replay for the other: the transaction id is Delta's."""
-    from lakemirror.sinks.apply_choice import ApplyChoice
-    from lakemirror.sinks.delta_merge import DeltaMergeSink, TxnId
+    from lakemirror.sinks.merge.apply_choice import ApplyChoice
+    from lakemirror.sinks.merge.delta_merge import DeltaMergeSink, TxnId
     from lakemirror.sinks.memory import ApplyCounts
 
     source, replica, driver_sink, feed, same = _driver_case(spark, tmp_path, "both", "id BIGINT NOT NULL, v STRING",
@@ -514,9 +514,9 @@ def test_a_rewritten_replica_that_outgrows_the_limit_switches_to_merge(spark, tm
     """The rewrite limit follows the rows each rewrite observes: past it, batches MERGE."""
     from lakemirror import tables
     from lakemirror.schema import Column
-    from lakemirror.sinks.apply_choice import ApplyChoice
-    from lakemirror.sinks.delta_merge import DeltaMergeSink, TxnId
-    from lakemirror.sinks.planner import plan_merge
+    from lakemirror.sinks.merge.apply_choice import ApplyChoice
+    from lakemirror.sinks.merge.delta_merge import DeltaMergeSink, TxnId
+    from lakemirror.sinks.merge.planner import plan_merge
     from lakemirror.tables import TableLocation
 
     source = TableLocation(TableName("src", "s", "grow"), str(tmp_path / "source"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from lakemirror.sinks.apply_choice import (DEFAULT_DRIVER_APPLY_BELOW_BYTES, DRIVER_BATCH_MAX_ROWS, ApplyChoice,
+from lakemirror.sinks.merge.apply_choice import (DEFAULT_DRIVER_APPLY_BELOW_BYTES, DRIVER_BATCH_MAX_ROWS, ApplyChoice,
                                           ReplicaFacts, choose_apply)
 
 MIB = 1024 * 1024

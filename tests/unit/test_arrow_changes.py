@@ -11,9 +11,9 @@ import pyarrow as pa
 import pytest
 
 from lakemirror.schema import Column
-from lakemirror.sinks.arrow_changes import batch_stats, winning_changes
+from lakemirror.sinks.accelerator.arrow_changes import batch_stats, winning_changes
 from lakemirror.sinks.memory import latest_per_key
-from lakemirror.sinks.planner import OP_COLUMN, plan_merge
+from lakemirror.sinks.merge.planner import OP_COLUMN, plan_merge
 
 from test_memory_replica_property import cut_into_batches, simulate
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lakemirror.identifiers import TableName
-from lakemirror.sinks.clone import CloneState, DeepCloner, deep_clone_sql, is_window_error, plan_clone
+from lakemirror.sinks.batch.clone import CloneState, DeepCloner, deep_clone_sql, is_window_error, plan_clone
 from lakemirror.sinks.sql import RecordingSql
 
 GOOD = CloneState(source_version=9, source_id="abc", cdf_enabled=True, replica_exists=True,
@@ -62,7 +62,7 @@ def test_deep_cloner_runs_exactly_these_statements():
 
 
 def test_a_replica_gets_column_mapping_when_its_source_has_it() -> None:
-    from lakemirror.sinks.snapshot_copy import creation_options
+    from lakemirror.sinks.batch.snapshot_copy import creation_options
 
     assert creation_options({"delta.columnMapping.mode": "name"}) == {"delta.columnMapping.mode": "name"}
     assert creation_options({"delta.columnMapping.mode": "ID"}) == {"delta.columnMapping.mode": "name"}

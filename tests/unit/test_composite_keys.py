@@ -6,8 +6,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from lakemirror.sinks.composite_keys import CODE_LIMIT, CompositeKeys, decode, encode
-from lakemirror.sinks.key_match import FileKeys, KeyLookup, from_integers, key_probe
+from lakemirror.sinks.accelerator.composite_keys import CODE_LIMIT, CompositeKeys, decode, encode
+from lakemirror.sinks.accelerator.key_match import FileKeys, KeyLookup, from_integers, key_probe
 
 
 def reference(file_keys: pa.Table, batch: pa.Table) -> list[int]:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pickle
 
 from lakemirror.schema import Column
-from lakemirror.sinks.connect_apply import ConnectBatchJob, apply_batch, latest_changes_sql, merge_sql
-from lakemirror.sinks.planner import plan_merge
+from lakemirror.sinks.merge.connect_apply import ConnectBatchJob, apply_batch, latest_changes_sql, merge_sql
+from lakemirror.sinks.merge.planner import plan_merge
 
 
 def _job() -> ConnectBatchJob:
@@ -34,7 +34,7 @@ def test_the_sql_uses_the_planners_rule_and_one_merge() -> None:
 
 
 def test_a_server_side_batch_error_is_reported_by_its_cause() -> None:
-    from lakemirror.sinks.connect_batches import server_batch_cause
+    from lakemirror.sinks.merge.connect_batches import server_batch_cause
 
     wrapped = RuntimeError(
         "[STREAM_FAILED] Query [id = 1] Found error inside foreachBatch Python process: Traceback (most recent call last):\n"

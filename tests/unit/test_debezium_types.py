@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from lakemirror.sinks.event_rows import convert
+from lakemirror.sinks.events.event_rows import convert
 from lakemirror.sources.change_event import DELETE, SNAPSHOT, STREAM, UPSERT, ChangeEvent, DeadLetter, Skipped
 from lakemirror.sources.connect_types import codec_of
 from lakemirror.sources.debezium import decode_debezium

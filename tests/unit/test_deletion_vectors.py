@@ -1,5 +1,5 @@
-"""Deletion-vector formats (sinks/deletion_vectors.py), the log reader and writer
-(sinks/replica_log.py) and the pure parts of the driver's deletion-vector apply (sinks/dv_merge.py,
+"""Deletion-vector formats (sinks/accelerator/deletion_vectors.py), the log reader and writer
+(sinks/accelerator/replica_log.py) and the pure parts of the driver's deletion-vector apply (sinks/accelerator/dv_merge.py,
 key_match.py, dv_compaction.py)."""
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from lakemirror.sinks.deletion_vectors import (PORTABLE_MAGIC, DeletionVectorError, DvDescriptor, DvFileWriter,
+from lakemirror.sinks.accelerator.deletion_vectors import (PORTABLE_MAGIC, DeletionVectorError, DvDescriptor, DvFileWriter,
                                                decode_positions, encode_positions, frame, read_positions, z85_decode,
                                                z85_encode)
-from lakemirror.sinks.dv_merge import why_unfit
-from lakemirror.sinks.key_match import key_probe
-from lakemirror.sinks.replica_log import LogSnapshot, commit_name, load_snapshot, write_commit
+from lakemirror.sinks.accelerator.dv_merge import why_unfit
+from lakemirror.sinks.accelerator.key_match import key_probe
+from lakemirror.sinks.accelerator.replica_log import LogSnapshot, commit_name, load_snapshot, write_commit
 
 
 def test_z85_round_trips_and_decodes_a_uuid_spark_wrote():
@@ -149,7 +149,7 @@ def test_composite_key_probes_are_null_safe_and_unambiguous():
 
 
 def test_compaction_takes_small_files_only_in_numbers_and_any_mostly_deleted_file():
-    from lakemirror.sinks.dv_compaction import COMPACT_MIN_FILES, SMALL_FILE_BYTES, compaction_plan
+    from lakemirror.sinks.accelerator.dv_compaction import COMPACT_MIN_FILES, SMALL_FILE_BYTES, compaction_plan
 
     def add(name: str, size: int, records: int = 100, deleted: int = 0) -> dict:
         a = {"path": name, "size": size, "stats": json.dumps({"numRecords": records})}
@@ -167,7 +167,7 @@ def test_compaction_takes_small_files_only_in_numbers_and_any_mostly_deleted_fil
 
 
 def test_the_key_cache_keeps_one_budget_for_the_process_and_forgets_removed_files(monkeypatch):
-    from lakemirror.sinks import key_match
+    from lakemirror.sinks.accelerator import key_match
 
     cache = key_match.KeyCache()
     column = pa.array(range(1000), pa.int64())  # 8,000 bytes
@@ -183,7 +183,7 @@ def test_the_key_cache_keeps_one_budget_for_the_process_and_forgets_removed_file
 def test_scratch_tables_a_crash_left_are_removed_once_stale(tmp_path):
     import os
 
-    from lakemirror.sinks.replica_files import SCRATCH_PREFIX, STALE_SCRATCH_SECONDS, remove_stale_scratch
+    from lakemirror.sinks.accelerator.replica_files import SCRATCH_PREFIX, STALE_SCRATCH_SECONDS, remove_stale_scratch
 
     old, fresh = tmp_path / f"{SCRATCH_PREFIX}old", tmp_path / f"{SCRATCH_PREFIX}fresh"
     for d in (old, fresh):
@@ -197,7 +197,7 @@ def test_scratch_tables_a_crash_left_are_removed_once_stale(tmp_path):
 
 
 def test_files_are_skipped_only_when_their_statistics_rule_every_row_out():
-    from lakemirror.sinks.key_match import key_ranges, outside
+    from lakemirror.sinks.accelerator.key_match import key_ranges, outside
 
     ranges = key_ranges(pa.table({"a": pa.array([10, 20], pa.int64()), "s": ["x", "y"],
                                   "n": pa.array([1, None], pa.int32())}))
@@ -217,7 +217,7 @@ def test_files_are_skipped_only_when_their_statistics_rule_every_row_out():
 def test_file_keys_find_exactly_the_rows_a_batch_changes_by_each_layout_and_search(batch_size, duplicates, spread):
     import numpy as np
 
-    from lakemirror.sinks.key_match import FileKeys, KeyLookup, as_integers, from_integers
+    from lakemirror.sinks.accelerator.key_match import FileKeys, KeyLookup, as_integers, from_integers
 
     rng = np.random.default_rng(batch_size + duplicates + spread)
     values = rng.permutation(np.arange(-3000, 7000, dtype=np.int64)) * spread
@@ -246,7 +246,7 @@ def test_file_keys_find_exactly_the_rows_a_batch_changes_by_each_layout_and_sear
 def test_file_keys_other_than_one_integer_column_without_nulls_are_looked_up_row_by_row():
     import numpy as np
 
-    from lakemirror.sinks.key_match import FileKeys, KeyLookup, key_probe
+    from lakemirror.sinks.accelerator.key_match import FileKeys, KeyLookup, key_probe
 
     with_null = FileKeys(pa.array([5, None, 7, 5], pa.int64()))
     positions, keys = with_null.find(KeyLookup(pa.array([5, None], pa.int64())))
@@ -260,7 +260,7 @@ def test_file_keys_other_than_one_integer_column_without_nulls_are_looked_up_row
 
 
 def test_the_direct_layout_holds_keys_at_the_ends_of_the_integer_range():
-    from lakemirror.sinks.key_match import FileKeys, KeyLookup
+    from lakemirror.sinks.accelerator.key_match import FileKeys, KeyLookup
 
     top, bottom = 2**63 - 1, -(2**63)
     high = FileKeys(pa.array([top - 3, top, top - 1], pa.int64()))
@@ -274,7 +274,7 @@ def test_the_direct_layout_holds_keys_at_the_ends_of_the_integer_range():
 
 
 def test_a_batch_lookup_keeps_each_integer_key_once_and_sorted():
-    from lakemirror.sinks.key_match import FileKeys, KeyLookup
+    from lakemirror.sinks.accelerator.key_match import FileKeys, KeyLookup
 
     lookup = KeyLookup(pa.array([5, 5, -3, None, 9, -3], pa.int64()))
     assert lookup.integers is not None and lookup.integers.tolist() == [-3, 5, 9]

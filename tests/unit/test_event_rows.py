@@ -6,7 +6,7 @@ from decimal import Decimal
 
 import pytest
 
-from lakemirror.sinks.event_rows import convert, infer_type
+from lakemirror.sinks.events.event_rows import convert, infer_type
 
 
 @pytest.mark.parametrize("values, want", [

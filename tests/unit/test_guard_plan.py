@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from lakemirror.sources.change_event import DELETE, SNAPSHOT, STREAM, TRUNCATE, UPSERT, ChangeEvent, Position
-from lakemirror.sinks.guard_plan import GuardedMemoryReplica, ordered_fold, plan_batch, position_value, row_order
+from lakemirror.sinks.events.guard_plan import GuardedMemoryReplica, ordered_fold, plan_batch, position_value, row_order
 
 KEYS = ("tenant", "id")
 

@@ -8,9 +8,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from lakemirror.sinks import hashed_keys
-from lakemirror.sinks.hashed_keys import NULL_HASH, HashedKeys, hash64
-from lakemirror.sinks.key_match import FileKeys, KeyLookup, key_probe
+from lakemirror.sinks.accelerator import hashed_keys
+from lakemirror.sinks.accelerator.hashed_keys import NULL_HASH, HashedKeys, hash64
+from lakemirror.sinks.accelerator.key_match import FileKeys, KeyLookup, key_probe
 
 MASK = (1 << 64) - 1
 

@@ -7,7 +7,7 @@ version's commit time was never fetched) and a lag measured from the wrong commi
 
 from __future__ import annotations
 
-from lakemirror.sinks.planner import plan_merge
+from lakemirror.sinks.merge.planner import plan_merge
 from lakemirror.sources.change_feed import SourceHead
 from lakemirror.sources.keys import choose_key
 from lakemirror.sources.memory import MemoryChangeSource

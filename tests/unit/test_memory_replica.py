@@ -8,7 +8,7 @@ import pytest
 
 from lakemirror.schema import Column
 from lakemirror.sinks.memory import ApplyCounts, InMemoryReplica, latest_per_key
-from lakemirror.sinks.planner import ColumnSelection, plan_merge
+from lakemirror.sinks.merge.planner import ColumnSelection, plan_merge
 
 COLS = (Column("id", "int", False), Column("name", "string"), Column("score", "int"))
 PLAN = plan_merge(COLS, ["id"])

@@ -11,7 +11,7 @@ import pytest
 
 from lakemirror.schema import Column
 from lakemirror.sinks.memory import ApplyCounts, InMemoryReplica
-from lakemirror.sinks.planner import plan_merge
+from lakemirror.sinks.merge.planner import plan_merge
 
 Row = dict[str, Any]
 Key = tuple[Any, ...]

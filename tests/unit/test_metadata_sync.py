@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lakemirror.identifiers import TableName
-from lakemirror.sinks.metadata_sync import (
+from lakemirror.sinks.batch.metadata_sync import (
     MetadataSync, Overwrite, TableMetadata, parse_describe_columns, plan_table_metadata,
 )
 from lakemirror.sinks.sql import RecordingSql

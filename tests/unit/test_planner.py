@@ -1,11 +1,11 @@
-"""lakemirror.sinks.planner: the MERGE plan as data, column selection and schema diffs."""
+"""lakemirror.sinks.merge.planner: the MERGE plan as data, column selection and schema diffs."""
 
 from __future__ import annotations
 
 import pytest
 
 from lakemirror.schema import Column
-from lakemirror.sinks.planner import (
+from lakemirror.sinks.merge.planner import (
     ColumnSelection, SchemaDiff, add_columns_sql, diff_schema, plan_merge, rank_sql,
 )
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from lakemirror.schema import Column
-from lakemirror.sinks.reconcile_plan import (
+from lakemirror.sinks.batch.reconcile_plan import (
     DIFFERENT, EXTRA, MISSING, KeyDigest, ReconcileResult, classify, differing_buckets,
     json_encoding_sql, plan_reconcile,
 )
-from lakemirror.sinks.planner import SchemaDiff
+from lakemirror.sinks.merge.planner import SchemaDiff
 
 SRC = [Column("id", "bigint", False), Column("Name", "string"), Column("amt", "decimal(10,2)")]
 

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from lakemirror.sinks.delta_merge import TxnId
+from lakemirror.sinks.merge.delta_merge import TxnId
 from lakemirror.supervisor.runner import Drained, TableRunner
 from tests.unit.runner_fakes import table_runner
 

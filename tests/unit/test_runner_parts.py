@@ -9,9 +9,9 @@ import pytest
 
 from lakemirror.errors import DestinationConflict, LakemirrorError, SchemaIncompatible, SourceReplaced
 from lakemirror.schema import Column
-from lakemirror.sinks.delta_replica import evolution
+from lakemirror.sinks.merge.delta_replica import evolution
 from lakemirror.sinks.memory import MemoryTableReplica
-from lakemirror.sinks.planner import plan_merge
+from lakemirror.sinks.merge.planner import plan_merge
 from lakemirror.sinks.txn import TxnId, txn_app_id
 from lakemirror.sources.catalog import CDF_PROPERTY
 from lakemirror.sources.change_event import DELETE, STREAM, UPSERT, Position

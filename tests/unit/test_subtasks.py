@@ -21,8 +21,8 @@ from lakemirror.daemon.metrics import Metrics
 from lakemirror.daemon.settings.runtime_spec import jobs_for, subtask_of
 from lakemirror.errors import ConfigError
 from lakemirror.identifiers import TableName
-from lakemirror.sinks.planner import diff_schema
-from lakemirror.sinks.reconcile_plan import ReconcileResult
+from lakemirror.sinks.merge.planner import diff_schema
+from lakemirror.sinks.batch.reconcile_plan import ReconcileResult
 from lakemirror.supervisor.replicate import OperationOutcome, RunSummary, TableJob, TaskSettings
 from lakemirror.supervisor.scheduler import DailyAt, Every
 from lakemirror.supervisor.subtasks import Subtask, SubtaskRun, SubtaskService

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from lakemirror.sinks.delta_merge import BatchStats, MergeOutcome
+from lakemirror.sinks.merge.delta_merge import BatchStats, MergeOutcome
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.supervisor import state as sm
 from lakemirror.supervisor.lag import LagReading

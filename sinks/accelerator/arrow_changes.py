@@ -1,7 +1,7 @@
 """The planner's winning-change rule on an Arrow table of change-feed rows (no Spark).
 
-The driver path (:mod:`lakemirror.sinks.driver_apply`) brings a batch to the driver as Arrow and
-picks the winning change per key here. The rule is the planner's (:mod:`lakemirror.sinks.planner`:
+The driver path (:mod:`lakemirror.sinks.accelerator.driver_apply`) brings a batch to the driver as Arrow and
+picks the winning change per key here. The rule is the planner's (:mod:`lakemirror.sinks.merge.planner`:
 Delta's change data feed semantics, as Databricks' AUTO CDC applies a Delta changelog), and a unit
 test holds the two to the same answers:
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-from lakemirror.sinks.planner import (CHANGE_TYPE, COMMIT_TIMESTAMP, COMMIT_VERSION, DELETE, OP_COLUMN, UPDATE_POST,
+from lakemirror.sinks.merge.planner import (CHANGE_TYPE, COMMIT_TIMESTAMP, COMMIT_VERSION, DELETE, OP_COLUMN, UPDATE_POST,
                                       UPDATE_PRE)
 from lakemirror.sinks.txn import BatchStats
 

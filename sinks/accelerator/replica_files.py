@@ -1,5 +1,5 @@
 """Files written into a local Delta replica beside its data, for commits the daemon writes itself
-(:mod:`lakemirror.sinks.dv_merge`, :mod:`lakemirror.sinks.dv_compaction`): new data files with
+(:mod:`lakemirror.sinks.accelerator.dv_merge`, :mod:`lakemirror.sinks.accelerator.dv_compaction`): new data files with
 their ``add`` actions, deletion-vector files, and a file's live rows read back."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lakemirror.sinks.deletion_vectors import DvDescriptor, DvFileWriter, read_positions
-from lakemirror.sinks.replica_log import data_file_path
+from lakemirror.sinks.accelerator.deletion_vectors import DvDescriptor, DvFileWriter, read_positions
+from lakemirror.sinks.accelerator.replica_log import data_file_path
 
 #: A scratch table's directory name starts so (inside the replica: same file system, so a move is a
 #: rename); one left by a crash holds no file the replica names.

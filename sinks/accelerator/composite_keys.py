@@ -3,7 +3,7 @@
 Row by row, a batch's keys cost a hash lookup per row of the file, every batch: 0.14 CPU-s for a
 5M-row file whose key is two integers (a throwaway micro-benchmark; ``make bench ONLY=key_lookup``
 measures 0.16), against about a millisecond for a key of one integer column, which
-:class:`~lakemirror.sinks.key_match.FileKeys` keeps direct or sorted. Where every part of the key is an integer column without NULLs in the
+:class:`~lakemirror.sinks.accelerator.key_match.FileKeys` keeps direct or sorted. Where every part of the key is an integer column without NULLs in the
 file (a date or timestamp counts as the integer underneath it: ``integer_type``), and the parts'
 ranges there multiply to at most :data:`CODE_LIMIT`, each row's key is encoded as one integer:
 its parts' offsets from their smallest values, in mixed radix. Two keys are equal exactly when
@@ -20,7 +20,7 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
-from lakemirror.sinks.key_match import FileKeys, KeyLookup, as_integers, from_integers, integer_type, key_probe
+from lakemirror.sinks.accelerator.key_match import FileKeys, KeyLookup, as_integers, from_integers, integer_type, key_probe
 
 #: The largest product of a file's key ranges that is encoded (codes, and the arithmetic that
 #: makes them, then fit in int64).

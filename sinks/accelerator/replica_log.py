@@ -3,7 +3,7 @@ deletion vectors, and new commits put in place atomically.
 
 delta-rs (1.6) reads deletion vectors but neither writes them nor shows their descriptors, which a
 commit that changes a file's deletion vector must name (its ``remove`` names the old one). So the
-driver's deletion-vector apply (:mod:`lakemirror.sinks.dv_merge`) replays the log itself: the newest
+driver's deletion-vector apply (:mod:`lakemirror.sinks.accelerator.dv_merge`) replays the log itself: the newest
 checkpoint that ``_last_checkpoint`` names (classic, single- or multi-part), then each JSON commit
 after it. A file's identity is its path with its deletion vector's id; the newest action on an
 identity wins.
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import unquote
 
-from lakemirror.sinks.deletion_vectors import DvDescriptor
+from lakemirror.sinks.accelerator.deletion_vectors import DvDescriptor
 
 log = logging.getLogger(__name__)
 

@@ -1,11 +1,11 @@
 """A table's Delta replica as a :class:`~lakemirror.sinks.contract.TableReplica`, written by Spark.
 
 The bootstrap writes the snapshot in one commit that also stamps the replica with the pipeline,
-source, epoch and bootstrap version (:mod:`lakemirror.sinks.snapshot_copy`); preparing adds the
+source, epoch and bootstrap version (:mod:`lakemirror.sinks.batch.snapshot_copy`); preparing adds the
 source's new columns when the pipeline allows it (:func:`evolution`, pure); each epoch's batches go
-through one :class:`~lakemirror.sinks.delta_merge.DeltaMergeSink`, whose path (MERGE, rewrite of a
+through one :class:`~lakemirror.sinks.merge.delta_merge.DeltaMergeSink`, whose path (MERGE, rewrite of a
 small replica, or the driver's delta-rs MERGE) the first batch chooses
-(:func:`~lakemirror.sinks.apply_choice.choose_apply`).
+(:func:`~lakemirror.sinks.merge.apply_choice.choose_apply`).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Mapping
 from lakemirror.errors import DestinationConflict, SchemaIncompatible
 from lakemirror.identifiers import TableName
 from lakemirror.schema import Column
-from lakemirror.sinks import snapshot_copy
-from lakemirror.sinks.apply_choice import ApplyChoice, choose_apply
-from lakemirror.sinks.delta_merge import DeltaMergeSink
-from lakemirror.sinks.planner import MergePlan, diff_schema
+from lakemirror.sinks.batch import snapshot_copy
+from lakemirror.sinks.merge.apply_choice import ApplyChoice, choose_apply
+from lakemirror.sinks.merge.delta_merge import DeltaMergeSink
+from lakemirror.sinks.merge.planner import MergePlan, diff_schema
 from lakemirror.sources.catalog import Catalog
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """The rewrite executor: applies one change batch by replacing a small replica whole, in one pass.
 
-Chosen per table by :mod:`lakemirror.sinks.apply_choice`; the MERGE executor dispatches here. The
+Chosen per table by :mod:`lakemirror.sinks.merge.apply_choice`; the MERGE executor dispatches here. The
 replica is read once, and each of its rows is joined against the batch's winning changes (a
 broadcast hash join on the keys, null-safe where a key is nullable). A row whose key the batch
 changes is dropped, and the batch's upserts are added. The result replaces the replica in one
@@ -28,7 +28,7 @@ from lakemirror import tables
 from lakemirror.errors import TransientError
 from lakemirror.identifiers import quote
 from lakemirror.sinks.memory import ApplyCounts
-from lakemirror.sinks.planner import DELETE, OP_COLUMN, MergePlan
+from lakemirror.sinks.merge.planner import DELETE, OP_COLUMN, MergePlan
 from lakemirror.tables import TableLocation
 
 if TYPE_CHECKING:

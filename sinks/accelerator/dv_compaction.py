@@ -1,4 +1,4 @@
-"""Compaction of a replica the driver changes by deletion vectors (:mod:`lakemirror.sinks.dv_merge`).
+"""Compaction of a replica the driver changes by deletion vectors (:mod:`lakemirror.sinks.accelerator.dv_merge`).
 
 Each batch appends a file and leaves its deleted rows in their files. Without compaction every
 batch would read one file more than the last, and the deleted rows would stay forever. After a
@@ -18,8 +18,8 @@ from typing import Any, Sequence
 
 import pyarrow as pa
 
-from lakemirror.sinks.replica_files import arrow_schema, live_rows, write_rows
-from lakemirror.sinks.replica_log import LogSnapshot, checkpoint_if_due, file_stats, remove_action, write_commit
+from lakemirror.sinks.accelerator.replica_files import arrow_schema, live_rows, write_rows
+from lakemirror.sinks.accelerator.replica_log import LogSnapshot, checkpoint_if_due, file_stats, remove_action, write_commit
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The reconciliation planner: how to prove a replica equals its source, as data and SQL text.
 
-Pure: no pyspark import. The Spark executor (:mod:`lakemirror.sinks.reconcile`) runs the SQL
+Pure: no pyspark import. The Spark executor (:mod:`lakemirror.sinks.batch.reconcile`) runs the SQL
 this module writes; unit tests check the text and the classification logic without Spark.
 
 The check, per table:
@@ -29,7 +29,7 @@ from typing import Iterable, Mapping, Sequence
 
 from lakemirror.identifiers import quote, sql_string
 from lakemirror.schema import Column
-from lakemirror.sinks.planner import SchemaDiff, diff_schema
+from lakemirror.sinks.merge.planner import SchemaDiff, diff_schema
 
 #: Columns the executor adds to each side's rows.
 KEY_COLUMN = "__lm_key"

@@ -1,11 +1,11 @@
 """The driver executor: applies one change batch to a small local replica with a delta-rs MERGE.
 
-Chosen per table by :mod:`lakemirror.sinks.apply_choice`; the MERGE executor dispatches here. The
+Chosen per table by :mod:`lakemirror.sinks.merge.apply_choice`; the MERGE executor dispatches here. The
 batch's rows come to the driver as Arrow: read by delta-rs when the stream's offsets show whole
-source versions (:mod:`lakemirror.sinks.batch_feed`), otherwise by one Spark action (no
-join). The winning change per key is picked there (:mod:`lakemirror.sinks.arrow_changes`), and
+source versions (:mod:`lakemirror.sinks.accelerator.batch_feed`), otherwise by one Spark action (no
+join). The winning change per key is picked there (:mod:`lakemirror.sinks.accelerator.arrow_changes`), and
 one delta-rs MERGE writes them; into a replica with deletion vectors on, which delta-rs does not
-write, :mod:`lakemirror.sinks.dv_merge` marks the changed rows deleted and appends the new ones.
+write, :mod:`lakemirror.sinks.accelerator.dv_merge` marks the changed rows deleted and appends the new ones.
 Spark's Delta writer
 costs about a second a commit on two cores, whatever the batch (docs/BENCHMARKS.md); this path
 runs no Spark job for the write.
@@ -29,9 +29,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from lakemirror.sinks.arrow_changes import batch_stats, winning_changes
+from lakemirror.sinks.accelerator.arrow_changes import batch_stats, winning_changes
 from lakemirror.sinks.memory import ApplyCounts
-from lakemirror.sinks.planner import CDF_COLUMNS, DELETE, OP_COLUMN, SOURCE_ALIAS, TARGET_ALIAS, MergePlan
+from lakemirror.sinks.merge.planner import CDF_COLUMNS, DELETE, OP_COLUMN, SOURCE_ALIAS, TARGET_ALIAS, MergePlan
 from lakemirror.sinks.txn import (READ_BY_DELTA_RS, READ_BY_SPARK, WRITE_DELTA_RS, WRITE_DRIVER_DV, BatchStats,
                                   MergeOutcome, TxnId, counts_from_metrics)
 
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: A batch's change rows read without Spark (``columns``, preimages left out, at most ``max_rows``),
-#: or None when Spark is to read them (:class:`lakemirror.sinks.batch_feed.BatchFeed`).
+#: or None when Spark is to read them (:class:`lakemirror.sinks.accelerator.batch_feed.BatchFeed`).
 ChangeReader = Callable[[Sequence[str], int], "pa.Table | None"]
 
 #: The memory delta-rs's MERGE may hold before it spills to disk (DataFusion's pool; its default has no
@@ -73,7 +73,7 @@ class DriverApply:
         #: Set when the replica has deletion vectors on: batches mark changed rows deleted instead.
         self.dv: Any = None
         if deletion_vectors:
-            from lakemirror.sinks.dv_merge import DeletionVectorMerge
+            from lakemirror.sinks.accelerator.dv_merge import DeletionVectorMerge
 
             self.dv = DeletionVectorMerge(path, plan.keys, plan.column_names)
         #: The replica's delta-rs table, brought up to date before each batch (it reads only the
@@ -132,9 +132,9 @@ class DriverApply:
 
     def _apply_dv(self, winners: "pa.Table", txn: TxnId, stats: BatchStats, how: dict[str, str],
                   recount: Callable[[], ApplyCounts]) -> MergeOutcome:
-        """``winners`` marked in the replica by deletion vectors (:mod:`lakemirror.sinks.dv_merge`),
+        """``winners`` marked in the replica by deletion vectors (:mod:`lakemirror.sinks.accelerator.dv_merge`),
         or found applied already (a replay: the counts of the commit that applied them)."""
-        from lakemirror.sinks.dv_merge import DvUnfit
+        from lakemirror.sinks.accelerator.dv_merge import DvUnfit
 
         try:
             counts = self.dv.merge(winners, txn)

@@ -1,8 +1,8 @@
-"""The guarded Delta executor: one batch's :class:`~lakemirror.sinks.guard_plan.TablePlan`, applied
+"""The guarded Delta executor: one batch's :class:`~lakemirror.sinks.events.guard_plan.TablePlan`, applied
 to a replica with one MERGE under a Delta transaction id.
 
 Thin: the winners, the guard's rule and the tombstone semantics come from
-:mod:`lakemirror.sinks.guard_plan`; this module only carries them out on Delta.
+:mod:`lakemirror.sinks.events.guard_plan`; this module only carries them out on Delta.
 
 Where tombstones live: in a side Delta table of their own (``<replica>__lakemirror_tombstones``),
 not as hidden rows of the replica. The replica then holds exactly the live rows, so every reader
@@ -16,7 +16,7 @@ replica's MERGE as a replay and runs the tombstones' one).
 Per batch:
 
 1. the replica and its tombstone table are created on first use (types inferred from the events,
-   :mod:`lakemirror.sinks.event_rows`); columns that appear later are added when schema
+   :mod:`lakemirror.sinks.events.event_rows`); columns that appear later are added when schema
    evolution is on;
 2. the tombstones of the batch's keys and the table's truncate floor are read; winners not newer
    than them are dropped (the guard, on the driver);
@@ -38,9 +38,9 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from lakemirror import tables
 from lakemirror.identifiers import TableName, quote
-from lakemirror.sinks.delta_merge import counts_from_answer, transaction
-from lakemirror.sinks.event_rows import convert, infer_type
-from lakemirror.sinks.guard_plan import (
+from lakemirror.sinks.merge.delta_merge import counts_from_answer, transaction
+from lakemirror.sinks.events.event_rows import convert, infer_type
+from lakemirror.sinks.events.guard_plan import (
     DELETED_AT_COLUMN, OP_COLUMN, POSITION_COLUMN, POSITION_FIELDS, RESERVED_COLUMNS, SCOPE_COLUMN, SCOPE_KEY, SCOPE_TABLE, TablePlan,
     row_order,
 )

@@ -1,6 +1,6 @@
 """The sequence guard, planned: what one batch of change events does to a replica, as data.
 
-Pure: no pyspark import. The Delta executor (:mod:`lakemirror.sinks.guard_merge`) carries a
+Pure: no pyspark import. The Delta executor (:mod:`lakemirror.sinks.events.guard_merge`) carries a
 :class:`GuardPlan` out with one MERGE per replica; the in-memory twin
 (:class:`GuardedMemoryReplica`) carries it out on dicts and is the oracle of the tests.
 

@@ -1,12 +1,12 @@
 """The reconciliation executor: runs a :class:`ReconcilePlan` on Spark, optionally repairs.
 
-Thin by design; every expression comes from :mod:`lakemirror.sinks.reconcile_plan`.
+Thin by design; every expression comes from :mod:`lakemirror.sinks.batch.reconcile_plan`.
 The source is read at one pinned version for the whole check, so a source being written to
 meanwhile is compared at a consistent cut (the replica may legitimately lag behind it: reconcile
 a live mirror once it has caught up to ``source_version``, or expect the keys changed since).
 
 Repair re-applies the source rows of the mismatched keys through the normal MERGE path
-(:class:`~lakemirror.sinks.delta_merge.DeltaMergeSink`): synthesised change rows, inserts for
+(:class:`~lakemirror.sinks.merge.delta_merge.DeltaMergeSink`): synthesised change rows, inserts for
 missing and different keys, deletes for extra ones, under a transaction id of its own
 (``lakemirror-reconcile/<run id>/<nonce>/<table>``), never the stream's. Keys the replica holds more
 than once are deleted in a first MERGE and re-inserted from the source in a second.
@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Sequence
 from lakemirror import tables
 from lakemirror.identifiers import quote
 from lakemirror.schema import Column, columns_from_struct
-from lakemirror.sinks.delta_merge import DeltaMergeSink, TxnId
-from lakemirror.sinks.planner import CHANGE_TYPE, COMMIT_TIMESTAMP, COMMIT_VERSION, DELETE, INSERT, plan_merge
-from lakemirror.sinks.reconcile_plan import (
+from lakemirror.sinks.merge.delta_merge import DeltaMergeSink, TxnId
+from lakemirror.sinks.merge.planner import CHANGE_TYPE, COMMIT_TIMESTAMP, COMMIT_VERSION, DELETE, INSERT, plan_merge
+from lakemirror.sinks.batch.reconcile_plan import (
     BUCKET_COLUMN, DEFAULT_BUCKETS, DIFFERENT, EXTRA, KEY_COLUMN, LANE1_COLUMN, LANE2_COLUMN, MISSING,
     RECONCILIATION_DDL, ROWS_COLUMN, ReconcilePlan, ReconcileResult, classify_sql, differing_buckets,
     plan_reconcile,

@@ -1,5 +1,5 @@
 """Matching a batch's keys against a replica file's, null-safely, and the key columns kept between
-batches (:mod:`lakemirror.sinks.dv_merge`).
+batches (:mod:`lakemirror.sinks.accelerator.dv_merge`).
 
 A MERGE matches keys with ``<=>``: a NULL key part equals NULL. :func:`key_probe` makes one
 comparable value per row, and :class:`KeyLookup` says which of a file's rows the batch changes;
@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 if TYPE_CHECKING:
-    from lakemirror.sinks.hashed_keys import HashedBatch
+    from lakemirror.sinks.accelerator.hashed_keys import HashedBatch
 
 
 def key_probe(keys: pa.Table) -> pa.Array:
@@ -90,7 +90,7 @@ class KeyLookup:
     """Which of a replica file's keys the batch changes (null-safe, as the MERGE's ``<=>``).
 
     ``probe`` is the batch's :func:`key_probe`; ``parts``, its key columns, when the key has several
-    (for files whose keys :mod:`lakemirror.sinks.composite_keys` encodes)."""
+    (for files whose keys :mod:`lakemirror.sinks.accelerator.composite_keys` encodes)."""
 
     def __init__(self, probe: pa.Array, parts: pa.Table | None = None) -> None:
         self.probe = probe
@@ -123,7 +123,7 @@ class KeyLookup:
                 present[values - low] = True
                 self.dense = (low, present)
         #: The batch's probes by hash, made by the first file whose keys are hashed
-        #: (:func:`lakemirror.sinks.hashed_keys.hashed_batch`) and kept for the batch's other files.
+        #: (:func:`lakemirror.sinks.accelerator.hashed_keys.hashed_batch`) and kept for the batch's other files.
         self.hashed: "HashedBatch | None" = None
 
     def row_by_row(self, keys: pa.Array) -> tuple[np.ndarray, pa.Array]:
@@ -153,7 +153,7 @@ class FileKeys:
 
     Other keys (``probe``) are kept as their :func:`key_probe` and looked up row by row; the
     apply keeps string keys, and keys of several columns that are not encoded, hashed instead
-    (:mod:`lakemirror.sinks.hashed_keys`).
+    (:mod:`lakemirror.sinks.accelerator.hashed_keys`).
     """
 
     def __init__(self, probe: pa.Array) -> None:
@@ -262,8 +262,8 @@ def _sorted_distinct(values: np.ndarray) -> np.ndarray:
 
 class KeptKeys(Protocol):
     """A file's keys as kept between batches: :class:`FileKeys`,
-    :class:`lakemirror.sinks.composite_keys.CompositeKeys` or
-    :class:`lakemirror.sinks.hashed_keys.HashedKeys`."""
+    :class:`lakemirror.sinks.accelerator.composite_keys.CompositeKeys` or
+    :class:`lakemirror.sinks.accelerator.hashed_keys.HashedKeys`."""
 
     rows: int
 

@@ -2,8 +2,8 @@
 MERGE by delta-rs on the driver.
 
 Pure: no pyspark import. The runner gathers :class:`ReplicaFacts` when it prepares a table and
-the chooser decides; the executors are :mod:`lakemirror.sinks.delta_merge`,
-:mod:`lakemirror.sinks.delta_rewrite` and :mod:`lakemirror.sinks.driver_apply`.
+the chooser decides; the executors are :mod:`lakemirror.sinks.merge.delta_merge`,
+:mod:`lakemirror.sinks.merge.delta_rewrite` and :mod:`lakemirror.sinks.accelerator.driver_apply`.
 
 A Delta MERGE makes two passes over the replica: one join finds the files that hold a changed key,
 a second join rewrites those files. On a small replica with changes spread over its keys every
@@ -34,7 +34,7 @@ MERGE streams the replica, so the driver path takes replicas up to ``driver_appl
 (4 GiB by default), past ``rewrite_below_bytes``: a 1% change into a 10M-row replica cost 0.46
 times a Spark overwrite's CPU, against 1.76 times for Spark's MERGE (``make bench ONLY=steady_cost``). A large
 replica delta-rs refuses goes to Spark's MERGE, a small one to the rewrite. A replica with
-deletion vectors on (which delta-rs does not write) is taken by :mod:`lakemirror.sinks.dv_merge`
+deletion vectors on (which delta-rs does not write) is taken by :mod:`lakemirror.sinks.accelerator.dv_merge`
 instead, which marks changed rows deleted in place; it falls back to Spark's MERGE. On top of the
 rewrite's conditions (but its size) the driver path needs:
 
@@ -102,7 +102,7 @@ class ApplyChoice:
     #: A driver choice's fallback when delta-rs refuses the table: a rewrite up to this size, else MERGE.
     rewrite_limit_bytes: int = 0
     #: A driver choice for a replica with deletion vectors on: changed rows are marked deleted
-    #: (:mod:`lakemirror.sinks.dv_merge`), and the fallback is Spark's MERGE, never a rewrite.
+    #: (:mod:`lakemirror.sinks.accelerator.dv_merge`), and the fallback is Spark's MERGE, never a rewrite.
     deletion_vectors: bool = False
 
     @property

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 from lakemirror import tables
 from lakemirror.identifiers import sql_string
 from lakemirror.schema import Column, columns_from_struct
-from lakemirror.sinks.apply_choice import ReplicaFacts
-from lakemirror.sinks.planner import add_columns_sql
+from lakemirror.sinks.merge.apply_choice import ReplicaFacts
+from lakemirror.sinks.merge.planner import add_columns_sql
 from lakemirror.sinks.txn import TxnId
 from lakemirror.tables import TableLocation
 

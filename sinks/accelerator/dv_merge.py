@@ -9,11 +9,11 @@ delta-rs (1.6) does not write deletion vectors at all. This executor does what s
 reading only the replica's key columns:
 
 1. The replica's live files and their deletion vectors come from its log
-   (:mod:`lakemirror.sinks.replica_log`).
+   (:mod:`lakemirror.sinks.accelerator.replica_log`).
 2. Each file's key columns are read (unless its statistics put an integer key wholly outside the
    batch's range); the positions of its live rows whose key the batch changes
    (null-safe: a NULL key part equals NULL, as the MERGE's ``<=>``) join the file's deletion
-   vector (:mod:`lakemirror.sinks.deletion_vectors`). A file left with no live row is removed.
+   vector (:mod:`lakemirror.sinks.accelerator.deletion_vectors`). A file left with no live row is removed.
 3. The batch's upserts (the winning change per key that is not a delete) are written as one new
    file, its statistics by delta-rs.
 4. One commit replaces each touched file's ``add`` with one naming its new deletion vector,
@@ -21,7 +21,7 @@ reading only the replica's key columns:
    It is written only if its version is still free; if another writer took it, the files are
    removed and the batch is planned again from the newer snapshot.
 
-After a commit the replica is compacted when it needs it (:mod:`lakemirror.sinks.dv_compaction`).
+After a commit the replica is compacted when it needs it (:mod:`lakemirror.sinks.accelerator.dv_compaction`).
 
 The result equals the MERGE's row for row: every live row with a changed key is gone, and each
 upserted key has exactly its new row. Only tables whose every protocol feature and property this
@@ -44,15 +44,15 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyroaring import BitMap
 
-from lakemirror.sinks.deletion_vectors import DvDescriptor, DvFileWriter, read_positions
-from lakemirror.sinks.dv_compaction import ENGINE_INFO, compact
-from lakemirror.sinks.composite_keys import CompositeKeys
-from lakemirror.sinks.hashed_keys import HashedKeys
-from lakemirror.sinks.key_match import KEY_CACHE, FileKeys, KeptKeys, KeyLookup, key_probe, key_ranges, outside
+from lakemirror.sinks.accelerator.deletion_vectors import DvDescriptor, DvFileWriter, read_positions
+from lakemirror.sinks.accelerator.dv_compaction import ENGINE_INFO, compact
+from lakemirror.sinks.accelerator.composite_keys import CompositeKeys
+from lakemirror.sinks.accelerator.hashed_keys import HashedKeys
+from lakemirror.sinks.accelerator.key_match import KEY_CACHE, FileKeys, KeptKeys, KeyLookup, key_probe, key_ranges, outside
 from lakemirror.sinks.memory import ApplyCounts
-from lakemirror.sinks.planner import DELETE, OP_COLUMN
-from lakemirror.sinks.replica_files import remove_stale_scratch, write_dv_file, write_rows
-from lakemirror.sinks.replica_log import (LogSnapshot, checkpoint_if_due, data_file_path, file_stats, load_snapshot,
+from lakemirror.sinks.merge.planner import DELETE, OP_COLUMN
+from lakemirror.sinks.accelerator.replica_files import remove_stale_scratch, write_dv_file, write_rows
+from lakemirror.sinks.accelerator.replica_log import (LogSnapshot, checkpoint_if_due, data_file_path, file_stats, load_snapshot,
                                           remove_action, write_commit)
 from lakemirror.sinks.txn import TxnId
 from lakemirror.tables import DV_WRITER_FEATURES

@@ -3,8 +3,8 @@ NULL part), kept as a 64-bit hash per row beside the keys themselves.
 
 Row by row, a batch's keys cost a hash-set lookup per row of the file, every batch: 0.15-0.19
 CPU-s for a 5M-row file of UUID strings (``make bench ONLY=key_lookup``), where an integer
-key costs about a millisecond (:class:`~lakemirror.sinks.key_match.FileKeys`). Here each row's
-:func:`~lakemirror.sinks.key_match.key_probe` is hashed once, when the file is first read, and the
+key costs about a millisecond (:class:`~lakemirror.sinks.accelerator.key_match.FileKeys`). Here each row's
+:func:`~lakemirror.sinks.accelerator.key_match.key_probe` is hashed once, when the file is first read, and the
 hashes are kept sorted as a ``FileKeys``; a batch's probes are hashed once per batch, their
 hashes found in each file in one step, and every row found is then compared with the batch's key
 itself (null-safely, as the MERGE's ``<=>``). A hash decides nothing alone: two keys that collide
@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakemirror.sinks.key_match import FileKeys, KeyLookup
+from lakemirror.sinks.accelerator.key_match import FileKeys, KeyLookup
 
 _MASK = (1 << 64) - 1
 #: The polynomial's base (odd, so it has an inverse modulo 2**64).

@@ -16,7 +16,7 @@ import logging
 from typing import TYPE_CHECKING, Sequence
 
 from lakemirror.checkpoints import stream_dir
-from lakemirror.sinks.driver_apply import ChangeReader
+from lakemirror.sinks.accelerator.driver_apply import ChangeReader
 from lakemirror.sources.driver_feed import DriverFeed, FeedTooLarge, FeedUnfit
 from lakemirror.sources.feed_range import LocalCommitActions, SourceOffset, batch_versions
 from lakemirror.tables import TableLocation, is_local_path, is_local_table, local_dir

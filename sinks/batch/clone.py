@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Literal, Mapping, Sequence
 from lakemirror import tables
 from lakemirror.identifiers import TableName, sql_string
 from lakemirror.schema import Column, columns_from_struct
-from lakemirror.sinks.delta_merge import DeltaMergeSink, TxnId
-from lakemirror.sinks.planner import diff_schema, plan_merge
-from lakemirror.sinks.snapshot_copy import set_properties, write_snapshot
+from lakemirror.sinks.merge.delta_merge import DeltaMergeSink, TxnId
+from lakemirror.sinks.merge.planner import diff_schema, plan_merge
+from lakemirror.sinks.batch.snapshot_copy import set_properties, write_snapshot
 from lakemirror.sinks.sql import SqlExecutor
 from lakemirror.tables import TableLocation
 

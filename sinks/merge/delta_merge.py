@@ -1,6 +1,6 @@
 """The Delta MERGE executor: applies one micro-batch of change rows exactly once.
 
-Thin by design: the plan comes from :mod:`lakemirror.sinks.planner`. Exactly-once rests on
+Thin by design: the plan comes from :mod:`lakemirror.sinks.merge.planner`. Exactly-once rests on
 Delta transaction identifiers: with ``spark.databricks.delta.write.txnAppId`` and ``txnVersion``
 set on the session, Delta records ``(appId, version)`` atomically with the commit and skips a write
 whose version is not above the recorded one. ``foreachBatch`` is at-least-once (a crash replays the
@@ -33,11 +33,11 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from lakemirror import tables
-from lakemirror.sinks.apply_choice import MERGE, ApplyChoice
-from lakemirror.sinks.delta_rewrite import ReplicaRewrite
-from lakemirror.sinks.driver_apply import ChangeReader, DriverApply, DriverUnfit
+from lakemirror.sinks.merge.apply_choice import MERGE, ApplyChoice
+from lakemirror.sinks.merge.delta_rewrite import ReplicaRewrite
+from lakemirror.sinks.accelerator.driver_apply import ChangeReader, DriverApply, DriverUnfit
 from lakemirror.sinks.memory import ApplyCounts
-from lakemirror.sinks.planner import COMMIT_TIMESTAMP, COMMIT_VERSION, LATEST_COLUMN, MergePlan, SOURCE_ALIAS, TARGET_ALIAS
+from lakemirror.sinks.merge.planner import COMMIT_TIMESTAMP, COMMIT_VERSION, LATEST_COLUMN, MergePlan, SOURCE_ALIAS, TARGET_ALIAS
 # The shared batch types, importable from here as before (the executors' callers use them).
 from lakemirror.sinks.txn import (WRITE_SPARK_REWRITE, BatchStats, MergeOutcome, TxnId,  # noqa: F401
                                   counts_from_metrics, is_txn_tag, txn_app_id)
@@ -60,8 +60,8 @@ log = logging.getLogger(__name__)
 class DeltaMergeSink:
     """Applies change batches to a Delta replica with one idempotent MERGE per batch, or, for a
     small replica fed by a stable source, one rewrite of the whole replica
-    (:mod:`lakemirror.sinks.delta_rewrite`) or one delta-rs MERGE on the driver
-    (:mod:`lakemirror.sinks.driver_apply`); which one: :mod:`lakemirror.sinks.apply_choice`."""
+    (:mod:`lakemirror.sinks.merge.delta_rewrite`) or one delta-rs MERGE on the driver
+    (:mod:`lakemirror.sinks.accelerator.driver_apply`); which one: :mod:`lakemirror.sinks.merge.apply_choice`."""
 
     def __init__(self, target: TableLocation, plan: MergePlan, *, stable_source: bool = False,
                  choice: ApplyChoice | None = None, replica_rows: int = 0,
@@ -72,7 +72,7 @@ class DeltaMergeSink:
         #: never for a source derived from the replica itself (reconcile's repair, clone's diff).
         self.stable_source = stable_source
         #: Set (stable sources only) while the replica is small: the choice of a path other than
-        #: Spark's MERGE (:mod:`lakemirror.sinks.apply_choice`), until the replica outgrows the limit.
+        #: Spark's MERGE (:mod:`lakemirror.sinks.merge.apply_choice`), until the replica outgrows the limit.
         self.small: ApplyChoice | None = None
         self.rewrite: ApplyChoice | None = None  # batches rewrite the small replica whole
         self.driver: DriverApply | None = None   # batches are MERGEd by delta-rs on the driver
@@ -182,7 +182,7 @@ class DeltaMergeSink:
     def _rewrite_stable(self, batch: "DataFrame", watched: "DataFrame", observation: Any, txn: TxnId,
                         choice: ApplyChoice) -> MergeOutcome:
         """Replace the small replica whole (one pass); counts observed during the write, or recounted
-        for a replay Delta skipped (see :mod:`lakemirror.sinks.delta_rewrite`)."""
+        for a replay Delta skipped (see :mod:`lakemirror.sinks.merge.delta_rewrite`)."""
         session = batch.sparkSession
         rewrite = ReplicaRewrite(self.target, self.plan)
         with scoped_confs(session, STABLE_SOURCE_CONFS), transaction(session, txn):

@@ -1,7 +1,7 @@
 """A table's batches under Spark Connect: started on the server, reported from the checkpoint table.
 
 Over Spark Connect the batch function runs in a Python worker on the server
-(:func:`lakemirror.sinks.connect_apply.apply_batch`), so it cannot hand its outcome to the runner
+(:func:`lakemirror.sinks.merge.connect_apply.apply_batch`), so it cannot hand its outcome to the runner
 in this process. It appends the batch's checkpoint row instead, and the runner reads the rows of
 its transaction app id that it has not seen yet (:class:`ConnectBatches`) after each turn, or
 whenever an always-on query reports a new trigger: each becomes the same outcome a local batch
@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from lakemirror.sinks.connect_apply import ConnectBatchJob
+from lakemirror.sinks.merge.connect_apply import ConnectBatchJob
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.txn import BatchStats, MergeOutcome
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from lakemirror.sinks.planner import MergePlan
+    from lakemirror.sinks.merge.planner import MergePlan
     from lakemirror.tables import TableLocation
 
 

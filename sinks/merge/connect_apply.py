@@ -4,7 +4,7 @@ Maven Central does not serve ``delta-connect-server``, so over such a server Del
 (``DeltaTable``) fails (``NO_HANDLER_FOR_EXTENSION``). Everything here is SQL text and plain
 DataFrame calls, which the server plans with Delta's SQL extension:
 
-- the winning change per key is the same rule as :mod:`lakemirror.sinks.planner` (``max_by`` over
+- the winning change per key is the same rule as :mod:`lakemirror.sinks.merge.planner` (``max_by`` over
   commit version and change rank), as a ``SELECT`` over a temp view of the batch;
 - one ``MERGE INTO <replica> USING (<that SELECT>)`` per batch, under Delta's ``txnAppId`` /
   ``txnVersion`` confs (a replayed batch is skipped by Delta and answers with no row) and a
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from lakemirror.identifiers import quote
 from lakemirror.sinks.memory import ApplyCounts
-from lakemirror.sinks.planner import (COMMIT_TIMESTAMP, COMMIT_VERSION, LATEST_COLUMN, SOURCE_ALIAS, TARGET_ALIAS,
+from lakemirror.sinks.merge.planner import (COMMIT_TIMESTAMP, COMMIT_VERSION, LATEST_COLUMN, SOURCE_ALIAS, TARGET_ALIAS,
                                       MergePlan)
 from lakemirror.sinks.txn import BatchStats, MergeOutcome, TxnId, counts_from_metrics
 

@@ -1,0 +1,2 @@
+"""Change events (Kafka, Debezium, event files) into Delta replicas under the sequence guard: the pure
+plan of a batch, the guarded MERGE executor, the replica's column types and the dead-letter table."""
