@@ -129,6 +129,7 @@ def _one_mode(spark: Any, mode: str, brokers: str, target: PostgresTarget, workd
 
 def kafka_postgres_latency(rate: float = 20.0, seconds: float = 30.0) -> list[dict[str, Any]]:
     from lakemirror.daemon.settings import RuntimeSettings
+    from lakemirror.daemon.settings.real_time import real_time_spark_conf
     from lakemirror.daemon.spark import local_session
 
     root = Path(tempfile.mkdtemp(prefix="bench-kafka-pg-"))
@@ -140,8 +141,9 @@ def kafka_postgres_latency(rate: float = 20.0, seconds: float = 30.0) -> list[di
     subprocess.run([*kafka, "fetch"], check=True, capture_output=True)
     subprocess.run([*kafka, "start", str(root / "kafka"), str(kafka_port), str(controller_port)], check=True,
                    capture_output=True)
-    spark = local_session(RuntimeSettings(master="local[2]", shuffle_partitions=2, driver_memory="2g"),
-                          app_name="bench-kafka-postgres")
+    # the session a daemon running Real-Time Mode gets (daemon.context.DaemonContext.runtime)
+    spark = local_session(RuntimeSettings(master="local[2]", shuffle_partitions=2, driver_memory="2g",
+                                          spark_conf=real_time_spark_conf({})), app_name="bench-kafka-postgres")
     try:
         out = []
         for mode in MODES:

@@ -45,6 +45,7 @@ from lakemirror.daemon.metrics import Metrics
 from lakemirror.daemon.pipelines import PipelineHandle, PipelineRegistry
 from lakemirror.daemon.settings import PostgresDestination, RuntimeSettings, Settings
 from lakemirror.daemon.settings.replicate import ReplicateConfig
+from lakemirror.daemon.settings.real_time import real_time_spark_conf
 from lakemirror.daemon.settings.runtime_spec import (
     REPLICATE_NAMESPACE, event_stream_spec, jobs_for, pipeline_spec, plan, subtask_of,
 )
@@ -256,7 +257,10 @@ class DaemonContext(GlobalContext):
 
     @property
     def runtime(self) -> RuntimeSettings:
-        return self.settings.runtime
+        rt = self.settings.runtime
+        if self.settings.source is not None and self.settings.source.real_time is not None:
+            return rt.model_copy(update={"spark_conf": real_time_spark_conf(rt.spark_conf)})
+        return rt
 
     @property
     def audit_catalog(self) -> str:

@@ -136,3 +136,18 @@ def test_an_event_source_into_postgres_runs_the_postgres_runner_in_the_mode_conf
         runner = ctx.event_source_supervisor._factory("events:events")
         assert isinstance(runner, PostgresEventStreamRunner)
         assert runner.real_time == real_time and runner.target.schema == "replicas" and runner.target.host == "h"
+
+
+def test_a_real_time_daemon_shrinks_the_python_worker_buffer_unless_the_user_set_it(tmp_path) -> None:
+    from lakemirror.daemon.context import DaemonContext
+    from lakemirror.daemon.settings.real_time import BUFFER_CONF, REAL_TIME_BUFFER_BYTES
+
+    pg = "{kind: postgres, host: h, database: d, user: u, schema: replicas}"
+    kafka = "{kind: kafka, bootstrap_servers: 'k:9092', topics: [t]"
+    rt = DaemonContext(load_settings(_event_yaml(tmp_path, kafka + ", real_time: {}}", pg))).runtime
+    assert rt.spark_conf[BUFFER_CONF] == str(REAL_TIME_BUFFER_BYTES)
+    micro = DaemonContext(load_settings(_event_yaml(tmp_path, kafka + "}", pg))).runtime
+    assert BUFFER_CONF not in micro.spark_conf
+    path = _event_yaml(tmp_path, kafka + ", real_time: {}}", pg)
+    path.write_text(path.read_text() + "runtime: {spark_conf: {spark.buffer.size: '4096'}}\n")
+    assert DaemonContext(load_settings(path)).runtime.spark_conf[BUFFER_CONF] == "4096"
