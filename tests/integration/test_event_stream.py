@@ -169,3 +169,25 @@ def test_debezium_envelopes_with_snapshot_pk_update_tombstones_and_truncate(spar
     tiers = h.replica("tiers", ("id",))
     assert tiers == h.folded("tiers", ["id", "kind"]) == {(6,): {"id": 6, "kind": "new"}}
     assert not tables.exists(spark, h.locate("_dead_letters"))  # tombstones are skipped, not dead letters
+
+
+def test_a_stream_stopped_while_writing_its_first_offset_starts_again(spark: Any, tmp_path: Path) -> None:
+    """A query stopped or killed while writing batch 0's offset leaves Spark's temporary file (and
+    its checksum) in ``offsets``; Spark refuses to start batch 0 on a non-empty folder, so the
+    runner clears such partial writes first, and the epoch is renewed (no batch was recorded)."""
+    spec = EventStreamSpec("feed", "files", "simple", path=str(tmp_path / "inbox"), trigger_interval_seconds=0.5)
+    h = Harness(spark, tmp_path, spec)
+    folder = tmp_path / "events" / spec.name
+    offsets = folder / "checkpoint" / "offsets"
+    offsets.mkdir(parents=True)
+    (offsets / ".0.6d1f0c9e-4a1b-4f7e-9c55-0b1d2e3f4a5b.tmp").write_text("v1\n")
+    (offsets / "..0.6d1f0c9e-4a1b-4f7e-9c55-0b1d2e3f4a5b.tmp.crc").write_bytes(b"crc")
+    (folder / "epoch").write_text("stale-epoch")
+    h.start()
+    try:
+        h.write(simple("customers", "INSERT", 1, {"customer_id": "C1"}, {"name": "Ada"}))
+    finally:
+        h.runner.halt()
+    assert h.replica("customers", ("customer_id",)) == {("C1",): {"customer_id": "C1", "name": "Ada"}}
+    assert (folder / "epoch").read_text() != "stale-epoch"
+    assert not [p.name for p in offsets.iterdir() if p.name.endswith((".tmp", ".tmp.crc"))]
