@@ -405,7 +405,7 @@ class DaemonContext(GlobalContext):
         ops = self.spark_operations(run_id)
         operations: Operations = WithIncremental(ops, IncrementalOperations(sweep))
         if self.cycles is not None:
-            operations = WithPostgresCycles(operations, self.cycles.operations())
+            operations = WithPostgresCycles(operations, self.cycles)
         summary = self.batch_runner(operations, run_id, 1).run(jobs)
         reconciled = {TableName.parse(k).table: v for k, v in ops.latest_results.items()}
         return SubtaskRun(summary, reconciled)

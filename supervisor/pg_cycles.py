@@ -42,7 +42,7 @@ from lakemirror.sinks.postgres.modes import CycleChoice, Mode, change_fraction, 
 from lakemirror.sinks.postgres.protocol import SinkResult
 from lakemirror.sources.catalog import Catalog, TableInfo
 from lakemirror.sources.keys import choose_key
-from lakemirror.supervisor.replicate import TableJob
+from lakemirror.supervisor.replicate import Operations, TableJob
 from lakemirror.supervisor.spec import PipelineSpec, TableOptions
 
 if TYPE_CHECKING:
@@ -229,32 +229,10 @@ def stream_checkpoint_exists(checkpoint_root: str, pipeline_id: str, slug: str) 
     return ran
 
 
-CycleFactory = Callable[[TableJob, Mode, str], PostgresCycle]  # (job, mode, attempt tag) -> its cycle
-
-
-class PostgresCycleOperations:
-    """The batch runner's ``postgres_triggered`` / ``postgres_snapshot`` operations: one cycle of the
-    job's table. ``cancel`` interrupts the attempt's Spark jobs (``interrupt``, from the factory)."""
-
-    def __init__(self, make: CycleFactory, interrupt: Callable[[str], None] = lambda tag: None) -> None:
-        self.make = make
-        self.interrupt = interrupt
-        self._lock = threading.Lock()
-
-    def run(self, operation: str, job: TableJob, tag: str) -> Mapping[str, Any]:
-        mode = OPERATIONS.get(operation)
-        if mode is None:
-            raise ValueError(f"not a Postgres cycle operation: {operation}")
-        return self.make(job, mode, tag).run().details()
-
-    def cancel(self, tag: str) -> None:
-        self.interrupt(tag)
-
-
 class WithPostgresCycles:
     """Cycle operations go to ``cycles``, every other operation to ``base``."""
 
-    def __init__(self, base: Any, cycles: PostgresCycleOperations) -> None:
+    def __init__(self, base: Operations, cycles: Operations) -> None:
         self.base = base
         self.cycles = cycles
 
@@ -267,8 +245,10 @@ class WithPostgresCycles:
 
 
 class SparkCycles:
-    """Builds each attempt's cycle on Spark and Postgres: a session of its own per attempt (tagged,
-    so a timed-out attempt's Spark jobs are interrupted), the pipeline's Postgres connections."""
+    """The batch runner's ``postgres_triggered`` / ``postgres_snapshot`` operations (an
+    :class:`~lakemirror.supervisor.replicate.Operations`): one cycle of the job's table, on Spark and
+    the pipeline's Postgres connections. Each attempt reads in a Spark session of its own, tagged
+    with the attempt, so :meth:`cancel` (a timed-out attempt) interrupts its Spark jobs."""
 
     def __init__(self, spark: "SparkSession", catalog: Catalog, connector: "Connector", spec: PipelineSpec,
                  states: StateStore, cycle_states: StateStore, snapshot_above: float) -> None:
@@ -282,14 +262,10 @@ class SparkCycles:
         self._lock = threading.Lock()
         self._sessions: dict[str, "SparkSession"] = {}
 
-    def cycle(self, job: TableJob, mode: Mode, tag: str) -> PostgresCycle:
+    def cycle(self, job: TableJob, mode: Mode, session: "SparkSession") -> PostgresCycle:
         from lakemirror.sinks.postgres.spark_batches import PostgresTable
         from lakemirror.sources.delta_versions import DeltaVersions
 
-        session = self.spark.newSession()
-        session.addTag(tag)
-        with self._lock:
-            self._sessions[tag] = session
         spec, table, label = self.spec, job.source.table, str(job.source)
         slug = spec.source(table).slug
         pg = PostgresTable(self.connector, spec.pipeline_id, table, label)
@@ -298,11 +274,29 @@ class SparkCycles:
                              spec.allow_schema_evolution,
                              stream_checkpoint_exists(spec.checkpoint_root, spec.pipeline_id, slug))
 
-    def interrupt(self, tag: str) -> None:
+    def run(self, operation: str, job: TableJob, tag: str) -> Mapping[str, Any]:
+        mode = OPERATIONS.get(operation)
+        if mode is None:
+            raise ValueError(f"not a Postgres cycle operation: {operation}")
+        session = self.spark.newSession()
+        try:
+            session.addTag(tag)
+        except AttributeError:  # older APIs: job groups
+            session.sparkContext.setJobGroup(tag, tag, interruptOnCancel=True)
         with self._lock:
-            session = self._sessions.pop(tag, None)
-        if session is not None:
-            session.interruptTag(tag)
+            self._sessions[tag] = session
+        try:
+            return self.cycle(job, mode, session).run().details()
+        finally:
+            with self._lock:
+                self._sessions.pop(tag, None)
 
-    def operations(self) -> PostgresCycleOperations:
-        return PostgresCycleOperations(self.cycle, self.interrupt)
+    def cancel(self, tag: str) -> None:
+        with self._lock:
+            session = self._sessions.get(tag)
+        if session is None:
+            return
+        try:
+            session.interruptTag(tag)
+        except AttributeError:
+            session.sparkContext.cancelJobGroup(tag)

@@ -161,3 +161,16 @@ def test_triggered_and_snapshot_cycles_keep_replicas_equal_to_their_sources(make
     # A stream switched on for the table starts after the version the cycles reached, in their epoch.
     state = app.states.load(pipeline.source("t").name.slug)
     assert (state.bootstrapped, state.bootstrap_version) == (True, head)
+
+
+def test_a_triggered_table_without_a_change_feed_fails_its_cycle_with_what_to_run(make_pipeline, postgres):
+    pipeline = make_pipeline(tables=["n"], destination=postgres.destination(_schema(), mode="triggered",
+                                                                          every_seconds=3600))
+    pipeline.create("n", "id BIGINT NOT NULL, v STRING", key="id", cdf=False)
+    pipeline.sql("n", "INSERT INTO {t} VALUES (1, 'a')")
+    app = pipeline.app
+    [task] = app.subtasks.subtasks.values()
+    [outcome] = app.run_subtask("run-n", jobs_for(task, app.spec, app.tables_of(task))).summary.outcomes
+    assert outcome.status == "failed" and outcome.attempts == 1  # a cause a person must fix: not retried
+    assert "delta.enableChangeDataFeed" in (outcome.error or "") and "mode snapshot" in (outcome.error or "")
+    assert "Traceback" not in (outcome.error or "")

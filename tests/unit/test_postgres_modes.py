@@ -377,3 +377,28 @@ def test_the_bench_crossover_interpolates_between_the_measured_fractions():
     assert crossover(pts) == pytest.approx(0.1 + 0.1 / 3, abs=1e-4)
     assert crossover(pts[:2]) is None
     assert crossover([{"fraction": 0.01, "incremental_s": 2.0, "snapshot_s": 1.0}]) == 0.01
+
+
+def test_the_daemon_streams_continuous_tables_and_gives_the_others_to_their_mode_s_cycles(tmp_path: Path):
+    from prometheus_client import CollectorRegistry
+
+    from lakemirror.daemon.context import DaemonContext
+    from lakemirror.daemon.metrics import Metrics
+
+    s = load_settings(None, {**BASE, "checkpoint_volume": str(tmp_path), "tables": ["a", "b", "c", "d"],
+                             "destination": {**PG, "mode": "triggered", "every_seconds": 30,
+                                             "table_modes": {"b": "snapshot", "c": "continuous"}}})
+    ctx = DaemonContext(s).replace(spark=object(), metrics=Metrics("m", CollectorRegistry()))
+    assert ctx.list_tables() == ["c"]
+    tasks = ctx.subtasks.subtasks
+    assert ctx.tables_of(tasks["postgres-triggered"])() == ["a", "d"]
+    assert [j.source.table for j in jobs_for_task(ctx, tasks["postgres-snapshot"])] == ["b"]
+    assert [j.settings.operations for j in jobs_for_task(ctx, tasks["postgres-triggered"])] == \
+        [("postgres_triggered",), ("postgres_triggered",)]
+    assert {v["task"] for v in ctx.subtasks.status()} == {"postgres-triggered", "postgres-snapshot"}
+
+
+def jobs_for_task(ctx: Any, task: Any) -> list[Any]:
+    from lakemirror.daemon.settings.runtime_spec import jobs_for
+
+    return jobs_for(task, ctx.spec, ctx.tables_of(task))
