@@ -12,10 +12,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Sequence
 
 from lakemirror import tables
-from lakemirror.identifiers import quote
-from lakemirror.identifiers import TableName
-from lakemirror.sinks.planner import CDF_COLUMNS, CHANGE_TYPE, UPDATE_PRE
+from lakemirror.identifiers import TableName, quote
 from lakemirror.sources.catalog import Catalog, TableInfo
+from lakemirror.sources.contract import CDF_CHANGE_TYPE, CDF_COMMIT_TIMESTAMP, CDF_COMMIT_VERSION, CDF_PREIMAGE
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -43,15 +42,16 @@ class DeltaVersions:
     def _changes(self, after: int, through: int) -> "DataFrame":
         df = tables.read(self.spark, self.catalog.locate(self.name), readChangeFeed="true",
                          startingVersion=str(after + 1), endingVersion=str(through))
-        return df.where(f"{quote(CHANGE_TYPE)} <> '{UPDATE_PRE}'")
+        return df.where(f"{quote(CDF_CHANGE_TYPE)} <> '{CDF_PREIMAGE}'")
 
     def change_count(self, after: int, through: int) -> int:
         """Change rows of the versions ``after + 1`` … ``through`` (inserts, deletes, postimages)."""
-        return int(self._changes(after, through).select(quote(CHANGE_TYPE)).count())
+        return int(self._changes(after, through).select(quote(CDF_CHANGE_TYPE)).count())
 
     def changes(self, after: int, through: int, columns: Sequence[str]) -> "pa.Table":
         """Those change rows with ``columns`` and the change-feed columns, on the driver."""
-        return self._changes(after, through).select(*[quote(c) for c in (*columns, *CDF_COLUMNS)]).toArrow()
+        wanted = (*columns, CDF_CHANGE_TYPE, CDF_COMMIT_VERSION, CDF_COMMIT_TIMESTAMP)
+        return self._changes(after, through).select(*[quote(c) for c in wanted]).toArrow()
 
     def snapshot(self, version: int, columns: Sequence[str]) -> "pa.Table":
         df = tables.read(self.spark, self.catalog.locate(self.name), versionAsOf=version)
