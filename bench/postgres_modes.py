@@ -40,7 +40,7 @@ from lakemirror.sinks.postgres.executor import Connector, PostgresReplica, Postg
 from lakemirror.sinks.postgres.modes import cycle_batch_id
 from lakemirror.sinks.postgres.plan import ReplicaTable
 
-FRACTIONS = (0.01, 0.05, 0.10, 0.20, 0.40)
+FRACTIONS = (0.01, 0.05, 0.10, 0.20, 0.40, 0.60, 0.80, 1.0)
 NAMES = [c.name for c in COLUMNS]
 
 
