@@ -24,6 +24,7 @@ from bench.big import WARMUP_COMMITS, bootstrap, peak_resident_mib, steady_cost
 from bench.kafka_postgres_latency import kafka_postgres_latency, render as render_kafka_postgres
 from bench.key_lookup import key_lookup
 from bench.measure import summarize_runs
+from bench.postgres_modes import postgres_modes, render as render_postgres_modes
 from bench.postgres_sink import postgres_throughput, render as render_postgres
 from bench.production import parameters as production_parameters, production, render as render_production
 from bench.systems import VARIANTS, DeltaRsLoop, FullRefresh, LakemirrorDaemon, LocalSite
@@ -184,7 +185,7 @@ def catch_up(system: str, rows: int, commits: int, fraction: float, seed: int) -
 # -- report ---------------------------------------------------------------------------------------
 
 WORKLOADS = ("steady", "scale", "catch_up", "steady_cost", "bootstrap", "apply_cost", "key_lookup", "postgres",
-             "production", "kafka_postgres_latency", "bootstrap_chunked")
+             "production", "kafka_postgres_latency", "bootstrap_chunked", "postgres_modes")
 
 
 def _when(section: dict[str, Any]) -> str:
@@ -385,6 +386,8 @@ def render(results: dict[str, Any]) -> str:
                          f"{'yes' if r['same_rows_as_row_by_row'] else 'NO'} |")
     if results.get("postgres"):
         lines += ["", *render_postgres(results["postgres"])]
+    if results.get("postgres_modes"):
+        lines += ["", *render_postgres_modes(results["postgres_modes"])]
     if results.get("production"):
         lines += ["", *render_production(results["production"], p.get("production") or {}, _steady_table)]
     if results.get("kafka_postgres_latency"):
@@ -457,6 +460,7 @@ def parameters(quick: bool) -> dict[str, Any]:
             "cost_warmup_commits": 10 if quick else WARMUP_COMMITS,
             "bootstrap_rows": 500_000 if quick else 5_000_000, "lookup_rows": 500_000 if quick else 5_000_000,
             "chunked_rows": 500_000 if quick else 5_000_000, "chunked_files": 20,
+            "modes_rows": 20_000 if quick else 200_000,
             "production": production_parameters(quick)}
 
 
@@ -504,6 +508,9 @@ def run_workload(name: str, p: dict[str, Any], seed: int) -> list[dict[str, Any]
         rows = 20_000 if p["steady_rows"] < 100_000 else 100_000
         out = postgres_throughput(rows, rows, seed)
         print(f"  {out}", flush=True)
+    elif name == "postgres_modes":
+        print("snapshot or incremental into PostgreSQL, by change fraction ...", flush=True)
+        out = postgres_modes(p["modes_rows"], repeats=1 if p["modes_rows"] < 200_000 else 3, seed=seed)
     elif name == "kafka_postgres_latency":
         print("latency Kafka -> PostgreSQL, Real-Time Mode and micro-batch ...", flush=True)
         out = kafka_postgres_latency(20.0, 10.0 if p["steady_rows"] < 100_000 else 30.0)

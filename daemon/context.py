@@ -47,7 +47,8 @@ from lakemirror.daemon.settings import PostgresDestination, RuntimeSettings, Set
 from lakemirror.daemon.settings.replicate import ReplicateConfig
 from lakemirror.daemon.settings.real_time import real_time_spark_conf
 from lakemirror.daemon.settings.runtime_spec import (
-    REPLICATE_NAMESPACE, event_stream_spec, jobs_for, pipeline_spec, plan, subtask_of,
+    REPLICATE_NAMESPACE, cycle_mode, event_stream_spec, jobs_for, mode_of, pipeline_spec, plan, postgres_subtasks,
+    subtask_of,
 )
 from lakemirror.daemon.spark import JavaMissing
 from lakemirror.daemon.worker import CommandWorker
@@ -63,6 +64,7 @@ from lakemirror.supervisor.batch_ops import SparkDiscovery, SparkOperations
 from lakemirror.supervisor.event_postgres import PostgresEventStreamRunner, RealTimeSpec
 from lakemirror.supervisor.event_stream import RUNNER_PREFIX, EventStreamRunner
 from lakemirror.supervisor.incremental import IncrementalOperations, IncrementalSweep, WithIncremental
+from lakemirror.supervisor.pg_cycles import SparkCycles, WithPostgresCycles
 from lakemirror.supervisor.recorded import read_pipeline
 from lakemirror.supervisor.replicate import (
     BatchRunner, Discovery, Operations, Progress, RunSummary, TableJob, TextProgress,
@@ -304,21 +306,32 @@ class DaemonContext(GlobalContext):
         return crash_points_from_environment()
 
     @cached_property
+    def postgres(self) -> Connector | None:
+        """The pipeline's Postgres connections (its tables' streams and cycles share the pool), or None."""
+        return postgres_connector(self.settings)
+
+    @cached_property
     def runner_context(self) -> RunnerContext:
         return RunnerContext(self.spark, self.catalog, self.states, self.checkpoints, self.spec,
-                             fault=self.fault, postgres=postgres_connector(self.settings))
+                             fault=self.fault, postgres=self.postgres)
 
     @cached_property
     def restart_policy(self) -> RestartPolicy:
         r = self.settings.restart
         return RestartPolicy(r.base_delay_seconds, r.max_delay_seconds, 2.0, r.jitter)
 
-    def list_tables(self) -> list[str]:
+    def all_tables(self) -> list[str]:
+        """The pipeline's tables, whatever their destination mode."""
         spec = self.spec
         if spec.tables is not None:
             return [t for t in spec.tables if t not in spec.exclude_tables]
         found = self.catalog.list_tables(self.spark, spec.source_catalog, spec.schema_name)
         return [t.table for t in found if t.table not in spec.exclude_tables]
+
+    def list_tables(self) -> list[str]:
+        """The tables the stream replicates: those whose destination mode is continuous (triggered and
+        snapshot replicas are kept by the cycles of :attr:`subtasks`)."""
+        return [t for t in self.all_tables() if mode_of(self.settings, t) == "continuous"]
 
     @cached_property
     def supervisor(self) -> Supervisor:
@@ -326,9 +339,11 @@ class DaemonContext(GlobalContext):
             return self.event_source_supervisor
         spec, s = self.spec, self.settings
         checkpoint_table = self.catalog.locate(TableName.parse(s.effective_checkpoint_table))
-        recorded = lambda: read_pipeline(  # noqa: E731 (no Spark: shown while the JVM starts)
-            spec, locate=self.catalog.locate, states=FileStateStore(self.pipeline_dir),
-            state_dir=self.pipeline_dir / "state", checkpoint_table=checkpoint_table)
+        recorded = lambda: {  # noqa: E731 (no Spark: shown while the JVM starts; streamed tables only)
+            name: known for name, known in read_pipeline(
+                spec, locate=self.catalog.locate, states=FileStateStore(self.pipeline_dir),
+                state_dir=self.pipeline_dir / "state", checkpoint_table=checkpoint_table).items()
+            if mode_of(s, name) == "continuous"}
         return Supervisor(
             runner_factory=lambda table: TableRunner(table, self.runner_context),
             list_tables=self.list_tables, policy=self.restart_policy, observer=self.metrics,
@@ -349,9 +364,13 @@ class DaemonContext(GlobalContext):
         destination = (spec.destination_catalog, spec.destination_schema)
         postgres = self.settings.destination
         if isinstance(postgres, PostgresDestination):  # replicas in Postgres: micro-batch or Real-Time Mode
-            target, rt = postgres.target(), source.real_time
+            rt = source.real_time
+            # Real-Time Mode's tasks hold one connection each; with their number unset (counted at the
+            # broker when the source starts) the daemon keeps one connection of its own.
+            executors = 0 if rt is None else (rt.tasks if rt.tasks is not None else postgres.max_connections - 1)
+            target = postgres.target(executor_connections=executors)
             real_time = None if rt is None else RealTimeSpec(rt.checkpoint_interval_seconds, rt.max_dwell_ms,
-                                                              rt.max_rows)
+                                                              rt.max_rows, rt.tasks)
 
             def postgres_runner(_: str) -> Runner:
                 return PostgresEventStreamRunner(stream, self.spark, spec.pipeline_id, folder, target, real_time)
@@ -389,9 +408,12 @@ class DaemonContext(GlobalContext):
         audit rows as ``lakemirror replicate``."""
         with self._subtask_lock:  # the lazy parts are built once, whichever sub-task runs first
             sweep = self.sweep
-            _ = self.audit, self.results, self.execution_user
+            _ = self.audit, self.results, self.execution_user, self.cycles
         ops = self.spark_operations(run_id)
-        summary = self.batch_runner(WithIncremental(ops, IncrementalOperations(sweep)), run_id, 1).run(jobs)
+        operations: Operations = WithIncremental(ops, IncrementalOperations(sweep))
+        if self.cycles is not None:
+            operations = WithPostgresCycles(operations, self.cycles)
+        summary = self.batch_runner(operations, run_id, 1).run(jobs)
         reconciled = {TableName.parse(k).table: v for k, v in ops.latest_results.items()}
         return SubtaskRun(summary, reconciled)
 
@@ -405,10 +427,29 @@ class DaemonContext(GlobalContext):
         return daemon_thread
 
     @cached_property
+    def cycles(self) -> SparkCycles | None:
+        """The cycles of triggered and snapshot PostgreSQL replicas (None: none are configured)."""
+        d = self.settings.destination
+        if not isinstance(d, PostgresDestination) or not d.cycled_modes() or self.postgres is None:
+            return None
+        return SparkCycles(self.spark, self.catalog, self.postgres, self.spec, self.states,
+                           FileStateStore(self.pipeline_dir / "cycles"), d.snapshot_above_fraction)
+
+    def tables_of(self, task: Any) -> Callable[[], list[str]]:
+        """The tables a sub-task without its own list takes: the streamed ones, or for a cycle
+        sub-task the tables in its mode."""
+        mode = cycle_mode(task)
+        if mode is None:
+            return self.list_tables
+        return lambda: [t for t in self.all_tables() if mode_of(self.settings, t) == mode]
+
+    @cached_property
     def subtasks(self) -> SubtaskService:
-        """The scheduled sub-tasks (``schedules``); Spark-side parts are built on their first run."""
+        """The scheduled sub-tasks (``schedules``, and the cycles of triggered and snapshot Postgres
+        replicas); Spark-side parts are built on their first run."""
         tasks = [subtask_of(s, self.spec.pipeline_id) for s in self.settings.schedules]
-        return SubtaskService(tasks, jobs=lambda t: jobs_for(t, self.spec, self.list_tables),
+        tasks += postgres_subtasks(self.settings)
+        return SubtaskService(tasks, jobs=lambda t: jobs_for(t, self.spec, self.tables_of(t)),
                               run=self.run_subtask, observer=self.metrics, clock=self.clock, spawn=self.spawn)
 
     # -- the control API: more pipelines in this daemon, or Databricks jobs ---------------------

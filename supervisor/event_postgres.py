@@ -27,8 +27,10 @@ from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.postgres.events import FlushResult, PostgresEventSink
 from lakemirror.sinks.postgres.executor import PostgresTarget
 from lakemirror.sinks.postgres.foreach import EventSinkFactory, PostgresForeachWriter
+from lakemirror.sinks.postgres.modes import connection_budget
 from lakemirror.sinks.txn import BatchStats, MergeOutcome
 from lakemirror.sources.event_stream import EventDecoder, raw_events_from_rows
+from lakemirror.sources.kafka_offsets import KafkaBrokerOffsets
 from lakemirror.supervisor import state as sm
 from lakemirror.supervisor.event_stream import KIND_KAFKA, EventStreamRunner, EventStreamSpec, ReplicaStatus
 from lakemirror.supervisor.runner import BatchReport, StreamLatency
@@ -49,6 +51,7 @@ class RealTimeSpec:
     checkpoint_interval_seconds: float = 5.0   # trigger(realTime=…): a checkpoint interval, not a latency
     max_dwell_ms: int = 100                    # a writer commits a record at most this long after it came
     max_rows: int = 1000                       # ... or as soon as it holds this many
+    tasks: int | None = None                   # partitions the budget counted at load; None: counted at start
 
 
 class FlushTimes:
@@ -114,10 +117,34 @@ class PostgresEventStreamRunner(EventStreamRunner):
 
     # -- the query ---------------------------------------------------------------------------------
 
+    def _check_partitions(self, rt: RealTimeSpec) -> None:
+        """Real-Time Mode holds one connection per Kafka partition: refuse to start when the topics
+        have more partitions than the connection budget counted at load (``source.real_time.tasks``),
+        or, with ``tasks`` unset, more than the cap leaves beside the daemon's own pool."""
+        if self._broker is None:
+            self._broker = KafkaBrokerOffsets(self.spec.bootstrap_servers or "", topics=self.spec.topics,
+                                              topic_pattern=self.spec.topic_pattern)
+        partitions = len(self._broker.latest()[0])
+        budget = connection_budget(self.target.max_connections, tasks=partitions, pool=self.target.pool_connections)
+        if rt.tasks is None:
+            if not budget.fits:
+                raise ValueError(f"the topics have {partitions} partitions: Real-Time Mode would hold "
+                                 f"{budget.arithmetic()}. Raise destination.max_connections to at least "
+                                 f"{budget.needed}")
+            return
+        if partitions <= rt.tasks:
+            return
+        raise ValueError(f"the topics have {partitions} partitions, more than source.real_time.tasks = {rt.tasks} "
+                         f"counted at start; Real-Time Mode would hold {budget.arithmetic()}. Set "
+                         f"source.real_time.tasks: {partitions}"
+                         + ("" if budget.fits else " and raise destination.max_connections"))
+
     def _launch(self) -> None:
         try:
-            stream = self._stream().writeStream.option("checkpointLocation", self._checkpoint())
             rt = self.real_time
+            if rt is not None and self.spec.kind == KIND_KAFKA:
+                self._check_partitions(rt)
+            stream = self._stream().writeStream.option("checkpointLocation", self._checkpoint())
             if rt is not None:
                 if self.spec.kind != KIND_KAFKA:
                     raise ValueError("Real-Time Mode reads Kafka only (source.kind: kafka)")

@@ -11,11 +11,17 @@
       user: lakemirror
       password_env: PGPASSWORD    # or password: … (kept secret) or password_file: /run/secrets/pg
       sslmode: prefer
-      max_connections: 4          # connections lakemirror opens at once, all tables together
+      max_connections: 4          # the cap: connections lakemirror holds at once, executors and daemon together
+      pool_connections: 2         # the daemon's own share (default: what Real-Time Mode's tasks leave)
       statement_timeout_seconds: 60
+      mode: continuous            # continuous | triggered | snapshot (Lakebase synced-table modes)
+      table_modes: {archive: snapshot}   # per table, overriding `mode`
+      every_seconds: 600          # or daily_at: "02:30" (UTC): when triggered / snapshot cycles run
+      snapshot_above_fraction: 0.4  # triggered: a cycle loads a snapshot when this share of rows changed
 
 Validated once at start: a bad value or a password that cannot be read stops the daemon with the
-field named (exit 2). Whether the server can be reached is found out when a table starts: a table
+field named (exit 2), as does a connection budget that does not fit ``max_connections``
+(:mod:`.postgres_checks`). Whether the server can be reached is found out when a table starts: a table
 that cannot connect waits in ``degraded`` and is retried, the others go on.
 """
 
@@ -28,6 +34,8 @@ from typing import Annotated, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from lakemirror.sinks.postgres.executor import PostgresTarget
+from lakemirror.sinks.postgres.modes import DEFAULT_SNAPSHOT_ABOVE, Mode
+from lakemirror.supervisor.scheduler import DailyAt, Every, Trigger
 
 
 class _Strict(BaseModel):
@@ -56,7 +64,12 @@ class PostgresDestination(_Strict):
     password_file: str | None = Field(None, description="File holding the password (trailing newline ignored).")
     sslmode: Literal["disable", "allow", "prefer", "require", "verify-ca", "verify-full"] = Field(
         "prefer", description="libpq sslmode.")
-    max_connections: int = Field(4, ge=1, le=1000, description="Connections lakemirror opens at once (all tables).")
+    max_connections: int = Field(4, ge=1, le=1000, description="The cap: connections lakemirror holds on the server "
+                                 "at once, Real-Time Mode's executor tasks and the daemon's own pool together "
+                                 "(checked at start: tasks × 1 + pool_connections must fit).")
+    pool_connections: int | None = Field(None, ge=1, le=1000, description="The daemon's own connections at once "
+                                         "(all tables' batches, cycles and bootstraps); default: what Real-Time "
+                                         "Mode's tasks leave of max_connections (all of it without Real-Time Mode).")
     statement_timeout_seconds: float = Field(60.0, gt=0, le=86400, description="statement_timeout of every "
                                              "connection: a statement running longer fails the batch, retried.")
     connect_timeout_seconds: int = Field(10, ge=1, le=600, description="libpq connect_timeout.")
@@ -65,6 +78,20 @@ class PostgresDestination(_Strict):
     tombstone_horizon_seconds: float = Field(7 * 86400.0, gt=0, description="How long a deleted key is "
                                              "remembered, so that an older change arriving later cannot "
                                              "bring it back.")
+
+    mode: Mode = Field("continuous", description="How replicas are kept (Lakebase synced-table modes): continuous "
+                       "(the change feed streamed in micro-batches), triggered (on the schedule, the changes since "
+                       "the last cycle, or a snapshot when many rows changed), snapshot (on the schedule, a full "
+                       "copy swapped in atomically).")
+    table_modes: dict[str, Mode] = Field(default_factory=dict, description="Per table, a mode other than `mode`.")
+    every_seconds: float | None = Field(None, gt=0, le=31 * 86400, description="triggered / snapshot: run a cycle "
+                                        "this often (the first one interval after the daemon starts).")
+    daily_at: str | None = Field(None, description="triggered / snapshot: or once a day at HH:MM, UTC.")
+    snapshot_above_fraction: float = Field(
+        DEFAULT_SNAPSHOT_ABOVE, ge=0, le=1000, description="triggered: a cycle loads a fresh snapshot instead of "
+        "applying the changes when change rows since the last cycle / source rows is at least this (the crossover "
+        "measured by bench/postgres_modes.py).")
+    cycle_timeout_seconds: float = Field(3600.0, gt=0, description="triggered / snapshot: per table and cycle.")
 
     @field_validator("target_schema")
     @classmethod
@@ -86,6 +113,53 @@ class PostgresDestination(_Strict):
                 raise ValueError(f"password_file: {path} is not a readable file")
         return self
 
+    @field_validator("daily_at", mode="before")
+    @classmethod
+    def _daily_quoted(cls, v: object) -> object:
+        if isinstance(v, int) and not isinstance(v, bool):  # YAML 1.1 reads 02:30 unquoted as 150 (base 60)
+            raise ValueError(f"write the time of day quoted, e.g. daily_at: \"02:30\" (unquoted, YAML reads "
+                             f"HH:MM as a number: {v})")
+        return v
+
+    @field_validator("daily_at")
+    @classmethod
+    def _daily(cls, v: str | None) -> str | None:
+        if v is not None:
+            DailyAt.parse(v)
+        return v
+
+    @model_validator(mode="after")
+    def _schedule(self) -> "PostgresDestination":
+        cycled = self.cycled_modes()
+        given = [n for n in ("every_seconds", "daily_at") if getattr(self, n) is not None]
+        if cycled and len(given) != 1:
+            raise ValueError(f"{' and '.join(sorted(cycled))} replicas run on a schedule: give exactly one of "
+                             f"every_seconds or daily_at" + (f" (got {', '.join(given)})" if given else ""))
+        if not cycled and given:
+            raise ValueError(f"{given[0]} schedules triggered / snapshot cycles, but every table is continuous; "
+                             f"set mode (or table_modes) or remove {given[0]}")
+        return self
+
+    def mode_of(self, table: str) -> Mode:
+        """The mode of ``table``'s replica."""
+        return self.table_modes.get(table, self.mode)
+
+    def cycled_modes(self) -> set[Mode]:
+        """The modes other than continuous that some table uses."""
+        return {m for m in (self.mode, *self.table_modes.values()) if m != "continuous"}
+
+    def trigger(self) -> Trigger | None:
+        """When cycles run (None: every table is continuous)."""
+        if self.every_seconds is not None:
+            return Every(self.every_seconds)
+        return DailyAt.parse(self.daily_at) if self.daily_at is not None else None
+
+    def pool_size(self, executor_connections: int = 0) -> int:
+        """The daemon's own connections: ``pool_connections``, else what the executors leave (at least 1)."""
+        if self.pool_connections is not None:
+            return self.pool_connections
+        return max(1, self.max_connections - executor_connections)
+
     def resolved_password(self) -> str | None:
         if self.password is not None:
             return self.password.get_secret_value()
@@ -95,10 +169,12 @@ class PostgresDestination(_Strict):
             return Path(self.password_file).expanduser().read_text(encoding="utf-8").rstrip("\r\n")
         return None
 
-    def target(self) -> PostgresTarget:
+    def target(self, executor_connections: int = 0) -> PostgresTarget:
+        """The server, with the daemon's pool sized for ``executor_connections`` held by executors."""
         return PostgresTarget(
             host=self.host, port=self.port, database=self.database, schema=self.target_schema, user=self.user,
             password=self.resolved_password(), sslmode=self.sslmode, max_connections=self.max_connections,
+            pool_connections=self.pool_size(executor_connections),
             statement_timeout_seconds=self.statement_timeout_seconds,
             connect_timeout_seconds=self.connect_timeout_seconds, retry_seconds=self.retry_seconds,
             tombstone_horizon_seconds=self.tombstone_horizon_seconds)

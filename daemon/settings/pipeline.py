@@ -23,6 +23,7 @@ from lakemirror.daemon.settings.destination import DeltaDestination, Destination
 from lakemirror.daemon.settings.event_source import EventSourceSettings
 from lakemirror.daemon import spark_values, yaml_loader
 from lakemirror.daemon.settings.schedule import ScheduleSettings, schedule_problems
+from lakemirror.daemon.settings.postgres_checks import postgres_problems
 from lakemirror.errors import ConfigError
 from lakemirror.sinks.merge.apply_choice import DEFAULT_DRIVER_APPLY_BELOW_BYTES, DEFAULT_REWRITE_BELOW_BYTES
 
@@ -473,6 +474,7 @@ def load_settings(path: str | Path | None, overrides: dict[str, Any] | None = No
     unusable = _path_problems(settings, origin, overrides or {})
     unusable += [(_origin_of(loc, origin, overrides or {}), msg)
                  for loc, msg in schedule_problems(settings.schedules, settings.tables, settings.exclude_tables)]
+    unusable += [(_origin_of(loc, origin, overrides or {}), msg) for loc, msg in postgres_problems(settings)]
     if unusable:
         raise ConfigError(unusable)
     return settings

@@ -9,6 +9,7 @@
         checkpoint_interval_seconds: 5   # trigger(realTime="5 seconds"): how often offsets are checkpointed
         max_dwell_ms: 100                # a record is committed to Postgres at most this long after it came
         max_rows: 1000                   # ... or as soon as a writer holds this many
+        tasks: 3                         # Kafka partitions read at once: one task, one connection each
 
 Open-source Spark 4.2 runs Real-Time Mode from Kafka into ``foreach`` sinks only (not
 ``foreachBatch``, not Delta), so it needs ``source.kind: kafka`` and ``destination.kind: postgres``;
@@ -48,3 +49,10 @@ class RealTimeSettings(BaseModel):
     max_dwell_ms: int = Field(100, ge=1, le=60000, description="Each foreach writer commits a record to Postgres at "
                               "most this long after it arrived (a timer flushes during lulls).")
     max_rows: int = Field(1000, ge=1, le=1_000_000, description="... or as soon as the writer holds this many records.")
+    tasks: int | None = Field(None, ge=1, le=10_000, description="Kafka partitions of the subscribed topics: "
+                              "Real-Time Mode reads each with one long-running task, whose writer holds one Postgres "
+                              "connection. Set: counted in the connection budget (destination.max_connections) at "
+                              "load, and a broker with more partitions stops the source with the arithmetic. Unset: "
+                              "the partitions are counted at the broker when the source starts, the daemon keeps one "
+                              "connection of its own (unless destination.pool_connections says otherwise), and a "
+                              "budget that does not fit stops the source with the arithmetic.")

@@ -7,11 +7,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
+from lakemirror.daemon.settings.destination import PostgresDestination
 from lakemirror.daemon.settings.event_source import EventSourceSettings
 from lakemirror.daemon.settings.pipeline import Settings
 from lakemirror.daemon.settings.replicate import CatalogEntry, ReplicateConfig
 from lakemirror.daemon.settings.schedule import ScheduleSettings
+from lakemirror.sinks.postgres.modes import Mode
 from lakemirror.supervisor.event_stream import EventStreamSpec
+from lakemirror.supervisor.pg_cycles import OPERATIONS, operation_of
 from lakemirror.supervisor.replicate import (
     CatalogSelection, Discovery, SchemaSelection, TableJob, TaskSettings, plan_work,
 )
@@ -69,6 +72,34 @@ def subtask_of(s: ScheduleSettings, pipeline_id: str) -> Subtask:
                  "metadata": s.metadata.model_dump()},
         config={"pipeline_id": pipeline_id, "schedule": s.model_dump()})
     return Subtask(s.name, s.trigger(), settings, tuple(s.tables) if s.tables is not None else None)
+
+
+def postgres_subtasks(s: Settings) -> list[Subtask]:
+    """The cycles of triggered and snapshot PostgreSQL replicas, one sub-task per mode, on the
+    destination's schedule. ``tables`` None: every pipeline table whose mode it is (:func:`cycle_mode`)."""
+    d = s.destination
+    trigger = d.trigger() if isinstance(d, PostgresDestination) else None
+    if not isinstance(d, PostgresDestination) or trigger is None:
+        return []
+    out = []
+    for mode in sorted(d.cycled_modes()):
+        settings = TaskSettings(operations=(operation_of(mode),), timeout_seconds=d.cycle_timeout_seconds,
+                                config={"pipeline_id": s.effective_pipeline_id, "destination_mode": mode,
+                                        "snapshot_above_fraction": d.snapshot_above_fraction})
+        tables = None if d.mode == mode else tuple(sorted(t for t, m in d.table_modes.items() if m == mode))
+        out.append(Subtask(f"postgres-{mode}", trigger, settings, tables))
+    return out
+
+
+def cycle_mode(task: Subtask) -> Mode | None:
+    """The destination mode whose cycles ``task`` runs (None: a sub-task of ``schedules``)."""
+    ops = task.settings.operations
+    return OPERATIONS.get(ops[0]) if len(ops) == 1 else None
+
+
+def mode_of(s: Settings, table: str) -> Mode:
+    d = s.destination
+    return d.mode_of(table) if isinstance(d, PostgresDestination) else "continuous"
 
 
 def jobs_for(task: Subtask, spec: PipelineSpec, list_tables: Callable[[], list[str]]) -> list[TableJob]:

@@ -55,7 +55,10 @@ class PostgresTarget:
     user: str
     password: str | None = field(default=None, repr=False)
     sslmode: str = "prefer"
+    #: The cap on the server (executors' tasks and the daemon together; checked at config load).
     max_connections: int = 4
+    #: The daemon's own connections at once (:class:`Connector`'s slots); None: ``max_connections``.
+    pool_connections: int | None = None
     statement_timeout_seconds: float = 60.0
     connect_timeout_seconds: int = 10
     retry_seconds: float = 60.0
@@ -74,13 +77,13 @@ class PostgresTarget:
 
 
 class Connector:
-    """Opens connections to a target, at most ``max_connections`` at a time (shared by all tables)."""
+    """Opens connections to a target, at most ``pool_connections`` at a time (shared by all tables)."""
 
     def __init__(self, target: PostgresTarget,
                  connect: Callable[..., psycopg.Connection[Any]] = psycopg.connect) -> None:
         self.target = target
         self._connect = connect
-        self._slots = threading.BoundedSemaphore(target.max_connections)
+        self._slots = threading.BoundedSemaphore(target.pool_connections or target.max_connections)
 
     @contextlib.contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Any]]:
@@ -143,7 +146,8 @@ class PostgresReplica:
         self.label = label or f"{table.schema}.{table.name}"
         self._on_retry = on_retry
         #: The crash-test hook (supervisor/runner.py: FAULT_POINTS), called inside a batch's
-        #: transaction at ``postgres_after_copy`` and ``postgres_before_commit``; a no-op unless armed.
+        #: transaction at ``postgres_after_copy`` and ``postgres_before_commit``, and inside a
+        #: refresh's after the swap, before its COMMIT (``postgres_refresh_swapped``); a no-op unless armed.
         self._fault = fault
 
     @property
@@ -210,10 +214,24 @@ class PostgresReplica:
     def bootstrap(self, snapshot: "pa.Table", version: int, epoch: int) -> None:
         """Load ``snapshot`` into a new table, then swap it in for the replica, in one transaction,
         with fresh tombstones and the epoch's progress row (batch -1, ``last_version`` = ``version``)."""
+        rows = self.refresh(snapshot, version, epoch, q.BOOTSTRAP_BATCH)
+        log.info("%s: bootstrapped %d rows at source version %d (epoch %d)", self.label, rows, version, epoch)
+
+    def refresh(self, snapshot: "pa.Table", version: int, epoch: int, batch_id: int) -> int:
+        """Replace the replica with ``snapshot`` (the source at ``version``) atomically; the rows loaded.
+
+        One transaction: claim the progress row ``(epoch, batch_id)`` (found already: this refresh
+        committed before, nothing is done), COPY the rows into ``<table>__lm_loading``, build its
+        primary key, then rename the replica to ``<table>__lm_old`` and the loaded table to the
+        replica's name, with fresh tombstones, the ownership mark, the dead letters and the progress
+        row's counts. Until the COMMIT readers see the old table whole (the COPY takes no lock on
+        it; the renames take its ACCESS EXCLUSIVE lock only at the end); a reader waiting on that
+        lock reads the new table once it is released. The old table is dropped after the COMMIT."""
         t = self.table
         rows, dead = snapshot_rows(snapshot, t, version)
 
-        def work(conn: psycopg.Connection[Any]) -> None:
+        def work(conn: psycopg.Connection[Any]) -> int:
+            conn.execute(q.drop_table(t.schema, t.retired))  # left by a refresh killed after its commit
             with conn.transaction():
                 conn.execute(q.ensure_schema(t.schema))
                 conn.execute(q.create_progress(t.schema))
@@ -223,27 +241,33 @@ class PostgresReplica:
                     raise DestinationConflict(
                         f"{self.label}: the Postgres table already exists and was not created by pipeline "
                         f"{self.pipeline_id!r}; drop it or choose another schema", table=self.label)
-                if conn.execute(q.claim_batch(t.schema, self.pipeline_id, t.name, epoch, q.BOOTSTRAP_BATCH,
+                if conn.execute(q.claim_batch(t.schema, self.pipeline_id, t.name, epoch, batch_id,
                                               None, version)).fetchone() is None:
-                    return  # this epoch's bootstrap committed before (a crash before its state was saved)
+                    return 0  # committed before (a crash before its state was saved)
                 loading_pk, pk = derived_name(t.name, "__lm_loading_pk"), derived_name(t.name, "__lm_pk")
+                old_pk = derived_name(t.name, "__lm_old_pk")
                 conn.execute(q.drop_table(t.schema, t.loading))
-                conn.execute(q.create_replica(t, t.loading, loading_pk))
+                conn.execute(q.create_loading(t, t.loading))
                 with conn.cursor().copy(q.copy_into(t.schema, t.loading, [*t.column_names, POSITION])) as copy:
                     for row in rows:
                         copy.write_row(row)
-                conn.execute(q.drop_table(t.schema, t.name))
+                conn.execute(q.add_primary_key(t, t.loading, loading_pk))
+                if found:
+                    conn.execute(q.rename_table(t.schema, t.name, t.retired))
+                    conn.execute(q.rename_constraint_of(t.schema, t.retired, pk, old_pk))
                 conn.execute(q.rename_table(t.schema, t.loading, t.name))
                 conn.execute(q.rename_constraint(t, loading_pk, pk))
                 conn.execute(q.drop_table(t.schema, t.tombstones))
                 conn.execute(q.create_tombstones(t))
                 conn.execute(q.mark_owner(t, self._owner_mark(epoch)))
-                self._dead_letters(conn, epoch, q.BOOTSTRAP_BATCH, dead)
-                conn.execute(q.finish_batch(t.schema, self.pipeline_id, t.name, epoch, q.BOOTSTRAP_BATCH,
+                self._dead_letters(conn, epoch, batch_id, dead)
+                conn.execute(q.finish_batch(t.schema, self.pipeline_id, t.name, epoch, batch_id,
                                             len(rows), 0, 0, len(dead)))
+                self._fault("postgres_refresh_swapped")
+            conn.execute(q.drop_table(t.schema, t.retired))
+            return len(rows)
 
-        self._run(work)
-        log.info("%s: bootstrapped %d rows at source version %d (epoch %d)", self.label, len(rows), version, epoch)
+        return self._run(work)
 
     def apply(self, changes: "pa.Table", epoch: int, batch_id: int) -> SinkResult:
         plan = plan_batch(changes, self.table)

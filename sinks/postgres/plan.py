@@ -105,6 +105,11 @@ class ReplicaTable:
         """The table a bootstrap loads before it replaces the replica."""
         return derived_name(self.name, "__lm_loading")
 
+    @property
+    def retired(self) -> str:
+        """The name the replica takes while a snapshot is swapped in, until it is dropped."""
+        return derived_name(self.name, "__lm_old")
+
     @cached_property
     def json_flags(self) -> tuple[tuple[str, bool], ...]:
         """(name, whether stored as jsonb) of every column, worked out once."""

@@ -55,6 +55,10 @@ class ReplicaSink(Protocol):
     def bootstrap(self, snapshot: "pa.Table", version: int, epoch: int) -> None:
         """Replace the replica with ``snapshot`` (the source at ``version``), in one transaction."""
 
+    def refresh(self, snapshot: "pa.Table", version: int, epoch: int, batch_id: int) -> int:
+        """Replace the replica with ``snapshot`` atomically, recorded as ``batch_id`` of ``epoch``
+        (a refresh already committed is skipped, answering 0); the rows loaded."""
+
     def apply(self, changes: "pa.Table", epoch: int, batch_id: int) -> SinkResult:
         """Apply one micro-batch; a batch id already applied in ``epoch`` is recognised and skipped."""
 
@@ -98,8 +102,11 @@ class MemoryReplicaSink:
         self.replica_columns += [(c.name, pg) for c in diff.added for n, pg in self.table.pg_columns if n == c.name]
 
     def bootstrap(self, snapshot: "pa.Table", version: int, epoch: int) -> None:
-        if (epoch, -1) in self.progress:
-            return
+        self.refresh(snapshot, version, epoch, -1)
+
+    def refresh(self, snapshot: "pa.Table", version: int, epoch: int, batch_id: int) -> int:
+        if (epoch, batch_id) in self.progress:
+            return 0
         rows, dead = snapshot_rows(snapshot, self.table, version)
         self.rows = {}
         for values in rows:
@@ -107,8 +114,9 @@ class MemoryReplicaSink:
             self.rows[self.table.key_of(row)] = (row, snapshot_position(version))
         self.tombstones = {}
         self.replica_columns = list(self.table.pg_columns)
-        self.progress[(epoch, -1)] = (version, ApplyCounts(len(rows), 0, 0))
-        self.dead_letters += [(epoch, -1, d) for d in dead]
+        self.progress[(epoch, batch_id)] = (version, ApplyCounts(len(rows), 0, 0))
+        self.dead_letters += [(epoch, batch_id, d) for d in dead]
+        return len(rows)
 
     def apply(self, changes: "pa.Table", epoch: int, batch_id: int) -> SinkResult:
         plan = plan_batch(changes, self.table)

@@ -132,6 +132,23 @@ def create_replica(t: ReplicaTable, name: str, pk_name: str) -> sql.Composed:
         _ident(pk_name), _list(t.keys))
 
 
+def create_loading(t: ReplicaTable, name: str) -> sql.Composed:
+    """The table a snapshot is loaded into: the replica's columns, no index yet (the primary key is
+    added after the COPY, one sorted build instead of an index insert per row)."""
+    return sql.SQL("CREATE TABLE {} ({}, {} {} NOT NULL)").format(
+        _ident(t.schema, name), sql.SQL(", ").join(_column_defs(t)), _ident(POSITION), sql.SQL(t.position_type))
+
+
+def add_primary_key(t: ReplicaTable, name: str, pk_name: str) -> sql.Composed:
+    return sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} PRIMARY KEY ({})").format(
+        _ident(t.schema, name), _ident(pk_name), _list(t.keys))
+
+
+def rename_constraint_of(schema: str, table: str, name: str, to: str) -> sql.Composed:
+    return sql.SQL("ALTER TABLE {} RENAME CONSTRAINT {} TO {}").format(_ident(schema, table), _ident(name),
+                                                                       _ident(to))
+
+
 def create_tombstones(t: ReplicaTable) -> sql.Composed:
     return sql.SQL("CREATE TABLE {} ({}, {} {} NOT NULL, deleted_at timestamptz NOT NULL DEFAULT now(), "
                    "PRIMARY KEY ({}))").format(
