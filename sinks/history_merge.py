@@ -25,8 +25,13 @@ Per batch:
 4. one MERGE on (key, ``_lakemirror_position``): new versions inserted, stored versions given their
    new end; with a new truncate, current versions of other keys that started before it are closed
    (``WHEN NOT MATCHED BY SOURCE``);
-5. closes to remember: one MERGE (insert if absent) into the tombstone table, under a transaction id
-   of its own, after the replica's; a crash between the two is repaired by the replayed batch.
+5. before that MERGE, the closes to remember: one MERGE (insert if absent) into the tombstone table
+   under a transaction id of its own. A remembered close is a fact about the source and changes no
+   fold, so writing it first is harmless; written after, a close that the replica's MERGE cuts off a
+   version's end (a late, older delete) would be lost by a crash between the two commits. A crash
+   after the first commit replays the batch: Delta skips the tombstones' MERGE, the replica's runs.
+   A new truncate is remembered after the replica's MERGE (a third commit, under an id of its own),
+   because only a truncate not yet remembered closes the current versions of untouched keys.
 """
 
 from __future__ import annotations
@@ -202,13 +207,19 @@ class HistoryDeltaSink(GuardedDeltaSink):
         key_schema = StructType([schema[k] for k in plan.key_columns])
         plan, rejected = self._typed(plan, types, data)
         write = plan_history(plan, self.read_stored(session, plan, key_schema, data))
+        # closes first: a remembered close is a fact about the source, harmless before the MERGE, whereas
+        # one the MERGE cuts off a version's end would be lost if the process died between the two commits
+        # (truncates after it: a truncate already remembered is not new, and only a new one closes the
+        # current versions of untouched keys)
+        deletes = [c for c in write.closes if c.key is not None]
+        written = self._remember(session, plan, deletes, key_schema, TxnId(txn.app_id + "/tombstones", txn.version))
         if not (write.inserts or write.updates or write.truncates):
-            written = self._remember(session, plan, write.closes, key_schema, TxnId(txn.app_id + "/tombstones", txn.version))
             return GuardOutcome(ApplyCounts(), False, 0, write.stale, tuple(rejected), added, written)
         with transaction(session, txn):
             answer = self._merge(session, schema, plan, write, data).execute().collect()
         counts = counts_from_answer(answer[0].asDict()) if answer else ApplyCounts()
-        written = self._remember(session, plan, write.closes, key_schema, TxnId(txn.app_id + "/tombstones", txn.version))
+        written += self._remember(session, plan, [c for c in write.closes if c.key is None], key_schema,
+                                  TxnId(txn.app_id + "/truncates", txn.version))
         return GuardOutcome(counts, not answer, len(write.inserts) + len(write.updates), write.stale, tuple(rejected),
                             added, written)
 
