@@ -184,3 +184,40 @@ def test_fold_versions_closes_and_reopens() -> None:
                                  _Step(o(4, 0), False)])
     assert [(v.start, v.end) for v in got] == [(o(1, 1), o(3, 0)), (o(5, 1), None)]
     assert Close(None, o(1, 0)).key is None
+
+
+def apply_crashing(replica: HistoryMemoryReplica, batches: list[list[ChangeEvent]], crash_at: int, point: str) -> None:
+    """Apply ``batches`` in the executor's commit order (remembered deletes, the replica's MERGE, new
+    truncates), dying at ``point`` of batch ``crash_at``; the replay of that batch finds the commits made
+    before the crash already done (Delta skips a commit whose transaction id it has)."""
+    from lakemirror.sinks.history_plan import HistoryWrite
+
+    for n, batch in enumerate(batches):
+        for plan in plan_history_batch(batch)[0].values():
+            write = plan_history(plan, replica.read(plan))
+            deletes = HistoryWrite(closes=tuple(c for c in write.closes if c.key is not None))
+            merge = HistoryWrite(write.inserts, write.updates, (), write.truncates)
+            truncates = HistoryWrite(closes=tuple(c for c in write.closes if c.key is None))
+            if n != crash_at:
+                for part in (deletes, merge, truncates):
+                    replica.apply(part, now=float(n))
+                continue
+            done = {"after_deletes": 1, "after_merge": 2}[point]
+            for part in (deletes, merge, truncates)[:done]:
+                replica.apply(part, now=float(n))
+            again = plan_history(plan, replica.read(plan))   # the replayed batch
+            parts = (HistoryWrite(closes=tuple(c for c in again.closes if c.key is not None)),
+                     HistoryWrite(again.inserts, again.updates, (), again.truncates),
+                     HistoryWrite(closes=tuple(c for c in again.closes if c.key is None)))
+            for part in parts[done:]:
+                replica.apply(part, now=float(n))
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_a_crash_between_the_commits_of_a_batch_is_repaired_by_its_replay(seed: int) -> None:
+    rng = random.Random(seed)
+    events = history(rng, truncates=True)
+    batches = deliver(rng, events)
+    replica = HistoryMemoryReplica()
+    apply_crashing(replica, batches, rng.randrange(len(batches)), rng.choice(["after_deletes", "after_merge"]))
+    assert replica.rows() == history_fold(events)
