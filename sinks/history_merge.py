@@ -102,9 +102,9 @@ class HistoryDeltaSink(GuardedDeltaSink):
         stones = self._schema(session, self.tombstones)
         if stones is not None and TS_MS_COLUMN not in {f.name for f in stones.fields}:
             session.sql(f"ALTER TABLE {self.tombstones.sql} ADD COLUMNS ({TS_MS_COLUMN} BIGINT)")
-        schema = self._schema(session, self.replica)
-        assert schema is not None
-        return schema, added
+        widened = self._schema(session, self.replica)
+        assert widened is not None
+        return widened, added
 
     # -- reading what the plan needs ------------------------------------------------------------
 
@@ -238,9 +238,9 @@ class HistoryDeltaSink(GuardedDeltaSink):
                                     StructField(IS_CURRENT, BooleanType()), StructField(_FROM_MS, LongType()),
                                     StructField(_TO_MS, LongType())])
         source = session.createDataFrame(rows, source_schema)
-        ends = {VALID_TO: f"timestamp_millis({S}.{_TO_MS})", IS_CURRENT: f"{S}.{IS_CURRENT}",
+        ends: dict[str, Any] = {VALID_TO: f"timestamp_millis({S}.{_TO_MS})", IS_CURRENT: f"{S}.{IS_CURRENT}",
                 END_POSITION_COLUMN: f"{S}.{END_POSITION_COLUMN}"}
-        values = {quote(c): f"{S}.{quote(c)}" for c in data}
+        values: dict[str, Any] = {quote(c): f"{S}.{quote(c)}" for c in data}
         values.update({POSITION_COLUMN: f"{S}.{POSITION_COLUMN}", VALID_FROM: f"timestamp_millis({S}.{_FROM_MS})",
                        **ends})
         on = f"{self._on(plan.key_columns)} AND {T}.{POSITION_COLUMN} = {S}.{POSITION_COLUMN}"

@@ -182,7 +182,7 @@ def history_fold(events: Iterable[ChangeEvent]) -> dict[Key, list[Version]]:
     for e in unique:
         if e.op != TRUNCATE:
             by_key.setdefault(e.key, []).append(e)
-    out = {}
+    out: dict[Key, list[Version]] = {}
     for key, evs in by_key.items():
         versions = fold_versions(key, [_step(e) for e in _distinct_per_order(evs)] + truncates)
         if versions:
@@ -290,9 +290,9 @@ class HistoryMemoryReplica:
             if k in keys and (oldest is None or v.end is None or v.end >= oldest):
                 versions.setdefault(k, []).append(v)
         closes: dict[Key, list[Close]] = {}
-        for (k, _), (c, _) in self.closes.items():
-            if k is not None and k in plan.changes:
-                closes.setdefault(k, []).append(c)
+        for (held, _), (c, _) in self.closes.items():
+            if held is not None and held in plan.changes:
+                closes.setdefault(held, []).append(c)
         return StoredHistory(versions, closes, truncates)
 
     def apply(self, write: HistoryWrite, now: float) -> None:

@@ -34,9 +34,9 @@ from lakemirror.checkpoints import stream_dir
 from lakemirror.identifiers import TableName
 from lakemirror.sinks.events.dead_letters import DeadLetterRow, DeadLetterTable
 from lakemirror.sinks.events.guard_merge import GuardedDeltaSink, GuardOutcome
-from lakemirror.sinks.events.guard_plan import plan_batch
+from lakemirror.sinks.events.guard_plan import TablePlan, plan_batch
 from lakemirror.sinks.history_merge import HistoryDeltaSink
-from lakemirror.sinks.history_plan import HISTORY_SCD2, plan_history_batch
+from lakemirror.sinks.history_plan import HISTORY_SCD2, HistoryTablePlan, plan_history_batch
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.txn import BatchStats, MergeOutcome, TxnId
 from lakemirror.sources.change_event import ChangeEvent, DeadLetter, Skipped
@@ -158,6 +158,7 @@ class EventBatchApplier:
                 changes.append(decoded)
                 origin[id(decoded)] = raw
         scd2 = self.spec.history == HISTORY_SCD2
+        plans: dict[str, TablePlan | HistoryTablePlan]
         plans, refused = plan_history_batch(changes) if scd2 else plan_batch(changes)  # type: ignore[assignment]
         letters += [DeadLetterRow(origin[id(e)], reason, e.table) for e, reason in refused]
         outcomes: dict[str, GuardOutcome] = {}
