@@ -35,8 +35,8 @@ from lakemirror.identifiers import TableName
 from lakemirror.sinks.events.dead_letters import DeadLetterRow, DeadLetterTable
 from lakemirror.sinks.events.guard_merge import GuardedDeltaSink, GuardOutcome
 from lakemirror.sinks.events.guard_plan import TablePlan, plan_batch
-from lakemirror.sinks.history_merge import HistoryDeltaSink
-from lakemirror.sinks.history_plan import HISTORY_SCD2, HistoryTablePlan, plan_history_batch
+from lakemirror.sinks.events.history_merge import HistoryDeltaSink
+from lakemirror.sinks.events.history_plan import HISTORY_SCD2, HistoryTablePlan, plan_history_batch
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.txn import BatchStats, MergeOutcome, TxnId
 from lakemirror.sources.change_event import ChangeEvent, DeadLetter, Skipped
@@ -77,7 +77,7 @@ class EventStreamSpec:
     allow_schema_evolution: bool = True
     trigger_interval_seconds: float = 5.0
     max_per_trigger: int | None = None          # files or offsets per micro-batch
-    history: str = "current"                    # current | scd2 (one row per key version: sinks.history_plan)
+    history: str = "current"                    # current | scd2 (one row per key version: sinks.events.history_plan)
 
 
 @dataclass

@@ -12,14 +12,14 @@ import pytest
 
 from lakemirror import tables
 from lakemirror.identifiers import TableName
-from lakemirror.sinks.guard_plan import POSITION_COLUMN, row_order
-from lakemirror.sinks.history_merge import HistoryDeltaSink, HistoryReplicaMismatch
-from lakemirror.sinks.history_plan import (
+from lakemirror.sinks.events.guard_plan import POSITION_COLUMN, row_order
+from lakemirror.sinks.events.history_merge import HistoryDeltaSink, HistoryReplicaMismatch
+from lakemirror.sinks.events.history_plan import (
     END_POSITION_COLUMN, IS_CURRENT, VALID_FROM, VALID_TO, HistoryMemoryReplica, history_fold, plan_history,
     plan_history_batch,
 )
-from lakemirror.sinks.guard_merge import GuardedDeltaSink
-from lakemirror.sinks.guard_plan import plan_batch
+from lakemirror.sinks.events.guard_merge import GuardedDeltaSink
+from lakemirror.sinks.events.guard_plan import plan_batch
 from lakemirror.sinks.txn import TxnId
 from lakemirror.sources.change_event import DELETE, SNAPSHOT, STREAM, TRUNCATE, UPSERT, ChangeEvent, Position
 from lakemirror.sources.debezium import decode_line

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from lakemirror.sinks.history_plan import (
+from lakemirror.sinks.events.history_plan import (
     Close, HistoryMemoryReplica, Version, fold_versions, history_fold, plan_history, plan_history_batch,
 )
 from lakemirror.sources.change_event import DELETE, SNAPSHOT, STREAM, TRUNCATE, UPSERT, ChangeEvent, Position
@@ -178,7 +178,7 @@ def test_remembered_deletes_are_purged_past_the_horizon_truncates_stay() -> None
 
 
 def test_fold_versions_closes_and_reopens() -> None:
-    from lakemirror.sinks.history_plan import _Step
+    from lakemirror.sinks.events.history_plan import _Step
     o = lambda n, r: (1, n, 0, 0, r)  # noqa: E731
     got = fold_versions(("k",), [_Step(o(3, 0), False), _Step(o(1, 1), True, {"v": 1}), _Step(o(5, 1), True, {"v": 5}),
                                  _Step(o(4, 0), False)])
@@ -190,7 +190,7 @@ def apply_crashing(replica: HistoryMemoryReplica, batches: list[list[ChangeEvent
     """Apply ``batches`` in the executor's commit order (remembered deletes, the replica's MERGE, new
     truncates), dying at ``point`` of batch ``crash_at``; the replay of that batch finds the commits made
     before the crash already done (Delta skips a commit whose transaction id it has)."""
-    from lakemirror.sinks.history_plan import HistoryWrite
+    from lakemirror.sinks.events.history_plan import HistoryWrite
 
     for n, batch in enumerate(batches):
         for plan in plan_history_batch(batch)[0].values():

@@ -1,7 +1,7 @@
 """History (SCD type 2), planned: what one batch of change events does to a replica that keeps one row
 per key version, as data.
 
-Pure: no pyspark import. The Delta executor (:mod:`lakemirror.sinks.history_merge`) carries a
+Pure: no pyspark import. The Delta executor (:mod:`lakemirror.sinks.events.history_merge`) carries a
 :class:`HistoryWrite` out with one MERGE per replica; the in-memory twin (:class:`HistoryMemoryReplica`)
 carries it out on dicts and, with :func:`history_fold`, is the oracle of the tests.
 
@@ -49,7 +49,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Sequence
 
-from lakemirror.sinks.guard_plan import Key, TableEvents, _rank, split_by_table
+from lakemirror.sinks.events.guard_plan import Key, TableEvents, _rank, split_by_table
 from lakemirror.sources.change_event import DELETE, TRUNCATE, UPSERT, ChangeEvent, Order
 
 #: The replica's history columns (besides ``_lakemirror_position``, the order that opened the version).

@@ -1,7 +1,7 @@
-"""The history (SCD type 2) Delta executor: one batch's :class:`~lakemirror.sinks.history_plan.HistoryTablePlan`,
+"""The history (SCD type 2) Delta executor: one batch's :class:`~lakemirror.sinks.events.history_plan.HistoryTablePlan`,
 folded into the replica's versions with one MERGE under a Delta transaction id.
 
-Thin: what to write comes from :func:`lakemirror.sinks.history_plan.plan_history`; this module reads
+Thin: what to write comes from :func:`lakemirror.sinks.events.history_plan.plan_history`; this module reads
 what the plan needs, converts values to the replica's types and carries the write out.
 
 The replica holds one row per key version: the source's columns, ``valid_from`` / ``valid_to`` (the
@@ -43,14 +43,14 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from lakemirror import tables
 from lakemirror.identifiers import quote
-from lakemirror.sinks.delta_merge import counts_from_answer, transaction
-from lakemirror.sinks.event_rows import convert
-from lakemirror.sinks.guard_merge import S, T, GuardedDeltaSink, GuardOutcome, position_sql
-from lakemirror.sinks.guard_plan import (
+from lakemirror.sinks.merge.delta_merge import counts_from_answer, transaction
+from lakemirror.sinks.events.event_rows import convert
+from lakemirror.sinks.events.guard_merge import S, T, GuardedDeltaSink, GuardOutcome, position_sql
+from lakemirror.sinks.events.guard_plan import (
     DELETED_AT_COLUMN, POSITION_COLUMN, POSITION_FIELDS, RESERVED_COLUMNS, SCOPE_COLUMN, SCOPE_KEY, SCOPE_TABLE, Key,
     row_order,
 )
-from lakemirror.sinks.history_plan import (
+from lakemirror.sinks.events.history_plan import (
     END_POSITION_COLUMN, HISTORY_COLUMNS, IS_CURRENT, VALID_FROM, VALID_TO, Close, HistoryTablePlan, HistoryWrite,
     StoredHistory, Version, plan_history,
 )
