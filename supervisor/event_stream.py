@@ -34,7 +34,9 @@ from lakemirror.checkpoints import stream_dir
 from lakemirror.identifiers import TableName
 from lakemirror.sinks.events.dead_letters import DeadLetterRow, DeadLetterTable
 from lakemirror.sinks.events.guard_merge import GuardedDeltaSink, GuardOutcome
-from lakemirror.sinks.events.guard_plan import plan_batch
+from lakemirror.sinks.events.guard_plan import TablePlan, plan_batch
+from lakemirror.sinks.events.history_merge import HistoryDeltaSink
+from lakemirror.sinks.events.history_plan import HISTORY_SCD2, HistoryTablePlan, plan_history_batch
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.txn import BatchStats, MergeOutcome, TxnId
 from lakemirror.sources.change_event import ChangeEvent, DeadLetter, Skipped
@@ -75,6 +77,7 @@ class EventStreamSpec:
     allow_schema_evolution: bool = True
     trigger_interval_seconds: float = 5.0
     max_per_trigger: int | None = None          # files or offsets per micro-batch
+    history: str = "current"                    # current | scd2 (one row per key version: sinks.events.history_plan)
 
 
 @dataclass
@@ -154,7 +157,9 @@ class EventBatchApplier:
             else:
                 changes.append(decoded)
                 origin[id(decoded)] = raw
-        plans, refused = plan_batch(changes)
+        scd2 = self.spec.history == HISTORY_SCD2
+        plans: dict[str, TablePlan | HistoryTablePlan]
+        plans, refused = plan_history_batch(changes) if scd2 else plan_batch(changes)  # type: ignore[assignment]
         letters += [DeadLetterRow(origin[id(e)], reason, e.table) for e, reason in refused]
         outcomes: dict[str, GuardOutcome] = {}
         replicas: dict[str, ReplicaBatch] = {}
@@ -167,10 +172,10 @@ class EventBatchApplier:
                     letters += [DeadLetterRow(origin[id(e)], f"no replica for table {table!r}: {exc}", table)
                                 for e in changes if e.table == table]
                     continue
-                sink = self.sinks[table] = GuardedDeltaSink(location, self.spec.allow_schema_evolution,
-                                                            clock=self.clock)
+                sink = self.sinks[table] = (HistoryDeltaSink if scd2 else GuardedDeltaSink)(
+                    location, self.spec.allow_schema_evolution, clock=self.clock)
             txn = TxnId(f"lakemirror/{self.pipeline_id}/{self.spec.name}/{table}/{epoch}", batch_id)
-            outcome = sink.apply(self.session_for(table), plan, txn)
+            outcome = sink.apply(self.session_for(table), plan, txn)  # type: ignore[arg-type]
             committed = self.clock()
             outcomes[table] = outcome
             letters += [DeadLetterRow(origin[id(e)], reason, table) for e, reason in outcome.rejected]

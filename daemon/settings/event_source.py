@@ -12,6 +12,7 @@ micro-batch out to one replica per table, in ``destination_catalog.destination_s
       tables: [customers, orders]
       key_columns: {orders: [order_id, line]}   # for events that carry no key of their own
       tombstone_horizon_seconds: 604800
+      history: scd2            # keep every version of every row (SCD type 2); default: current
 
 Validated with the rest of the file: a bad block exits 2 naming the field (``source.path`` …).
 """
@@ -55,6 +56,12 @@ class EventSourceSettings(BaseModel):
     tombstone_horizon_seconds: float = Field(
         7 * 86400.0, gt=0, description="How long a delete is remembered so a late, older insert cannot bring the "
                                        "row back. Longer than the worst delivery delay of the source.")
+    history: Literal["current", "scd2"] = Field(
+        "current", description="current: the replica keeps one row per key, the newest; scd2: one row per key "
+                               "version (SCD type 2) with valid_from, valid_to (NULL while current), is_current and "
+                               "the positions that opened and closed it, in source position order whatever the "
+                               "arrival order. Every table of the source; Delta destinations only; a replica keeps "
+                               "the mode it was created with (docs/event-sources.md#history-scd-type-2).")
     purge_interval_seconds: float = Field(3600.0, gt=0, description="How often tombstones past the horizon are purged.")
     max_per_trigger: int | None = Field(None, gt=0, description="Cap on files (or Kafka offsets) per micro-batch.")
     real_time: RealTimeSettings | None = Field(None, description="Kafka into a PostgreSQL destination only: run in "

@@ -305,6 +305,9 @@ class Settings(BaseSettings):
         if self.source is not None and self.source.real_time is not None and self.destination.kind != "postgres":
             raise ValueError("source.real_time needs destination kind postgres: open-source Spark runs Real-Time "
                              "Mode into foreach sinks only, not Delta; remove real_time or write to PostgreSQL")
+        if self.source is not None and self.source.history == "scd2" and self.destination.kind != "delta":
+            raise ValueError(f"source.history scd2 needs a Delta destination (destination kind is "
+                             f"{self.destination.kind}); remove history or write to Delta")
         return self
 
     # -- derived ----------------------------------------------------------------------------

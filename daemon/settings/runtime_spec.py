@@ -56,7 +56,7 @@ def event_stream_spec(source: EventSourceSettings, settings: Settings) -> EventS
         topic_pattern=source.topic_pattern, tables=tuple(source.tables) if source.tables is not None else None,
         key_columns={t: tuple(c) for t, c in source.key_columns.items()},
         tombstone_horizon_seconds=source.tombstone_horizon_seconds,
-        purge_interval_seconds=source.purge_interval_seconds,
+        purge_interval_seconds=source.purge_interval_seconds, history=source.history,
         allow_schema_evolution=settings.allow_schema_evolution,
         trigger_interval_seconds=settings.trigger_interval_seconds, max_per_trigger=source.max_per_trigger)
 

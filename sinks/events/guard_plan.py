@@ -83,31 +83,37 @@ def _rank(event: ChangeEvent) -> tuple[Order, str]:
     return (event.order(), event.digest())
 
 
-def plan_batch(events: Iterable[ChangeEvent]) -> tuple[dict[str, TablePlan], list[tuple[ChangeEvent, str]]]:
-    """Group a batch's change events by table and fold each key to its winner.
+@dataclass(frozen=True)
+class TableEvents:
+    """One table's distinct change events of a batch (exact redeliveries dropped), arrival order kept."""
 
-    Returns the per-table plans and the events refused (with the reason): events whose key columns
-    differ from the first keyed event of their table in the batch.
-    """
+    key_columns: tuple[str, ...]
+    changes: tuple[ChangeEvent, ...]        # keyed changes (upserts and deletes)
+    truncates: tuple[ChangeEvent, ...]
+    events: int = 0                         # change events of the table in the batch, duplicates included
+    duplicates: int = 0
+
+
+def split_by_table(events: Iterable[ChangeEvent]) -> tuple[dict[str, TableEvents], list[tuple[ChangeEvent, str]]]:
+    """Group a batch's change events by table, drop exact redeliveries (equal digests), and refuse the
+    events whose key columns differ from the first keyed event of their table in the batch."""
     by_table: dict[str, list[ChangeEvent]] = {}
     for event in events:
         by_table.setdefault(event.table, []).append(event)
-    plans: dict[str, TablePlan] = {}
+    out: dict[str, TableEvents] = {}
     refused: list[tuple[ChangeEvent, str]] = []
     for table, table_events in by_table.items():
         key_columns: tuple[str, ...] | None = None
         seen: set[str] = set()
-        winners: dict[Key, ChangeEvent] = {}
-        truncate: Order | None = None
-        duplicates = superseded = 0
+        changes: list[ChangeEvent] = []
+        truncates: list[ChangeEvent] = []
         for event in table_events:
             digest = event.digest()
             if digest in seen:
-                duplicates += 1
                 continue
             seen.add(digest)
             if event.op == TRUNCATE:
-                truncate = max(truncate, event.order()) if truncate is not None else event.order()
+                truncates.append(event)
                 continue
             if key_columns is None:
                 key_columns = event.key_columns
@@ -115,6 +121,25 @@ def plan_batch(events: Iterable[ChangeEvent]) -> tuple[dict[str, TablePlan], lis
                 refused.append((event, f"key columns {list(event.key_columns)} differ from the table's "
                                        f"{list(key_columns)}"))
                 continue
+            changes.append(event)
+        out[table] = TableEvents(key_columns or (), tuple(changes), tuple(truncates), len(table_events),
+                                 len(table_events) - len(seen))
+    return out, refused
+
+
+def plan_batch(events: Iterable[ChangeEvent]) -> tuple[dict[str, TablePlan], list[tuple[ChangeEvent, str]]]:
+    """Group a batch's change events by table and fold each key to its winner.
+
+    Returns the per-table plans and the events refused (with the reason): events whose key columns
+    differ from the first keyed event of their table in the batch.
+    """
+    split, refused = split_by_table(events)
+    plans: dict[str, TablePlan] = {}
+    for table, te in split.items():
+        winners: dict[Key, ChangeEvent] = {}
+        truncate = max((t.order() for t in te.truncates), default=None)
+        superseded = 0
+        for event in te.changes:
             best = winners.get(event.key)
             if best is None:
                 winners[event.key] = event
@@ -124,7 +149,7 @@ def plan_batch(events: Iterable[ChangeEvent]) -> tuple[dict[str, TablePlan], lis
                     winners[event.key] = event
         kept = tuple(w for w in winners.values() if truncate is None or w.order() > truncate)
         superseded += len(winners) - len(kept)
-        plans[table] = TablePlan(table, key_columns or (), kept, truncate, len(table_events), duplicates, superseded)
+        plans[table] = TablePlan(table, te.key_columns, kept, truncate, te.events, te.duplicates, superseded)
     return plans, refused
 
 

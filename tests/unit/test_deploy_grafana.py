@@ -120,6 +120,12 @@ def test_the_alert_rules_use_exported_metrics_only() -> None:
     ("Table states", "lakemirror_table_state"),
     ("Retries", "lakemirror_retries_total"),
     ("Retention headroom", "lakemirror_retention_headroom_seconds"),
+    ("Kafka offsets behind", "lakemirror_kafka_offsets_behind"),
+    ("Event-time lag", "lakemirror_event_time_lag_seconds_bucket"),
+    ("Event rows by operation", "lakemirror_event_rows_applied_total"),
+    ("Dead letters", "lakemirror_dead_letters_total"),
+    ("PostgreSQL flush time", "lakemirror_sink_flush_seconds_bucket"),
+    ("Stream latency", "lakemirror_stream_latency_seconds"),
 ])
 def test_the_required_panels(title: str, metric: str) -> None:
     [panel] = [p for p in panels(DASHBOARD) if p["title"] == title]
@@ -129,6 +135,34 @@ def test_the_required_panels(title: str, metric: str) -> None:
         assert all(re.search(r"sum by \(op\) \(rate\(", e) for e in exprs)
     if title == "Batch duration":
         assert all(e.startswith("histogram_quantile(") and "by (le)" in e for e in exprs)
+    if title in ("Event-time lag", "PostgreSQL flush time"):  # p50 and p99
+        assert [e.split(",")[0] for e in exprs] == ["histogram_quantile(0.5", "histogram_quantile(0.99"]
+    if title == "Kafka offsets behind":
+        assert all("by (source, topic, partition)" in e for e in exprs)
+
+
+# The daemon's event-source and latency series: each one is on the dashboard, and the alert rules
+# watch dead letters, the Kafka backlog and the event-time lag.
+EVENT_AND_LATENCY_METRICS = {
+    "lakemirror_kafka_offsets_behind", "lakemirror_event_time_lag_seconds_bucket", "lakemirror_event_batch_lag_seconds",
+    "lakemirror_event_rows_applied_total", "lakemirror_event_changes_stale_total", "lakemirror_dead_letters_total",
+    "lakemirror_sink_flush_seconds_bucket", "lakemirror_stream_latency_seconds",
+}
+
+
+def test_every_event_source_and_latency_metric_is_on_the_dashboard_and_alerted_where_it_matters() -> None:
+    exported = exported_sample_names()
+    assert EVENT_AND_LATENCY_METRICS <= exported, EVENT_AND_LATENCY_METRICS - exported
+    families = {n for n in exported if n.startswith(("lakemirror_event_", "lakemirror_kafka_", "lakemirror_dead_"))
+                and not n.endswith(("_count", "_sum"))}
+    assert families <= EVENT_AND_LATENCY_METRICS, f"new event metrics to put on the dashboard: {families - EVENT_AND_LATENCY_METRICS}"
+    shown = {name for _, expr in dashboard_queries() for name in metric_names(expr)}
+    assert not EVENT_AND_LATENCY_METRICS - shown, f"not on the dashboard: {EVENT_AND_LATENCY_METRICS - shown}"
+    alerted = {name for path in sorted((ROOT / "deploy" / "prometheus").glob("*.yml"))
+               for group in yaml.safe_load(path.read_text(encoding="utf-8"))["groups"]
+               for rule in group["rules"] for name in metric_names(rule["expr"])}
+    assert {"lakemirror_dead_letters_total", "lakemirror_kafka_offsets_behind",
+            "lakemirror_event_time_lag_seconds_bucket"} <= alerted
 
 
 def test_every_panel_uses_the_datasource_variable() -> None:

@@ -32,7 +32,8 @@ def alert_names() -> set[str]:
 def test_the_required_alerts_exist_and_every_one_is_unit_tested() -> None:
     names = alert_names()
     assert {"LakemirrorLagOverSLO", "LakemirrorTableDegraded", "LakemirrorRetentionHeadroomLow",
-            "LakemirrorDown"} <= names
+            "LakemirrorDown", "LakemirrorDeadLetters", "LakemirrorKafkaOffsetsBehindGrowing",
+            "LakemirrorEventLagHigh"} <= names
     tested = {case["alertname"] for path in TESTS for group in yaml.safe_load(path.read_text())["tests"]
               for case in group.get("alert_rule_test", [])}
     assert names <= tested, f"alerts without a promtool unit test: {names - tested}"

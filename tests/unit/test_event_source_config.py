@@ -62,3 +62,19 @@ def test_validate_exits_2_naming_the_field(tmp_path: Path, capsys: pytest.Captur
     assert main(["validate", str(path)]) == 2
     err = capsys.readouterr().err
     assert "source.path" in err and "is not a directory" in err and "Traceback" not in err
+
+
+def test_history_scd2_reaches_the_stream_spec_and_defaults_to_current_rows(tmp_path: Path) -> None:
+    s = settings_with({"kind": "files", "path": str(tmp_path), "history": "scd2"})
+    assert event_stream_spec(s.source, s).history == "scd2"
+    plain = settings_with({"kind": "files", "path": str(tmp_path)})
+    assert event_stream_spec(plain.source, plain).history == "current"
+    assert any(w == "command line: source.history" and "'current' or 'scd2'" in m
+               for w, m in problems({"kind": "files", "path": str(tmp_path), "history": "scd3"}))
+
+
+def test_history_scd2_into_postgres_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(None, {**BASE, "source": {"kind": "files", "path": str(tmp_path), "history": "scd2"},
+                             "destination": {"kind": "postgres", "host": "db", "database": "app", "user": "lm"}})
+    assert any("history scd2 needs a Delta destination" in m for _, m in info.value.problems), info.value.problems
