@@ -53,17 +53,18 @@ def audit_details(spark: Any, loc: tables.TableLocation, operation: str) -> list
 
 
 def run_now(ctx: DaemonContext, now: list[float]) -> Callable[[str], None]:
-    """Runs one scheduled sub-task through the daemon's SubtaskService: the clock jumps to its due
-    time and the run happens on the calling thread."""
+    """Runs one scheduled sub-task through the daemon's SubtaskService: the clock moves on to its
+    due time (the schedules are chosen so that no other sub-task is due then) and the run happens
+    on the calling thread."""
     def run(task: str) -> None:
-        view = next(v for v in ctx.subtasks.views() if v.task == task)
-        assert view.next_run_at is not None
-        now[0] = view.next_run_at
-        before = view.runs
+        views = {v.task: v for v in ctx.subtasks.views()}
+        due = views[task].next_run_at
+        assert due is not None and due >= now[0]
+        now[0] = due
         ctx.subtasks.tick()
-        after = next(v for v in ctx.subtasks.views() if v.task == task)
-        assert after.runs == before + 1, after
-        assert after.last_outcome == "success", after.last_error
+        after = {v.task: v for v in ctx.subtasks.views()}
+        assert {t: v.runs - views[t].runs for t, v in after.items()} == {t: int(t == task) for t in after}
+        assert after[task].last_outcome == "success", after[task].last_error
     return run
 
 
@@ -104,11 +105,14 @@ def test_clone_sweep_reconcile_and_metadata_over_connect(remote: Any, connect_se
         "pipeline_id": "connect-subtasks", "source_catalog": "src", "destination_catalog": "dst",
         "schema_name": "sales", "checkpoint_volume": str(checkpoints), "runtime": runtime, "http": {"port": 0},
         "exclude_tables": ["orders"],
+        # Due at +1000 and +2000 (sweep), +2500 (repair), +2800 (check): one at a time.
         "schedules": [
-            {"name": "sweep", "operations": ["incremental"], "every_seconds": 3600,
+            {"name": "sweep", "operations": ["incremental"], "every_seconds": 1000,
              "tables": ["orders"], "retry": {"max_attempts": 1}},
-            {"name": "repair", "operations": ["reconcile", "metadata"], "every_seconds": 3600, "tables": ["orders"],
-             "reconcile": {"repair": True, "buckets": 16}, "retry": {"max_attempts": 1}}]})
+            {"name": "repair", "operations": ["reconcile", "metadata"], "every_seconds": 2500, "tables": ["orders"],
+             "reconcile": {"repair": True, "buckets": 16}, "retry": {"max_attempts": 1}},
+            {"name": "check", "operations": ["reconcile", "metadata"], "every_seconds": 2800, "tables": ["orders"],
+             "reconcile": {"repair": False}, "retry": {"max_attempts": 1}}]})
     now = [1_000_000.0]
 
     def inline(target: Callable[[], None], name: str) -> threading.Thread:
@@ -141,7 +145,7 @@ def test_clone_sweep_reconcile_and_metadata_over_connect(remote: Any, connect_se
 
     # 3. A drift in the replica (a row lost, a row changed, a row that should not be there), and new
     # comments and a changed property at the source: reconciled, repaired and synced.
-    remote.sql(f"COMMENT ON TABLE {src.sql} IS 'orders, it''s v2'")
+    remote.sql(f"COMMENT ON TABLE {src.sql} IS 'orders, it\\'s v2'")
     remote.sql(f"ALTER TABLE {src.sql} ALTER COLUMN v COMMENT 'the value'")
     remote.sql(f"ALTER TABLE {src.sql} SET TBLPROPERTIES ('team' = 'ops')")
     remote.sql(f"DELETE FROM {rep.sql} WHERE id = 10")
@@ -159,7 +163,7 @@ def test_clone_sweep_reconcile_and_metadata_over_connect(remote: Any, connect_se
     comments = {r["col_name"]: r["comment"] for r in remote.sql(f"DESCRIBE TABLE {rep.sql}").collect()}
     assert comments["v"] == "the value" and comments["id"] == "the key"
     assert audit_details(remote, audit, "metadata")[-1]["statements"] >= 3
-    run("repair")  # nothing left to repair or to sync
+    run("check")  # a reconciliation without repair fails on any mismatch; nothing left to sync either
     last = tables.read(remote, results).orderBy("checked_at").collect()[-1]
     assert (last["status"], last["repaired"]) == ("equal", False), last
     assert audit_details(remote, audit, "metadata")[-1]["statements"] == 0
