@@ -11,7 +11,10 @@ runs depends on the session:
   sweep reads them back instead (:func:`server_outcomes`): the batches the query reports in its
   progress, each matched with the replica commit tagged with its transaction
   (``userMetadata``, :meth:`~lakemirror.sinks.txn.TxnId.tag`). A batch whose commit is older than
-  the sweep was a replay Delta skipped; its counts are those of that earlier commit.
+  the sweep was a replay Delta skipped; its counts are those of that earlier commit. The progress
+  of a Connect query reports no input rows for a batch that its server-side function reads (those
+  reads are queries of their own), so there ``rows_read`` is the MERGE's source rows
+  (``numSourceRows``): one winning change per key, not every change row the batch held.
 
 :func:`outcomes_from_log` is that matching, pure.
 """
@@ -51,22 +54,23 @@ class TaggedCommit:
 
     version: int
     counts: ApplyCounts
+    source_rows: int = 0  # the MERGE's source rows (one winning change per key)
 
 
-def outcomes_from_log(progress: Iterable[tuple[int, int]], commits: Mapping[int, TaggedCommit],
+def outcomes_from_log(batch_ids: Iterable[int], commits: Mapping[int, TaggedCommit],
                       replica_version_before: int) -> list[tuple[int, MergeOutcome]]:
-    """(batch id, outcome) of each batch a query reported in ``progress`` ((batch id, input rows),
-    in order) that has a commit in ``commits`` (by batch id): fresh when that commit is newer than
+    """(batch id, outcome) of each batch a query reported (``batch_ids``, in order) that has a
+    commit in ``commits`` (by batch id): fresh when that commit is newer than
     ``replica_version_before``, else a replay Delta skipped. A reported batch without a commit ran
     no batch function (an idle trigger) and is left out."""
     out: list[tuple[int, MergeOutcome]] = []
     seen: set[int] = set()
-    for batch_id, rows in progress:
+    for batch_id in batch_ids:
         commit = commits.get(batch_id)
         if commit is None or batch_id in seen:
             continue
         seen.add(batch_id)
-        out.append((batch_id, MergeOutcome(BatchStats(rows, None, None, None), commit.counts,
+        out.append((batch_id, MergeOutcome(BatchStats(commit.source_rows, None, None, None), commit.counts,
                                            replayed=commit.version <= replica_version_before)))
     return out
 
@@ -84,17 +88,14 @@ def tagged_commits(rows: Iterable[Mapping[str, Any]], app_id: str) -> dict[int, 
             continue
         batch, version = int(tag["batch"]), int(row["version"])
         if batch not in found or found[batch].version < version:
-            found[batch] = TaggedCommit(version, counts_from_metrics(row.get("operationMetrics")))
+            metrics = row.get("operationMetrics") or {}
+            found[batch] = TaggedCommit(version, counts_from_metrics(metrics), int(metrics.get("numSourceRows") or 0))
     return found
 
 
-def progress_batches(progress: Sequence[Any]) -> list[tuple[int, int]]:
-    """(batch id, input rows) of a query's progress reports (``recentProgress``)."""
-    out = []
-    for p in progress:
-        payload = json.loads(p.json) if hasattr(p, "json") else p
-        out.append((int(payload["batchId"]), int(payload.get("numInputRows") or 0)))
-    return out
+def progress_batches(progress: Sequence[Any]) -> list[int]:
+    """The batch ids of a query's progress reports (``recentProgress``), in order."""
+    return [int((json.loads(p.json) if hasattr(p, "json") else p)["batchId"]) for p in progress]
 
 
 def server_outcomes(spark: "SparkSession", replica: TableLocation, app_id: str, progress: Sequence[Any],
