@@ -1,7 +1,8 @@
 """The Spark session factory, for the three places lakemirror runs.
 
 - ``local`` (default): embedded Spark with Delta from the cached jars; small, UI off.
-- ``connect``: a Spark Connect server (``sc://host:port``) with Delta's Connect plugin.
+- ``connect``: a Spark Connect server (``sc://host:port``) with Delta's jars and SQL extension (no
+  Delta Connect plugin: lakemirror speaks SQL and DataFrame calls to it).
 - ``databricks``: the session the Databricks job runtime already has.
 """
 

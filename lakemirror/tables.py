@@ -54,6 +54,20 @@ def own_session(spark: "SparkSession") -> "SparkSession":
     return SparkSession.builder.remote(f"sc://{channel.url.netloc}/{params}").create()  # type: ignore[attr-defined,no-any-return]
 
 
+def release_session(session: "SparkSession", parent: "SparkSession") -> None:
+    """Give back a session :func:`own_session` made from ``parent`` once its work is done. Over
+    Spark Connect it is a session of the server's, holding state there until released; a session
+    with a JVM of its own (``newSession``) holds nothing worth releasing. A Connect server this
+    process started itself (``remote("local")``) would stop with the session: it is left alone."""
+    import os
+
+    if session is parent or has_own_jvm(session) or not hasattr(session, "client"):
+        return
+    if "SPARK_LOCAL_REMOTE" in os.environ:
+        return
+    session.stop()
+
+
 def reader(spark: "SparkSession", loc: TableLocation, **options: Any) -> "DataFrameReader":
     r = spark.read.format("delta")
     for k, v in options.items():
@@ -106,6 +120,12 @@ def history(spark: "SparkSession", loc: TableLocation, limit: int | None = None)
         table = delta_table(spark, loc)
         return table.history(limit) if limit is not None else table.history()
     return spark.sql(f"DESCRIBE HISTORY {loc.sql}" + (f" LIMIT {int(limit)}" if limit is not None else ""))
+
+
+def latest_version(spark: "SparkSession", loc: TableLocation) -> int:
+    """The table's newest version (the first row of :func:`history`, so it works over Spark
+    Connect too)."""
+    return int(history(spark, loc, 1).select("version").collect()[0]["version"])
 
 
 def write(df: "DataFrame", loc: TableLocation, mode: str, **options: Any) -> None:

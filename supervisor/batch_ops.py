@@ -1,9 +1,10 @@
 """The Spark implementations behind :mod:`lakemirror.supervisor.replicate`: discovery and the
 three operations (clone, reconcile, metadata) for one table.
 
-Each attempt runs on its own Spark session (``newSession``: Delta's transaction-id confs are
-session-wide) and tags its Spark jobs with the attempt's tag, so a timed-out attempt is
-cancelled by :meth:`SparkOperations.cancel`.
+Each attempt runs on its own Spark session (:func:`~lakemirror.tables.own_session`: Delta's
+transaction-id confs are session-wide; over Spark Connect a server session of its own, released
+when the attempt ends) and tags its Spark jobs with the attempt's tag, so a timed-out attempt is
+cancelled by :meth:`SparkOperations.cancel` (``interruptTag``, which Spark Connect has too).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from lakemirror.sinks.sql import SparkSql
 from lakemirror.sources.catalog import Catalog, LocalCatalog, UnityCatalog
 from lakemirror.sources.keys import choose_key
 from lakemirror.supervisor.replicate import TableJob
+from lakemirror.tables import own_session, release_session
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -82,7 +84,7 @@ class SparkOperations:
             session.sparkContext.cancelJobGroup(tag)
 
     def run(self, operation: str, job: TableJob, tag: str) -> Mapping[str, Any]:
-        session = self.spark.newSession()
+        session = own_session(self.spark)
         with self._lock:
             self._sessions[tag] = session
         try:
@@ -104,6 +106,7 @@ class SparkOperations:
                 session.removeTag(tag)
             except AttributeError:
                 pass
+            release_session(session, self.spark)
 
     def _keys(self, session: "SparkSession", job: TableJob, *, required: bool) -> tuple[str, ...]:
         info = self.catalog.describe(session, job.source)

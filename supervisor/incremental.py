@@ -16,10 +16,16 @@ the same source id, same schema: no copy at all); else a snapshot at the source'
 replaces the replica (a new epoch). After each sweep the replica's ``lakemirror.cloneSourceVersion``
 says which source version it now mirrors, so a reconciliation compares it with the right version.
 A replica owned by a continuous pipeline is refused: a sweep would race its stream.
+
+Over Spark Connect the sweep is the same: a server session of its own, the same batch function
+(it runs on the server, where its SQL ``MERGE`` needs no Delta plugin), and the outcomes read back
+from the replica's log (:mod:`lakemirror.supervisor.sweep_batches`). Its checkpoint folder is
+written by the server, so ``checkpoint_volume`` must be a path the server sees.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from dataclasses import dataclass, replace
@@ -30,7 +36,8 @@ from lakemirror.checkpoints.state import StateStore, TableProgress
 from lakemirror.errors import DestinationConflict, TerminalError
 from lakemirror.identifiers import TableName
 from lakemirror.sinks.batch.clone import CLONE_SOURCE_ID_PROPERTY, CLONE_VERSION_PROPERTY, clone_properties
-from lakemirror.sinks.merge.delta_merge import DeltaMergeSink, TxnId
+from lakemirror.sinks.merge.connect_batches import server_batch_cause
+from lakemirror.sinks.merge.delta_merge import DeltaMergeSink
 from lakemirror.sinks.merge.planner import ColumnSelection, diff_schema, plan_merge
 from lakemirror.sinks.batch import snapshot_copy
 from lakemirror.sources import change_feed
@@ -38,9 +45,10 @@ from lakemirror.sources.catalog import Catalog
 from lakemirror.sources.keys import choose_key
 from lakemirror.supervisor.offsets import applied_through_from_offset
 from lakemirror.supervisor.replicate import Operations, TableJob
+from lakemirror.supervisor.sweep_batches import SweepBatches, server_outcomes
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
 log = logging.getLogger(__name__)
@@ -142,7 +150,14 @@ class IncrementalSweep:
 
     def _sweep(self, source: TableName, target: TableName, keys: Sequence[str], columns: ColumnSelection,
                tag: str) -> SweepResult:
-        spark = self.spark.newSession()
+        spark = tables.own_session(self.spark)
+        try:
+            return self._sweep_in(spark, source, target, keys, columns, tag)
+        finally:
+            tables.release_session(spark, self.spark)
+
+    def _sweep_in(self, spark: "SparkSession", source: TableName, target: TableName, keys: Sequence[str],
+                  columns: ColumnSelection, tag: str) -> SweepResult:
         info = self.catalog.describe(spark, source)
         if not info.cdf_enabled:
             raise TerminalError(f"{source}: Change Data Feed is not enabled; an incremental sweep reads it. Run: "
@@ -151,7 +166,7 @@ class IncrementalSweep:
         key = choose_key(str(source), info.columns, configured=tuple(keys), declared=info.declared_key)
         plan = plan_merge(info.columns, key.columns, columns)
         src, dst = self.catalog.locate(source), self.catalog.locate(target)
-        version = int(tables.delta_table(spark, src).history(1).collect()[0]["version"])
+        version = tables.latest_version(spark, src)
         exists = tables.exists(spark, dst)
         props = snapshot_copy.replica_properties(spark, dst) if exists else {}
         owner = props.get(snapshot_copy.PIPELINE_PROPERTY)
@@ -191,30 +206,27 @@ class IncrementalSweep:
         sink = DeltaMergeSink(dst, plan, stable_source=True)
         app_id = sweep_app_id(self.namespace, target.slug, progress.epoch, start)
         checkpoint = f"{self.checkpoint_root}/{self.namespace}/incremental/{target.slug}/e{progress.epoch}"
-        totals = {"batches": 0, "rows_read": 0, "ins": 0, "upd": 0, "del": 0, "replayed": 0, "last": -1}
-
-        def apply(batch: "DataFrame", batch_id: int) -> None:
-            outcome = sink.apply(batch, TxnId(app_id, batch_id))
-            totals["batches"] += 1
-            totals["rows_read"] += outcome.stats.rows_read
-            totals["ins"] += outcome.counts.inserted
-            totals["upd"] += outcome.counts.updated
-            totals["del"] += outcome.counts.deleted
-            totals["replayed"] += int(outcome.replayed)
-            if outcome.stats.last_version is not None:
-                totals["last"] = max(totals["last"], int(outcome.stats.last_version))
-
+        batches = SweepBatches(sink, app_id)
+        # Over Spark Connect the batch function runs on the server: its outcomes are read back from
+        # the replica's log after the query, and commits up to this version were there before it.
+        in_process = tables.has_own_jvm(spark)
+        replica_before = -1 if in_process else tables.latest_version(spark, dst)
         stream = change_feed.change_stream(spark, src, start)
         with self._lock:
             if tag and tag in self._cancelled:
                 raise TerminalError(f"{source}: the incremental sweep was cancelled", table=str(source))
             query = (stream.writeStream.queryName(f"lakemirror-incremental:{self.namespace}:{source}")
                      .option("checkpointLocation", checkpoint).trigger(availableNow=True)
-                     .foreachBatch(apply).start())
+                     .foreachBatch(batches).start())
             if tag:
                 self._queries[tag] = query
         try:
             query.awaitTermination()
+        except Exception as exc:
+            cause = server_batch_cause(exc)  # over Spark Connect: the batch function's own error
+            if cause is exc:
+                raise
+            raise cause from exc
         finally:
             with self._lock:
                 self._queries.pop(tag, None)
@@ -224,19 +236,26 @@ class IncrementalSweep:
         with self._lock:
             if tag in self._cancelled:
                 raise TerminalError(f"{source}: the incremental sweep was cancelled", table=str(source))
-        through = max(head, totals["last"], _offset_through(query.lastProgress))
+        applied = (batches.applied if in_process
+                   else server_outcomes(spark, dst, app_id, query.recentProgress, replica_before))
+        outcomes = [o for _, o in applied]
+        last = max((int(o.stats.last_version) for o in outcomes if o.stats.last_version is not None), default=-1)
+        through = max(head, last, _offset_through(query.lastProgress))
         if through > mirrored:
             snapshot_copy.set_properties(spark, dst, {CLONE_VERSION_PROPERTY: str(through)})
         return SweepResult(str(source), str(target), action, progress.epoch, start, max(through, mirrored),
-                           totals["batches"], totals["rows_read"], totals["ins"], totals["upd"], totals["del"],
-                           totals["replayed"])
+                           len(outcomes), sum(o.stats.rows_read for o in outcomes),
+                           sum(o.counts.inserted for o in outcomes), sum(o.counts.updated for o in outcomes),
+                           sum(o.counts.deleted for o in outcomes), sum(int(o.replayed) for o in outcomes))
 
 
-def _offset_through(progress: Mapping[str, Any] | None) -> int:
-    """The source version an availableNow run ended at, from its last progress (-1 if unknown)."""
+def _offset_through(progress: Any) -> int:
+    """The source version an availableNow run ended at, from its last progress (-1 if unknown).
+    Read from the progress's JSON: over Spark Connect its items are not all reachable by key."""
     if not progress:
         return -1
-    ends = [applied_through_from_offset(s.get("endOffset")) for s in progress.get("sources", [])]
+    payload: Mapping[str, Any] = json.loads(progress.json) if hasattr(progress, "json") else progress
+    ends = [applied_through_from_offset(s.get("endOffset")) for s in payload.get("sources", [])]
     return max((e for e in ends if e is not None), default=-1)
 
 

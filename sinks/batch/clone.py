@@ -11,6 +11,12 @@
   (CDF off for some version, vacuumed), or any condition fails, a full copy at ``V`` replaces the
   replica in one commit.
 
+The open-source path is SQL and DataFrame calls only (``DESCRIBE DETAIL``, ``DESCRIBE HISTORY``,
+``VERSION AS OF`` reads, a SQL ``MERGE``), so it runs the same in a session with its own JVM and
+over Spark Connect without Delta's Connect plugin. Open-source Delta's ``SHALLOW CLONE`` is not
+used for the full copy: a shallow clone references the source's data files, so a ``VACUUM`` of
+the source would break the replica.
+
 Either way the replica's table properties say which source version it mirrors
 (``lakemirror.cloneSourceVersion``), from which source (``lakemirror.cloneSource``) and which
 incarnation of it (``lakemirror.cloneSourceId``). Applying a change range to a replica already
@@ -150,7 +156,7 @@ class DeltaCloner:
         spark = self.spark
         detail = spark.sql(f"DESCRIBE DETAIL {source.sql}").collect()[0]
         source_id, src_props = detail["id"], dict(detail["properties"] or {})
-        version = int(tables.delta_table(spark, source).history(1).collect()[0]["version"])
+        version = tables.latest_version(spark, source)
         src_cols = columns_from_struct(tables.read(spark, source, versionAsOf=version).schema)
         key = tuple(keys)
         state = CloneState(version, source_id, src_props.get(CDF_PROPERTY, "false").lower() == "true",

@@ -10,6 +10,9 @@ Repair re-applies the source rows of the mismatched keys through the normal MERG
 missing and different keys, deletes for extra ones, under a transaction id of its own
 (``lakemirror-reconcile/<run id>/<nonce>/<table>``), never the stream's. Keys the replica holds more
 than once are deleted in a first MERGE and re-inserted from the source in a second.
+
+Only DataFrame calls and SQL (the MERGE included), so the check and the repair run the same over
+Spark Connect as in a session with its own JVM.
 """
 
 from __future__ import annotations
@@ -37,10 +40,6 @@ if TYPE_CHECKING:
 KIND_COLUMN = "__lm_kind"
 
 
-def latest_version(spark: "SparkSession", loc: TableLocation) -> int:
-    return int(tables.delta_table(spark, loc).history(1).select("version").collect()[0]["version"])
-
-
 @dataclass(frozen=True)
 class ReconcileOptions:
     buckets: int = DEFAULT_BUCKETS
@@ -58,7 +57,7 @@ class Reconciler:
     def reconcile(self, source: TableLocation, replica: TableLocation, keys: Sequence[str],
                   options: ReconcileOptions = ReconcileOptions(), *, source_version: int | None = None,
                   run_id: str | None = None) -> ReconcileResult:
-        version = latest_version(self.spark, source) if source_version is None else source_version
+        version = tables.latest_version(self.spark, source) if source_version is None else source_version
         src = tables.read(self.spark, source, versionAsOf=version)
         rep = tables.read(self.spark, replica)
         src_cols, rep_cols = columns_from_struct(src.schema), columns_from_struct(rep.schema)

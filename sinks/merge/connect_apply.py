@@ -50,7 +50,8 @@ def latest_changes_sql(plan: MergePlan, view: str) -> str:
 
 
 def merge_sql(plan: MergePlan, target_sql: str, view: str) -> str:
-    """The batch's ``MERGE INTO`` (same clauses as the Spark executor's ``DeltaTable`` merge)."""
+    """The batch's ``MERGE INTO``: the statement every Spark apply of a plan runs, here and in
+    :class:`~lakemirror.sinks.merge.delta_merge.DeltaMergeSink` (not Delta's ``DeltaTable`` API)."""
     names = list(plan.assignments)
     sets = ", ".join(f"{TARGET_ALIAS}.{c} = {plan.assignments[c]}" for c in names)
     return (f"MERGE INTO {target_sql} AS {TARGET_ALIAS} USING ({latest_changes_sql(plan, view)}) AS {SOURCE_ALIAS} "

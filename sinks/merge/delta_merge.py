@@ -30,14 +30,16 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+import uuid
 from typing import TYPE_CHECKING, Any, Callable
 
 from lakemirror import tables
 from lakemirror.sinks.merge.apply_choice import MERGE, ApplyChoice
+from lakemirror.sinks.merge.connect_apply import merge_sql
 from lakemirror.sinks.merge.delta_rewrite import ReplicaRewrite
 from lakemirror.sinks.accelerator.driver_apply import ChangeReader, DriverApply, DriverUnfit
 from lakemirror.sinks.memory import ApplyCounts
-from lakemirror.sinks.merge.planner import COMMIT_TIMESTAMP, COMMIT_VERSION, LATEST_COLUMN, MergePlan, SOURCE_ALIAS, TARGET_ALIAS
+from lakemirror.sinks.merge.planner import COMMIT_TIMESTAMP, COMMIT_VERSION, LATEST_COLUMN, MergePlan
 # The shared batch types, importable from here as before (the executors' callers use them).
 from lakemirror.sinks.txn import (WRITE_SPARK_REWRITE, BatchStats, MergeOutcome, TxnId,  # noqa: F401
                                   counts_from_metrics, is_txn_tag, txn_app_id)
@@ -120,13 +122,20 @@ class DeltaMergeSink:
     def stats(cls, batch: "DataFrame") -> BatchStats:
         return _stats_from(batch.agg(*cls._stats_columns()).collect()[0].asDict())
 
-    def _merge(self, session: "SparkSession", source: "DataFrame") -> Any:
-        target = tables.delta_table(session, self.target)
-        return (target.alias(TARGET_ALIAS)
-                .merge(source.alias(SOURCE_ALIAS), self.plan.match_condition)
-                .whenMatchedDelete(condition=self.plan.delete_condition)
-                .whenMatchedUpdate(set=self.plan.assignments)
-                .whenNotMatchedInsert(condition=self.plan.upsert_condition, values=self.plan.assignments))
+    def _merge(self, session: "SparkSession", batch: "DataFrame") -> list[Any]:
+        """MERGE ``batch``'s winning changes into the replica; Delta's answer rows (one row of
+        counts, none for a transaction it skipped as a replay).
+
+        SQL text over a temp view of the batch (:func:`~lakemirror.sinks.merge.connect_apply.merge_sql`,
+        the plan's own clauses), not Delta's ``DeltaTable`` API: the same statement runs in a
+        session with its own JVM and over Spark Connect, where ``DeltaTable`` needs Delta's Connect
+        plugin (RUNTIME_FACTS.md). Both plan the same ``MergeIntoCommand``."""
+        view = f"lakemirror_merge_{uuid.uuid4().hex}"
+        batch.createOrReplaceTempView(view)
+        try:
+            return list(session.sql(merge_sql(self.plan, self.target.sql, view)).collect())
+        finally:
+            session.catalog.dropTempView(view)
 
     def apply(self, batch: "DataFrame", txn: TxnId, read: ChangeReader | None = None) -> MergeOutcome:
         """MERGE ``batch`` (raw change-feed rows) into the replica under transaction ``txn``.
@@ -146,7 +155,7 @@ class DeltaMergeSink:
             if stats.rows_read == 0:
                 return MergeOutcome(stats, ApplyCounts(), replayed=False)
             with transaction(session, txn):
-                answer = self._merge(session, self.latest_changes(batch)).execute().collect()
+                answer = self._merge(session, batch)
             return self._outcome(session, txn, stats, answer)
         finally:
             batch.unpersist()
@@ -174,7 +183,7 @@ class DeltaMergeSink:
         if self.rewrite is not None:
             return self._rewrite_stable(batch, watched, observation, txn, self.rewrite)
         with scoped_confs(session, STABLE_SOURCE_CONFS), transaction(session, txn):
-            answer = self._merge(session, self.latest_changes(watched)).execute().collect()
+            answer = self._merge(session, watched)
         observed = observed_metrics(observation)
         stats = _stats_from(observed) if observed is not None else self.stats(batch)
         return self._outcome(session, txn, stats, answer)

@@ -1,7 +1,7 @@
 """The change planner: from a batch of change-feed rows to one idempotent MERGE, as data.
 
 Pure: no pyspark import. The Delta executor (:mod:`lakemirror.sinks.merge.delta_merge`) turns a
-:class:`MergePlan` into DataFrame and DeltaTable calls; the in-memory twin
+:class:`MergePlan` into DataFrame calls and one SQL ``MERGE``; the in-memory twin
 (:mod:`lakemirror.sinks.memory`) applies the same plan to a dict, so the apply semantics have
 one definition that fast unit tests can exercise.
 
