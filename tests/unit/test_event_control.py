@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from lakemirror.checkpoints.state import FileStateStore
 from lakemirror.identifiers import TableName
 from lakemirror.sources.kafka_offsets import StaticOffsets
@@ -96,3 +98,36 @@ def test_the_refusal_names_only_partitions_that_lost_unapplied_events() -> None:
     assert resync_refusal("events:s", applied, {("t", 0): 8, ("t", 1): 0, ("u", 0): 50}, Path("/ck")) is None
     text = resync_refusal("events:s", applied, {("t", 0): 2, ("t", 1): 9}, Path("/ck"))
     assert text is not None and "t-1 starts at offset 9" in text and "t-0" not in text
+
+
+def test_the_event_crash_points_can_be_armed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lakemirror.daemon.context import KILL_AT_ENV, crash_points_from_environment
+    from lakemirror.errors import ConfigError
+    from lakemirror.supervisor.event_stream import EVENT_FAULT_POINTS
+
+    for point in EVENT_FAULT_POINTS:
+        monkeypatch.setenv(KILL_AT_ENV, f"{point}:2")
+        crash_points_from_environment()("some_other_point")  # armed, and not reached: no kill
+    monkeypatch.setenv(KILL_AT_ENV, "events_after_lunch")
+    with pytest.raises(ConfigError, match="events_after_replica_merge"):
+        crash_points_from_environment()
+
+
+def test_a_postgres_event_runner_keeps_its_pause_and_resyncs_the_same_way(tmp_path: Path) -> None:
+    from lakemirror.sinks.postgres.executor import PostgresTarget
+    from lakemirror.supervisor.event_postgres import PostgresEventStreamRunner
+
+    spec = EventStreamSpec("shop", "kafka", bootstrap_servers="127.0.0.1:1", topics="t")
+    target = PostgresTarget("127.0.0.1", 1, "db", "s", "u")
+
+    def make() -> PostgresEventStreamRunner:
+        r = PostgresEventStreamRunner(spec, None, "p", tmp_path, target,  # type: ignore[arg-type]
+                                      states=FileStateStore(tmp_path / "pipeline"))
+        r._broker = StaticOffsets({("t", 0): 9}, {("t", 0): 0})
+        return r
+
+    make().pause_persisted(True)
+    assert make().persisted_pause() is True
+    cp = committed_checkpoint(tmp_path, 8)
+    make().resync("operator")
+    assert not cp.exists()
