@@ -21,6 +21,7 @@ from deltalake import DeltaTable
 
 from bench.apply_cost import apply_cost
 from bench.big import WARMUP_COMMITS, bootstrap, peak_resident_mib, steady_cost
+from bench.debezium_events import debezium_events, render as render_debezium_events
 from bench.kafka_postgres_latency import kafka_postgres_latency, render as render_kafka_postgres
 from bench.key_lookup import key_lookup
 from bench.measure import summarize_runs
@@ -185,7 +186,7 @@ def catch_up(system: str, rows: int, commits: int, fraction: float, seed: int) -
 # -- report ---------------------------------------------------------------------------------------
 
 WORKLOADS = ("steady", "scale", "catch_up", "steady_cost", "bootstrap", "apply_cost", "key_lookup", "postgres",
-             "production", "kafka_postgres_latency", "bootstrap_chunked", "postgres_modes")
+             "production", "kafka_postgres_latency", "bootstrap_chunked", "postgres_modes", "debezium_events")
 
 
 def _when(section: dict[str, Any]) -> str:
@@ -392,6 +393,8 @@ def render(results: dict[str, Any]) -> str:
         lines += ["", *render_production(results["production"], p.get("production") or {}, _steady_table)]
     if results.get("kafka_postgres_latency"):
         lines += ["", *render_kafka_postgres(results["kafka_postgres_latency"])]
+    if results.get("debezium_events"):
+        lines += ["", *render_debezium_events(results["debezium_events"])]
     lines += ["", "## Notes", "", *results.get("notes", [])]
     return "\n".join(lines) + "\n"
 
@@ -461,6 +464,8 @@ def parameters(quick: bool) -> dict[str, Any]:
             "bootstrap_rows": 500_000 if quick else 5_000_000, "lookup_rows": 500_000 if quick else 5_000_000,
             "chunked_rows": 500_000 if quick else 5_000_000, "chunked_files": 20,
             "modes_rows": 20_000 if quick else 200_000,
+            # Debezium events over 8 partitions into 4 tables (the benchmark), offsets per batch
+            "debezium_events": 20_000 if quick else 1_000_000, "debezium_max_offsets": 5_000 if quick else 50_000,
             "production": production_parameters(quick)}
 
 
@@ -511,6 +516,10 @@ def run_workload(name: str, p: dict[str, Any], seed: int) -> list[dict[str, Any]
     elif name == "postgres_modes":
         print("snapshot or incremental into PostgreSQL, by change fraction ...", flush=True)
         out = postgres_modes(p["modes_rows"], repeats=1 if p["modes_rows"] < 200_000 else 3, seed=seed)
+    elif name == "debezium_events":
+        print(f"Debezium events into Delta, {p['debezium_events']:,} events: lakemirror and the seed recipe ...",
+              flush=True)
+        out = debezium_events(p["debezium_events"], p["debezium_max_offsets"], seed)
     elif name == "kafka_postgres_latency":
         print("latency Kafka -> PostgreSQL, Real-Time Mode and micro-batch ...", flush=True)
         out = kafka_postgres_latency(20.0, 10.0 if p["steady_rows"] < 100_000 else 30.0)

@@ -62,7 +62,7 @@ from lakemirror.sources.catalog import Catalog, LocalCatalog, UnityCatalog
 from lakemirror.supervisor import cdf_check
 from lakemirror.supervisor.batch_ops import SparkDiscovery, SparkOperations
 from lakemirror.supervisor.event_postgres import PostgresEventStreamRunner, RealTimeSpec
-from lakemirror.supervisor.event_stream import RUNNER_PREFIX, EventStreamRunner
+from lakemirror.supervisor.event_stream import EVENT_FAULT_POINTS, RUNNER_PREFIX, EventStreamRunner
 from lakemirror.supervisor.incremental import IncrementalOperations, IncrementalSweep, WithIncremental
 from lakemirror.supervisor.pg_cycles import SparkCycles, WithPostgresCycles
 from lakemirror.supervisor.recorded import read_pipeline
@@ -95,8 +95,9 @@ def crash_points_from_environment() -> Callable[[str], None]:
     if not armed:
         return lambda point: None
     name, _, nth = armed.partition(":")
-    if name not in FAULT_POINTS:
-        raise ConfigError([(KILL_AT_ENV, f"unknown crash point {name!r}; known: {', '.join(FAULT_POINTS)}")])
+    known = FAULT_POINTS + EVENT_FAULT_POINTS
+    if name not in known:
+        raise ConfigError([(KILL_AT_ENV, f"unknown crash point {name!r}; known: {', '.join(known)}")])
     remaining = [int(nth or 1)]
 
     def fault(point: str) -> None:
@@ -373,7 +374,8 @@ class DaemonContext(GlobalContext):
                                                               rt.max_rows, rt.tasks)
 
             def postgres_runner(_: str) -> Runner:
-                return PostgresEventStreamRunner(stream, self.spark, spec.pipeline_id, folder, target, real_time)
+                return PostgresEventStreamRunner(stream, self.spark, spec.pipeline_id, folder, target, real_time,
+                                                 states=self.states)
 
             return Supervisor(runner_factory=postgres_runner, list_tables=lambda: [RUNNER_PREFIX + source.name],
                               policy=self.restart_policy, observer=self.metrics,
@@ -385,7 +387,8 @@ class DaemonContext(GlobalContext):
             return EventStreamRunner(
                 stream, session, spec.pipeline_id, folder,
                 lambda table: self.catalog.locate(TableName(*destination, table)),
-                self.catalog.locate(TableName(*destination, DEAD_LETTER_PREFIX + source.name)))
+                self.catalog.locate(TableName(*destination, DEAD_LETTER_PREFIX + source.name)),
+                fault=self.fault, states=self.states)
 
         return Supervisor(runner_factory=runner, list_tables=lambda: [RUNNER_PREFIX + source.name],
                           policy=self.restart_policy, observer=self.metrics,

@@ -69,7 +69,11 @@ appender.stdout.layout.type=PatternLayout
 appender.stdout.layout.pattern=[%d] %p %m (%c)%n
 LOG
   if [ ! -f "$dir/data/meta.properties" ]; then
-    java -cp "$LIBS/*" kafka.tools.StorageTool format -t "$(python3 -c 'import base64,uuid;print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')" \
+    # A cluster id is URL-safe base64; one starting with '-' would be read as an option: draw again.
+    java -cp "$LIBS/*" kafka.tools.StorageTool format -t "$(python3 -c 'import base64,uuid
+i = "-"
+while i.startswith("-"): i = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+print(i)')" \
       -c "$dir/server.properties" >"$dir/format.log" 2>&1
   fi
   nohup java -Xmx512m -Dlog4j2.configurationFile="$dir/log4j2.properties" -cp "$LIBS/*" kafka.Kafka \

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from lakemirror.checkpoints.state import StateStore
 from lakemirror.identifiers import TableName
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.postgres.events import FlushResult, PostgresEventSink
@@ -100,11 +101,11 @@ class PostgresEventStreamRunner(EventStreamRunner):
 
     def __init__(self, spec: EventStreamSpec, spark: "SparkSession", pipeline_id: str, folder: Path,
                  target: PostgresTarget, real_time: RealTimeSpec | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, states: StateStore | None = None) -> None:
         def no_delta(table: str) -> TableLocation:
             raise AssertionError("a Postgres event runner writes no Delta replica")
         super().__init__(spec, spark, pipeline_id, folder, no_delta,
-                         TableLocation(TableName("postgres", "none", "none"), None), clock)
+                         TableLocation(TableName("postgres", "none", "none"), None), clock, states=states)
         self.target = target
         self.real_time = real_time
         self.factory = EventSinkFactory(target, pipeline_id, spec.name,

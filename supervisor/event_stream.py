@@ -23,14 +23,16 @@ source, named ``events:<name>``); the per-replica counts are in :attr:`EventStre
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from lakemirror.checkpoints import stream_dir
+from lakemirror.checkpoints.state import InMemoryStateStore, StateStore
 from lakemirror.identifiers import TableName
 from lakemirror.sinks.events.dead_letters import DeadLetterRow, DeadLetterTable
 from lakemirror.sinks.events.guard_merge import GuardedDeltaSink, GuardOutcome
@@ -57,6 +59,16 @@ log = logging.getLogger(__name__)
 
 KIND_FILES, KIND_KAFKA = "files", "kafka"
 RUNNER_PREFIX = "events:"
+
+#: Where the torture harness may kill the daemon on an event source's batch path (tests/torture,
+#: ``LAKEMIRROR_TEST_KILL_AT``): each is a moment at which a crash must lose nothing and apply
+#: nothing twice. Spark's commit log is written only after the batch function returns.
+EVENT_FAULT_POINTS = (
+    "events_before_merge",          # the batch is read and planned (offsets logged), nothing written
+    "events_after_replica_merge",   # a replica's MERGE is committed, its tombstones and the other replicas not
+    "events_before_dead_letters",   # every replica is committed, the batch's dead letters are not
+    "events_after_dead_letters",    # the dead letters are committed, Spark's commit log is not
+)
 
 
 @dataclass(frozen=True)
@@ -126,13 +138,15 @@ class EventBatchApplier:
 
     def __init__(self, spec: EventStreamSpec, pipeline_id: str, locate: Callable[[str], TableLocation],
                  dead_letters: DeadLetterTable, session_for: Callable[[str], "SparkSession"],
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, fault: Callable[[str], None] = lambda point: None) -> None:
         self.spec = spec
         self.pipeline_id = pipeline_id
         self.locate = locate
         self.dead_letters = dead_letters
         self.session_for = session_for
         self.clock = clock
+        #: The crash-test hook (EVENT_FAULT_POINTS); a no-op unless the torture harness arms it.
+        self.fault = fault
         self.sinks: dict[str, GuardedDeltaSink] = {}
         self.replicas: dict[str, ReplicaStatus] = {}
         self._last_purge = clock()
@@ -161,6 +175,7 @@ class EventBatchApplier:
         plans: dict[str, TablePlan | HistoryTablePlan]
         plans, refused = plan_history_batch(changes) if scd2 else plan_batch(changes)  # type: ignore[assignment]
         letters += [DeadLetterRow(origin[id(e)], reason, e.table) for e, reason in refused]
+        self.fault("events_before_merge")
         outcomes: dict[str, GuardOutcome] = {}
         replicas: dict[str, ReplicaBatch] = {}
         for table, plan in sorted(plans.items()):
@@ -173,7 +188,7 @@ class EventBatchApplier:
                                 for e in changes if e.table == table]
                     continue
                 sink = self.sinks[table] = (HistoryDeltaSink if scd2 else GuardedDeltaSink)(
-                    location, self.spec.allow_schema_evolution, clock=self.clock)
+                    location, self.spec.allow_schema_evolution, clock=self.clock, fault=self.fault)
             txn = TxnId(f"lakemirror/{self.pipeline_id}/{self.spec.name}/{table}/{epoch}", batch_id)
             outcome = sink.apply(self.session_for(table), plan, txn)  # type: ignore[arg-type]
             committed = self.clock()
@@ -183,9 +198,11 @@ class EventBatchApplier:
             replicas[table] = ReplicaBatch(outcome.counts.inserted, outcome.counts.updated, outcome.counts.deleted,
                                            outcome.stale, lags)
             self._record(table, plan.winners, outcome, lags)
+        self.fault("events_before_dead_letters")
         self.dead_letters.append(self.session_for("__dead_letters"), letters,
                                  TxnId(f"lakemirror/{self.pipeline_id}/{self.spec.name}/dead-letters/{epoch}", batch_id),
                                  self.clock())
+        self.fault("events_after_dead_letters")
         self._purge_when_due()
         return EventBatchResult(events, skipped, len(letters), outcomes, replicas)
 
@@ -261,6 +278,22 @@ def checkpoint_end_offsets(checkpoint: Path) -> Offsets:
     return out
 
 
+def resync_refusal(source: str, applied: Offsets, beginning: Offsets, checkpoint: Path) -> str | None:
+    """Why a resync of ``source`` (a replay from the earliest retained offsets) would not leave its
+    replicas exact, or None when it would: a partition whose first retained offset lies beyond the
+    end offset the replicas applied has lost, to retention, events they never took."""
+    lost = {tp: (applied[tp], first) for tp, first in sorted(beginning.items())
+            if tp in applied and first > applied[tp]}
+    if not lost:
+        return None
+    where = ", ".join(f"{t}-{p} starts at offset {first} but the replicas applied up to {end} "
+                      f"({first - end} events lost)" for (t, p), (end, first) in lost.items())
+    return (f"{source}: resync refused: {where}; the topic's retention removed events the replicas never took, so "
+            f"a replay cannot make them exact. Put the source's current state back into the topic (a new Debezium "
+            f"snapshot, e.g. an incremental snapshot signal), then remove {checkpoint} and resume {source}: it "
+            f"starts again from the earliest offsets under a new epoch")
+
+
 def event_lags(changes: Iterable[ChangeEvent], committed_at: float) -> tuple[float, ...]:
     """Event-time lag of each change that carries its source commit time (``ts_ms``): how long after
     its commit at the source it was committed to the replica (never negative: clocks may differ)."""
@@ -287,15 +320,19 @@ class EventStreamRunner:
 
     def __init__(self, spec: EventStreamSpec, spark: "SparkSession", pipeline_id: str, folder: Path,
                  locate: Callable[[str], TableLocation], dead_letters: TableLocation,
-                 clock: Callable[[], float] = time.time, broker: BrokerOffsets | None = None) -> None:
+                 clock: Callable[[], float] = time.time, broker: BrokerOffsets | None = None,
+                 fault: Callable[[str], None] = lambda point: None, states: StateStore | None = None) -> None:
         self.table = RUNNER_PREFIX + spec.name
         self.spec = spec
         self.spark = spark
         self.folder = folder
         self.clock = clock
+        #: Where the source's pause is kept across restarts (the pipeline's state store), under ``state_slug``.
+        self.states: StateStore = states if states is not None else InMemoryStateStore()
+        self.state_slug = "events-" + spec.name
         self._sessions: dict[str, "SparkSession"] = {}
         self.applier = EventBatchApplier(spec, pipeline_id, locate, DeadLetterTable(dead_letters), self._session,
-                                         clock)
+                                         clock, fault)
         self.dead_letter_count = 0
         self.applied_through: int | None = None
         self.last_batch_at: float | None = None
@@ -306,7 +343,7 @@ class EventStreamRunner:
         self._query: "StreamingQuery | None" = None
         self._thread: threading.Thread | None = None
         self._draining = False
-        self._paused = False
+        self._resync_refused: str | None = None
         self._epoch = ""
         self._batch_error: str | None = None
         self._broker = broker
@@ -330,6 +367,10 @@ class EventStreamRunner:
     # -- lifecycle ------------------------------------------------------------------------------
 
     def launch(self) -> None:
+        if self._resync_refused is not None:  # the operator's resync could not be done safely: say so
+            refusal, self._resync_refused = self._resync_refused, None
+            self._emit(sm.Failed(error=refusal, code="resync_refused", fatal=True))
+            return
         if self._thread is not None and self._thread.is_alive():
             return
         self._draining = False
@@ -436,10 +477,7 @@ class EventStreamRunner:
         and the event-time lag; None for a files source (Spark's file source has no backlog to ask)."""
         if self.spec.kind != KIND_KAFKA:
             return None
-        if self._broker is None:
-            self._broker = KafkaBrokerOffsets(self.spec.bootstrap_servers or "", topics=self.spec.topics,
-                                              topic_pattern=self.spec.topic_pattern)
-        latest, beginning = self._broker.latest()
+        latest, beginning = self._offsets_client().latest()
         applied = self._applied()
         behind = offsets_behind(applied, latest, beginning)
         total = sum(behind.values())
@@ -467,10 +505,11 @@ class EventStreamRunner:
         }
 
     def persisted_pause(self) -> bool:
-        return self._paused
+        return self.states.load(self.state_slug).paused
 
     def pause_persisted(self, paused: bool) -> None:
-        self._paused = paused
+        """Keep the pause in the pipeline's state store: a restarted daemon starts the source paused."""
+        self.states.save(self.state_slug, replace(self.states.load(self.state_slug), paused=paused))
 
     def source_exists(self) -> bool:
         """Always: an event source has no table that could appear later (the supervisor asks
@@ -478,7 +517,53 @@ class EventStreamRunner:
         return True
 
     def resync(self, reason: str) -> None:
-        log.warning("%s: resync is not supported for event sources (%s); replay the topic instead", self.table, reason)
+        """Replay the source from its earliest retained events under a fresh checkpoint and a new epoch.
+
+        Called by the supervisor with the query halted. The replicas, their tombstones and the dead
+        letters are kept: every event they already hold is a no-op under the sequence guard (and a
+        dead letter is keyed by where its message came from), every event they miss is applied. The
+        old checkpoint is renamed away in one step, so a crash anywhere in here leaves either the old
+        checkpoint or none (a fresh start, hence a new epoch).
+
+        Refused, when a Kafka topic no longer holds events the replicas never took (retention
+        removed them): a replay could not make the replicas exact. The next launch then puts the
+        source in ``failed`` with :func:`resync_refusal`'s message instead of starting."""
+        checkpoint = self.folder / "checkpoint"
+        refusal = self._resync_refusal(checkpoint)
+        if refusal is not None:
+            log.warning("%s", refusal)
+            self._resync_refused = refusal
+            return
+        if checkpoint.exists():
+            retired = self.folder / f"checkpoint.retired-{uuid.uuid4().hex[:8]}"
+            checkpoint.rename(retired)
+        for old in self.folder.glob("checkpoint.retired-*"):
+            shutil.rmtree(old, ignore_errors=True)
+        self.applied_through = None
+        self.last_lag = None
+        self._applied_offsets, self._behind, self._behind_since = {}, {}, None
+        log.warning("%s: resync (%s): replaying the source from its earliest retained events under a new "
+                    "checkpoint and epoch; the sequence guard skips what the replicas already hold", self.table, reason)
+
+    def _resync_refusal(self, checkpoint: Path) -> str | None:
+        if self.spec.kind != KIND_KAFKA:
+            return None  # a directory of event files: every file still there is read again
+        applied = checkpoint_end_offsets(checkpoint)
+        if not applied:
+            return None  # nothing applied yet: a fresh start is what the query would do anyway
+        try:
+            _, beginning = self._offsets_client().latest()
+        except Exception as exc:  # noqa: BLE001 (any broker failure: refuse, never guess)
+            return (f"{self.table}: resync refused: the broker did not say which offsets it still holds "
+                    f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); resync again once "
+                    f"it answers")
+        return resync_refusal(self.table, applied, beginning, checkpoint)
+
+    def _offsets_client(self) -> BrokerOffsets:
+        if self._broker is None:
+            self._broker = KafkaBrokerOffsets(self.spec.bootstrap_servers or "", topics=self.spec.topics,
+                                              topic_pattern=self.spec.topic_pattern)
+        return self._broker
 
     # -- turns (never: an event source keeps its own always-on query) -----------------------------
 

@@ -238,6 +238,8 @@ class Supervisor:
                 log.warning("%s: no such table %r in this pipeline", verb, table)
                 continue
             if verb == "resync":
+                if entry.status.state == sm.TableState.PAUSED:  # a resync starts the table: no longer paused
+                    entry.runner.pause_persisted(False)
                 self._dispatch(table, sm.Resync(), now, reason="resync requested by an operator")
                 continue
             entry.runner.pause_persisted(verb == "pause")

@@ -88,6 +88,9 @@ class GuardedDeltaSink:
     replica: TableLocation
     allow_schema_evolution: bool = True
     clock: Callable[[], float] = time.time
+    #: The crash-test hook, called once the replica's MERGE is committed and before its tombstones
+    #: (``events_after_replica_merge``); a no-op unless the torture harness arms it.
+    fault: Callable[[str], None] = lambda point: None
     tombstones: TableLocation = field(init=False)
 
     def __post_init__(self) -> None:
@@ -215,6 +218,7 @@ class GuardedDeltaSink:
         with transaction(session, txn):
             answer = self._merge_replica(session, source, plan, data_fields, new_floor).execute().collect()
         counts = counts_from_answer(answer[0].asDict()) if answer else ApplyCounts()
+        self.fault("events_after_replica_merge")
         written = self._write_tombstones(session, plan, deletes, new_floor, key_schema,
                                          TxnId(txn.app_id + "/tombstones", txn.version))
         return GuardOutcome(counts, not answer, len(rows), stale, tuple(rejected), added, written)

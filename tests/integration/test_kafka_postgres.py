@@ -2,7 +2,7 @@
 equals the ordered fold of every distinct event, whatever the disorder, the redeliveries and the
 restarts (Real-Time Mode's ``foreach`` is at-least-once; the sequence guard makes it exact).
 
-The broker is scripts/kafka.sh's (tests/integration/test_kafka_source.py), the server
+The broker is scripts/kafka.sh's (the session's ``broker``, tests/conftest.py), the server
 scripts/postgres.sh's (tests/integration/postgres_server.py).
 """
 
@@ -24,7 +24,7 @@ from lakemirror.supervisor import state as sm
 from lakemirror.supervisor.event_postgres import PostgresEventStreamRunner, RealTimeSpec
 from lakemirror.supervisor.event_stream import EventStreamSpec
 from lakemirror.supervisor.runner import BatchReport
-from tests.integration.test_kafka_source import broker, envelope  # noqa: F401 (the module's broker)
+from tests.integration.test_kafka_source import envelope
 
 pytestmark = pytest.mark.integration
 

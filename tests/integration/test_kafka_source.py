@@ -1,15 +1,14 @@
 """The Kafka variant of an event source, against a real single-node KRaft broker started by
-scripts/kafka.sh on loopback: Debezium-shaped messages produced with kafka-python, read by Spark's
-Kafka source (offsets in the query's checkpoint), applied exactly."""
+scripts/kafka.sh on loopback (the session's ``broker``, tests/conftest.py): Debezium-shaped
+messages produced with kafka-python, read by Spark's Kafka source (offsets in the query's
+checkpoint), applied exactly."""
 
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -24,28 +23,6 @@ from lakemirror.supervisor.runner import BatchReport
 from lakemirror.tables import TableLocation
 
 pytestmark = pytest.mark.integration
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    pytest.importorskip("kafka", reason="kafka-python is in the test extras: pip install -e '.[test]'")
-    fetched = subprocess.run([str(ROOT / "scripts" / "kafka.sh"), "fetch"], capture_output=True, text=True)
-    if fetched.returncode != 0:
-        pytest.skip(f"the broker's jars could not be resolved (scripts/kafka.sh fetch): {fetched.stderr.strip()[-200:]}")
-    folder = tmp_path_factory.mktemp("kafka")
-    port = free_port()
-    subprocess.run([str(ROOT / "scripts" / "kafka.sh"), "start", str(folder), str(port), str(free_port())], check=True)
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        subprocess.run([str(ROOT / "scripts" / "kafka.sh"), "stop", str(folder)], check=False)
 
 
 def envelope(op: str, lsn: int, key: dict[str, Any], after: dict[str, Any] | None, table: str) -> dict[str, Any]:
@@ -92,8 +69,9 @@ def test_debezium_topics_through_spark_kafka_source(spark: Any, broker: str, tmp
     def locate(table: str) -> TableLocation:
         return TableLocation(TableName("dst", "s", table), str(tmp_path / "lake" / table))
 
-    spec = EventStreamSpec("shop", "kafka", "debezium", bootstrap_servers=broker, topic_pattern="shop\\.public\\..*",
-                           trigger_interval_seconds=0.5)
+    # Exactly this test's topics: other tests make topics of their own on the session's broker.
+    spec = EventStreamSpec("shop", "kafka", "debezium", bootstrap_servers=broker,
+                           topic_pattern="shop\\.public\\.(accounts|tiers)", trigger_interval_seconds=0.5)
 
     def run_until(count: int) -> int:
         runner = EventStreamRunner(spec, spark, "test", tmp_path / "events", locate, locate("_dead_letters"))

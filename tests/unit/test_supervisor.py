@@ -190,6 +190,17 @@ def test_command_queues_for_known_tables_and_refuses_unknown_ones() -> None:
         w.sup.command("drop", "a")
 
 
+def test_a_resync_of_a_paused_table_starts_it_and_forgets_the_pause() -> None:
+    w = started(["a"])
+    w.sup.command("pause", "a")
+    w.sup.tick()
+    assert (w.state("a"), w.runners["a"].paused) == ("paused", True)
+    w.sup.command("resync", "a")
+    w.sup.tick()
+    # a restarted daemon must not find the table paused again after the operator's resync started it
+    assert (w.state("a"), w.runners["a"].paused, len(w.runners["a"].resyncs)) == ("starting", False, 1)
+
+
 def test_persisted_pause_keeps_a_table_paused_at_start() -> None:
     w = World(["a", "b"], paused=("a",))
     w.sup.start()

@@ -1,0 +1,31 @@
+"""Crash exactness of an event source: Debezium events from the session's Kafka broker into Delta
+replicas, the daemon SIGKILLed at each named point of the event batch path and restarted, then the
+proof of tests/torture/kafka_harness.py (replica == ordered fold of the distinct events, dead
+letters exactly once, no transaction committed twice).
+
+The points (supervisor/event_stream.py: EVENT_FAULT_POINTS): the batch planned with nothing
+written; a replica's MERGE committed before its tombstones and before the batch's other replicas;
+every replica committed before the dead letters; the dead letters committed before Spark's commit
+log; and a replica's MERGE reached a second time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.torture.kafka_harness import EVENT_POINTS, EventTorture
+
+pytestmark = pytest.mark.e2e
+
+
+def test_killed_on_the_event_path_the_replicas_equal_the_fold_of_the_events(
+        spark: Any, tmp_path: Path, broker: str) -> None:
+    report = EventTorture(spark, tmp_path, broker, seed=25).run()
+    not_reached = [k.point for k in report.kills if not k.reached]
+    assert not not_reached, f"crash points never reached: {not_reached}"
+    assert [k.point for k in report.kills] == list(EVENT_POINTS)
+    assert {"accounts: replica equals the ordered fold", "orders: replica equals the ordered fold",
+            "dead letters exactly once"} <= set(report.checks), report.checks
