@@ -192,9 +192,10 @@ def retention_run(workdir: Path, warehouse: Path, rows: int, files: int, retain_
         result = json.loads((control / "result.json").read_text())
         if "error" in result:
             raise RuntimeError(f"the writer failed: {result['error']}")
-        final = int(result["last_version"])
-        watch.until(lambda: watch.applied_through() >= final, 600, f"the daemon to apply source version {final}")
         writer_log = WriterLog.parse((control / "events.jsonl").read_text().splitlines())
+        # the writer's last MERGE (a VACUUM may commit versions of its own, which change no row)
+        final = max((c["version"] for c in writer_log.commits), default=pinned)
+        watch.until(lambda: watch.applied_through() >= final, 600, f"the daemon to apply source version {final}")
         rounds = catch_ups((daemon.workdir / "daemon.log").read_text(errors="replace"))
         row.update(summarize(writer_log, pinned=pinned, started=marks["start"], ended=marks["done"],
                              retain_hours=retain_hours))
@@ -322,9 +323,9 @@ def render_retention(r: dict[str, Any], when: Callable[[dict[str, Any]], str]) -
               f"{r.get('load_average_1min', '-')} |", "",
               f"During the bootstrap the writer updated {changes.get('updates', 0):,} rows, deleted "
               f"{changes.get('deletes', 0):,}, inserted {changes.get('reinserts', 0):,} deleted keys again and "
-              f"{changes.get('inserts', 0):,} new ones (source versions V+1 = {r['pinned_version'] + 1} to "
-              f"{r['last_version_during_bootstrap']}; {r['last_source_version'] - r['pinned_version']} in all "
-              f"until it stopped). " + (
+              f"{changes.get('inserts', 0):,} new ones (V = {r['pinned_version']}; its commits during the "
+              f"bootstrap were versions V+1 to {r['last_version_during_bootstrap']}, its last one, before it "
+              f"stopped, version {r['last_source_version']}). " + (
                   f"The first VACUUM that could remove version V+1's change data ran {r['vacuum_removed_first_change_by']} s "
                   f"into the bootstrap." if r.get("vacuum_removed_first_change_by") is not None else
                   "No VACUUM during the bootstrap ran more than the retention after version V+1.") +

@@ -117,7 +117,7 @@ def test_the_section_reports_the_retention_run_and_keeps_older_copy_rows() -> No
     assert "`VACUUM … RETAIN 0.01 HOURS` (36 s)" in text
     assert ("| 500,000 | 95.2 | 36 | 2.64x | 41 | 9 | 19 | fails (the retention was shorter than the bootstrap) | "
             "yes (0 lost) | 3.1 |") in text
-    assert "source versions V+1 = 20 to 60; 43 in all" in text
+    assert "(V = 19; its commits during the bootstrap were versions V+1 to 60, its last one, before it stopped, version 62)" in text
     assert "ran 47.5 s into the bootstrap" in text and "DELTA_CHANGE_DATA_FILE_NOT_FOUND" in text
 
 
