@@ -303,7 +303,8 @@ def render_retention(r: dict[str, Any], when: Callable[[dict[str, Any]], str]) -
              f"daemon pins the snapshot version V, a writer in its own process (Spark `local[1]`, "
              f"`bench/retention_writer.py`) commits one MERGE every {w['interval']} s or as fast as it can (updates, "
              f"deletes, re-inserts of deleted keys, a few new keys, among the first and the last {w['hot']:,} ids) "
-             f"and runs `VACUUM … RETAIN {hours} HOURS` ({hours * 3600:.0f} s) every {w['vacuum_seconds']:.0f} s. "
+             f"and, beside the commits, runs `VACUUM … RETAIN {hours} HOURS` ({hours * 3600:.0f} s) "
+             f"{w['vacuum_seconds']:.0f} s after the previous VACUUM ended. "
              f"When the bootstrap ends the writer stops and reads the change feed from V+1 afresh: that read must "
              f"fail, which proves the retention was shorter than the bootstrap. The replica is then compared with "
              f"the source row for row, once the daemon has applied the writer's last version.", ""]

@@ -90,8 +90,8 @@ def catch_ups(log_text: str) -> list[dict[str, int]]:
 
 @dataclass
 class WriterLog:
-    """What the writer did, by wall-clock time: its commits (version, time, change counts) and its
-    VACUUMs (start time)."""
+    """What the writer did, by wall-clock time: its commits (version, ``began`` and ``at``: when its
+    MERGE began and returned, change counts) and its VACUUMs (start time)."""
 
     commits: list[dict[str, Any]] = field(default_factory=list)
     vacuums: list[float] = field(default_factory=list)
@@ -117,12 +117,13 @@ def summarize(writer: WriterLog, *, pinned: int, started: float, ended: float, r
     """The retention run's figures: the bootstrap from ``started`` to ``ended`` (wall-clock times of
     its first and last log lines) at the pinned snapshot version ``pinned``.
 
-    ``vacuum_removed_first_change_by``: the first VACUUM during the bootstrap that ran more than the
-    retention after the writer's first commit, i.e. one that may delete the change data of version
-    ``pinned + 1`` (None when none did: the bootstrap then did not outlive the retention)."""
+    ``vacuum_removed_first_change_by``: the first VACUUM during the bootstrap that began more than the
+    retention after the writer's first commit began (its files are no older), i.e. one that may
+    delete the change data of version ``pinned + 1`` (None when none did: the bootstrap then did not
+    outlive the retention)."""
     retain = retain_hours * 3600.0
     during = [c for c in writer.commits if c["version"] > pinned and c["at"] <= ended]
-    first = min((c["at"] for c in writer.commits if c["version"] > pinned), default=None)
+    first = min((c.get("began", c["at"]) for c in writer.commits if c["version"] > pinned), default=None)
     vacuums = [v for v in writer.vacuums if started <= v <= ended]
     expiring = [v for v in vacuums if first is not None and v - first > retain]
     counts = {op: sum(c.get(op, 0) for c in during) for op in ("updates", "deletes", "reinserts", "inserts")}

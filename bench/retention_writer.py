@@ -8,14 +8,15 @@ readable after a VACUUM (delta-rs does not write deletion vectors).
 
 Driven through files in the folder CONTROL:
 
-- it writes ``ready`` once its Spark session is up, then waits for ``go`` (written by the benchmark
-  once the daemon has pinned its snapshot version, so that the snapshot holds no deletion vector a
-  VACUUM could remove);
+- it writes ``ready`` once its Spark session is up and warm (a MERGE and a VACUUM on a scratch
+  table), then waits for ``go`` (written by the benchmark once the daemon has pinned its snapshot
+  version, so that the snapshot holds no deletion vector a VACUUM could remove);
 - every ``--interval`` seconds (or as fast as it can when a commit takes longer) one MERGE changes
   keys chosen by :func:`bench.retention.plan_step`: updates, deletes, re-inserts of deleted keys, a
-  few inserts; every ``--vacuum-seconds`` it runs ``VACUUM … RETAIN <hours> HOURS`` (Delta's grammar
-  takes a decimal number of hours) with ``spark.databricks.delta.retentionDurationCheck.enabled``
-  off; each commit and VACUUM is appended to ``events.jsonl`` as it happens;
+  few inserts; beside the commits, ``--vacuum-seconds`` after the end of the previous one, a thread
+  runs ``VACUUM … RETAIN <hours> HOURS`` (Delta's grammar takes a decimal number of hours) with
+  ``spark.databricks.delta.retentionDurationCheck.enabled`` off; each commit and VACUUM is appended
+  to ``events.jsonl`` as it ends;
 - when ``stop`` appears (JSON ``{"cdf_from": N}``) it stops changing, reads the change feed from
   version N afresh (what a new reader starting there would get: it must fail once a VACUUM has
   removed that version's change data) and writes ``result.json``.
@@ -27,6 +28,7 @@ import argparse
 import json
 import random
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -60,8 +62,10 @@ def cdf_read(spark: Any, path: Path, starting_version: int) -> dict[str, Any]:
                 .option("startingVersion", starting_version).load(str(path)).count())
         return {"cdf_from": starting_version, "cdf_read_works": True, "cdf_rows": rows}
     except Exception as exc:  # noqa: BLE001 (any failure is the answer: the feed from there is gone)
+        java = getattr(exc, "java_exception", None)  # py4j's error: the JVM's exception says what failed
+        text = str(java.toString()) if java is not None else f"{type(exc).__name__}: {exc}"
         return {"cdf_from": starting_version, "cdf_read_works": False,
-                "cdf_error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"}
+                "cdf_error": (text.strip().splitlines() or [""])[0][:300]}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -71,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     control, path = Path(args.control), Path(args.source)
     spark = local_session(RuntimeSettings(master="local[1]", shuffle_partitions=1, driver_memory="1g",
                                           spark_conf={RETENTION_CHECK: "false"}), app_name="bench-retention-writer")
+    warm_up(spark, control / "warm-up", path)
     (control / "ready").touch()
     while not (control / "go").exists():
         if (control / "stop").exists():  # stopped before it began: nothing to report
@@ -78,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
             return 0
         time.sleep(0.05)
     try:
-        result = {**changes_until_stopped(spark, path, control, args)}
+        result = changes_until_stopped(spark, path, control, args)
         stop = json.loads((control / "stop").read_text() or "{}")
         if "cdf_from" in stop:
             result.update(cdf_read(spark, path, int(stop["cdf_from"])))
@@ -90,29 +95,61 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def warm_up(spark: Any, scratch: Path, source: Path) -> None:
+    """A MERGE and a VACUUM on a scratch table of the source's kind, and one read of the source,
+    before the benchmark starts the daemon: a JVM just started spends its first minutes loading
+    and compiling Delta's code, which would otherwise delay the first commits of the run."""
+    spark.sql(f"CREATE TABLE delta.`{scratch}` (id BIGINT, v BIGINT, payload STRING) USING delta "
+              "TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true', 'delta.enableDeletionVectors' = 'true')")
+    spark.range(0, 100).selectExpr("id", "id AS v", "'p' AS payload").write.format("delta").mode("append").save(str(scratch))
+    merge_step(spark, scratch, [(1, "u"), (2, "d"), (100, "i")], 0, "t.id < 10 OR t.id >= 90")
+    spark.sql(f"VACUUM delta.`{scratch}` RETAIN 0 HOURS").collect()
+    spark.read.format("delta").load(str(source)).where("id < 10").count()
+
+
 def changes_until_stopped(spark: Any, path: Path, control: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """MERGEs and VACUUMs until ``stop`` appears; each is logged to ``events.jsonl`` as it ends."""
+    """MERGEs until ``stop`` appears, VACUUMs beside them in a thread of their own (a VACUUM takes
+    seconds; the commits go on meanwhile, as a table's writers do while it is vacuumed). Each
+    commit and VACUUM is logged to ``events.jsonl`` as it ends."""
     rng = random.Random(args.seed)
     keys = HotKeys.of_source(args.rows, args.hot)
     hot_ranges = f"t.id < {min(args.hot, args.rows)} OR t.id >= {max(0, args.rows - args.hot)}"
     retain = f"{args.retain_hours:.6f}"  # a plain decimal (Delta's grammar: RETAIN number HOURS)
-    last_vacuum = time.time()
+    lock = threading.Lock()
+    stopped = threading.Event()
+    failed: list[BaseException] = []
     steps = 0
     with (control / "events.jsonl").open("a") as events:
-        while not (control / "stop").exists():
-            tick = time.time()
-            steps += 1
-            step = plan_step(rng, keys, StepSizes())
-            merge_step(spark, path, step.changes, steps, hot_ranges)
-            keys = step.after
-            events.write(json.dumps({"commit": latest_version(path), "at": time.time(), **step.counts}) + "\n")
-            events.flush()
-            if time.time() - last_vacuum >= args.vacuum_seconds:
-                last_vacuum = time.time()
-                spark.sql(f"VACUUM delta.`{path}` RETAIN {retain} HOURS").collect()
-                events.write(json.dumps({"vacuum": last_vacuum, "seconds": round(time.time() - last_vacuum, 2)}) + "\n")
+        def log(event: dict[str, Any]) -> None:
+            with lock:
+                events.write(json.dumps(event) + "\n")
                 events.flush()
-            time.sleep(max(0.0, args.interval - (time.time() - tick)))
+
+        def vacuums() -> None:
+            try:
+                while not stopped.wait(args.vacuum_seconds):
+                    began = time.time()
+                    spark.sql(f"VACUUM delta.`{path}` RETAIN {retain} HOURS").collect()
+                    log({"vacuum": began, "seconds": round(time.time() - began, 2)})
+            except BaseException as exc:  # noqa: BLE001 (raised again by the main thread)
+                failed.append(exc)
+
+        vacuum = threading.Thread(target=vacuums, name="vacuum", daemon=True)
+        vacuum.start()
+        try:
+            while not (control / "stop").exists() and not failed:
+                tick = time.time()
+                steps += 1
+                step = plan_step(rng, keys, StepSizes())
+                merge_step(spark, path, step.changes, steps, hot_ranges)
+                keys = step.after
+                log({"commit": latest_version(path), "began": tick, "at": time.time(), **step.counts})
+                time.sleep(max(0.0, args.interval - (time.time() - tick)))
+        finally:
+            stopped.set()
+            vacuum.join()
+    if failed:
+        raise failed[0]
     return {"last_version": latest_version(path), "steps": steps}
 
 

@@ -92,6 +92,8 @@ def test_the_summary_counts_what_happened_while_the_bootstrap_ran() -> None:
     assert s["changes_during_bootstrap"] == {"updates": 52, "deletes": 26, "reinserts": 26, "inserts": 26}
     short = summarize(log, pinned=19, started=90.0, ended=120.0, retain_hours=0.01)
     assert short["vacuum_removed_first_change_by"] is None  # no VACUUM in time to remove version 20's data
+    log.commits[0]["began"] = 85.0  # a MERGE that took 15 s wrote files up to 15 s before it returned
+    assert summarize(log, pinned=19, started=90.0, ended=150.0, retain_hours=0.01)["vacuum_removed_first_change_by"] == 40.0
 
 
 def _when(r: dict[str, Any]) -> str:
