@@ -49,10 +49,10 @@ _PINNED = "table src.bench.{table}: bootstrapping from source version "
 DELETION_VECTORS = {**CDF, "delta.enableDeletionVectors": "true"}
 #: The retention run's writer (bench/retention_writer.py): seconds between commits, seconds between
 #: VACUUMs, how many of the first and of the last ids it changes.
-WRITER = {"interval": 1.5, "vacuum_seconds": 10.0, "hot": 2000}
+WRITER: dict[str, Any] = {"interval": 1.5, "vacuum_seconds": 10.0, "hot": 2000}
 #: The retention run's bootstrap: one chunk at a time, and a copying budget shorter than any chunk,
 #: so that a catch-up round of the change feed follows every chunk the source moved past.
-RETENTION_BOOTSTRAP = {"parallel_chunks": 1, "chunk_budget_seconds": 1.0}
+RETENTION_BOOTSTRAP: dict[str, Any] = {"parallel_chunks": 1, "chunk_budget_seconds": 1.0}
 T = TypeVar("T")
 
 
