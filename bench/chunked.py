@@ -324,9 +324,10 @@ def render_retention(r: dict[str, Any], when: Callable[[dict[str, Any]], str]) -
               f"{r.get('load_average_1min', '-')} |", "",
               f"During the bootstrap the writer updated {changes.get('updates', 0):,} rows, deleted "
               f"{changes.get('deletes', 0):,}, inserted {changes.get('reinserts', 0):,} deleted keys again and "
-              f"{changes.get('inserts', 0):,} new ones (V = {r['pinned_version']}; its commits during the "
-              f"bootstrap were versions V+1 to {r['last_version_during_bootstrap']}, its last one, before it "
-              f"stopped, version {r['last_source_version']}). " + (
+              f"{changes.get('inserts', 0):,} new ones (V = {r['pinned_version']}; " + (
+                  f"its commits during the bootstrap were versions V+1 to {r['last_version_during_bootstrap']}"
+                  if r["versions_during_bootstrap"] else "it committed nothing during the bootstrap") +
+              f", its last commit, before it stopped, version {r['last_source_version']}). " + (
                   f"The first VACUUM that could remove version V+1's change data ran {r['vacuum_removed_first_change_by']} s "
                   f"into the bootstrap." if r.get("vacuum_removed_first_change_by") is not None else
                   "No VACUUM during the bootstrap ran more than the retention after version V+1.") +

@@ -119,13 +119,15 @@ def test_the_section_reports_the_retention_run_and_keeps_older_copy_rows() -> No
     assert "`VACUUM … RETAIN 0.01 HOURS` (36 s)" in text
     assert ("| 500,000 | 95.2 | 36 | 2.64x | 41 | 9 | 19 | fails (the retention was shorter than the bootstrap) | "
             "yes (0 lost) | 3.1 |") in text
-    assert "(V = 19; its commits during the bootstrap were versions V+1 to 60, its last one, before it stopped, version 62)" in text
+    assert "(V = 19; its commits during the bootstrap were versions V+1 to 60, its last commit, before it stopped, version 62)" in text
     assert "ran 47.5 s into the bootstrap" in text and "DELTA_CHANGE_DATA_FILE_NOT_FOUND" in text
 
 
 def test_a_retention_run_that_proves_nothing_or_fails_says_so() -> None:
-    works = "\n".join(render([_retention_row(cdf_read_works=True, cdf_error=None, replica_equal_source=False)], _when))
+    works = "\n".join(render([_retention_row(cdf_read_works=True, cdf_error=None, replica_equal_source=False,
+                                             versions_during_bootstrap=0)], _when))
     assert "WORKS: the retention was not shorter than this bootstrap" in works and "NO (changes lost)" in works
+    assert "it committed nothing during the bootstrap, its last commit" in works
     failed = "\n".join(render([{"system": RETENTION_SYSTEM, "kind": "retention", "rows": 10, "files": 2,
                                 "retain_hours": 0.01, "error": "RuntimeError: the table failed"}], _when))
     assert "**The run failed:** RuntimeError: the table failed" in failed
