@@ -345,18 +345,9 @@ def render(results: dict[str, Any]) -> str:
                          f"{r['seconds_to_replica'] / floor:.2f}x | "
                          f"{r.get('copy_seconds', '-')} | {'yes' if r['replica_equal_source'] else 'NO'} |")
     if results.get("bootstrap_chunked"):
-        r0 = results["bootstrap_chunked"][0]
-        lines += ["", "## Chunked bootstrap", "", _when(r0) + " "
-                  f"A {r0['rows']:,}-row table written in {r0['files']} appends (one file each), copied by lakemirror "
-                  f"in one chunk per file (`bootstrap.chunk_bytes` = the largest file); once uninterrupted, once "
-                  f"SIGKILLed after half of the chunks were committed and started again. One run of each.", "",
-                  "| system | start to replica s | vs copy floor | chunks committed before / after the kill | "
-                  "chunk commits in the replica | replica exact |", "|---|---|---|---|---|---|"]
-        for r in results["bootstrap_chunked"]:
-            kill = (f"{r['chunks_committed_before_kill']} / {r['chunks_committed_after_restart']}"
-                    if "chunks_committed_before_kill" in r else "-")
-            lines.append(f"| {r['system']} | {r['seconds_to_replica']} | {r.get('vs_floor', 1.0)}x | {kill} | "
-                         f"{r.get('chunk_commits', '-')} | {'yes' if r['replica_equal_source'] else 'NO'} |")
+        from bench.chunked import render as render_chunked
+
+        lines += ["", *render_chunked(results["bootstrap_chunked"], _when)]
     if results.get("apply_cost"):
         r0 = results["apply_cost"][0]
         lines += ["", "## Where lakemirror's time goes: one micro-batch apply", "", _when(r0) + " "
@@ -462,7 +453,9 @@ def parameters(quick: bool) -> dict[str, Any]:
             "cost_rows": 500_000 if quick else 10_000_000, "cost_cycles": 2 if quick else 4,
             "cost_warmup_commits": 10 if quick else WARMUP_COMMITS,
             "bootstrap_rows": 500_000 if quick else 5_000_000, "lookup_rows": 500_000 if quick else 5_000_000,
-            "chunked_rows": 500_000 if quick else 5_000_000, "chunked_files": 20,
+            "chunked_rows": 500_000 if quick else 20_000_000, "chunked_files": 20,
+            # the retention run's VACUUM retention: shorter than its bootstrap, longer than a chunk and a catch-up
+            "chunked_retain_hours": 0.01 if quick else 0.05,
             "modes_rows": 20_000 if quick else 200_000,
             # Debezium events over 8 partitions into 4 tables (the benchmark), offsets per batch
             "debezium_events": 20_000 if quick else 1_000_000, "debezium_max_offsets": 5_000 if quick else 50_000,
@@ -506,7 +499,7 @@ def run_workload(name: str, p: dict[str, Any], seed: int) -> list[dict[str, Any]
         from bench.chunked import bootstrap_chunked
 
         print("chunked bootstrap ...", flush=True)
-        out = bootstrap_chunked(p["chunked_rows"], p["chunked_files"])
+        out = bootstrap_chunked(p["chunked_rows"], p["chunked_files"], p["chunked_retain_hours"], seed)
         print(f"  {out}", flush=True)
     elif name == "postgres":
         print("throughput into PostgreSQL ...", flush=True)

@@ -141,15 +141,22 @@ class LakemirrorDaemon:
 
     def bootstrap_seconds(self, table: str) -> float | None:
         """From the daemon's log: the snapshot copy's start to its end (the replica written and stamped)."""
+        marks = self.bootstrap_marks(table)
+        return round(marks["done"] - marks["start"], 2) if len(marks) == 2 else None
+
+    def bootstrap_marks(self, table: str) -> dict[str, float]:
+        """From the daemon's log: the times (seconds since the epoch) of the table's first
+        "bootstrapping" line (``start``) and first "bootstrapped" line (``done``), those present."""
         from datetime import datetime
 
         marks: dict[str, float] = {}
-        for line in (self.workdir / "daemon.log").read_text(errors="replace").splitlines():
+        log = self.workdir / "daemon.log"
+        for line in (log.read_text(errors="replace") if log.is_file() else "").splitlines():
             for mark, text in (("start", f"table src.bench.{table}: bootstrapping "),
                                ("done", f"table src.bench.{table}: bootstrapped ")):
                 if text in line and mark not in marks:
                     marks[mark] = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
-        return round(marks["done"] - marks["start"], 2) if len(marks) == 2 else None
+        return marks
 
     @property
     def checkpoint_table(self) -> Path:
