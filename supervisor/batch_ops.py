@@ -9,7 +9,6 @@ cancelled by :meth:`SparkOperations.cancel` (``interruptTag``, which Spark Conne
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING, Any, Mapping
 
 from lakemirror.errors import NoUsableKey, TerminalError
@@ -22,7 +21,7 @@ from lakemirror.sinks.sql import SparkSql
 from lakemirror.sources.catalog import Catalog, LocalCatalog, UnityCatalog
 from lakemirror.sources.keys import choose_key
 from lakemirror.supervisor.replicate import TableJob
-from lakemirror.tables import own_session, release_session
+from lakemirror.supervisor.tagged_sessions import TaggedSessions
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -69,29 +68,14 @@ class SparkOperations:
         self.unity_catalog = unity_catalog
         self.run_id = run_id
         self.latest_results: dict[str, ReconcileResult] = {}
-        self._lock = threading.Lock()
-        self._sessions: dict[str, "SparkSession"] = {}  # tag -> the session running that attempt
+        self.sessions = TaggedSessions(spark)
 
     def cancel(self, tag: str) -> None:
         """Interrupt the attempt's Spark operations (tags are per session: use the attempt's)."""
-        with self._lock:
-            session = self._sessions.get(tag)
-        if session is None:
-            return
-        try:
-            session.interruptTag(tag)
-        except AttributeError:  # older APIs: job groups
-            session.sparkContext.cancelJobGroup(tag)
+        self.sessions.cancel(tag)
 
     def run(self, operation: str, job: TableJob, tag: str) -> Mapping[str, Any]:
-        session = own_session(self.spark)
-        with self._lock:
-            self._sessions[tag] = session
-        try:
-            session.addTag(tag)
-        except AttributeError:
-            session.sparkContext.setJobGroup(tag, tag, interruptOnCancel=True)
-        try:
+        with self.sessions.session(tag) as session:
             if operation == "clone":
                 return self._clone(session, job)
             if operation == "reconcile":
@@ -99,14 +83,6 @@ class SparkOperations:
             if operation == "metadata":
                 return self._metadata(session, job)
             raise TerminalError(f"unknown operation {operation!r}", table=str(job.source))
-        finally:
-            with self._lock:
-                self._sessions.pop(tag, None)
-            try:
-                session.removeTag(tag)
-            except AttributeError:
-                pass
-            release_session(session, self.spark)
 
     def _keys(self, session: "SparkSession", job: TableJob, *, required: bool) -> tuple[str, ...]:
         info = self.catalog.describe(session, job.source)

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
@@ -44,6 +43,7 @@ from lakemirror.sources.catalog import Catalog, TableInfo
 from lakemirror.sources.keys import choose_key
 from lakemirror.supervisor.replicate import Operations, TableJob
 from lakemirror.supervisor.spec import PipelineSpec, TableOptions
+from lakemirror.supervisor.tagged_sessions import TaggedSessions
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -259,8 +259,7 @@ class SparkCycles:
         self.states = states
         self.cycle_states = cycle_states
         self.snapshot_above = snapshot_above
-        self._lock = threading.Lock()
-        self._sessions: dict[str, "SparkSession"] = {}
+        self.sessions = TaggedSessions(spark)
 
     def cycle(self, job: TableJob, mode: Mode, session: "SparkSession") -> PostgresCycle:
         from lakemirror.sinks.postgres.spark_batches import PostgresTable
@@ -278,25 +277,8 @@ class SparkCycles:
         mode = OPERATIONS.get(operation)
         if mode is None:
             raise ValueError(f"not a Postgres cycle operation: {operation}")
-        session = self.spark.newSession()
-        try:
-            session.addTag(tag)
-        except AttributeError:  # older APIs: job groups
-            session.sparkContext.setJobGroup(tag, tag, interruptOnCancel=True)
-        with self._lock:
-            self._sessions[tag] = session
-        try:
+        with self.sessions.session(tag) as session:
             return self.cycle(job, mode, session).run().details()
-        finally:
-            with self._lock:
-                self._sessions.pop(tag, None)
 
     def cancel(self, tag: str) -> None:
-        with self._lock:
-            session = self._sessions.get(tag)
-        if session is None:
-            return
-        try:
-            session.interruptTag(tag)
-        except AttributeError:
-            session.sparkContext.cancelJobGroup(tag)
+        self.sessions.cancel(tag)

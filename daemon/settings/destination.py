@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 
 from lakemirror.sinks.postgres.executor import PostgresTarget
 from lakemirror.sinks.postgres.modes import DEFAULT_SNAPSHOT_ABOVE, Mode
+from lakemirror.daemon.settings.schedule import DailyAtText
 from lakemirror.supervisor.scheduler import DailyAt, Every, Trigger
 
 
@@ -86,7 +87,7 @@ class PostgresDestination(_Strict):
     table_modes: dict[str, Mode] = Field(default_factory=dict, description="Per table, a mode other than `mode`.")
     every_seconds: float | None = Field(None, gt=0, le=31 * 86400, description="triggered / snapshot: run a cycle "
                                         "this often (the first one interval after the daemon starts).")
-    daily_at: str | None = Field(None, description="triggered / snapshot: or once a day at HH:MM, UTC.")
+    daily_at: DailyAtText = Field(None, description="triggered / snapshot: or once a day at HH:MM, UTC.")
     snapshot_above_fraction: float = Field(
         DEFAULT_SNAPSHOT_ABOVE, ge=0, le=1000, description="triggered: a cycle loads a fresh snapshot instead of "
         "applying the changes when change rows since the last cycle / source rows is at least this (the crossover "
@@ -112,21 +113,6 @@ class PostgresDestination(_Strict):
             if not path.is_file() or not os.access(path, os.R_OK):
                 raise ValueError(f"password_file: {path} is not a readable file")
         return self
-
-    @field_validator("daily_at", mode="before")
-    @classmethod
-    def _daily_quoted(cls, v: object) -> object:
-        if isinstance(v, int) and not isinstance(v, bool):  # YAML 1.1 reads 02:30 unquoted as 150 (base 60)
-            raise ValueError(f"write the time of day quoted, e.g. daily_at: \"02:30\" (unquoted, YAML reads "
-                             f"HH:MM as a number: {v})")
-        return v
-
-    @field_validator("daily_at")
-    @classmethod
-    def _daily(cls, v: str | None) -> str | None:
-        if v is not None:
-            DailyAt.parse(v)
-        return v
 
     @model_validator(mode="after")
     def _schedule(self) -> "PostgresDestination":

@@ -23,12 +23,29 @@ the pipeline live in :func:`schedule_problems`, called by the pipeline's validat
 from __future__ import annotations
 
 import re
-from typing import Literal, Sequence
+from typing import Annotated, Literal, Sequence
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
 
 from lakemirror.daemon.settings.task_options import CloneOptions, MetadataSettings, ReconcileSettings, RetrySettings, Strict
 from lakemirror.supervisor.scheduler import DailyAt, Every, Trigger
+
+
+def _daily_at_quoted(v: object) -> object:
+    if isinstance(v, int) and not isinstance(v, bool):  # YAML 1.1 reads 02:30 unquoted as 150 (base 60)
+        raise ValueError(f"write the time of day quoted, e.g. daily_at: \"02:30\" (unquoted, YAML reads "
+                         f"HH:MM as a number: {v})")
+    return v
+
+
+def _daily_at_valid(v: str | None) -> str | None:
+    if v is not None:
+        DailyAt.parse(v)
+    return v
+
+
+#: A ``daily_at`` field: "HH:MM" in UTC, refused unquoted (YAML would read it as a number).
+DailyAtText = Annotated[str | None, BeforeValidator(_daily_at_quoted), AfterValidator(_daily_at_valid)]
 
 SubtaskOperation = Literal["clone", "reconcile", "metadata", "incremental"]
 #: Operations that write the replica: never on a table the continuous stream owns.
@@ -44,7 +61,7 @@ class ScheduleSettings(Strict):
                                                                         "metadata; run in this order per table.")
     every_seconds: float | None = Field(None, gt=0, description="Run every this many seconds (first run one "
                                                                  "interval after the daemon starts).")
-    daily_at: str | None = Field(None, description="Run once a day at HH:MM, UTC (24-hour), e.g. '02:30'.")
+    daily_at: DailyAtText = Field(None, description="Run once a day at HH:MM, UTC (24-hour), e.g. '02:30'.")
     tables: list[str] | None = Field(None, description="Tables of the source schema (default: the pipeline's).")
     timeout_seconds: float = Field(3600.0, gt=0, description="Per table, operation and attempt.")
     retry: RetrySettings = Field(default_factory=RetrySettings)
@@ -65,21 +82,6 @@ class ScheduleSettings(Strict):
     def _ops(cls, v: list[str]) -> list[str]:
         if len(set(v)) != len(v):
             raise ValueError(f"operations repeat: {v}")
-        return v
-
-    @field_validator("daily_at", mode="before")
-    @classmethod
-    def _daily_quoted(cls, v: object) -> object:
-        if isinstance(v, int) and not isinstance(v, bool):  # YAML 1.1 reads 02:30 unquoted as 150 (base 60)
-            raise ValueError(f"write the time of day quoted, e.g. daily_at: \"02:30\" (unquoted, YAML reads "
-                             f"HH:MM as a number: {v})")
-        return v
-
-    @field_validator("daily_at")
-    @classmethod
-    def _daily(cls, v: str | None) -> str | None:
-        if v is not None:
-            DailyAt.parse(v)
         return v
 
     @field_validator("tables")
