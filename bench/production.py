@@ -273,8 +273,8 @@ def render(runs: list[dict[str, Any]], p: dict[str, Any], steady_table: Any) -> 
              f"second touching {p.get('fraction', 0.01):.0%} of its rows), trigger {p.get('trigger', 1.0)} s, "
              f"lakemirror measured {r0['seconds']:.0f} s after {p.get('warmup', 0):.0f} s of warm-up, the loop "
              f"from its first commit; {p.get('drain', 0):.0f} s allowed to drain. A replica commit's time is its "
-             "`commitInfo.timestamp` (S3 gives objects' times in whole seconds). The machine's two cores are shared "
-             "with other jobs: each run's `uptime` at its start is listed.", ""]
+             "`commitInfo.timestamp` (S3 gives objects' times in whole seconds). The machine's two cores also run the "
+             "writer and the S3 server; each run's `uptime` at its start is listed.", ""]
     for n, group in sorted(by_tables.items()):
         goal = GOALS.get(n)
         lines += [f"### {n} tables" + (f" (goal: lakemirror's p99 <= {goal:.0f} s)" if goal else ""), "",
