@@ -9,6 +9,7 @@ cancelled by :meth:`SparkOperations.cancel` (``interruptTag``, which Spark Conne
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Any, Mapping
 
 from lakemirror.errors import NoUsableKey, TerminalError
@@ -68,6 +69,7 @@ class SparkOperations:
         self.unity_catalog = unity_catalog
         self.run_id = run_id
         self.latest_results: dict[str, ReconcileResult] = {}
+        self._lock = threading.Lock()  # guards latest_results (attempts run on several threads)
         self.sessions = TaggedSessions(spark)
 
     def cancel(self, tag: str) -> None:

@@ -153,7 +153,8 @@ class PostgresEventStreamRunner(EventStreamRunner):
                 writer = PostgresForeachWriter(self.factory, max_rows=rt.max_rows, max_dwell_ms=rt.max_dwell_ms,
                                                on_flush=self._flush_times.callback())
                 stream = (stream.foreach(writer).outputMode("update")
-                          .trigger(realTime=f"{rt.checkpoint_interval_seconds:g} seconds"))
+                          # realTime is a trigger pyspark 4.2 takes but its type overloads do not list
+                          .trigger(realTime=f"{rt.checkpoint_interval_seconds:g} seconds"))  # type: ignore[call-overload]
             else:
                 stream = stream.foreachBatch(self._batch).trigger(
                     processingTime=f"{self.spec.trigger_interval_seconds} seconds")
