@@ -47,7 +47,9 @@ class EventSourceSettings(BaseModel):
     path: str | None = Field(None, description="kind files: the directory new event files are moved into.")
     bootstrap_servers: str | None = Field(None, description="kind kafka: host:port[,host:port].")
     topics: list[str] = Field(default_factory=list, description="kind kafka: topics to read.")
-    topic_pattern: str | None = Field(None, description="kind kafka: or a Java regex of topics.")
+    topic_pattern: str | None = Field(None, description="kind kafka: or a Java regex of topics. Spark also "
+                                      "subscribes to a topic the pattern is only found in (shop\\.orders takes "
+                                      "shop.orders_archive): anchor it, ^…$, to match whole names.")
     tables: list[str] | None = Field(None, description="Event tables to replicate; omit for every table the "
                                                        "events name.")
     key_columns: dict[str, list[str]] = Field(
