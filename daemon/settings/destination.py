@@ -17,7 +17,7 @@
       mode: continuous            # continuous | triggered | snapshot (Lakebase synced-table modes)
       table_modes: {archive: snapshot}   # per table, overriding `mode`
       every_seconds: 600          # or daily_at: "02:30" (UTC): when triggered / snapshot cycles run
-      snapshot_above_fraction: 0.4  # triggered: a cycle loads a snapshot when this share of rows changed
+      snapshot_above_fraction: 0.64 # triggered: a cycle loads a snapshot when this share of rows changed
 
 Validated once at start: a bad value or a password that cannot be read stops the daemon with the
 field named (exit 2), as does a connection budget that does not fit ``max_connections``

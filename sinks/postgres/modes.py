@@ -28,15 +28,12 @@ MODES: tuple[Mode, ...] = ("continuous", "triggered", "snapshot")
 CycleAction = Literal["nothing", "incremental", "snapshot"]
 
 #: The change fraction at which a triggered cycle loads a snapshot instead of applying the changes.
-#: Measured with ``.venv/bin/python -m bench --only postgres_modes --quick --out /tmp/pgbench``
-#: (bench/postgres_modes.py; 2026-11-25, 20,000 rows, one repeat, load average 28): applying the
-#: changes stayed cheaper than a snapshot at every fraction measured, 1% to 40% (the snapshot took
-#: 4.9x the incremental's time at 1%, 1.7x at 10%, 1.24x at 40%), so the crossover lies above 40%
-#: and no snapshot is taken below it. Databricks advises about 10% for Lakebase; our Postgres side
-#: says later. A quiet run with fractions up to 100% (``make bench ONLY=postgres_modes``) gives the
-#: crossover to put here; the Spark side of a cycle (reading the changes, or the whole table) only
-#: moves it further up.
-DEFAULT_SNAPSHOT_ABOVE = 0.40
+#: Measured with ``make bench ONLY=postgres_modes`` (bench/postgres_modes.py; 2026-11-25, quiet
+#: 2-core machine, 200,000 rows, three repeats): a snapshot took 28x the incremental's time at 1%
+#: changed, 4.6x at 10%, 1.37x at 40%, 1.05x at 60% and 0.81x at 80%: the crossover is at 63.7%
+#: (docs/BENCHMARKS.md). Databricks advises about 10% for Lakebase; our Postgres side says much
+#: later. The Spark side of a cycle (reading the changes, or the whole table) is not in these times.
+DEFAULT_SNAPSHOT_ABOVE = 0.64
 
 
 def change_fraction(changed_rows: int, table_rows: int) -> float:
