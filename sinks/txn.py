@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lakemirror.sinks.memory import ApplyCounts
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 @dataclass(frozen=True)
@@ -21,6 +24,33 @@ class TxnId:
 
     def tag(self) -> str:
         return json.dumps({"lakemirror_txn": self.app_id, "batch": self.version}, sort_keys=True)
+
+
+#: Delta's session confs for an idempotent write: a commit carrying an (app id, version) Delta has
+#: already recorded for the table is skipped; the user metadata tags the commit.
+TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
+TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+_TXN_CONFS = (TXN_APP_ID, TXN_VERSION, USER_METADATA)
+
+
+class transaction:
+    """Context manager: set Delta's idempotent-write confs for ``txn`` on ``session``; always unset them
+    after (over Spark Connect they would otherwise stay in the client's session)."""
+
+    def __init__(self, session: "SparkSession", txn: TxnId) -> None:
+        self.session = session
+        self.txn = txn
+
+    def __enter__(self) -> None:
+        conf = self.session.conf
+        conf.set(TXN_APP_ID, self.txn.app_id)
+        conf.set(TXN_VERSION, str(self.txn.version))
+        conf.set(USER_METADATA, self.txn.tag())
+
+    def __exit__(self, *exc: object) -> None:
+        for key in _TXN_CONFS:
+            self.session.conf.unset(key)
 
 
 def is_txn_tag(user_metadata: str | None) -> bool:

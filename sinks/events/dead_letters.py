@@ -14,8 +14,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Sequence
 
 from lakemirror import tables
-from lakemirror.sinks.merge.delta_merge import transaction
-from lakemirror.sinks.txn import TxnId
+from lakemirror.sinks.txn import TxnId, transaction
 from lakemirror.sources.event_stream import RawEvent
 from lakemirror.tables import TableLocation
 

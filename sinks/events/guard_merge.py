@@ -38,14 +38,14 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from lakemirror import tables
 from lakemirror.identifiers import TableName, quote
-from lakemirror.sinks.merge.delta_merge import counts_from_answer, transaction
+from lakemirror.sinks.merge.delta_merge import counts_from_answer
 from lakemirror.sinks.events.event_rows import convert, infer_type
 from lakemirror.sinks.events.guard_plan import (
     DELETED_AT_COLUMN, OP_COLUMN, POSITION_COLUMN, POSITION_FIELDS, RESERVED_COLUMNS, SCOPE_COLUMN, SCOPE_KEY, SCOPE_TABLE, TablePlan,
     row_order,
 )
 from lakemirror.sinks.memory import ApplyCounts
-from lakemirror.sinks.txn import TxnId
+from lakemirror.sinks.txn import TxnId, transaction
 from lakemirror.sources.change_event import DELETE, ChangeEvent, Order
 from lakemirror.tables import TableLocation
 

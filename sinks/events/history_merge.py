@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from lakemirror import tables
 from lakemirror.identifiers import quote
-from lakemirror.sinks.merge.delta_merge import counts_from_answer, transaction
+from lakemirror.sinks.merge.delta_merge import counts_from_answer
 from lakemirror.sinks.events.event_rows import convert
 from lakemirror.sinks.events.guard_merge import S, T, GuardedDeltaSink, GuardOutcome, position_sql
 from lakemirror.sinks.events.guard_plan import (
@@ -55,7 +55,7 @@ from lakemirror.sinks.events.history_plan import (
     StoredHistory, Version, plan_history,
 )
 from lakemirror.sinks.memory import ApplyCounts
-from lakemirror.sinks.txn import TxnId
+from lakemirror.sinks.txn import TxnId, transaction
 from lakemirror.sources.change_event import UPSERT, ChangeEvent, Order
 
 if TYPE_CHECKING:

@@ -32,14 +32,10 @@ from lakemirror.identifiers import quote
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.merge.planner import (COMMIT_TIMESTAMP, COMMIT_VERSION, LATEST_COLUMN, SOURCE_ALIAS, TARGET_ALIAS,
                                       MergePlan)
-from lakemirror.sinks.txn import BatchStats, MergeOutcome, TxnId, counts_from_metrics
+from lakemirror.sinks.txn import BatchStats, MergeOutcome, TxnId, counts_from_metrics, transaction
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
-
-TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
-TXN_VERSION = "spark.databricks.delta.write.txnVersion"
-USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 
 
 def latest_changes_sql(plan: MergePlan, view: str) -> str:
@@ -101,7 +97,7 @@ def merge_batch(job: ConnectBatchJob, batch: "DataFrame", txn: TxnId) -> MergeOu
         stats = batch_stats(session, job.view)
         if stats.rows_read == 0:
             return MergeOutcome(stats, ApplyCounts(), replayed=False)
-        with transaction_confs(session, txn):
+        with transaction(session, txn):
             answer = session.sql(merge_sql(job.plan, job.target_sql, job.view)).collect()
     finally:
         session.catalog.dropTempView(job.view)
@@ -126,23 +122,6 @@ def replayed_counts(session: "SparkSession", target_sql: str, txn: TxnId) -> App
     rows = (session.sql(f"DESCRIBE HISTORY {target_sql}").where(f"userMetadata = '{tag}'")
             .select("operationMetrics").limit(1).collect())
     return counts_from_metrics(rows[0]["operationMetrics"]) if rows else ApplyCounts()
-
-
-class transaction_confs:
-    """Set Delta's transaction confs on ``session`` for one write; always unset them after."""
-
-    def __init__(self, session: "SparkSession", txn: TxnId) -> None:
-        self.session, self.txn = session, txn
-
-    def __enter__(self) -> None:
-        conf = self.session.conf
-        conf.set(TXN_APP_ID, self.txn.app_id)
-        conf.set(TXN_VERSION, str(self.txn.version))
-        conf.set(USER_METADATA, self.txn.tag())
-
-    def __exit__(self, *exc: Any) -> None:
-        for key in (TXN_APP_ID, TXN_VERSION, USER_METADATA):
-            self.session.conf.unset(key)
 
 
 def record_batch(session: "SparkSession", job: ConnectBatchJob, batch_id: int, outcome: MergeOutcome,

@@ -42,16 +42,12 @@ from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.merge.planner import COMMIT_TIMESTAMP, COMMIT_VERSION, LATEST_COLUMN, MergePlan
 # The shared batch types, importable from here as before (the executors' callers use them).
 from lakemirror.sinks.txn import (WRITE_SPARK_REWRITE, BatchStats, MergeOutcome, TxnId,  # noqa: F401
-                                  counts_from_metrics, is_txn_tag, txn_app_id)
+                                  counts_from_metrics, is_txn_tag, transaction, txn_app_id)
 from lakemirror.tables import TableLocation
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
-TXN_VERSION = "spark.databricks.delta.write.txnVersion"
-USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
-_TXN_CONFS = (TXN_APP_ID, TXN_VERSION, USER_METADATA)
 #: For a stable batch: read it in place (no copy before the MERGE's two passes), no AQE.
 STABLE_SOURCE_CONFS = {"spark.databricks.delta.merge.materializeSource": "none",
                        "spark.sql.adaptive.enabled": "false"}
@@ -289,21 +285,3 @@ class scoped_confs:
                 self.session.conf.unset(key)
             else:
                 self.session.conf.set(key, value)
-
-
-class transaction:
-    """Context manager: set Delta's idempotent-write confs on ``session``; always unset them."""
-
-    def __init__(self, session: "SparkSession", txn: TxnId) -> None:
-        self.session = session
-        self.txn = txn
-
-    def __enter__(self) -> None:
-        conf = self.session.conf
-        conf.set(TXN_APP_ID, self.txn.app_id)
-        conf.set(TXN_VERSION, str(self.txn.version))
-        conf.set(USER_METADATA, self.txn.tag())
-
-    def __exit__(self, *exc: object) -> None:
-        for key in _TXN_CONFS:
-            self.session.conf.unset(key)
