@@ -5,7 +5,7 @@
 # links laid out as the installed namespace (build/typecheck/lakemirror/...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PACKAGES=${TYPECHECK_PACKAGES:-"lakemirror.daemon lakemirror.supervisor lakemirror.checkpoints"}
+PACKAGES=${TYPECHECK_PACKAGES:-"lakemirror.daemon lakemirror.supervisor lakemirror.sinks lakemirror.sources lakemirror.checkpoints"}
 tree=build/typecheck
 rm -rf "$tree" && mkdir -p "$tree/lakemirror"
 for entry in lakemirror/*.py; do ln -s "$PWD/$entry" "$tree/lakemirror/"; done

@@ -122,6 +122,7 @@ class HadoopCommitLog:
     def __init__(self, spark: "SparkSession", loc: TableLocation) -> None:
         assert loc.path is not None
         jvm = spark._jvm
+        assert jvm is not None, "made only for a session with a JVM of its own (for_table)"
         self._path = jvm.org.apache.hadoop.fs.Path
         self._log_dir = self._path(loc.path.rstrip("/") + "/_delta_log")
         self._fs = self._log_dir.getFileSystem(spark._jsparkSession.sessionState().newHadoopConf())

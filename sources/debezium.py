@@ -171,23 +171,26 @@ def _decode_envelope(value: str, key: str | None, key_columns: KeyColumns, topic
     if kind == TRUNCATE:
         return ChangeEvent(table, TRUNCATE, (), position, basis=basis, ts_ms=ts_ms)
     before, after = payload.get("before"), payload.get("after")
-    row = after if kind == UPSERT else before
-    if kind == UPSERT and not isinstance(after, dict):
-        raise _Bad(f"op {op!r} without an 'after' row image")
-    if row is not None and not isinstance(row, dict):
-        raise _Bad("the row image is not a JSON object")
     types: dict[str, str] = {}
+    columns: dict[str, Any] = {}  # an upsert's decoded 'after' image; a delete carries no columns
+    image: dict[str, Any] | None = None  # the decoded image a key is read from when the message has none
     if kind == UPSERT:
-        after, types = _typed(after, envelope_field(schema, "after"))
-    elif isinstance(row, dict):
-        row, _ = _typed(row, envelope_field(schema, "before"))
+        if not isinstance(after, dict):
+            raise _Bad(f"op {op!r} without an 'after' row image")
+        columns, types = _typed(after, envelope_field(schema, "after"))
+        image = columns
+    elif before is not None:
+        if not isinstance(before, dict):
+            raise _Bad("the row image is not a JSON object")
+        image, _ = _typed(before, envelope_field(schema, "before"))
     from_key = _key_from_message(key)
     if from_key is None:
-        keys = _key_from_row(table, after if kind == UPSERT else row, key_columns)
+        keys = _key_from_row(table, image, key_columns)
     else:
         keys, key_types = from_key
         types = {**key_types, **types}
-    columns = {**dict(keys), **after} if kind == UPSERT else {}
+    if kind == UPSERT:
+        columns = {**dict(keys), **columns}
     return ChangeEvent(table, kind, keys, position, columns, basis=basis, ts_ms=ts_ms, types=types)
 
 

@@ -131,10 +131,11 @@ class DeltaLogFileReads:
 
     def __init__(self, spark: "SparkSession", loc: TableLocation, version: int) -> None:
         self.spark, self.loc, self.version = spark, loc, version
-        jvm = spark._jvm  # type: ignore[attr-defined]
+        jvm = spark._jvm
+        assert jvm is not None, "chosen only for a session with a JVM of its own (choose_chunk_reads)"
+        self._jvm = jvm
         none = jvm.scala.Option.empty()
-        self._log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(
-            spark._jsparkSession, _table_path(spark, loc))  # type: ignore[attr-defined]
+        self._log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, _table_path(spark, loc))
         self._snapshot = self._log.getSnapshotAt(version, none, none, False)
         self._listed: dict[str, Any] | None = None
         self.note: str | None = None
@@ -170,7 +171,7 @@ class DeltaLogFileReads:
         if missing:
             raise FileNotFoundError(f"{self.loc}: {len(missing)} of the chunk's files are not in version "
                                     f"{self.version} of the table's log (first: {missing[0]})")
-        jvm = self.spark._jvm  # type: ignore[attr-defined]
+        jvm = self._jvm
         chosen = jvm.java.util.ArrayList()
         for p in chunk.paths:
             chosen.add(self._adds[p])

@@ -17,6 +17,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 if TYPE_CHECKING:
+    import numpy.typing as npt
+
     from lakemirror.sinks.accelerator.hashed_keys import HashedBatch
 
 
@@ -231,7 +233,7 @@ class FileKeys:
         counts = right - left
         hit = counts > 0
         left, counts = left[hit], counts[hit]
-        starts = np.repeat(np.cumsum(counts) - counts, counts)
+        starts: npt.NDArray[np.intp] = np.repeat(np.cumsum(counts) - counts, counts)  # intp, as searchsorted gives
         return np.repeat(left, counts) + (np.arange(int(counts.sum())) - starts)
 
     def in_row_order(self) -> pa.Array:

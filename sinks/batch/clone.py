@@ -31,10 +31,11 @@ from typing import TYPE_CHECKING, Literal, Mapping, Sequence
 from lakemirror import tables
 from lakemirror.identifiers import TableName, sql_string
 from lakemirror.schema import Column, columns_from_struct
-from lakemirror.sinks.merge.delta_merge import DeltaMergeSink, TxnId
+from lakemirror.sinks.merge.delta_merge import DeltaMergeSink
 from lakemirror.sinks.merge.planner import diff_schema, plan_merge
 from lakemirror.sinks.batch.snapshot_copy import set_properties, write_snapshot
 from lakemirror.sinks.sql import SqlExecutor
+from lakemirror.sinks.txn import TxnId
 from lakemirror.tables import TableLocation
 
 if TYPE_CHECKING:

@@ -25,13 +25,14 @@ from typing import TYPE_CHECKING, Sequence
 from lakemirror import tables
 from lakemirror.identifiers import quote
 from lakemirror.schema import Column, columns_from_struct
-from lakemirror.sinks.merge.delta_merge import DeltaMergeSink, TxnId
+from lakemirror.sinks.merge.delta_merge import DeltaMergeSink
 from lakemirror.sinks.merge.planner import CHANGE_TYPE, COMMIT_TIMESTAMP, COMMIT_VERSION, DELETE, INSERT, plan_merge
 from lakemirror.sinks.batch.reconcile_plan import (
     BUCKET_COLUMN, DEFAULT_BUCKETS, DIFFERENT, EXTRA, KEY_COLUMN, LANE1_COLUMN, LANE2_COLUMN, MISSING,
     RECONCILIATION_DDL, ROWS_COLUMN, ReconcilePlan, ReconcileResult, classify_sql, differing_buckets,
     plan_reconcile,
 )
+from lakemirror.sinks.txn import TxnId
 from lakemirror.tables import TableLocation
 
 if TYPE_CHECKING:

@@ -159,7 +159,7 @@ def drop_path_table(spark: "SparkSession", path: str) -> None:
     if jvm is None:
         return
     hpath = jvm.org.apache.hadoop.fs.Path(path)
-    fs = hpath.getFileSystem(spark._jsparkSession.sessionState().newHadoopConf())  # type: ignore[attr-defined]
+    fs = hpath.getFileSystem(spark._jsparkSession.sessionState().newHadoopConf())
     if fs.exists(hpath):
         fs.delete(hpath, True)
 

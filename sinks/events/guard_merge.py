@@ -50,7 +50,7 @@ from lakemirror.sources.change_event import DELETE, ChangeEvent, Order
 from lakemirror.tables import TableLocation
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
 log = logging.getLogger(__name__)
@@ -176,11 +176,12 @@ class GuardedDeltaSink:
         from pyspark.sql.types import StringType, StructField, StructType
 
         if not plan.key_columns:  # only a truncate: the keys are those the tombstone table was made with
-            stones = self._schema(session, self.tombstones)
-            if stones is None:
+            stones_schema = self._schema(session, self.tombstones)
+            if stones_schema is None:
                 log.info("%s: a truncate before any row: nothing to truncate", self.replica)
                 return GuardOutcome(ApplyCounts(), False)
-            plan = replace(plan, key_columns=tuple(f.name for f in stones.fields if f.name not in RESERVED_COLUMNS))
+            plan = replace(plan, key_columns=tuple(f.name for f in stones_schema.fields
+                                                   if f.name not in RESERVED_COLUMNS))
         schema, added = self.ensure(session, plan)
         types = {f.name: f.dataType.simpleString() for f in schema.fields}
         data_fields = [f for f in schema.fields if f.name != POSITION_COLUMN]
@@ -226,7 +227,7 @@ class GuardedDeltaSink:
     def _merge_replica(self, session: "SparkSession", source: "DataFrame", plan: TablePlan,
                        data_fields: Sequence[Any], new_floor: Order | None) -> Any:
         newer = f"({T}.{POSITION_COLUMN} IS NULL OR {S}.{POSITION_COLUMN} > {T}.{POSITION_COLUMN})"
-        values = {quote(f.name): f"{S}.{quote(f.name)}" for f in data_fields}
+        values: dict[str, str | Column] = {quote(f.name): f"{S}.{quote(f.name)}" for f in data_fields}
         values[POSITION_COLUMN] = f"{S}.{POSITION_COLUMN}"
         merge = (tables.delta_table(session, self.replica).alias(T)
                  .merge(source.alias(S), self._on(plan.key_columns))
@@ -254,7 +255,7 @@ class GuardedDeltaSink:
                                                            StructField(DELETED_AT_COLUMN, TimestampType()),
                                                            StructField(SCOPE_COLUMN, StringType())]))
         columns = [*plan.key_columns, POSITION_COLUMN, DELETED_AT_COLUMN, SCOPE_COLUMN]
-        values = {quote(c): f"{S}.{quote(c)}" for c in columns}
+        values: dict[str, str | Column] = {quote(c): f"{S}.{quote(c)}" for c in columns}
         merge = (tables.delta_table(session, self.tombstones).alias(T)
                  .merge(source.alias(S), f"{T}.{SCOPE_COLUMN} = {S}.{SCOPE_COLUMN} AND {self._on(plan.key_columns)}")
                  .whenMatchedUpdate(condition=f"{S}.{POSITION_COLUMN} > {T}.{POSITION_COLUMN}", set=values)

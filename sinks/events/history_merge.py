@@ -59,7 +59,7 @@ from lakemirror.sinks.txn import TxnId, transaction
 from lakemirror.sources.change_event import UPSERT, ChangeEvent, Order
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
 log = logging.getLogger(__name__)
@@ -238,9 +238,9 @@ class HistoryDeltaSink(GuardedDeltaSink):
                                     StructField(IS_CURRENT, BooleanType()), StructField(_FROM_MS, LongType()),
                                     StructField(_TO_MS, LongType())])
         source = session.createDataFrame(rows, source_schema)
-        ends: dict[str, Any] = {VALID_TO: f"timestamp_millis({S}.{_TO_MS})", IS_CURRENT: f"{S}.{IS_CURRENT}",
+        ends: dict[str, str | Column] = {VALID_TO: f"timestamp_millis({S}.{_TO_MS})", IS_CURRENT: f"{S}.{IS_CURRENT}",
                 END_POSITION_COLUMN: f"{S}.{END_POSITION_COLUMN}"}
-        values: dict[str, Any] = {quote(c): f"{S}.{quote(c)}" for c in data}
+        values: dict[str, str | Column] = {quote(c): f"{S}.{quote(c)}" for c in data}
         values.update({POSITION_COLUMN: f"{S}.{POSITION_COLUMN}", VALID_FROM: f"timestamp_millis({S}.{_FROM_MS})",
                        **ends})
         on = f"{self._on(plan.key_columns)} AND {T}.{POSITION_COLUMN} = {S}.{POSITION_COLUMN}"

@@ -14,6 +14,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping
 
+from lakemirror import tables
 from lakemirror.errors import DestinationConflict, SchemaIncompatible
 from lakemirror.identifiers import TableName
 from lakemirror.schema import Column
@@ -68,7 +69,7 @@ class DeltaReplica:
 
     def claim(self, epoch: int) -> None:
         dst = self.catalog.locate(self.name)
-        if epoch == 0 and snapshot_copy.tables.exists(self.spark, dst):
+        if epoch == 0 and tables.exists(self.spark, dst):
             owner = snapshot_copy.replica_properties(self.spark, dst).get(snapshot_copy.PIPELINE_PROPERTY)
             if owner != self.pipeline_id:
                 raise DestinationConflict(

@@ -243,7 +243,7 @@ class PostgresEventSink:
         floors = sql.Identifier(schema, FLOORS_TABLE)
         row = conn.execute(sql.SQL("SELECT {} FROM {} WHERE table_name = {}").format(
             sql.Identifier(POSITION), floors, sql.Literal(plan.table))).fetchone()
-        floor: Order | None = tuple(row[0]) if row else None  # type: ignore[assignment]
+        floor: Order | None = tuple(row[0]) if row else None
         if plan.truncate is not None and (floor is None or plan.truncate > floor):
             floor = plan.truncate
             conn.execute(sql.SQL("DELETE FROM {} WHERE {} < {}::bigint[]").format(
