@@ -237,6 +237,19 @@ class DaemonProcess:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(60)
 
+    def kill_at(self, point: str, timeout: float) -> KillRecord:
+        """Start the daemon armed to SIGKILL itself at the named crash ``point`` and wait for it to die
+        there; after ``timeout`` seconds the harness kills it (the record says the point was not
+        reached). Any other exit fails the run with the log's tail."""
+        t0 = time.time()
+        self.start(kill_at=point)
+        code = self.wait_exit(timeout)
+        if code is None:
+            self.kill()
+        elif code != -signal.SIGKILL:
+            raise AssertionError(f"the daemon exited with {code} instead of dying at {point}:\n{self.tail()}")
+        return KillRecord(point, code == -signal.SIGKILL, time.time() - t0)
+
     def terminate(self, timeout: float = 180) -> int:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
@@ -299,21 +312,14 @@ class Torture:
                 # Every later point needs batches with changes in them: the writer runs from now on.
                 self.writer.start(self.writer_interval)
                 writer_started = True
-            t0 = time.time()
             if point == "random":
+                t0 = time.time()
                 self.daemon.start()
                 time.sleep(rng.uniform(*rng_kill))
                 self.daemon.kill()
                 self.report.kills.append(KillRecord(point, True, time.time() - t0))
             else:
-                self.daemon.start(kill_at=point)
-                code = self.daemon.wait_exit(point_timeout)
-                if code is None:
-                    self.daemon.kill()
-                elif code != -signal.SIGKILL:
-                    raise AssertionError(f"the daemon exited with {code} instead of dying at {point}:\n"
-                                         f"{self.daemon.tail()}")
-                self.report.kills.append(KillRecord(point, code == -signal.SIGKILL, time.time() - t0))
+                self.report.kills.append(self.daemon.kill_at(point, point_timeout))
             if progress is not None:
                 progress(len(self.report.kills), self.report.kills[-1])
         self.writer.stop()

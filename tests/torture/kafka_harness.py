@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import random
-import signal
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -187,15 +186,7 @@ class EventTorture:
         try:
             for point in points:
                 self.producer.chunk(changes_per_chunk)
-                t0 = time.time()
-                self.daemon.start(kill_at=point)
-                code = self.daemon.wait_exit(point_timeout)
-                if code is None:
-                    self.daemon.kill()
-                elif code != -signal.SIGKILL:
-                    raise AssertionError(f"the daemon exited with {code} instead of dying at {point}:\n"
-                                         f"{self.daemon.tail()}")
-                self.report.kills.append(KillRecord(point, code == -signal.SIGKILL, time.time() - t0))
+                self.report.kills.append(self.daemon.kill_at(point, point_timeout))
             self.producer.chunk(changes_per_chunk)
             self.catch_up_and_drain(point_timeout)
         finally:
