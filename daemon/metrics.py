@@ -79,8 +79,9 @@ class Metrics:
         e = ["pipeline", "source", "table"]
         self.event_rows = Counter("lakemirror_event_rows_applied_total", "Replica rows changed by an event source, "
                                   "per replica table and operation (insert | update | delete).", [*e, "op"], registry=r)
-        self.event_stale = Counter("lakemirror_event_changes_stale_total", "Changes an event source's sequence guard "
-                                   "dropped as older than the replica's row or tombstone.", e, registry=r)
+        self.event_stale = Counter("lakemirror_event_changes_stale_total", "Changes of an event source that changed no "
+                                   "replica row: not newer than its row, tombstone or truncate floor, or a delete of a "
+                                   "key the replica does not hold.", e, registry=r)
         self.event_lag = Histogram("lakemirror_event_time_lag_seconds", "Per applied change: seconds from its commit at "
                                    "the source (the event's ts_ms) to its commit in the replica.", e,
                                    buckets=(0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024), registry=r)

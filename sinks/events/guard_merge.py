@@ -18,14 +18,15 @@ Per batch:
 1. the replica and its tombstone table are created on first use (types inferred from the events,
    :mod:`lakemirror.sinks.events.event_rows`); columns that appear later are added when schema
    evolution is on;
-2. the tombstones of the batch's keys and the table's truncate floor are read; winners not newer
-   than them are dropped (the guard, on the driver);
-3. values are converted to the replica's types; an event whose value does not fit is returned as
+2. values are converted to the replica's types; an event whose value does not fit is returned as
    rejected (for the dead letters) and its key is left alone in this batch;
-4. one MERGE: matched and newer → update or delete; not matched → insert upserts; with a new
-   truncate floor, rows older than it that the batch does not touch → delete (``WHEN NOT MATCHED
-   BY SOURCE``);
-5. deletes and a new floor → one MERGE into the tombstone table (newer wins there too).
+3. one MERGE whose source is the winners without those a tombstone of their key or the table's
+   truncate floor is as new as (anti-joins against the tombstone table, inside the MERGE's own
+   job: the driver reads no tombstones): matched and newer → update or delete; not matched →
+   insert upserts; with a new truncate floor, rows older than it that the batch does not touch →
+   delete (``WHEN NOT MATCHED BY SOURCE``). A winner that changed no row is counted as stale;
+4. deletes and a new floor → appended to the tombstone table in one commit (an append needs no scan
+   of the table; older rows of a key stay until the horizon purges them and never win the guard).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from lakemirror.tables import TableLocation
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
-    from pyspark.sql.types import StructType
+    from pyspark.sql.types import StructField, StructType
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +74,9 @@ def position_sql(order: Order) -> str:
 class GuardOutcome:
     counts: ApplyCounts
     replayed: bool                                  # Delta skipped the replica's MERGE: already committed
-    applied: int = 0                                # winners that passed the guard
-    stale: int = 0          # winners not newer than their tombstone or the truncate floor (those not newer
-                            # than the live row are skipped inside the MERGE and not counted here)
+    applied: int = 0                                # winners that changed a row
+    stale: int = 0          # winners that changed none: not newer than their row, tombstone or the truncate
+                            # floor (replays, redeliveries, late events), or deletes of keys the replica lacks
     rejected: tuple[tuple[ChangeEvent, str], ...] = ()   # values that do not fit the replica's schema
     added_columns: tuple[str, ...] = ()
     tombstones: int = 0                             # tombstone rows written (deletes, floor)
@@ -92,6 +93,9 @@ class GuardedDeltaSink:
     #: (``events_after_replica_merge``); a no-op unless the torture harness arms it.
     fault: Callable[[str], None] = lambda point: None
     tombstones: TableLocation = field(init=False)
+    #: The replica's schema as :meth:`ensure` last saw or made it, with its tombstone table in place
+    #: (lakemirror is the replica's one writer); forgotten when an apply fails.
+    _ensured: "StructType | None" = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.tombstones = tombstones_of(self.replica)
@@ -114,6 +118,9 @@ class GuardedDeltaSink:
         """The replica's schema (created or widened for ``plan``) and the columns it gained."""
         position_type = "STRUCT<" + ", ".join(f"{f}: BIGINT" for f in POSITION_FIELDS) + ">"
         wanted = plan.column_names()
+        known = self._ensured
+        if known is not None and {c.lower() for c in wanted} <= {f.name.lower() for f in known.fields}:
+            return known, ()
 
         def typed(name: str) -> str:
             declared = next((w.types[name] for w in plan.winners if name in w.types), None)
@@ -143,6 +150,7 @@ class GuardedDeltaSink:
             self._create(session, self.tombstones, [(k, key_types[k]) for k in plan.key_columns]
                          + [(POSITION_COLUMN, position_type), (DELETED_AT_COLUMN, "TIMESTAMP"),
                             (SCOPE_COLUMN, "STRING")])
+        self._ensured = schema
         return schema, added
 
     # -- the guard ------------------------------------------------------------------------------
@@ -150,22 +158,27 @@ class GuardedDeltaSink:
     def _on(self, keys: Sequence[str]) -> str:
         return " AND ".join(f"{T}.{quote(k)} <=> {S}.{quote(k)}" for k in keys)
 
-    def _stored_orders(self, session: "SparkSession", plan: TablePlan,
-                       key_schema: "StructType") -> tuple[dict[tuple[Any, ...], Order], Order | None]:
-        """The tombstone orders of the batch's keys, and the table's truncate floor."""
+    def _stored_floor(self, session: "SparkSession") -> Order | None:
+        """The table's truncate floor: the newest order of the tombstone table's 'table' rows."""
+        from pyspark.sql import functions as F
+
+        rows = (tables.read(session, self.tombstones).where(F.col(SCOPE_COLUMN) == SCOPE_TABLE)
+                .agg(F.max(POSITION_COLUMN).alias("p")).collect())
+        return row_order(rows[0]["p"].asDict()) if rows and rows[0]["p"] is not None else None
+
+    def _guarded(self, session: "SparkSession", source: "DataFrame", key_columns: Sequence[str]) -> "DataFrame":
+        """``source`` without the changes a tombstone of their key, or the truncate floor, is as new as:
+        the guard against deleted rows, evaluated inside the MERGE that reads it (no read of the
+        tombstones on the driver). Tombstones are appended, so a key may have several; any one as new
+        as the change drops it."""
         from pyspark.sql import functions as F
 
         stones = tables.read(session, self.tombstones)
-        floor_row = stones.where(F.col(SCOPE_COLUMN) == SCOPE_TABLE).agg(F.max(POSITION_COLUMN).alias("p")).collect()
-        floor = row_order(floor_row[0]["p"].asDict()) if floor_row and floor_row[0]["p"] is not None else None
-        if not plan.winners:
-            return {}, floor
-        keys = session.createDataFrame([tuple(self._key_value(w, f.name, f.dataType.simpleString())
-                                              for f in key_schema.fields) for w in plan.winners], key_schema)
-        found = (stones.where(F.col(SCOPE_COLUMN) == SCOPE_KEY).alias(T)
-                 .join(keys.alias(S), F.expr(self._on(plan.key_columns)), "left_semi").collect())
-        return ({tuple(r[k] for k in plan.key_columns): row_order(r[POSITION_COLUMN].asDict()) for r in found},  # type: ignore[misc]
-                floor)
+        not_newer = f"{T}.{POSITION_COLUMN} >= {S}.{POSITION_COLUMN}"
+        keyed = stones.where(F.col(SCOPE_COLUMN) == SCOPE_KEY).alias(T)
+        floors = stones.where(F.col(SCOPE_COLUMN) == SCOPE_TABLE).alias(T)
+        past_keys = source.alias(S).join(keyed, F.expr(f"{self._on(key_columns)} AND {not_newer}"), "left_anti")
+        return past_keys.alias(S).join(floors, F.expr(not_newer), "left_anti")
 
     @staticmethod
     def _key_value(change: ChangeEvent, name: str, sql_type: str) -> Any:
@@ -173,36 +186,33 @@ class GuardedDeltaSink:
 
     def apply(self, session: "SparkSession", plan: TablePlan, txn: TxnId) -> GuardOutcome:
         """Apply ``plan`` under ``txn`` (its app id names the replica; the version is the batch id)."""
+        try:
+            return self._apply(session, plan, txn)
+        except Exception:
+            self._ensured = None  # the replica may have changed under the failed batch: look again next time
+            raise
+
+    def _apply(self, session: "SparkSession", plan: TablePlan, txn: TxnId) -> GuardOutcome:
         from pyspark.sql.types import StringType, StructField, StructType
 
         if not plan.key_columns:  # only a truncate: the keys are those the tombstone table was made with
-            stones_schema = self._schema(session, self.tombstones)
-            if stones_schema is None:
+            stones = self._schema(session, self.tombstones)
+            if stones is None:
                 log.info("%s: a truncate before any row: nothing to truncate", self.replica)
                 return GuardOutcome(ApplyCounts(), False)
-            plan = replace(plan, key_columns=tuple(f.name for f in stones_schema.fields
-                                                   if f.name not in RESERVED_COLUMNS))
+            plan = replace(plan, key_columns=tuple(f.name for f in stones.fields if f.name not in RESERVED_COLUMNS))
         schema, added = self.ensure(session, plan)
         types = {f.name: f.dataType.simpleString() for f in schema.fields}
         data_fields = [f for f in schema.fields if f.name != POSITION_COLUMN]
         key_schema = StructType([schema[k] for k in plan.key_columns])
-        rejected: list[tuple[ChangeEvent, str]] = []
-        try:
-            stones, stored_floor = self._stored_orders(session, plan, key_schema)
-        except ValueError as exc:  # a key value that does not fit the key column: the whole key set is suspect
-            return GuardOutcome(ApplyCounts(), False, rejected=tuple((w, f"key does not fit the replica: {exc}")
-                                                                      for w in plan.winners), added_columns=added)
-        new_floor = plan.truncate if plan.truncate is not None and (
-            stored_floor is None or plan.truncate > stored_floor) else None
-        floor = max((o for o in (stored_floor, plan.truncate) if o is not None), default=None)
-        rows, deletes, stale = [], [], 0
+        new_floor = None
+        if plan.truncate is not None:
+            stored_floor = self._stored_floor(session)
+            new_floor = plan.truncate if stored_floor is None or plan.truncate > stored_floor else None
+        rows, deletes, rejected = [], [], []
         for w in plan.winners:
-            key = tuple(convert(dict(w.keys)[k], types[k]) for k in plan.key_columns)
-            guard = max((o for o in (stones.get(key), floor) if o is not None), default=None)
-            if guard is not None and w.order() <= guard:
-                stale += 1
-                continue
             try:
+                key = tuple(convert(dict(w.keys)[k], types[k]) for k in plan.key_columns)
                 values = [convert(w.columns.get(f.name), types[f.name]) if w.op != DELETE else
                           (key[plan.key_columns.index(f.name)] if f.name in plan.key_columns else None)
                           for f in data_fields]
@@ -213,16 +223,19 @@ class GuardedDeltaSink:
             if w.op == DELETE:
                 deletes.append(w)
         if not rows and new_floor is None:
-            return GuardOutcome(ApplyCounts(), False, 0, stale, tuple(rejected), added)
+            return GuardOutcome(ApplyCounts(), False, 0, 0, tuple(rejected), added)
         source_schema = StructType([*data_fields, schema[POSITION_COLUMN], StructField(OP_COLUMN, StringType())])
-        source = session.createDataFrame(rows, source_schema)
+        source = self._guarded(session, session.createDataFrame(rows, source_schema), plan.key_columns)
         with transaction(session, txn):
             answer = self._merge_replica(session, source, plan, data_fields, new_floor).execute().collect()
         counts = counts_from_answer(answer[0].asDict()) if answer else ApplyCounts()
         self.fault("events_after_replica_merge")
-        written = self._write_tombstones(session, plan, deletes, new_floor, key_schema,
+        written = self._write_tombstones(session, plan, deletes, new_floor, key_schema, schema[POSITION_COLUMN],
                                          TxnId(txn.app_id + "/tombstones", txn.version))
-        return GuardOutcome(counts, not answer, len(rows), stale, tuple(rejected), added, written)
+        # A winner that changed no row was not newer than the row, its tombstone or the floor (or deleted
+        # a key the replica does not hold); a new floor's deletions count among the deletes.
+        stale = max(0, len(rows) - counts.inserted - counts.updated - counts.deleted) if answer else 0
+        return GuardOutcome(counts, not answer, len(rows) - stale, stale, tuple(rejected), added, written)
 
     def _merge_replica(self, session: "SparkSession", source: "DataFrame", plan: TablePlan,
                        data_fields: Sequence[Any], new_floor: Order | None) -> Any:
@@ -240,31 +253,27 @@ class GuardedDeltaSink:
         return merge
 
     def _write_tombstones(self, session: "SparkSession", plan: TablePlan, deletes: Sequence[ChangeEvent],
-                          new_floor: Order | None, key_schema: "StructType", txn: TxnId) -> int:
+                          new_floor: Order | None, key_schema: "StructType", position: "StructField",
+                          txn: TxnId) -> int:
+        """Append the batch's tombstones (one row per deleted key, one for a new truncate floor) in one
+        commit under ``txn``. Appended, not merged: the guard drops a change that any tombstone of its
+        key is as new as (:meth:`_guarded`), so an older row of a key is harmless and the write needs
+        no scan of the table; rows older than the horizon are purged (:meth:`purge`). A delete that
+        changed nothing (not newer than the row) is remembered too: its order is below what the key
+        already holds, so it never drops a change the row itself would not."""
         from pyspark.sql.types import StringType, StructField, StructType, TimestampType
 
         if not deletes and new_floor is None:
             return 0
-        stones_schema = tables.read(session, self.tombstones).schema
         now = datetime.fromtimestamp(self.clock(), timezone.utc)
         rows = [(*(self._key_value(d, f.name, f.dataType.simpleString()) for f in key_schema.fields),
                  dict(zip(POSITION_FIELDS, d.order())), now, SCOPE_KEY) for d in deletes]
         if new_floor is not None:
             rows.append((*(None for _ in key_schema.fields), dict(zip(POSITION_FIELDS, new_floor)), now, SCOPE_TABLE))
-        source = session.createDataFrame(rows, StructType([*key_schema.fields, stones_schema[POSITION_COLUMN],
+        source = session.createDataFrame(rows, StructType([*key_schema.fields, position,
                                                            StructField(DELETED_AT_COLUMN, TimestampType()),
                                                            StructField(SCOPE_COLUMN, StringType())]))
-        columns = [*plan.key_columns, POSITION_COLUMN, DELETED_AT_COLUMN, SCOPE_COLUMN]
-        values: dict[str, str | Column] = {quote(c): f"{S}.{quote(c)}" for c in columns}
-        merge = (tables.delta_table(session, self.tombstones).alias(T)
-                 .merge(source.alias(S), f"{T}.{SCOPE_COLUMN} = {S}.{SCOPE_COLUMN} AND {self._on(plan.key_columns)}")
-                 .whenMatchedUpdate(condition=f"{S}.{POSITION_COLUMN} > {T}.{POSITION_COLUMN}", set=values)
-                 .whenNotMatchedInsert(values=values))
-        if new_floor is not None:
-            merge = merge.whenNotMatchedBySourceDelete(
-                condition=f"{T}.{SCOPE_COLUMN} = '{SCOPE_KEY}' AND {T}.{POSITION_COLUMN} < {position_sql(new_floor)}")
-        with transaction(session, txn):
-            merge.execute()
+        tables.write(source, self.tombstones, "append", txnAppId=txn.app_id, txnVersion=str(txn.version))
         return len(rows)
 
     def purge(self, session: "SparkSession", horizon_seconds: float) -> int:

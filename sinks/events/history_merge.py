@@ -104,6 +104,7 @@ class HistoryDeltaSink(GuardedDeltaSink):
             session.sql(f"ALTER TABLE {self.tombstones.sql} ADD COLUMNS ({TS_MS_COLUMN} BIGINT)")
         widened = self._schema(session, self.replica)
         assert widened is not None
+        self._ensured = widened  # what ensure() answers next: the replica with its history columns
         return widened, added
 
     # -- reading what the plan needs ------------------------------------------------------------
