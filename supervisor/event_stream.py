@@ -27,9 +27,10 @@ import shutil
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from lakemirror.checkpoints import stream_dir
 from lakemirror.checkpoints.state import InMemoryStateStore, StateStore
@@ -90,6 +91,7 @@ class EventStreamSpec:
     trigger_interval_seconds: float = 5.0
     max_per_trigger: int | None = None          # files or offsets per micro-batch
     history: str = "current"                    # current | scd2 (one row per key version: sinks.events.history_plan)
+    table_workers: int = 2                      # tables of one batch applied at the same time
 
 
 @dataclass
@@ -150,6 +152,7 @@ class EventBatchApplier:
         self.sinks: dict[str, GuardedDeltaSink] = {}
         self.replicas: dict[str, ReplicaStatus] = {}
         self._last_purge = clock()
+        self._pool: ThreadPoolExecutor | None = None
 
     def decode(self, raw: RawEvent) -> ChangeEvent | Skipped | DeadLetter:
         return EventDecoder(self.spec.kind, self.spec.format, self.spec.key_columns)(raw)
@@ -176,8 +179,7 @@ class EventBatchApplier:
         plans, refused = plan_history_batch(changes) if scd2 else plan_batch(changes)  # type: ignore[assignment]
         letters += [DeadLetterRow(origin[id(e)], reason, e.table) for e, reason in refused]
         self.fault("events_before_merge")
-        outcomes: dict[str, GuardOutcome] = {}
-        replicas: dict[str, ReplicaBatch] = {}
+        jobs: list[tuple[str, TablePlan | HistoryTablePlan, GuardedDeltaSink, TxnId]] = []
         for table, plan in sorted(plans.items()):
             sink = self.sinks.get(table)
             if sink is None:
@@ -189,12 +191,17 @@ class EventBatchApplier:
                     continue
                 sink = self.sinks[table] = (HistoryDeltaSink if scd2 else GuardedDeltaSink)(
                     location, self.spec.allow_schema_evolution, clock=self.clock, fault=self.fault)
-            txn = TxnId(f"lakemirror/{self.pipeline_id}/{self.spec.name}/{table}/{epoch}", batch_id)
-            outcome = sink.apply(self.session_for(table), plan, txn)  # type: ignore[arg-type]
-            committed = self.clock()
+            jobs.append((table, plan, sink, TxnId(f"lakemirror/{self.pipeline_id}/{self.spec.name}/{table}/{epoch}",
+                                                  batch_id)))
+        by_table: dict[str, list[ChangeEvent]] = {}
+        for e in changes:
+            by_table.setdefault(e.table, []).append(e)
+        outcomes: dict[str, GuardOutcome] = {}
+        replicas: dict[str, ReplicaBatch] = {}
+        for (table, plan, _, _), (outcome, committed) in zip(jobs, self._apply_tables(jobs)):
             outcomes[table] = outcome
             letters += [DeadLetterRow(origin[id(e)], reason, table) for e, reason in outcome.rejected]
-            lags = event_lags((e for e in changes if e.table == table), committed)
+            lags = event_lags(by_table.get(table, ()), committed)
             replicas[table] = ReplicaBatch(outcome.counts.inserted, outcome.counts.updated, outcome.counts.deleted,
                                            outcome.stale, lags)
             self._record(table, plan.winners, outcome, lags)
@@ -205,6 +212,33 @@ class EventBatchApplier:
         self.fault("events_after_dead_letters")
         self._purge_when_due()
         return EventBatchResult(events, skipped, len(letters), outcomes, replicas)
+
+    def _apply_tables(self, jobs: Sequence[tuple[str, TablePlan | HistoryTablePlan, GuardedDeltaSink, TxnId]]
+                      ) -> list[tuple[GuardOutcome, float]]:
+        """Each table's plan applied to its replica (a MERGE under the table's own transaction id, on the
+        table's own Spark session), up to ``spec.table_workers`` tables at a time; (outcome, commit time)
+        per job, in order. Every table's apply runs to its end before the first error is raised, so a
+        replayed batch finds each committed table's transaction id and skips it."""
+        sessions = [self.session_for(table) for table, _, _, _ in jobs]  # made here: session_for is not thread-safe
+
+        def one(i: int) -> tuple[GuardOutcome, float]:
+            _, plan, sink, txn = jobs[i]
+            outcome = sink.apply(sessions[i], plan, txn)  # type: ignore[arg-type]
+            return outcome, self.clock()
+
+        if self.spec.table_workers <= 1 or len(jobs) <= 1:
+            return [one(i) for i in range(len(jobs))]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.spec.table_workers, thread_name_prefix=f"events:{self.spec.name}")
+        futures = [self._pool.submit(one, i) for i in range(len(jobs))]
+        wait(futures)
+        return [f.result() for f in futures]
+
+    def close(self) -> None:
+        """Stop the threads that apply tables side by side (the runner's halt)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
     def _record(self, table: str, winners: Iterable[ChangeEvent], outcome: GuardOutcome,
                 lags: tuple[float, ...] = ()) -> None:
@@ -445,6 +479,7 @@ class EventStreamRunner:
                 self._query = None
         if self._broker is not None:
             self._broker.close()
+        self.applier.close()
 
     def poll(self) -> list["sm.Event | BatchReport"]:
         query = self._query

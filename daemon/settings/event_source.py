@@ -66,6 +66,9 @@ class EventSourceSettings(BaseModel):
                                "the mode it was created with (docs/event-sources.md#history-scd-type-2).")
     purge_interval_seconds: float = Field(3600.0, gt=0, description="How often tombstones past the horizon are purged.")
     max_per_trigger: int | None = Field(None, gt=0, description="Cap on files (or Kafka offsets) per micro-batch.")
+    table_workers: int = Field(2, ge=1, le=64, description="Delta destinations: how many tables of one micro-batch "
+                               "are applied at the same time, each on its own Spark session under its own "
+                               "transaction id. 1 applies them one after another.")
     real_time: RealTimeSettings | None = Field(None, description="Kafka into a PostgreSQL destination only: run in "
                                                "Spark's Real-Time Mode (lakemirror.daemon.settings.real_time).")
 
