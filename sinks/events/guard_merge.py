@@ -273,7 +273,8 @@ class GuardedDeltaSink:
         source = session.createDataFrame(rows, StructType([*key_schema.fields, position,
                                                            StructField(DELETED_AT_COLUMN, TimestampType()),
                                                            StructField(SCOPE_COLUMN, StringType())]))
-        tables.write(source, self.tombstones, "append", txnAppId=txn.app_id, txnVersion=str(txn.version))
+        with transaction(session, txn):  # the txn action and the commit's tag, as on the replica's MERGE
+            tables.write(source, self.tombstones, "append")
         return len(rows)
 
     def purge(self, session: "SparkSession", horizon_seconds: float) -> int:

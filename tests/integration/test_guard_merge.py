@@ -84,6 +84,7 @@ def test_a_replayed_batch_is_skipped_by_its_transaction_id(spark: Any, sink: Gua
     assert again[0].replayed
     history = tables.delta_table(spark, sink.tombstones).history().collect()
     assert [h["operation"] for h in history].count("WRITE") == 1  # the tombstones' append, once
+    assert [h["userMetadata"] for h in history if h["operation"] == "WRITE"] == [TxnId("test/items/tombstones", 0).tag()]
     assert tables.read(spark, sink.tombstones).count() == 1
 
 
