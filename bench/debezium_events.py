@@ -300,7 +300,7 @@ def render(runs: list[dict[str, Any]]) -> list[str]:
              "the source database holds). The whole backlog is drained, so no event-time lag is reported here "
              "(an event's lag would be its place in the backlog); the steady latency of an event source is in the "
              "Kafka → PostgreSQL section. The machine is shared: its load average (1, 5, 15 min) is noted per run.",
-             "", "| system | messages | seconds | events/s | wrong keys (of keys) | batches | load average start → end |",
+             "", "| system | messages | seconds | messages/s | wrong keys (of keys) | batches | load average start → end |",
              "|---|---|---|---|---|---|---|"]
     for r in runs:
         lines.append(f"| {r['system']} | {r['messages']:,} | {r['seconds']} | {r['events_per_second']:,} | "
