@@ -54,7 +54,7 @@ def next_step(policy: BootstrapPolicy, *, now: float, copying_since: float, head
 
     ``copying_since``: when copying began after the last catch-up (or the start);
     ``headroom_seconds``: time until the oldest source version not yet applied may be gone
-    (:func:`lakemirror.supervisor.retention.headroom_seconds`); ``expected_chunk_seconds``: how long
+    (:func:`lakemirror.sources.retention.headroom_seconds`); ``expected_chunk_seconds``: how long
     a chunk has taken so far (0 before the first); ``source_ahead``: the source has versions the
     replica has not applied (without them a catch-up has nothing to do)."""
     if chunks_left <= 0:

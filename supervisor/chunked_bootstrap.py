@@ -31,9 +31,9 @@ from lakemirror.sinks.merge.planner import CHANGE_TYPE, UPDATE_PRE, MergePlan
 from lakemirror.sinks.txn import TxnId, txn_app_id
 from lakemirror.sources import change_feed, snapshot_files
 from lakemirror.sources.chunks import Chunk, bootstrap_app_id, chunk_app_id, chunk_number
+from lakemirror.sources.retention import RetentionWindow, headroom_seconds
 from lakemirror.supervisor.bootstrap_plan import BootstrapPlan, CatchUpRound
 from lakemirror.supervisor.bootstrap_policy import CATCH_UP, BootstrapPolicy, BootstrapProgress, Step, next_step
-from lakemirror.supervisor.retention import RetentionWindow, headroom_seconds
 from lakemirror.tables import TableLocation
 
 if TYPE_CHECKING:

@@ -42,8 +42,8 @@ from lakemirror.sinks.merge.planner import ColumnSelection, diff_schema, plan_me
 from lakemirror.sinks.batch import snapshot_copy
 from lakemirror.sources import change_feed
 from lakemirror.sources.catalog import Catalog
+from lakemirror.sources.feed_range import applied_through_from_offset
 from lakemirror.sources.keys import choose_key
-from lakemirror.supervisor.offsets import applied_through_from_offset
 from lakemirror.supervisor.replicate import Operations, TableJob
 from lakemirror.supervisor.sweep_batches import SweepBatches, server_outcomes
 

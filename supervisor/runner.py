@@ -43,6 +43,7 @@ from lakemirror.sinks.merge.delta_replica import ApplyLimits, DeltaReplica
 from lakemirror.sinks.postgres.spark_batches import PostgresTable
 from lakemirror.sources.catalog import Catalog
 from lakemirror.sources.delta_source import DeltaChangeFeed
+from lakemirror.sources.feed_range import applied_through_from_offset
 from lakemirror.supervisor import replica_record
 from lakemirror.supervisor import state as sm
 from lakemirror.supervisor.batch_apply import BatchApply, Drained, RowWriter
@@ -53,7 +54,6 @@ from lakemirror.supervisor.classify import classify
 from lakemirror.supervisor.failure import failed_event
 from lakemirror.supervisor.lag import LagReading
 from lakemirror.supervisor.lag_probe import LagProbe
-from lakemirror.supervisor.offsets import applied_through_from_offset
 from lakemirror.supervisor.prepare import Preparation, Prepared
 from lakemirror.supervisor.spec import PipelineSpec
 from lakemirror.supervisor.stream_wiring import wire_stream
