@@ -1,5 +1,5 @@
-"""The Spark implementations behind :mod:`lakemirror.supervisor.replicate`: discovery and the
-three operations (clone, reconcile, metadata) for one table.
+"""The Spark implementations behind :mod:`lakemirror.supervisor.replicate`: the three operations
+(clone, reconcile, metadata) for one table.
 
 Each attempt runs on its own Spark session (:func:`~lakemirror.tables.own_session`: Delta's
 transaction-id confs are session-wide; over Spark Connect a server session of its own, released
@@ -19,7 +19,7 @@ from lakemirror.sinks.batch.reconcile import ReconcileOptions, Reconciler
 from lakemirror.sinks.batch.reconcile_plan import ReconcileResult
 from lakemirror.sinks.batch.snapshot_copy import replica_properties
 from lakemirror.sinks.sql import SparkSql
-from lakemirror.sources.catalog import Catalog, LocalCatalog, UnityCatalog
+from lakemirror.sources.catalog import Catalog, UnityCatalog
 from lakemirror.sources.keys import choose_key
 from lakemirror.supervisor.replicate import TableJob
 from lakemirror.supervisor.tagged_sessions import TaggedSessions
@@ -36,25 +36,6 @@ class ReplicaMismatch(TerminalError):
     def __init__(self, message: str, *, table: str, details: Mapping[str, Any]) -> None:
         super().__init__(message, table=table)
         self.details = dict(details)
-
-
-class SparkDiscovery:
-    """Schemas and tables of a source catalog, local lakehouse or Unity Catalog."""
-
-    def __init__(self, spark: "SparkSession", catalog: Catalog) -> None:
-        self.spark = spark
-        self.catalog = catalog
-
-    def list_schemas(self, catalog: str) -> list[str]:
-        if isinstance(self.catalog, LocalCatalog):
-            return self.catalog.list_folders(self.spark, catalog)
-        from lakemirror.identifiers import quote
-
-        rows = self.spark.sql(f"SHOW SCHEMAS IN {quote(catalog)}").collect()
-        return sorted(r[0] for r in rows)
-
-    def list_tables(self, catalog: str, schema: str) -> list[str]:
-        return [t.table for t in self.catalog.list_tables(self.spark, catalog, schema)]
 
 
 class SparkOperations:
