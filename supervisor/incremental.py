@@ -36,6 +36,7 @@ from lakemirror.checkpoints.state import StateStore, TableProgress
 from lakemirror.errors import DestinationConflict, TerminalError
 from lakemirror.identifiers import TableName
 from lakemirror.sinks.batch.clone import CLONE_SOURCE_ID_PROPERTY, CLONE_VERSION_PROPERTY, clone_properties
+from lakemirror.sinks.batch.operations import BatchJob, Operations
 from lakemirror.sinks.merge.connect_batches import server_batch_cause
 from lakemirror.sinks.merge.delta_merge import DeltaMergeSink
 from lakemirror.sinks.merge.planner import ColumnSelection, diff_schema, plan_merge
@@ -44,7 +45,6 @@ from lakemirror.sources import change_feed
 from lakemirror.sources.catalog import Catalog
 from lakemirror.sources.feed_range import applied_through_from_offset
 from lakemirror.sources.keys import choose_key
-from lakemirror.supervisor.replicate import Operations, TableJob
 from lakemirror.supervisor.sweep_batches import SweepBatches, server_outcomes
 
 if TYPE_CHECKING:
@@ -265,7 +265,7 @@ class IncrementalOperations:
     def __init__(self, sweep: IncrementalSweep) -> None:
         self.sweeper = sweep
 
-    def run(self, operation: str, job: TableJob, tag: str) -> Mapping[str, Any]:
+    def run(self, operation: str, job: BatchJob, tag: str) -> Mapping[str, Any]:
         opts = job.settings.options.get("incremental", {})
         selection = ColumnSelection(tuple(opts.get("include_columns", ())), tuple(opts.get("exclude_columns", ())))
         return self.sweeper.sweep(job.source, job.target, keys=job.settings.keys, columns=selection,
@@ -282,7 +282,7 @@ class WithIncremental:
         self.base = base
         self.incremental = incremental
 
-    def run(self, operation: str, job: TableJob, tag: str) -> Mapping[str, Any]:
+    def run(self, operation: str, job: BatchJob, tag: str) -> Mapping[str, Any]:
         return (self.incremental if operation == "incremental" else self.base).run(operation, job, tag)
 
     def cancel(self, tag: str) -> None:

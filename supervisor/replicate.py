@@ -31,6 +31,7 @@ from lakemirror.checkpoints.audit import FAILED, SUCCESS, AuditLog, AuditRecord,
 from lakemirror.errors import TerminalError, TransientError
 from lakemirror.identifiers import TableName
 from lakemirror.secrets import redact
+from lakemirror.sinks.batch.operations import Operations
 from lakemirror.sources.catalog import Discovery
 from lakemirror.supervisor.classify import classify
 from lakemirror.supervisor.state import RestartPolicy
@@ -108,13 +109,6 @@ def plan_work(catalogs: Sequence[CatalogSelection], discovery: Discovery, settin
                                         f"set a different target_catalog or target_schema")
                 jobs.append(TableJob(source, target, settings_for(cat, schema, table)))
     return jobs
-
-
-class Operations(Protocol):
-    """Runs one operation on one table. ``tag`` names the attempt, so :meth:`cancel` can stop it."""
-
-    def run(self, operation: str, job: TableJob, tag: str) -> Mapping[str, Any]: ...
-    def cancel(self, tag: str) -> None: ...
 
 
 class Progress(Protocol):
