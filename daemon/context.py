@@ -60,8 +60,8 @@ from lakemirror.sinks.batch.operations import Operations, SparkOperations
 from lakemirror.sinks.batch.reconcile import DeltaReconciliationStore
 from lakemirror.sinks.choose import choose_sink
 from lakemirror.sinks.postgres.executor import Connector
+from lakemirror.sources import cdf_check
 from lakemirror.sources.catalog import Catalog, Discovery, LocalCatalog, SparkDiscovery, UnityCatalog
-from lakemirror.supervisor import cdf_check
 from lakemirror.supervisor.event_postgres import PostgresEventStreamRunner, RealTimeSpec
 from lakemirror.supervisor.event_stream import EVENT_FAULT_POINTS, RUNNER_PREFIX, EventStreamRunner
 from lakemirror.supervisor.pg_cycles import SparkCycles, WithPostgresCycles
