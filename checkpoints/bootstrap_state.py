@@ -6,7 +6,7 @@ What is kept is what a restart must reuse exactly: the chunks (a restart never r
 catch-up round's version range, saved before the round writes anything, so a round redone after a
 crash reads the same range under the same transaction version (and Delta skips what it committed).
 A small JSON document per table and epoch (the plan's own form:
-:class:`lakemirror.supervisor.bootstrap_plan.BootstrapPlan`), written atomically; with an in-memory twin.
+:class:`lakemirror.sinks.batch.bootstrap_plan.BootstrapPlan`), written atomically; with an in-memory twin.
 """
 
 from __future__ import annotations

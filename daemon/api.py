@@ -30,8 +30,7 @@ from lakemirror.daemon.pipelines import (FoldersOverlap, PipelineExists, Pipelin
 from lakemirror.daemon.routes import Match
 from lakemirror.daemon.worker import CommandWorker, WorkerClosed, WorkerTimeout
 from lakemirror.secrets import redact
-from lakemirror.supervisor.cdf_check import Readiness
-from lakemirror.secrets import redact
+from lakemirror.sources.cdf_check import Readiness
 
 log = logging.getLogger(__name__)
 

@@ -55,19 +55,19 @@ from lakemirror.daemon.worker import CommandWorker
 from lakemirror.errors import ConfigError, LakemirrorError
 from lakemirror.identifiers import TableName
 from lakemirror.secrets import redact
+from lakemirror.sinks.batch.incremental import IncrementalOperations, IncrementalSweep, WithIncremental
+from lakemirror.sinks.batch.operations import Operations, SparkOperations
+from lakemirror.sinks.batch.reconcile import DeltaReconciliationStore
 from lakemirror.sinks.choose import choose_sink
 from lakemirror.sinks.postgres.executor import Connector
-from lakemirror.sinks.batch.reconcile import DeltaReconciliationStore
-from lakemirror.sources.catalog import Catalog, LocalCatalog, UnityCatalog
-from lakemirror.supervisor import cdf_check
-from lakemirror.supervisor.batch_ops import SparkDiscovery, SparkOperations
+from lakemirror.sources import cdf_check
+from lakemirror.sources.catalog import Catalog, Discovery, LocalCatalog, SparkDiscovery, UnityCatalog
 from lakemirror.supervisor.event_postgres import PostgresEventStreamRunner, RealTimeSpec
 from lakemirror.supervisor.event_stream import EVENT_FAULT_POINTS, RUNNER_PREFIX, EventStreamRunner
-from lakemirror.supervisor.incremental import IncrementalOperations, IncrementalSweep, WithIncremental
 from lakemirror.supervisor.pg_cycles import SparkCycles, WithPostgresCycles
 from lakemirror.supervisor.recorded import read_pipeline
 from lakemirror.supervisor.replicate import (
-    BatchRunner, Discovery, Operations, Progress, RunSummary, TableJob, TextProgress,
+    BatchRunner, Progress, RunSummary, TableJob, TextProgress,
 )
 from lakemirror.supervisor.runner import FAULT_POINTS, RunnerContext, TableRunner
 from lakemirror.supervisor.spec import PipelineSpec

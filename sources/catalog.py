@@ -9,13 +9,17 @@ Two implementations of one :class:`Catalog` protocol:
   declared with the table property ``lakemirror.primaryKey``.
 - :class:`UnityCatalog`, on Databricks: tables by name, keys from PRIMARY KEY constraints, and
   the backing tables of Streaming Tables (:meth:`UnityCatalog.backing_table`).
+
+What ``lakemirror replicate`` plans its work over is a :class:`Discovery`: the schemas and tables of
+a source catalog, read through either catalog by :class:`SparkDiscovery`, or given as data by its
+twin :class:`InMemoryDiscovery`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Mapping, Protocol, Sequence
 
 from lakemirror import tables
 from lakemirror.errors import TerminalError
@@ -203,3 +207,38 @@ class UnityCatalog:
         materialized view) of a declarative pipeline its backing table in ``__databricks_internal``
         (see :mod:`lakemirror.sources.streaming_tables`)."""
         return resolve_backing_table(sql, name)
+
+
+class Discovery(Protocol):
+    def list_schemas(self, catalog: str) -> list[str]: ...
+    def list_tables(self, catalog: str, schema: str) -> list[str]: ...
+
+
+class InMemoryDiscovery:
+    """The twin: ``{catalog: {schema: [tables]}}``."""
+
+    def __init__(self, tree: Mapping[str, Mapping[str, Sequence[str]]]) -> None:
+        self.tree = tree
+
+    def list_schemas(self, catalog: str) -> list[str]:
+        return sorted(self.tree.get(catalog, {}))
+
+    def list_tables(self, catalog: str, schema: str) -> list[str]:
+        return sorted(self.tree.get(catalog, {}).get(schema, ()))
+
+
+class SparkDiscovery:
+    """Schemas and tables of a source catalog, local lakehouse or Unity Catalog."""
+
+    def __init__(self, spark: "SparkSession", catalog: Catalog) -> None:
+        self.spark = spark
+        self.catalog = catalog
+
+    def list_schemas(self, catalog: str) -> list[str]:
+        if isinstance(self.catalog, LocalCatalog):
+            return self.catalog.list_folders(self.spark, catalog)
+        rows = self.spark.sql(f"SHOW SCHEMAS IN {quote(catalog)}").collect()
+        return sorted(r[0] for r in rows)
+
+    def list_tables(self, catalog: str, schema: str) -> list[str]:
+        return [t.table for t in self.catalog.list_tables(self.spark, catalog, schema)]

@@ -22,6 +22,10 @@ commit with ``cdc`` actions counts those; any other counts its ``add`` and ``rem
 vector on a commit without ``cdc`` files (Spark derives those rows from the vectors), and a MERGE
 that reports no changed rows (Spark serves no rows for its rewritten files).
 
+The same offsets say which source versions are fully applied once the batch that reached one has
+committed (:func:`applied_through_from_offset`): every version strictly below its
+``reservoirVersion``, and that version too when the offset stands at its last file index.
+
 Pure: no Spark, no delta-rs. :class:`LocalCommitActions` reads a local table's commit files.
 """
 
@@ -73,6 +77,27 @@ class VersionRange:
     @property
     def empty(self) -> bool:
         return self.first > self.last
+
+
+def applied_through_from_offset(offset: Mapping[str, Any] | str | None,
+                                files_in_version: int | None = None) -> int | None:
+    """The highest source version fully applied at ``offset``, or None if it cannot be told.
+
+    ``files_in_version``: how many file indexes the offset's version has, where known. Delta's
+    ``DeltaSource`` ends a batch that read a whole version at that version's last file index (not at
+    the next version's ``-1``): that version is then fully applied too."""
+    if offset is None:
+        return None
+    if isinstance(offset, str):
+        offset = json.loads(offset)
+    assert not isinstance(offset, str)
+    if "reservoirVersion" not in offset:
+        return None
+    version = int(offset["reservoirVersion"])
+    index = int(offset.get("index", BASE_INDEX))
+    if files_in_version is not None and index >= 0 and index == files_in_version - 1:
+        return version
+    return version - 1
 
 
 def version_shape(actions: Iterable[Mapping[str, Any]]) -> VersionShape:

@@ -27,7 +27,7 @@ HEAD_ONLY = 1 << 62
 
 class SnapshotCopier(Protocol):
     """Copies the snapshot at a pinned version in steps of its own (a chunked bootstrap,
-    :mod:`lakemirror.supervisor.chunked_bootstrap`) instead of the replica's one-shot copy."""
+    :mod:`lakemirror.sinks.batch.chunked_bootstrap`) instead of the replica's one-shot copy."""
 
     def copy(self, plan: MergePlan, version: int, epoch: int, source_properties: Mapping[str, str]) -> int:
         """Copy the snapshot at ``version``; the version the replica holds when done (``version``,

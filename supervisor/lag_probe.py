@@ -3,7 +3,8 @@
 The head comes from the source's commit files where they can be read directly (no Spark job;
 :func:`~lakemirror.sources.commit_log.probe_head`, with commit times cached across probes), else
 from the source's history (:meth:`~lakemirror.sources.contract.ChangeSource.head`). The probe
-also prices the change window left (:mod:`.retention`) and warns once each time it runs low.
+also prices the change window left (:mod:`lakemirror.sources.retention`) and warns once each time
+it runs low.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from typing import Any
 from lakemirror.sources.change_feed import SourceHead
 from lakemirror.sources.commit_log import CommitLog, probe_head
 from lakemirror.sources.contract import ChangeSource
+from lakemirror.sources.retention import RetentionWindow, headroom_seconds
 from lakemirror.supervisor.lag import LagReading, compute_lag
-from lakemirror.supervisor.retention import RetentionWindow, headroom_seconds
 
 log = logging.getLogger(__name__)
 

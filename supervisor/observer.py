@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from lakemirror.supervisor.bootstrap_policy import BootstrapProgress
+from lakemirror.sinks.batch.bootstrap_plan import BootstrapProgress
 from lakemirror.supervisor.lag import LagReading
 from lakemirror.supervisor.runner import BatchReport
 from lakemirror.supervisor.state import TableStatus

@@ -36,14 +36,13 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
 from lakemirror.checkpoints.state import StateStore, TableProgress
 from lakemirror.errors import LakemirrorError, SchemaIncompatible
+from lakemirror.sinks.batch.operations import BatchJob, Operations, TaggedSessions
 from lakemirror.sinks.merge.planner import ColumnSelection, MergePlan, plan_merge
 from lakemirror.sinks.postgres.modes import CycleChoice, Mode, change_fraction, choose_cycle, cycle_batch_id
 from lakemirror.sinks.postgres.protocol import SinkResult
 from lakemirror.sources.catalog import Catalog, TableInfo
 from lakemirror.sources.keys import choose_key
-from lakemirror.supervisor.replicate import Operations, TableJob
 from lakemirror.supervisor.spec import PipelineSpec, TableOptions
-from lakemirror.supervisor.tagged_sessions import TaggedSessions
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -236,7 +235,7 @@ class WithPostgresCycles:
         self.base = base
         self.cycles = cycles
 
-    def run(self, operation: str, job: TableJob, tag: str) -> Mapping[str, Any]:
+    def run(self, operation: str, job: BatchJob, tag: str) -> Mapping[str, Any]:
         return (self.cycles if operation in OPERATIONS else self.base).run(operation, job, tag)
 
     def cancel(self, tag: str) -> None:
@@ -246,7 +245,7 @@ class WithPostgresCycles:
 
 class SparkCycles:
     """The batch runner's ``postgres_triggered`` / ``postgres_snapshot`` operations (an
-    :class:`~lakemirror.supervisor.replicate.Operations`): one cycle of the job's table, on Spark and
+    :class:`~lakemirror.sinks.batch.operations.Operations`): one cycle of the job's table, on Spark and
     the pipeline's Postgres connections. Each attempt reads in a Spark session of its own, tagged
     with the attempt, so :meth:`cancel` (a timed-out attempt) interrupts its Spark jobs."""
 
@@ -261,7 +260,7 @@ class SparkCycles:
         self.snapshot_above = snapshot_above
         self.sessions = TaggedSessions(spark)
 
-    def cycle(self, job: TableJob, mode: Mode, session: "SparkSession") -> PostgresCycle:
+    def cycle(self, job: BatchJob, mode: Mode, session: "SparkSession") -> PostgresCycle:
         from lakemirror.sinks.postgres.spark_batches import PostgresTable
         from lakemirror.sources.delta_versions import DeltaVersions
 
@@ -273,7 +272,7 @@ class SparkCycles:
                              spec.allow_schema_evolution,
                              stream_checkpoint_exists(spec.checkpoint_root, spec.pipeline_id, slug))
 
-    def run(self, operation: str, job: TableJob, tag: str) -> Mapping[str, Any]:
+    def run(self, operation: str, job: BatchJob, tag: str) -> Mapping[str, Any]:
         mode = OPERATIONS.get(operation)
         if mode is None:
             raise ValueError(f"not a Postgres cycle operation: {operation}")

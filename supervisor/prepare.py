@@ -19,8 +19,8 @@ from lakemirror.sinks.contract import TableReplica
 from lakemirror.sinks.merge.planner import ColumnSelection, MergePlan, plan_merge
 from lakemirror.sources.contract import ChangeSource
 from lakemirror.sources.keys import KeyChoice, choose_key
+from lakemirror.sources.retention import RetentionWindow
 from lakemirror.supervisor.bootstrap import Bootstrap
-from lakemirror.supervisor.retention import RetentionWindow
 from lakemirror.supervisor.spec import TableOptions
 
 log = logging.getLogger(__name__)

@@ -5,9 +5,9 @@ table's app id of the epoch, and the batch id as its version). The replica's log
 which batch of the current epoch was applied last, even when the daemon died before Spark
 committed that batch to its stream checkpoint. The stream checkpoint's ``offsets/<batch>`` file
 says which source versions that batch covered: every version below its end offset's
-``reservoirVersion`` (:mod:`lakemirror.supervisor.offsets`). Together they give the last source
-version the replica holds, which is what a table reports as applied from the moment the daemon
-starts, whatever its state, instead of its epoch's bootstrap version.
+``reservoirVersion`` (:func:`lakemirror.sources.feed_range.applied_through_from_offset`). Together
+they give the last source version the replica holds, which is what a table reports as applied from
+the moment the daemon starts, whatever its state, instead of its epoch's bootstrap version.
 
 A batch the replica's log already records needs nothing from the source: a restart that replays
 it (Spark had not committed it) skips it without reading its change files, which may have been
@@ -27,8 +27,8 @@ from lakemirror.checkpoints import stream_dir
 from lakemirror.checkpoints.state import TableProgress
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.txn import BatchStats, MergeOutcome, txn_app_id
+from lakemirror.sources.feed_range import applied_through_from_offset
 from lakemirror.sources.feed_range import LocalCommitActions
-from lakemirror.supervisor.offsets import applied_through_from_offset
 from lakemirror.tables import is_local_table, local_dir
 
 log = logging.getLogger(__name__)

@@ -1,8 +1,8 @@
 """Batch replication: a pure plan of work, and a thread pool that runs it with retries and audit.
 
 - :func:`plan_work` (pure) expands catalog/schema/table selections (shell-style include and
-  exclude patterns) over what discovery found into :class:`TableJob` values, each with its own
-  resolved :class:`TaskSettings`.
+  exclude patterns) over what a :class:`~lakemirror.sources.catalog.Discovery` found into
+  :class:`TableJob` values, each with its own resolved :class:`TaskSettings`.
 - :class:`BatchRunner` runs the jobs on ``max_workers`` threads. Inside one job the operations
   run in order (clone, then reconcile, then metadata: a reconciliation must not race the clone
   of the same table). Each operation gets up to ``max_attempts`` attempts with exponential
@@ -31,6 +31,8 @@ from lakemirror.checkpoints.audit import FAILED, SUCCESS, AuditLog, AuditRecord,
 from lakemirror.errors import TerminalError, TransientError
 from lakemirror.identifiers import TableName
 from lakemirror.secrets import redact
+from lakemirror.sinks.batch.operations import Operations
+from lakemirror.sources.catalog import Discovery
 from lakemirror.supervisor.classify import classify
 from lakemirror.supervisor.state import RestartPolicy
 
@@ -76,24 +78,6 @@ class TableJob:
     settings: TaskSettings
 
 
-class Discovery(Protocol):
-    def list_schemas(self, catalog: str) -> list[str]: ...
-    def list_tables(self, catalog: str, schema: str) -> list[str]: ...
-
-
-class InMemoryDiscovery:
-    """The twin: ``{catalog: {schema: [tables]}}``."""
-
-    def __init__(self, tree: Mapping[str, Mapping[str, Sequence[str]]]) -> None:
-        self.tree = tree
-
-    def list_schemas(self, catalog: str) -> list[str]:
-        return sorted(self.tree.get(catalog, {}))
-
-    def list_tables(self, catalog: str, schema: str) -> list[str]:
-        return sorted(self.tree.get(catalog, {}).get(schema, ()))
-
-
 def selected(name: str, include: Sequence[str] | None, exclude: Sequence[str]) -> bool:
     """Shell-style patterns, case-sensitive; exclusion wins."""
     if any(fnmatch.fnmatchcase(name, p) for p in exclude):
@@ -125,13 +109,6 @@ def plan_work(catalogs: Sequence[CatalogSelection], discovery: Discovery, settin
                                         f"set a different target_catalog or target_schema")
                 jobs.append(TableJob(source, target, settings_for(cat, schema, table)))
     return jobs
-
-
-class Operations(Protocol):
-    """Runs one operation on one table. ``tag`` names the attempt, so :meth:`cancel` can stop it."""
-
-    def run(self, operation: str, job: TableJob, tag: str) -> Mapping[str, Any]: ...
-    def cancel(self, tag: str) -> None: ...
 
 
 class Progress(Protocol):

@@ -37,23 +37,23 @@ from lakemirror.checkpoints.records import CheckpointStore
 from lakemirror.checkpoints.state import StateStore, TableProgress
 from lakemirror.errors import LakemirrorError
 from lakemirror.sinks.accelerator.batch_feed import BatchFeed
+from lakemirror.sinks.batch.bootstrap_plan import BootstrapProgress
+from lakemirror.sinks.batch.chunked_bootstrap import BootstrapInterrupted, ChunkedCopy
 from lakemirror.sinks.merge.connect_batches import ConnectBatches, server_batch_cause
 from lakemirror.sinks.contract import TableReplica
 from lakemirror.sinks.merge.delta_replica import ApplyLimits, DeltaReplica
 from lakemirror.sinks.postgres.spark_batches import PostgresTable
 from lakemirror.sources.catalog import Catalog
 from lakemirror.sources.delta_source import DeltaChangeFeed
+from lakemirror.sources.feed_range import applied_through_from_offset
 from lakemirror.supervisor import replica_record
 from lakemirror.supervisor import state as sm
 from lakemirror.supervisor.batch_apply import BatchApply, Drained, RowWriter
 from lakemirror.supervisor.bootstrap import Bootstrap
-from lakemirror.supervisor.bootstrap_policy import BootstrapProgress
-from lakemirror.supervisor.chunked_bootstrap import BootstrapInterrupted, ChunkedCopy
 from lakemirror.supervisor.classify import classify
 from lakemirror.supervisor.failure import failed_event
 from lakemirror.supervisor.lag import LagReading
 from lakemirror.supervisor.lag_probe import LagProbe
-from lakemirror.supervisor.offsets import applied_through_from_offset
 from lakemirror.supervisor.prepare import Preparation, Prepared
 from lakemirror.supervisor.spec import PipelineSpec
 from lakemirror.supervisor.stream_wiring import wire_stream

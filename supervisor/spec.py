@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lakemirror.identifiers import TableName
+from lakemirror.sinks.batch.bootstrap_plan import BootstrapPolicy
 from lakemirror.sinks.merge.apply_choice import DEFAULT_DRIVER_APPLY_BELOW_BYTES, DEFAULT_REWRITE_BELOW_BYTES
-from lakemirror.supervisor.bootstrap_policy import BootstrapPolicy
 
 
 @dataclass(frozen=True)

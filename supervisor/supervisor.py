@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
+from lakemirror.sinks.batch.bootstrap_plan import BootstrapProgress
 from lakemirror.supervisor import state as sm
-from lakemirror.supervisor.bootstrap_policy import BootstrapProgress
 from lakemirror.supervisor.failure import REDISCOVERABLE
 from lakemirror.supervisor.lag import LagReading
 from lakemirror.supervisor.observer import NoopObserver, Observer

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Union
 
 from lakemirror.errors import LakemirrorError
+from lakemirror.sinks.batch.bootstrap_plan import BootstrapProgress
 from lakemirror.sinks.txn import MergeOutcome
 from lakemirror.supervisor import state as sm
-from lakemirror.supervisor.bootstrap_policy import BootstrapProgress
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery

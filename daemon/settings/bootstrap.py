@@ -2,15 +2,15 @@
 
 A new replica is copied from the source's snapshot at a pinned version in chunks (groups of the
 source's data files), one replica commit each, interleaved with the change feed so a copy longer
-than the source's retention loses no change (:mod:`lakemirror.supervisor.chunked_bootstrap`).
+than the source's retention loses no change (:mod:`lakemirror.sinks.batch.chunked_bootstrap`).
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from lakemirror.sinks.batch.bootstrap_plan import BootstrapPolicy
 from lakemirror.sources.chunks import DEFAULT_CHUNK_BYTES
-from lakemirror.supervisor.bootstrap_policy import BootstrapPolicy
 
 
 class BootstrapSettings(BaseModel):

@@ -13,10 +13,11 @@ from lakemirror.daemon.settings.pipeline import Settings
 from lakemirror.daemon.settings.replicate import CatalogEntry, ReplicateConfig
 from lakemirror.daemon.settings.schedule import ScheduleSettings
 from lakemirror.sinks.postgres.modes import Mode
+from lakemirror.sources.catalog import Discovery
 from lakemirror.supervisor.event_stream import EventStreamSpec
 from lakemirror.supervisor.pg_cycles import OPERATIONS, operation_of
 from lakemirror.supervisor.replicate import (
-    CatalogSelection, Discovery, SchemaSelection, TableJob, TaskSettings, plan_work,
+    CatalogSelection, SchemaSelection, TableJob, TaskSettings, plan_work,
 )
 from lakemirror.supervisor.spec import PipelineSpec, TableOptions
 from lakemirror.supervisor.state import RestartPolicy

@@ -1,2 +1,3 @@
-"""Batch work on replicas: the snapshot copy (bootstrap and clone), clone, reconciliation and
-metadata sync."""
+"""Batch work on replicas: the snapshot copy (bootstrap and clone), the chunked bootstrap, clone,
+incremental sweeps, reconciliation and metadata sync, and the operations the batch runner calls to
+run them."""

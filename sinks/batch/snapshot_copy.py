@@ -2,7 +2,7 @@
 
 The one-shot snapshot write replaces the replica atomically (one Delta commit with
 ``overwriteSchema``), so a bootstrap killed half-way is simply redone at the same pinned version.
-A chunked bootstrap (:mod:`lakemirror.supervisor.chunked_bootstrap`) writes the snapshot as one
+A chunked bootstrap (:mod:`lakemirror.sinks.batch.chunked_bootstrap`) writes the snapshot as one
 commit per chunk (:func:`write_chunk`), each under a Delta transaction id of its own, so a killed
 bootstrap resumes at the first chunk the replica's transaction records do not name.
 """
@@ -87,7 +87,7 @@ def add_columns(spark: "SparkSession", target: TableLocation, added: Sequence[Co
 
 
 
-# -- chunked bootstrap (lakemirror.supervisor.chunked_bootstrap) ------------------------------------
+# -- chunked bootstrap (lakemirror.sinks.batch.chunked_bootstrap) -----------------------------------
 
 
 def write_chunk(chunk: "DataFrame", target: TableLocation, columns: Sequence[Column], txn: TxnId, *, first: bool,

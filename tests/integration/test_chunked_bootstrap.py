@@ -1,4 +1,4 @@
-"""Chunked, resumable bootstraps interleaved with the change feed (supervisor/chunked_bootstrap.py).
+"""Chunked, resumable bootstraps interleaved with the change feed (sinks/batch/chunked_bootstrap.py).
 
 Sources are written in many small appends (one file each) and bootstrapped with a chunk target of
 one byte, so every file is a chunk. Crashes are exceptions raised at the runner's fault points;

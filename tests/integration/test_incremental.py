@@ -19,9 +19,9 @@ from lakemirror.daemon.settings.replicate import CliOverrides, load_replicate_co
 from lakemirror.errors import DestinationConflict
 from lakemirror.identifiers import TableName
 from lakemirror.sinks.batch.clone import CLONE_VERSION_PROPERTY, DeltaCloner
+from lakemirror.sinks.batch.incremental import IncrementalSweep
 from lakemirror.sinks.batch.snapshot_copy import PIPELINE_PROPERTY, replica_properties, set_properties
 from lakemirror.sources.catalog import LocalCatalog
-from lakemirror.supervisor.incremental import IncrementalSweep
 
 pytestmark = pytest.mark.integration
 

@@ -111,7 +111,7 @@ def test_replicate_command_end_to_end_with_audit_metadata_and_a_failure(spark, t
         "catalogs": [{"name": "prod", "target_catalog": "dr"}]})
     # The source moves on after its clone (a writer in another thread would do the same): the
     # reconciliation compares with the version the clone mirrors, so it finds nothing.
-    from lakemirror.supervisor.batch_ops import SparkOperations
+    from lakemirror.sinks.batch.operations import SparkOperations
 
     class WriteAfterClone(SparkOperations):
         def run(self, operation, job, tag):

@@ -22,8 +22,8 @@ from lakemirror.daemon.pipelines import PipelineHandle, PipelineRegistry
 from lakemirror.daemon.worker import CommandWorker
 from lakemirror.identifiers import TableName
 from lakemirror.schema import Column
+from lakemirror.sources import cdf_check
 from lakemirror.sources.catalog import TableInfo
-from lakemirror.supervisor import cdf_check
 from lakemirror.supervisor.lag import LagReading
 from lakemirror.supervisor.supervisor import Supervisor
 from lakemirror.tables import TableLocation

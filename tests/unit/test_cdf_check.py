@@ -12,7 +12,7 @@ from lakemirror.daemon.worker import CommandWorker, WorkerClosed, WorkerTimeout
 from lakemirror.identifiers import TableName
 from lakemirror.schema import Column
 from lakemirror.sources.catalog import TableInfo
-from lakemirror.supervisor.cdf_check import assess, unreadable
+from lakemirror.sources.cdf_check import assess, unreadable
 from lakemirror.tables import TableLocation
 
 ID = Column("id", "bigint", False)

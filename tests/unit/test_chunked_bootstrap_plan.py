@@ -9,9 +9,10 @@ import pytest
 
 from lakemirror.checkpoints.bootstrap_state import FileBootstrapStore, InMemoryBootstrapStore, bootstrap_store_for
 from lakemirror.checkpoints.state import FileStateStore, InMemoryStateStore
-from lakemirror.supervisor.bootstrap_plan import BootstrapPlan, CatchUpRound
+from lakemirror.sinks.batch.bootstrap_plan import (
+    CATCH_UP, CHUNK, DONE, BootstrapPlan, BootstrapPolicy, BootstrapProgress, CatchUpRound, next_step,
+)
 from lakemirror.sources.chunks import SourceFile, bootstrap_app_id, chunk_app_id, chunk_number, plan_chunks
-from lakemirror.supervisor.bootstrap_policy import CATCH_UP, CHUNK, DONE, BootstrapPolicy, BootstrapProgress, next_step
 
 
 def files(*sizes: int) -> list[SourceFile]:

@@ -12,7 +12,7 @@ from lakemirror.sources.change_feed import SourceHead
 from lakemirror.sources.keys import choose_key
 from lakemirror.sources.memory import MemoryChangeSource
 from lakemirror.schema import Column
-from lakemirror.supervisor.retention import RetentionWindow
+from lakemirror.sources.retention import RetentionWindow
 from lakemirror.supervisor.runner import Prepared, TableRunner
 from tests.unit.runner_fakes import table_runner
 

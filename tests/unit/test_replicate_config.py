@@ -7,7 +7,7 @@ import pytest
 from lakemirror.daemon.settings.runtime_spec import plan, task_settings
 from lakemirror.daemon.settings.replicate import CliOverrides, cli_overrides, deep_merge, load_replicate_config
 from lakemirror.errors import ConfigError
-from lakemirror.supervisor.replicate import InMemoryDiscovery
+from lakemirror.sources.catalog import InMemoryDiscovery
 
 CONFIG = {
     "max_workers": 3,

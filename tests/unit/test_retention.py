@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from lakemirror.supervisor.retention import RetentionWindow, headroom_seconds, parse_interval
+from lakemirror.sources.retention import RetentionWindow, headroom_seconds, parse_interval
 
 DAY = 86400.0
 

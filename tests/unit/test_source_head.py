@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from lakemirror.sources.change_feed import head_from_history
-from lakemirror.supervisor.retention import RetentionWindow, headroom_seconds
+from lakemirror.sources.retention import RetentionWindow, headroom_seconds
 
 NOW = 1_000_000.0
 

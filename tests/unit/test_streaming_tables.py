@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from lakemirror.identifiers import TableName
+from lakemirror.sinks.batch.operations import SparkOperations
 from lakemirror.sinks.sql import RecordingSql
 from lakemirror.sources.catalog import UnityCatalog
 from lakemirror.sources.streaming_tables import BackingTableMissing, backing_candidates, resolve_backing_table
-from lakemirror.supervisor.batch_ops import SparkOperations
 from lakemirror.supervisor.replicate import TableJob, TaskSettings
 
 ST = TableName("prod", "sales", "events")

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from lakemirror.sinks.batch.sweep_batches import TaggedCommit, outcomes_from_log, progress_batches, tagged_commits
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.txn import TxnId
-from lakemirror.supervisor.sweep_batches import TaggedCommit, outcomes_from_log, progress_batches, tagged_commits
 
 APP = "lakemirror-incremental/p1/dst__s__t/e1-v3"
 

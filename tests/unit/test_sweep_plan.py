@@ -7,8 +7,8 @@ import pytest
 from lakemirror.checkpoints.state import TableProgress
 from lakemirror.daemon.settings.replicate import CliOverrides, load_replicate_config
 from lakemirror.errors import ConfigError
+from lakemirror.sinks.batch.incremental import SweepFacts, plan_sweep, sweep_app_id
 from lakemirror.sinks.merge.delta_merge import txn_app_id
-from lakemirror.supervisor.incremental import SweepFacts, plan_sweep, sweep_app_id
 
 RUNNING = TableProgress(epoch=2, bootstrap_version=7, bootstrapped=True, source_table_id="s1")
 

@@ -4,7 +4,7 @@ The snapshot at a pinned version V is split into chunks of the source's data fil
 (:mod:`lakemirror.sources.chunks`). Each chunk is one replica commit under a Delta transaction id of
 its own, so a killed bootstrap resumes at the chunks the replica's transaction records do not
 name, and no chunk is ever written twice. After a copying budget, or at once when the change
-window would close before the next chunk is expected to end (:mod:`lakemirror.supervisor.bootstrap_policy`),
+window would close before the next chunk is expected to end (:mod:`lakemirror.sinks.batch.bootstrap_plan`),
 the table applies its change feed from the last applied version through the source's latest
 (a *catch-up round*: one MERGE, as a stream batch applies it) and records every key the round
 touched in a Delta table of its own. Later chunks drop rows whose key is touched: a snapshot row
@@ -26,14 +26,15 @@ from typing import TYPE_CHECKING, Callable, Mapping
 from lakemirror import tables
 from lakemirror.checkpoints.bootstrap_state import BootstrapStore
 from lakemirror.sinks.batch import snapshot_copy
+from lakemirror.sinks.batch.bootstrap_plan import (
+    CATCH_UP, BootstrapPlan, BootstrapPolicy, BootstrapProgress, CatchUpRound, Step, next_step,
+)
 from lakemirror.sinks.merge.delta_merge import DeltaMergeSink
 from lakemirror.sinks.merge.planner import CHANGE_TYPE, UPDATE_PRE, MergePlan
 from lakemirror.sinks.txn import TxnId, txn_app_id
 from lakemirror.sources import change_feed, snapshot_files
 from lakemirror.sources.chunks import Chunk, bootstrap_app_id, chunk_app_id, chunk_number
-from lakemirror.supervisor.bootstrap_plan import BootstrapPlan, CatchUpRound
-from lakemirror.supervisor.bootstrap_policy import CATCH_UP, BootstrapPolicy, BootstrapProgress, Step, next_step
-from lakemirror.supervisor.retention import RetentionWindow, headroom_seconds
+from lakemirror.sources.retention import RetentionWindow, headroom_seconds
 from lakemirror.tables import TableLocation
 
 if TYPE_CHECKING:

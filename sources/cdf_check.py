@@ -17,7 +17,7 @@ from lakemirror.errors import NoUsableKey
 from lakemirror.identifiers import sql_string
 from lakemirror.sources.catalog import CDF_PROPERTY, TableInfo
 from lakemirror.sources.keys import PRIMARY_KEY_PROPERTY, choose_key
-from lakemirror.supervisor.retention import DELETED_FILE_RETENTION, LOG_RETENTION, RetentionWindow
+from lakemirror.sources.retention import DELETED_FILE_RETENTION, LOG_RETENTION, RetentionWindow
 
 KeyDeclaration = Literal["property", "constraint"]
 

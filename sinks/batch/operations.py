@@ -1,31 +1,111 @@
-"""The Spark implementations behind :mod:`lakemirror.supervisor.replicate`: discovery and the
-three operations (clone, reconcile, metadata) for one table.
+"""The batch runner's operations: what it calls, and clone, reconcile and metadata sync on Spark.
 
-Each attempt runs on its own Spark session (:func:`~lakemirror.tables.own_session`: Delta's
-transaction-id confs are session-wide; over Spark Connect a server session of its own, released
-when the attempt ends) and tags its Spark jobs with the attempt's tag, so a timed-out attempt is
-cancelled by :meth:`SparkOperations.cancel` (``interruptTag``, which Spark Connect has too).
+:class:`Operations` is the seam between the batch runner (:mod:`lakemirror.supervisor.replicate`:
+attempts, retries, timeouts, audit) and the work itself: one operation of one table per call,
+named by an attempt's tag, so that :meth:`Operations.cancel` can stop a timed-out attempt. An
+operation reads only its job's source, target, key and options (:class:`BatchJob`), never the
+attempts, timeout and backoff the runner retries it with.
+
+Each attempt runs on a Spark session of its own (:class:`TaggedSessions`,
+:func:`~lakemirror.tables.own_session`: Delta's transaction-id confs are session-wide, its temp
+views stay apart; over Spark Connect a server session of its own, released when the attempt ends)
+and tags its Spark jobs with the attempt's tag, so a timed-out attempt is cancelled by
+``interruptTag`` (which Spark Connect has too). Tags are per session, so the session is kept while
+the attempt runs. :class:`SparkOperations` runs the three Delta operations (clone, reconcile,
+metadata) that way; the PostgreSQL cycles share the sessions.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Mapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Protocol
 
 from lakemirror.errors import NoUsableKey, TerminalError
+from lakemirror.identifiers import TableName
 from lakemirror.sinks.batch.clone import CLONE_VERSION_PROPERTY, DeepCloner, DeltaCloner
 from lakemirror.sinks.batch.metadata_sync import CATALOG_TAG, SCHEMA_TAG, VOLUME_TAG, MetadataSync, Overwrite
 from lakemirror.sinks.batch.reconcile import ReconcileOptions, Reconciler
 from lakemirror.sinks.batch.reconcile_plan import ReconcileResult
 from lakemirror.sinks.batch.snapshot_copy import replica_properties
 from lakemirror.sinks.sql import SparkSql
-from lakemirror.sources.catalog import Catalog, LocalCatalog, UnityCatalog
+from lakemirror.sources.catalog import Catalog, UnityCatalog
 from lakemirror.sources.keys import choose_key
-from lakemirror.supervisor.replicate import TableJob
-from lakemirror.supervisor.tagged_sessions import TaggedSessions
+from lakemirror.tables import own_session, release_session
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+
+class JobSettings(Protocol):
+    """What an operation reads of its job's settings: the key columns configured for the table
+    (empty: chosen from the table, :func:`~lakemirror.sources.keys.choose_key`) and the options of
+    each operation, by operation name."""
+
+    @property
+    def keys(self) -> tuple[str, ...]: ...
+    @property
+    def options(self) -> Mapping[str, Mapping[str, Any]]: ...
+
+
+class BatchJob(Protocol):
+    """One table's job as an operation reads it (the batch runner's
+    :class:`~lakemirror.supervisor.replicate.TableJob` is one)."""
+
+    @property
+    def source(self) -> TableName: ...
+    @property
+    def target(self) -> TableName: ...
+    @property
+    def settings(self) -> JobSettings: ...
+
+
+class Operations(Protocol):
+    """Runs one operation on one table. ``tag`` names the attempt, so :meth:`cancel` can stop it."""
+
+    def run(self, operation: str, job: BatchJob, tag: str) -> Mapping[str, Any]: ...
+    def cancel(self, tag: str) -> None: ...
+
+
+class TaggedSessions:
+    """The sessions of the attempts running now, by tag."""
+
+    def __init__(self, spark: "SparkSession") -> None:
+        self.spark = spark
+        self._lock = threading.Lock()
+        self._sessions: dict[str, "SparkSession"] = {}
+
+    @contextmanager
+    def session(self, tag: str) -> Iterator["SparkSession"]:
+        """A session of its own tagged ``tag`` for the block; untagged and released after it."""
+        session = own_session(self.spark)
+        with self._lock:
+            self._sessions[tag] = session
+        try:
+            session.addTag(tag)
+        except AttributeError:  # older APIs: job groups
+            session.sparkContext.setJobGroup(tag, tag, interruptOnCancel=True)
+        try:
+            yield session
+        finally:
+            with self._lock:
+                self._sessions.pop(tag, None)
+            try:
+                session.removeTag(tag)
+            except AttributeError:
+                pass
+            release_session(session, self.spark)
+
+    def cancel(self, tag: str) -> None:
+        """Interrupt the Spark operations of the attempt tagged ``tag`` (nothing if it has ended)."""
+        with self._lock:
+            session = self._sessions.get(tag)
+        if session is None:
+            return
+        try:
+            session.interruptTag(tag)
+        except AttributeError:  # older APIs: job groups
+            session.sparkContext.cancelJobGroup(tag)
 
 
 class ReplicaMismatch(TerminalError):
@@ -36,25 +116,6 @@ class ReplicaMismatch(TerminalError):
     def __init__(self, message: str, *, table: str, details: Mapping[str, Any]) -> None:
         super().__init__(message, table=table)
         self.details = dict(details)
-
-
-class SparkDiscovery:
-    """Schemas and tables of a source catalog, local lakehouse or Unity Catalog."""
-
-    def __init__(self, spark: "SparkSession", catalog: Catalog) -> None:
-        self.spark = spark
-        self.catalog = catalog
-
-    def list_schemas(self, catalog: str) -> list[str]:
-        if isinstance(self.catalog, LocalCatalog):
-            return self.catalog.list_folders(self.spark, catalog)
-        from lakemirror.identifiers import quote
-
-        rows = self.spark.sql(f"SHOW SCHEMAS IN {quote(catalog)}").collect()
-        return sorted(r[0] for r in rows)
-
-    def list_tables(self, catalog: str, schema: str) -> list[str]:
-        return [t.table for t in self.catalog.list_tables(self.spark, catalog, schema)]
 
 
 class SparkOperations:
@@ -76,7 +137,7 @@ class SparkOperations:
         """Interrupt the attempt's Spark operations (tags are per session: use the attempt's)."""
         self.sessions.cancel(tag)
 
-    def run(self, operation: str, job: TableJob, tag: str) -> Mapping[str, Any]:
+    def run(self, operation: str, job: BatchJob, tag: str) -> Mapping[str, Any]:
         with self.sessions.session(tag) as session:
             if operation == "clone":
                 return self._clone(session, job)
@@ -86,7 +147,7 @@ class SparkOperations:
                 return self._metadata(session, job)
             raise TerminalError(f"unknown operation {operation!r}", table=str(job.source))
 
-    def _keys(self, session: "SparkSession", job: TableJob, *, required: bool) -> tuple[str, ...]:
+    def _keys(self, session: "SparkSession", job: BatchJob, *, required: bool) -> tuple[str, ...]:
         info = self.catalog.describe(session, job.source)
         try:
             return tuple(choose_key(str(job.source), info.columns, configured=job.settings.keys,
@@ -96,7 +157,7 @@ class SparkOperations:
                 raise
             return ()
 
-    def _clone(self, session: "SparkSession", job: TableJob) -> Mapping[str, Any]:
+    def _clone(self, session: "SparkSession", job: BatchJob) -> Mapping[str, Any]:
         if self.unity_catalog:
             sql = SparkSql(session)
             backing = UnityCatalog.backing_table(sql, job.source)  # a Streaming Table clones its backing table
@@ -108,7 +169,7 @@ class SparkOperations:
                                             force_full=bool(opts.get("force_full", False)))
         return dict(result.details())
 
-    def _reconcile(self, session: "SparkSession", job: TableJob) -> Mapping[str, Any]:
+    def _reconcile(self, session: "SparkSession", job: BatchJob) -> Mapping[str, Any]:
         opts = job.settings.options.get("reconcile", {})
         options = ReconcileOptions(buckets=int(opts.get("buckets", 1024)),
                                    exclude_columns=tuple(opts.get("exclude_columns", ())),
@@ -136,7 +197,7 @@ class SparkOperations:
                 table=str(job.source), details=details)
         return details
 
-    def _metadata(self, session: "SparkSession", job: TableJob) -> Mapping[str, Any]:
+    def _metadata(self, session: "SparkSession", job: BatchJob) -> Mapping[str, Any]:
         opts = job.settings.options.get("metadata", {})
         kinds = list(opts.get("object_types", ()))
         overwrite = Overwrite(comments=bool(opts.get("overwrite_comments", True)),

@@ -19,7 +19,7 @@ A replica owned by a continuous pipeline is refused: a sweep would race its stre
 
 Over Spark Connect the sweep is the same: a server session of its own, the same batch function
 (it runs on the server, where its SQL ``MERGE`` needs no Delta plugin), and the outcomes read back
-from the replica's log (:mod:`lakemirror.supervisor.sweep_batches`). Its checkpoint folder is
+from the replica's log (:mod:`lakemirror.sinks.batch.sweep_batches`). Its checkpoint folder is
 written by the server, so ``checkpoint_volume`` must be a path the server sees.
 """
 
@@ -35,17 +35,17 @@ from lakemirror import tables
 from lakemirror.checkpoints.state import StateStore, TableProgress
 from lakemirror.errors import DestinationConflict, TerminalError
 from lakemirror.identifiers import TableName
+from lakemirror.sinks.batch import snapshot_copy
 from lakemirror.sinks.batch.clone import CLONE_SOURCE_ID_PROPERTY, CLONE_VERSION_PROPERTY, clone_properties
+from lakemirror.sinks.batch.operations import BatchJob, Operations
+from lakemirror.sinks.batch.sweep_batches import SweepBatches, server_outcomes
 from lakemirror.sinks.merge.connect_batches import server_batch_cause
 from lakemirror.sinks.merge.delta_merge import DeltaMergeSink
 from lakemirror.sinks.merge.planner import ColumnSelection, diff_schema, plan_merge
-from lakemirror.sinks.batch import snapshot_copy
 from lakemirror.sources import change_feed
 from lakemirror.sources.catalog import Catalog
+from lakemirror.sources.feed_range import applied_through_from_offset
 from lakemirror.sources.keys import choose_key
-from lakemirror.supervisor.offsets import applied_through_from_offset
-from lakemirror.supervisor.replicate import Operations, TableJob
-from lakemirror.supervisor.sweep_batches import SweepBatches, server_outcomes
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -260,12 +260,13 @@ def _offset_through(progress: Any) -> int:
 
 
 class IncrementalOperations:
-    """The ``incremental`` operation of the batch runner (see :mod:`lakemirror.supervisor.replicate`)."""
+    """The ``incremental`` operation of the batch runner (an
+    :class:`~lakemirror.sinks.batch.operations.Operations`)."""
 
     def __init__(self, sweep: IncrementalSweep) -> None:
         self.sweeper = sweep
 
-    def run(self, operation: str, job: TableJob, tag: str) -> Mapping[str, Any]:
+    def run(self, operation: str, job: BatchJob, tag: str) -> Mapping[str, Any]:
         opts = job.settings.options.get("incremental", {})
         selection = ColumnSelection(tuple(opts.get("include_columns", ())), tuple(opts.get("exclude_columns", ())))
         return self.sweeper.sweep(job.source, job.target, keys=job.settings.keys, columns=selection,
@@ -282,7 +283,7 @@ class WithIncremental:
         self.base = base
         self.incremental = incremental
 
-    def run(self, operation: str, job: TableJob, tag: str) -> Mapping[str, Any]:
+    def run(self, operation: str, job: BatchJob, tag: str) -> Mapping[str, Any]:
         return (self.incremental if operation == "incremental" else self.base).run(operation, job, tag)
 
     def cancel(self, tag: str) -> None:

@@ -1,21 +1,62 @@
-"""When a chunked bootstrap copies its next chunk, and when it turns to the change feed instead
-(Airbyte's WASS: a copy time box, then the log). Pure: time is passed in.
+"""A chunked bootstrap's pure side (:mod:`lakemirror.sinks.batch.chunked_bootstrap` is its
+executor): its plan, when it copies its next chunk and when it turns to the change feed instead,
+and the progress a person follows. Pure: time is passed in.
 
-A bootstrap copies the snapshot at a pinned version V chunk by chunk. Meanwhile the source keeps
-committing, and the change feed of those commits can be vacuumed (``delta.deletedFileRetentionDuration``)
-or log-cleaned (``delta.logRetentionDuration``) before a long copy ends. So after a copying budget
-the table applies the change feed from the last applied version up to the source's latest (a
-*catch-up*), then copies again; and whenever the change window would close before the next chunk
-is expected to end, it catches up at once and says so.
+The plan (:class:`BootstrapPlan`) holds the chunks of the snapshot and the catch-up rounds between
+them, kept by :mod:`lakemirror.checkpoints.bootstrap_state` as a JSON document so a restart never
+re-plans.
+
+The policy (:class:`BootstrapPolicy`, :func:`next_step`) is Airbyte's WASS: a copy time box, then
+the log. A bootstrap copies the snapshot at a pinned version V chunk by chunk. Meanwhile the source
+keeps committing, and the change feed of those commits can be vacuumed
+(``delta.deletedFileRetentionDuration``) or log-cleaned (``delta.logRetentionDuration``) before a
+long copy ends. So after a copying budget the table applies the change feed from the last applied
+version up to the source's latest (a *catch-up*), then copies again; and whenever the change window
+would close before the next chunk is expected to end, it catches up at once and says so.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from typing import Any
 
-from lakemirror.sources.chunks import DEFAULT_CHUNK_BYTES
+from lakemirror.sources.chunks import DEFAULT_CHUNK_BYTES, Chunk
 
 CHUNK, CATCH_UP, DONE = "chunk", "catch_up", "done"
+
+
+@dataclass(frozen=True)
+class CatchUpRound:
+    number: int        # the round's Delta transaction version
+    after: int         # applies source versions after this one ...
+    through: int       # ... up to and including this one
+    done: bool = False
+
+
+@dataclass(frozen=True)
+class BootstrapPlan:
+    epoch: int
+    version: int                             # the pinned snapshot version V
+    chunks: tuple[Chunk, ...]
+    rounds: tuple[CatchUpRound, ...] = field(default_factory=tuple)
+
+    @property
+    def applied_through(self) -> int:
+        """The last source version the replica holds: V, or the last finished round's end."""
+        done = [r.through for r in self.rounds if r.done]
+        return max(done) if done else self.version
+
+    def with_round(self, r: CatchUpRound) -> "BootstrapPlan":
+        return replace(self, rounds=tuple(x for x in self.rounds if x.number != r.number) + (r,))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "version": self.version, "chunks": [c.to_json() for c in self.chunks],
+                "rounds": [r.__dict__ for r in self.rounds]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "BootstrapPlan":
+        return cls(int(data["epoch"]), int(data["version"]), tuple(Chunk.from_json(c) for c in data["chunks"]),
+                   tuple(CatchUpRound(**r) for r in data.get("rounds", ())))
 
 
 @dataclass(frozen=True)
@@ -54,7 +95,7 @@ def next_step(policy: BootstrapPolicy, *, now: float, copying_since: float, head
 
     ``copying_since``: when copying began after the last catch-up (or the start);
     ``headroom_seconds``: time until the oldest source version not yet applied may be gone
-    (:func:`lakemirror.supervisor.retention.headroom_seconds`); ``expected_chunk_seconds``: how long
+    (:func:`lakemirror.sources.retention.headroom_seconds`); ``expected_chunk_seconds``: how long
     a chunk has taken so far (0 before the first); ``source_ahead``: the source has versions the
     replica has not applied (without them a catch-up has nothing to do)."""
     if chunks_left <= 0:
