@@ -17,6 +17,7 @@ the writers added to an accumulator.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,11 +46,26 @@ WRITE_POSTGRES_FOREACH = "postgres-foreach"
 READ_DRIVER, READ_EXECUTORS = "driver", "executors"
 
 
+#: Spark's floor on the duration of a real-time batch (``trigger(realTime=…)``), a duration string.
+MIN_BATCH_DURATION_CONF = "spark.sql.streaming.realTimeMode.minBatchDuration"
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*$", re.IGNORECASE)
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000}
+
+
+def duration_ms(text: str | None) -> int | None:
+    """A Spark duration conf (``5000ms``, ``5s``, a bare number of milliseconds) in milliseconds; None
+    when it is unset or in a form this does not read."""
+    found = _DURATION.match(text or "")
+    if not found:
+        return None
+    return round(float(found.group(1)) * _UNIT_MS[(found.group(2) or "ms").lower()])
+
+
 @dataclass(frozen=True)
 class RealTimeSpec:
     """Real-Time Mode's settings (``source.real_time`` in the YAML)."""
 
-    checkpoint_interval_seconds: float = 5.0   # trigger(realTime=…): a checkpoint interval, not a latency
+    checkpoint_interval_seconds: float = 1.0   # trigger(realTime=…): a checkpoint interval (see real_time.py)
     max_dwell_ms: int = 100                    # a writer commits a record at most this long after it came
     max_rows: int = 1000                       # ... or as soon as it holds this many
     tasks: int | None = None                   # partitions the budget counted at load; None: counted at start
@@ -149,6 +165,7 @@ class PostgresEventStreamRunner(EventStreamRunner):
             if rt is not None:
                 if self.spec.kind != KIND_KAFKA:
                     raise ValueError("Real-Time Mode reads Kafka only (source.kind: kafka)")
+                self._allow_batch_duration(rt.checkpoint_interval_seconds)
                 self._flush_times = FlushTimes(self.spark)
                 writer = PostgresForeachWriter(self.factory, max_rows=rt.max_rows, max_dwell_ms=rt.max_dwell_ms,
                                                on_flush=self._flush_times.callback())
@@ -162,6 +179,15 @@ class PostgresEventStreamRunner(EventStreamRunner):
             self._emit(sm.StreamStarted())
         except Exception as exc:  # a failure to start is a visible state, never a dead thread
             self._emit(sm.Failed(error=f"{self.table}: {exc}".splitlines()[0]))
+
+    def _allow_batch_duration(self, seconds: float) -> None:
+        """Let a real-time batch last ``seconds``: Spark refuses a real-time trigger shorter than its
+        minimum batch duration (a public SQL conf, 5 s by default), so a shorter interval lowers the
+        minimum, for the queries this session starts (a lower minimum the user set is kept)."""
+        wanted = max(1, round(seconds * 1000))
+        current = duration_ms(self.spark.conf.get(MIN_BATCH_DURATION_CONF, None))
+        if current is None or current > wanted:
+            self.spark.conf.set(MIN_BATCH_DURATION_CONF, f"{wanted}ms")
 
     def _batch(self, batch: "DataFrame", batch_id: int) -> None:
         with self._batch_lock:

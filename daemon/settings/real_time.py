@@ -6,7 +6,7 @@
       kind: kafka
       ...
       real_time:
-        checkpoint_interval_seconds: 5   # trigger(realTime="5 seconds"): how often offsets are checkpointed
+        checkpoint_interval_seconds: 1   # trigger(realTime="1 second"): how often offsets are checkpointed
         max_dwell_ms: 100                # a record is committed to Postgres at most this long after it came
         max_rows: 1000                   # ... or as soon as a writer holds this many
         tasks: 3                         # Kafka partitions read at once: one task, one connection each
@@ -44,8 +44,12 @@ class RealTimeSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     checkpoint_interval_seconds: float = Field(
-        5.0, ge=1, le=3600, description="The realTime trigger's duration: how long each real-time batch runs before "
-        "its offsets are checkpointed. Not a latency target; a restart replays at most this much.")
+        1.0, ge=1, le=3600, description="The realTime trigger's duration: how long each real-time batch runs before "
+        "its offsets are checkpointed; a restart replays at most this much. It bounds latency too: within a batch "
+        "Spark hands records to the Python writer in pickled groups that double in size (1, 2, 4, ... records), so "
+        "a record waits longer the later it comes in its batch (bench.kafka_postgres_latency at 20 rows/s: p99 "
+        "0.54 s at 1 s, 0.88 s at 2 s, 3.1 s at 5 s). Below 5 s the source lowers Spark's "
+        "spark.sql.streaming.realTimeMode.minBatchDuration (5 s by default) to match.")
     max_dwell_ms: int = Field(100, ge=1, le=60000, description="Each foreach writer commits a record to Postgres at "
                               "most this long after it arrived (a timer flushes during lulls).")
     max_rows: int = Field(1000, ge=1, le=1_000_000, description="... or as soon as the writer holds this many records.")

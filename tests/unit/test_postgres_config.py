@@ -98,7 +98,7 @@ def test_an_event_source_with_a_postgres_destination_is_accepted_in_both_modes(t
     s = load_settings(_event_yaml(tmp_path, "{kind: kafka, bootstrap_servers: 'k:9092', topics: [t], "
                                             "real_time: {max_dwell_ms: 50}}", pg))
     assert s.source is not None and s.source.real_time is not None and s.source.real_time.max_dwell_ms == 50
-    assert s.source.real_time.checkpoint_interval_seconds == 5.0
+    assert s.source.real_time.checkpoint_interval_seconds == 1.0
 
 
 def test_real_time_mode_is_refused_where_spark_cannot_run_it(tmp_path) -> None:
@@ -128,7 +128,7 @@ def test_an_event_source_into_postgres_runs_the_postgres_runner_in_the_mode_conf
     pg = "{kind: postgres, host: h, database: d, user: u, schema: replicas}"
     for source, real_time in (
             ("{kind: kafka, bootstrap_servers: 'k:9092', topics: [t], real_time: {max_dwell_ms: 30, max_rows: 7}}",
-             RealTimeSpec(5.0, 30, 7)),
+             RealTimeSpec(1.0, 30, 7)),
             ("{kind: kafka, bootstrap_servers: 'k:9092', topics: [t]}", None)):
         settings = load_settings(_event_yaml(tmp_path, source, pg))
         ctx = DaemonContext(settings).replace(spark=object(),  # no Spark needed
