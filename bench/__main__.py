@@ -455,7 +455,7 @@ def parameters(quick: bool) -> dict[str, Any]:
             "bootstrap_rows": 500_000 if quick else 5_000_000, "lookup_rows": 500_000 if quick else 5_000_000,
             "chunked_rows": 500_000 if quick else 20_000_000, "chunked_files": 20,
             # the retention run's VACUUM retention: shorter than its bootstrap, longer than a chunk and a catch-up
-            "chunked_retain_hours": 0.01 if quick else 0.05,
+            "chunked_retain_hours": 0.01 if quick else 0.02,
             "modes_rows": 20_000 if quick else 200_000,
             # Debezium events over 8 partitions into 4 tables (the benchmark), offsets per batch
             "debezium_events": 20_000 if quick else 1_000_000, "debezium_max_offsets": 5_000 if quick else 50_000,

@@ -306,12 +306,18 @@ def render_retention(r: dict[str, Any], when: Callable[[dict[str, Any]], str]) -
              f"and, beside the commits, runs `VACUUM … RETAIN {hours} HOURS` ({hours * 3600:.0f} s) "
              f"{w['vacuum_seconds']:.0f} s after the previous VACUUM ended. "
              f"When the bootstrap ends the writer stops and reads the change feed from V+1 afresh: that read must "
-             f"fail, which proves the retention was shorter than the bootstrap. The replica is then compared with "
+             f"fail, and a VACUUM during the bootstrap must have been able to remove V+1's change data, for the run "
+             f"to prove that only the interleaving kept the changes. The replica is then compared with "
              f"the source row for row, once the daemon has applied the writer's last version.", ""]
     if r.get("error"):
         return lines + [f"**The run failed:** {r['error']}"]
-    cdf = ("fails (the retention was shorter than the bootstrap)" if r.get("cdf_read_works") is False else
-           "WORKS: the retention was not shorter than this bootstrap, the run proves nothing")
+    if r.get("cdf_read_works") is not False:
+        cdf = "WORKS: the retention was not shorter than this bootstrap, the run proves nothing"
+    elif r.get("vacuum_removed_first_change_by") is not None:
+        cdf = "fails (a VACUUM during the bootstrap could remove V+1's change data)"
+    else:
+        cdf = ("fails, but no VACUUM during the bootstrap could remove V+1's change data: exact, but not proof "
+               "that only the interleaving kept the changes")
     changes = r.get("changes_during_bootstrap") or {}
     lines += ["| rows | bootstrap s | retention s | bootstrap / retention | source versions written during the "
               "bootstrap | VACUUMs during it | catch-up rounds | fresh change-feed read from V+1 at the end | "

@@ -117,7 +117,7 @@ def test_the_section_reports_the_retention_run_and_keeps_older_copy_rows() -> No
     text = "\n".join(render([copy, _retention_row()], _when))
     assert "| copy floor (Spark read at V, written as a new Delta table) | 30.0 | 1.0x | - | - | yes | - |" in text
     assert "`VACUUM … RETAIN 0.01 HOURS` (36 s)" in text
-    assert ("| 500,000 | 95.2 | 36 | 2.64x | 41 | 9 | 19 | fails (the retention was shorter than the bootstrap) | "
+    assert ("| 500,000 | 95.2 | 36 | 2.64x | 41 | 9 | 19 | fails (a VACUUM during the bootstrap could remove V+1's change data) | "
             "yes (0 lost) | 3.1 |") in text
     assert "(V = 19; its commits during the bootstrap were versions V+1 to 60, its last commit, before it stopped, version 62)" in text
     assert "ran 47.5 s into the bootstrap" in text and "DELTA_CHANGE_DATA_FILE_NOT_FOUND" in text
@@ -128,6 +128,8 @@ def test_a_retention_run_that_proves_nothing_or_fails_says_so() -> None:
                                              versions_during_bootstrap=0)], _when))
     assert "WORKS: the retention was not shorter than this bootstrap" in works and "NO (changes lost)" in works
     assert "it committed nothing during the bootstrap, its last commit" in works
+    late = "\n".join(render([_retention_row(vacuum_removed_first_change_by=None)], _when))
+    assert "fails, but no VACUUM during the bootstrap could remove V+1's change data" in late
     failed = "\n".join(render([{"system": RETENTION_SYSTEM, "kind": "retention", "rows": 10, "files": 2,
                                 "retain_hours": 0.01, "error": "RuntimeError: the table failed"}], _when))
     assert "**The run failed:** RuntimeError: the table failed" in failed
