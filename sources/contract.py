@@ -7,9 +7,13 @@ follows from there). Positions are the source's own orderable sequence: a Delta 
 versions here.
 
 Every change a source yields normalises to one contract, :class:`~lakemirror.sources.change_event.ChangeEvent`:
-keys, an orderable :class:`~lakemirror.sources.change_event.Position`, an operation, columns.
-Event sources (Debezium, the simple JSON form) decode each message to it; a Delta change-feed row
-maps to it with :func:`change_from_cdf_row` (pure).
+keys, an orderable :class:`~lakemirror.sources.change_event.Position`, an operation, columns. A
+Delta change-feed row maps to it with :func:`change_from_cdf_row` (pure).
+
+Sources that deliver many tables' change events in one stream (Kafka / Debezium, the simple event
+form, JSON-lines files) plug in through the counterpart protocol,
+:class:`lakemirror.sources.event_source.EventSource`: a stream of raw messages and the decoder of
+each message to the same contract.
 
 Implementations: :class:`lakemirror.sources.change_feed.DeltaChangeFeed` (a Delta table's Change
 Data Feed, read by Spark) and :class:`lakemirror.sources.memory.MemoryChangeSource`, its in-memory

@@ -1,0 +1,85 @@
+"""The event-source seam without Spark: the factory picks the implementation from the spec, and the
+in-memory twin gives a micro-batch's raw events in source order with the real decoder."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lakemirror.sources.change_event import STREAM, UPSERT, ChangeEvent, DeadLetter, Position, Skipped
+from lakemirror.sources.event_source import FileEventSource, KafkaEventSource, event_source_for
+from lakemirror.sources.event_stream import RawEvent
+from lakemirror.sources.kafka_offsets import KafkaBrokerOffsets, StaticOffsets
+from lakemirror.sources.memory_events import MemoryEventSource
+from lakemirror.supervisor.event_stream import EventStreamSpec
+from tests.unit.test_debezium import envelope, pg_source, simple
+
+
+def test_a_kafka_spec_gives_spark_s_kafka_source_with_the_broker_s_offsets() -> None:
+    spec = EventStreamSpec("shop", "kafka", "simple", bootstrap_servers="k:9092", topic_pattern="shop\\..*",
+                           key_columns={"a": ("id",)}, max_per_trigger=500)
+    source = event_source_for(spec)
+    assert isinstance(source, KafkaEventSource)
+    assert (source.bootstrap_servers, source.topic_pattern, source.max_offsets_per_trigger) == ("k:9092", "shop\\..*", 500)
+    broker = source.offsets
+    assert isinstance(broker, KafkaBrokerOffsets) and broker.bootstrap_servers == "k:9092"
+    assert broker.matches("shop.a") and not broker.matches("other.a")
+    assert (source.decoder.kind, source.decoder.format, dict(source.decoder.key_columns)) == ("kafka", "simple", {"a": ("id",)})
+    source.close()  # never connected: nothing to close, no error
+
+
+def test_a_files_spec_gives_spark_s_file_source_without_offsets() -> None:
+    source = event_source_for(EventStreamSpec("feed", "files", path="/in", max_per_trigger=3))
+    assert isinstance(source, FileEventSource)
+    assert (source.path, source.max_files_per_trigger, source.offsets) == ("/in", 3, None)
+    assert (source.decoder.kind, source.decoder.format) == ("files", "debezium")
+
+
+def test_an_unknown_kind_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown event source kind 'mqtt'"):
+        event_source_for(EventStreamSpec("x", "mqtt"))
+
+
+def test_the_twin_gives_kafka_records_in_partition_and_offset_order_decoded() -> None:
+    source = MemoryEventSource("kafka", offsets=StaticOffsets({("shop.public.customers", 0): 2}))
+    after = {"id": 1, "name": "a"}
+    source.send(json.dumps(envelope("u", None, after, pg_source(2000))), json.dumps({"id": 1}),
+                topic="shop.public.customers", partition=1)
+    source.send(json.dumps(envelope("c", None, after, pg_source(1000))), json.dumps({"id": 1}),
+                topic="shop.public.customers", partition=0)
+    source.send(None, json.dumps({"id": 1}), topic="shop.public.customers", partition=0)
+    source.send("{not json", None, topic="shop.public.customers", partition=1)
+    raws = list(source.raw_events(source.stream()))
+    assert [(r.partition, r.offset) for r in raws] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    decoded = [source.decoder(r) for r in raws]
+    assert isinstance(decoded[0], ChangeEvent) and isinstance(decoded[2], ChangeEvent)
+    assert (decoded[0].table, decoded[0].op, decoded[0].keys) == ("customers", UPSERT, (("id", 1),))
+    assert decoded[0].position < decoded[2].position and decoded[2].position.phase == STREAM
+    assert isinstance(decoded[1], Skipped) and isinstance(decoded[3], DeadLetter)
+    assert source.offsets is not None and source.offsets.latest()[0] == {("shop.public.customers", 0): 2}
+
+
+def test_the_twin_numbers_the_lines_of_each_file_in_path_order() -> None:
+    source = MemoryEventSource("files", "simple")
+    row = simple("INSERT", "2024-01-01T10:00:00Z", "TXN_1001", after={"id": 7}, pk={"id": 7}, table="t")
+    source.add_file("file:/in/b.json", [row, "", "oops"])
+    source.add_file("file:/in/a.json", [row])
+    raws = list(source.raw_events(source.stream()))
+    assert [(r.origin, r.offset) for r in raws] == [("file:/in/a.json", 1), ("file:/in/b.json", 1),
+                                                    ("file:/in/b.json", 3)]
+    first = source.decoder(raws[0])
+    assert isinstance(first, ChangeEvent) and first.position == Position(STREAM, 1704103200_000000, 1001)
+    assert isinstance(source.decoder(raws[2]), DeadLetter)
+    assert source.offsets is None
+
+
+def test_the_twin_holds_the_rows_of_the_kind_it_stands_for() -> None:
+    with pytest.raises(ValueError, match="add_file"):
+        MemoryEventSource("files").send("{}")
+    with pytest.raises(ValueError, match="send"):
+        MemoryEventSource("kafka").add_file("f", ["{}"])
+    with pytest.raises(ValueError, match="unknown event source kind"):
+        MemoryEventSource("mqtt")
+    assert RawEvent("v", None, "t", 0, 3) == next(MemoryEventSource().raw_events(
+        [{"topic": "t", "partition": 0, "offset": 3, "key": None, "value": "v"}]))
