@@ -1,10 +1,12 @@
-"""Event streams as Structured Streaming sources: JSON-lines files in a directory (and Kafka topics).
+"""The raw messages of event streams and their decoder, with Spark's readers of the two kinds.
 
-The streaming DataFrames carry raw messages only; decoding is the pure
-:mod:`lakemirror.sources.debezium`, run on each micro-batch's rows by the batch function
-(:mod:`lakemirror.supervisor.event_stream`). Each row becomes a :class:`RawEvent` that remembers
-where it came from, so a poison message reaches the dead letters with its file and line (or topic,
-partition and offset).
+:func:`kafka_stream` (Kafka topics) and :func:`file_stream` (JSON-lines files in a directory) are
+Structured Streaming sources of raw messages only; :mod:`lakemirror.sources.event_source` wraps them
+as the :class:`~lakemirror.sources.event_source.EventSource` implementations the runners use. Each
+micro-batch row becomes a :class:`RawEvent` that remembers where it came from, so a poison message
+reaches the dead letters with its file and line (or topic, partition and offset). :class:`EventDecoder`
+turns each into the change contract with the pure :mod:`lakemirror.sources.debezium`: on the driver
+in a micro-batch, on the executors in Real-Time Mode.
 
 Files: Spark's file source reads each new file once, whole (``wholetext``), so a line's number in
 its file is known exactly; files must be moved into the directory complete (write elsewhere, then
@@ -81,11 +83,6 @@ def raw_events_from_kafka_rows(rows: Iterable[Any]) -> Iterator[RawEvent]:
     """Rows of :func:`kafka_stream` as raw events, in (topic, partition, offset) order."""
     for row in sorted(rows, key=lambda r: (r["topic"], r["partition"], r["offset"])):
         yield RawEvent(row["value"], row["key"], row["topic"], int(row["partition"]), int(row["offset"]))
-
-
-def raw_events_from_rows(rows: Iterable[Any], from_kafka: bool) -> Iterator[RawEvent]:
-    """A batch's rows as raw events: Kafka records, or lines of the file source."""
-    return raw_events_from_kafka_rows(rows) if from_kafka else raw_events_from_file_rows(rows)
 
 
 def kafka_stream(spark: "SparkSession", bootstrap_servers: str, *, topics: str | None = None,

@@ -31,10 +31,9 @@ from lakemirror.sinks.postgres.executor import PostgresTarget
 from lakemirror.sinks.postgres.foreach import EventSinkFactory, PostgresForeachWriter
 from lakemirror.sinks.postgres.modes import connection_budget
 from lakemirror.sinks.txn import BatchStats, MergeOutcome
-from lakemirror.sources.event_stream import EventDecoder, raw_events_from_rows
-from lakemirror.sources.kafka_offsets import KafkaBrokerOffsets
+from lakemirror.sources.event_source import KIND_KAFKA, EventSource
 from lakemirror.supervisor import state as sm
-from lakemirror.supervisor.event_stream import KIND_KAFKA, EventStreamRunner, EventStreamSpec, ReplicaStatus
+from lakemirror.supervisor.event_stream import EventStreamRunner, EventStreamSpec, ReplicaStatus
 from lakemirror.supervisor.runner import BatchReport, StreamLatency
 from lakemirror.tables import TableLocation
 
@@ -117,16 +116,17 @@ class PostgresEventStreamRunner(EventStreamRunner):
 
     def __init__(self, spec: EventStreamSpec, spark: "SparkSession", pipeline_id: str, folder: Path,
                  target: PostgresTarget, real_time: RealTimeSpec | None = None,
-                 clock: Callable[[], float] = time.time, states: StateStore | None = None) -> None:
+                 clock: Callable[[], float] = time.time, states: StateStore | None = None,
+                 source: EventSource["DataFrame"] | None = None) -> None:
         def no_delta(table: str) -> TableLocation:
             raise AssertionError("a Postgres event runner writes no Delta replica")
         super().__init__(spec, spark, pipeline_id, folder, no_delta,
-                         TableLocation(TableName("postgres", "none", "none"), None), clock, states=states)
+                         TableLocation(TableName("postgres", "none", "none"), None), clock, source=source,
+                         states=states)
         self.target = target
         self.real_time = real_time
-        self.factory = EventSinkFactory(target, pipeline_id, spec.name,
-                                        EventDecoder(spec.kind, spec.format, spec.key_columns),
-                                        spec.tables, spec.allow_schema_evolution)
+        self.factory = EventSinkFactory(target, pipeline_id, spec.name, self.source.decoder, spec.tables,
+                                        spec.allow_schema_evolution)
         self._sink: PostgresEventSink | None = None
         self._flush_times: FlushTimes | None = None
         self._reported_batch = -1
@@ -137,11 +137,12 @@ class PostgresEventStreamRunner(EventStreamRunner):
     def _check_partitions(self, rt: RealTimeSpec) -> None:
         """Real-Time Mode holds one connection per Kafka partition: refuse to start when the topics
         have more partitions than the connection budget counted at load (``source.real_time.tasks``),
-        or, with ``tasks`` unset, more than the cap leaves beside the daemon's own pool."""
-        if self._broker is None:
-            self._broker = KafkaBrokerOffsets(self.spec.bootstrap_servers or "", topics=self.spec.topics,
-                                              topic_pattern=self.spec.topic_pattern)
-        partitions = len(self._broker.latest()[0])
+        or, with ``tasks`` unset, more than the cap leaves beside the daemon's own pool. Nothing to
+        count for a source without offsets (a files source, which Real-Time Mode refuses anyway)."""
+        broker = self.source.offsets
+        if broker is None:
+            return
+        partitions = len(broker.latest()[0])
         budget = connection_budget(self.target.max_connections, tasks=partitions, pool=self.target.pool_connections)
         if rt.tasks is None:
             if not budget.fits:
@@ -159,9 +160,9 @@ class PostgresEventStreamRunner(EventStreamRunner):
     def _launch(self) -> None:
         try:
             rt = self.real_time
-            if rt is not None and self.spec.kind == KIND_KAFKA:
+            if rt is not None:
                 self._check_partitions(rt)
-            stream = self._stream().writeStream.option("checkpointLocation", self._checkpoint())
+            stream = self.source.stream(self.spark).writeStream.option("checkpointLocation", self._checkpoint())
             if rt is not None:
                 if self.spec.kind != KIND_KAFKA:
                     raise ValueError("Real-Time Mode reads Kafka only (source.kind: kafka)")
@@ -196,7 +197,7 @@ class PostgresEventStreamRunner(EventStreamRunner):
             started = self.clock()
             try:
                 rows = batch.collect()
-                raws = raw_events_from_rows(rows, self.spec.kind == KIND_KAFKA)
+                raws = self.source.raw_events(rows)
                 if self._sink is None:
                     self._sink = self.factory()
                 result = self._sink.apply(raws)

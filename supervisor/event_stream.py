@@ -1,7 +1,10 @@
 """One Structured Streaming query per event source, fanned out to one guarded MERGE per replica.
 
 An event source (JSON-lines files or Kafka topics carrying Debezium or the seed's simple events)
-holds the changes of many tables in one stream. Each micro-batch:
+holds the changes of many tables in one stream. The runner reads it only through its
+:class:`~lakemirror.sources.event_source.EventSource` (the stream, a batch's rows as raw events, the
+decoder, the broker's offsets), which :func:`~lakemirror.sources.event_source.event_source_for`
+picks from the spec. Each micro-batch:
 
 1. its raw messages are decoded (:mod:`lakemirror.sources.debezium`) on the driver; tombstones and
    transaction markers are skipped; poison messages become dead letters;
@@ -42,11 +45,11 @@ from lakemirror.sinks.events.history_merge import HistoryDeltaSink
 from lakemirror.sinks.events.history_plan import HISTORY_SCD2, HistoryTablePlan, plan_history_batch
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.txn import BatchStats, MergeOutcome, TxnId
-from lakemirror.sources.change_event import ChangeEvent, DeadLetter, Skipped
+from lakemirror.sources.change_event import ChangeEvent, DeadLetter, Decoded, Skipped
 from lakemirror.sources.debezium import FORMAT_DEBEZIUM
-from lakemirror.sources.kafka_offsets import (BrokerOffsets, KafkaBrokerOffsets, Offsets, offsets_behind,
-                                              parse_end_offsets, progress_end_offsets)
-from lakemirror.sources.event_stream import EventDecoder, RawEvent, file_stream, kafka_stream, raw_events_from_rows
+from lakemirror.sources.event_source import EventSource, event_source_for
+from lakemirror.sources.event_stream import RawEvent
+from lakemirror.sources.kafka_offsets import Offsets, offsets_behind, parse_end_offsets, progress_end_offsets
 from lakemirror.supervisor import state as sm
 from lakemirror.supervisor.lag import LagReading
 from lakemirror.supervisor.runner import BatchReport
@@ -58,7 +61,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-KIND_FILES, KIND_KAFKA = "files", "kafka"
 RUNNER_PREFIX = "events:"
 
 #: Where the torture harness may kill the daemon on an event source's batch path (tests/torture,
@@ -138,10 +140,12 @@ class EventBatchResult:
 class EventBatchApplier:
     """The batch function's body: decode, route, fold, one guarded MERGE per replica, dead letters."""
 
-    def __init__(self, spec: EventStreamSpec, pipeline_id: str, locate: Callable[[str], TableLocation],
-                 dead_letters: DeadLetterTable, session_for: Callable[[str], "SparkSession"],
-                 clock: Callable[[], float] = time.time, fault: Callable[[str], None] = lambda point: None) -> None:
+    def __init__(self, spec: EventStreamSpec, decoder: Callable[[RawEvent], Decoded], pipeline_id: str,
+                 locate: Callable[[str], TableLocation], dead_letters: DeadLetterTable,
+                 session_for: Callable[[str], "SparkSession"], clock: Callable[[], float] = time.time,
+                 fault: Callable[[str], None] = lambda point: None) -> None:
         self.spec = spec
+        self.decoder = decoder
         self.pipeline_id = pipeline_id
         self.locate = locate
         self.dead_letters = dead_letters
@@ -155,7 +159,7 @@ class EventBatchApplier:
         self._pool: ThreadPoolExecutor | None = None
 
     def decode(self, raw: RawEvent) -> ChangeEvent | Skipped | DeadLetter:
-        return EventDecoder(self.spec.kind, self.spec.format, self.spec.key_columns)(raw)
+        return self.decoder(raw)
 
     def apply(self, raws: Iterable[RawEvent], batch_id: int, epoch: str) -> EventBatchResult:
         letters: list[DeadLetterRow] = []
@@ -354,10 +358,12 @@ class EventStreamRunner:
 
     def __init__(self, spec: EventStreamSpec, spark: "SparkSession", pipeline_id: str, folder: Path,
                  locate: Callable[[str], TableLocation], dead_letters: TableLocation,
-                 clock: Callable[[], float] = time.time, broker: BrokerOffsets | None = None,
+                 clock: Callable[[], float] = time.time, source: EventSource["DataFrame"] | None = None,
                  fault: Callable[[str], None] = lambda point: None, states: StateStore | None = None) -> None:
         self.table = RUNNER_PREFIX + spec.name
         self.spec = spec
+        #: The stream of raw messages, their decoder and the offsets for lag (by default the one ``spec`` names).
+        self.source: EventSource["DataFrame"] = source if source is not None else event_source_for(spec)
         self.spark = spark
         self.folder = folder
         self.clock = clock
@@ -365,8 +371,8 @@ class EventStreamRunner:
         self.states: StateStore = states if states is not None else InMemoryStateStore()
         self.state_slug = "events-" + spec.name
         self._sessions: dict[str, "SparkSession"] = {}
-        self.applier = EventBatchApplier(spec, pipeline_id, locate, DeadLetterTable(dead_letters), self._session,
-                                         clock, fault)
+        self.applier = EventBatchApplier(spec, self.source.decoder, pipeline_id, locate, DeadLetterTable(dead_letters),
+                                         self._session, clock, fault)
         self.dead_letter_count = 0
         self.applied_through: int | None = None
         self.last_batch_at: float | None = None
@@ -380,7 +386,6 @@ class EventStreamRunner:
         self._resync_refused: str | None = None
         self._epoch = ""
         self._batch_error: str | None = None
-        self._broker = broker
         self._applied_offsets: Offsets = {}
         self._behind: Offsets = {}
         self._behind_since: float | None = None
@@ -411,13 +416,6 @@ class EventStreamRunner:
         self._thread = threading.Thread(target=self._launch, name=f"launch:{self.table}", daemon=True)
         self._thread.start()
 
-    def _stream(self) -> "DataFrame":
-        spec = self.spec
-        if spec.kind == KIND_KAFKA:
-            return kafka_stream(self.spark, spec.bootstrap_servers or "", topics=spec.topics,
-                                topic_pattern=spec.topic_pattern, max_offsets_per_trigger=spec.max_per_trigger)
-        return file_stream(self.spark, spec.path or "", max_files_per_trigger=spec.max_per_trigger)
-
     def _checkpoint(self) -> str:
         """The query's checkpoint, cleared of the partial offset and commit writes of a query stopped
         or killed while writing them (a leftover in ``offsets`` makes Spark refuse to start at batch 0)."""
@@ -430,7 +428,7 @@ class EventStreamRunner:
         try:
             checkpoint = self._checkpoint()
             self._epoch = checkpoint_epoch(self.folder)
-            query = (self._stream().writeStream.foreachBatch(self._batch)
+            query = (self.source.stream(self.spark).writeStream.foreachBatch(self._batch)
                      .option("checkpointLocation", checkpoint)
                      .trigger(processingTime=f"{self.spec.trigger_interval_seconds} seconds")
                      .start())
@@ -447,7 +445,7 @@ class EventStreamRunner:
             started = self.clock()
             try:
                 rows = batch.collect()
-                raws = raw_events_from_rows(rows, self.spec.kind == KIND_KAFKA)
+                raws = self.source.raw_events(rows)
                 result = self.applier.apply(raws, batch_id, self._epoch)
             except Exception as exc:
                 # Spark reports a batch function's error as a Python traceback inside a JVM one; keep ours.
@@ -477,8 +475,7 @@ class EventStreamRunner:
                 log.debug("stopping %s: %s", self.table, exc)
             finally:
                 self._query = None
-        if self._broker is not None:
-            self._broker.close()
+        self.source.close()
         self.applier.close()
 
     def poll(self) -> list["sm.Event | BatchReport"]:
@@ -509,10 +506,11 @@ class EventStreamRunner:
 
     def probe_lag(self, now: float) -> LagReading | None:
         """Offsets behind per topic-partition (the last batch's end offsets against the broker's latest)
-        and the event-time lag; None for a files source (Spark's file source has no backlog to ask)."""
-        if self.spec.kind != KIND_KAFKA:
+        and the event-time lag; None for a source without offsets (Spark's file source has no backlog to ask)."""
+        broker = self.source.offsets
+        if broker is None:
             return None
-        latest, beginning = self._offsets_client().latest()
+        latest, beginning = broker.latest()
         applied = self._applied()
         behind = offsets_behind(applied, latest, beginning)
         total = sum(behind.values())
@@ -581,24 +579,19 @@ class EventStreamRunner:
                     "checkpoint and epoch; the sequence guard skips what the replicas already hold", self.table, reason)
 
     def _resync_refusal(self, checkpoint: Path) -> str | None:
-        if self.spec.kind != KIND_KAFKA:
+        broker = self.source.offsets
+        if broker is None:
             return None  # a directory of event files: every file still there is read again
         applied = checkpoint_end_offsets(checkpoint)
         if not applied:
             return None  # nothing applied yet: a fresh start is what the query would do anyway
         try:
-            _, beginning = self._offsets_client().latest()
+            _, beginning = broker.latest()
         except Exception as exc:  # noqa: BLE001 (any broker failure: refuse, never guess)
             return (f"{self.table}: resync refused: the broker did not say which offsets it still holds "
                     f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); resync again once "
                     f"it answers")
         return resync_refusal(self.table, applied, beginning, checkpoint)
-
-    def _offsets_client(self) -> BrokerOffsets:
-        if self._broker is None:
-            self._broker = KafkaBrokerOffsets(self.spec.bootstrap_servers or "", topics=self.spec.topics,
-                                              topic_pattern=self.spec.topic_pattern)
-        return self._broker
 
     # -- turns (never: an event source keeps its own always-on query) -----------------------------
 

@@ -10,19 +10,21 @@ import pytest
 
 from lakemirror.checkpoints.state import FileStateStore
 from lakemirror.identifiers import TableName
-from lakemirror.sources.kafka_offsets import StaticOffsets
+from lakemirror.sources.kafka_offsets import BrokerOffsets, StaticOffsets
+from lakemirror.sources.memory_events import MemoryEventSource
 from lakemirror.supervisor import state as sm
 from lakemirror.supervisor.event_stream import (EventStreamRunner, EventStreamSpec, checkpoint_epoch,
                                                 resync_refusal)
 from lakemirror.tables import TableLocation
 
 
-def runner(folder: Path, broker: object, states: FileStateStore | None = None, kind: str = "kafka") -> EventStreamRunner:
+def runner(folder: Path, broker: BrokerOffsets | None, states: FileStateStore | None = None,
+           kind: str = "kafka") -> EventStreamRunner:
     spec = EventStreamSpec("shop", kind, bootstrap_servers="127.0.0.1:1", topic_pattern="shop\\..*",
                            path=str(folder / "inbox"))
     loc = TableLocation(TableName("d", "s", "x"), str(folder / "x"))
-    return EventStreamRunner(spec, None, "p", folder, lambda t: loc, loc, broker=broker,  # type: ignore[arg-type]
-                             states=states)
+    return EventStreamRunner(spec, None, "p", folder, lambda t: loc, loc,  # type: ignore[arg-type]
+                             source=MemoryEventSource(kind, offsets=broker), states=states)
 
 
 def committed_checkpoint(folder: Path, end: int) -> Path:
@@ -121,10 +123,10 @@ def test_a_postgres_event_runner_keeps_its_pause_and_resyncs_the_same_way(tmp_pa
     target = PostgresTarget("127.0.0.1", 1, "db", "s", "u")
 
     def make() -> PostgresEventStreamRunner:
-        r = PostgresEventStreamRunner(spec, None, "p", tmp_path, target,  # type: ignore[arg-type]
-                                      states=FileStateStore(tmp_path / "pipeline"))
-        r._broker = StaticOffsets({("t", 0): 9}, {("t", 0): 0})
-        return r
+        offsets = StaticOffsets({("t", 0): 9}, {("t", 0): 0})
+        return PostgresEventStreamRunner(spec, None, "p", tmp_path, target,  # type: ignore[arg-type]
+                                         states=FileStateStore(tmp_path / "pipeline"),
+                                         source=MemoryEventSource("kafka", offsets=offsets))
 
     make().pause_persisted(True)
     assert make().persisted_pause() is True

@@ -14,6 +14,7 @@ from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.txn import BatchStats, MergeOutcome
 from lakemirror.sources.change_event import UPSERT, ChangeEvent, Position
 from lakemirror.sources.kafka_offsets import StaticOffsets, offsets_behind, parse_end_offsets, progress_end_offsets
+from lakemirror.sources.memory_events import MemoryEventSource
 from lakemirror.supervisor.event_stream import (EventBatchReport, EventLagReading, EventStreamRunner, EventStreamSpec,
                                                 ReplicaBatch, ReplicaStatus, checkpoint_end_offsets, event_lags)
 from lakemirror.tables import TableLocation
@@ -62,7 +63,7 @@ def runner(tmp_path: Path, broker: StaticOffsets, now: list[float]) -> EventStre
     spec = EventStreamSpec("shop", "kafka", bootstrap_servers="127.0.0.1:1", topic_pattern="shop\\..*")
     loc = TableLocation(TableName("d", "s", "x"), str(tmp_path / "x"))
     return EventStreamRunner(spec, None, "p", tmp_path, lambda t: loc, loc, clock=lambda: now[0],  # type: ignore[arg-type]
-                             broker=broker)
+                             source=MemoryEventSource("kafka", offsets=broker))
 
 
 def test_probe_lag_reports_offsets_behind_and_a_lag_that_is_zero_when_caught_up(tmp_path: Path) -> None:

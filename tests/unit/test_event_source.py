@@ -1,18 +1,22 @@
-"""The event-source seam without Spark: the factory picks the implementation from the spec, and the
-in-memory twin gives a micro-batch's raw events in source order with the real decoder."""
+"""The event-source seam without Spark: the factory picks the implementation from the spec, the
+in-memory twin gives a micro-batch's raw events in source order with the real decoder, and the
+runners decode with, count lag from and close the source they are given."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
+from lakemirror.identifiers import TableName
 from lakemirror.sources.change_event import STREAM, UPSERT, ChangeEvent, DeadLetter, Position, Skipped
 from lakemirror.sources.event_source import FileEventSource, KafkaEventSource, event_source_for
-from lakemirror.sources.event_stream import RawEvent
+from lakemirror.sources.event_stream import EventDecoder, RawEvent
 from lakemirror.sources.kafka_offsets import KafkaBrokerOffsets, StaticOffsets
 from lakemirror.sources.memory_events import MemoryEventSource
-from lakemirror.supervisor.event_stream import EventStreamSpec
+from lakemirror.supervisor.event_stream import EventStreamRunner, EventStreamSpec
+from lakemirror.tables import TableLocation
 from tests.unit.test_debezium import envelope, pg_source, simple
 
 
@@ -83,3 +87,30 @@ def test_the_twin_holds_the_rows_of_the_kind_it_stands_for() -> None:
         MemoryEventSource("mqtt")
     assert RawEvent("v", None, "t", 0, 3) == next(MemoryEventSource().raw_events(
         [{"topic": "t", "partition": 0, "offset": 3, "key": None, "value": "v"}]))
+
+
+def _location(tmp_path: Path) -> TableLocation:
+    return TableLocation(TableName("d", "s", "x"), str(tmp_path / "x"))
+
+
+def test_a_runner_reads_the_source_its_spec_names_and_closes_it_when_it_halts(tmp_path: Path) -> None:
+    loc = _location(tmp_path)
+    spec = EventStreamSpec("shop", "files", "simple", path=str(tmp_path / "in"))
+    default = EventStreamRunner(spec, None, "p", tmp_path, lambda t: loc, loc)  # type: ignore[arg-type]
+    assert isinstance(default.source, FileEventSource) and default.applier.decoder == EventDecoder("files", "simple")
+    assert default.probe_lag(0.0) is None  # no offsets: no lag to count
+    twin = MemoryEventSource("kafka", offsets=StaticOffsets())
+    runner = EventStreamRunner(spec, None, "p", tmp_path, lambda t: loc, loc, source=twin)  # type: ignore[arg-type]
+    runner.halt()
+    assert twin.closed
+
+
+def test_a_postgres_runner_decodes_with_its_source_s_decoder(tmp_path: Path) -> None:
+    from lakemirror.sinks.postgres.executor import PostgresTarget
+    from lakemirror.supervisor.event_postgres import PostgresEventStreamRunner
+
+    spec = EventStreamSpec("shop", "kafka", bootstrap_servers="127.0.0.1:1", topics="t")
+    twin = MemoryEventSource("kafka", "simple", {"t": ("id",)})
+    runner = PostgresEventStreamRunner(spec, None, "p", tmp_path, PostgresTarget("h", 1, "db", "s", "u"),  # type: ignore[arg-type]
+                                       source=twin)
+    assert runner.factory.decode == twin.decoder == EventDecoder("kafka", "simple", {"t": ("id",)})

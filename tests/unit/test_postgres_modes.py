@@ -350,6 +350,7 @@ def test_real_time_mode_refuses_to_start_on_more_partitions_than_the_budget_coun
     from lakemirror.daemon.context import DaemonContext
     from lakemirror.daemon.metrics import Metrics
     from lakemirror.sources.kafka_offsets import StaticOffsets
+    from lakemirror.sources.memory_events import MemoryEventSource
     from lakemirror.supervisor import state as sm
 
     cfg = tmp_path / "p.yaml"
@@ -359,7 +360,7 @@ def test_real_time_mode_refuses_to_start_on_more_partitions_than_the_budget_coun
     ctx = DaemonContext(load_settings(cfg)).replace(spark=object(), metrics=Metrics("main", CollectorRegistry()))
     runner = ctx.event_source_supervisor._factory("events:events")
     assert runner.real_time.tasks == 2 and runner.target.pool_connections == 2
-    runner._broker = StaticOffsets({("t", 0): 5, ("t", 1): 5, ("t", 2): 5})
+    runner.source = MemoryEventSource("kafka", offsets=StaticOffsets({("t", 0): 5, ("t", 1): 5, ("t", 2): 5}))
     runner._launch()
     [failed] = runner.poll()
     assert isinstance(failed, sm.Failed)
@@ -410,6 +411,7 @@ def test_real_time_mode_without_tasks_counts_the_partitions_at_start_against_the
     from lakemirror.daemon.context import DaemonContext
     from lakemirror.daemon.metrics import Metrics
     from lakemirror.sources.kafka_offsets import StaticOffsets
+    from lakemirror.sources.memory_events import MemoryEventSource
     from lakemirror.supervisor import state as sm
 
     def runner(cap: int, partitions: int) -> Any:
@@ -420,7 +422,7 @@ def test_real_time_mode_without_tasks_counts_the_partitions_at_start_against_the
                        f"max_connections: {cap}}}\n")
         ctx = DaemonContext(load_settings(cfg)).replace(spark=object(), metrics=Metrics("main", CollectorRegistry()))
         r = ctx.event_source_supervisor._factory("events:events")
-        r._broker = StaticOffsets({("t", p): 5 for p in range(partitions)})
+        r.source = MemoryEventSource("kafka", offsets=StaticOffsets({("t", p): 5 for p in range(partitions)}))
         return r
 
     fits = runner(4, 3)
