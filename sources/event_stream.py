@@ -6,7 +6,8 @@ as the :class:`~lakemirror.sources.event_source.EventSource` implementations the
 micro-batch row becomes a :class:`RawEvent` that remembers where it came from, so a poison message
 reaches the dead letters with its file and line (or topic, partition and offset). :class:`EventDecoder`
 turns each into the change contract with the pure :mod:`lakemirror.sources.debezium`: on the driver
-in a micro-batch, on the executors in Real-Time Mode.
+in a micro-batch, on the executors in Real-Time Mode. :func:`decode_batch` sorts a micro-batch's
+decoded events into the changes to apply, the messages to skip and the dead letters.
 
 Files: Spark's file source reads each new file once, whole (``wholetext``), so a line's number in
 its file is known exactly; files must be moved into the directory complete (write elsewhere, then
@@ -16,9 +17,9 @@ rename), as for any Spark file source.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Collection, Iterable, Iterator, Mapping
 
-from lakemirror.sources.change_event import Decoded, Skipped
+from lakemirror.sources.change_event import ChangeEvent, DeadLetter, Decoded, Skipped
 from lakemirror.sources.debezium import FORMAT_DEBEZIUM, decode_debezium, decode_line
 
 if TYPE_CHECKING:
@@ -56,6 +57,42 @@ class EventDecoder:
             if raw.value is None:
                 return Skipped("tombstone (a null value)")
         return decode_line(raw.value or "", self.format, key_columns=keys)
+
+
+@dataclass
+class DecodedBatch:
+    """A micro-batch's raw events decoded, in source order: the changes to apply, each with the raw
+    event it came from (:meth:`raw_of`), and the dead letters with theirs."""
+
+    events: int = 0                                             # raw events read
+    skipped: int = 0                                            # tombstones, markers, tables not replicated
+    changes: list[ChangeEvent] = field(default_factory=list)
+    dead_letters: list[tuple[RawEvent, DeadLetter]] = field(default_factory=list)
+    _origin: dict[int, RawEvent] = field(default_factory=dict)
+
+    def raw_of(self, change: ChangeEvent) -> RawEvent:
+        """The raw event ``change`` was decoded from (one of :attr:`changes`)."""
+        return self._origin[id(change)]
+
+
+def decode_batch(raws: Iterable[RawEvent], decode: Callable[[RawEvent], Decoded],
+                 tables: Collection[str] | None = None) -> DecodedBatch:
+    """Each raw event decoded: a change of one of ``tables`` (None: of any table), a message to skip
+    (a change of another table too), or a dead letter."""
+    batch = DecodedBatch()
+    for raw in raws:
+        batch.events += 1
+        decoded = decode(raw)
+        if isinstance(decoded, DeadLetter):
+            batch.dead_letters.append((raw, decoded))
+        elif isinstance(decoded, Skipped):
+            batch.skipped += 1
+        elif tables is not None and decoded.table not in tables:
+            batch.skipped += 1
+        else:
+            batch.changes.append(decoded)
+            batch._origin[id(decoded)] = raw
+    return batch
 
 
 def lines_of(file: str, text: str | None) -> Iterator[RawEvent]:

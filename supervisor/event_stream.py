@@ -45,10 +45,10 @@ from lakemirror.sinks.events.history_merge import HistoryDeltaSink
 from lakemirror.sinks.events.history_plan import HISTORY_SCD2, HistoryTablePlan, plan_history_batch
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.txn import BatchStats, MergeOutcome, TxnId
-from lakemirror.sources.change_event import ChangeEvent, DeadLetter, Decoded, Skipped
+from lakemirror.sources.change_event import ChangeEvent, Decoded
 from lakemirror.sources.debezium import FORMAT_DEBEZIUM
 from lakemirror.sources.event_source import EventSource, event_source_for
-from lakemirror.sources.event_stream import RawEvent
+from lakemirror.sources.event_stream import RawEvent, decode_batch
 from lakemirror.sources.kafka_offsets import Offsets, offsets_behind, parse_end_offsets, progress_end_offsets
 from lakemirror.supervisor import state as sm
 from lakemirror.supervisor.lag import LagReading
@@ -158,30 +158,14 @@ class EventBatchApplier:
         self._last_purge = clock()
         self._pool: ThreadPoolExecutor | None = None
 
-    def decode(self, raw: RawEvent) -> ChangeEvent | Skipped | DeadLetter:
-        return self.decoder(raw)
-
     def apply(self, raws: Iterable[RawEvent], batch_id: int, epoch: str) -> EventBatchResult:
-        letters: list[DeadLetterRow] = []
-        changes: list[ChangeEvent] = []
-        origin: dict[int, RawEvent] = {}
-        events = skipped = 0
-        for raw in raws:
-            events += 1
-            decoded = self.decode(raw)
-            if isinstance(decoded, DeadLetter):
-                letters.append(DeadLetterRow(raw, decoded.reason, decoded.table))
-            elif isinstance(decoded, Skipped):
-                skipped += 1
-            elif self.spec.tables is not None and decoded.table not in self.spec.tables:
-                skipped += 1
-            else:
-                changes.append(decoded)
-                origin[id(decoded)] = raw
+        decoded = decode_batch(raws, self.decoder, self.spec.tables)
+        changes, raw_of = decoded.changes, decoded.raw_of
+        letters = [DeadLetterRow(raw, letter.reason, letter.table) for raw, letter in decoded.dead_letters]
         scd2 = self.spec.history == HISTORY_SCD2
         plans: dict[str, TablePlan | HistoryTablePlan]
         plans, refused = plan_history_batch(changes) if scd2 else plan_batch(changes)  # type: ignore[assignment]
-        letters += [DeadLetterRow(origin[id(e)], reason, e.table) for e, reason in refused]
+        letters += [DeadLetterRow(raw_of(e), reason, e.table) for e, reason in refused]
         self.fault("events_before_merge")
         jobs: list[tuple[str, TablePlan | HistoryTablePlan, GuardedDeltaSink, TxnId]] = []
         for table, plan in sorted(plans.items()):
@@ -190,7 +174,7 @@ class EventBatchApplier:
                 try:
                     location = self.locate(table)
                 except ValueError as exc:  # a table name the destination cannot hold
-                    letters += [DeadLetterRow(origin[id(e)], f"no replica for table {table!r}: {exc}", table)
+                    letters += [DeadLetterRow(raw_of(e), f"no replica for table {table!r}: {exc}", table)
                                 for e in changes if e.table == table]
                     continue
                 sink = self.sinks[table] = (HistoryDeltaSink if scd2 else GuardedDeltaSink)(
@@ -204,7 +188,7 @@ class EventBatchApplier:
         replicas: dict[str, ReplicaBatch] = {}
         for (table, plan, _, _), (outcome, committed) in zip(jobs, self._apply_tables(jobs)):
             outcomes[table] = outcome
-            letters += [DeadLetterRow(origin[id(e)], reason, table) for e, reason in outcome.rejected]
+            letters += [DeadLetterRow(raw_of(e), reason, table) for e, reason in outcome.rejected]
             lags = event_lags(by_table.get(table, ()), committed)
             replicas[table] = ReplicaBatch(outcome.counts.inserted, outcome.counts.updated, outcome.counts.deleted,
                                            outcome.stale, lags)
@@ -215,7 +199,7 @@ class EventBatchApplier:
                                  self.clock())
         self.fault("events_after_dead_letters")
         self._purge_when_due()
-        return EventBatchResult(events, skipped, len(letters), outcomes, replicas)
+        return EventBatchResult(decoded.events, decoded.skipped, len(letters), outcomes, replicas)
 
     def _apply_tables(self, jobs: Sequence[tuple[str, TablePlan | HistoryTablePlan, GuardedDeltaSink, TxnId]]
                       ) -> list[tuple[GuardOutcome, float]]:

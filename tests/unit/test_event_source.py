@@ -1,6 +1,7 @@
 """The event-source seam without Spark: the factory picks the implementation from the spec, the
-in-memory twin gives a micro-batch's raw events in source order with the real decoder, and the
-runners decode with, count lag from and close the source they are given."""
+in-memory twin gives a micro-batch's raw events in source order with the real decoder (through the
+batch function's decode step, :func:`decode_batch`), and the runners decode with, count lag from and
+close the source they are given."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from lakemirror.identifiers import TableName
+from lakemirror.sinks.events.guard_plan import plan_batch
 from lakemirror.sources.change_event import STREAM, UPSERT, ChangeEvent, DeadLetter, Position, Skipped
 from lakemirror.sources.event_source import FileEventSource, KafkaEventSource, event_source_for
-from lakemirror.sources.event_stream import EventDecoder, RawEvent
+from lakemirror.sources.event_stream import EventDecoder, RawEvent, decode_batch
 from lakemirror.sources.kafka_offsets import KafkaBrokerOffsets, StaticOffsets
 from lakemirror.sources.memory_events import MemoryEventSource
 from lakemirror.supervisor.event_stream import EventStreamRunner, EventStreamSpec
@@ -114,3 +116,34 @@ def test_a_postgres_runner_decodes_with_its_source_s_decoder(tmp_path: Path) -> 
     runner = PostgresEventStreamRunner(spec, None, "p", tmp_path, PostgresTarget("h", 1, "db", "s", "u"),  # type: ignore[arg-type]
                                        source=twin)
     assert runner.factory.decode == twin.decoder == EventDecoder("kafka", "simple", {"t": ("id",)})
+
+
+def test_a_twin_batch_decodes_to_the_changes_to_plan_and_dead_letters_that_say_where_they_came_from() -> None:
+    """The first step of EventBatchApplier.apply: decode, skip, keep the replicated tables and
+    dead-letter what cannot be applied, then the fold per key."""
+    source = MemoryEventSource("kafka")
+    customers, orders, key = "shop.public.customers", "shop.public.orders", json.dumps({"id": 1})
+    source.send(json.dumps(envelope("u", None, {"id": 1, "name": "b"}, pg_source(2000))), key, topic=customers,
+                partition=1)
+    source.send("{not json", key, topic=customers, partition=1)
+    source.send(json.dumps(envelope("c", None, {"id": 1, "name": "a"}, pg_source(1000))), key, topic=customers)
+    source.send(None, key, topic=customers)
+    source.send(json.dumps(envelope("c", None, {"id": 9}, pg_source(1500, table="orders"))), json.dumps({"id": 9}),
+                topic=orders)
+    batch = decode_batch(source.raw_events(source.stream()), source.decoder, tables=("customers",))
+    assert (batch.events, batch.skipped) == (5, 2)  # the tombstone, and the table not replicated
+    assert [c.columns["name"] for c in batch.changes] == ["a", "b"]  # partition 0 before partition 1
+    assert [(batch.raw_of(c).partition, batch.raw_of(c).offset) for c in batch.changes] == [(0, 0), (1, 0)]
+    [(raw, letter)] = batch.dead_letters
+    assert (raw.origin, raw.partition, raw.offset, raw.value) == (customers, 1, 1, "{not json") and letter.reason
+    plans, refused = plan_batch(batch.changes)
+    assert not refused and [w.columns["name"] for w in plans["customers"].winners] == ["b"]
+
+
+def test_a_poison_line_of_a_file_is_a_dead_letter_with_its_file_and_line() -> None:
+    source = MemoryEventSource("files", "simple")
+    ok = simple("INSERT", "2024-01-01T10:00:00Z", "TXN_1001", after={"id": 7}, pk={"id": 7}, table="t")
+    source.add_file("file:/in/a.json", [ok, "", '{"table_name": "t"}'])
+    batch = decode_batch(source.raw_events(source.stream()), source.decoder)
+    assert [batch.raw_of(c).offset for c in batch.changes] == [1]
+    assert [(raw.origin, raw.offset) for raw, _ in batch.dead_letters] == [("file:/in/a.json", 3)]
