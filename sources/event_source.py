@@ -38,9 +38,10 @@ class EventSource(Protocol[StreamFrame]):
 
     Lifecycle: built once per runner from the source's settings (:func:`event_source_for`); holds no
     Spark resources. The runner calls :meth:`stream` each time it starts the source's query;
-    :meth:`raw_events` on the driver for each micro-batch's collected rows; :attr:`decoder` once
-    (on the driver, and pickled to the executors by Real-Time Mode's ``foreach`` writer);
-    :attr:`offsets` on every lag probe and before a resync; :meth:`close` when the runner halts.
+    :meth:`raw_events` on the driver for each micro-batch's collected rows; :attr:`decoder` when
+    the runner is built (used on the driver, and pickled to the executors by Real-Time Mode's
+    ``foreach`` writer); :attr:`offsets` on every lag probe, before a resync and before a Real-Time
+    Mode start; :meth:`close` when the runner halts.
     A closed source may be used again: its offsets client reconnects on the next call.
     """
 
