@@ -116,10 +116,15 @@ def file_stream(spark: "SparkSession", path: str, *, max_files_per_trigger: int 
     return reader.load(path).selectExpr(f"_metadata.file_path AS {FILE_COLUMN}", VALUE_COLUMN)
 
 
+def raw_event_from_kafka_row(row: Any) -> RawEvent:
+    """One row of :func:`kafka_stream` (a micro-batch's, or one a ``foreach`` writer is handed)."""
+    return RawEvent(row["value"], row["key"], row["topic"], int(row["partition"]), int(row["offset"]))
+
+
 def raw_events_from_kafka_rows(rows: Iterable[Any]) -> Iterator[RawEvent]:
     """Rows of :func:`kafka_stream` as raw events, in (topic, partition, offset) order."""
     for row in sorted(rows, key=lambda r: (r["topic"], r["partition"], r["offset"])):
-        yield RawEvent(row["value"], row["key"], row["topic"], int(row["partition"]), int(row["offset"]))
+        yield raw_event_from_kafka_row(row)
 
 
 def kafka_stream(spark: "SparkSession", bootstrap_servers: str, *, topics: str | None = None,

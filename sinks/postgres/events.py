@@ -43,8 +43,8 @@ from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.postgres import statements as q
 from lakemirror.sinks.postgres.executor import ROW_ERRORS, Connector, PostgresTarget, _not_worth_retrying, _reason
 from lakemirror.sinks.postgres.plan import POSITION, ReplicaTable, derived_name
-from lakemirror.sources.change_event import DELETE, ChangeEvent, DeadLetter, Decoded, Order, Skipped
-from lakemirror.sources.event_stream import RawEvent
+from lakemirror.sources.change_event import DELETE, ChangeEvent, Decoded, Order
+from lakemirror.sources.event_stream import RawEvent, decode_batch
 
 log = logging.getLogger(__name__)
 
@@ -150,21 +150,11 @@ class PostgresEventSink:
         """Decode ``raws``, fold them per key and apply them in one transaction (retried whole)."""
         started = self._clock()
         result = FlushResult()
-        changes: list[ChangeEvent] = []
-        origin: dict[int, RawEvent] = {}
-        letters: list[Letter] = []
-        for raw in raws:
-            result.events += 1
-            decoded = self.decode(raw)
-            if isinstance(decoded, DeadLetter):
-                letters.append(Letter(raw, decoded.reason, decoded.table))
-            elif isinstance(decoded, Skipped) or (self.tables is not None and decoded.table not in self.tables):
-                result.skipped += 1
-            else:
-                changes.append(decoded)
-                origin[id(decoded)] = raw
-        plans, refused = plan_batch(changes)
-        letters += [Letter(origin[id(e)], reason, e.table) for e, reason in refused]
+        decoded = decode_batch(raws, self.decode, self.tables)
+        result.events, result.skipped = decoded.events, decoded.skipped
+        letters = [Letter(raw, letter.reason, letter.table) for raw, letter in decoded.dead_letters]
+        plans, refused = plan_batch(decoded.changes)
+        letters += [Letter(decoded.raw_of(e), reason, e.table) for e, reason in refused]
 
         def note(details: Any) -> None:
             self.close()
@@ -180,7 +170,7 @@ class PostgresEventSink:
             dead = list(letters)
             with conn.transaction():
                 for table, plan in sorted(plans.items()):
-                    counts, table_stale, table_dead = self._apply_table(conn, plan, origin)
+                    counts, table_stale, table_dead = self._apply_table(conn, plan, decoded.raw_of)
                     tables[table], stale = counts, stale + table_stale
                     dead += table_dead
                 self._dead_letters(conn, dead)
@@ -235,7 +225,7 @@ class PostgresEventSink:
         return table, not existing
 
     def _apply_table(self, conn: psycopg.Connection[Any], plan: TablePlan,
-                     origin: dict[int, RawEvent]) -> tuple[ApplyCounts, int, list[Letter]]:
+                     raw_of: Callable[[ChangeEvent], RawEvent]) -> tuple[ApplyCounts, int, list[Letter]]:
         schema = self.target.schema
         conn.execute(sql.SQL("SELECT pg_advisory_xact_lock(hashtextextended({}, 0))").format(
             sql.Literal(f"lakemirror:{schema}.{plan.table}")))
@@ -260,7 +250,7 @@ class PostgresEventSink:
             if floor is not None and winner.order() <= floor:
                 stale += 1
                 continue
-            raw = origin[id(winner)]
+            raw = raw_of(winner)
             nulls = [k for k, v in winner.keys if v is None]
             if nulls:
                 dead.append(Letter(raw, f"NULL in key column(s) {', '.join(nulls)}: a Postgres primary key cannot "

@@ -30,7 +30,7 @@ from typing import Any, Callable
 from lakemirror.sinks.postgres.events import FlushResult, PostgresEventSink
 from lakemirror.sinks.postgres.executor import PostgresTarget
 from lakemirror.sources.change_event import Decoded
-from lakemirror.sources.event_stream import RawEvent
+from lakemirror.sources.event_stream import RawEvent, raw_event_from_kafka_row
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ class PostgresForeachWriter:
 
     def process(self, row: Any) -> None:
         self._raise_pending()
-        raw = RawEvent(row["value"], row["key"], row["topic"], int(row["partition"]), int(row["offset"]))
+        raw = raw_event_from_kafka_row(row)
         with self._lock:
             if self._first_at is None:
                 self._first_at = time.monotonic()
