@@ -31,10 +31,11 @@ log = logging.getLogger(__name__)
 
 #: How often a turn's worker looks at the query while it waits for the turn's batch to begin.
 GATE_POLL_SECONDS = 0.02
-#: How long a turn waits for its batch to begin once Spark has committed the batch before it, when
-#: the source may have new commits: Spark lists the source and plans the batch meanwhile. A turn
-#: withdrawn too early loses nothing: the batch then waits for the table's next turn.
-GATE_SETTLE_SECONDS = 1.0
+#: The longest a turn waits for its batch to begin once Spark has committed the batch before it,
+#: while Spark has not said whether its next trigger found new data (it lists the source and plans
+#: the batch meanwhile: about 0.1 s on the driver's disk, 1-3 s for a source on object storage,
+#: whose snapshot Delta rebuilds with Spark jobs). Only a stuck trigger reaches it.
+GATE_PLAN_TIMEOUT_SECONDS = 30.0
 
 
 class TableTurns:
@@ -139,9 +140,12 @@ class TableTurns:
         """Let the table's held or waiting batch go, and wait until the turn's batch is applied.
 
         A query that failed meanwhile ends the turn; the runner's poll reports it. A turn in which
-        no batch begins is withdrawn once Spark has committed the batch before it and the source
-        has no commit beyond what is applied (or after ``GATE_SETTLE_SECONDS`` more, when the
-        source has one or cannot tell): the query then looks for new commits by itself."""
+        no batch begins is withdrawn (:func:`settled_without_batch`) once Spark has committed the
+        batch before it and either the source has no commit beyond what is applied or Spark's
+        next trigger found no new data: the query then looks for new commits by itself. While
+        Spark is still planning that trigger the turn waits for it: a turn withdrawn while its
+        batch is being planned leaves that batch waiting a whole round of the other tables' turns,
+        and the commits it holds that much later on the replica."""
         self.last_trigger = "gated"
         held = gate.held_batch
         since = gate.grant()
@@ -160,7 +164,7 @@ class TableTurns:
                     self.track(query)
                     if self._nothing_new() and gate.withdraw():
                         return
-                if time.monotonic() - committed_at > GATE_SETTLE_SECONDS and gate.withdraw():
+                if settled_without_batch(trigger_status(query), time.monotonic() - committed_at) and gate.withdraw():
                     return
         except Exception as exc:  # noqa: BLE001 (a query stopping under us: poll() reports a failure)
             log.debug("table %s: turn ended early: %s", self.label, exc)
@@ -171,6 +175,30 @@ class TableTurns:
             return self.has_pending() is False
         except Exception:  # noqa: BLE001 (an unreadable log: give Spark its settle time)
             return False
+
+
+def trigger_status(query: "StreamingQuery") -> dict[str, object] | None:
+    """Spark's status of the query (``isDataAvailable``, ``isTriggerActive``, ``message``); None
+    when it cannot be read."""
+    try:
+        return dict(query.status)
+    except Exception:  # noqa: BLE001 (a query stopping under us: the timeout still applies)
+        return None
+
+
+def settled_without_batch(status: dict[str, object] | None, waited: float,
+                          timeout: float = GATE_PLAN_TIMEOUT_SECONDS) -> bool:
+    """Whether a turn whose previous batch Spark has committed will get no batch: Spark's latest
+    trigger found no new data, or ``timeout`` seconds have passed. Pure.
+
+    After the committed batch's trigger (which had data) Spark reports ``isDataAvailable`` true
+    until a later trigger has listed the source and found nothing; so false, outside a trigger,
+    is that answer, never the moment between two triggers."""
+    if waited >= timeout:
+        return True
+    if status is None:
+        return False
+    return status.get("isDataAvailable") is False and status.get("isTriggerActive") is False
 
 
 def committed(query: "StreamingQuery", batch_id: int | None) -> bool:
