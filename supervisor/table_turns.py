@@ -36,6 +36,9 @@ GATE_POLL_SECONDS = 0.02
 #: the batch meanwhile: about 0.1 s on the driver's disk, 1-3 s for a source on object storage,
 #: whose snapshot Delta rebuilds with Spark jobs). Only a stuck trigger reaches it.
 GATE_PLAN_TIMEOUT_SECONDS = 30.0
+#: How long a turn waits, once Spark has committed the batch before it, for Spark to start its
+#: next trigger at all (a query behind its trigger schedule starts it at once).
+GATE_IDLE_SECONDS = 1.0
 
 
 class TableTurns:
@@ -187,18 +190,24 @@ def trigger_status(query: "StreamingQuery") -> dict[str, object] | None:
 
 
 def settled_without_batch(status: dict[str, object] | None, waited: float,
-                          timeout: float = GATE_PLAN_TIMEOUT_SECONDS) -> bool:
-    """Whether a turn whose previous batch Spark has committed will get no batch: Spark's latest
-    trigger found no new data, or ``timeout`` seconds have passed. Pure.
+                          timeout: float = GATE_PLAN_TIMEOUT_SECONDS, idle: float = GATE_IDLE_SECONDS) -> bool:
+    """Whether a turn whose previous batch Spark committed ``waited`` seconds ago will get no
+    batch. Pure.
 
-    After the committed batch's trigger (which had data) Spark reports ``isDataAvailable`` true
-    until a later trigger has listed the source and found nothing; so false, outside a trigger,
-    is that answer, never the moment between two triggers."""
+    - Spark's latest trigger found no new data: after the committed batch's trigger (which had
+      data) Spark reports ``isDataAvailable`` true until a later trigger has listed the source and
+      found nothing, so false outside a trigger is that answer, never the moment between two;
+    - no trigger is running ``idle`` seconds after the commit: Spark waits for its trigger's next
+      time (a trigger interval longer than the turns' spacing), and the batch waits for a turn;
+    - a trigger still planning after ``timeout`` seconds (a stuck listing).
+    While a trigger runs (``isTriggerActive``) Spark is planning the batch: the turn waits for it."""
     if waited >= timeout:
         return True
     if status is None:
+        return waited >= idle
+    if status.get("isTriggerActive") is not False:
         return False
-    return status.get("isDataAvailable") is False and status.get("isTriggerActive") is False
+    return status.get("isDataAvailable") is False or waited >= idle
 
 
 def committed(query: "StreamingQuery", batch_id: int | None) -> bool:

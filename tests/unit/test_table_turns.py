@@ -25,8 +25,9 @@ def test_a_turn_settles_without_a_batch_only_on_sparks_no_data_answer_or_the_tim
     assert settled_without_batch(NO_DATA, 0.0)
     assert not settled_without_batch(PLANNING, 5.0), "Spark is still listing the source and planning"
     assert not settled_without_batch(PROCESSING, 5.0)
-    assert not settled_without_batch(BETWEEN, 5.0), "the committed batch's trigger had data: not an answer"
-    assert not settled_without_batch(None, 5.0)
+    assert not settled_without_batch(BETWEEN, 0.1), "the committed batch's trigger had data: not an answer"
+    assert settled_without_batch(BETWEEN, 1.0, idle=1.0), "Spark waits for its trigger's time: a later turn"
+    assert not settled_without_batch(None, 0.1)
     assert settled_without_batch(PLANNING, 30.0, timeout=30.0), "a stuck trigger does not hold the worker for good"
 
 
