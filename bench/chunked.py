@@ -337,7 +337,5 @@ def render_retention(r: dict[str, Any], when: Callable[[dict[str, Any]], str]) -
                   f"The first VACUUM that could remove version V+1's change data ran {r['vacuum_removed_first_change_by']} s "
                   f"into the bootstrap." if r.get("vacuum_removed_first_change_by") is not None else
                   "No VACUUM during the bootstrap ran more than the retention after version V+1.") +
-              (f" {r['writer_merges_retried']} of the writer's MERGEs found a file of their snapshot gone and were "
-               "tried again (bench/retention_writer.py)." if r.get("writer_merges_retried") else "") +
               (f" The fresh read's error: `{r['cdf_error']}`." if r.get("cdf_error") else "")]
     return lines

@@ -95,8 +95,6 @@ class WriterLog:
 
     commits: list[dict[str, Any]] = field(default_factory=list)
     vacuums: list[float] = field(default_factory=list)
-    #: Steps whose MERGE found a file of its snapshot gone and was tried again (retention_writer.py).
-    retried: list[int] = field(default_factory=list)
 
     @classmethod
     def parse(cls, lines: Iterable[str]) -> "WriterLog":
@@ -112,8 +110,6 @@ class WriterLog:
                 out.commits.append({"version": int(event.pop("commit")), **event})
             elif "vacuum" in event:
                 out.vacuums.append(float(event["vacuum"]))
-            elif "merge_retried" in event:
-                out.retried.append(int(event["merge_retried"]))
         return out
 
 
@@ -138,5 +134,4 @@ def summarize(writer: WriterLog, *, pinned: int, started: float, ended: float, r
             "last_version_during_bootstrap": max((c["version"] for c in during), default=pinned),
             "vacuums_during_bootstrap": len(vacuums),
             "vacuum_removed_first_change_by": round(expiring[0] - started, 1) if expiring else None,
-            "writer_merges_retried": len(writer.retried),
             "changes_during_bootstrap": counts}

@@ -55,31 +55,6 @@ def merge_step(spark: Any, path: Path, changes: list[tuple[int, str]], stamp: in
         WHEN NOT MATCHED AND s.op = 'i' THEN INSERT (id, v, payload) VALUES (s.id, s.v, s.payload)""")
 
 
-#: How often a MERGE that found a file of its snapshot gone is tried again on a fresh snapshot.
-MERGE_ATTEMPTS = 3
-
-
-def merge_with_retries(spark: Any, path: Path, changes: list[tuple[int, str]], stamp: int, hot_ranges: str) -> list[str]:
-    """:func:`merge_step`, tried again when Spark could not read a file of the snapshot it planned
-    from (``FAILED_READ_FILE.FILE_NOT_EXIST``). With a VACUUM retention of seconds running beside
-    the commits on a loaded machine, a MERGE failed so (``make bench QUICK=1``, retention 36 s,
-    load average 3-4) and ended the run before lakemirror's replica could be compared. A MERGE
-    that fails commits nothing, so trying it again on the table's new snapshot writes the step
-    once; a table that stays unreadable still fails the run. Returns the first line of each error
-    that was tried again (the run's events log them)."""
-    errors: list[str] = []
-    while True:
-        try:
-            merge_step(spark, path, changes, stamp, hot_ranges)
-            return errors
-        except Exception as exc:  # noqa: BLE001 (anything but a vanished file is raised)
-            text = str(exc)
-            if "FILE_NOT_EXIST" not in text or len(errors) + 1 >= MERGE_ATTEMPTS:
-                raise
-            errors.append((text.strip().splitlines() or [""])[0][:300])
-            time.sleep(1.0)
-
-
 def cdf_read(spark: Any, path: Path, starting_version: int) -> dict[str, Any]:
     """A fresh change-feed read from ``starting_version``: works, or the first line of its error."""
     try:
@@ -166,9 +141,7 @@ def changes_until_stopped(spark: Any, path: Path, control: Path, args: argparse.
                 tick = time.time()
                 steps += 1
                 step = plan_step(rng, keys, StepSizes())
-                retries = merge_with_retries(spark, path, step.changes, steps, hot_ranges)
-                if retries:
-                    log({"merge_retried": steps, "errors": retries})
+                merge_step(spark, path, step.changes, steps, hot_ranges)
                 keys = step.after
                 log({"commit": latest_version(path), "began": tick, "at": time.time(), **step.counts})
                 time.sleep(max(0.0, args.interval - (time.time() - tick)))

@@ -73,11 +73,9 @@ def test_catch_up_rounds_are_read_from_the_daemon_log() -> None:
 
 def test_the_writer_log_skips_a_line_cut_short() -> None:
     lines = [json.dumps({"commit": 20, "at": 10.0, "updates": 1}), json.dumps({"vacuum": 11.0, "seconds": 0.5}),
-             json.dumps({"merge_retried": 3, "errors": ["FILE_NOT_EXIST"]}), '{"commit": 21, "at"']
+             '{"commit": 21, "at"']
     log = WriterLog.parse(lines)
     assert log.commits == [{"version": 20, "at": 10.0, "updates": 1}] and log.vacuums == [11.0]
-    assert log.retried == [3]
-    assert summarize(log, pinned=19, started=0.0, ended=20.0, retain_hours=0.01)["writer_merges_retried"] == 1
 
 
 def test_the_summary_counts_what_happened_while_the_bootstrap_ran() -> None:
