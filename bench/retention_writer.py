@@ -14,8 +14,12 @@ Driven through files in the folder CONTROL:
 - every ``--interval`` seconds (or as fast as it can when a commit takes longer) one MERGE changes
   keys chosen by :func:`bench.retention.plan_step`: updates, deletes, re-inserts of deleted keys, a
   few inserts; beside the commits, ``--vacuum-seconds`` after the end of the previous one, a thread
-  runs ``VACUUM … RETAIN <hours> HOURS`` (Delta's grammar takes a decimal number of hours) with
-  ``spark.databricks.delta.retentionDurationCheck.enabled`` off; each commit and VACUUM is appended
+  runs a plain ``VACUUM``, which keeps what the source's own ``delta.deletedFileRetentionDuration``
+  (set by the benchmark at the source's creation, in seconds) protects, with
+  ``spark.databricks.delta.retentionDurationCheck.enabled`` off. Not ``VACUUM … RETAIN <n> HOURS``:
+  Delta rounds ``n`` to whole hours (``VacuumCommand``: ``TimeUnit.HOURS.toMillis(math.round(h))``),
+  so 0.01-0.49 hours is a VACUUM with no retention at all, which also deletes the files of the
+  writer's own MERGE before it commits them; each commit and VACUUM is appended
   to ``events.jsonl`` as it ends;
 - when ``stop`` appears (JSON ``{"cdf_from": N}``) it stops changing, reads the change feed from
   version N afresh (what a new reader starting there would get: it must fail once a VACUUM has
@@ -114,7 +118,6 @@ def changes_until_stopped(spark: Any, path: Path, control: Path, args: argparse.
     rng = random.Random(args.seed)
     keys = HotKeys.of_source(args.rows, args.hot)
     hot_ranges = f"t.id < {min(args.hot, args.rows)} OR t.id >= {max(0, args.rows - args.hot)}"
-    retain = f"{args.retain_hours:.6f}"  # a plain decimal (Delta's grammar: RETAIN number HOURS)
     lock = threading.Lock()
     stopped = threading.Event()
     failed: list[BaseException] = []
@@ -129,7 +132,7 @@ def changes_until_stopped(spark: Any, path: Path, control: Path, args: argparse.
             try:
                 while not stopped.wait(args.vacuum_seconds):
                     began = time.time()
-                    spark.sql(f"VACUUM delta.`{path}` RETAIN {retain} HOURS").collect()
+                    spark.sql(f"VACUUM delta.`{path}`").collect()
                     log({"vacuum": began, "seconds": round(time.time() - began, 2)})
             except BaseException as exc:  # noqa: BLE001 (raised again by the main thread)
                 failed.append(exc)
@@ -159,13 +162,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("control", help="the folder of the control files (ready, go, stop, events.jsonl, result.json)")
     parser.add_argument("--rows", type=int, required=True, help="the source's ids are 0 .. rows-1")
     parser.add_argument("--hot", type=int, default=2000, help="how many of the first and of the last ids are changed")
-    parser.add_argument("--retain-hours", type=float, required=True, help="VACUUM's retention, in hours (e.g. 0.01)")
     parser.add_argument("--interval", type=float, default=1.5, help="seconds between the starts of two commits")
     parser.add_argument("--vacuum-seconds", type=float, default=10.0, help="seconds between two VACUUMs")
     parser.add_argument("--seed", type=int, default=42)
     args = parser.parse_args(argv)
-    if args.retain_hours < 0 or args.rows <= 0 or args.hot <= 0:
-        parser.error("--retain-hours must be >= 0, --rows and --hot > 0")
+    if args.rows <= 0 or args.hot <= 0:
+        parser.error("--rows and --hot must be > 0")
     if not (Path(args.source) / "_delta_log").is_dir():
         parser.error(f"{args.source} is not a Delta table (no _delta_log): write the source first")
     return run(args)

@@ -59,8 +59,10 @@ class ChunkReads(Protocol):
         """The chunks of the snapshot at V (one whole-table chunk when it fits ``target_bytes``)."""
         ...
 
-    def read(self, chunk: Chunk) -> "DataFrame":
-        """The rows of ``chunk`` at V."""
+    def read(self, chunk: Chunk, version: int | None = None) -> "DataFrame":
+        """The rows of ``chunk`` at V, or, for a key-range chunk, at a later ``version`` through
+        which the bootstrap has applied the change feed (the same rows for every key no change
+        touched since V; the touched keys are the catch-up rounds' to write)."""
         ...
 
 
@@ -87,8 +89,8 @@ class KeyRangeReads:
         #: Why the last plan is one chunk although the table is larger than the target (None: it is not).
         self.note: str | None = None
 
-    def snapshot(self) -> "DataFrame":
-        return tables.read(self.spark, self.loc, versionAsOf=self.version)
+    def snapshot(self, version: int | None = None) -> "DataFrame":
+        return tables.read(self.spark, self.loc, versionAsOf=self.version if version is None else version)
 
     def file_keys(self, column: str) -> list[FileKeys]:
         """Each file's size, live rows and key range at V: one aggregate over the key column."""
@@ -116,12 +118,12 @@ class KeyRangeReads:
                          "(bootstrap.internal_file_reads splits it by files)")
         return tuple(Chunk(n, (), size, rows, key_range) for n, (key_range, size, rows) in enumerate(ranges))
 
-    def read(self, chunk: Chunk) -> "DataFrame":
+    def read(self, chunk: Chunk, version: int | None = None) -> "DataFrame":
         if chunk.paths:
             raise ValueError(f"{self.loc}: chunk {chunk.number} is a group of files (planned with "
                              f"bootstrap.internal_file_reads); resync the table or turn that option back on")
         predicate = chunk.key_range.predicate() if chunk.key_range is not None else None
-        df = self.snapshot()
+        df = self.snapshot(version if chunk.key_range is not None else None)
         return df if predicate is None else df.where(predicate)
 
 
@@ -160,11 +162,11 @@ class DeltaLogFileReads:
             return (WHOLE,)
         return plan_chunks(self.files(), target_bytes)
 
-    def read(self, chunk: Chunk) -> "DataFrame":
+    def read(self, chunk: Chunk, version: int | None = None) -> "DataFrame":
         from pyspark.sql import DataFrame
 
         if chunk.key_range is not None:
-            return KeyRangeReads(self.spark, self.loc, self.version, (chunk.key_range.column,)).read(chunk)
+            return KeyRangeReads(self.spark, self.loc, self.version, (chunk.key_range.column,)).read(chunk, version)
         if chunk.whole_table:
             return tables.read(self.spark, self.loc, versionAsOf=self.version)
         missing = [p for p in chunk.paths if p not in self._adds]

@@ -195,8 +195,12 @@ class ChunkedBootstrap:
         j = self.job
         with self.slots:
             t0 = self.clock()
+            # A key-range chunk is read at the version the catch-up rounds reached, not at V: Delta
+            # refuses to time-travel further back than the source's deletedFileRetentionDuration,
+            # which a bootstrap that outlives the retention would otherwise pass (its rows are V's
+            # for every key no round touched; the touched ones the chunk leaves to the rounds).
             rows = (change_feed.snapshot(j.spark, j.source, j.version) if chunk.whole_table
-                    else self._chunk_reads().read(chunk))
+                    else self._chunk_reads().read(chunk, plan.applied_through))
             self.fault("bootstrap_inside_chunk")
             snapshot_copy.write_chunk(rows, j.replica, j.plan.columns, TxnId(chunk_app_id(self.app, chunk.number),
                                                                               chunk.number),

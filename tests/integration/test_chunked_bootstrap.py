@@ -171,6 +171,40 @@ def test_changes_between_chunks_survive_a_vacuum_only_through_the_interleaving(m
     assert catch_ups >= 3
 
 
+def test_a_bootstrap_outlives_the_sources_retention_by_reading_later_chunks_after_the_catch_ups(make_pipeline):
+    """Delta refuses to time-travel to a version older than the source's
+    ``delta.deletedFileRetentionDuration``; a bootstrap longer than that retention reads its later
+    key-range chunks at the version the catch-up rounds reached instead of at the snapshot's V.
+    The changes themselves are read by the catch-ups while they are within the retention."""
+    import time
+
+    p = make_pipeline(bootstrap={**CHUNKS, "chunk_budget_seconds": 0.001})
+    make_source(p, "brief", appends=8, props="'delta.enableDeletionVectors' = 'true', "
+                                            "'delta.deletedFileRetentionDuration' = 'interval 5 seconds'")
+    v = p.latest_version("brief")
+    refused: list[str] = []
+
+    def between(n: int) -> None:
+        if n == 2:
+            time.sleep(6)  # V is now older than the source's retention
+            p.sql("brief", "UPDATE {t} SET v = 'u' WHERE id % 7 = 0")
+            p.sql("brief", "DELETE FROM {t} WHERE id % 11 = 0")
+        if n == 3:
+            p.sql("brief", "INSERT INTO {t} VALUES (1000, 'new')")
+            try:
+                tables.read(p.spark, p.source("brief"), versionAsOf=v).count()
+            except Exception as exc:  # noqa: BLE001 (what a read of the snapshot at V now gets)
+                refused.append(str(exc)[:200])
+
+    faults = with_faults(p)
+    faults.every["bootstrap_between_chunks"] = between
+    p.start()
+    wait_caught_up(p, "brief")
+    assert refused and "TIME_TRAVEL" in refused[0], f"the test's premise: V can no longer be read ({refused})"
+    p.assert_replica_equals_source("brief")
+    assert len(set(chunk_commits(p, "brief"))) == 8
+
+
 @READS
 def test_chunks_of_two_tables_run_in_parallel_up_to_the_limit(make_pipeline, reads):
     p = make_pipeline(bootstrap={"chunk_bytes": 1, "parallel_chunks": 2, **reads})

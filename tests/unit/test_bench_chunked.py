@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, QueryBuilder
 
-from bench.chunked import DELETION_VECTORS, RETENTION_SYSTEM, _source, render
+from bench.chunked import DELETION_VECTORS, RETENTION_SYSTEM, _source, render, retention_interval
 from bench.retention import HotKeys, StepSizes, WriterLog, catch_ups, plan_step, summarize
 
 
@@ -116,7 +116,10 @@ def test_the_section_reports_the_retention_run_and_keeps_older_copy_rows() -> No
             "seconds_to_replica": 30.0, "replica_equal_source": True}  # a row of a run before the retention run
     text = "\n".join(render([copy, _retention_row()], _when))
     assert "| copy floor (Spark read at V, written as a new Delta table) | 30.0 | 1.0x | - | - | yes | - |" in text
-    assert "`VACUUM … RETAIN 0.01 HOURS` (36 s)" in text
+    assert "runs `VACUUM … RETAIN 0.01 HOURS`" in text and "no retention at all, not 36 s" in text, \
+        "a run of the RETAIN writer says that Delta rounded its retention to 0 hours"
+    current = "\n".join(render([_retention_row(vacuum="table retention")], _when))
+    assert "runs a plain `VACUUM`" in current and "`delta.deletedFileRetentionDuration` (36 s" in current
     assert ("| 500,000 | 95.2 | 36 | 2.64x | 41 | 9 | 19 | fails (a VACUUM during the bootstrap could remove V+1's change data) | "
             "yes (0 lost) | 3.1 |") in text
     assert "(V = 19; its commits during the bootstrap were versions V+1 to 60, its last commit, before it stopped, version 62)" in text
@@ -133,3 +136,8 @@ def test_a_retention_run_that_proves_nothing_or_fails_says_so() -> None:
     failed = "\n".join(render([{"system": RETENTION_SYSTEM, "kind": "retention", "rows": 10, "files": 2,
                                 "retain_hours": 0.01, "error": "RuntimeError: the table failed"}], _when))
     assert "**The run failed:** RuntimeError: the table failed" in failed
+
+
+def test_the_retention_run_sets_the_sources_own_retention_in_seconds() -> None:
+    assert retention_interval(0.01) == "interval 36 seconds"
+    assert retention_interval(0.02) == "interval 72 seconds"
