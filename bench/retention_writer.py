@@ -18,8 +18,8 @@ Driven through files in the folder CONTROL:
   (set by the benchmark at the source's creation, in seconds) protects, with
   ``spark.databricks.delta.retentionDurationCheck.enabled`` off. Not ``VACUUM … RETAIN <n> HOURS``:
   Delta rounds ``n`` to whole hours (``VacuumCommand``: ``TimeUnit.HOURS.toMillis(math.round(h))``),
-  so 0.01-0.49 hours is a VACUUM with no retention at all, which also deletes the files of the
-  writer's own MERGE before it commits them; each commit and VACUUM is appended
+  so 0.01-0.49 hours is a VACUUM with no retention at all, which can also delete files a concurrent
+  MERGE has written but not yet committed; each commit and VACUUM is appended
   to ``events.jsonl`` as it ends;
 - when ``stop`` appears (JSON ``{"cdf_from": N}``) it stops changing, reads the change feed from
   version N afresh (what a new reader starting there would get: it must fail once a VACUUM has
