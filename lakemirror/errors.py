@@ -72,6 +72,18 @@ class ChangeWindowExpired(TerminalError):
     code = "window_expired"
 
 
+class PinnedVersionAged(Exception):
+    """A bootstrap could not read its pinned version before writing anything: the source committed
+    after the pin, and the pinned commit is older than the source's deleted-file retention, so
+    Delta refuses the read. The bootstrap pins the source's latest version again (a new epoch);
+    the Delta error is the cause."""
+
+    def __init__(self, table: str, version: int) -> None:
+        super().__init__(f"{table}: the pinned source version {version} is no longer the latest and is older "
+                         f"than the source's delta.deletedFileRetentionDuration, so Delta refuses to read it")
+        self.version = version
+
+
 class SourceReplaced(TerminalError):
     """The source table was dropped and recreated (new table id) since the replica was built."""
 

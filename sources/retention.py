@@ -86,3 +86,24 @@ def headroom_seconds(*, applied_through: int, latest_version: int, commit_times:
     if committed is None:
         return 0.0
     return max(0.0, committed + window.seconds - now)
+
+
+#: Delta's error class for a read it refuses at a version past the source's deleted-file retention.
+TIME_TRAVEL_REFUSED = "DELTA_UNSUPPORTED_TIME_TRAVEL_BEYOND_DELETED_FILE_RETENTION_DURATION"
+
+
+def time_travel_refused(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it was raised from) is Delta refusing to read a version.
+
+    Delta 4 refuses ``VERSION AS OF v`` when ``v`` is not the table's latest version and its commit
+    is older than ``delta.deletedFileRetentionDuration``, whether or not ``v``'s files are still
+    there: a table idle for longer than its retention can be read at its latest version until the
+    next commit lands, and not at that version after it."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if TIME_TRAVEL_REFUSED in str(current):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False

@@ -14,15 +14,19 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Protocol
 
 from lakemirror.checkpoints.state import StateStore, TableProgress
+from lakemirror.errors import PinnedVersionAged
 from lakemirror.sinks.contract import TableReplica
 from lakemirror.sinks.merge.planner import MergePlan
 from lakemirror.sources.contract import ChangeSource
+from lakemirror.sources.retention import time_travel_refused
 from lakemirror.supervisor import state as sm
 
 log = logging.getLogger(__name__)
 
 #: A position past any table's head: asks the source for its latest version only.
 HEAD_ONLY = 1 << 62
+#: How often a bootstrap pins the source anew when Delta refuses to read the pinned version.
+REPINS = 2
 
 
 class SnapshotCopier(Protocol):
@@ -56,21 +60,31 @@ class Bootstrap:
 
     def run(self, progress: TableProgress, table_id: str | None, plan: MergePlan,
             source_properties: Mapping[str, str]) -> TableProgress:
-        """Bootstrap the epoch ``progress`` names, or a new one; the progress it leaves saved."""
+        """Bootstrap the epoch ``progress`` names, or a new one; the progress it leaves saved.
+
+        A pinned version Delta refuses to read before anything was written (it is no longer the
+        source's latest, and its commit is older than the source's deleted-file retention: a
+        table idle for longer than that, written to just after the pin) is pinned anew, at most
+        ``REPINS`` times: nothing of the refused epoch reached the replica."""
         self.replica.claim(progress.epoch)
         self.emit(sm.BootstrapStarted())
-        if progress.bootstrap_version is None or progress.epoch == 0:
-            head = self.source.head(HEAD_ONLY, window=1)
-            progress = progress.next_epoch(head.latest_version, table_id)
-            self.states.save(self.slug, progress)
-        version = progress.bootstrap_version
-        assert version is not None
-        self.fault("bootstrap_before_snapshot")
-        if self.copier is None:
-            self.replica.bootstrap(plan, self.source.snapshot(version), version, progress.epoch, source_properties)
-            through = version
-        else:
-            through = self.copier.copy(plan, version, progress.epoch, source_properties)
+        repin = progress.bootstrap_version is None or progress.epoch == 0
+        for attempt in range(REPINS + 1):
+            if repin:
+                head = self.source.head(HEAD_ONLY, window=1)
+                progress = progress.next_epoch(head.latest_version, table_id)
+                self.states.save(self.slug, progress)
+            version = progress.bootstrap_version
+            assert version is not None
+            self.fault("bootstrap_before_snapshot")
+            try:
+                through = self._copy(plan, progress, version, source_properties)
+                break
+            except PinnedVersionAged as exc:
+                if attempt == REPINS:
+                    raise (exc.__cause__ or exc) from None
+                log.warning("%s; pinning the source's latest version instead", exc)
+                repin = True
         self.fault("bootstrap_after_snapshot")
         # The stream starts after ``through``: the snapshot's version, or the last change applied
         # between a chunked copy's chunks.
@@ -81,3 +95,16 @@ class Bootstrap:
         log.info("table %s: bootstrapped %s at source version %d (epoch %d; snapshot at %d)",
                  self.label, self.destination, through, progress.epoch, version)
         return progress
+
+    def _copy(self, plan: MergePlan, progress: TableProgress, version: int,
+              source_properties: Mapping[str, str]) -> int:
+        """Copy the snapshot at ``version``; the version the replica then holds."""
+        if self.copier is not None:
+            return self.copier.copy(plan, version, progress.epoch, source_properties)
+        try:
+            self.replica.bootstrap(plan, self.source.snapshot(version), version, progress.epoch, source_properties)
+        except Exception as exc:
+            if time_travel_refused(exc):  # refused while planning the read: nothing was written
+                raise PinnedVersionAged(self.label, version) from exc
+            raise
+        return version

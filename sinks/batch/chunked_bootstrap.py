@@ -34,13 +34,18 @@ from lakemirror.sinks.merge.planner import CHANGE_TYPE, UPDATE_PRE, MergePlan
 from lakemirror.sinks.txn import TxnId, txn_app_id
 from lakemirror.sources import change_feed, snapshot_files
 from lakemirror.sources.chunks import Chunk, bootstrap_app_id, chunk_app_id, chunk_number
-from lakemirror.sources.retention import RetentionWindow, headroom_seconds
+from lakemirror.errors import PinnedVersionAged
+from lakemirror.sources.retention import RetentionWindow, headroom_seconds, time_travel_refused
 from lakemirror.tables import TableLocation
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
+
+#: Chunk waves in a row whose reads Delta may refuse (each followed by a catch-up round that moves
+#: the read version to the source's latest) before the bootstrap gives up.
+REFUSED_WAVES = 3
 
 
 @dataclass
@@ -127,8 +132,21 @@ class ChunkedBootstrap:
     # -- running ---------------------------------------------------------------------------------
 
     def run(self) -> int:
+        """Copy every chunk; the version the replica then holds.
+
+        Delta refuses to read a version that is no longer the source's latest and whose commit is
+        older than the source's ``delta.deletedFileRetentionDuration``
+        (:func:`~lakemirror.sources.retention.time_travel_refused`). A refused chunk read after the
+        replica exists is followed by a catch-up round, after which the chunks are read at the
+        version the round reached. A refused read before anything was written (the plan, the
+        first chunk) raises :class:`~lakemirror.errors.PinnedVersionAged`: the caller pins anew."""
         j = self.job
-        plan, resumed = self._load_or_plan()
+        try:
+            plan, resumed = self._load_or_plan()
+        except Exception as exc:
+            if time_travel_refused(exc):
+                raise PinnedVersionAged(j.name, j.version) from exc
+            raise
         done = self._committed(plan) if resumed else set()
         started = self.clock()
         self._rows_done = sum(c.rows or 0 for c in plan.chunks if c.number in done)
@@ -141,6 +159,7 @@ class ChunkedBootstrap:
         pending = [c for c in plan.chunks if c.number not in done]
         copying_since = self.clock()
         self._report(plan, done, started)
+        refused = 0
         while pending:
             if self.stopping():
                 raise BootstrapInterrupted(f"{j.name}: stopping; the bootstrap resumes at chunk "
@@ -157,7 +176,23 @@ class ChunkedBootstrap:
                     self._report(plan, done, started)
                     continue
                 wave = pending[:max(1, self.policy.parallel_chunks)]
-            self._copy_wave(plan, wave, done, started)
+            try:
+                self._copy_wave(plan, wave, done, started)
+                refused = 0
+            except Exception as exc:
+                if not time_travel_refused(exc):
+                    raise
+                if 0 not in done:
+                    raise PinnedVersionAged(j.name, j.version) from exc
+                refused += 1
+                if refused > REFUSED_WAVES:
+                    raise
+                log.warning("table %s: bootstrap: Delta refused to read source version %d (no longer the latest, "
+                            "and older than the source's deleted-file retention); applying the change feed "
+                            "first, then reading the chunks at the version it reaches", j.name, plan.applied_through)
+                plan = self._catch_up(plan, None)
+                copying_since = self.clock()
+                self._report(plan, done, started)
             pending = [c for c in pending if c.number not in done]
         return plan.applied_through
 

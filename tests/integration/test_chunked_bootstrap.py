@@ -205,6 +205,61 @@ def test_a_bootstrap_outlives_the_sources_retention_by_reading_later_chunks_afte
     assert len(set(chunk_commits(p, "brief"))) == 8
 
 
+BRIEF_RETENTION = "'delta.enableDeletionVectors' = 'true', 'delta.deletedFileRetentionDuration' = 'interval 5 seconds'"
+
+
+@pytest.mark.parametrize("bootstrap", [{}, CHUNKS], ids=["default", "chunked"])
+def test_a_source_idle_past_its_retention_and_written_just_after_the_pin_is_pinned_again(make_pipeline, bootstrap):
+    """Delta refuses ``VERSION AS OF V`` once V is no longer the latest version and V's commit is
+    older than the retention. A table idle for longer than its retention (a week, by default) and
+    written to between the pin and the first read would fail its bootstrap: it is pinned anew."""
+    import time
+
+    p = make_pipeline(bootstrap=bootstrap)
+    make_source(p, "idle", appends=4, props=BRIEF_RETENTION)
+    time.sleep(6)  # the source's latest commit is now older than its retention
+    v = p.latest_version("idle")
+
+    def write_after_the_pin(n: int) -> None:
+        if n == 1:
+            p.sql("idle", "UPDATE {t} SET v = 'u' WHERE id % 3 = 0")
+
+    faults = with_faults(p)
+    faults.every["bootstrap_before_snapshot"] = write_after_the_pin
+    p.start()
+    wait_caught_up(p, "idle")
+    p.assert_replica_equals_source("idle")
+    assert faults.calls["bootstrap_before_snapshot"] == 2, "refused at V, then pinned at the write's version"
+    assert p.latest_version("idle") == v + 1
+
+
+def test_a_chunk_refused_after_the_replica_exists_is_read_after_a_catch_up(make_pipeline, caplog):
+    """The first chunk reads V while V is the source's latest version; a write lands; the next
+    chunk's read at V is refused (V is older than the retention): a catch-up round runs, and the
+    chunks are read at the version it reached, with no copying budget asking for it."""
+    import time
+
+    p = make_pipeline(bootstrap={**CHUNKS, "chunk_budget_seconds": 3600})
+    make_source(p, "idle", appends=5, props=BRIEF_RETENTION)
+    time.sleep(6)
+
+    def between(n: int) -> None:
+        if n == 1:
+            p.sql("idle", "UPDATE {t} SET v = 'u' WHERE id % 3 = 0")
+            p.sql("idle", "DELETE FROM {t} WHERE id % 7 = 0")
+
+    faults = with_faults(p)
+    faults.every["bootstrap_between_chunks"] = between
+    p.start()
+    wait_caught_up(p, "idle")
+    p.assert_replica_equals_source("idle")
+    assert len(set(chunk_commits(p, "idle"))) == 5
+    catch_ups = (tables.delta_table(p.spark, p.replica("idle")).history()
+                 .where("userMetadata LIKE '%/bootstrap/catch-up%'").count())
+    assert catch_ups == 1
+    assert "Delta refused to read source version" in caplog.text, "the catch-up answered the refusal"
+
+
 @READS
 def test_chunks_of_two_tables_run_in_parallel_up_to_the_limit(make_pipeline, reads):
     p = make_pipeline(bootstrap={"chunk_bytes": 1, "parallel_chunks": 2, **reads})

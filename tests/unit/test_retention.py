@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from lakemirror.sources.retention import RetentionWindow, headroom_seconds, parse_interval
+from lakemirror.sources.retention import RetentionWindow, headroom_seconds, parse_interval, time_travel_refused
 
 DAY = 86400.0
 
@@ -48,3 +48,17 @@ def test_headroom_counts_from_the_oldest_unapplied_commit() -> None:
 def test_a_needed_commit_missing_from_the_log_means_no_headroom() -> None:
     w = RetentionWindow()
     assert headroom_seconds(applied_through=9, latest_version=12, commit_times={12: 5.0}, window=w, now=6.0) == 0.0
+
+
+def test_deltas_refusal_to_read_a_version_is_told_apart_from_other_failures_and_found_in_a_cause() -> None:
+    refused = RuntimeError("[DELTA_UNSUPPORTED_TIME_TRAVEL_BEYOND_DELETED_FILE_RETENTION_DURATION] Cannot time "
+                           "travel beyond delta.deletedFileRetentionDuration (0 HOURS) set on the table.")
+    assert time_travel_refused(refused)
+    try:
+        try:
+            raise refused
+        except RuntimeError as exc:
+            raise ValueError("reading the chunk failed") from exc
+    except ValueError as wrapped:
+        assert time_travel_refused(wrapped)
+    assert not time_travel_refused(RuntimeError("[FAILED_READ_FILE.FILE_NOT_EXIST] File does not exist"))
