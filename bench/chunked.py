@@ -196,6 +196,10 @@ def retention_run(workdir: Path, warehouse: Path, rows: int, files: int, retain_
         pinned = watch.until(lambda: _pinned(daemon, "hot"), 600, "the daemon to pin its snapshot version")
         (control / "go").touch()  # the writer's first commit is pinned + 1: the snapshot holds no deletion vector
         marks = watch.until(lambda: _bootstrapped(daemon, "hot"), timeout, "the bootstrap to end")
+        # The source sat idle longer than its retention before the writer's first commit, so Delta
+        # refuses the first pin once that commit lands and the daemon pins again (a new epoch).
+        pins = _pins(daemon, "hot")
+        pinned = pins[-1]
         (control / "stop").write_text(json.dumps({"cdf_from": pinned + 1}))
         writer.wait(600)
         result = json.loads((control / "result.json").read_text())
@@ -208,7 +212,7 @@ def retention_run(workdir: Path, warehouse: Path, rows: int, files: int, retain_
         rounds = catch_ups((daemon.workdir / "daemon.log").read_text(errors="replace"))
         row.update(summarize(writer_log, pinned=pinned, started=marks["start"], ended=marks["done"],
                              retain_hours=retain_hours))
-        row.update({"pinned_version": pinned, "last_source_version": final, "catch_up_rounds": len(rounds),
+        row.update({"pinned_version": pinned, "pins": pins, "last_source_version": final, "catch_up_rounds": len(rounds),
                     "catch_up_change_rows": sum(r["change_rows"] for r in rounds),
                     "cdf_from": result.get("cdf_from"), "cdf_read_works": result.get("cdf_read_works"),
                     "cdf_error": result.get("cdf_error"),
@@ -229,11 +233,16 @@ def retention_run(workdir: Path, warehouse: Path, rows: int, files: int, retain_
 
 
 def _pinned(daemon: LakemirrorDaemon, table: str) -> int | None:
-    """The snapshot version the daemon's log says the table's bootstrap pinned (None before that line)."""
+    """The snapshot version the daemon's log says the table's bootstrap pinned first (None before that line)."""
+    pins = _pins(daemon, table)
+    return pins[0] if pins else None
+
+
+def _pins(daemon: LakemirrorDaemon, table: str) -> list[int]:
+    """Every snapshot version the daemon's log says the table's bootstrap pinned, in order."""
     log = daemon.workdir / "daemon.log"
     text = log.read_text(errors="replace") if log.is_file() else ""
-    found = re.search(re.escape(_PINNED.format(table=table)) + r"(\d+)", text)
-    return int(found.group(1)) if found else None
+    return [int(v) for v in re.findall(re.escape(_PINNED.format(table=table)) + r"(\d+)", text)]
 
 
 def _bootstrapped(daemon: LakemirrorDaemon, table: str) -> dict[str, float] | None:
@@ -351,5 +360,9 @@ def render_retention(r: dict[str, Any], when: Callable[[dict[str, Any]], str]) -
                   f"The first VACUUM that could remove version V+1's change data ran {r['vacuum_removed_first_change_by']} s "
                   f"into the bootstrap." if r.get("vacuum_removed_first_change_by") is not None else
                   "No VACUUM during the bootstrap ran more than the retention after version V+1.") +
-              (f" The fresh read's error: `{r['cdf_error']}`." if r.get("cdf_error") else "")]
+              (f" The fresh read's error: `{r['cdf_error']}`." if r.get("cdf_error") else "") + (
+                  f" The daemon pinned versions {', '.join(map(str, r['pins']))} in turn: the source had been idle "
+                  f"longer than its retention when first pinned, and once the writer's first commit landed Delta "
+                  f"refused to read the older pin, so the table pinned the latest version again."
+                  if len(r.get("pins") or []) > 1 else "")]
     return lines

@@ -14,6 +14,13 @@ the byte target. Correctness does not rest on the statistics: the ranges cover t
 (the first is open below and also takes NULL keys, the last is open above), so every row of the
 snapshot falls in exactly one chunk whatever the files hold; the statistics only decide how much
 each chunk's scan can skip. A table whose files all overlap (keys not clustered) is one chunk.
+
+A small file whose keys span others' (a MERGE's output: a few changed keys from anywhere in the
+domain) would tie every range it overlaps into one chunk. Such a *stray*, at most
+``STRAY_SHARE`` of the chunk target, is left out of the grouping when that gives more chunks and
+reading every stray in every chunk costs at most ``STRAY_COST`` of the snapshot's bytes: each
+chunk's scan then also reads the strays (data skipping cannot drop them), and its predicate keeps
+the rows of its own range.
 """
 
 from __future__ import annotations
@@ -29,6 +36,11 @@ from lakemirror.identifiers import quote, sql_string
 #: key's type, which round-trips for these. Floating point and timestamp keys do not, so a table
 #: keyed by one is copied as one chunk on the public path.
 RANGE_TYPES = ("tinyint", "smallint", "int", "bigint", "string", "date")
+#: A file no larger than this share of the chunk target may be left out of the grouping (a stray).
+STRAY_SHARE = 1 / 16
+#: Leaving strays out is taken when every chunk reading every stray reads at most this share of
+#: the snapshot's bytes more.
+STRAY_COST = 0.10
 
 
 def range_type(sql_type: str) -> bool:
@@ -118,12 +130,40 @@ def plan_key_ranges(files: Iterable[FileKeys], target_bytes: int, column: str,
     """The chunks of a snapshot as ``(range, bytes, rows)`` in key order; one whole-table range when
     the files fit one chunk or cannot be told apart by key.
 
-    Files with only NULL keys go to the first range (open below), as do their bytes and rows."""
+    Files with only NULL keys go to the first range (open below), as do their bytes and rows; a
+    stray left out of the grouping counts in the range of its smallest key."""
     if target_bytes <= 0:
         raise ValueError(f"target_bytes must be positive, not {target_bytes}")
     listed = list(files)
-    groups = _overlapping_groups(listed)
     null_only = [f for f in listed if f.low is None]
+    keyed = [f for f in listed if f.low is not None]
+    packs, strays = _packs(_overlapping_groups(keyed), target_bytes), []
+    small = {f.path for f in keyed if f.size_bytes <= target_bytes * STRAY_SHARE}
+    if small and len(small) < len(keyed):
+        without = _packs(_overlapping_groups([f for f in keyed if f.path not in small]), target_bytes)
+        stray_bytes = sum(f.size_bytes for f in keyed if f.path in small)
+        total = sum(f.size_bytes for f in listed)
+        if len(without) > len(packs) and stray_bytes * len(without) <= STRAY_COST * total:
+            packs, strays = without, [f for f in keyed if f.path in small]
+    if len(packs) <= 1:
+        return [(KeyRange(column, sql_type, None, None), sum(f.size_bytes for f in listed),
+                 sum(f.rows for f in listed))]
+    lowers = [p[0].low for p in packs]
+    sizes = [sum(g.size_bytes for g in pack) for pack in packs]
+    rows = [sum(g.rows for g in pack) for pack in packs]
+    sizes[0] += sum(f.size_bytes for f in null_only)
+    rows[0] += sum(f.rows for f in null_only)
+    for f in strays:
+        i = max([0] + [n for n, low in enumerate(lowers) if n > 0 and f.low >= low])
+        sizes[i] += f.size_bytes
+        rows[i] += f.rows
+    bounds = [bound_text(low) for low in lowers]
+    return [(KeyRange(column, sql_type, bounds[i] if i > 0 else None, bounds[i + 1] if i + 1 < len(packs) else None),
+             sizes[i], rows[i]) for i in range(len(packs))]
+
+
+def _packs(groups: Sequence[_Group], target_bytes: int) -> list[list[_Group]]:
+    """The groups (in key order) packed up to ``target_bytes`` each; a group larger than that alone."""
     packs: list[list[_Group]] = []
     size = 0
     for g in groups:
@@ -132,18 +172,4 @@ def plan_key_ranges(files: Iterable[FileKeys], target_bytes: int, column: str,
             size = 0
         packs[-1].append(g)
         size += g.size_bytes
-    if len(packs) <= 1:
-        return [(KeyRange(column, sql_type, None, None), sum(f.size_bytes for f in listed),
-                 sum(f.rows for f in listed))]
-    lowers = [bound_text(p[0].low) for p in packs]
-    out = []
-    for i, pack in enumerate(packs):
-        lower = lowers[i] if i > 0 else None
-        upper = lowers[i + 1] if i + 1 < len(packs) else None
-        size_bytes = sum(g.size_bytes for g in pack)
-        rows = sum(g.rows for g in pack)
-        if i == 0:
-            size_bytes += sum(f.size_bytes for f in null_only)
-            rows += sum(f.rows for f in null_only)
-        out.append((KeyRange(column, sql_type, lower, upper), size_bytes, rows))
-    return out
+    return packs

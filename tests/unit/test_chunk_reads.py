@@ -61,6 +61,24 @@ def test_overlapping_files_stay_in_one_range_and_a_table_that_fits_is_whole():
         plan_key_ranges([], 0, "id", "int")
 
 
+def test_a_small_file_spanning_the_key_domain_does_not_tie_the_ranges_into_one_chunk():
+    """A MERGE's output holds a few changed keys from anywhere: left out of the grouping, it is
+    read by every chunk, and each row still falls in exactly one range."""
+    clustered = files(*[(i * 100, i * 100 + 99) for i in range(8)], size=100)
+    merge_output = FileKeys("merge", 2, 5, 3, 750)
+    planned = plan_key_ranges(clustered + [merge_output], 200, "id", "bigint")
+    ranges = [r for r, _, _ in planned]
+    assert [(r.lower, r.upper) for r in ranges] == [(None, "200"), ("200", "400"), ("400", "600"), ("600", None)]
+    assert sum(b for _, b, _ in planned) == 802 and sum(n for _, _, n in planned) == 800 + 5
+    assert planned[0][1] == 202, "the stray counts in the range of its smallest key"
+    for key in (None, 3, 199, 200, 750, 799, 10**9):
+        assert len(covering(ranges, key)) == 1, key
+    big_stray = FileKeys("rewrite", 60, 400, 0, 799)  # too large to be read by every chunk
+    assert len(plan_key_ranges(clustered + [big_stray], 200, "id", "bigint")) == 1
+    many = [FileKeys(f"m{i}", 10, 1, 0, 799) for i in range(4)]  # 40 bytes read 4 times: 160 > 10% of 840
+    assert len(plan_key_ranges(clustered + many, 200, "id", "bigint")) == 1
+
+
 def test_the_plan_does_not_depend_on_the_listing_order_and_null_only_files_go_first():
     listed = files(*[(i * 10, i * 10 + 9) for i in range(30)]) + [FileKeys("nulls", 7, 3, None, None)]
     shuffled = list(listed)
