@@ -194,7 +194,7 @@ def retention_run(workdir: Path, warehouse: Path, rows: int, files: int, retain_
         watch.until(lambda: (control / "ready").exists(), 600, "the writer's Spark session to start")
         daemon.start()
         pinned = watch.until(lambda: _pinned(daemon, "hot"), 600, "the daemon to pin its snapshot version")
-        (control / "go").touch()  # the writer's first commit is pinned + 1: the snapshot holds no deletion vector
+        (control / "go").touch()  # the writer's first commit is the first pin + 1: that snapshot holds no deletion vector
         marks = watch.until(lambda: _bootstrapped(daemon, "hot"), timeout, "the bootstrap to end")
         # The source sat idle longer than its retention before the writer's first commit, so Delta
         # refuses the first pin once that commit lands and the daemon pins again (a new epoch).

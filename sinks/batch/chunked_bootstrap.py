@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Callable, Mapping
 
 from lakemirror import tables
 from lakemirror.checkpoints.bootstrap_state import BootstrapStore
+from lakemirror.errors import PinnedVersionAged
 from lakemirror.sinks.batch import snapshot_copy
 from lakemirror.sinks.batch.bootstrap_plan import (
     CATCH_UP, BootstrapPlan, BootstrapPolicy, BootstrapProgress, CatchUpRound, Step, next_step,
@@ -34,7 +35,6 @@ from lakemirror.sinks.merge.planner import CHANGE_TYPE, UPDATE_PRE, MergePlan
 from lakemirror.sinks.txn import TxnId, txn_app_id
 from lakemirror.sources import change_feed, snapshot_files
 from lakemirror.sources.chunks import Chunk, bootstrap_app_id, chunk_app_id, chunk_number
-from lakemirror.errors import PinnedVersionAged
 from lakemirror.sources.retention import RetentionWindow, headroom_seconds, time_travel_refused
 from lakemirror.tables import TableLocation
 
@@ -159,7 +159,8 @@ class ChunkedBootstrap:
         pending = [c for c in plan.chunks if c.number not in done]
         copying_since = self.clock()
         self._report(plan, done, started)
-        refused = 0
+        refused = 0  # chunk waves in a row whose reads Delta refused
+        catch_up_first = False  # the last wave was refused: the next step is a catch-up
         while pending:
             if self.stopping():
                 raise BootstrapInterrupted(f"{j.name}: stopping; the bootstrap resumes at chunk "
@@ -167,7 +168,12 @@ class ChunkedBootstrap:
             if 0 in {c.number for c in pending}:
                 wave = [pending[0]]  # the first chunk creates (replaces) the replica: alone
             else:
-                step = self._decide(plan, copying_since, len(pending))
+                step = (Step(CATCH_UP, f"Delta refused to read source version {plan.applied_through} (no longer the "
+                                       f"latest, and older than the source's deleted-file retention): applying the "
+                                       f"change feed first, then reading the chunks at the version it reaches",
+                             urgent=True)
+                        if catch_up_first else self._decide(plan, copying_since, len(pending)))
+                catch_up_first = False
                 if step.kind == CATCH_UP:
                     (log.warning if step.urgent else log.info)("table %s: bootstrap: %s", j.name, step.reason)
                     self._note = step.reason
@@ -187,12 +193,7 @@ class ChunkedBootstrap:
                 refused += 1
                 if refused > REFUSED_WAVES:
                     raise
-                log.warning("table %s: bootstrap: Delta refused to read source version %d (no longer the latest, "
-                            "and older than the source's deleted-file retention); applying the change feed "
-                            "first, then reading the chunks at the version it reaches", j.name, plan.applied_through)
-                plan = self._catch_up(plan, None)
-                copying_since = self.clock()
-                self._report(plan, done, started)
+                catch_up_first = True
             pending = [c for c in pending if c.number not in done]
         return plan.applied_through
 

@@ -80,6 +80,12 @@ def wait_caught_up(p: Any, *names: str) -> None:
     p.tick_until(done, 900, f"{names} to catch up")
 
 
+def catch_up_commits(p: Any, table: str) -> int:
+    """How many catch-up rounds the table's bootstrap committed to its replica."""
+    return (tables.delta_table(p.spark, p.replica(table)).history()
+            .where("userMetadata LIKE '%/bootstrap/catch-up%'").count())
+
+
 def chunk_commits(p: Any, table: str) -> list[str]:
     rows = (tables.delta_table(p.spark, p.replica(table)).history()
             .where("userMetadata LIKE '%/bootstrap/chunk/%'").select("userMetadata").collect())
@@ -166,9 +172,7 @@ def test_changes_between_chunks_survive_a_vacuum_only_through_the_interleaving(m
     p.assert_replica_equals_source("hot")
     assert failed_read, "the change feed from the snapshot's next version must be gone by then"
     assert len(set(chunk_commits(p, "hot"))) == 8
-    catch_ups = (tables.delta_table(p.spark, p.replica("hot")).history()
-                 .where("userMetadata LIKE '%/bootstrap/catch-up%'").count())
-    assert catch_ups >= 3
+    assert catch_up_commits(p, "hot") >= 3
 
 
 def test_a_bootstrap_outlives_the_sources_retention_by_reading_later_chunks_after_the_catch_ups(make_pipeline):
@@ -220,12 +224,8 @@ def test_a_source_idle_past_its_retention_and_written_just_after_the_pin_is_pinn
     time.sleep(6)  # the source's latest commit is now older than its retention
     v = p.latest_version("idle")
 
-    def write_after_the_pin(n: int) -> None:
-        if n == 1:
-            p.sql("idle", "UPDATE {t} SET v = 'u' WHERE id % 3 = 0")
-
     faults = with_faults(p)
-    faults.every["bootstrap_before_snapshot"] = write_after_the_pin
+    faults.at("bootstrap_before_snapshot", 1, lambda: p.sql("idle", "UPDATE {t} SET v = 'u' WHERE id % 3 = 0"))
     p.start()
     wait_caught_up(p, "idle")
     p.assert_replica_equals_source("idle")
@@ -243,20 +243,17 @@ def test_a_chunk_refused_after_the_replica_exists_is_read_after_a_catch_up(make_
     make_source(p, "idle", appends=5, props=BRIEF_RETENTION)
     time.sleep(6)
 
-    def between(n: int) -> None:
-        if n == 1:
-            p.sql("idle", "UPDATE {t} SET v = 'u' WHERE id % 3 = 0")
-            p.sql("idle", "DELETE FROM {t} WHERE id % 7 = 0")
+    def write_after_the_first_chunk() -> None:
+        p.sql("idle", "UPDATE {t} SET v = 'u' WHERE id % 3 = 0")
+        p.sql("idle", "DELETE FROM {t} WHERE id % 7 = 0")
 
     faults = with_faults(p)
-    faults.every["bootstrap_between_chunks"] = between
+    faults.at("bootstrap_between_chunks", 1, write_after_the_first_chunk)
     p.start()
     wait_caught_up(p, "idle")
     p.assert_replica_equals_source("idle")
     assert len(set(chunk_commits(p, "idle"))) == 5
-    catch_ups = (tables.delta_table(p.spark, p.replica("idle")).history()
-                 .where("userMetadata LIKE '%/bootstrap/catch-up%'").count())
-    assert catch_ups == 1
+    assert catch_up_commits(p, "idle") == 1
     assert "Delta refused to read source version" in caplog.text, "the catch-up answered the refusal"
 
 
