@@ -41,6 +41,7 @@ from deltalake import DeltaTable, write_deltalake
 from bench.retention import WriterLog, catch_ups, summarize
 from bench.systems import LakemirrorDaemon
 from bench.workload import CDF, same_rows, table_path
+from lakemirror.sources.chunks import DEFAULT_CHUNK_BYTES
 from lakemirror.sources.retention import DELETED_FILE_RETENTION
 
 _COMMITTED = re.compile(r"bootstrap chunk (\d+) committed")
@@ -69,11 +70,13 @@ def _source(path: Path, rows: int, files: int, configuration: dict[str, str] | N
     return max(int(s) for s in DeltaTable(str(path)).get_add_actions(flatten=True).column("size_bytes").to_pylist())
 
 
-def _daemon(workdir: Path, warehouse: Path, name: str, chunk_bytes: int, internal: bool = False,
+def _daemon(workdir: Path, warehouse: Path, name: str, chunk_bytes: int | None, internal: bool = False,
             table: str = "big", **bootstrap: Any) -> LakemirrorDaemon:
+    """A daemon replicating ``table``; ``chunk_bytes`` None keeps lakemirror's default chunk size."""
     daemon = LakemirrorDaemon(workdir, warehouse, [table], trigger_seconds=1.0, destination_catalog=name)
     config = yaml.safe_load(daemon.config.read_text())
-    config["bootstrap"] = {"chunk_bytes": chunk_bytes, "internal_file_reads": internal, **bootstrap}
+    sizes = {} if chunk_bytes is None else {"chunk_bytes": chunk_bytes}
+    config["bootstrap"] = {**sizes, "internal_file_reads": internal, **bootstrap}
     daemon.config.write_text(yaml.safe_dump(config))
     return daemon
 
@@ -109,10 +112,12 @@ def bootstrap_chunked(rows: int, files: int, retain_hours: float, seed: int = 42
                     "copy_seconds": json.loads(done.stdout.strip().splitlines()[-1])["copy_seconds"],
                     "replica_equal_source": same_rows(src, floor_dst), "load_average_1min": _load()})
 
-        for internal, label in ((False, "key-range reads, public API (default)"),
-                                (True, "file reads through Delta's internal API (bootstrap.internal_file_reads)")):
-            name = "dsti" if internal else "dst"
-            daemon = _daemon(workdir / f"lm-{name}", warehouse, name, largest, internal)
+        for name, chunk_bytes, internal, label in (
+                ("dstd", None, False, f"default settings ({DEFAULT_CHUNK_BYTES // 2**20} MiB chunks, key-range reads)"),
+                ("dst", largest, False, "one chunk per file, key-range reads, public API (default)"),
+                ("dsti", largest, True, "one chunk per file, file reads through Delta's internal API "
+                                        "(bootstrap.internal_file_reads)")):
+            daemon = _daemon(workdir / f"lm-{name}", warehouse, name, chunk_bytes, internal)
             t0 = time.time()
             daemon.start()
             daemon.wait_through({"big": version}, timeout=3600)
@@ -121,6 +126,7 @@ def bootstrap_chunked(rows: int, files: int, retain_hours: float, seed: int = 42
             out.append({"system": f"lakemirror, chunked, {label} (start to live replica)", "kind": "uninterrupted",
                         "rows": rows, "files": files, "seconds_to_replica": round(total, 2),
                         "vs_floor": round(total / floor, 2), "copy_seconds": daemon.bootstrap_seconds("big"),
+                        "chunk_bytes": chunk_bytes or DEFAULT_CHUNK_BYTES,
                         "chunk_commits": _chunk_commits(daemon.replica_path("big")),
                         "replica_equal_source": same_rows(src, daemon.replica_path("big")),
                         "load_average_1min": _load()})
@@ -140,7 +146,7 @@ def bootstrap_chunked(rows: int, files: int, retain_hours: float, seed: int = 42
         total = time.time() - t0
         killed.stop()
         after = _committed(killed)[len(before):]
-        out.append({"system": "lakemirror, chunked, SIGKILLed once half-way (start to live replica)", "kind": "killed",
+        out.append({"system": "lakemirror, chunked, one chunk per file, SIGKILLed once half-way (start to live replica)", "kind": "killed",
                     "rows": rows, "files": files, "seconds_to_replica": round(total, 2),
                     "vs_floor": round(total / floor, 2),
                     "chunks_committed_before_kill": len(before), "chunks_committed_after_restart": len(after),
@@ -292,8 +298,10 @@ def render(rows: list[dict[str, Any]], when: Callable[[dict[str, Any]], str]) ->
                    else "")
         lines += ["", when(r0) + " "
                   f"A {r0['rows']:,}-row table written in {r0['files']} appends (one file each, by delta-rs){written}, "
-                  f"copied by lakemirror in one chunk per file (`bootstrap.chunk_bytes` = the largest file); once "
-                  f"uninterrupted with each of the two chunk reads, once SIGKILLed after half of the chunks were "
+                  f"copied by lakemirror: once with the default settings (what a user gets: "
+                  f"`bootstrap.chunk_bytes` {DEFAULT_CHUNK_BYTES // 2**20} MiB), then in one chunk per file "
+                  f"(`bootstrap.chunk_bytes` = the largest file, the most chunks this table can be cut into) "
+                  f"uninterrupted with each of the two chunk reads, and once SIGKILLed after half of the chunks were "
                   f"committed and started again. One run of each.", "",
                   "| system | start to replica s | vs copy floor | chunks committed before / after the kill | "
                   "chunk commits in the replica | replica exact | 1-min load at the row's end |",
