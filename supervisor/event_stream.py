@@ -68,6 +68,7 @@ RUNNER_PREFIX = "events:"
 #: nothing twice. Spark's commit log is written only after the batch function returns.
 EVENT_FAULT_POINTS = (
     "events_before_merge",          # the batch is read and planned (offsets logged), nothing written
+    "events_after_closes",          # history (scd2): a replica's closes are remembered, its MERGE is not
     "events_after_replica_merge",   # a replica's MERGE is committed, its tombstones and the other replicas not
     "events_before_dead_letters",   # every replica is committed, the batch's dead letters are not
     "events_after_dead_letters",    # the dead letters are committed, Spark's commit log is not

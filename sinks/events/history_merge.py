@@ -216,9 +216,12 @@ class HistoryDeltaSink(GuardedDeltaSink):
         written = self._remember(session, plan, deletes, key_schema, TxnId(txn.app_id + "/tombstones", txn.version))
         if not (write.inserts or write.updates or write.truncates):
             return GuardOutcome(ApplyCounts(), False, 0, write.stale, tuple(rejected), added, written)
+        if written:
+            self.fault("events_after_closes")
         with transaction(session, txn):
             answer = self._merge(session, schema, plan, write, data).execute().collect()
         counts = counts_from_answer(answer[0].asDict()) if answer else ApplyCounts()
+        self.fault("events_after_replica_merge")
         written += self._remember(session, plan, [c for c in write.closes if c.key is None], key_schema,
                                   TxnId(txn.app_id + "/truncates", txn.version))
         return GuardOutcome(counts, not answer, len(write.inserts) + len(write.updates), write.stale, tuple(rejected),

@@ -6,7 +6,9 @@ letters exactly once, no transaction committed twice).
 The points (supervisor/event_stream.py: EVENT_FAULT_POINTS): the batch planned with nothing
 written; a replica's MERGE committed before its tombstones and before the batch's other replicas;
 every replica committed before the dead letters; the dead letters committed before Spark's commit
-log; and a replica's MERGE reached a second time.
+log; and a replica's MERGE reached a second time. Once with current-row replicas, once with history
+(``history: scd2``: one row per key version, equal to the SCD2 fold of the events), whose replicas
+remember a batch's closes before their MERGE: a kill between those two commits too.
 """
 
 from __future__ import annotations
@@ -16,16 +18,17 @@ from typing import Any
 
 import pytest
 
-from tests.torture.kafka_harness import EVENT_POINTS, EventTorture
+from tests.torture.kafka_harness import EVENT_POINTS, HISTORY_POINTS, EventTorture
 
 pytestmark = pytest.mark.e2e
 
 
+@pytest.mark.parametrize(("history", "points"), [("current", EVENT_POINTS), ("scd2", HISTORY_POINTS)])
 def test_killed_on_the_event_path_the_replicas_equal_the_fold_of_the_events(
-        spark: Any, tmp_path: Path, broker: str) -> None:
-    report = EventTorture(spark, tmp_path, broker, seed=25).run()
+        spark: Any, tmp_path: Path, broker: str, history: str, points: tuple[str, ...]) -> None:
+    report = EventTorture(spark, tmp_path, broker, seed=25, history=history).run(points)
     not_reached = [k.point for k in report.kills if not k.reached]
     assert not not_reached, f"crash points never reached: {not_reached}"
-    assert [k.point for k in report.kills] == list(EVENT_POINTS)
+    assert [k.point for k in report.kills] == list(points)
     assert {"accounts: replica equals the ordered fold", "orders: replica equals the ordered fold",
             "dead letters exactly once"} <= set(report.checks), report.checks

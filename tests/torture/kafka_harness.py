@@ -16,7 +16,8 @@ Before each daemon start a new chunk is produced, then the daemon runs with
 ``LAKEMIRROR_TEST_KILL_AT`` set to the next point and SIGKILLs itself there; a last daemon catches
 up (its query checkpoint has committed every produced offset) and drains on SIGTERM. :meth:`verify`
 then checks that each replica equals the ordered fold of every distinct event sent
-(:func:`lakemirror.sinks.events.guard_plan.ordered_fold`), that every poison message is a dead letter
+(:func:`lakemirror.sinks.events.guard_plan.ordered_fold`; with ``history="scd2"``, every key's versions
+equal :func:`lakemirror.sinks.events.history_plan.history_fold`), that every poison message is a dead letter
 exactly once, and that no Delta transaction was committed twice to a replica or its tombstones.
 
 Used by tests/e2e/test_kafka_torture.py.
@@ -37,7 +38,10 @@ import yaml
 from lakemirror import tables
 from lakemirror.identifiers import TableName
 from lakemirror.sinks.events.guard_merge import tombstones_of
-from lakemirror.sinks.events.guard_plan import POSITION_COLUMN, ordered_fold
+from lakemirror.sinks.events.guard_plan import POSITION_COLUMN, ordered_fold, row_order
+from lakemirror.sinks.events.history_plan import (
+    END_POSITION_COLUMN, HISTORY_CURRENT, HISTORY_SCD2, IS_CURRENT, VALID_FROM, VALID_TO, history_fold,
+)
 from lakemirror.sinks.txn import is_txn_tag
 from lakemirror.sources.catalog import LocalCatalog
 from lakemirror.sources.change_event import ChangeEvent, DeadLetter
@@ -49,7 +53,12 @@ from tests.torture.harness import DaemonProcess, KillRecord
 #: second replica of a batch, or the next batch): a kill between two replicas of one batch.
 EVENT_POINTS = ("events_before_merge", "events_after_replica_merge", "events_before_dead_letters",
                 "events_after_dead_letters", "events_after_replica_merge:2")
+#: The same with history (``history: scd2``), whose replicas remember a batch's closes before their
+#: MERGE: a kill between the two commits as well.
+HISTORY_POINTS = ("events_before_merge", "events_after_closes", "events_after_replica_merge",
+                  "events_before_dead_letters", "events_after_dead_letters", "events_after_replica_merge:2")
 TABLES = {"accounts": 3, "orders": 2}   # table -> partitions of its topic
+COLUMNS = ("id", "balance", "note")      # each table's columns (EventProducer._change)
 SOURCE = "tk"
 
 
@@ -158,8 +167,10 @@ class EventProducer:
 class EventTorture:
     """The daemon (``lakemirror run``) on an event pipeline from ``broker``, killed at the named points."""
 
-    def __init__(self, spark: Any, workdir: Path, broker: str, seed: int = 25, max_per_trigger: int = 40) -> None:
+    def __init__(self, spark: Any, workdir: Path, broker: str, seed: int = 25, max_per_trigger: int = 40,
+                 history: str = HISTORY_CURRENT) -> None:
         self.spark = spark
+        self.history = history
         self.workdir = workdir
         self.seed = seed
         self.prefix = f"tk{uuid.uuid4().hex[:6]}"   # topics of this run only, on a shared broker
@@ -174,7 +185,8 @@ class EventTorture:
             "runtime": {"warehouse": str(workdir / "lakehouse"), "shuffle_partitions": 2},
             "http": {"port": 0}, "restart": {"base_delay_seconds": 0.5, "max_delay_seconds": 4},
             "source": {"kind": "kafka", "name": SOURCE, "bootstrap_servers": broker,
-                       "topic_pattern": f"{self.prefix}\\.public\\..*", "max_per_trigger": max_per_trigger}}))
+                       "topic_pattern": f"{self.prefix}\\.public\\..*", "max_per_trigger": max_per_trigger,
+                       "history": history}}))
         self.daemon = DaemonProcess(config, workdir / "ck" / "ktorture", workdir / "daemon.log")
         self.checkpoint = workdir / "ck" / "ktorture" / "events" / SOURCE / "checkpoint"
 
@@ -227,18 +239,18 @@ class EventTorture:
     def verify(self) -> None:
         events, poison = self.decoded()
         for table in TABLES:
-            want = ordered_fold(e for e in events if e.table == table)
-            rows = tables.read(self.spark, self.located(table)).drop(POSITION_COLUMN).collect()
-            got = {(r["id"],): r.asDict() for r in rows}
+            mine = [e for e in events if e.table == table]
+            want, got, rows = (self._history(table, mine) if self.history == HISTORY_SCD2 else
+                               self._current(table, mine))
             missing = sorted(set(want) - set(got))
             extra = sorted(set(got) - set(want))
             stale = sorted(k for k in set(want) & set(got) if want[k] != got[k])
-            assert len(rows) == len(got) and not missing and not extra and not stale, (
+            assert not missing and not extra and not stale, (
                 f"{table}: replica differs from the fold of the events: missing {missing[:5]}, extra {extra[:5]}, "
                 f"stale {[(k, got[k], want[k]) for k in stale[:3]]}")
-            distinct = len({e.digest() for e in events if e.table == table})
+            distinct = len({e.digest() for e in mine})
             self.report.checks[f"{table}: replica equals the ordered fold"] = (
-                f"{len(got)} rows from {distinct} distinct events")
+                f"{rows} rows of {len(got)} keys from {distinct} distinct events")
             for where in (self.located(table), tombstones_of(self.located(table))):
                 history = tables.delta_table(self.spark, where).history().collect()
                 tags = [h["userMetadata"] for h in history if is_txn_tag(h["userMetadata"])]
@@ -251,3 +263,29 @@ class EventTorture:
         want_letters = sorted((s.topic, s.partition, s.offset) for s in poison)
         assert got_letters == want_letters, f"dead letters: recorded {got_letters}, poison messages {want_letters}"
         self.report.checks["dead letters exactly once"] = f"{len(got_letters)} poison messages, each recorded once"
+
+    def _current(self, table: str, events: list[ChangeEvent]) -> tuple[dict[Any, Any], dict[Any, Any], int]:
+        """(the ordered fold per key, the replica's row per key, the replica's rows)."""
+        rows = tables.read(self.spark, self.located(table)).drop(POSITION_COLUMN).collect()
+        got = {(r["id"],): r.asDict() for r in rows}
+        assert len(rows) == len(got), f"{table}: {len(rows) - len(got)} keys held twice"
+        return ordered_fold(events), got, len(rows)
+
+    def _history(self, table: str, events: list[ChangeEvent]) -> tuple[dict[Any, Any], dict[Any, Any], int]:
+        """(the SCD2 fold per key, the replica's versions per key, the replica's rows); a version is
+        (start order, end order, current, valid_from ms, valid_to ms, columns), oldest first."""
+        frame = tables.read(self.spark, self.located(table)).selectExpr(
+            "*", f"unix_millis({VALID_FROM}) AS _from_ms", f"unix_millis({VALID_TO}) AS _to_ms")
+        got: dict[Any, list[Any]] = {}
+        rows = frame.collect()
+        for r in rows:
+            row = r.asDict()
+            end = row[END_POSITION_COLUMN]
+            columns = {c: row[c] for c in COLUMNS}
+            got.setdefault((row["id"],), []).append((
+                row_order(row[POSITION_COLUMN].asDict()), row_order(end.asDict()) if end is not None else None,
+                row[IS_CURRENT], row["_from_ms"], row["_to_ms"], columns))
+        want = {k: [(v.start, v.end, v.is_current, v.start_ts_ms, v.end_ts_ms,
+                     {c: v.columns.get(c) for c in COLUMNS}) for v in vs]
+                for k, vs in history_fold(events).items()}
+        return want, {k: sorted(vs, key=lambda v: v[0]) for k, vs in got.items()}, len(rows)
