@@ -31,6 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, TypeVar
+from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
@@ -222,6 +223,7 @@ def retention_run(workdir: Path, warehouse: Path, rows: int, files: int, retain_
                     "catch_up_change_rows": sum(r["change_rows"] for r in rounds),
                     "cdf_from": result.get("cdf_from"), "cdf_read_works": result.get("cdf_read_works"),
                     "cdf_error": result.get("cdf_error"),
+                    "first_change_files": _change_files(src, pinned + 1),
                     "chunk_commits": _chunk_commits(daemon.replica_path("hot")),
                     "replica_equal_source": same_rows(src, daemon.replica_path("hot"))})
     except Exception as exc:  # noqa: BLE001 (the section says the run failed, and why)
@@ -236,6 +238,17 @@ def retention_run(workdir: Path, warehouse: Path, rows: int, files: int, retain_
         daemon.stop()
     row["load_average_1min"] = _load()
     return row
+
+
+def _change_files(table: Path, version: int) -> dict[str, int]:
+    """The change data files (``cdc`` actions) version ``version`` of ``table`` wrote, and how many of
+    them are still on disk: none left means a VACUUM removed that version's change data."""
+    commit = table / "_delta_log" / f"{version:020d}.json"
+    if not commit.is_file():
+        return {"written": 0, "left": 0}
+    paths = [json.loads(line)["cdc"]["path"] for line in commit.read_text().splitlines()
+             if line.strip() and "cdc" in json.loads(line)]
+    return {"written": len(paths), "left": sum(1 for p in paths if (table / unquote(p)).exists())}
 
 
 def _pinned(daemon: LakemirrorDaemon, table: str) -> int | None:
@@ -368,7 +381,10 @@ def render_retention(r: dict[str, Any], when: Callable[[dict[str, Any]], str]) -
                   f"The first VACUUM that could remove version V+1's change data ran {r['vacuum_removed_first_change_by']} s "
                   f"into the bootstrap." if r.get("vacuum_removed_first_change_by") is not None else
                   "No VACUUM during the bootstrap ran more than the retention after version V+1.") +
-              (f" The fresh read's error: `{r['cdf_error']}`." if r.get("cdf_error") else "") + (
+              (f" The fresh read's error: `{r['cdf_error']}`." if r.get("cdf_error") else "") +
+              (f" Version V+1 wrote {r['first_change_files']['written']} change data files; "
+               f"{r['first_change_files']['left']} of them were still on disk at the end."
+               if (r.get("first_change_files") or {}).get("written") else "") + (
                   f" The daemon pinned versions {', '.join(map(str, r['pins']))} in turn: the source had been idle "
                   f"longer than its retention when first pinned, and once the writer's first commit landed Delta "
                   f"refused to read the older pin, so the table pinned the latest version again."

@@ -141,3 +141,19 @@ def test_a_retention_run_that_proves_nothing_or_fails_says_so() -> None:
 def test_the_retention_run_sets_the_sources_own_retention_in_seconds() -> None:
     assert retention_interval(0.01) == "interval 36 seconds"
     assert retention_interval(0.02) == "interval 72 seconds"
+
+
+def test_change_files_counts_what_a_version_wrote_and_what_is_left(tmp_path: Path) -> None:
+    from bench.chunked import _change_files
+
+    log = tmp_path / "_delta_log"
+    log.mkdir()
+    actions = [{"commitInfo": {"operation": "MERGE"}},
+               {"cdc": {"path": "_change_data/cdc-00000-a.parquet", "size": 10, "dataChange": False}},
+               {"cdc": {"path": "_change_data/cdc-00001-b%20c.parquet", "size": 10, "dataChange": False}},
+               {"add": {"path": "part-0.parquet", "size": 10, "dataChange": True}}]
+    (log / f"{3:020d}.json").write_text("\n".join(json.dumps(a) for a in actions) + "\n")
+    (tmp_path / "_change_data").mkdir()
+    (tmp_path / "_change_data" / "cdc-00001-b c.parquet").write_bytes(b"x")   # paths in the log are URL-encoded
+    assert _change_files(tmp_path, 3) == {"written": 2, "left": 1}
+    assert _change_files(tmp_path, 4) == {"written": 0, "left": 0}
