@@ -382,7 +382,7 @@ def render_retention(r: dict[str, Any], when: Callable[[dict[str, Any]], str]) -
                   f"into the bootstrap." if r.get("vacuum_removed_first_change_by") is not None else
                   "No VACUUM during the bootstrap ran more than the retention after version V+1.") +
               (f" The fresh read's error: `{r['cdf_error']}`." if r.get("cdf_error") else "") +
-              (f" Version V+1 wrote {r['first_change_files']['written']} change data files; "
+              (f" Version V+1 wrote {r['first_change_files']['written']} change data file(s); "
                f"{r['first_change_files']['left']} of them were still on disk at the end."
                if (r.get("first_change_files") or {}).get("written") else "") + (
                   f" The daemon pinned versions {', '.join(map(str, r['pins']))} in turn: the source had been idle "
