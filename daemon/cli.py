@@ -68,9 +68,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     from lakemirror.daemon.context import DaemonContext
     from lakemirror.daemon.signals import ShutdownSignals
 
+    from lakemirror.daemon.progress_bar import attach
+    from lakemirror.supervisor.observer import Observers
+
     signals = ShutdownSignals()
     signals.install()
-    DaemonContext(settings).run(signals.stop)
+    context = DaemonContext(settings)
+    bar = attach(sys.stderr)  # a terminal: the bootstrap's progress bar below the log lines
+    if bar is not None:
+        context.replace(observer=Observers(context.metrics, bar))
+    context.run(signals.stop)
     return EXIT_OK
 
 

@@ -64,6 +64,7 @@ from lakemirror.sources import cdf_check
 from lakemirror.sources.catalog import Catalog, Discovery, LocalCatalog, SparkDiscovery, UnityCatalog
 from lakemirror.supervisor.event_postgres import PostgresEventStreamRunner, RealTimeSpec
 from lakemirror.supervisor.event_stream import EVENT_FAULT_POINTS, RUNNER_PREFIX, EventStreamRunner
+from lakemirror.supervisor.observer import Observer
 from lakemirror.supervisor.pg_cycles import SparkCycles, WithPostgresCycles
 from lakemirror.supervisor.recorded import read_pipeline
 from lakemirror.supervisor.replicate import (
@@ -302,6 +303,12 @@ class DaemonContext(GlobalContext):
         return Metrics(self.spec.pipeline_id)
 
     @cached_property
+    def observer(self) -> Observer:
+        """What the supervisors report to: the metrics (``lakemirror run`` on a terminal adds the
+        bootstrap's progress bar)."""
+        return self.metrics
+
+    @cached_property
     def fault(self) -> Callable[[str], None]:
         """The crash-test hook of the runners (a no-op unless the torture harness arms it)."""
         return crash_points_from_environment()
@@ -347,7 +354,7 @@ class DaemonContext(GlobalContext):
             if mode_of(s, name) == "continuous"}
         return Supervisor(
             runner_factory=lambda table: TableRunner(table, self.runner_context),
-            list_tables=self.list_tables, policy=self.restart_policy, observer=self.metrics,
+            list_tables=self.list_tables, policy=self.restart_policy, observer=self.observer,
             lag_interval_seconds=s.lag_interval_seconds, apply_workers=spec.apply_workers,
             min_turn_interval_seconds=s.effective_turn_interval_seconds,
             # Listed tables too: the discovery loop starts a listed table that failed as missing once it exists.
@@ -378,7 +385,7 @@ class DaemonContext(GlobalContext):
                                                  states=self.states)
 
             return Supervisor(runner_factory=postgres_runner, list_tables=lambda: [RUNNER_PREFIX + source.name],
-                              policy=self.restart_policy, observer=self.metrics,
+                              policy=self.restart_policy, observer=self.observer,
                               lag_interval_seconds=self.settings.lag_interval_seconds, apply_workers=0)
 
         def runner(_: str) -> Runner:
@@ -391,7 +398,7 @@ class DaemonContext(GlobalContext):
                 fault=self.fault, states=self.states)
 
         return Supervisor(runner_factory=runner, list_tables=lambda: [RUNNER_PREFIX + source.name],
-                          policy=self.restart_policy, observer=self.metrics,
+                          policy=self.restart_policy, observer=self.observer,
                           lag_interval_seconds=self.settings.lag_interval_seconds, apply_workers=0)
 
     # -- the scheduled sub-tasks ----------------------------------------------------------------

@@ -41,3 +41,34 @@ class NoopObserver:
 
     def bootstrap_progressed(self, table: str, progress: BootstrapProgress) -> None:
         pass
+
+
+class Observers:
+    """Several observers as one: each event reaches every one of them, in order."""
+
+    def __init__(self, *observers: Observer) -> None:
+        self.observers = observers
+
+    def state_changed(self, table: str, status: TableStatus) -> None:
+        for o in self.observers:
+            o.state_changed(table, status)
+
+    def batch_applied(self, table: str, report: BatchReport) -> None:
+        for o in self.observers:
+            o.batch_applied(table, report)
+
+    def lag_measured(self, table: str, reading: LagReading) -> None:
+        for o in self.observers:
+            o.lag_measured(table, reading)
+
+    def retry_scheduled(self, table: str, status: TableStatus) -> None:
+        for o in self.observers:
+            o.retry_scheduled(table, status)
+
+    def table_removed(self, table: str) -> None:
+        for o in self.observers:
+            o.table_removed(table)
+
+    def bootstrap_progressed(self, table: str, progress: BootstrapProgress) -> None:
+        for o in self.observers:
+            o.bootstrap_progressed(table, progress)
