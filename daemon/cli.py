@@ -66,9 +66,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     settings = _load(args)  # a bad file is refused before the daemon's modules (Spark's among them) load
     from lakemirror.daemon.context import DaemonContext
-    from lakemirror.daemon.signals import ShutdownSignals
-
     from lakemirror.daemon.progress_bar import attach
+    from lakemirror.daemon.signals import ShutdownSignals
     from lakemirror.supervisor.observer import Observers
 
     signals = ShutdownSignals()
