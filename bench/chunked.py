@@ -246,8 +246,8 @@ def _change_files(table: Path, version: int) -> dict[str, int]:
     commit = table / "_delta_log" / f"{version:020d}.json"
     if not commit.is_file():
         return {"written": 0, "left": 0}
-    paths = [json.loads(line)["cdc"]["path"] for line in commit.read_text().splitlines()
-             if line.strip() and "cdc" in json.loads(line)]
+    actions = [json.loads(line) for line in commit.read_text().splitlines() if line.strip()]
+    paths = [a["cdc"]["path"] for a in actions if "cdc" in a]
     return {"written": len(paths), "left": sum(1 for p in paths if (table / unquote(p)).exists())}
 
 
