@@ -95,6 +95,7 @@ class EventStreamSpec:
     max_per_trigger: int | None = None          # files or offsets per micro-batch
     history: str = "current"                    # current | scd2 (one row per key version: sinks.events.history_plan)
     table_workers: int = 2                      # tables of one batch applied at the same time
+    driver_apply: bool = True                   # local replicas may take a delta-rs MERGE on the driver
 
 
 @dataclass
@@ -179,7 +180,8 @@ class EventBatchApplier:
                                 for e in changes if e.table == table]
                     continue
                 sink = self.sinks[table] = (HistoryDeltaSink if scd2 else GuardedDeltaSink)(
-                    location, self.spec.allow_schema_evolution, clock=self.clock, fault=self.fault)
+                    location, self.spec.allow_schema_evolution, clock=self.clock, fault=self.fault,
+                    driver_apply=self.spec.driver_apply)
             jobs.append((table, plan, sink, TxnId(f"lakemirror/{self.pipeline_id}/{self.spec.name}/{table}/{epoch}",
                                                   batch_id)))
         by_table: dict[str, list[ChangeEvent]] = {}

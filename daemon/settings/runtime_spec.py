@@ -60,7 +60,7 @@ def event_stream_spec(source: EventSourceSettings, settings: Settings) -> EventS
         purge_interval_seconds=source.purge_interval_seconds, history=source.history,
         allow_schema_evolution=settings.allow_schema_evolution,
         trigger_interval_seconds=settings.trigger_interval_seconds, max_per_trigger=source.max_per_trigger,
-        table_workers=source.table_workers)
+        table_workers=source.table_workers, driver_apply=settings.driver_apply)
 
 
 # -- the daemon's scheduled sub-tasks ------------------------------------------------------------

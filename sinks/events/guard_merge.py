@@ -39,6 +39,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from lakemirror import tables
 from lakemirror.identifiers import TableName, quote
+from lakemirror.sinks.accelerator.guarded_driver import GuardedBatchUnfit, GuardedDriverMerge
+from lakemirror.sinks.merge.apply_choice import choose_guarded_apply
 from lakemirror.sinks.merge.delta_merge import counts_from_answer
 from lakemirror.sinks.events.event_rows import convert, infer_type
 from lakemirror.sinks.events.guard_plan import (
@@ -92,13 +94,24 @@ class GuardedDeltaSink:
     #: The crash-test hook, called once the replica's MERGE is committed and before its tombstones
     #: (``events_after_replica_merge``); a no-op unless the torture harness arms it.
     fault: Callable[[str], None] = lambda point: None
+    #: Local replicas may take their batches by a delta-rs MERGE on the driver
+    #: (:func:`lakemirror.sinks.merge.apply_choice.choose_guarded_apply`).
+    driver_apply: bool = True
     tombstones: TableLocation = field(init=False)
+    #: The driver executor once the choice made it (after the tables exist); None: Spark's MERGE.
+    _driver: "GuardedDriverMerge | None" = field(default=None, init=False, repr=False)
+    _chosen: bool = field(default=False, init=False, repr=False)
     #: The replica's schema as :meth:`ensure` last saw or made it, with its tombstone table in place
     #: (lakemirror is the replica's one writer); forgotten when an apply fails.
     _ensured: "StructType | None" = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.tombstones = tombstones_of(self.replica)
+
+    @property
+    def applies_on_driver(self) -> bool:
+        """Whether batches (but those with a truncate) reach the replica by delta-rs on the driver."""
+        return self._driver is not None
 
     # -- tables ---------------------------------------------------------------------------------
 
@@ -202,6 +215,7 @@ class GuardedDeltaSink:
                 return GuardOutcome(ApplyCounts(), False)
             plan = replace(plan, key_columns=tuple(f.name for f in stones.fields if f.name not in RESERVED_COLUMNS))
         schema, added = self.ensure(session, plan)
+        driver = self._driver_for(session)
         types = {f.name: f.dataType.simpleString() for f in schema.fields}
         data_fields = [f for f in schema.fields if f.name != POSITION_COLUMN]
         key_schema = StructType([schema[k] for k in plan.key_columns])
@@ -224,18 +238,92 @@ class GuardedDeltaSink:
                 deletes.append(w)
         if not rows and new_floor is None:
             return GuardOutcome(ApplyCounts(), False, 0, 0, tuple(rejected), added)
+        if driver is not None and new_floor is None:  # a new floor's MERGE is Spark's (guarded_driver)
+            try:
+                counts_on_driver = self._apply_on_driver(driver, plan, schema, rows, txn)
+            except GuardedBatchUnfit as exc:
+                log.warning("%s: %s; Spark's MERGE applies this replica from now on", self.replica, exc)
+                self._driver = None
+            else:
+                return self._outcome(session, plan, deletes, None, key_schema, schema, txn, counts_on_driver,
+                                     len(rows), rejected, added, driver)
         source_schema = StructType([*data_fields, schema[POSITION_COLUMN], StructField(OP_COLUMN, StringType())])
         source = self._guarded(session, session.createDataFrame(rows, source_schema), plan.key_columns)
         with transaction(session, txn):
             answer = self._merge_replica(session, source, plan, data_fields, new_floor).execute().collect()
-        counts = counts_from_answer(answer[0].asDict()) if answer else ApplyCounts()
+        if self._driver is not None:
+            self._driver.forget()  # Spark wrote the replica: delta-rs reloads it
+        return self._outcome(session, plan, deletes, new_floor, key_schema, schema, txn,
+                             counts_from_answer(answer[0].asDict()) if answer else None, len(rows), rejected, added)
+
+    def _outcome(self, session: "SparkSession", plan: TablePlan, deletes: Sequence[ChangeEvent],
+                 new_floor: Order | None, key_schema: "StructType", schema: "StructType", txn: TxnId,
+                 counts: ApplyCounts | None, rows: int, rejected: Sequence[tuple[ChangeEvent, str]],
+                 added: tuple[str, ...], driver: "GuardedDriverMerge | None" = None) -> GuardOutcome:
+        """After the replica's MERGE (``counts`` None: skipped as a replay): the tombstones, and the
+        outcome. A winner that changed no row was not newer than the row, its tombstone or the floor
+        (or deleted a key the replica does not hold); a new floor's deletions count among the deletes."""
         self.fault("events_after_replica_merge")
-        written = self._write_tombstones(session, plan, deletes, new_floor, key_schema, schema[POSITION_COLUMN],
-                                         TxnId(txn.app_id + "/tombstones", txn.version))
-        # A winner that changed no row was not newer than the row, its tombstone or the floor (or deleted
-        # a key the replica does not hold); a new floor's deletions count among the deletes.
-        stale = max(0, len(rows) - counts.inserted - counts.updated - counts.deleted) if answer else 0
-        return GuardOutcome(counts, not answer, len(rows) - stale, stale, tuple(rejected), added, written)
+        stones_txn = TxnId(txn.app_id + "/tombstones", txn.version)
+        if driver is not None:
+            written = self._append_tombstones_on_driver(driver, deletes, key_schema, stones_txn)
+        else:
+            written = self._write_tombstones(session, plan, deletes, new_floor, key_schema, schema[POSITION_COLUMN],
+                                             stones_txn)
+        if counts is None:
+            return GuardOutcome(ApplyCounts(), True, rows, 0, tuple(rejected), added, written)
+        stale = max(0, rows - counts.inserted - counts.updated - counts.deleted)
+        return GuardOutcome(counts, False, rows - stale, stale, tuple(rejected), added, written)
+
+    # -- the driver path ------------------------------------------------------------------------
+
+    def _driver_for(self, session: "SparkSession") -> "GuardedDriverMerge | None":
+        """The driver executor if the replica takes that path (chosen once, when both tables exist)."""
+        if not self._chosen:
+            import importlib.util
+
+            self._chosen = True
+            engine = importlib.util.find_spec("deltalake") is not None
+            local = all(loc.path is not None and tables.is_local_table(loc.path)
+                        for loc in (self.replica, self.tombstones))
+            writable = engine and local and all(tables.delta_rs_can_write(str(loc.path))
+                                                for loc in (self.replica, self.tombstones))
+            choice = choose_guarded_apply(driver_apply=self.driver_apply, driver_engine=engine, local=local,
+                                          writable=writable)
+            log.info("%s %s", self.replica, choice.reason)
+            if choice.driver:
+                self._driver = GuardedDriverMerge(str(self.replica.path), str(self.tombstones.path))
+        return self._driver
+
+    def _apply_on_driver(self, driver: "GuardedDriverMerge", plan: TablePlan, schema: "StructType",
+                         rows: Sequence[tuple[Any, ...]], txn: TxnId) -> ApplyCounts | None:
+        """``rows`` (the Spark path's source rows) as Arrow in the replica's own types, MERGEd by delta-rs."""
+        import pyarrow as pa
+
+        replica_schema = driver.arrow_schema(driver.replica())
+        names = [f.name for f in schema.fields]
+        if sorted(replica_schema.names) != sorted(names):
+            raise GuardedBatchUnfit("the replica's columns as delta-rs reads them differ from Spark's "
+                                    f"({', '.join(replica_schema.names)})")
+        fields = [*(replica_schema.field(n) for n in names if n != POSITION_COLUMN),
+                  replica_schema.field(POSITION_COLUMN), pa.field(OP_COLUMN, pa.string())]
+        try:
+            source = pa.table([pa.array([r[i] for r in rows], type=f.type) for i, f in enumerate(fields)],
+                              schema=pa.schema(fields))
+        except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+            raise GuardedBatchUnfit(f"the batch's values do not convert to Arrow ({exc})") from exc
+        return driver.merge(source, plan.key_columns, txn)
+
+    def _append_tombstones_on_driver(self, driver: "GuardedDriverMerge", deletes: Sequence[ChangeEvent],
+                                     key_schema: "StructType", txn: TxnId) -> int:
+        if not deletes:
+            return 0
+        now = datetime.fromtimestamp(self.clock(), timezone.utc)
+        rows = [{**{f.name: self._key_value(d, f.name, f.dataType.simpleString()) for f in key_schema.fields},
+                 POSITION_COLUMN: dict(zip(POSITION_FIELDS, d.order())), DELETED_AT_COLUMN: now,
+                 SCOPE_COLUMN: SCOPE_KEY} for d in deletes]
+        driver.append_tombstones(rows, txn)
+        return len(rows)
 
     def _merge_replica(self, session: "SparkSession", source: "DataFrame", plan: TablePlan,
                        data_fields: Sequence[Any], new_floor: Order | None) -> Any:

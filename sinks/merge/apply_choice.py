@@ -212,3 +212,26 @@ def choose_apply(facts: ReplicaFacts, batch_columns: Sequence[str], rewrite_belo
     size = f"{_mib(facts.size_bytes)}, at most {_mib(rewrite_below_bytes)} (rewrite_below_bytes)"
     return ApplyChoice(REWRITE, f"applies by rewriting the replica with Spark ({not_driver}): {size}", per_row,
                        rewrite_below_bytes)
+
+
+def choose_guarded_apply(*, driver_apply: bool, driver_engine: bool, local: bool, writable: bool) -> ApplyChoice:
+    """How an event source's guarded batches reach one Delta replica
+    (:class:`lakemirror.sinks.events.guard_merge.GuardedDeltaSink`): Spark's MERGE with the tombstone
+    anti-joins, or one delta-rs MERGE on the driver
+    (:mod:`lakemirror.sinks.accelerator.guarded_driver`), with the reason in words.
+
+    ``writable``: delta-rs writes both the replica and its tombstone table correctly (their protocol
+    features, :func:`lakemirror.tables.delta_rs_can_write`). A batch with a truncate goes to Spark
+    whichever path the replica takes; history (SCD type 2) replicas are always applied by Spark
+    (:class:`lakemirror.sinks.events.history_merge.HistoryDeltaSink`)."""
+    merge = "applies by Spark's MERGE: "
+    if not driver_apply:
+        return ApplyChoice(MERGE, merge + "driver_apply is off")
+    if not driver_engine:
+        return ApplyChoice(MERGE, merge + "the deltalake package is not installed")
+    if not local:
+        return ApplyChoice(MERGE, merge + "the replica is not a path on the driver's file system")
+    if not writable:
+        return ApplyChoice(MERGE, merge + "the replica or its tombstone table uses protocol features the driver "
+                                          "does not write")
+    return ApplyChoice(DRIVER, "applies on the driver by a delta-rs MERGE under the sequence guard")

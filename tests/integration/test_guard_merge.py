@@ -38,9 +38,14 @@ def expected(events: list[ChangeEvent], columns: list[str]) -> dict[tuple[Any, .
     return {k: {c: v.get(c) for c in columns} for k, v in ordered_fold(events).items()}
 
 
-@pytest.fixture
-def sink(tmp_path: Path) -> GuardedDeltaSink:
-    return GuardedDeltaSink(TableLocation(TableName("dst", "s", "items"), str(tmp_path / "items")))
+#: Every test runs against both executors: Spark's MERGE and the driver's delta-rs MERGE.
+PATHS = pytest.mark.parametrize("on_driver", [False, True], ids=["spark", "driver"])
+
+
+@pytest.fixture(params=[False, True], ids=["spark", "driver"])
+def sink(tmp_path: Path, request: Any) -> GuardedDeltaSink:
+    return GuardedDeltaSink(TableLocation(TableName("dst", "s", "items"), str(tmp_path / "items")),
+                            driver_apply=request.param)
 
 
 def run(spark: Any, sink: GuardedDeltaSink, batches: list[list[ChangeEvent]], first: int = 0) -> list[Any]:
@@ -50,6 +55,8 @@ def run(spark: Any, sink: GuardedDeltaSink, batches: list[list[ChangeEvent]], fi
         assert not refused
         for plan in plans.values():
             outcomes.append(sink.apply(spark, plan, TxnId("test/items", n)))
+            if tables.exists(spark, sink.replica):  # the path under test, not a fallback
+                assert sink.applies_on_driver == sink.driver_apply
     return outcomes
 
 
@@ -88,7 +95,8 @@ def test_a_replayed_batch_is_skipped_by_its_transaction_id(spark: Any, sink: Gua
     assert tables.read(spark, sink.tombstones).count() == 1
 
 
-def test_random_histories_match_the_in_memory_twin(spark: Any, tmp_path: Path) -> None:
+@PATHS
+def test_random_histories_match_the_in_memory_twin(spark: Any, tmp_path: Path, on_driver: bool) -> None:
     rng = random.Random(7)
     keys = [(t, i) for t in ("a", None) for i in range(3)]
     events, lsn = [], 10
@@ -104,7 +112,7 @@ def test_random_histories_match_the_in_memory_twin(spark: Any, tmp_path: Path) -
     stream = events + rng.sample(events, 10)
     rng.shuffle(stream)
     batches = [stream[i:i + 10] for i in range(0, len(stream), 10)]
-    sink = GuardedDeltaSink(TableLocation(TableName("dst", "s", "items"), str(tmp_path / "r")))
+    sink = GuardedDeltaSink(TableLocation(TableName("dst", "s", "items"), str(tmp_path / "r")), driver_apply=on_driver)
     run(spark, sink, batches)
     twin = GuardedMemoryReplica()
     for n, batch in enumerate(batches):
@@ -128,9 +136,11 @@ def test_values_that_do_not_fit_are_rejected_and_new_columns_are_added(spark: An
     assert set(replica_rows(spark, sink.replica)) == {("a", 3)}
 
 
-def test_tombstones_are_purged_past_the_horizon(spark: Any, tmp_path: Path) -> None:
+@PATHS
+def test_tombstones_are_purged_past_the_horizon(spark: Any, tmp_path: Path, on_driver: bool) -> None:
     now = [1_000_000.0]
-    sink = GuardedDeltaSink(TableLocation(TableName("dst", "s", "items"), str(tmp_path / "p")), clock=lambda: now[0])
+    sink = GuardedDeltaSink(TableLocation(TableName("dst", "s", "items"), str(tmp_path / "p")), clock=lambda: now[0],
+                            driver_apply=on_driver)
     run(spark, sink, [[ev(UPSERT, ("a", 1), 10, v=1)], [ev(DELETE, ("a", 1), 20)]])
     now[0] += 100
     assert sink.purge(spark, horizon_seconds=3600) == 0
@@ -139,3 +149,50 @@ def test_tombstones_are_purged_past_the_horizon(spark: Any, tmp_path: Path) -> N
     now[0] += 3600
     assert sink.purge(spark, horizon_seconds=3600) == 1
     assert tables.read(spark, sink.tombstones).count() == 0
+
+
+@pytest.mark.parametrize("first_driver", [True, False], ids=["driver-then-spark", "spark-then-driver"])
+def test_either_executor_recognises_the_others_commits(spark: Any, tmp_path: Path, first_driver: bool) -> None:
+    """A batch one executor committed (the replica's MERGE and its tombstones) is a replay for the
+    other, and the guard holds across them: the driver reads tombstones Spark wrote and vice versa."""
+    loc = TableLocation(TableName("dst", "s", "items"), str(tmp_path / "x"))
+    one = GuardedDeltaSink(loc, driver_apply=first_driver)
+    run(spark, one, [[ev(UPSERT, ("a", 1), 10, v=1), ev(UPSERT, ("a", 2), 11, v=2)], [ev(DELETE, ("a", 2), 20)]])
+    other = GuardedDeltaSink(loc, driver_apply=not first_driver)
+    again = run(spark, other, [[ev(DELETE, ("a", 2), 20)]], first=1)
+    assert again[0].replayed and tables.read(spark, other.tombstones).count() == 1
+    later = run(spark, other, [[ev(UPSERT, ("a", 2), 15, v=9), ev(UPSERT, ("a", 1), 9, v=0),
+                                ev(UPSERT, ("a", 3), 30, v=3)]], first=2)
+    assert later[0].stale == 2 and later[0].counts.inserted == 1  # older than the tombstone, older than the row
+    assert replica_rows(spark, loc) == {("a", 1): {"tenant": "a", "id": 1, "v": 1},
+                                        ("a", 3): {"tenant": "a", "id": 3, "v": 3}}
+
+
+@PATHS
+def test_typed_values_and_positions_that_differ_past_the_first_field(spark: Any, tmp_path: Path,
+                                                                      on_driver: bool) -> None:
+    """Timestamps, dates, decimals, doubles, booleans and NULLs reach the replica as Spark types them,
+    and the guard compares positions field by field (same LSN, later transaction; snapshot before
+    stream)."""
+    from datetime import datetime, timezone
+    from decimal import Decimal
+
+    loc = TableLocation(TableName("dst", "s", "items"), str(tmp_path / "t"))
+    sink = GuardedDeltaSink(loc, driver_apply=on_driver)
+    spark.sql(f"CREATE TABLE delta.`{loc.path}` (tenant STRING, id BIGINT, at TIMESTAMP, day DATE, "
+              f"amount DECIMAL(10,2), ratio DOUBLE, ok BOOLEAN, "
+              f"{POSITION_COLUMN} STRUCT<phase: BIGINT, major: BIGINT, minor: BIGINT, micro: BIGINT, rank: BIGINT>) "
+              f"USING DELTA")
+    at = datetime(2026, 11, 26, 18, 30, 1, 250000, tzinfo=timezone.utc)
+
+    def typed(lsn: int, minor: int, phase: int = STREAM, **cols: Any) -> ChangeEvent:
+        keys = (("tenant", "a"), ("id", 1))
+        return ChangeEvent("items", UPSERT, keys, Position(phase, lsn, minor, 0), {**dict(keys), **cols})
+
+    run(spark, sink, [[typed(100, 1, SNAPSHOT, at="2026-11-26T18:30:01.25Z", day="2026-11-26", amount="12.50",
+                             ratio=0.5, ok=True)]])
+    run(spark, sink, [[typed(100, 3, at=at.isoformat(), day=None, amount=7, ratio=None, ok=False)],
+                      [typed(100, 2, amount=1)]], first=1)  # same LSN, an earlier transaction: stale
+    row = tables.read(spark, loc).drop(POSITION_COLUMN).collect()[0].asDict()
+    assert row == {"tenant": "a", "id": 1, "at": at.replace(tzinfo=None), "day": None, "amount": Decimal("7.00"),
+                   "ratio": None, "ok": False}

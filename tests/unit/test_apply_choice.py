@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from lakemirror.sinks.merge.apply_choice import (DEFAULT_DRIVER_APPLY_BELOW_BYTES, DRIVER_BATCH_MAX_ROWS, ApplyChoice,
-                                          ReplicaFacts, choose_apply)
+from lakemirror.sinks.merge.apply_choice import (DEFAULT_DRIVER_APPLY_BELOW_BYTES, DRIVER_BATCH_MAX_ROWS, MERGE,
+                                                 ApplyChoice, ReplicaFacts, choose_apply, choose_guarded_apply)
 
 MIB = 1024 * 1024
 SMALL = ReplicaFacts(size_bytes=2 * MIB, rows=100_000, columns=("id", "v", "payload"), properties={},
@@ -151,3 +151,12 @@ def test_what_keeps_deletion_vectors_off_the_driver_is_named_and_means_merge() -
     }
     for words, choice in cases.items():
         assert choice.path == "merge" and words in choice.reason, (words, choice.reason)
+
+
+def test_an_event_replica_takes_the_driver_only_when_every_condition_holds() -> None:
+    ok = dict(driver_apply=True, driver_engine=True, local=True, writable=True)
+    assert choose_guarded_apply(**ok).driver
+    for flag, why in [("driver_apply", "driver_apply is off"), ("driver_engine", "deltalake package"),
+                      ("local", "driver's file system"), ("writable", "protocol features")]:
+        choice = choose_guarded_apply(**{**ok, flag: False})
+        assert choice.path == MERGE and why in choice.reason, (flag, choice.reason)

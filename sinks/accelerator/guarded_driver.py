@@ -1,0 +1,185 @@
+"""The driver executor of the sequence guard: one batch of an event source's winners applied to a
+local Delta replica by one delta-rs MERGE, and its tombstones appended by delta-rs.
+
+Chosen per replica by :func:`lakemirror.sinks.merge.apply_choice.choose_guarded_apply`;
+:class:`lakemirror.sinks.events.guard_merge.GuardedDeltaSink` dispatches here and keeps Spark's MERGE
+for what this path does not take. The rules are the Spark path's, carried out without a Spark job:
+
+- the tombstone guard: the batch's keys are looked up in the replica's tombstone table (read by
+  delta-rs), and a winner that a tombstone of its key or the table's truncate floor is as new as is
+  dropped before the MERGE (the Spark path's anti-joins);
+- the row guard: the MERGE updates or deletes a matched row only when the winner's position is
+  strictly newer than the row's (Delta's struct ordering, compared by DataFusion as Spark does:
+  field by field); a winner matching no row inserts unless it is a delete;
+- exactly once: the MERGE carries the Delta transaction id (app id, batch id) and the batch's tag,
+  as Spark's does, and is skipped when the replica holds that transaction already; a MERGE that
+  changed no file commits an empty transaction so its replay is recognised. The tombstones carry a
+  transaction id of their own, checked the same way, so a crash between the two commits is repaired
+  by the replayed batch whichever engine replays it.
+
+A batch with a truncate (a new table-wide floor) goes to Spark: delta-rs cannot record the floor's
+``WHEN NOT MATCHED BY SOURCE`` condition in its commit (:class:`GuardedBatchUnfit`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Sequence
+
+from lakemirror.sinks.events.guard_plan import OP_COLUMN, POSITION_COLUMN, POSITION_FIELDS, SCOPE_COLUMN, SCOPE_KEY, SCOPE_TABLE
+from lakemirror.sinks.memory import ApplyCounts
+from lakemirror.sinks.txn import TxnId, counts_from_metrics
+from lakemirror.sources.change_event import DELETE, Order
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+log = logging.getLogger(__name__)
+
+S, T = "s", "t"
+#: The memory delta-rs's MERGE may hold before it spills to disk (as the change-feed driver path).
+MERGE_MEMORY_BYTES = 1024 * 1024 * 1024
+
+
+class GuardedBatchUnfit(Exception):
+    """The driver cannot apply this batch and has committed nothing: Spark applies it."""
+
+
+def _name(column: str) -> str:
+    """A column as DataFusion SQL reads it: double-quoted, case kept."""
+    return '"' + column.replace('"', '""') + '"'
+
+
+def _order(position: dict[str, Any] | None) -> Order | None:
+    return None if position is None else tuple(int(position[f]) for f in POSITION_FIELDS)  # type: ignore[return-value]
+
+
+def _properties(txn: TxnId) -> Any:
+    from deltalake import CommitProperties, Transaction
+
+    return CommitProperties(app_transactions=[Transaction(txn.app_id, txn.version)],
+                            custom_metadata={"userMetadata": txn.tag()})
+
+
+class GuardedDriverMerge:
+    """A replica at a local path and its tombstone table, written by delta-rs on the driver."""
+
+    def __init__(self, replica_path: str, tombstones_path: str) -> None:
+        self.replica_path = replica_path
+        self.tombstones_path = tombstones_path
+        self._replica: Any = None
+
+    # -- tables ---------------------------------------------------------------------------------
+
+    def replica(self) -> Any:
+        """The replica's delta-rs table, brought up to date (only the commits since are read)."""
+        from deltalake import DeltaTable
+
+        if self._replica is not None:
+            try:
+                self._replica.update_incremental()
+                return self._replica
+            except Exception:  # noqa: BLE001 (load it afresh)
+                self._replica = None
+        self._replica = DeltaTable(self.replica_path)
+        return self._replica
+
+    def forget(self) -> None:
+        """Load the replica afresh next time (after a failure, or a change made by Spark)."""
+        self._replica = None
+
+    def arrow_schema(self, table: Any) -> "pa.Schema":
+        import pyarrow as pa
+
+        return pa.schema(table.schema().to_arrow())
+
+    # -- the guard ------------------------------------------------------------------------------
+
+    def tombstone_orders(self, key_columns: Sequence[str], keys: "pa.Table") -> tuple[dict[tuple[Any, ...], Order], Order | None]:
+        """The newest tombstone order of each of ``keys`` that has one, and the truncate floor.
+        Keys are compared as Arrow gives them back (NULL equal to NULL, as Spark's ``<=>``)."""
+        import pyarrow.compute as pc
+        from deltalake import DeltaTable
+
+        stones = DeltaTable(self.tombstones_path).to_pyarrow_table(columns=[*key_columns, POSITION_COLUMN, SCOPE_COLUMN])
+        if stones.num_rows == 0:
+            return {}, None
+        floor: Order | None = None
+        for p in stones.filter(pc.equal(stones[SCOPE_COLUMN], SCOPE_TABLE))[POSITION_COLUMN].to_pylist():
+            o = _order(p)
+            if o is not None and (floor is None or o > floor):
+                floor = o
+        keyed = stones.filter(pc.equal(stones[SCOPE_COLUMN], SCOPE_KEY))
+        if len(key_columns) == 1:  # the common case: only the batch's keys leave Arrow
+            wanted = keys[key_columns[0]]
+            if wanted.null_count == 0:
+                keyed = keyed.filter(pc.is_in(keyed[key_columns[0]], value_set=wanted.combine_chunks()))
+        newest: dict[tuple[Any, ...], Order] = {}
+        columns = [keyed[k].to_pylist() for k in key_columns]
+        for key, p in zip(zip(*columns), keyed[POSITION_COLUMN].to_pylist()):
+            o = _order(p)
+            if o is not None and (key not in newest or o > newest[key]):
+                newest[key] = o
+        return newest, floor
+
+    def _unguarded(self, source: "pa.Table", key_columns: Sequence[str]) -> "pa.Table":
+        """``source`` without the winners a tombstone of their key, or the truncate floor, is as new as."""
+        import pyarrow as pa
+
+        newest, floor = self.tombstone_orders(key_columns, source.select(list(key_columns)))
+        if not newest and floor is None:
+            return source
+        keys = zip(*[source[k].to_pylist() for k in key_columns])
+        keep = []
+        for key, p in zip(keys, source[POSITION_COLUMN].to_pylist()):
+            order = _order(p)
+            stone = newest.get(key)
+            keep.append(not ((stone is not None and stone >= order) or (floor is not None and floor >= order)))
+        return source.filter(pa.array(keep, pa.bool_()))
+
+    # -- the writes -----------------------------------------------------------------------------
+
+    def committed(self, table: Any, txn: TxnId) -> bool:
+        version = table.transaction_version(txn.app_id)
+        return version is not None and version >= txn.version
+
+    def merge(self, source: "pa.Table", key_columns: Sequence[str], txn: TxnId) -> ApplyCounts | None:
+        """Apply ``source`` (the replica's columns, the position and the operation of each winner)
+        under ``txn``; None when the replica holds ``txn`` already (a replay: nothing written)."""
+        replica = self.replica()
+        if self.committed(replica, txn):
+            return None
+        read_version = replica.version()
+        source = self._unguarded(source, key_columns)
+        newer = f"({T}.{POSITION_COLUMN} IS NULL OR {S}.{POSITION_COLUMN} > {T}.{POSITION_COLUMN})"
+        op = f"{S}.{_name(OP_COLUMN)}"
+        on = " AND ".join(f"({T}.{_name(k)} IS NOT DISTINCT FROM {S}.{_name(k)})" for k in key_columns)
+        try:
+            metrics = dict(replica.merge(source, on, source_alias=S, target_alias=T,
+                                         max_spill_size=MERGE_MEMORY_BYTES, commit_properties=_properties(txn))
+                           .when_matched_delete(f"{newer} AND {op} = '{DELETE}'")
+                           .when_matched_update_all(newer, except_cols=[OP_COLUMN])
+                           .when_not_matched_insert_all(f"{op} <> '{DELETE}'", except_cols=[OP_COLUMN])
+                           .execute())
+        except Exception as exc:
+            self.forget()
+            if self.committed(self.replica(), txn):
+                raise  # it landed after all: the replayed batch finds it
+            raise GuardedBatchUnfit(f"{self.replica_path}: delta-rs could not apply batch {txn.version}: {exc}") from exc
+        replica = self.replica()
+        if replica.version() == read_version:  # nothing changed a file, so delta-rs committed nothing
+            replica.create_write_transaction([], "append", replica.schema(), commit_properties=_properties(txn))
+        return counts_from_metrics(metrics)
+
+    def append_tombstones(self, rows: Sequence[dict[str, Any]], txn: TxnId) -> bool:
+        """Append ``rows`` (the tombstone table's columns by name) in one commit under ``txn``; False
+        when the tombstone table holds ``txn`` already."""
+        import pyarrow as pa
+        from deltalake import DeltaTable, write_deltalake
+
+        table = DeltaTable(self.tombstones_path)
+        if self.committed(table, txn):
+            return False
+        data = pa.Table.from_pylist(list(rows), schema=self.arrow_schema(table))
+        write_deltalake(table, data, mode="append", commit_properties=_properties(txn))
+        return True
