@@ -458,7 +458,7 @@ def parameters(quick: bool) -> dict[str, Any]:
             "chunked_retain_hours": 0.01 if quick else 0.02,
             "modes_rows": 20_000 if quick else 200_000,
             # Debezium events over 8 partitions into 4 tables (the benchmark), offsets per batch
-            "debezium_events": 20_000 if quick else 1_000_000, "debezium_max_offsets": 5_000 if quick else 50_000,
+            "debezium_events": 20_000 if quick else 1_000_000, "debezium_steady_seconds": 15.0 if quick else 60.0, "debezium_max_offsets": 5_000 if quick else 50_000,
             "production": production_parameters(quick)}
 
 
@@ -512,7 +512,7 @@ def run_workload(name: str, p: dict[str, Any], seed: int) -> list[dict[str, Any]
     elif name == "debezium_events":
         print(f"Debezium events into Delta, {p['debezium_events']:,} events: lakemirror and the seed recipe ...",
               flush=True)
-        out = debezium_events(p["debezium_events"], p["debezium_max_offsets"], seed)
+        out = debezium_events(p["debezium_events"], p["debezium_max_offsets"], seed, p["debezium_steady_seconds"])
     elif name == "kafka_postgres_latency":
         print("latency Kafka -> PostgreSQL, Real-Time Mode and micro-batch ...", flush=True)
         out = kafka_postgres_latency(20.0, 10.0 if p["steady_rows"] < 100_000 else 30.0)

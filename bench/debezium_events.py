@@ -23,7 +23,11 @@ Both consumers read the same topics from the beginning with Spark's Kafka source
 Before the measured runs, each system drains a small backlog of its own (``warm.public.*``) in the same
 JVM. Reported per system: events per second to drain the whole backlog (wall time from the query's start
 until every message is applied and committed), and whether each replica equals the fold of the distinct events by
-log position (the state PostgreSQL would hold). The machine's load average is recorded before and
+log position (the state PostgreSQL would hold). Then each system, in turn, reads topics of its own
+while a producer thread sends the same kind of workload at a steady rate (``STEADY_RATE`` events a
+second; no ranges delivered again), each envelope stamped with the time it is sent: its event-time
+lag is the commit time of its table's MERGE minus that stamp, p50 and p99 over every event, and its
+replicas are checked against the fold too. The machine's load average is recorded before and
 after, as the machine is shared.
 """
 
@@ -36,9 +40,10 @@ import random
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLES = ("t0", "t1", "t2", "t3")
@@ -125,6 +130,44 @@ def produce(servers: str, events: int, seed: int,
     return sent
 
 
+def steady_producer(servers: str, events: int, rate: float, seed: int, prefix: str
+                    ) -> tuple[list[tuple[str, int, dict[str, Any], dict[str, Any] | None]], threading.Thread]:
+    """The workload's messages (no ranges delivered again) and a thread that sends them at ``rate``
+    events a second, each envelope's ``ts_ms`` set to the moment it is sent: an event's lag is then
+    its replica commit time minus the time its change happened."""
+    from kafka import KafkaProducer
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    KafkaAdminClient(bootstrap_servers=servers).create_topics(
+        [NewTopic(f"{prefix}.public.{t}", PARTITIONS, 1) for t in TABLES])
+    messages = list(workload(events, seed, prefix))
+
+    def send() -> None:
+        producer = KafkaProducer(bootstrap_servers=servers, linger_ms=5)
+        started, n = time.time(), 0
+        for topic, partition, key, value in messages:
+            if value is not None:
+                n += 1
+                ahead = started + n / rate - time.time()
+                if ahead > 0:
+                    time.sleep(ahead)
+                now_ms = int(time.time() * 1000)
+                value["source"]["ts_ms"], value["ts_ms"] = now_ms, now_ms + 3
+            producer.send(topic, key=json.dumps(key).encode(),
+                          value=None if value is None else json.dumps(value).encode(), partition=partition)
+        producer.flush()
+        producer.close()
+
+    return messages, threading.Thread(target=send, name="steady-producer", daemon=True)
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
+
+
 def expected(sent: list[tuple[str, int, dict[str, Any], dict[str, Any] | None]]) -> dict[str, dict[int, dict[str, Any]]]:
     """Each table's rows after every distinct event applied in log order (what PostgreSQL holds)."""
     unique = {}
@@ -159,7 +202,7 @@ def wrong_keys(spark: Any, root: Path, want: dict[str, dict[int, dict[str, Any]]
 
 
 def run_lakemirror(spark: Any, servers: str, root: Path, total: int, max_offsets: int,
-                   prefix: str = "bench") -> dict[str, Any]:
+                   prefix: str = "bench", on_start: Callable[[], Any] | None = None) -> dict[str, Any]:
     from lakemirror.identifiers import TableName
     from lakemirror.supervisor import state as sm
     from lakemirror.supervisor.event_stream import EventBatchReport, EventStreamRunner, EventStreamSpec
@@ -173,14 +216,18 @@ def run_lakemirror(spark: Any, servers: str, root: Path, total: int, max_offsets
 
     runner = EventStreamRunner(spec, spark, "bench", root / "_events", locate, locate("_dead_letters"))
     read = batches = 0
+    lags: list[float] = []
     started = time.time()
     runner.launch()
+    if on_start is not None:
+        on_start()
     try:
         while read < total:
             for item in runner.poll():
                 if isinstance(item, EventBatchReport):
                     read += item.outcome.stats.rows_read
                     batches += 1
+                    lags += [lag for r in item.replicas.values() for lag in r.event_lags_seconds]
                 if isinstance(item, sm.Failed):
                     raise RuntimeError(item.error)
             time.sleep(0.05)
@@ -189,7 +236,7 @@ def run_lakemirror(spark: Any, servers: str, root: Path, total: int, max_offsets
         runner.halt()
     stale = sum(r.stale for r in runner.replicas.values())
     return {"seconds": elapsed, "batches": batches, "messages": read, "stale_dropped": stale,
-            "dead_letters": runner.dead_letter_count}
+            "dead_letters": runner.dead_letter_count, "lags": lags}
 
 
 RECIPE_SCHEMA = ("before STRUCT<id: BIGINT>, after STRUCT<id: BIGINT, v: BIGINT, name: STRING, amount: DOUBLE>, "
@@ -197,13 +244,14 @@ RECIPE_SCHEMA = ("before STRUCT<id: BIGINT>, after STRUCT<id: BIGINT, v: BIGINT,
 
 
 def run_recipe(spark: Any, servers: str, root: Path, total: int, max_offsets: int,
-               prefix: str = "bench") -> dict[str, Any]:
+               prefix: str = "bench", on_start: Callable[[], Any] | None = None) -> dict[str, Any]:
     """The seed recipe's approach: foreachBatch, latest per key by timestamp, one DeltaTable MERGE, no guard."""
     from delta.tables import DeltaTable
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     counted = {"messages": 0, "batches": 0}
+    lags: list[float] = []
 
     def batch(df: Any, batch_id: int) -> None:
         df = df.persist()
@@ -215,16 +263,20 @@ def run_recipe(spark: Any, servers: str, root: Path, total: int, max_offsets: in
                           F.col("after.name").alias("name"), F.col("after.amount").alias("amount")))
         latest = (events.withColumn("rn", F.row_number().over(Window.partitionBy("tbl", "id").orderBy(F.col("ts").desc())))
                   .where("rn = 1").drop("rn").persist())
+        committed: dict[str, float] = {}
         for table in TABLES:
             rows = latest.where(F.col("tbl") == table)
             path = str(root / table)
             if not DeltaTable.isDeltaTable(df.sparkSession, path):
                 (rows.where("op != 'd'").select("id", "v", "name", "amount").write.format("delta").save(path))
-                continue
-            cols = {c: f"s.{c}" for c in ("id", "v", "name", "amount")}
-            (DeltaTable.forPath(df.sparkSession, path).alias("t").merge(rows.alias("s"), "t.id = s.id")
-             .whenMatchedDelete("s.op = 'd'").whenMatchedUpdate(set=cols)
-             .whenNotMatchedInsert(condition="s.op != 'd'", values=cols).execute())
+            else:
+                cols = {c: f"s.{c}" for c in ("id", "v", "name", "amount")}
+                (DeltaTable.forPath(df.sparkSession, path).alias("t").merge(rows.alias("s"), "t.id = s.id")
+                 .whenMatchedDelete("s.op = 'd'").whenMatchedUpdate(set=cols)
+                 .whenNotMatchedInsert(condition="s.op != 'd'", values=cols).execute())
+            committed[table] = time.time()
+        if on_start is not None:  # the steady run: each event's commit time minus its source ts_ms, as lakemirror's
+            lags.extend(committed[r["tbl"]] - r["ts"] / 1000.0 for r in events.select("tbl", "ts").collect())
         latest.unpersist()
         df.unpersist()
         counted["messages"] += messages  # counted once the batch's MERGEs are committed, as lakemirror's reports are
@@ -236,6 +288,8 @@ def run_recipe(spark: Any, servers: str, root: Path, total: int, max_offsets: in
     started = time.time()
     query = (stream.writeStream.foreachBatch(batch).option("checkpointLocation", str(root / "_checkpoint"))
              .trigger(processingTime="0.1 seconds").start())
+    if on_start is not None:
+        on_start()
     try:
         while counted["messages"] < total:
             if not query.isActive:
@@ -244,12 +298,19 @@ def run_recipe(spark: Any, servers: str, root: Path, total: int, max_offsets: in
         elapsed = time.time() - started
     finally:
         query.stop()
-    return {"seconds": elapsed, "batches": counted["batches"], "messages": counted["messages"]}
+    return {"seconds": elapsed, "batches": counted["batches"], "messages": counted["messages"], "lags": lags}
 
 
-def debezium_events(events: int, max_offsets: int, seed: int) -> list[dict[str, Any]]:
+#: The steady run after the drain: events a second and for how long (``steady_seconds``).
+STEADY_RATE = 2_000
+
+
+def debezium_events(events: int, max_offsets: int, seed: int, steady_seconds: float = 60.0,
+                    steady_rate: float = STEADY_RATE) -> list[dict[str, Any]]:
     """Both consumers over the same topics (one broker, one Spark for both); one result per system:
-    events per second to drain the backlog and the keys whose replica row differs from the fold."""
+    events per second to drain the backlog, then event-time lag p50/p99 of a steady stream of
+    ``steady_rate`` events a second for ``steady_seconds`` into topics of its own, and for both runs
+    the keys whose replica row differs from the fold."""
     from lakemirror.daemon.settings import RuntimeSettings
     from lakemirror.daemon.spark import local_session
 
@@ -277,8 +338,24 @@ def debezium_events(events: int, max_offsets: int, seed: int) -> list[dict[str, 
                        wrong_keys=wrong_keys(spark, root, want), keys=sum(len(rows) for rows in want.values()),
                        load_average_start=[round(x, 1) for x in load_before],
                        load_average_end=[round(x, 1) for x in os.getloadavg()])
+            out.pop("lags", None)
             runs.append(out)
             print(f"  {name}: {json.dumps(out)}", flush=True)
+        for out, (name, run) in zip(runs, systems):
+            slug = name.replace(" ", "_")
+            messages, producer = steady_producer(servers, int(steady_rate * steady_seconds), steady_rate, seed + 1,
+                                                 prefix="steady_" + slug)
+            root = work / ("steady_" + slug)
+            steady = run(spark, servers, root, len(messages), max_offsets, prefix="steady_" + slug,
+                         on_start=producer.start)
+            producer.join()
+            lags = steady.pop("lags")
+            out.update(steady_rate=steady_rate, steady_seconds=steady_seconds, steady_events=len(lags),
+                       lag_p50_seconds=percentile(lags, 0.50), lag_p99_seconds=percentile(lags, 0.99),
+                       lag_max_seconds=percentile(lags, 1.0), steady_batches=steady["batches"],
+                       steady_wrong_keys=wrong_keys(spark, root, expected(messages)))
+            print(f"  {name} steady: p50 {out['lag_p50_seconds']} s, p99 {out['lag_p99_seconds']} s over "
+                  f"{len(lags):,} events, {out['steady_wrong_keys']} wrong keys", flush=True)
         spark.stop()
     finally:
         subprocess.run([str(ROOT / "scripts" / "kafka.sh"), "stop", str(kafka_dir)], check=False)
@@ -297,14 +374,19 @@ def render(runs: list[dict[str, Any]]) -> list[str]:
              "lakemirror: the event source (fold by log position, one guarded MERGE per replica, tombstones); the seed "
              "recipe: latest event per key by `ts_ms`, one `DeltaTable` MERGE per table, no guard. *Wrong keys* "
              "counts the keys whose replica row differs from the fold of the distinct events by log position (what "
-             "the source database holds). The whole backlog is drained, so no event-time lag is reported here "
-             "(an event's lag would be its place in the backlog); the steady latency of an event source is in the "
-             "Kafka → PostgreSQL section. The machine is shared: its load average (1, 5, 15 min) is noted per run.",
-             "", "| system | messages | seconds | messages/s | wrong keys (of keys) | batches | load average start → end |",
-             "|---|---|---|---|---|---|---|"]
+             "the source database holds). Event-time lag: after the drain, each system reads topics of its own "
+             f"while a producer sends {r0.get('steady_rate', 0):,.0f} events a second for "
+             f"{r0.get('steady_seconds', 0):.0f} s, each stamped with the time it is sent (`source.ts_ms`); an "
+             "event's lag is the commit time of its table's MERGE minus that stamp, over every event. The machine "
+             "is shared: its load average (1, 5, 15 min) is noted per run.",
+             "", "| system | messages | seconds | messages/s | wrong keys (of keys) | batches | event-time lag p50 / p99 / max "
+             "(steady) | wrong keys (steady) | load average start → end |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
+        lag = (f"{r['lag_p50_seconds']} / {r['lag_p99_seconds']} / {r['lag_max_seconds']} s "
+               f"({r['steady_events']:,} events)") if r.get("steady_events") else "-"
         lines.append(f"| {r['system']} | {r['messages']:,} | {r['seconds']} | {r['events_per_second']:,} | "
-                     f"{r['wrong_keys']} ({r['keys']:,}) | {r['batches']} | "
+                     f"{r['wrong_keys']} ({r['keys']:,}) | {r['batches']} | {lag} | {r.get('steady_wrong_keys', '-')} | "
                      f"{r['load_average_start']} → {r['load_average_end']} |")
     return lines
 
@@ -314,9 +396,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--max-offsets", type=int, default=50_000, help="maxOffsetsPerTrigger for both")
     parser.add_argument("--seed", type=int, default=25)
+    parser.add_argument("--steady-seconds", type=float, default=60.0, help="length of the steady run (lag)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "bench" / "debezium_events.json")
     args = parser.parse_args(argv)
-    runs = debezium_events(args.events, args.max_offsets, args.seed)
+    runs = debezium_events(args.events, args.max_offsets, args.seed, args.steady_seconds)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(runs, indent=2) + "\n")
     print("\n".join(render(runs)))

@@ -220,8 +220,10 @@ class Settings(BaseSettings):
         True, description="Small replicas (see rewrite_below_bytes) at a path on the driver's own file system "
         "take each batch by one delta-rs MERGE on the driver, under the same Delta transaction id, instead of a "
         "Spark write: about three times less work per batch on two cores (docs/BENCHMARKS.md). The change feed is "
-        "still read by the table's Structured Streaming query. Needs the deltalake package; replicas whose protocol "
-        "features delta-rs does not write stay with Spark. false: Spark writes every batch.")
+        "still read by the table's Structured Streaming query. Event sources' Delta replicas at such a path "
+        "take their guarded batches the same way (docs/event-sources.md#the-sequence-guard). Needs the deltalake "
+        "package; replicas whose protocol features delta-rs does not write stay with Spark. false: Spark writes every "
+        "batch.")
     driver_apply_below_bytes: int = Field(
         DEFAULT_DRIVER_APPLY_BELOW_BYTES, ge=0, description="With driver_apply, replicas up to this size are MERGEd "
         "by delta-rs on the driver even when larger than rewrite_below_bytes: its MERGE streams the replica, so "

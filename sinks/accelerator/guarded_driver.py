@@ -67,26 +67,30 @@ class GuardedDriverMerge:
     def __init__(self, replica_path: str, tombstones_path: str) -> None:
         self.replica_path = replica_path
         self.tombstones_path = tombstones_path
-        self._replica: Any = None
+        self._tables: dict[str, Any] = {}
 
     # -- tables ---------------------------------------------------------------------------------
 
-    def replica(self) -> Any:
-        """The replica's delta-rs table, brought up to date (only the commits since are read)."""
+    def _current(self, path: str) -> Any:
+        """The delta-rs table at ``path``, brought up to date (only the commits since are read)."""
         from deltalake import DeltaTable
 
-        if self._replica is not None:
+        table = self._tables.get(path)
+        if table is not None:
             try:
-                self._replica.update_incremental()
-                return self._replica
+                table.update_incremental()
+                return table
             except Exception:  # noqa: BLE001 (load it afresh)
-                self._replica = None
-        self._replica = DeltaTable(self.replica_path)
-        return self._replica
+                pass
+        table = self._tables[path] = DeltaTable(path)
+        return table
+
+    def replica(self) -> Any:
+        return self._current(self.replica_path)
 
     def forget(self) -> None:
-        """Load the replica afresh next time (after a failure, or a change made by Spark)."""
-        self._replica = None
+        """Load both tables afresh next time (after a failure, or a change made by Spark)."""
+        self._tables.clear()
 
     def arrow_schema(self, table: Any) -> "pa.Schema":
         import pyarrow as pa
@@ -99,9 +103,8 @@ class GuardedDriverMerge:
         """The newest tombstone order of each of ``keys`` that has one, and the truncate floor.
         Keys are compared as Arrow gives them back (NULL equal to NULL, as Spark's ``<=>``)."""
         import pyarrow.compute as pc
-        from deltalake import DeltaTable
 
-        stones = DeltaTable(self.tombstones_path).to_pyarrow_table(columns=[*key_columns, POSITION_COLUMN, SCOPE_COLUMN])
+        stones = self._current(self.tombstones_path).to_pyarrow_table(columns=[*key_columns, POSITION_COLUMN, SCOPE_COLUMN])
         if stones.num_rows == 0:
             return {}, None
         floor: Order | None = None
@@ -175,9 +178,9 @@ class GuardedDriverMerge:
         """Append ``rows`` (the tombstone table's columns by name) in one commit under ``txn``; False
         when the tombstone table holds ``txn`` already."""
         import pyarrow as pa
-        from deltalake import DeltaTable, write_deltalake
+        from deltalake import write_deltalake
 
-        table = DeltaTable(self.tombstones_path)
+        table = self._current(self.tombstones_path)
         if self.committed(table, txn):
             return False
         data = pa.Table.from_pylist(list(rows), schema=self.arrow_schema(table))
