@@ -32,3 +32,7 @@ def test_killed_on_the_event_path_the_replicas_equal_the_fold_of_the_events(
     assert [k.point for k in report.kills] == list(points)
     assert {"accounts: replica equals the ordered fold", "orders: replica equals the ordered fold",
             "dead letters exactly once"} <= set(report.checks), report.checks
+    # The executor under torture: the driver's delta-rs MERGE for current rows (local replicas, the
+    # default), Spark's MERGE for history (docs/event-sources.md, "The sequence guard").
+    log = (tmp_path / "daemon.log").read_text(errors="replace")
+    assert ("applies on the driver by a delta-rs MERGE under the sequence guard" in log) == (history == "current")
