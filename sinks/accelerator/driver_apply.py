@@ -53,9 +53,18 @@ DRIVER_MERGE_MEMORY_BYTES = 1024 * 1024 * 1024
 RECENT_COMMITS = 100
 
 
-def _sql_name(name: str) -> str:
+def sql_name(name: str) -> str:
     """A column name as DataFusion SQL reads it: double-quoted, case kept."""
     return '"' + name.replace('"', '""') + '"'
+
+
+def commit_properties(txn: TxnId) -> Any:
+    """A delta-rs commit's Delta transaction id (app id, batch id) and the batch's tag as ``userMetadata``:
+    what Spark's ``txnAppId``/``txnVersion`` confs and commit tag record, so either engine finds the other's."""
+    from deltalake import CommitProperties, Transaction
+
+    return CommitProperties(app_transactions=[Transaction(txn.app_id, txn.version)],
+                            custom_metadata={"userMetadata": txn.tag()})
 
 
 class DriverUnfit(Exception):
@@ -82,8 +91,8 @@ class DriverApply:
         by_name = {c.name: c for c in plan.columns}
         # Each comparison in parentheses: delta-rs's parser binds AND tighter than IS NOT DISTINCT FROM.
         self.predicate = " AND ".join(
-            f"({TARGET_ALIAS}.{_sql_name(k)} {'IS NOT DISTINCT FROM' if by_name[k].nullable else '='} "
-            f"{SOURCE_ALIAS}.{_sql_name(k)})" for k in plan.keys)
+            f"({TARGET_ALIAS}.{sql_name(k)} {'IS NOT DISTINCT FROM' if by_name[k].nullable else '='} "
+            f"{SOURCE_ALIAS}.{sql_name(k)})" for k in plan.keys)
 
     def apply(self, batch: "DataFrame", txn: TxnId, recount: Callable[[], ApplyCounts],
               read: ChangeReader | None = None) -> MergeOutcome | None:
@@ -167,24 +176,17 @@ class DriverApply:
 
         return DeltaTable(self.path).transaction_version(txn.app_id) == txn.version
 
-    @staticmethod
-    def _properties(txn: TxnId) -> Any:
-        from deltalake import CommitProperties, Transaction
-
-        return CommitProperties(app_transactions=[Transaction(txn.app_id, txn.version)],
-                                custom_metadata={"userMetadata": txn.tag()})
-
     def _merge(self, replica: Any, winners: Any, txn: TxnId) -> dict[str, Any]:
-        op = f"{SOURCE_ALIAS}.{_sql_name(OP_COLUMN)}"
+        op = f"{SOURCE_ALIAS}.{sql_name(OP_COLUMN)}"
         merger = (replica.merge(winners, self.predicate, source_alias=SOURCE_ALIAS, target_alias=TARGET_ALIAS,
-                                max_spill_size=DRIVER_MERGE_MEMORY_BYTES, commit_properties=self._properties(txn))
+                                max_spill_size=DRIVER_MERGE_MEMORY_BYTES, commit_properties=commit_properties(txn))
                   .when_matched_delete(f"{op} = '{DELETE}'")
                   .when_matched_update_all(f"{op} <> '{DELETE}'", except_cols=[OP_COLUMN])
                   .when_not_matched_insert_all(f"{op} <> '{DELETE}'", except_cols=[OP_COLUMN]))
         return dict(merger.execute())
 
     def _commit_empty(self, replica: Any, txn: TxnId) -> None:
-        replica.create_write_transaction([], "append", replica.schema(), commit_properties=self._properties(txn))
+        replica.create_write_transaction([], "append", replica.schema(), commit_properties=commit_properties(txn))
 
     @staticmethod
     def _replayed_counts(replica: Any, txn: TxnId) -> ApplyCounts | None:

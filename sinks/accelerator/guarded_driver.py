@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Sequence
 
+from lakemirror.sinks.accelerator.driver_apply import DRIVER_MERGE_MEMORY_BYTES, commit_properties, sql_name
 from lakemirror.sinks.events.guard_plan import OP_COLUMN, POSITION_COLUMN, POSITION_FIELDS, SCOPE_COLUMN, SCOPE_KEY, SCOPE_TABLE
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.txn import TxnId, counts_from_metrics
@@ -37,28 +38,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 S, T = "s", "t"
-#: The memory delta-rs's MERGE may hold before it spills to disk (as the change-feed driver path).
-MERGE_MEMORY_BYTES = 1024 * 1024 * 1024
 
 
 class GuardedBatchUnfit(Exception):
     """The driver cannot apply this batch and has committed nothing: Spark applies it."""
 
 
-def _name(column: str) -> str:
-    """A column as DataFusion SQL reads it: double-quoted, case kept."""
-    return '"' + column.replace('"', '""') + '"'
-
-
 def _order(position: dict[str, Any] | None) -> Order | None:
     return None if position is None else tuple(int(position[f]) for f in POSITION_FIELDS)  # type: ignore[return-value]
-
-
-def _properties(txn: TxnId) -> Any:
-    from deltalake import CommitProperties, Transaction
-
-    return CommitProperties(app_transactions=[Transaction(txn.app_id, txn.version)],
-                            custom_metadata={"userMetadata": txn.tag()})
 
 
 class GuardedDriverMerge:
@@ -136,6 +123,7 @@ class GuardedDriverMerge:
         keep = []
         for key, p in zip(keys, source[POSITION_COLUMN].to_pylist()):
             order = _order(p)
+            assert order is not None  # every winner carries its position
             stone = newest.get(key)
             keep.append(not ((stone is not None and stone >= order) or (floor is not None and floor >= order)))
         return source.filter(pa.array(keep, pa.bool_()))
@@ -155,11 +143,11 @@ class GuardedDriverMerge:
         read_version = replica.version()
         source = self._unguarded(source, key_columns)
         newer = f"({T}.{POSITION_COLUMN} IS NULL OR {S}.{POSITION_COLUMN} > {T}.{POSITION_COLUMN})"
-        op = f"{S}.{_name(OP_COLUMN)}"
-        on = " AND ".join(f"({T}.{_name(k)} IS NOT DISTINCT FROM {S}.{_name(k)})" for k in key_columns)
+        op = f"{S}.{sql_name(OP_COLUMN)}"
+        on = " AND ".join(f"({T}.{sql_name(k)} IS NOT DISTINCT FROM {S}.{sql_name(k)})" for k in key_columns)
         try:
             metrics = dict(replica.merge(source, on, source_alias=S, target_alias=T,
-                                         max_spill_size=MERGE_MEMORY_BYTES, commit_properties=_properties(txn))
+                                         max_spill_size=DRIVER_MERGE_MEMORY_BYTES, commit_properties=commit_properties(txn))
                            .when_matched_delete(f"{newer} AND {op} = '{DELETE}'")
                            .when_matched_update_all(newer, except_cols=[OP_COLUMN])
                            .when_not_matched_insert_all(f"{op} <> '{DELETE}'", except_cols=[OP_COLUMN])
@@ -171,7 +159,7 @@ class GuardedDriverMerge:
             raise GuardedBatchUnfit(f"{self.replica_path}: delta-rs could not apply batch {txn.version}: {exc}") from exc
         replica = self.replica()
         if replica.version() == read_version:  # nothing changed a file, so delta-rs committed nothing
-            replica.create_write_transaction([], "append", replica.schema(), commit_properties=_properties(txn))
+            replica.create_write_transaction([], "append", replica.schema(), commit_properties=commit_properties(txn))
         return counts_from_metrics(metrics)
 
     def append_tombstones(self, rows: Sequence[dict[str, Any]], txn: TxnId) -> bool:
@@ -184,5 +172,5 @@ class GuardedDriverMerge:
         if self.committed(table, txn):
             return False
         data = pa.Table.from_pylist(list(rows), schema=self.arrow_schema(table))
-        write_deltalake(table, data, mode="append", commit_properties=_properties(txn))
+        write_deltalake(table, data, mode="append", commit_properties=commit_properties(txn))
         return True
