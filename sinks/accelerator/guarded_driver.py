@@ -88,22 +88,26 @@ class GuardedDriverMerge:
 
     def tombstone_orders(self, key_columns: Sequence[str], keys: "pa.Table") -> tuple[dict[tuple[Any, ...], Order], Order | None]:
         """The newest tombstone order of each of ``keys`` that has one, and the truncate floor.
-        Keys are compared as Arrow gives them back (NULL equal to NULL, as Spark's ``<=>``)."""
-        import pyarrow.compute as pc
 
-        stones = self._current(self.tombstones_path).to_pyarrow_table(columns=[*key_columns, POSITION_COLUMN, SCOPE_COLUMN])
-        if stones.num_rows == 0:
-            return {}, None
+        The scan keeps only the floor rows and the rows whose first key column is one of the batch's
+        (Arrow's filter, so memory follows the batch, not the tombstone table); the whole key is then
+        compared as Arrow gives values back: NULL equal to NULL, as Spark's ``<=>``."""
+        import pyarrow.compute as pc
+        import pyarrow.dataset as ds
+
+        first = keys[key_columns[0]].combine_chunks()
+        wanted = ds.field(key_columns[0]).isin(first.drop_null())
+        if first.null_count:
+            wanted = wanted | ds.field(key_columns[0]).is_null()
+        scan = (ds.field(SCOPE_COLUMN) == SCOPE_TABLE) | ((ds.field(SCOPE_COLUMN) == SCOPE_KEY) & wanted)
+        stones = (self._current(self.tombstones_path).to_pyarrow_dataset()
+                  .to_table(columns=[*key_columns, POSITION_COLUMN, SCOPE_COLUMN], filter=scan))
         floor: Order | None = None
         for p in stones.filter(pc.equal(stones[SCOPE_COLUMN], SCOPE_TABLE))[POSITION_COLUMN].to_pylist():
             o = _order(p)
             if o is not None and (floor is None or o > floor):
                 floor = o
         keyed = stones.filter(pc.equal(stones[SCOPE_COLUMN], SCOPE_KEY))
-        if len(key_columns) == 1:  # the common case: only the batch's keys leave Arrow
-            wanted = keys[key_columns[0]]
-            if wanted.null_count == 0:
-                keyed = keyed.filter(pc.is_in(keyed[key_columns[0]], value_set=wanted.combine_chunks()))
         newest: dict[tuple[Any, ...], Order] = {}
         columns = [keyed[k].to_pylist() for k in key_columns]
         for key, p in zip(zip(*columns), keyed[POSITION_COLUMN].to_pylist()):
