@@ -220,8 +220,9 @@ class Settings(BaseSettings):
         True, description="Small replicas (see rewrite_below_bytes) at a path on the driver's own file system "
         "take each batch by one delta-rs MERGE on the driver, under the same Delta transaction id, instead of a "
         "Spark write: about three times less work per batch on two cores (docs/BENCHMARKS.md). The change feed is "
-        "still read by the table's Structured Streaming query. Event sources' Delta replicas at such a path "
-        "take their guarded batches the same way (docs/event-sources.md#the-sequence-guard). Needs the deltalake "
+        "still read by the table's Structured Streaming query. Event sources' Delta replicas at such a path, or "
+        "at s3a:// locations reached with the session's fs.s3a settings, take their guarded batches the same way "
+        "(docs/event-sources.md#the-sequence-guard). Needs the deltalake "
         "package; replicas whose protocol features delta-rs does not write stay with Spark. false: Spark writes every "
         "batch.")
     driver_apply_below_bytes: int = Field(

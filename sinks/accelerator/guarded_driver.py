@@ -1,5 +1,5 @@
 """The driver executor of the sequence guard: one batch of an event source's winners applied to a
-local Delta replica by one delta-rs MERGE, and its tombstones appended by delta-rs.
+Delta replica by one delta-rs MERGE on the driver, and its tombstones appended by delta-rs.
 
 Chosen per replica by :func:`lakemirror.sinks.merge.apply_choice.choose_guarded_apply`;
 :class:`lakemirror.sinks.events.guard_merge.GuardedDeltaSink` dispatches here and keeps Spark's MERGE
@@ -48,12 +48,18 @@ def _order(position: dict[str, Any] | None) -> Order | None:
     return None if position is None else tuple(int(position[f]) for f in POSITION_FIELDS)  # type: ignore[return-value]
 
 
-class GuardedDriverMerge:
-    """A replica at a local path and its tombstone table, written by delta-rs on the driver."""
+#: How delta-rs reaches a table: its URI and storage options (credentials: never logged), as
+#: :func:`lakemirror.object_store.delta_rs_target` answers.
+Target = tuple[str, dict[str, str]]
 
-    def __init__(self, replica_path: str, tombstones_path: str) -> None:
-        self.replica_path = replica_path
-        self.tombstones_path = tombstones_path
+
+class GuardedDriverMerge:
+    """A replica and its tombstone table, written by delta-rs on the driver: at a local path, or in
+    S3 through the session's s3a settings."""
+
+    def __init__(self, replica: Target, tombstones: Target) -> None:
+        self.replica_path, self._replica_options = replica
+        self.tombstones_path, self._tombstone_options = tombstones
         self._tables: dict[str, Any] = {}
 
     # -- tables ---------------------------------------------------------------------------------
@@ -69,7 +75,8 @@ class GuardedDriverMerge:
                 return table
             except Exception:  # noqa: BLE001 (load it afresh)
                 pass
-        table = self._tables[path] = DeltaTable(path)
+        options = self._replica_options if path == self.replica_path else self._tombstone_options
+        table = self._tables[path] = DeltaTable(path, storage_options=options or None)
         return table
 
     def replica(self) -> Any:
@@ -176,5 +183,6 @@ class GuardedDriverMerge:
         if self.committed(table, txn):
             return False
         data = pa.Table.from_pylist(list(rows), schema=self.arrow_schema(table))
-        write_deltalake(table, data, mode="append", commit_properties=commit_properties(txn))
+        write_deltalake(self.tombstones_path, data, mode="append", storage_options=self._tombstone_options or None,
+                        commit_properties=commit_properties(txn))
         return True

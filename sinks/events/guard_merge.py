@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from lakemirror import tables
 from lakemirror.identifiers import TableName, quote
+from lakemirror.object_store import delta_rs_target
 from lakemirror.sinks.accelerator.guarded_driver import GuardedBatchUnfit, GuardedDriverMerge
 from lakemirror.sinks.merge.apply_choice import choose_guarded_apply
 from lakemirror.sinks.merge.delta_merge import counts_from_answer
@@ -284,15 +285,15 @@ class GuardedDeltaSink:
 
             self._chosen = True
             engine = importlib.util.find_spec("deltalake") is not None
-            local = all(loc.path is not None and tables.is_local_table(loc.path)
-                        for loc in (self.replica, self.tombstones))
-            writable = engine and local and all(tables.delta_rs_can_write(str(loc.path))
-                                                for loc in (self.replica, self.tombstones))
-            choice = choose_guarded_apply(driver_apply=self.driver_apply, driver_engine=engine, local=local,
-                                          writable=writable)
+            replica, stones = ((delta_rs_target(session, loc.path) if engine and loc.path is not None
+                                and tables.has_own_jvm(session) else None) for loc in (self.replica, self.tombstones))
+            writable = (replica is not None and stones is not None
+                        and tables.delta_rs_can_write(*replica) and tables.delta_rs_can_write(*stones))
+            choice = choose_guarded_apply(driver_apply=self.driver_apply, driver_engine=engine,
+                                          reachable=replica is not None and stones is not None, writable=writable)
             log.info("%s %s", self.replica, choice.reason)
-            if choice.driver:
-                self._driver = GuardedDriverMerge(str(self.replica.path), str(self.tombstones.path))
+            if choice.driver and replica is not None and stones is not None:
+                self._driver = GuardedDriverMerge(replica, stones)
         return self._driver
 
     def _apply_on_driver(self, driver: "GuardedDriverMerge", plan: TablePlan, schema: "StructType",

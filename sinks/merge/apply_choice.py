@@ -214,13 +214,16 @@ def choose_apply(facts: ReplicaFacts, batch_columns: Sequence[str], rewrite_belo
                        rewrite_below_bytes)
 
 
-def choose_guarded_apply(*, driver_apply: bool, driver_engine: bool, local: bool, writable: bool) -> ApplyChoice:
+def choose_guarded_apply(*, driver_apply: bool, driver_engine: bool, reachable: bool, writable: bool) -> ApplyChoice:
     """How an event source's guarded batches reach one Delta replica
     (:class:`lakemirror.sinks.events.guard_merge.GuardedDeltaSink`): Spark's MERGE with the tombstone
     anti-joins, or one delta-rs MERGE on the driver
     (:mod:`lakemirror.sinks.accelerator.guarded_driver`), with the reason in words.
 
-    ``writable``: delta-rs writes both the replica and its tombstone table correctly (their protocol
+    ``reachable``: delta-rs on the driver reaches both tables: paths on its file system, or ``s3a://``
+    locations through the session's s3a settings (:func:`lakemirror.object_store.delta_rs_target`;
+    a single writer per table, as Delta's own S3 log store assumes). ``writable``: delta-rs writes
+    both the replica and its tombstone table correctly (their protocol
     features, :func:`lakemirror.tables.delta_rs_can_write`). A batch with a truncate goes to Spark
     whichever path the replica takes; history (SCD type 2) replicas are always applied by Spark
     (:class:`lakemirror.sinks.events.history_merge.HistoryDeltaSink`)."""
@@ -229,8 +232,10 @@ def choose_guarded_apply(*, driver_apply: bool, driver_engine: bool, local: bool
         return ApplyChoice(MERGE, merge + "driver_apply is off")
     if not driver_engine:
         return ApplyChoice(MERGE, merge + "the deltalake package is not installed")
-    if not local:
-        return ApplyChoice(MERGE, merge + "the replica is not a path on the driver's file system")
+    if not reachable:
+        return ApplyChoice(MERGE, merge + "the driver's delta-rs does not reach the replica (neither a path on the "
+                                          "driver's file system nor s3a:// with the session's s3a settings: a "
+                                          "catalog table, another store, or Spark Connect)")
     if not writable:
         return ApplyChoice(MERGE, merge + "the replica or its tombstone table uses protocol features the driver "
                                           "does not write")

@@ -89,3 +89,27 @@ def test_a_source_version_vacuumed_on_s3_fails_the_table_under_policy_fail(s3_pi
     assert "change window expired" in error and "lakemirror resync" in error, error
     assert "s3a://" in error, "the missing file is named, in the bucket"
     assert p.rows(p.replica("w")) == [(1, 1), (2, 2)], "nothing half-applied"
+
+
+@pytest.mark.parametrize("on_driver", [False, True], ids=["spark", "driver"])
+def test_an_event_replica_in_s3_is_guarded_by_either_executor(spark: Any, s3_bucket: Any, on_driver: bool) -> None:
+    """The sequence guard on S3: out of order, redelivered, a delete then a late older insert, a
+    replayed batch. With ``driver_apply`` the replica and its tombstones are written by delta-rs
+    (``s3://``, storage options from the session's s3a settings); without it, by Spark's MERGE."""
+    from lakemirror.identifiers import TableName
+    from lakemirror.sinks.events.guard_merge import GuardedDeltaSink
+    from lakemirror.sources.change_event import DELETE, UPSERT
+    from lakemirror.tables import TableLocation
+    from tests.integration.test_guard_merge import KEYS, ev, expected, replica_rows, run
+
+    sink = GuardedDeltaSink(TableLocation(TableName("dst", "s", "items"), s3_bucket.fresh("events")),
+                            driver_apply=on_driver)
+    events = [ev(UPSERT, ("a", 1), 10, v=1), ev(UPSERT, ("a", 2), 11, v=2), ev(UPSERT, ("a", 1), 30, v=3),
+              ev(DELETE, ("a", 2), 40), ev(UPSERT, (None, 3), 50, v=None)]
+    run(spark, sink, [[events[2], events[0], events[0]], [events[3], events[4]]])
+    assert sink.applies_on_driver == on_driver
+    late = run(spark, sink, [[ev(UPSERT, ("a", 2), 20, v=9), events[0]]], first=2)  # older: the delete, the row
+    assert late[0].stale == 2 and late[0].counts.inserted == 0
+    assert run(spark, sink, [[events[3], events[4]]], first=1)[0].replayed
+    assert replica_rows(spark, sink.replica) == expected(events, [*KEYS, "v"])
+    assert tables.read(spark, sink.tombstones).count() == 1

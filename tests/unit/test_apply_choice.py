@@ -154,9 +154,9 @@ def test_what_keeps_deletion_vectors_off_the_driver_is_named_and_means_merge() -
 
 
 def test_an_event_replica_takes_the_driver_only_when_every_condition_holds() -> None:
-    ok = dict(driver_apply=True, driver_engine=True, local=True, writable=True)
+    ok = dict(driver_apply=True, driver_engine=True, reachable=True, writable=True)
     assert choose_guarded_apply(**ok).driver
     for flag, why in [("driver_apply", "driver_apply is off"), ("driver_engine", "deltalake package"),
-                      ("local", "driver's file system"), ("writable", "protocol features")]:
+                      ("reachable", "does not reach the replica"), ("writable", "protocol features")]:
         choice = choose_guarded_apply(**{**ok, flag: False})
         assert choice.path == MERGE and why in choice.reason, (flag, choice.reason)
