@@ -186,7 +186,8 @@ def catch_up(system: str, rows: int, commits: int, fraction: float, seed: int) -
 # -- report ---------------------------------------------------------------------------------------
 
 WORKLOADS = ("steady", "scale", "catch_up", "steady_cost", "bootstrap", "apply_cost", "key_lookup", "postgres",
-             "production", "kafka_postgres_latency", "bootstrap_chunked", "postgres_modes", "debezium_events")
+             "production", "kafka_postgres_latency", "bootstrap_chunked", "postgres_modes", "debezium_events",
+             "debezium_events_s3")
 
 
 def _when(section: dict[str, Any]) -> str:
@@ -386,6 +387,8 @@ def render(results: dict[str, Any]) -> str:
         lines += ["", *render_kafka_postgres(results["kafka_postgres_latency"])]
     if results.get("debezium_events"):
         lines += ["", *render_debezium_events(results["debezium_events"])]
+    if results.get("debezium_events_s3"):
+        lines += ["", *render_debezium_events(results["debezium_events_s3"])]
     lines += ["", "## Notes", "", *results.get("notes", [])]
     return "\n".join(lines) + "\n"
 
@@ -458,7 +461,7 @@ def parameters(quick: bool) -> dict[str, Any]:
             "chunked_retain_hours": 0.01 if quick else 0.02,
             "modes_rows": 20_000 if quick else 200_000,
             # Debezium events over 8 partitions into 4 tables (the benchmark), offsets per batch
-            "debezium_events": 20_000 if quick else 1_000_000, "debezium_steady_seconds": 15.0 if quick else 60.0, "debezium_max_offsets": 5_000 if quick else 50_000,
+            "debezium_events": 20_000 if quick else 1_000_000, "debezium_events_s3": 20_000 if quick else 200_000, "debezium_steady_seconds": 15.0 if quick else 60.0, "debezium_max_offsets": 5_000 if quick else 50_000,
             "production": production_parameters(quick)}
 
 
@@ -513,6 +516,10 @@ def run_workload(name: str, p: dict[str, Any], seed: int) -> list[dict[str, Any]
         print(f"Debezium events into Delta, {p['debezium_events']:,} events: lakemirror and the seed recipe ...",
               flush=True)
         out = debezium_events(p["debezium_events"], p["debezium_max_offsets"], seed, p["debezium_steady_seconds"])
+    elif name == "debezium_events_s3":
+        print(f"Debezium events into Delta on S3, {p['debezium_events_s3']:,} events: lakemirror (both executors) "
+              "and the seed recipe ...", flush=True)
+        out = debezium_events(p["debezium_events_s3"], p["debezium_max_offsets"], seed, 0.0, store="s3")
     elif name == "kafka_postgres_latency":
         print("latency Kafka -> PostgreSQL, Real-Time Mode and micro-batch ...", flush=True)
         out = kafka_postgres_latency(20.0, 10.0 if p["steady_rows"] < 100_000 else 30.0)

@@ -193,26 +193,27 @@ def replica_state(spark: Any, path: str) -> dict[int, dict[str, Any]]:
     return {r["id"]: {c: r[c] for c in ("id", "v", "name", "amount")} for r in df.collect()}
 
 
-def wrong_keys(spark: Any, root: Path, want: dict[str, dict[int, dict[str, Any]]]) -> int:
+def wrong_keys(spark: Any, root: str, want: dict[str, dict[int, dict[str, Any]]]) -> int:
     bad = 0
     for table in TABLES:
-        got = replica_state(spark, str(root / table))
+        got = replica_state(spark, f"{root}/{table}")
         bad += sum(1 for k in set(got) | set(want[table]) if got.get(k) != want[table].get(k))
     return bad
 
 
 def run_lakemirror(spark: Any, servers: str, root: Path, total: int, max_offsets: int,
-                   prefix: str = "bench", on_start: Callable[[], Any] | None = None) -> dict[str, Any]:
+                   prefix: str = "bench", on_start: Callable[[], Any] | None = None, *, tables_at: str,
+                   driver_apply: bool = True) -> dict[str, Any]:
     from lakemirror.identifiers import TableName
     from lakemirror.supervisor import state as sm
     from lakemirror.supervisor.event_stream import EventBatchReport, EventStreamRunner, EventStreamSpec
     from lakemirror.tables import TableLocation
 
     spec = EventStreamSpec("bench", "kafka", "debezium", bootstrap_servers=servers, topic_pattern=prefix + "\\.public\\..*",
-                           trigger_interval_seconds=0.1, max_per_trigger=max_offsets)
+                           trigger_interval_seconds=0.1, max_per_trigger=max_offsets, driver_apply=driver_apply)
 
     def locate(table: str) -> TableLocation:
-        return TableLocation(TableName("b", "s", table), str(root / table))
+        return TableLocation(TableName("b", "s", table), f"{tables_at}/{table}")
 
     runner = EventStreamRunner(spec, spark, "bench", root / "_events", locate, locate("_dead_letters"))
     read = batches = 0
@@ -244,7 +245,7 @@ RECIPE_SCHEMA = ("before STRUCT<id: BIGINT>, after STRUCT<id: BIGINT, v: BIGINT,
 
 
 def run_recipe(spark: Any, servers: str, root: Path, total: int, max_offsets: int,
-               prefix: str = "bench", on_start: Callable[[], Any] | None = None) -> dict[str, Any]:
+               prefix: str = "bench", on_start: Callable[[], Any] | None = None, *, tables_at: str) -> dict[str, Any]:
     """The seed recipe's approach: foreachBatch, latest per key by timestamp, one DeltaTable MERGE, no guard."""
     from delta.tables import DeltaTable
     from pyspark.sql import Window
@@ -266,7 +267,7 @@ def run_recipe(spark: Any, servers: str, root: Path, total: int, max_offsets: in
         committed: dict[str, float] = {}
         for table in TABLES:
             rows = latest.where(F.col("tbl") == table)
-            path = str(root / table)
+            path = f"{tables_at}/{table}"
             if not DeltaTable.isDeltaTable(df.sparkSession, path):
                 (rows.where("op != 'd'").select("id", "v", "name", "amount").write.format("delta").save(path))
             else:
@@ -306,11 +307,17 @@ STEADY_RATE = 2_000
 
 
 def debezium_events(events: int, max_offsets: int, seed: int, steady_seconds: float = 60.0,
-                    steady_rate: float = STEADY_RATE) -> list[dict[str, Any]]:
-    """Both consumers over the same topics (one broker, one Spark for both); one result per system:
-    events per second to drain the backlog, then event-time lag p50/p99 of a steady stream of
-    ``steady_rate`` events a second for ``steady_seconds`` into topics of its own, and for both runs
-    the keys whose replica row differs from the fold."""
+                    steady_rate: float = STEADY_RATE, store: str = "local") -> list[dict[str, Any]]:
+    """The consumers over the same topics (one broker, one Spark for all); one result per system:
+    events per second to drain the backlog, then (``steady_seconds`` > 0) event-time lag p50/p99 of a
+    steady stream of ``steady_rate`` events a second for ``steady_seconds`` into topics of its own,
+    and for both runs the keys whose replica row differs from the fold.
+
+    ``store``: ``local`` puts the replicas on the driver's disk; ``s3`` in a bucket of moto's S3 server
+    on loopback (scripts/s3-server.sh; ``s3a://`` for Spark, ``s3://`` for delta-rs), where lakemirror
+    also runs with ``driver_apply: false`` (Spark's MERGE, as over Spark Connect or for catalog tables)."""
+    from functools import partial
+
     from lakemirror.daemon.settings import RuntimeSettings
     from lakemirror.daemon.spark import local_session
 
@@ -319,46 +326,67 @@ def debezium_events(events: int, max_offsets: int, seed: int, steady_seconds: fl
     subprocess.run([str(ROOT / "scripts" / "kafka.sh"), "start", str(kafka_dir), str(port), str(free_port())], check=True)
     servers = f"127.0.0.1:{port}"
     runs: list[dict[str, Any]] = []
+    s3 = None
     try:
+        spark_conf: dict[str, str] = {}
+        tables_root = str(work)
+        if store == "s3":
+            from bench.production import BUCKET, S3Server
+
+            s3 = S3Server(free_port())
+            s3.start()
+            spark_conf, tables_root = s3.spark_conf, f"s3a://{BUCKET}/debezium"
         sent = produce(servers, events, seed)
         want = expected(sent)
         warm = produce(servers, WARM_UP_EVENTS, seed, prefix="warm")
-        spark = local_session(RuntimeSettings(master="local[2]", shuffle_partitions=2, driver_memory="3g"),
-                              app_name="lakemirror-bench-debezium")
-        systems = (("lakemirror", run_lakemirror), ("seed recipe", run_recipe))
-        for name, run in systems:  # both paths once through the JVM, so neither run pays the other's warm-up
-            run(spark, servers, work / ("warm_" + name.replace(" ", "_")), len(warm), max_offsets, prefix="warm")
+        spark = local_session(RuntimeSettings(master="local[2]", shuffle_partitions=2, driver_memory="3g",
+                                              spark_conf=spark_conf),
+                              app_name="lakemirror-bench-debezium", s3a=store == "s3")
+        systems: list[tuple[str, Callable[..., dict[str, Any]]]] = [("lakemirror", run_lakemirror)]
+        if store == "s3":
+            systems.append(("lakemirror, Spark MERGE", partial(run_lakemirror, driver_apply=False)))
+        systems.append(("seed recipe", run_recipe))
+
+        def at(kind: str, name: str) -> tuple[Path, str]:
+            slug = kind + name.replace(" ", "_").replace(",", "")
+            return work / slug, f"{tables_root}/{slug}"
+
+        for name, run in systems:  # every path once through the JVM, so no run pays another's warm-up
+            state, tables_at = at("warm_", name)
+            run(spark, servers, state, len(warm), max_offsets, prefix="warm", tables_at=tables_at)
         for name, run in systems:
-            root = work / name.replace(" ", "_")
+            state, tables_at = at("", name)
             load_before = os.getloadavg()
-            out = run(spark, servers, root, len(sent), max_offsets)
-            out.update(system=name, events=events, messages=len(sent), partitions=PARTITIONS * len(TABLES),
+            out = run(spark, servers, state, len(sent), max_offsets, tables_at=tables_at)
+            out.update(system=name, store=store, events=events, messages=len(sent), partitions=PARTITIONS * len(TABLES),
                        tables=len(TABLES), max_offsets_per_trigger=max_offsets,
                        events_per_second=round(len(sent) / out["seconds"], 1), seconds=round(out["seconds"], 1),
-                       wrong_keys=wrong_keys(spark, root, want), keys=sum(len(rows) for rows in want.values()),
+                       wrong_keys=wrong_keys(spark, tables_at, want), keys=sum(len(rows) for rows in want.values()),
                        load_average_start=[round(x, 1) for x in load_before],
                        load_average_end=[round(x, 1) for x in os.getloadavg()])
             out.pop("lags", None)
             runs.append(out)
             print(f"  {name}: {json.dumps(out)}", flush=True)
-        for out, (name, run) in zip(runs, systems):
-            slug = name.replace(" ", "_")
+        for out, (name, run) in zip(runs, systems if steady_seconds > 0 else []):
+            state, tables_at = at("steady_", name)
+            prefix = "steady_" + state.name
             messages, producer = steady_producer(servers, int(steady_rate * steady_seconds), steady_rate, seed + 1,
-                                                 prefix="steady_" + slug)
-            root = work / ("steady_" + slug)
-            steady = run(spark, servers, root, len(messages), max_offsets, prefix="steady_" + slug,
-                         on_start=producer.start)
+                                                 prefix=prefix)
+            steady = run(spark, servers, state, len(messages), max_offsets, prefix=prefix, on_start=producer.start,
+                         tables_at=tables_at)
             producer.join()
             lags = steady.pop("lags")
             out.update(steady_rate=steady_rate, steady_seconds=steady_seconds, steady_events=len(lags),
                        lag_p50_seconds=percentile(lags, 0.50), lag_p99_seconds=percentile(lags, 0.99),
                        lag_max_seconds=percentile(lags, 1.0), steady_batches=steady["batches"],
-                       steady_wrong_keys=wrong_keys(spark, root, expected(messages)))
+                       steady_wrong_keys=wrong_keys(spark, tables_at, expected(messages)))
             print(f"  {name} steady: p50 {out['lag_p50_seconds']} s, p99 {out['lag_p99_seconds']} s over "
                   f"{len(lags):,} events, {out['steady_wrong_keys']} wrong keys", flush=True)
         spark.stop()
     finally:
         subprocess.run([str(ROOT / "scripts" / "kafka.sh"), "stop", str(kafka_dir)], check=False)
+        if s3 is not None:
+            s3.stop()
         shutil.rmtree(work, ignore_errors=True)
     return runs
 
@@ -366,6 +394,8 @@ def debezium_events(events: int, max_offsets: int, seed: int, steady_seconds: fl
 def render(runs: list[dict[str, Any]]) -> list[str]:
     """The section of docs/BENCHMARKS.md."""
     r0 = runs[0]
+    if r0.get("store") == "s3":
+        return render_s3(runs)
     lines = ["## Debezium events from Kafka into Delta", "",
              f"`bench/debezium_events.py`: {r0['events']:,} Debezium change events ({r0['messages']:,} messages with "
              f"the tombstones after deletes and the ranges delivered again) over {r0['partitions']} partitions into "
@@ -391,15 +421,37 @@ def render(runs: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def render_s3(runs: list[dict[str, Any]]) -> list[str]:
+    """The S3 section of docs/BENCHMARKS.md: throughput and exactness, no steady run."""
+    r0 = runs[0]
+    lines = ["## Debezium events from Kafka into Delta on S3", "",
+             f"`bench/debezium_events.py --store s3`: the same workload, {r0['events']:,} events ({r0['messages']:,} "
+             f"messages), {r0['max_offsets_per_trigger']:,} offsets a batch, with the replicas in a bucket of moto's S3 "
+             "server on loopback (scripts/s3-server.sh): `s3a://` for Spark, `s3://` for delta-rs with storage options "
+             "from the session's `fs.s3a.*` settings. lakemirror with its defaults (the driver's delta-rs MERGE under "
+             "the sequence guard) and with `driver_apply: false` (Spark's MERGE with the tombstone anti-joins: the path "
+             "of catalog tables and Spark Connect); the seed recipe with `DeltaTable` MERGEs. The machine's two cores "
+             "also run the S3 server.",
+             "", "| system | messages | seconds | messages/s | wrong keys (of keys) | batches | load average start → end |",
+             "|---|---|---|---|---|---|---|"]
+    for r in runs:
+        lines.append(f"| {r['system']} | {r['messages']:,} | {r['seconds']} | {r['events_per_second']:,} | "
+                     f"{r['wrong_keys']} ({r['keys']:,}) | {r['batches']} | "
+                     f"{r['load_average_start']} → {r['load_average_end']} |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--max-offsets", type=int, default=50_000, help="maxOffsetsPerTrigger for both")
     parser.add_argument("--seed", type=int, default=25)
-    parser.add_argument("--steady-seconds", type=float, default=60.0, help="length of the steady run (lag)")
+    parser.add_argument("--steady-seconds", type=float, default=60.0, help="length of the steady run (lag); 0: none")
+    parser.add_argument("--store", choices=("local", "s3"), default="local",
+                        help="where the replicas live: the driver's disk, or moto's S3 server on loopback")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "bench" / "debezium_events.json")
     args = parser.parse_args(argv)
-    runs = debezium_events(args.events, args.max_offsets, args.seed, args.steady_seconds)
+    runs = debezium_events(args.events, args.max_offsets, args.seed, args.steady_seconds, store=args.store)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(runs, indent=2) + "\n")
     print("\n".join(render(runs)))
