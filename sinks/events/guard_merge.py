@@ -27,6 +27,11 @@ Per batch:
    delete (``WHEN NOT MATCHED BY SOURCE``). A winner that changed no row is counted as stale;
 4. deletes and a new floor → appended to the tombstone table in one commit (an append needs no scan
    of the table; older rows of a key stay until the horizon purges them and never win the guard).
+
+Steps 3 and 4 are Spark's unless the replica takes the driver's executor
+(:mod:`lakemirror.sinks.accelerator.guarded_driver`: the same rules by delta-rs, no Spark job), as
+:func:`lakemirror.sinks.merge.apply_choice.choose_guarded_apply` decides once both tables exist. A
+batch with a new truncate floor is Spark's in any case.
 """
 
 from __future__ import annotations
@@ -95,8 +100,8 @@ class GuardedDeltaSink:
     #: The crash-test hook, called once the replica's MERGE is committed and before its tombstones
     #: (``events_after_replica_merge``); a no-op unless the torture harness arms it.
     fault: Callable[[str], None] = lambda point: None
-    #: Local replicas may take their batches by a delta-rs MERGE on the driver
-    #: (:func:`lakemirror.sinks.merge.apply_choice.choose_guarded_apply`).
+    #: Replicas the driver's delta-rs reaches (local paths, ``s3a://``) take their batches by a delta-rs
+    #: MERGE on the driver (:func:`lakemirror.sinks.merge.apply_choice.choose_guarded_apply`).
     driver_apply: bool = True
     tombstones: TableLocation = field(init=False)
     #: The driver executor once the choice made it (after the tables exist); None: Spark's MERGE.
