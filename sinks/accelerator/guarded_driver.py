@@ -145,14 +145,31 @@ class GuardedDriverMerge:
         version = table.transaction_version(txn.app_id)
         return version is not None and version >= txn.version
 
-    def merge(self, source: "pa.Table", key_columns: Sequence[str], txn: TxnId) -> ApplyCounts | None:
-        """Apply ``source`` (the replica's columns, the position and the operation of each winner)
-        under ``txn``; None when the replica holds ``txn`` already (a replay: nothing written)."""
+    def _source(self, replica: Any, rows: Sequence[tuple[Any, ...]], data_columns: Sequence[str]) -> "pa.Table":
+        """``rows`` (``data_columns``, the position, the operation) as Arrow in the replica's own types."""
+        import pyarrow as pa
+
+        replica_schema = self.arrow_schema(replica)
+        if sorted(replica_schema.names) != sorted([*data_columns, POSITION_COLUMN]):
+            raise GuardedBatchUnfit("the replica's columns as delta-rs reads them differ from Spark's "
+                                    f"({', '.join(replica_schema.names)})")
+        fields = [*(replica_schema.field(n) for n in data_columns), replica_schema.field(POSITION_COLUMN),
+                  pa.field(OP_COLUMN, pa.string())]
+        try:
+            return pa.table([pa.array([r[i] for r in rows], type=f.type) for i, f in enumerate(fields)],
+                            schema=pa.schema(fields))
+        except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+            raise GuardedBatchUnfit(f"the batch's values do not convert to Arrow ({exc})") from exc
+
+    def merge(self, rows: Sequence[tuple[Any, ...]], data_columns: Sequence[str], key_columns: Sequence[str],
+              txn: TxnId) -> ApplyCounts | None:
+        """Apply ``rows`` (each winner's ``data_columns``, position and operation) under ``txn``; None when
+        the replica holds ``txn`` already (a replay: nothing written)."""
         replica = self.replica()
         if self.committed(replica, txn):
             return None
         read_version = replica.version()
-        source = self._unguarded(source, key_columns)
+        source = self._unguarded(self._source(replica, rows, data_columns), key_columns)
         newer = f"({T}.{POSITION_COLUMN} IS NULL OR {S}.{POSITION_COLUMN} > {T}.{POSITION_COLUMN})"
         op = f"{S}.{sql_name(OP_COLUMN)}"
         on = " AND ".join(f"({T}.{sql_name(k)} IS NOT DISTINCT FROM {S}.{sql_name(k)})" for k in key_columns)
@@ -168,7 +185,6 @@ class GuardedDriverMerge:
             if self.committed(self.replica(), txn):
                 raise  # it landed after all: the replayed batch finds it
             raise GuardedBatchUnfit(f"{self.replica_path}: delta-rs could not apply batch {txn.version}: {exc}") from exc
-        replica = self.replica()
         if replica.version() == read_version:  # nothing changed a file, so delta-rs committed nothing
             replica.create_write_transaction([], "append", replica.schema(), commit_properties=commit_properties(txn))
         return counts_from_metrics(metrics)

@@ -303,31 +303,16 @@ class GuardedDeltaSink:
 
     def _apply_on_driver(self, driver: "GuardedDriverMerge", plan: TablePlan, schema: "StructType",
                          rows: Sequence[tuple[Any, ...]], txn: TxnId) -> ApplyCounts | None:
-        """``rows`` (the Spark path's source rows) as Arrow in the replica's own types, MERGEd by delta-rs."""
-        import pyarrow as pa
-
-        replica_schema = driver.arrow_schema(driver.replica())
-        names = [f.name for f in schema.fields]
-        if sorted(replica_schema.names) != sorted(names):
-            raise GuardedBatchUnfit("the replica's columns as delta-rs reads them differ from Spark's "
-                                    f"({', '.join(replica_schema.names)})")
-        fields = [*(replica_schema.field(n) for n in names if n != POSITION_COLUMN),
-                  replica_schema.field(POSITION_COLUMN), pa.field(OP_COLUMN, pa.string())]
-        try:
-            source = pa.table([pa.array([r[i] for r in rows], type=f.type) for i, f in enumerate(fields)],
-                              schema=pa.schema(fields))
-        except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
-            raise GuardedBatchUnfit(f"the batch's values do not convert to Arrow ({exc})") from exc
-        return driver.merge(source, plan.key_columns, txn)
+        """``rows`` (the Spark path's source rows: data columns, position, operation) MERGEd by delta-rs."""
+        data = [f.name for f in schema.fields if f.name != POSITION_COLUMN]
+        return driver.merge(rows, data, plan.key_columns, txn)
 
     def _append_tombstones_on_driver(self, driver: "GuardedDriverMerge", deletes: Sequence[ChangeEvent],
                                      key_schema: "StructType", txn: TxnId) -> int:
         if not deletes:
             return 0
-        now = datetime.fromtimestamp(self.clock(), timezone.utc)
-        rows = [{**{f.name: self._key_value(d, f.name, f.dataType.simpleString()) for f in key_schema.fields},
-                 POSITION_COLUMN: dict(zip(POSITION_FIELDS, d.order())), DELETED_AT_COLUMN: now,
-                 SCOPE_COLUMN: SCOPE_KEY} for d in deletes]
+        names = [*(f.name for f in key_schema.fields), POSITION_COLUMN, DELETED_AT_COLUMN, SCOPE_COLUMN]
+        rows = [dict(zip(names, row)) for row in self._tombstone_rows(deletes, None, key_schema)]
         driver.append_tombstones(rows, txn)
         return len(rows)
 
@@ -359,17 +344,24 @@ class GuardedDeltaSink:
 
         if not deletes and new_floor is None:
             return 0
-        now = datetime.fromtimestamp(self.clock(), timezone.utc)
-        rows = [(*(self._key_value(d, f.name, f.dataType.simpleString()) for f in key_schema.fields),
-                 dict(zip(POSITION_FIELDS, d.order())), now, SCOPE_KEY) for d in deletes]
-        if new_floor is not None:
-            rows.append((*(None for _ in key_schema.fields), dict(zip(POSITION_FIELDS, new_floor)), now, SCOPE_TABLE))
+        rows = self._tombstone_rows(deletes, new_floor, key_schema)
         source = session.createDataFrame(rows, StructType([*key_schema.fields, position,
                                                            StructField(DELETED_AT_COLUMN, TimestampType()),
                                                            StructField(SCOPE_COLUMN, StringType())]))
         with transaction(session, txn):  # the txn action and the commit's tag, as on the replica's MERGE
             tables.write(source, self.tombstones, "append")
         return len(rows)
+
+    def _tombstone_rows(self, deletes: Sequence[ChangeEvent], new_floor: Order | None,
+                        key_schema: "StructType") -> list[tuple[Any, ...]]:
+        """The tombstone table's rows for ``deletes`` and a new floor: key columns, position, deletion
+        time, scope (the table's column order; either executor writes them)."""
+        now = datetime.fromtimestamp(self.clock(), timezone.utc)
+        rows = [(*(self._key_value(d, f.name, f.dataType.simpleString()) for f in key_schema.fields),
+                 dict(zip(POSITION_FIELDS, d.order())), now, SCOPE_KEY) for d in deletes]
+        if new_floor is not None:
+            rows.append((*(None for _ in key_schema.fields), dict(zip(POSITION_FIELDS, new_floor)), now, SCOPE_TABLE))
+        return rows
 
     def purge(self, session: "SparkSession", horizon_seconds: float) -> int:
         """Delete the tombstones of deletes applied longer than ``horizon_seconds`` ago; how many."""
