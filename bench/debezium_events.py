@@ -391,53 +391,49 @@ def debezium_events(events: int, max_offsets: int, seed: int, steady_seconds: fl
     return runs
 
 
-def render(runs: list[dict[str, Any]]) -> list[str]:
-    """The section of docs/BENCHMARKS.md."""
-    r0 = runs[0]
+def _intro(r0: dict[str, Any]) -> tuple[str, str]:
+    """The section's heading and its description of the run."""
     if r0.get("store") == "s3":
-        return render_s3(runs)
-    lines = ["## Debezium events from Kafka into Delta", "",
-             f"`bench/debezium_events.py`: {r0['events']:,} Debezium change events ({r0['messages']:,} messages with "
-             f"the tombstones after deletes and the ranges delivered again) over {r0['partitions']} partitions into "
-             f"{r0['tables']} tables, produced before either consumer starts; both read the topics from the beginning "
-             f"with Spark's Kafka source and `foreachBatch`, at most {r0['max_offsets_per_trigger']:,} offsets a batch. "
-             "lakemirror: the event source (fold by log position, one guarded MERGE per replica, tombstones); the seed "
-             "recipe: latest event per key by `ts_ms`, one `DeltaTable` MERGE per table, no guard. *Wrong keys* "
-             "counts the keys whose replica row differs from the fold of the distinct events by log position (what "
-             "the source database holds). Event-time lag: after the drain, each system reads topics of its own "
-             f"while a producer sends {r0.get('steady_rate', 0):,.0f} events a second for "
-             f"{r0.get('steady_seconds', 0):.0f} s, each stamped with the time it is sent (`source.ts_ms`); an "
-             "event's lag is the commit time of its table's MERGE minus that stamp, over every event. The machine "
-             "is shared: its load average (1, 5, 15 min) is noted per run.",
-             "", "| system | messages | seconds | messages/s | wrong keys (of keys) | batches | event-time lag p50 / p99 / max "
-             "(steady) | wrong keys (steady) | load average start → end |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for r in runs:
-        lag = (f"{r['lag_p50_seconds']} / {r['lag_p99_seconds']} / {r['lag_max_seconds']} s "
-               f"({r['steady_events']:,} events)") if r.get("steady_events") else "-"
-        lines.append(f"| {r['system']} | {r['messages']:,} | {r['seconds']} | {r['events_per_second']:,} | "
-                     f"{r['wrong_keys']} ({r['keys']:,}) | {r['batches']} | {lag} | {r.get('steady_wrong_keys', '-')} | "
-                     f"{r['load_average_start']} → {r['load_average_end']} |")
-    return lines
+        return ("## Debezium events from Kafka into Delta on S3",
+                f"`bench/debezium_events.py --store s3`: the same workload, {r0['events']:,} events ({r0['messages']:,} "
+                f"messages), {r0['max_offsets_per_trigger']:,} offsets a batch, with the replicas in a bucket of moto's "
+                "S3 server on loopback (scripts/s3-server.sh): `s3a://` for Spark, `s3://` for delta-rs with storage "
+                "options from the session's `fs.s3a.*` settings. lakemirror with its defaults (the driver's delta-rs "
+                "MERGE under the sequence guard) and with `driver_apply: false` (Spark's MERGE with the tombstone "
+                "anti-joins: the path of catalog tables and Spark Connect); the seed recipe with `DeltaTable` MERGEs. "
+                "The machine's two cores also run the S3 server.")
+    return ("## Debezium events from Kafka into Delta",
+            f"`bench/debezium_events.py`: {r0['events']:,} Debezium change events ({r0['messages']:,} messages with "
+            f"the tombstones after deletes and the ranges delivered again) over {r0['partitions']} partitions into "
+            f"{r0['tables']} tables, produced before either consumer starts; both read the topics from the beginning "
+            f"with Spark's Kafka source and `foreachBatch`, at most {r0['max_offsets_per_trigger']:,} offsets a batch. "
+            "lakemirror: the event source (fold by log position, one guarded MERGE per replica, tombstones); the seed "
+            "recipe: latest event per key by `ts_ms`, one `DeltaTable` MERGE per table, no guard. *Wrong keys* "
+            "counts the keys whose replica row differs from the fold of the distinct events by log position (what "
+            "the source database holds). Event-time lag: after the drain, each system reads topics of its own "
+            f"while a producer sends {r0.get('steady_rate', 0):,.0f} events a second for "
+            f"{r0.get('steady_seconds', 0):.0f} s, each stamped with the time it is sent (`source.ts_ms`); an "
+            "event's lag is the commit time of its table's MERGE minus that stamp, over every event. The machine "
+            "is shared: its load average (1, 5, 15 min) is noted per run.")
 
 
-def render_s3(runs: list[dict[str, Any]]) -> list[str]:
-    """The S3 section of docs/BENCHMARKS.md: throughput and exactness, no steady run."""
-    r0 = runs[0]
-    lines = ["## Debezium events from Kafka into Delta on S3", "",
-             f"`bench/debezium_events.py --store s3`: the same workload, {r0['events']:,} events ({r0['messages']:,} "
-             f"messages), {r0['max_offsets_per_trigger']:,} offsets a batch, with the replicas in a bucket of moto's S3 "
-             "server on loopback (scripts/s3-server.sh): `s3a://` for Spark, `s3://` for delta-rs with storage options "
-             "from the session's `fs.s3a.*` settings. lakemirror with its defaults (the driver's delta-rs MERGE under "
-             "the sequence guard) and with `driver_apply: false` (Spark's MERGE with the tombstone anti-joins: the path "
-             "of catalog tables and Spark Connect); the seed recipe with `DeltaTable` MERGEs. The machine's two cores "
-             "also run the S3 server.",
-             "", "| system | messages | seconds | messages/s | wrong keys (of keys) | batches | load average start → end |",
-             "|---|---|---|---|---|---|---|"]
+def render(runs: list[dict[str, Any]]) -> list[str]:
+    """The section of docs/BENCHMARKS.md; the steady run's columns only when it ran."""
+    heading, intro = _intro(runs[0])
+    steady = any(r.get("steady_events") for r in runs)
+    columns = ["system", "messages", "seconds", "messages/s", "wrong keys (of keys)", "batches",
+               *(["event-time lag p50 / p99 / max (steady)", "wrong keys (steady)"] if steady else []),
+               "load average start → end"]
+    lines = [heading, "", intro, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in runs:
-        lines.append(f"| {r['system']} | {r['messages']:,} | {r['seconds']} | {r['events_per_second']:,} | "
-                     f"{r['wrong_keys']} ({r['keys']:,}) | {r['batches']} | "
-                     f"{r['load_average_start']} → {r['load_average_end']} |")
+        cells = [r["system"], f"{r['messages']:,}", str(r["seconds"]), f"{r['events_per_second']:,}",
+                 f"{r['wrong_keys']} ({r['keys']:,})", str(r["batches"])]
+        if steady:
+            cells += [(f"{r['lag_p50_seconds']} / {r['lag_p99_seconds']} / {r['lag_max_seconds']} s "
+                       f"({r['steady_events']:,} events)") if r.get("steady_events") else "-",
+                      str(r.get("steady_wrong_keys", "-"))]
+        cells.append(f"{r['load_average_start']} → {r['load_average_end']}")
+        lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
