@@ -67,7 +67,8 @@ def steady_lag(system: str, tables: int, rows: int, seconds: float, fraction: fl
     warehouse = site.warehouse(workdir)
     options = site.storage_options
     names = [f"t{i:02d}" for i in range(tables)]
-    sources = {t: SourceTable(site.uri(warehouse, "src", t), rows, storage_options=options) for t in names}
+    sources = {t: SourceTable(site.uri(warehouse, "src", t), rows, storage_options=options,
+                              properties=site.source_properties) for t in names}
     for s in sources.values():
         s.create()
     replicas = {t: site.uri(warehouse, "dst", t) for t in names}

@@ -173,11 +173,20 @@ class S3Daemon(LakemirrorDaemon):
                       if "timestamp" in info)
 
 
+#: The sources' table properties: a checkpoint every 10 commits, as Spark's and Databricks' writers
+#: leave a table (Delta's default ``delta.checkpointInterval``), where delta-rs's own default is 100.
+#: A reader of the change feed rebuilds the source's snapshot from its last checkpoint and the
+#: commits since, so the interval sets how many commit files each batch reads from the bucket.
+PRODUCTION_SOURCE_PROPERTIES = {"delta.checkpointInterval": "10"}
+
+
 class S3Site:
     """bench.__main__.steady_lag's tables in the S3 server's bucket, one prefix per run."""
 
-    def __init__(self, s3: S3Server, connect: ConnectServer | None = None) -> None:
+    def __init__(self, s3: S3Server, connect: ConnectServer | None = None,
+                 source_properties: dict[str, str] | None = None) -> None:
         self.s3, self.connect = s3, connect
+        self.source_properties = dict(PRODUCTION_SOURCE_PROPERTIES if source_properties is None else source_properties)
 
     @property
     def storage_options(self) -> dict[str, str]:

@@ -221,6 +221,8 @@ class LocalSite:
     run's working directory). bench/production.py's ``S3Site`` keeps them on an S3 server instead."""
 
     storage_options: dict[str, str] = {}
+    #: The sources' table properties besides the change feed (delta-rs's defaults here).
+    source_properties: dict[str, str] = {}
 
     def warehouse(self, workdir: Path) -> Path:
         return workdir / "lakehouse"

@@ -45,6 +45,7 @@ class SourceTable:
     live: list[int] = field(default_factory=list)
     commits: dict[int, float] = field(default_factory=dict)  # version -> wall time the commit returned
     storage_options: dict[str, str] = field(default_factory=dict)
+    properties: dict[str, str] = field(default_factory=dict)  # table properties besides the change feed
 
     def table(self) -> DeltaTable:
         return DeltaTable(str(self.path), storage_options=self.storage_options)
@@ -52,7 +53,7 @@ class SourceTable:
     def create(self) -> None:
         ids = pa.array(range(self.rows), pa.int64())
         write_deltalake(str(self.path), pa.table({"id": ids, "v": ids, "payload": pa.array([f"p{i}" for i in range(self.rows)])}),
-                        configuration=CDF, storage_options=self.storage_options)
+                        configuration={**CDF, **self.properties}, storage_options=self.storage_options)
         self.next_id = self.rows
         self.live = list(range(self.rows))
 

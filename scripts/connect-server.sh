@@ -17,6 +17,10 @@
 # The server's Python workers run foreachBatch functions (lakemirror's batch apply) ON THE SERVER:
 # PYSPARK_PYTHON is the project's .venv python, which has lakemirror and Connect's extras
 # (pandas < 3, grpcio, grpcio-status, googleapis-common-protos, zstandard; pyproject.toml).
+# Tuned as the daemon's own local session is (daemon/spark.py) for a small server: two shuffle
+# partitions, Delta's snapshots rebuilt in two partitions (Delta's default 50 is for large tables on
+# many cores: 50 tasks a snapshot), and the FAIR scheduler, so that one table's MERGE does not queue
+# behind another's.
 # Start is idempotent: a server already listening under the same pid file is left as it is.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -97,6 +101,8 @@ start() {
         --conf spark.ui.enabled=false \
         --conf spark.sql.shuffle.partitions=2 \
         --conf spark.default.parallelism=2 \
+        --conf spark.databricks.delta.snapshotPartitions=2 \
+        --conf spark.scheduler.mode=FAIR \
         --conf spark.sql.session.timeZone=UTC \
         --conf spark.sql.streaming.stopTimeout=120s \
         --conf spark.log.structuredLogging.enabled=false \

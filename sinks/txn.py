@@ -34,6 +34,35 @@ USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 _TXN_CONFS = (TXN_APP_ID, TXN_VERSION, USER_METADATA)
 
 
+#: For a stable batch (a change-feed batch: immutable files at fixed versions, the same rows at each
+#: read): the MERGE reads it in place (no copy before its two passes), and no adaptive execution (on a
+#: few partitions it only splits the MERGE into more jobs).
+STABLE_SOURCE_CONFS = {"spark.databricks.delta.merge.materializeSource": "none",
+                       "spark.sql.adaptive.enabled": "false"}
+
+
+class scoped_confs:
+    """Context manager: set ``confs`` on ``session``; restore each one's earlier value after."""
+
+    def __init__(self, session: "SparkSession", confs: dict[str, str]) -> None:
+        self.session = session
+        self.confs = confs
+        self.saved: dict[str, str | None] = {}
+
+    def __enter__(self) -> None:
+        conf = self.session.conf
+        for key, value in self.confs.items():
+            self.saved[key] = conf.get(key, None)
+            conf.set(key, value)
+
+    def __exit__(self, *exc: object) -> None:
+        for key, value in self.saved.items():
+            if value is None:
+                self.session.conf.unset(key)
+            else:
+                self.session.conf.set(key, value)
+
+
 class transaction:
     """Context manager: set Delta's idempotent-write confs for ``txn`` on ``session``; always unset them
     after (over Spark Connect they would otherwise stay in the client's session)."""

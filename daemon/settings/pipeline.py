@@ -158,6 +158,16 @@ class DatabricksSettings(Strict):
     num_workers: int = Field(1, ge=0, description="Workers of the job cluster.")
 
 
+def default_apply_workers(mode: str) -> int:
+    """Tables applied at once when ``apply_workers`` is unset: turns on one worker where the daemon
+    runs the batch function itself (its query waits at a gate between turns, :mod:`lakemirror.supervisor.turn_gate`),
+    always-on queries (0) over Spark Connect. There the batch function runs in the server's Python
+    worker, out of the gate's reach, so each turn would start the table's query, its snapshots of
+    the source and that worker anew; always-on queries keep them up, and the server's scheduler shares
+    its cores among the tables' MERGEs."""
+    return 0 if mode == "connect" else 1
+
+
 class Settings(BaseSettings):
     """A Continuous Sync pipeline: the daemon's YAML. Field names follow the seed's YAML."""
 
@@ -182,13 +192,14 @@ class Settings(BaseSettings):
     turn_interval_seconds: float | None = Field(
         None, ge=0.001, le=86400, description="With apply_workers above 0: the shortest time between the starts "
         "of two turns of one table. Unset: trigger_interval_seconds.")
-    apply_workers: int = Field(1, ge=0, le=1024, description="How many tables apply changes at the same time. "
-                               "Tables with unapplied commits take turns, the longest-waiting first; a turn applies "
-                               "everything the table accumulated (one batch of its query, which stays up between turns). 0: one "
-                               "always-on streaming query per table instead (for drivers with a core or more per "
-                               "table). With replicas on object storage a turn mostly waits for the store: 2 "
-                               "overlaps two tables' waits (make bench ONLY=production: p99 lag 52.2 s with 1, "
-                               "37.9 s with 2, at 4 tables on two cores).")
+    apply_workers: int | None = Field(
+        None, ge=0, le=1024, description="How many tables apply changes at the same time. Tables with unapplied "
+        "commits take turns, the longest-waiting first; a turn applies everything the table accumulated (one "
+        "batch of its query, which stays up between turns). 0: one always-on streaming query per table instead "
+        "(for drivers with a core or more per table). Unset: 1 in local and databricks mode, 0 over Spark "
+        "Connect, where the batch function runs on the server and a turn would start and stop the table's query "
+        "(make bench ONLY=production). With replicas on object storage a turn mostly waits for the store: 2 "
+        "overlaps two tables' waits (make bench ONLY=production, 4 tables on two cores).")
     allow_schema_evolution: bool = Field(True, description="New source columns reach the replica without a restart by hand.")
     table_overrides: dict[str, TableOverride] = Field(default_factory=dict, description="Per-table keys/columns.")
     audit_catalog: str | None = Field(None, description="Catalog of the checkpoint table (default: destination_catalog).")
@@ -323,6 +334,11 @@ class Settings(BaseSettings):
             return self.pipeline_id
         raw = f"{self.source_catalog}.{self.schema_name}-to-{self.destination_catalog}"
         return re.sub(r"[^A-Za-z0-9_.-]", "_", raw)[:64]
+
+    @property
+    def effective_apply_workers(self) -> int:
+        """``apply_workers``, else the runtime mode's default (:func:`default_apply_workers`)."""
+        return self.apply_workers if self.apply_workers is not None else default_apply_workers(self.runtime.mode)
 
     @property
     def effective_turn_interval_seconds(self) -> float:

@@ -39,7 +39,7 @@ def pipeline_spec(s: Settings) -> PipelineSpec:
         exclude_tables=tuple(s.exclude_tables),
         options={t: TableOptions(tuple(o.keys), tuple(o.include_columns), tuple(o.exclude_columns))
                  for t, o in s.table_overrides.items()},
-        trigger_interval_seconds=s.trigger_interval_seconds, apply_workers=s.apply_workers,
+        trigger_interval_seconds=s.trigger_interval_seconds, apply_workers=s.effective_apply_workers,
         allow_schema_evolution=s.allow_schema_evolution,
         max_files_per_trigger=s.max_files_per_trigger, max_bytes_per_trigger=s.max_bytes_per_trigger,
         replica_properties=dict(s.replica_properties),

@@ -10,7 +10,8 @@ DataFrame calls, which the server plans with Delta's SQL extension:
   ``txnVersion`` confs (a replayed batch is skipped by Delta and answers with no row) and a
   ``userMetadata`` tag naming the transaction (how a replay recovers its first commit's counts);
   the confs are unset in ``finally``: they live in the table's Connect session, which the
-  client shares;
+  client shares; the batch is read in place, without adaptive execution
+  (:data:`~lakemirror.sinks.txn.STABLE_SOURCE_CONFS`, restored after);
 - the batch's checkpoint row is appended by the batch function itself, after the MERGE, once per
   (txn_app_id, batch_id): the client reads it back to report the batch.
 
@@ -32,7 +33,8 @@ from lakemirror.identifiers import quote
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.merge.planner import (COMMIT_TIMESTAMP, COMMIT_VERSION, LATEST_COLUMN, SOURCE_ALIAS, TARGET_ALIAS,
                                       MergePlan)
-from lakemirror.sinks.txn import BatchStats, MergeOutcome, TxnId, counts_from_metrics, transaction
+from lakemirror.sinks.txn import (STABLE_SOURCE_CONFS, BatchStats, MergeOutcome, TxnId, counts_from_metrics,
+                                  scoped_confs, transaction)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -97,7 +99,8 @@ def merge_batch(job: ConnectBatchJob, batch: "DataFrame", txn: TxnId) -> MergeOu
         stats = batch_stats(session, job.view)
         if stats.rows_read == 0:
             return MergeOutcome(stats, ApplyCounts(), replayed=False)
-        with transaction(session, txn):
+        # A change-feed batch is stable: the MERGE reads it in place, as the classic path's does.
+        with scoped_confs(session, STABLE_SOURCE_CONFS), transaction(session, txn):
             answer = session.sql(merge_sql(job.plan, job.target_sql, job.view)).collect()
     finally:
         session.catalog.dropTempView(job.view)

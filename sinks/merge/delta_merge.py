@@ -41,16 +41,14 @@ from lakemirror.sinks.accelerator.driver_apply import ChangeReader, DriverApply,
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.merge.planner import COMMIT_TIMESTAMP, COMMIT_VERSION, LATEST_COLUMN, MergePlan
 # The shared batch types, importable from here as before (the executors' callers use them).
-from lakemirror.sinks.txn import (WRITE_SPARK_REWRITE, BatchStats, MergeOutcome, TxnId,  # noqa: F401
-                                  counts_from_metrics, is_txn_tag, transaction, txn_app_id)
+from lakemirror.sinks.txn import (STABLE_SOURCE_CONFS, WRITE_SPARK_REWRITE, BatchStats,  # noqa: F401
+                                  MergeOutcome, TxnId, counts_from_metrics, is_txn_tag, scoped_confs,
+                                  transaction, txn_app_id)
 from lakemirror.tables import TableLocation
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-#: For a stable batch: read it in place (no copy before the MERGE's two passes), no AQE.
-STABLE_SOURCE_CONFS = {"spark.databricks.delta.merge.materializeSource": "none",
-                       "spark.sql.adaptive.enabled": "false"}
 _observation_ids = itertools.count()
 log = logging.getLogger(__name__)
 
@@ -263,25 +261,3 @@ def counts_from_answer(row: dict[str, Any]) -> ApplyCounts:
     """Counts from the row a Delta MERGE returns (``num_inserted_rows`` …)."""
     return ApplyCounts(int(row.get("num_inserted_rows") or 0), int(row.get("num_updated_rows") or 0),
                        int(row.get("num_deleted_rows") or 0))
-
-
-class scoped_confs:
-    """Context manager: set ``confs`` on ``session``; restore each one's earlier value after."""
-
-    def __init__(self, session: "SparkSession", confs: dict[str, str]) -> None:
-        self.session = session
-        self.confs = confs
-        self.saved: dict[str, str | None] = {}
-
-    def __enter__(self) -> None:
-        conf = self.session.conf
-        for key, value in self.confs.items():
-            self.saved[key] = conf.get(key, None)
-            conf.set(key, value)
-
-    def __exit__(self, *exc: object) -> None:
-        for key, value in self.saved.items():
-            if value is None:
-                self.session.conf.unset(key)
-            else:
-                self.session.conf.set(key, value)

@@ -13,6 +13,7 @@ from typing import Any, Iterator
 import pytest
 
 from lakemirror import tables
+from lakemirror.daemon.settings.runtime_spec import pipeline_spec
 
 from tests.integration.conftest import Pipeline
 
@@ -56,15 +57,21 @@ def remote(connect_server: str) -> Iterator[Any]:
                 os.environ[key] = value
 
 
-def _pipeline(remote: Any, root: Path, url: str) -> ConnectPipeline:
+def _pipeline(remote: Any, root: Path, url: str, **settings: Any) -> ConnectPipeline:
     return ConnectPipeline(remote, root, runtime={"mode": "connect", "spark_remote": url,
                                                   "warehouse": str(root / "lakehouse")},
-                           restart={"base_delay_seconds": 0.5, "max_delay_seconds": 2, "jitter": 0.0})
+                           restart={"base_delay_seconds": 0.5, "max_delay_seconds": 2, "jitter": 0.0}, **settings)
 
 
-def test_connect_replicates_replays_and_isolates(remote: Any, connect_server: str, tmp_path: Path) -> None:
+#: Over Connect each table's query is always on by default; with apply_workers above 0 tables take
+#: turns, each turn starting the table's query on the server.
+@pytest.mark.parametrize("apply_workers", [None, 1], ids=["always-on", "turns"])
+def test_connect_replicates_replays_and_isolates(remote: Any, connect_server: str, tmp_path: Path,
+                                                 apply_workers: int | None) -> None:
     assert not tables.has_own_jvm(remote)  # the daemon talks to the server, not to a JVM of its own
-    p = _pipeline(remote, tmp_path, connect_server)
+    p = _pipeline(remote, tmp_path, connect_server,
+                  **({} if apply_workers is None else {"apply_workers": apply_workers}))
+    assert pipeline_spec(p.settings).apply_workers == (0 if apply_workers is None else apply_workers)
     try:
         p.create("orders", "id BIGINT NOT NULL, v STRING, n INT", key="id")
         p.create("bad", "id BIGINT NOT NULL, v INT", key="id")

@@ -44,3 +44,19 @@ def test_each_lakemirror_run_is_judged_against_the_goal_of_its_table_count() -> 
     nothing = _run(LOCAL_MODE, 16, float("nan"))
     text = "\n".join(render([nothing], {}, _steady_table))
     assert "goal missed (no commit of the measured window applied)" in text
+
+
+def test_the_production_sources_are_checkpointed_as_spark_writers_leave_them(tmp_path: Path) -> None:
+    """Every 10 commits (Delta's default), not every 100 (delta-rs's): a change-feed reader replays
+    the commits since the last checkpoint for each snapshot of the source."""
+    from deltalake import DeltaTable
+
+    from bench.systems import LocalSite
+    from bench.workload import SourceTable
+
+    assert S3Site(S3Server(port=1)).source_properties == {"delta.checkpointInterval": "10"}
+    assert LocalSite.source_properties == {}
+    source = SourceTable(tmp_path / "t", 10, properties=S3Site(S3Server(port=1)).source_properties)
+    source.create()
+    assert DeltaTable(str(source.path)).metadata().configuration == {
+        "delta.enableChangeDataFeed": "true", "delta.checkpointInterval": "10"}

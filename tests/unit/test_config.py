@@ -98,6 +98,19 @@ def test_connect_mode_with_a_remote_is_valid(tmp_path: Path) -> None:
     assert (s.runtime.mode, s.runtime.spark_remote) == ("connect", "sc://spark:15002")
 
 
+@pytest.mark.parametrize("mode, configured, effective", [
+    ("local", None, 1), ("databricks", None, 1), ("connect", None, 0), ("connect", 2, 2), ("local", 0, 0)])
+def test_apply_workers_default_to_turns_except_over_connect(tmp_path: Path, mode: str, configured: int | None,
+                                                            effective: int) -> None:
+    """Over Connect the batch function runs on the server, out of a turn gate's reach: always-on
+    queries unless apply_workers is set."""
+    from lakemirror.daemon.settings.runtime_spec import pipeline_spec
+
+    runtime = {"mode": mode, **({"spark_remote": "sc://spark:15002"} if mode == "connect" else {})}
+    s = load_settings(write(tmp_path, {"runtime": runtime, **({} if configured is None else {"apply_workers": configured})}))
+    assert (s.apply_workers, s.effective_apply_workers, pipeline_spec(s).apply_workers) == (configured, effective, effective)
+
+
 def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LAKEMIRROR_TRIGGER_INTERVAL_SECONDS", "7.5")
     monkeypatch.setenv("LAKEMIRROR_RUNTIME__MASTER", "local[8]")

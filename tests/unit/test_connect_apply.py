@@ -45,3 +45,50 @@ def test_a_server_side_batch_error_is_reported_by_its_cause() -> None:
     assert str(cause).startswith("pyspark.errors.exceptions.connect.AnalysisException: [DELTA_VIOLATE_CONSTRAINT")
     plain = ValueError("no wrapper")
     assert server_batch_cause(plain) is plain
+
+
+class _Conf:
+    def __init__(self, values: dict[str, str]) -> None:
+        self.values = dict(values)
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        return self.values.get(key, default)
+
+    def set(self, key: str, value: str) -> None:
+        self.values[key] = value
+
+    def unset(self, key: str) -> None:
+        self.values.pop(key, None)
+
+
+class _Session:
+    """Answers the batch's statistics and the MERGE, noting the confs each statement ran under."""
+
+    def __init__(self, conf: dict[str, str]) -> None:
+        self.conf = _Conf(conf)
+        self.ran: list[tuple[str, dict[str, str]]] = []
+        self.catalog = type("Catalog", (), {"dropTempView": staticmethod(lambda view: True)})()
+
+    def sql(self, text: str) -> object:
+        from datetime import datetime
+
+        self.ran.append((text, dict(self.conf.values)))
+        row = ({"n": 3, "lo": 1, "hi": 2, "ts": datetime(2026, 1, 1)} if text.startswith("SELECT count(*)") else
+               {"num_inserted_rows": 1, "num_updated_rows": 1, "num_deleted_rows": 0})
+        return type("Answer", (), {"collect": lambda self: [type("Row", (dict,), {"asDict": dict.copy})(row)]})()
+
+
+def test_the_server_merges_a_stable_batch_in_place_and_restores_the_sessions_confs() -> None:
+    """The classic path's confs for a change-feed batch (no copy of the source, no AQE), scoped to
+    the MERGE: the table's Connect session is the client's too."""
+    from lakemirror.sinks.merge.connect_apply import merge_batch
+    from lakemirror.sinks.txn import STABLE_SOURCE_CONFS, TXN_APP_ID, TxnId
+
+    session = _Session({"spark.sql.adaptive.enabled": "true"})
+    batch = type("Batch", (), {"sparkSession": session, "createOrReplaceTempView": lambda self, view: None})()
+    outcome = merge_batch(_job(), batch, TxnId("lakemirror/p/src__s__t/e1", 7))
+    assert outcome.counts.total == 2 and not outcome.replayed
+    merge_confs = next(confs for text, confs in session.ran if text.startswith("MERGE INTO"))
+    assert {k: merge_confs[k] for k in STABLE_SOURCE_CONFS} == STABLE_SOURCE_CONFS
+    assert merge_confs[TXN_APP_ID] == "lakemirror/p/src__s__t/e1"
+    assert session.conf.values == {"spark.sql.adaptive.enabled": "true"}
