@@ -7,8 +7,9 @@ writer and the baseline) as ``s3://``. lakemirror runs with the settings such a 
 change feed read by Delta's ``DeltaSource`` (``kernel_change_feed: false``), every batch applied by
 Spark's MERGE (``driver_apply: false``, ``rewrite_below_bytes: 0``: no driver-side delta-rs, no
 rewrite of small replicas). The same daemon also runs over Spark Connect (a server started by
-scripts/connect-server.sh with hadoop-aws and the same s3a settings), where each batch is MERGEd in
-SQL on the server (sinks/merge/connect_apply.py).
+scripts/connect-server.sh with hadoop-aws and the same s3a settings), where each table's query is
+always on and each batch is MERGEd in SQL on the server (sinks/merge/connect_apply.py). The sources
+are checkpointed every 10 commits (:data:`PRODUCTION_SOURCE_PROPERTIES`), as production writers leave them.
 
 The workload is ``bench.__main__.steady_lag``'s, with :class:`S3Site` in place of the local disk:
 the same writer, warm-up, lag measure and exactness check. The time a replica's commit appeared is
@@ -273,11 +274,13 @@ def render(runs: list[dict[str, Any]], p: dict[str, Any], steady_table: Any) -> 
     lines = ["## The production path: S3, Spark MERGE, side by side with the delta-rs loop", "",
              f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(r0['measured_at']))}. Sources and replicas "
              "in a bucket of moto's S3 server on loopback (scripts/s3-server.sh): `s3a://` for Spark, `s3://` for "
-             "delta-rs. lakemirror with the settings a Databricks or Kubernetes user gets: `driver_apply: false`, "
+             "delta-rs; the sources written by delta-rs with a checkpoint every 10 commits (`delta.checkpointInterval`, "
+             "as Spark's and Databricks' writers leave a table; delta-rs's own default is 100). "
+             "lakemirror with the settings a Databricks or Kubernetes user gets: `driver_apply: false`, "
              "`rewrite_below_bytes: 0`, `kernel_change_feed: false`: the change feed read by Delta's `DeltaSource`, "
              "every batch applied by Spark's MERGE, the checkpoint table in the bucket. Over Spark Connect: the same "
              "settings through a server started by scripts/connect-server.sh (hadoop-aws and the same s3a settings), "
-             "each batch MERGEd in SQL on the server. The delta-rs CDF loop reads and writes the same bucket. "
+             "each table's query always on (the default over Connect), each batch MERGEd in SQL on the server. The delta-rs CDF loop reads and writes the same bucket. "
              f"{r0['rows_per_table']:,} rows a table, the steady workload's writer (a delta-rs MERGE per table a "
              f"second touching {p.get('fraction', 0.01):.0%} of its rows), trigger {p.get('trigger', 1.0)} s, "
              f"lakemirror measured {r0['seconds']:.0f} s after {p.get('warmup', 0):.0f} s of warm-up, the loop "
