@@ -184,10 +184,9 @@ PRODUCTION_SOURCE_PROPERTIES = {"delta.checkpointInterval": "10"}
 class S3Site:
     """bench.__main__.steady_lag's tables in the S3 server's bucket, one prefix per run."""
 
-    def __init__(self, s3: S3Server, connect: ConnectServer | None = None,
-                 source_properties: dict[str, str] | None = None) -> None:
+    def __init__(self, s3: S3Server, connect: ConnectServer | None = None) -> None:
         self.s3, self.connect = s3, connect
-        self.source_properties = dict(PRODUCTION_SOURCE_PROPERTIES if source_properties is None else source_properties)
+        self.source_properties = dict(PRODUCTION_SOURCE_PROPERTIES)
 
     @property
     def storage_options(self) -> dict[str, str]:
