@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from lakemirror.sources.change_feed import SourceHead
 from lakemirror.tables import TableLocation, has_own_jvm, is_local_table, local_dir
@@ -117,15 +117,23 @@ class LocalCommitLog:
 
 
 class HadoopCommitLog:
-    """Commit files of a path-based Delta table, stat'ed through the JVM's Hadoop FileSystem."""
+    """Commit files of a path-based Delta table, stat'ed through the JVM's Hadoop FileSystem.
 
-    def __init__(self, spark: "SparkSession", loc: TableLocation) -> None:
-        assert loc.path is not None
-        jvm = spark._jvm
-        assert jvm is not None, "made only for a session with a JVM of its own (for_table)"
-        self._path = jvm.org.apache.hadoop.fs.Path
-        self._log_dir = self._path(loc.path.rstrip("/") + "/_delta_log")
-        self._fs = self._log_dir.getFileSystem(spark._jsparkSession.sessionState().newHadoopConf())
+    On an object store, Hadoop's ``exists`` and ``getFileStatus`` of a missing file also probe the
+    path as a directory (s3a: a HEAD, then a LIST), and a missing file is what these checks find
+    most: an idle table's next version, looked for several times a second by the turn pool and
+    once a second by the lag probe. So a version not yet seen committed is first probed by opening
+    its file (Hadoop's ``openFile``, which on s3a is the HEAD alone and reads nothing until asked):
+    an idle table then costs HEAD requests only, no LIST (the cheap request class, and the light
+    one for the store; ``scripts/measure-s3-costs.py batch``).
+    """
+
+    def __init__(self, fs: Any, commit_file: Callable[[int], object]) -> None:
+        """``fs``: a Hadoop ``FileSystem`` (a py4j handle); ``commit_file``: a version's file (a Hadoop ``Path``)."""
+        self._fs = fs
+        self._commit_file = commit_file
+        self._open_probe = True               # False once the file system refuses ``openFile``
+        self._newest_seen: int | None = None  # the newest version seen committed
 
     @classmethod
     def for_table(cls, spark: "SparkSession", loc: TableLocation) -> "HadoopCommitLog | None":
@@ -133,22 +141,55 @@ class HadoopCommitLog:
         if loc.path is None or not has_own_jvm(spark):
             return None
         try:
-            return cls(spark, loc)
+            jvm = spark._jvm
+            assert jvm is not None  # has_own_jvm
+            path = jvm.org.apache.hadoop.fs.Path
+            log_dir = path(loc.path.rstrip("/") + "/_delta_log")
+            fs = log_dir.getFileSystem(spark._jsparkSession.sessionState().newHadoopConf())
+            return cls(fs, lambda version: path(log_dir, f"{version:020d}.json"))
         except Exception:  # noqa: BLE001 (the history read remains)
             return None
 
-    def _commit_file(self, version: int) -> object:
-        return self._path(self._log_dir, f"{version:020d}.json")
-
     def has_commit(self, version: int) -> bool:
-        """Whether ``version`` is committed (one existence check, no exception on the way)."""
-        return bool(self._fs.exists(self._commit_file(version)))
+        """Whether ``version`` is committed: one probe of its file, never a directory listing."""
+        found = self._file_exists(self._commit_file(version))
+        if found and (self._newest_seen is None or version > self._newest_seen):
+            self._newest_seen = version
+        return found
 
     def commit_time(self, version: int) -> float | None:
+        """The commit file's modification time; None when it does not exist. A version beyond the
+        newest seen committed is probed first (see the class), one seen before is stat'ed at once."""
+        if (self._newest_seen is None or version > self._newest_seen) and not self.has_commit(version):
+            return None
         try:
             status = self._fs.getFileStatus(self._commit_file(version))
         except Exception as exc:  # noqa: BLE001 (py4j wraps java.io.FileNotFoundException)
-            if "FileNotFoundException" in str(exc):
+            if _not_found(exc):
                 return None
             raise
         return float(status.getModificationTime()) / 1000.0
+
+    def _file_exists(self, path: object) -> bool:
+        if self._open_probe:
+            try:
+                stream = self._fs.openFile(path).build().get()
+            except Exception as exc:  # noqa: BLE001 (py4j wraps the file system's answer)
+                if _not_found(exc):
+                    return False
+                if not _unsupported(exc):
+                    raise
+                self._open_probe = False  # a file system without openFile: exists() from now on
+            else:
+                stream.close()
+                return True
+        return bool(self._fs.exists(path))
+
+
+def _not_found(exc: Exception) -> bool:
+    return "FileNotFoundException" in str(exc)
+
+
+def _unsupported(exc: Exception) -> bool:
+    text = str(exc)
+    return "UnsupportedOperationException" in text or "AbstractMethodError" in text or "does not exist in the JVM" in text

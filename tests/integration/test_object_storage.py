@@ -113,3 +113,30 @@ def test_an_event_replica_in_s3_is_guarded_by_either_executor(spark: Any, s3_buc
     assert run(spark, sink, [[events[3], events[4]]], first=1)[0].replayed
     assert replica_rows(spark, sink.replica) == expected(events, [*KEYS, "v"])
     assert tables.read(spark, sink.tombstones).count() == 1
+
+
+def test_commit_file_checks_on_s3_send_head_requests_only(spark: Any, s3_bucket: Any) -> None:
+    """An idle table's checks find its next version missing, several times a second: on s3a that
+    must be one HEAD each, not ``exists``' HEAD and directory LIST (S3 bills LISTs at the PUT rate)."""
+    import boto3
+
+    prefix = s3_bucket.fresh("commits")
+    key = prefix.split("/", 3)[3] + f"/_delta_log/{0:020d}.json"
+    boto3.client("s3", endpoint_url=s3_bucket.endpoint, region_name="us-east-1", aws_access_key_id="test",
+                 aws_secret_access_key="test").put_object(Bucket=s3_bucket.bucket, Key=key, Body=b"{}\n")
+    jvm = spark._jvm
+    log_dir = jvm.org.apache.hadoop.fs.Path(prefix + "/_delta_log")
+    # a file system instance of its own, so that its request counters are this test's alone
+    fs = jvm.org.apache.hadoop.fs.FileSystem.newInstance(log_dir.toUri(), spark._jsparkSession.sessionState().newHadoopConf())
+    try:
+        log = HadoopCommitLog(fs, lambda v: jvm.org.apache.hadoop.fs.Path(log_dir, f"{v:020d}.json"))
+        assert log.has_commit(0) and log.commit_time(0) is not None
+        counters = fs.getIOStatistics().counters()
+        before = {k: counters.get(k) for k in ("object_list_request", "object_metadata_request")}
+        for _ in range(5):
+            assert not log.has_commit(1) and log.commit_time(1) is None
+        counters = fs.getIOStatistics().counters()
+        assert counters.get("object_list_request") == before["object_list_request"]
+        assert counters.get("object_metadata_request") == before["object_metadata_request"] + 10
+    finally:
+        fs.close()

@@ -1,7 +1,12 @@
-"""The Spark-free lag probe's walk over commit files (pure: a dict stands in for _delta_log)."""
+"""The Spark-free lag probe's walk over commit files (pure: a dict stands in for _delta_log), and
+what the commit-file checks cost on an object store (a fake file system answering as s3a does)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import Any
+
+from lakemirror.sources.change_feed import SourceHead
 from lakemirror.sources.commit_log import probe_head
 
 
@@ -85,3 +90,74 @@ def test_local_commit_log_stats_commit_files_in_milliseconds(tmp_path) -> None: 
         assert log.has_commit(3) and not log.has_commit(4)
         assert log.commit_time(3) == 1_700_000_000.123, "whole milliseconds, as Hadoop reports them"
         assert log.commit_time(4) is None
+
+
+class FakeObjectStore:
+    """A Hadoop FileSystem as s3a answers for commit files: ``exists`` and ``getFileStatus`` of a
+    missing file probe it as a directory too (a HEAD, then a LIST); ``openFile`` is the HEAD alone."""
+
+    def __init__(self, mtimes: dict[str, int], open_file: bool = True) -> None:
+        self.mtimes = mtimes
+        self.open_file = open_file
+        self.requests: list[str] = []
+
+    def _head(self, path: str) -> bool:
+        self.requests.append("HEAD")
+        return path in self.mtimes
+
+    def exists(self, path: str) -> bool:
+        if self._head(path):
+            return True
+        self.requests.append("LIST")
+        return False
+
+    def getFileStatus(self, path: str) -> Any:  # noqa: N802 (Hadoop's name)
+        if not self.exists(path):
+            raise RuntimeError(f"java.io.FileNotFoundException: No such file or directory: {path}")
+        return SimpleNamespace(getModificationTime=lambda: self.mtimes[path])
+
+    def openFile(self, path: str) -> Any:  # noqa: N802 (Hadoop's name)
+        if not self.open_file:
+            raise RuntimeError("java.lang.UnsupportedOperationException: openFile")
+
+        def get() -> Any:
+            if not self._head(path):
+                raise RuntimeError(f"java.util.concurrent.ExecutionException: java.io.FileNotFoundException: {path}")
+            return SimpleNamespace(close=lambda: None)
+        return SimpleNamespace(build=lambda: SimpleNamespace(get=get))
+
+
+def hadoop_log(store: FakeObjectStore) -> Any:
+    from lakemirror.sources.commit_log import HadoopCommitLog
+
+    return HadoopCommitLog(store, lambda version: f"{version:020d}.json")
+
+
+def test_an_idle_tables_checks_on_an_object_store_cost_one_head_each_and_no_listing() -> None:
+    store = FakeObjectStore({f"{v:020d}.json": 1_000_000 + v for v in range(4)})
+    log = hadoop_log(store)
+    assert log.has_commit(3) and not log.has_commit(4)
+    assert log.commit_time(3) == 1000.003 and log.commit_time(4) is None
+    assert "LIST" not in store.requests, store.requests
+    store.requests.clear()
+    for _ in range(10):  # the turn pool's and the lag probe's checks while nothing is committed
+        assert not log.has_commit(4)
+        assert probe_head(log.commit_time, applied_through=3, known_latest=3, cache={}) == SourceHead(3, {3: 1000.003})
+    assert store.requests == ["HEAD"] * 30, "per round: the pool's probe of 4, the lag probe's stat of 3 and probe of 4"
+
+
+def test_a_version_seen_committed_is_stated_once_and_a_new_one_probed_first() -> None:
+    store = FakeObjectStore({f"{v:020d}.json": 2_000_000 + v for v in range(2)})
+    log = hadoop_log(store)
+    assert log.commit_time(1) == 2000.001 and store.requests == ["HEAD", "HEAD"]  # probed, then stat'ed
+    store.requests.clear()
+    assert log.commit_time(0) == 2000.0 and store.requests == ["HEAD"]
+    store.mtimes.clear()  # the table recreated under the same path: a stat of a gone file still says so
+    assert log.commit_time(1) is None and not log.has_commit(0)
+
+
+def test_a_file_system_without_open_file_falls_back_to_exists() -> None:
+    store = FakeObjectStore({f"{0:020d}.json": 5_000}, open_file=False)
+    log = hadoop_log(store)
+    assert log.has_commit(0) and not log.has_commit(1) and log.commit_time(1) is None
+    assert store.requests.count("LIST") == 2  # the file system's own exists(): the probe stays correct
