@@ -123,6 +123,16 @@ def _choice(*allowed: str) -> Callable[[str, str], str]:
     return check
 
 
+def _off_with_hadoop_3_5(value: str, what: str) -> str:
+    """Delta's fast S3A listing calls S3A internals that Hadoop 3.5 (Spark 4.2's) no longer has."""
+    text = boolean(value, what)
+    if text == "true":
+        raise ValueError(f"{what}: Delta's fast S3A listing calls an S3A method that hadoop-aws 3.5 (Spark 4.2's "
+                         "Hadoop) no longer has, so every read of a table on s3a:// would fail with NoSuchMethodError; "
+                         "remove the setting (docs/deployment.md, \"Object storage\")")
+    return text
+
+
 def _int(low: int) -> Callable[[str, str], str]:
     return lambda value, what: integer(value, what, low)
 
@@ -147,6 +157,7 @@ SPARK_CONFS: dict[str, Callable[[str, str], str]] = {
     "spark.log.structuredLogging.enabled": boolean,
     "spark.databricks.delta.snapshotPartitions": _int(1),
     "spark.master": lambda value, what: master_url(value),
+    "spark.hadoop.delta.enableFastS3AListFrom": _off_with_hadoop_3_5,
 }
 
 #: Delta table properties (Delta 4.4's ``DeltaConfigs``) whose values Delta parses, with their form.

@@ -99,7 +99,7 @@ def _requests(lines: list[str]) -> "Counter[str]":
 
     out: Counter[str] = Counter()
     for line in lines:
-        m = re.search(r'"(GET|PUT|HEAD|POST|DELETE) (\S+) HTTP', line)
+        m = re.search(r"\"(?:\x1b\[[0-9;]*m)?(GET|PUT|HEAD|POST|DELETE) (\S+) HTTP", line)  # 4xx lines are coloured
         if not m:
             continue
         method, url = m.groups()

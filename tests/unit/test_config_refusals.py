@@ -121,6 +121,8 @@ BAD_VALUES = [
      "is not a duration"),
     ({"runtime": {"spark_conf": {"spark.executor.memory": "4 GB"}}}, "runtime.spark_conf", "is not a heap size"),
     ({"runtime": {"spark_conf": {"spark.scheduler.mode": "fastest"}}}, "runtime.spark_conf", "FAIR, FIFO"),
+    ({"runtime": {"spark_conf": {"spark.hadoop.delta.enableFastS3AListFrom": "true"}}}, "runtime.spark_conf",
+     "hadoop-aws 3.5"),
     ({"replica_properties": {"delta.enableDeletionVectors": "maybe"}}, "replica_properties", "true or false"),
     ({"replica_properties": {"delta.logRetentionDuration": "interval 3 months"}}, "replica_properties",
      "is not an interval"),
