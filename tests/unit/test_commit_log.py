@@ -146,7 +146,7 @@ def test_an_idle_tables_checks_on_an_object_store_cost_one_head_each_and_no_list
     assert store.requests == ["HEAD"] * 30, "per round: the pool's probe of 4, the lag probe's stat of 3 and probe of 4"
 
 
-def test_a_version_seen_committed_is_stated_once_and_a_new_one_probed_first() -> None:
+def test_a_version_seen_committed_costs_one_stat_and_a_new_one_is_probed_first() -> None:
     store = FakeObjectStore({f"{v:020d}.json": 2_000_000 + v for v in range(2)})
     log = hadoop_log(store)
     assert log.commit_time(1) == 2000.001 and store.requests == ["HEAD", "HEAD"]  # probed, then stat'ed
