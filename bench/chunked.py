@@ -44,6 +44,7 @@ from bench.systems import LakemirrorDaemon
 from bench.workload import CDF, same_rows, table_path
 from lakemirror.sources.chunks import DEFAULT_CHUNK_BYTES
 from lakemirror.sources.retention import DELETED_FILE_RETENTION
+from lakemirror.tables import LOG_DIR, commit_file_name
 
 _COMMITTED = re.compile(r"bootstrap chunk (\d+) committed")
 _PINNED = "table src.bench.{table}: bootstrapping from source version "
@@ -243,7 +244,7 @@ def retention_run(workdir: Path, warehouse: Path, rows: int, files: int, retain_
 def _change_files(table: Path, version: int) -> dict[str, int]:
     """The change data files (``cdc`` actions) version ``version`` of ``table`` wrote, and how many of
     them are still on disk: none left means a VACUUM removed that version's change data."""
-    commit = table / "_delta_log" / f"{version:020d}.json"
+    commit = table / LOG_DIR / commit_file_name(version)
     if not commit.is_file():
         return {"written": 0, "left": 0}
     actions = [json.loads(line) for line in commit.read_text().splitlines() if line.strip()]

@@ -154,6 +154,15 @@ def tagged_commits(spark: "SparkSession", loc: TableLocation, user_metadata: str
     return history(spark, loc).where(f"userMetadata = '{quoted}'").select("userMetadata", *columns).collect()
 
 
+#: A Delta table's log directory, under the table's root.
+LOG_DIR = "_delta_log"
+
+
+def commit_file_name(version: int) -> str:
+    """The name of version ``version``'s commit file in a Delta log (``00000000000000000007.json``)."""
+    return f"{version:020d}.json"
+
+
 def is_local_path(location: str) -> bool:
     """Whether ``location`` is on the driver's own file system (a plain path or ``file:``)."""
     from urllib.parse import urlparse

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from lakemirror.sources.change_feed import SourceHead
-from lakemirror.tables import TableLocation, has_own_jvm, is_local_table, local_dir
+from lakemirror.tables import LOG_DIR, TableLocation, commit_file_name, has_own_jvm, is_local_table, local_dir
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -101,10 +101,10 @@ class LocalCommitLog:
             return None
         directory = local_dir(loc.path)
         assert directory is not None  # a local table's location is a local directory
-        return cls(directory / "_delta_log")
+        return cls(directory / LOG_DIR)
 
     def _commit_file(self, version: int) -> Path:
-        return self._log_dir / f"{version:020d}.json"
+        return self._log_dir / commit_file_name(version)
 
     def has_commit(self, version: int) -> bool:
         return self._commit_file(version).exists()
@@ -144,23 +144,23 @@ class HadoopCommitLog:
             jvm = spark._jvm
             assert jvm is not None  # has_own_jvm
             path = jvm.org.apache.hadoop.fs.Path
-            log_dir = path(loc.path.rstrip("/") + "/_delta_log")
+            log_dir = path(loc.path.rstrip("/") + "/" + LOG_DIR)
             fs = log_dir.getFileSystem(spark._jsparkSession.sessionState().newHadoopConf())
-            return cls(fs, lambda version: path(log_dir, f"{version:020d}.json"))
+            return cls(fs, lambda version: path(log_dir, commit_file_name(version)))
         except Exception:  # noqa: BLE001 (the history read remains)
             return None
 
     def has_commit(self, version: int) -> bool:
         """Whether ``version`` is committed: one probe of its file, never a directory listing."""
         found = self._file_exists(self._commit_file(version))
-        if found and (self._newest_seen is None or version > self._newest_seen):
+        if found and self._unseen(version):
             self._newest_seen = version
         return found
 
     def commit_time(self, version: int) -> float | None:
         """The commit file's modification time; None when it does not exist. A version beyond the
         newest seen committed is probed first (see the class), one seen before is stat'ed at once."""
-        if (self._newest_seen is None or version > self._newest_seen) and not self.has_commit(version):
+        if self._unseen(version) and not self.has_commit(version):
             return None
         try:
             status = self._fs.getFileStatus(self._commit_file(version))
@@ -169,6 +169,10 @@ class HadoopCommitLog:
                 return None
             raise
         return float(status.getModificationTime()) / 1000.0
+
+    def _unseen(self, version: int) -> bool:
+        """Whether ``version`` is beyond the newest version seen committed (or none was seen yet)."""
+        return self._newest_seen is None or version > self._newest_seen
 
     def _file_exists(self, path: object) -> bool:
         if self._open_probe:

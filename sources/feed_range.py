@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
+from lakemirror.tables import LOG_DIR, commit_file_name
+
 #: The index of an offset that stands before a version's first file.
 BASE_INDEX = -1
 
@@ -189,11 +191,11 @@ class LocalCommitActions:
     """The shapes of a local Delta table's commits, read from its ``_delta_log`` directory."""
 
     def __init__(self, table_path: str) -> None:
-        self.log_dir = Path(table_path) / "_delta_log"
+        self.log_dir = Path(table_path) / LOG_DIR
 
     def shape(self, version: int) -> VersionShape | None:
         try:
-            with open(self.log_dir / f"{version:020d}.json", encoding="utf-8") as commit:
+            with open(self.log_dir / commit_file_name(version), encoding="utf-8") as commit:
                 return version_shape(json.loads(line) for line in commit if line.strip())
         except (OSError, ValueError):
             return None

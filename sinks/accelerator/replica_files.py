@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 
 from lakemirror.sinks.accelerator.deletion_vectors import DvDescriptor, DvFileWriter, read_positions
 from lakemirror.sinks.accelerator.replica_log import data_file_path
+from lakemirror.tables import LOG_DIR, commit_file_name
 
 #: A scratch table's directory name starts so (inside the replica: same file system, so a move is a
 #: rename); one left by a crash holds no file the replica names.
@@ -51,7 +52,7 @@ def write_rows(table_dir: Path, rows: pa.Table, now: int, data_change: bool = Tr
     out: list[tuple[Path, dict[str, Any]]] = []
     try:
         write_deltalake(str(scratch), rows, mode="error")
-        commit = (scratch / "_delta_log" / f"{0:020d}.json").read_text(encoding="utf-8")
+        commit = (scratch / LOG_DIR / commit_file_name(0)).read_text(encoding="utf-8")
         for line in commit.splitlines():
             add = json.loads(line).get("add")
             if add is None:

@@ -25,15 +25,9 @@ from typing import Any, Iterator
 from urllib.parse import unquote
 
 from lakemirror.sinks.accelerator.deletion_vectors import DvDescriptor
+from lakemirror.tables import LOG_DIR, commit_file_name
 
 log = logging.getLogger(__name__)
-
-LOG_DIR = "_delta_log"
-
-
-def commit_name(version: int) -> str:
-    return f"{version:020d}.json"
-
 
 def file_key(action: dict[str, Any]) -> tuple[str, str]:
     """A data file's identity in the log: its path and its deletion vector's id."""
@@ -94,7 +88,7 @@ class LogSnapshot:
 def read_commit(table_dir: Path, version: int) -> list[dict[str, Any]] | None:
     """The actions of commit ``version``; None when it has no commit file (yet)."""
     try:
-        text = (table_dir / LOG_DIR / commit_name(version)).read_text(encoding="utf-8")
+        text = (table_dir / LOG_DIR / commit_file_name(version)).read_text(encoding="utf-8")
     except FileNotFoundError:
         return None
     return [json.loads(line) for line in text.splitlines() if line.strip()]
@@ -157,13 +151,13 @@ def load_snapshot(table_dir: Path) -> LogSnapshot:
 def write_commit(table_dir: Path, version: int, actions: list[dict[str, Any]]) -> bool:
     """Write commit ``version``; False when that version exists already (another writer won)."""
     log_dir = table_dir / LOG_DIR
-    temp = log_dir / f".{commit_name(version)}.{uuid.uuid4().hex}.tmp"
+    temp = log_dir / f".{commit_file_name(version)}.{uuid.uuid4().hex}.tmp"
     with open(temp, "w", encoding="utf-8") as f:
         f.write("\n".join(json.dumps(a, separators=(",", ":")) for a in actions) + "\n")
         f.flush()
         os.fsync(f.fileno())
     try:
-        os.link(temp, log_dir / commit_name(version))
+        os.link(temp, log_dir / commit_file_name(version))
         return True
     except FileExistsError:
         return False

@@ -18,6 +18,7 @@ from lakemirror.sinks.accelerator.dv_merge import DeletionVectorMerge, DvUnfit
 from lakemirror.sinks.merge.planner import DELETE, OP_COLUMN
 from lakemirror.sinks.accelerator.replica_log import load_snapshot
 from lakemirror.sinks.txn import TxnId
+from lakemirror.tables import commit_file_name
 
 pytestmark = pytest.mark.integration
 
@@ -343,7 +344,7 @@ def test_small_files_and_mostly_deleted_files_are_compacted_without_changing_the
     assert _rows(spark, path) == sorted(model.items())
     history = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").collect()
     assert [h["operation"] for h in history[:2]] == ["OPTIMIZE", "MERGE"]
-    optimize = [json.loads(line) for line in (path / "_delta_log" / replica_log.commit_name(history[0]["version"]))
+    optimize = [json.loads(line) for line in (path / "_delta_log" / commit_file_name(history[0]["version"]))
                 .read_text().splitlines()]
     assert all(a[k]["dataChange"] is False for a in optimize for k in ("add", "remove") if k in a)
     changes = spark.read.format("delta").option("readChangeFeed", "false").load(str(path))

@@ -19,7 +19,8 @@ from lakemirror.sinks.accelerator.deletion_vectors import (PORTABLE_MAGIC, Delet
                                                z85_encode)
 from lakemirror.sinks.accelerator.dv_merge import why_unfit
 from lakemirror.sinks.accelerator.key_match import key_probe
-from lakemirror.sinks.accelerator.replica_log import LogSnapshot, commit_name, load_snapshot, write_commit
+from lakemirror.sinks.accelerator.replica_log import LogSnapshot, load_snapshot, write_commit
+from lakemirror.tables import commit_file_name
 
 
 def test_z85_round_trips_and_decodes_a_uuid_spark_wrote():
@@ -87,7 +88,7 @@ def test_inline_and_prefixed_descriptors():
 
 def _log(table: Path, version: int, *actions: dict) -> None:
     (table / "_delta_log").mkdir(parents=True, exist_ok=True)
-    (table / "_delta_log" / commit_name(version)).write_text("\n".join(json.dumps(a) for a in actions))
+    (table / "_delta_log" / commit_file_name(version)).write_text("\n".join(json.dumps(a) for a in actions))
 
 
 SCHEMA = json.dumps({"type": "struct", "fields": [{"name": "k", "type": "long", "nullable": True, "metadata": {}},
@@ -117,7 +118,7 @@ def test_a_commit_is_written_only_if_its_version_is_free(tmp_path):
     assert write_commit(tmp_path, 1, [{"txn": {"appId": "a", "version": 1}}])
     assert not write_commit(tmp_path, 1, [{"txn": {"appId": "b", "version": 1}}])
     assert load_snapshot(tmp_path).transactions == {"a": 1}
-    assert sorted(p.name for p in (tmp_path / "_delta_log").iterdir()) == [commit_name(0), commit_name(1)]
+    assert sorted(p.name for p in (tmp_path / "_delta_log").iterdir()) == [commit_file_name(0), commit_file_name(1)]
 
 
 @pytest.mark.parametrize("change, reason", [

@@ -12,7 +12,8 @@ import yaml
 
 from lakemirror.daemon.settings import Settings, load_settings
 
-K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "deploy" / "k8s"
 KUSTOMIZATION: dict[str, Any] = yaml.safe_load((K8S / "kustomization.yaml").read_text(encoding="utf-8"))
 DOCS: list[dict[str, Any]] = [doc for name in KUSTOMIZATION["resources"]
                               for doc in yaml.safe_load_all((K8S / name).read_text(encoding="utf-8")) if doc]
@@ -158,3 +159,16 @@ def test_the_connect_server_loads_delta_and_can_import_lakemirror(pipeline: Sett
         mounts = {m["mountPath"] for m in container(dep)["volumeMounts"]}
         assert "/data" in mounts
     assert pipeline.checkpoint_volume.startswith("/data/") and pipeline.runtime.warehouse.startswith("/data/")
+
+
+def test_the_connect_server_is_tuned_as_the_local_one() -> None:
+    """The server in the cluster schedules tables' queries fairly and rebuilds Delta's snapshots in
+    a few tasks, as scripts/connect-server.sh (which the Connect tests and benchmarks start) does."""
+    script = (ROOT / "scripts" / "connect-server.sh").read_text()
+    args = container(CONNECT)["args"]
+    for key in ("spark.scheduler.mode", "spark.databricks.delta.snapshotPartitions"):
+        local = re.search(rf"--conf {re.escape(key)}=(\S+)", script)
+        assert local is not None, f"scripts/connect-server.sh no longer sets {key}"
+        assert f"{key}={local.group(1)}" in args, f"deploy/k8s/spark-connect.yaml should set {key}={local.group(1)}"
+    partitions = [a for a in args if a.startswith("spark.sql.shuffle.partitions=")]
+    assert partitions and int(partitions[0].split("=", 1)[1]) <= 8, "a few shuffle partitions per small batch"
