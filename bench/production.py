@@ -6,7 +6,8 @@ scripts/s3-server.sh on loopback): Spark reaches them as ``s3a://`` (hadoop-aws)
 writer and the baseline) as ``s3://``. lakemirror runs with the settings such a user gets: the
 change feed read by Delta's ``DeltaSource`` (``kernel_change_feed: false``), every batch applied by
 Spark's MERGE (``driver_apply: false``, ``rewrite_below_bytes: 0``: no driver-side delta-rs, no
-rewrite of small replicas). The same daemon also runs over Spark Connect (a server started by
+rewrite of small replicas); one more run at 4 tables keeps ``rewrite_below_bytes`` at its default, where
+Spark rewrites each small replica whole instead of MERGEing into it. The same daemon also runs over Spark Connect (a server started by
 scripts/connect-server.sh with hadoop-aws and the same s3a settings), where each table's query is
 always on and each batch is MERGEd in SQL on the server (sinks/merge/connect_apply.py). The sources
 are checkpointed every 10 commits (:data:`PRODUCTION_SOURCE_PROPERTIES`), as production writers leave them.
@@ -31,6 +32,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from bench.systems import LakemirrorDaemon, batch_summary
+from lakemirror.sinks.merge.apply_choice import DEFAULT_REWRITE_BELOW_BYTES
 
 ROOT = Path(__file__).resolve().parent.parent
 BUCKET = "lakemirror-bench"
@@ -47,12 +49,16 @@ SYSTEMS: dict[str, dict[str, Any]] = {
     "lakemirror, S3, Spark MERGE": {},
     "lakemirror, S3, Spark MERGE, over Spark Connect": {"connect": True},
     "lakemirror, S3, Spark MERGE, 2 apply workers": {"settings": {"apply_workers": 2}},
+    # What a user gets who leaves rewrite_below_bytes at its default: a replica this small is
+    # rewritten whole in one pass instead of MERGEd (sinks/merge/apply_choice.py).
+    "lakemirror, S3, Spark rewrite (default rewrite_below_bytes)": {
+        "settings": {"rewrite_below_bytes": DEFAULT_REWRITE_BELOW_BYTES}},
 }
-LOCAL_MODE, CONNECT_MODE, TWO_WORKERS = SYSTEMS
+LOCAL_MODE, CONNECT_MODE, TWO_WORKERS, REWRITE_MODE = SYSTEMS
 
 
 def parameters(quick: bool) -> dict[str, Any]:
-    """Sizes and durations: the full run takes about 15 minutes on two cores, ``quick`` about 2."""
+    """Sizes and durations: the full run takes about 30 minutes on two cores, ``quick`` about 2."""
     if quick:
         return {"tables": [4], "connect_tables": [], "rows": 20_000, "fraction": 0.01, "trigger": 1.0,
                 "warmup": 10.0, "seconds": 30.0, "drain": 60.0}
@@ -215,8 +221,9 @@ def production(p: dict[str, Any], seed: int) -> list[dict[str, Any]]:
     try:
         site = S3Site(s3)
         for n in p["tables"]:
-            # two apply workers (tables applied two at a time) at the smallest table count only
-            variants = (TWO_WORKERS,) if n == min(p["tables"]) else ()
+            # two apply workers (tables applied two at a time) and the default rewrite of small replicas
+            # at the smallest table count only
+            variants = (TWO_WORKERS, REWRITE_MODE) if n == min(p["tables"]) else ()
             for system in (LOCAL_MODE, *variants, "delta-rs"):
                 out.append(_run(system, n, p, seed, site))
         if p["connect_tables"]:
@@ -277,7 +284,9 @@ def render(runs: list[dict[str, Any]], p: dict[str, Any], steady_table: Any) -> 
              "as Spark's and Databricks' writers leave a table; delta-rs's own default is 100). "
              "lakemirror with the settings a Databricks or Kubernetes user gets: `driver_apply: false`, "
              "`rewrite_below_bytes: 0`, `kernel_change_feed: false`: the change feed read by Delta's `DeltaSource`, "
-             "every batch applied by Spark's MERGE, the checkpoint table in the bucket. Over Spark Connect: the same "
+             "every batch applied by Spark's MERGE, the checkpoint table in the bucket; the row \"Spark rewrite\" leaves "
+             "`rewrite_below_bytes` at its default (64 MiB), so that each 100,000-row replica is rewritten whole in one "
+             "pass instead, as a user who keeps the defaults gets. Over Spark Connect: the same "
              "settings through a server started by scripts/connect-server.sh (hadoop-aws and the same s3a settings), "
              "each table's query always on (the default over Connect), each batch MERGEd in SQL on the server. The delta-rs CDF loop reads and writes the same bucket. "
              f"{r0['rows_per_table']:,} rows a table, the steady workload's writer (a delta-rs MERGE per table a "
