@@ -6,11 +6,12 @@ scripts/s3-server.sh on loopback): Spark reaches them as ``s3a://`` (hadoop-aws)
 writer and the baseline) as ``s3://``. lakemirror runs with the settings such a user gets: the
 change feed read by Delta's ``DeltaSource`` (``kernel_change_feed: false``), every batch applied by
 Spark's MERGE (``driver_apply: false``, ``rewrite_below_bytes: 0``: no driver-side delta-rs, no
-rewrite of small replicas); one more run at 4 tables keeps ``rewrite_below_bytes`` at its default, where
-Spark rewrites each small replica whole instead of MERGEing into it. The same daemon also runs over Spark Connect (a server started by
-scripts/connect-server.sh with hadoop-aws and the same s3a settings), where each table's query is
-always on and each batch is MERGEd in SQL on the server (sinks/merge/connect_apply.py). The sources
-are checkpointed every 10 commits (:data:`PRODUCTION_SOURCE_PROPERTIES`), as production writers leave them.
+rewrite of small replicas); one more run at 4 tables keeps ``rewrite_below_bytes`` at its default,
+where Spark rewrites each small replica whole instead of MERGEing into it. The same daemon also
+runs over Spark Connect (a server started by scripts/connect-server.sh with hadoop-aws and the same
+s3a settings), where each table's query is always on and each batch is MERGEd in SQL on the server
+(sinks/merge/connect_apply.py). The sources are checkpointed every 10 commits
+(:data:`PRODUCTION_SOURCE_PROPERTIES`), as production writers leave them.
 
 The workload is ``bench.__main__.steady_lag``'s, with :class:`S3Site` in place of the local disk:
 the same writer, warm-up, lag measure and exactness check. The time a replica's commit appeared is

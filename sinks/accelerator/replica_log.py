@@ -29,6 +29,7 @@ from lakemirror.tables import LOG_DIR, commit_file_name
 
 log = logging.getLogger(__name__)
 
+
 def file_key(action: dict[str, Any]) -> tuple[str, str]:
     """A data file's identity in the log: its path and its deletion vector's id."""
     dv = action.get("deletionVector")
