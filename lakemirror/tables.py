@@ -184,7 +184,7 @@ def local_dir(location: str) -> "Path | None":
 def is_local_table(location: str) -> bool:
     """Whether a Delta table's location is a directory this (the driver's) process can see."""
     path = local_dir(location)
-    return path is not None and (path / "_delta_log").is_dir()
+    return path is not None and (path / LOG_DIR).is_dir()
 
 
 #: Protocol features a delta-rs (1.6) write handles correctly; a table with any other stays with Spark.

@@ -27,7 +27,7 @@ from lakemirror.identifiers import TableName, quote, sql_string
 from lakemirror.schema import Column, columns_from_struct
 from lakemirror.sources.keys import PRIMARY_KEY_PROPERTY, parse_declared
 from lakemirror.sources.streaming_tables import SqlRunner, resolve_backing_table
-from lakemirror.tables import TableLocation
+from lakemirror.tables import LOG_DIR, TableLocation
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -149,11 +149,11 @@ class LocalCatalog:
             if not folder.is_dir():
                 return []
             return sorted(TableName(catalog, schema, p.name) for p in folder.iterdir()
-                          if (p / "_delta_log").is_dir() and not p.name.startswith("."))
+                          if (p / LOG_DIR).is_dir() and not p.name.startswith("."))
         from lakemirror.object_store import list_folders
 
         return sorted(TableName(catalog, schema, name) for name in self.list_folders(spark, catalog, schema)
-                      if "_delta_log" in list_folders(spark, self._folder(catalog, schema, name)))
+                      if LOG_DIR in list_folders(spark, self._folder(catalog, schema, name)))
 
     def describe(self, spark: "SparkSession", name: TableName) -> TableInfo:
         loc = self.locate(name)

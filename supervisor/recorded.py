@@ -26,7 +26,7 @@ from lakemirror.sources.commit_log import LocalCommitLog
 from lakemirror.supervisor import replica_record
 from lakemirror.supervisor.lag import LagReading
 from lakemirror.supervisor.spec import PipelineSpec
-from lakemirror.tables import TableLocation, local_dir
+from lakemirror.tables import LOG_DIR, TableLocation, local_dir
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def source_position(loc: TableLocation, applied_through: int | None) -> tuple[in
     folder = local_dir(loc.path) if loc.path is not None else None
     if commits is None or folder is None:
         return None, None
-    latest = latest_commit(folder / "_delta_log")
+    latest = latest_commit(folder / LOG_DIR)
     if latest is None or applied_through is None or latest <= applied_through:
         return latest, None
     for version in range(applied_through + 1, latest + 1):
