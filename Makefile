@@ -3,7 +3,7 @@
 VENV := .venv/bin
 PYTEST := $(VENV)/python -m pytest
 
-.PHONY: setup demo run test typecheck test-unit test-integration test-e2e torture bench clean
+.PHONY: setup demo run test test-all typecheck test-unit test-integration test-e2e torture bench clean
 
 setup:
 	@scripts/setup.sh
@@ -14,8 +14,13 @@ demo: setup
 run: setup
 	$(VENV)/lakemirror run $(CONFIG)
 
+# The README's test command: typecheck, unit, integration and the smoke of every real part and crash
+# mechanism. `make test-all` adds the tests marked slow (the full crash tortures, the long scenarios).
 test: setup typecheck
-	$(PYTEST) tests
+	$(PYTEST) tests -m "not slow" $(PYTEST_ARGS)
+
+test-all: setup typecheck
+	$(PYTEST) tests $(PYTEST_ARGS)
 
 # mypy --strict over the packages that pass it (scripts/typecheck.sh names them).
 typecheck: setup

@@ -11,6 +11,20 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+#: Each test's time limit by tier (pytest-timeout): a hang fails that test, by name, not the run.
+#: A test may set its own with ``@pytest.mark.timeout(seconds)``.
+TIER_TIMEOUTS = {"unit": 60, "integration": 420, "e2e": 900}
+SLOW_TIMEOUT = 2400
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("timeout") is not None:
+            continue
+        tier = Path(str(item.fspath)).relative_to(ROOT / "tests").parts[0]
+        seconds = SLOW_TIMEOUT if item.get_closest_marker("slow") else TIER_TIMEOUTS.get(tier, 420)
+        item.add_marker(pytest.mark.timeout(seconds))
+
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
