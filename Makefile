@@ -17,10 +17,10 @@ run: setup
 # The README's test command: typecheck, unit, integration and the smoke of every real part and crash
 # mechanism. `make test-all` adds the tests marked slow (the full crash tortures, the long scenarios).
 test: setup typecheck
-	$(PYTEST) tests -m "not slow" $(PYTEST_ARGS)
+	$(PYTEST) tests -m "not slow" --durations=25 $(PYTEST_ARGS)
 
 test-all: setup typecheck
-	$(PYTEST) tests $(PYTEST_ARGS)
+	$(PYTEST) tests --durations=25 $(PYTEST_ARGS)
 
 # mypy --strict over the packages that pass it (scripts/typecheck.sh names them).
 typecheck: setup

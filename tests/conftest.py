@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import time
+from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -24,6 +26,34 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         tier = Path(str(item.fspath)).relative_to(ROOT / "tests").parts[0]
         seconds = SLOW_TIMEOUT if item.get_closest_marker("slow") else TIER_TIMEOUTS.get(tier, 420)
         item.add_marker(pytest.mark.timeout(seconds))
+
+
+_TIER_SECONDS: dict[str, float] = defaultdict(float)
+_TIER_TESTS: dict[str, int] = defaultdict(int)
+_STARTED = time.monotonic()
+
+
+def _tier(nodeid: str) -> str:
+    parts = nodeid.split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == "tests" else "other"
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Adds each phase's time (fixture set-up, the test, tear-down) to its tier's total."""
+    _TIER_SECONDS[_tier(report.nodeid)] += report.duration
+    if report.when == "call":
+        _TIER_TESTS[_tier(report.nodeid)] += 1
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The time of each tier, so a run shows where its minutes went (beside ``--durations``)."""
+    if not _TIER_SECONDS:
+        return
+    terminalreporter.write_sep("=", "time by tier (set-up, test and tear-down of each test)")
+    for tier in sorted(_TIER_SECONDS, key=_TIER_SECONDS.__getitem__, reverse=True):
+        terminalreporter.write_line(f"{tier:<12} {_TIER_TESTS[tier]:>5} tests {_TIER_SECONDS[tier]:>8.1f} s")
+    terminalreporter.write_line(f"{'wall':<12} {sum(_TIER_TESTS.values()):>5} tests "
+                                f"{time.monotonic() - _STARTED:>8.1f} s")
 
 
 @pytest.fixture(scope="session")
