@@ -3,7 +3,9 @@
 Every function here either returns a value or raises :class:`BadRequest`, which carries the HTTP
 status to answer (400, 413, 501) and one line that names the problem and the fix. Nothing a
 client sends can make them raise anything else (a body nested past the decoder's recursion limit is a 400,
-and so is one nested past :data:`MAX_JSON_DEPTH`; sizes are capped before anything is read).
+and so is one nested past :data:`MAX_JSON_DEPTH`; sizes are capped before anything is read, a
+``Content-Length`` of any number of digits included; an object that names a key twice is a 400,
+as YAML's unique keys are for the configuration file).
 """
 
 from __future__ import annotations
@@ -50,10 +52,11 @@ def framing(content_lengths: list[str], transfer_encoding: str | None,
     raw = values.pop()
     if not raw.isascii() or not raw.isdigit():
         raise BadRequest(400, f"Content-Length must be a whole number of bytes, got {raw[:40]!r}")
-    length = int(raw)
-    if length > max_bytes:
+    digits = raw.lstrip("0") or "0"
+    # compared as text first: int() refuses more than 4300 digits (CPython's limit on converting them)
+    if len(digits) > len(str(max_bytes)) or int(digits) > max_bytes:
         raise BadRequest(413, f"the body is larger than {max_bytes} bytes")
-    return length
+    return int(digits)
 
 
 class Readable(Protocol):
@@ -106,6 +109,22 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object's members as a dict, refusing a name given twice (RFC 8259 leaves the meaning of a
+    repeated name open; most parsers keep the last, so a body could say one thing to a proxy or a
+    log reader and another to the daemon)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(f"the key {key[:80]!r} appears twice in one JSON object; keep one")
+        out[key] = value
+    return out
+
+
 def parse_json(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
     """The JSON value of a body (None when it is empty or blank), or :class:`BadRequest` (400)."""
     if not raw.strip():
@@ -116,9 +135,11 @@ def parse_json(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
         raise BadRequest(400, f"the body is not UTF-8 (byte {exc.start}); send JSON encoded as UTF-8") from None
     too_deep = BadRequest(400, f"the JSON body nests deeper than {max_depth} levels")
     try:
-        value = json.loads(text, parse_constant=_no_constant)
+        value = json.loads(text, parse_constant=_no_constant, object_pairs_hook=_unique_keys)
     except RecursionError:  # CPython's decoder checks its depth against the recursion limit
         raise too_deep from None
+    except _DuplicateKey as exc:
+        raise BadRequest(400, str(exc)) from None
     except ValueError as exc:
         raise BadRequest(400, f"the body is not valid JSON: {str(exc)[:200]}") from None
     if nesting_depth(value) > max_depth:

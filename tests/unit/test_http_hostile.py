@@ -81,6 +81,10 @@ CASES = [
     ("two lengths", post(CREATE, ["Content-Length: 2", "Content-Length: 3"], b"{} "), 400, "more than once"),
     ("huge length", post(CREATE, ["Content-Length: 99999999999999999999"]), 413, "larger than 1048576 bytes"),
     ("over the cap", post(CREATE, [f"Content-Length: {(1 << 20) + 1}"]), 413, "larger than"),
+    ("5000-digit length", post(CREATE, ["Content-Length: " + "9" * 5000]), 413, "larger than 1048576 bytes"),
+    ("a key twice", sized(b'{"schema_name": "sales", "schema_name": "finance"}'), 400,
+     "the key 'schema_name' appears twice in one JSON object"),
+    ("a nested key twice", sized(b'{"http": {"port": 1, "port": 2}}'), 400, "'port' appears twice"),
     ("not utf-8", sized(b'{"source_catalog": "\xff\xfe"}'), 400, "not UTF-8"),
     ("not json", sized(b"{not json"), 400, "not valid JSON"),
     ("NaN", sized(b'{"trigger_interval_seconds": NaN}'), 400, "NaN is not a JSON number"),
@@ -154,12 +158,22 @@ def test_framing() -> None:
     assert framing(["12"], None) == 12
     assert framing(["12", " 12"], None) == 12  # a repeated header with one value is one length
     assert framing([], "Chunked") == "chunked"
+    assert framing(["0" * 5000 + "12"], None) == 12  # leading zeros: still twelve bytes
     for lengths, coding, status in [(["-1"], None, 400), (["+1"], None, 400), (["1e3"], None, 400),
                                     (["١٢"], None, 400), (["2000000"], None, 413), ([], "chunked, gzip", 501),
-                                    (["1"], "chunked", 400)]:
+                                    (["1"], "chunked", 400), (["1" * 5000], None, 413),
+                                    (["1" + "0" * 4400], None, 413)]:
         with pytest.raises(BadRequest) as err:
             framing(lengths, coding)
         assert err.value.status == status, (lengths, coding)
+
+
+def test_parse_json_refuses_a_key_given_twice_at_any_depth() -> None:
+    assert parse_json(b'{"a": {"b": 1}, "b": {"b": 2}}') == {"a": {"b": 1}, "b": {"b": 2}}  # same name, two objects
+    for raw in (b'{"a": 1, "a": 1}', b'[{"x": {"k": 1, "k": 2}}]'):
+        with pytest.raises(BadRequest, match="appears twice in one JSON object") as err:
+            parse_json(raw)
+        assert err.value.status == 400
 
 
 def test_parse_json_bounds_depth_without_recursing() -> None:
