@@ -80,3 +80,33 @@ def test_classified_errors_are_redacted(caplog: pytest.LogCaptureFixture) -> Non
         logging.getLogger("lakemirror.test").warning("table failed: %s", err)
     assert TOKEN not in caplog.text
 
+
+
+#: Inputs on which a backtracking expression takes time quadratic in their length: long words (a
+#: scheme pattern restarting at each letter), words followed by ``://`` and a long user, repeated
+#: keywords. At this size quadratic work takes many minutes, past the unit tier's time limit.
+LONG_INPUTS = ["a" * 400_000, "password" * 50_000, "x://" + "a" * 400_000, "a://b:" + "c" * 400_000,
+               "dapi" * 100_000, "s3a://" * 60_000, ("a" * 1000 + "://") * 400]
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("text", LONG_INPUTS, ids=["letters", "keywords", "long user", "long password",
+                                                   "pat-like", "schemes", "words and schemes"])
+def test_redact_is_linear_in_its_input(text: str) -> None:
+    assert redact(text) == text  # nothing to mask, and an answer in milliseconds rather than hours
+
+
+def test_url_passwords_are_masked_as_the_uri_grammar_says() -> None:
+    """The scan masks exactly what ``[a-z][a-z0-9+.-]*://[^/\\s:@]+:`` then ``[^@\\s/]+`` before ``@``
+    matches, on every string of a small alphabet that exercises each boundary."""
+    import random
+    import re
+
+    spec = re.compile(r"(?P<keep>[a-z][a-z0-9+.-]*://[^/\s:@]+:)[^@\s/]+(?=@)", re.IGNORECASE)
+    rng = random.Random(46)
+    for _ in range(20_000):
+        text = "".join(rng.choice("aZ9:/@ .-+\t") for _ in range(rng.randint(0, 24)))
+        assert redact(text) == spec.sub(lambda m: m.group("keep") + MASK, text), text
+    assert redact("s3a://AKIA:pw@bucket/a and jdbc:postgresql://u:p@h/db") == (
+        f"s3a://AKIA:{MASK}@bucket/a and jdbc:postgresql://u:{MASK}@h/db")
+    assert redact("9://u:p@h") == "9://u:p@h"  # a scheme starts with a letter
