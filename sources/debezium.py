@@ -50,7 +50,7 @@ _SIMPLE_SNAPSHOT = {"read", "snapshot", "r"}
 
 
 def _last_digits(text: str) -> str | None:
-    """The last run of decimal digits in ``text`` (``mysql-bin.000042`` -> ``000042``), or None.
+    r"""The last run of decimal digits in ``text`` (``mysql-bin.000042`` -> ``000042``), or None.
 
     A scan from the end, not ``re.search(r"(\d+)\D*$")``: that expression restarts at every digit
     of a long run followed by a non-digit and a digit, quadratic in the run's length (a
