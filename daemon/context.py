@@ -641,11 +641,13 @@ class DaemonContext(GlobalContext):
         finally:
             log.info("draining: letting batches in flight finish (up to %.0fs)", self.settings.drain_timeout_seconds)
             deadline = time.monotonic() + self.settings.drain_timeout_seconds
-            self.worker.close(wait=False)
-            self.pipelines.shutdown_all(self.settings.drain_timeout_seconds)
-            subtasks.shutdown(max(0.0, deadline - time.monotonic()))
-            server.close()
-            (self.pipeline_dir / "daemon.json").unlink(missing_ok=True)
+            try:
+                self.worker.close(wait=False)
+                self.pipelines.shutdown_all(self.settings.drain_timeout_seconds)
+                subtasks.shutdown(max(0.0, deadline - time.monotonic()))
+            finally:  # a drain that fails still leaves no endpoint file pointing at a dead daemon
+                server.close()
+                (self.pipeline_dir / "daemon.json").unlink(missing_ok=True)
 
 
 def _missing_ancestor(path: Path) -> Path | None:

@@ -1,9 +1,15 @@
-"""YAML for configuration files: PyYAML's safe loader, refusing a mapping that names a key twice.
+"""YAML for configuration files: PyYAML's safe loader, refusing a mapping that names a key twice
+and a document nested deeper than a configuration ever is.
 
 PyYAML (like the YAML 1.1 spec's most lenient readers) keeps the last of two equal keys, so
 ``schema_name: a`` followed by ``schema_name: b`` — or two ``runtime:`` blocks — would silently
 replicate the wrong schema. YAML 1.2 says keys of a mapping are unique; this loader enforces it at
 every depth while the mapping is constructed, and says where both occurrences are.
+
+PyYAML composes and constructs nested collections recursively, so a document nested a few hundred
+levels deep (or whose aliases nest it that deep) ends in Python's ``RecursionError``. Nesting is
+counted on the parser's events first, which are produced without recursion: deeper than
+:data:`MAX_DEPTH` is a :class:`TooDeepError` with its line, before anything is composed.
 """
 
 from __future__ import annotations
@@ -12,7 +18,11 @@ from typing import Any
 
 import yaml
 from yaml.constructor import ConstructorError
+from yaml.events import CollectionEndEvent, CollectionStartEvent
 from yaml.nodes import MappingNode
+
+#: The deepest nesting of mappings and sequences accepted (a pipeline's settings nest 4 levels).
+MAX_DEPTH = 32
 
 
 class DuplicateKeyError(yaml.YAMLError):
@@ -22,6 +32,15 @@ class DuplicateKeyError(yaml.YAMLError):
         self.key, self.first_line, self.line, self.column = key, first_line, line, column
         super().__init__(f"key {key!r} appears twice in one mapping (lines {first_line} and {line}); "
                          f"keep one")
+
+
+class TooDeepError(yaml.YAMLError):
+    """The document nests collections deeper than ``limit`` (first at ``line``, 1-based)."""
+
+    def __init__(self, limit: int, line: int | None) -> None:
+        self.limit, self.line = limit, line
+        super().__init__(f"mappings and lists nest deeper than {limit} levels (aliases included); a "
+                         f"configuration nests a few")
 
 
 class UniqueKeyLoader(yaml.SafeLoader):
@@ -46,6 +65,23 @@ class UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def check_depth(text: str, limit: int = MAX_DEPTH) -> None:
+    """Raise :class:`TooDeepError` when ``text`` nests collections deeper than ``limit``."""
+    depth = 0
+    for event in yaml.parse(text, Loader=UniqueKeyLoader):
+        if isinstance(event, CollectionStartEvent):
+            depth += 1
+            if depth > limit:
+                raise TooDeepError(limit, event.start_mark.line + 1 if event.start_mark else None)
+        elif isinstance(event, CollectionEndEvent):
+            depth -= 1
+
+
 def load(text: str) -> Any:
-    """Parse one YAML document with :class:`UniqueKeyLoader` (safe: plain data only)."""
-    return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    """Parse one YAML document with :class:`UniqueKeyLoader` (safe: plain data only), refusing one
+    nested deeper than :data:`MAX_DEPTH` (:class:`TooDeepError`)."""
+    check_depth(text)
+    try:
+        return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:  # aliases can nest a document deeper than its text does
+        raise TooDeepError(MAX_DEPTH, None) from None

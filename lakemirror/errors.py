@@ -36,17 +36,32 @@ class TerminalError(LakemirrorError):
     code = "terminal"
 
 
+def excerpt(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, with an ellipsis and the length left out when cut."""
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text) - limit} more characters)"
+
+
 class ConfigError(TerminalError):
-    """The configuration is invalid; ``problems`` lists each (location, message)."""
+    """The configuration is invalid; ``problems`` lists each (location, message).
+
+    Shown as given, but each location and message is cut to :attr:`MAX_LOCATION` and
+    :attr:`MAX_MESSAGE` characters and at most :attr:`MAX_PROBLEMS` are kept (with one more saying
+    how many were left out): a problem can quote a value of any length, and a file that is not a
+    configuration can have thousands of keys."""
 
     code = "config"
+    MAX_LOCATION, MAX_MESSAGE, MAX_PROBLEMS = 200, 500, 30
 
     def __init__(self, problems: list[tuple[str, str]]) -> None:
         from lakemirror.secrets import redact
 
         # A location or message may quote a value (an identifier, a URL) holding a credential: every
         # problem is redacted here, once, so no output of a ConfigError (CLI, log, API) can show it.
-        self.problems = [(redact(str(loc)), redact(str(msg))) for loc, msg in problems]
+        kept = [(excerpt(redact(str(loc)), self.MAX_LOCATION), excerpt(redact(str(msg)), self.MAX_MESSAGE))
+                for loc, msg in problems[:self.MAX_PROBLEMS]]
+        if len(problems) > self.MAX_PROBLEMS:
+            kept.append(("…", f"and {len(problems) - self.MAX_PROBLEMS} more problems"))
+        self.problems = kept
         super().__init__("; ".join(f"{loc}: {msg}" for loc, msg in self.problems))
 
 

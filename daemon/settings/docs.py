@@ -23,6 +23,17 @@ do not edit by hand. A pipeline is a YAML file; environment variables override i
 (`LAKEMIRROR_<FIELD>`, nested with `__`: `LAKEMIRROR_RUNTIME__MASTER=local[4]`), and command-line
 flags override both (`--set runtime.master=local[4]`). `lakemirror validate FILE` reports every
 problem with where it came from and exits 2; `run` starts nothing while any remains.
+
+Names in a variable are matched in any case, except the keys of a mapping, which are kept as
+written (`LAKEMIRROR_RUNTIME__SPARK_CONF__spark.driver.maxResultSize=1g`). A list, a mapping or a
+block of settings given whole in a variable is JSON (`LAKEMIRROR_TABLES='["orders"]'`); a value
+that is not JSON, or an object naming a key twice, is refused naming the variable.
+
+Limits: the file is a regular UTF-8 file of at most 1 MiB whose mappings and lists nest at most 32
+levels, and names no key twice in one mapping; catalog, schema, table and column names have at most
+255 characters, paths at most 4096; durations have the upper bounds shown below. A file none of
+whose top-level keys is a setting is refused as not a configuration, without quoting it; messages
+quote at most a few hundred characters of a value, with credentials masked.
 """
 
 

@@ -12,14 +12,16 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Any, Final, Literal, Mapping
+from typing import Any, Collection, Final, Literal, Mapping
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from lakemirror.daemon.settings import config_file, limits, paths
 from lakemirror.daemon.settings.bootstrap import BootstrapSettings
 from lakemirror.daemon.settings.destination import DeltaDestination, Destination
+from lakemirror.daemon.settings.env_source import EnvValueError, LakemirrorEnvSource
 from lakemirror.daemon.settings.event_source import EventSourceSettings
 from lakemirror.daemon import spark_values, yaml_loader
 from lakemirror.daemon.settings.schedule import ScheduleSettings, schedule_problems
@@ -36,9 +38,24 @@ _PIPELINE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 def _check_name(value: str, what: str) -> str:
     if not value or not value.strip():
         raise ValueError(f"{what} cannot be empty")
+    if len(value) > limits.MAX_NAME_CHARS:
+        raise ValueError(f"{what} is {len(value)} characters long; a name has at most {limits.MAX_NAME_CHARS}")
     if not _NAME.match(value):
         raise ValueError(f"{what} {value!r} may not contain '.', '/', '`' or control characters")
     return value
+
+
+def bearer_token(value: str) -> str:
+    """A token as the server compares it and the client sends it: spaces and line breaks at either
+    end dropped, at least one character, printable ASCII without spaces (an HTTP header's value).
+    The message never quotes the token."""
+    token = value.strip()
+    if not token:
+        raise ValueError("auth_token is empty; give a token, or leave auth_token out to have one generated")
+    if not all("\x21" <= c <= "\x7e" for c in token):
+        raise ValueError("auth_token must be printable ASCII without spaces or line breaks inside (it is sent "
+                         "in an HTTP header)")
+    return token
 
 
 #: Blocks of the YAML that belong to the daemon, not to a pipeline posted to its control API.
@@ -73,6 +90,9 @@ class TableOverride(Strict):
         for name in v:
             if not name or "\x00" in name:
                 raise ValueError("column names cannot be empty or contain NUL")
+            if len(name) > limits.MAX_NAME_CHARS:
+                raise ValueError(f"a column name is {len(name)} characters long; a name has at most "
+                                 f"{limits.MAX_NAME_CHARS}")
         if len(set(v)) != len(v):
             raise ValueError(f"names repeat: {v}")
         return v
@@ -106,6 +126,11 @@ class RuntimeSettings(Strict):
     def _master(cls, v: str) -> str:
         return spark_values.master_url(v)
 
+    @field_validator("warehouse", "jars_dir")
+    @classmethod
+    def _folders(cls, v: str | None, info: Any) -> str | None:
+        return None if v is None else paths.directory_value(v, f"runtime.{info.field_name}")
+
     @field_validator("driver_memory", mode="before")
     @classmethod
     def _heap(cls, v: Any) -> str:
@@ -138,12 +163,19 @@ class RuntimeSettings(Strict):
 class HttpSettings(Strict):
     host: str = Field("127.0.0.1", description="Interface of the /metrics, /healthz and /status endpoint.")
     port: int = Field(9464, ge=0, le=65535, description="Port (0 = any free port).")
-    auth_token: SecretStr | None = Field(None, description="Bearer token for the control API (never logged).")
+    auth_token: SecretStr | None = Field(None, description="Bearer token for the control API (never logged). "
+                                         "Spaces and line breaks at either end are dropped (a YAML block scalar "
+                                         "or a mounted secret file ends in one); printable ASCII otherwise.")
+
+    @field_validator("auth_token")
+    @classmethod
+    def _token(cls, v: SecretStr | None) -> SecretStr | None:
+        return None if v is None else SecretStr(bearer_token(v.get_secret_value()))
 
 
 class RestartSettings(Strict):
-    base_delay_seconds: float = Field(2.0, gt=0, description="First retry delay of a degraded table.")
-    max_delay_seconds: float = Field(300.0, gt=0, description="Cap of the exponential backoff.")
+    base_delay_seconds: float = Field(2.0, gt=0, le=limits.DAY, description="First retry delay of a degraded table.")
+    max_delay_seconds: float = Field(300.0, gt=0, le=limits.DAY, description="Cap of the exponential backoff.")
     jitter: float = Field(0.2, ge=0, le=1, description="Fraction by which a delay is randomly shortened.")
 
 
@@ -205,16 +237,16 @@ class Settings(BaseSettings):
     audit_catalog: str | None = Field(None, description="Catalog of the checkpoint table (default: destination_catalog).")
     checkpoint_table: str | None = Field(None, description="Full name of the checkpoint table "
                                                            "(default <audit_catalog>.continuous_sync.checkpoints).")
-    discover_interval_seconds: float = Field(30.0, gt=0, description="How often new tables are looked for.")
-    lag_interval_seconds: float = Field(2.0, gt=0, description="How often lag is measured per table.")
+    discover_interval_seconds: float = Field(30.0, gt=0, le=limits.DAY, description="How often new tables are looked for.")
+    lag_interval_seconds: float = Field(2.0, gt=0, le=limits.DAY, description="How often lag is measured per table.")
     change_window_policy: Literal["fail", "resync"] = Field(
         "fail", description="When a source version the replica needs is gone (VACUUM, log cleanup, source "
                             "recreated): fail = the table stops in state failed, saying what happened; "
                             "resync = a new bootstrap at a pinned version with a new epoch and checkpoint.")
-    retention_warning_seconds: float = Field(86400.0, gt=0, description="Warn when a table's change window "
+    retention_warning_seconds: float = Field(86400.0, gt=0, le=limits.DECADE, description="Warn when a table's change window "
                                              "(retention headroom) is closer than this.")
-    lag_slo_seconds: float = Field(300.0, gt=0, description="/readyz fails when a table lags more than this.")
-    drain_timeout_seconds: float = Field(120.0, gt=0, description="SIGTERM: how long to wait for batches in flight.")
+    lag_slo_seconds: float = Field(300.0, gt=0, le=limits.YEAR, description="/readyz fails when a table lags more than this.")
+    drain_timeout_seconds: float = Field(120.0, gt=0, le=limits.DAY, description="SIGTERM: how long to wait for batches in flight.")
     max_files_per_trigger: int | None = Field(None, gt=0, le=spark_values.JAVA_INT_MAX, description="Cap on source files per micro-batch.")
     max_bytes_per_trigger: str | None = Field(None, description="Soft cap on bytes per micro-batch, e.g. '512m' "
                                               "(units b, k, m, g, t, p) or a number of bytes.")
@@ -264,10 +296,33 @@ class Settings(BaseSettings):
         default_factory=list, description="Batch sub-tasks (clone, incremental, reconcile, metadata) the daemon "
                                           "runs on a schedule; see lakemirror.daemon.settings.schedule.")
 
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource,
+                                   dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource,
+                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """What is given, only: :func:`load_settings` adds the environment and the file. A pipeline
+        posted to the control API is what its body says, not the daemon's ``LAKEMIRROR_*`` variables
+        (pydantic runs this for ``model_validate`` too, as ``Settings`` has its own ``__init__``)."""
+        return (init_settings,)
+
     @field_validator("source_catalog", "destination_catalog", "schema_name", "destination_schema", "audit_catalog")
     @classmethod
     def _ident(cls, v: str | None, info: Any) -> str | None:
         return None if v is None else _check_name(v, info.field_name)
+
+    @field_validator("checkpoint_volume")
+    @classmethod
+    def _checkpoint_folder(cls, v: str) -> str:
+        return paths.directory_value(v, "checkpoint_volume")
+
+    @field_validator("table_overrides")
+    @classmethod
+    def _override_names(cls, v: dict[str, TableOverride]) -> dict[str, TableOverride]:
+        for name in v:
+            _check_name(name, "table name")
+        return v
 
     @field_validator("pipeline_id")
     @classmethod
@@ -366,23 +421,9 @@ class _DictSource(PydanticBaseSettingsSource):
         return dict(self.data)
 
 
-def read_yaml(path: str | Path) -> dict[str, Any]:
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError([(str(p), "file not found")])
-    try:
-        data = yaml_loader.load(p.read_text(encoding="utf-8"))
-    except yaml_loader.DuplicateKeyError as exc:
-        raise ConfigError([(f"{p}:{exc.line}:{exc.column}", str(exc))]) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark else str(p)
-        raise ConfigError([(where, f"not valid YAML: {getattr(exc, 'problem', exc)}")]) from exc
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError([(str(p), "the top level must be a mapping of settings")])
-    return data
+def read_yaml(path: str | Path, known: Collection[str] | None = None) -> dict[str, Any]:
+    """The configuration file's top-level mapping (:func:`~lakemirror.daemon.settings.config_file.read_config`)."""
+    return config_file.read_config(path, known)
 
 
 def _loc(parts: tuple[Any, ...]) -> str:
@@ -408,6 +449,10 @@ def _origin_of(loc: tuple[Any, ...], file_origin: str, overrides: dict[str, Any]
         var = "LAKEMIRROR_" + "__".join(keys[:depth]).upper()
         if any(name.upper() == var for name in os.environ):
             return f"environment variable {var}"
+    # a mapping's problem (a Spark conf's value) when a variable sets one of its keys
+    below = sorted(name for name in os.environ if name.upper().startswith("LAKEMIRROR_" + "__".join(keys).upper() + "__"))
+    if keys and below:
+        return f"environment variable {', '.join(below)} (or {file_origin}: {_loc(loc)})"
     return f"{file_origin}: {_loc(loc)}"
 
 
@@ -454,6 +499,19 @@ def object_storage_problem(field: str, value: str) -> str | None:
     return None
 
 
+def checkpoint_problem(settings: Settings, warehouse: str | None = None) -> str | None:
+    """Why ``settings.checkpoint_volume`` may not hold checkpoints: inside a Delta table, or (local mode)
+    inside the folder of the source's or the replicas' schema under ``warehouse`` (default: the
+    settings' own). See :mod:`lakemirror.daemon.settings.paths`."""
+    if settings.runtime.mode == "databricks":
+        return None
+    schemas = [(settings.source_catalog, settings.schema_name),
+               (settings.destination_catalog, settings.destination_schema or settings.schema_name)]
+    local = settings.runtime.mode == "local"
+    return paths.checkpoint_location_problem(settings.checkpoint_volume,
+                                             (warehouse or settings.runtime.warehouse) if local else None, schemas)
+
+
 def _path_problems(settings: Settings, origin: str, overrides: dict[str, Any]) -> list[tuple[str, str]]:
     if settings.runtime.mode != "local":
         return []
@@ -463,12 +521,16 @@ def _path_problems(settings: Settings, origin: str, overrides: dict[str, Any]) -
         problem = object_storage_problem(".".join(loc), value) or local_path_problem(value)
         if problem:
             found.append((_origin_of(loc, origin, overrides), problem))
+    if not found:
+        problem = checkpoint_problem(settings)
+        if problem:
+            found.append((_origin_of(("checkpoint_volume",), origin, overrides), problem))
     return found
 
 
 def load_settings(path: str | Path | None, overrides: dict[str, Any] | None = None) -> Settings:
     """Load and validate; raise :class:`ConfigError` listing every problem with its location."""
-    data = read_yaml(path) if path is not None else {}
+    data = read_yaml(path, Settings.model_fields) if path is not None else {}
     origin = str(path) if path is not None else "settings"
 
     class _Bound(Settings):
@@ -479,10 +541,12 @@ def load_settings(path: str | Path | None, overrides: dict[str, Any] | None = No
                                        dotenv_settings: PydanticBaseSettingsSource,
                                        file_secret_settings: PydanticBaseSettingsSource,
                                        ) -> tuple[PydanticBaseSettingsSource, ...]:
-            return (init_settings, env_settings, _DictSource(settings_cls, data))
+            return (init_settings, LakemirrorEnvSource(settings_cls), _DictSource(settings_cls, data))
 
     try:
         bound = _Bound(**(overrides or {}))
+    except EnvValueError as exc:
+        raise ConfigError([(f"environment variable {var}", msg) for var, msg in exc.problems]) from None
     except ValidationError as exc:
         problems = []
         for err in exc.errors(include_url=False):

@@ -39,6 +39,7 @@ from typing import Any, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from lakemirror.daemon.settings import limits
 from lakemirror.daemon.settings.pipeline import RuntimeSettings, read_yaml
 from lakemirror.errors import ConfigError
 from lakemirror.daemon.settings.task_options import CloneOptions, MetadataSettings, ReconcileSettings, RetrySettings
@@ -56,7 +57,7 @@ class ObjectSettings(Strict):
 
     operations: list[Operation] = Field(default_factory=lambda: list[Operation](["clone"]),
                                         description="Operations run, in this order, per table.")
-    timeout_seconds: float = Field(3600.0, gt=0, description="Per object and attempt.")
+    timeout_seconds: float = Field(3600.0, gt=0, le=limits.YEAR, description="Per object and attempt.")
     keys: list[str] = Field(default_factory=list, description="Key columns; empty = inferred.")
     retry: RetrySettings = Field(default_factory=RetrySettings)
     clone: CloneOptions = Field(default_factory=CloneOptions)
@@ -265,7 +266,7 @@ def _problems(errors: Sequence[Any], prefix: str, origin: str) -> list[tuple[str
 def load_replicate_config(path: str | Path | None, cli: CliOverrides | None = None,
                           data: Mapping[str, Any] | None = None) -> ReplicateConfig:
     """Load, validate every level with its parents, apply CLI flags; raise :class:`ConfigError`."""
-    raw = dict(data) if data is not None else read_yaml(path) if path is not None else {}
+    raw = dict(data) if data is not None else read_yaml(path, ReplicateConfig.model_fields) if path is not None else {}
     origin = str(path) if path is not None else "settings"
     if cli is not None:
         raw["cli"] = cli.model_dump()

@@ -27,6 +27,7 @@ from typing import Annotated, Literal, Sequence
 
 from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
 
+from lakemirror.daemon.settings import limits
 from lakemirror.daemon.settings.task_options import CloneOptions, MetadataSettings, ReconcileSettings, RetrySettings, Strict
 from lakemirror.supervisor.scheduler import DailyAt, Every, Trigger
 
@@ -59,11 +60,11 @@ class ScheduleSettings(Strict):
     name: str = Field(description="Unique name of the sub-task (1-64 of [A-Za-z0-9_.-]); a metric label.")
     operations: list[SubtaskOperation] = Field(min_length=1, description="clone, incremental, reconcile, "
                                                                         "metadata; run in this order per table.")
-    every_seconds: float | None = Field(None, gt=0, description="Run every this many seconds (first run one "
+    every_seconds: float | None = Field(None, gt=0, le=limits.YEAR, description="Run every this many seconds (first run one "
                                                                  "interval after the daemon starts).")
     daily_at: DailyAtText = Field(None, description="Run once a day at HH:MM, UTC (24-hour), e.g. '02:30'.")
     tables: list[str] | None = Field(None, description="Tables of the source schema (default: the pipeline's).")
-    timeout_seconds: float = Field(3600.0, gt=0, description="Per table, operation and attempt.")
+    timeout_seconds: float = Field(3600.0, gt=0, le=limits.YEAR, description="Per table, operation and attempt.")
     retry: RetrySettings = Field(default_factory=RetrySettings)
     clone: CloneOptions = Field(default_factory=CloneOptions)
     reconcile: ReconcileSettings = Field(default_factory=ReconcileSettings)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from lakemirror.daemon.settings import limits
 from lakemirror.sinks.batch.metadata_sync import DEFAULT_OBJECT_TYPES, OBJECT_TYPES
 
 
@@ -15,9 +16,9 @@ class Strict(BaseModel):
 
 class RetrySettings(Strict):
     max_attempts: int = Field(3, ge=1, le=100, description="Attempts per object, the first included.")
-    base_delay_seconds: float = Field(2.0, ge=0, description="Delay before the second attempt.")
-    max_delay_seconds: float = Field(120.0, gt=0, description="Cap of the exponential backoff.")
-    multiplier: float = Field(2.0, ge=1, description="Growth of the delay per attempt.")
+    base_delay_seconds: float = Field(2.0, ge=0, le=limits.DAY, description="Delay before the second attempt.")
+    max_delay_seconds: float = Field(120.0, gt=0, le=limits.DAY, description="Cap of the exponential backoff.")
+    multiplier: float = Field(2.0, ge=1, le=100, description="Growth of the delay per attempt.")
     jitter: float = Field(0.2, ge=0, le=1, description="Fraction by which a delay is randomly shortened.")
 
 
