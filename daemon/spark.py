@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lakemirror.daemon.settings import RuntimeSettings
+from lakemirror.daemon import spark_conf_rules
 from lakemirror.daemon.jars import jar_paths
 from lakemirror.daemon.spark_secrets import secret_properties_file, split_secret_confs
 from lakemirror.object_store import needs_s3a
@@ -28,8 +29,8 @@ if TYPE_CHECKING:
 LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 
 DELTA_CONFS = {
-    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
-    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    "spark.sql.extensions": spark_conf_rules.DELTA_EXTENSION,
+    "spark.sql.catalog.spark_catalog": spark_conf_rules.DELTA_CATALOG,
 }
 
 
@@ -80,6 +81,26 @@ def session_jars(rt: RuntimeSettings, s3a: bool | None = None) -> list[str]:
     return paths
 
 
+def session_confs(rt: RuntimeSettings, s3a: bool | None = None) -> dict[str, str]:
+    """Every conf of a local session: lakemirror's, then the user's ``spark_conf``, which win except
+    for the lists and values the session depends on (:mod:`lakemirror.daemon.spark_conf_rules`)."""
+    ours = {"spark.jars": ",".join(session_jars(rt, s3a)),
+            "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false",
+            "spark.sql.shuffle.partitions": str(rt.shuffle_partitions),
+            "spark.default.parallelism": str(rt.shuffle_partitions),
+            "spark.driver.memory": rt.driver_memory,
+            "spark.sql.warehouse.dir": spark_warehouse_dir(rt.warehouse),
+            "spark.sql.session.timeZone": "UTC",
+            "spark.databricks.delta.snapshotPartitions": "2",
+            "spark.sql.streaming.stopTimeout": "120s",
+            "spark.scheduler.mode": "FAIR",
+            "spark.log.structuredLogging.enabled": "false",
+            "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
+            **DELTA_CONFS}
+    return spark_conf_rules.merge(ours, rt.spark_conf)
+
+
 def local_session(rt: RuntimeSettings, app_name: str = "lakemirror", s3a: bool | None = None) -> "SparkSession":
     from pyspark.sql import SparkSession
 
@@ -88,22 +109,10 @@ def local_session(rt: RuntimeSettings, app_name: str = "lakemirror", s3a: bool |
     # Real-Time Mode's foreach writer (sinks/postgres/foreach.py) runs lakemirror code there.
     # PySpark takes the workers' interpreter from PYSPARK_PYTHON only; one set by the user wins.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = (SparkSession.builder.master(rt.master).appName(app_name)
-               .config("spark.jars", ",".join(session_jars(rt, s3a)))
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", str(rt.shuffle_partitions))
-               .config("spark.default.parallelism", str(rt.shuffle_partitions))
-               .config("spark.driver.memory", rt.driver_memory)
-               .config("spark.sql.warehouse.dir", spark_warehouse_dir(rt.warehouse))
-               .config("spark.sql.session.timeZone", "UTC")
-               .config("spark.databricks.delta.snapshotPartitions", "2")
-               .config("spark.sql.streaming.stopTimeout", "120s")
-               .config("spark.scheduler.mode", "FAIR")
-               .config("spark.log.structuredLogging.enabled", "false")
-               .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG4J_CONFIG}"))
-    # Secret confs (s3a keys, passwords, tokens) go through a 0600 file, not the JVM's command line.
-    public, secret = split_secret_confs({**DELTA_CONFS, **rt.spark_conf})
+    builder = SparkSession.builder.master(rt.master).appName(app_name)
+    # Secret confs (s3a keys, passwords, tokens, a URL with a password) go through a 0600 file, not
+    # the JVM's command line.
+    public, secret = split_secret_confs(session_confs(rt, s3a))
     for k, v in public.items():
         builder = builder.config(k, v)
     with secret_properties_file(secret):

@@ -4,7 +4,9 @@ command line.
 PySpark starts the JVM with every builder conf as ``--conf key=value`` arguments, and a process's
 arguments are readable by every local user (``/proc/<pid>/cmdline``, ``ps``). A conf whose key
 names a secret (:func:`lakemirror.secrets.is_secret_key`, also on camelCase words:
-``fs.s3a.secret.key``, ``…password``, ``…ConnectionPassword``, ``…token``…) is written instead to
+``fs.s3a.secret.key``, ``…password``, ``…ConnectionPassword``, ``…token``…), or whose value
+carries a credential whatever its key (``jdbc:postgresql://admin:pw@db/app``,
+``user=bob password=…``: what :func:`lakemirror.secrets.redact` masks), is written instead to
 a Java properties file of mode 0600 in a private temporary directory, which spark-submit reads with
 ``--properties-file`` (``--load-spark-defaults`` keeps ``spark-defaults.conf`` loaded as before).
 The JVM holds the values as a ``--conf`` would (``spark.hadoop.*`` ones land in the SparkContext's
@@ -22,7 +24,7 @@ import tempfile
 from contextlib import contextmanager
 from typing import Iterator, Mapping
 
-from lakemirror.secrets import is_secret_key
+from lakemirror.secrets import is_secret_key, redact
 
 SUBMIT_ARGS = "PYSPARK_SUBMIT_ARGS"
 
@@ -37,10 +39,18 @@ def is_secret_conf(key: str) -> bool:
     return is_secret_key(key) or is_secret_key(re.sub(r"(?<=[a-z0-9])(?=[A-Z])", ".", key))
 
 
+def carries_credentials(value: str) -> bool:
+    """Whether a value holds a credential whatever its key: a URL with a password
+    (``jdbc:postgresql://admin:pw@db/app``), ``password=…`` / ``token: …`` pairs, a bearer token
+    (what :func:`lakemirror.secrets.redact` masks)."""
+    return redact(value) != value
+
+
 def split_secret_confs(confs: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
-    """``(public, secret)``: the confs that may go on the command line, and those that may not."""
-    public = {k: v for k, v in confs.items() if not is_secret_conf(k)}
-    secret = {k: v for k, v in confs.items() if is_secret_conf(k)}
+    """``(public, secret)``: the confs that may go on the command line, and those that may not (a
+    key that names a secret, or a value that carries a credential)."""
+    secret = {k: v for k, v in confs.items() if is_secret_conf(k) or carries_credentials(v)}
+    public = {k: v for k, v in confs.items() if k not in secret}
     return public, secret
 
 

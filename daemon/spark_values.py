@@ -141,6 +141,23 @@ def _bytes(value: str, what: str) -> str:
     return byte_size(value, what)[0]
 
 
+def _bytes_or_off(value: str, what: str) -> str:
+    """A size, or -1 (off), as ``spark.sql.autoBroadcastJoinThreshold`` takes."""
+    return "-1" if value.strip() == "-1" else byte_size(value, what)[0]
+
+
+_MIB = re.compile(r"^([0-9]+)([kmgt]?)$")
+
+
+def _mib_size(value: str, what: str) -> str:
+    """A memory overhead: a whole number of MiB, or one with the unit k, m, g or t (``384m``)."""
+    text = value.strip().lower()
+    if not _MIB.match(text) or int(_MIB.match(text).group(1)) <= 0:  # type: ignore[union-attr]
+        raise ValueError(f"{what} {value!r} is not a size: a whole number of MiB, or with the unit k, m, g or t "
+                         f"(e.g. 384m)")
+    return text
+
+
 #: Spark confs the daemon sets itself (``daemon/spark.py``) or whose format is fixed; a value in
 #: ``runtime.spark_conf`` for one of these is checked like the field it overrides.
 SPARK_CONFS: dict[str, Callable[[str, str], str]] = {
@@ -158,7 +175,21 @@ SPARK_CONFS: dict[str, Callable[[str, str], str]] = {
     "spark.databricks.delta.snapshotPartitions": _int(1),
     "spark.master": lambda value, what: master_url(value),
     "spark.hadoop.delta.enableFastS3AListFrom": _off_with_hadoop_3_5,
+    "spark.driver.cores": _int(1),
+    "spark.executor.cores": _int(1),
+    "spark.executor.instances": _int(0),
+    "spark.driver.memoryOverhead": _mib_size,
+    "spark.executor.memoryOverhead": _mib_size,
+    "spark.buffer.size": _int(1),
+    "spark.sql.files.maxPartitionBytes": _bytes,
+    "spark.sql.adaptive.advisoryPartitionSizeInBytes": _bytes,
+    "spark.sql.autoBroadcastJoinThreshold": _bytes_or_off,
+    "spark.sql.caseSensitive": boolean,
+    "spark.speculation": boolean,
+    "spark.sql.streaming.minBatchesToRetain": _int(1),
 }
+#: The longest conf name and value accepted.
+MAX_CONF_KEY_CHARS, MAX_CONF_VALUE_CHARS = 1024, 16384
 
 #: Delta table properties (Delta 4.4's ``DeltaConfigs``) whose values Delta parses, with their form.
 DELTA_PROPERTIES: dict[str, Callable[[str, str], str]] = {
@@ -185,9 +216,42 @@ DELTA_PROPERTIES: dict[str, Callable[[str, str], str]] = {
 _DELTA_BY_LOWER = {k.lower(): k for k in DELTA_PROPERTIES}
 
 
+def _known_confs() -> dict[str, str]:
+    from lakemirror.daemon import spark_conf_rules
+
+    names = [*SPARK_CONFS, *spark_conf_rules.REQUIRED, *spark_conf_rules.MERGED, *spark_conf_rules.CLASS_LISTS,
+             "spark.sql.adaptive.enabled", "spark.sql.adaptive.coalescePartitions.enabled",
+             "spark.sql.adaptive.skewJoin.enabled", "spark.sql.ansi.enabled", "spark.dynamicAllocation.enabled",
+             "spark.eventLog.enabled", "spark.sql.shuffle.partitions", "spark.jars.packages",
+             "spark.sql.warehouse.dir", "spark.driver.extraClassPath", "spark.executor.extraJavaOptions"]
+    return {k.lower(): k for k in names}
+
+
 def spark_conf_value(key: str, value: str) -> str:
+    """Check one conf of ``runtime.spark_conf``: the format of a value Spark parses (those of
+    :data:`SPARK_CONFS`, and every ``*.enabled`` conf, a boolean in Spark, Hadoop and Delta), the
+    confs lakemirror's session depends on (:func:`lakemirror.daemon.spark_conf_rules.check`), and a
+    name that differs from a known one only in case (Spark's names are case-sensitive: it would
+    ignore the conf)."""
+    from lakemirror.daemon import spark_conf_rules
+
+    if not key.strip() or len(key) > MAX_CONF_KEY_CHARS:
+        raise ValueError(f"a Spark conf name must have 1 to {MAX_CONF_KEY_CHARS} characters")
+    if len(value) > MAX_CONF_VALUE_CHARS:
+        raise ValueError(f"{key[:100]}: the value is {len(value)} characters long; at most {MAX_CONF_VALUE_CHARS}")
     check = SPARK_CONFS.get(key)
-    return check(value, key) if check else value
+    if check is not None:
+        return check(value, key)
+    known = _KNOWN_BY_LOWER.get(key.lower())
+    if known is not None and known != key:
+        raise ValueError(f"{key!r}: Spark conf names are case-sensitive and Spark would ignore this one; write "
+                         f"{known!r}")
+    if key.endswith(".enabled"):
+        return boolean(value, key)
+    return spark_conf_rules.check(key, value)
+
+
+_KNOWN_BY_LOWER = _known_confs()
 
 
 def delta_property(key: str, value: str) -> str:

@@ -119,7 +119,16 @@ class RuntimeSettings(Strict):
     shuffle_partitions: int = Field(4, ge=1, le=spark_values.JAVA_INT_MAX, description="spark.sql.shuffle.partitions for the daemon's session.")
     driver_memory: str = Field("2g", description="Local mode: spark.driver.memory, the JVM's heap (e.g. 2g, 512m).")
     spark_conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark confs; those whose format "
-                                       "lakemirror knows (sizes, durations, booleans) are checked at load.")
+                                       "lakemirror knows (sizes, durations, booleans, every *.enabled) are checked "
+                                       "at load, a name differing from a known one only in case is refused (Spark "
+                                       "would ignore it), and in local mode a class a conf names (spark.sql."
+                                       "extensions, a catalog, a plugin) must be in the session's jars. A conf "
+                                       "wins over lakemirror's own, except spark.sql.extensions, spark.jars and "
+                                       "spark.driver.extraJavaOptions, which add to lakemirror's, and "
+                                       "spark.sql.catalog.spark_catalog and spark.sql.session.timeZone, which "
+                                       "must stay DeltaCatalog and UTC. A value carrying a credential (a URL with "
+                                       "a password, password=...) is kept off the JVM's command line, as secret "
+                                       "names (*.secret.key, *password*) are.")
 
     @field_validator("master")
     @classmethod
@@ -144,7 +153,15 @@ class RuntimeSettings(Strict):
     @field_validator("spark_conf")
     @classmethod
     def _conf(cls, v: dict[str, str]) -> dict[str, str]:
-        return {k: spark_values.spark_conf_value(k, x) for k, x in v.items()}
+        out, problems = {}, []
+        for key, value in v.items():
+            try:
+                out[key] = spark_values.spark_conf_value(key, value)
+            except ValueError as exc:
+                problems.append(str(exc))
+        if problems:
+            raise ValueError("; ".join(problems))
+        return out
 
     @model_validator(mode="after")
     def _remote(self) -> "RuntimeSettings":
@@ -563,6 +580,11 @@ def load_settings(path: str | Path | None, overrides: dict[str, Any] | None = No
     unusable += [(_origin_of(loc, origin, overrides or {}), msg)
                  for loc, msg in schedule_problems(settings.schedules, settings.tables, settings.exclude_tables)]
     unusable += [(_origin_of(loc, origin, overrides or {}), msg) for loc, msg in postgres_problems(settings)]
+    if settings.runtime.mode == "local":
+        from lakemirror.daemon.spark_classes import missing_class_problems
+
+        unusable += [(_origin_of(("runtime", "spark_conf"), origin, overrides or {}), msg)
+                     for _, msg in missing_class_problems(settings.runtime.spark_conf, settings.runtime.jars_dir)]
     if unusable:
         raise ConfigError(unusable)
     return settings

@@ -17,6 +17,8 @@ pytestmark = pytest.mark.integration
 SECRET = "lm-S3CR3T=key:with#odd!chars\\and spaces"
 ACCESS = "AKIALAKEMIRRORTEST01"
 TOKEN = "lm-session-token-9f8e7d"
+#: A conf whose name says nothing secret but whose value carries a password.
+METASTORE = "jdbc:postgresql://admin:lm-Metastore-PW@db:5432/metastore"
 
 CHILD = r"""
 import json, os, sys
@@ -51,7 +53,8 @@ for pid in descendants(os.getpid())[1:]:
         pass
 hadoop = spark.sparkContext._jsc.hadoopConfiguration()
 session_hadoop = spark._jsparkSession.sessionState().newHadoopConf()
-keys = ["fs.s3a.secret.key", "fs.s3a.access.key", "fs.s3a.session.token", "fs.s3a.endpoint"]
+keys = ["fs.s3a.secret.key", "fs.s3a.access.key", "fs.s3a.session.token", "fs.s3a.endpoint",
+        "javax.jdo.option.ConnectionURL"]
 print(json.dumps({
     "jvm_pid": jvm_pid,
     "jvm_exe": os.readlink(f"/proc/{jvm_pid}/exe"),
@@ -70,6 +73,7 @@ def test_secret_confs_reach_hadoop_but_not_the_jvm_command_line(tmp_path: Path) 
         "spark.hadoop.fs.s3a.access.key": ACCESS,
         "spark.hadoop.fs.s3a.session.token": TOKEN,
         "spark.hadoop.fs.s3a.endpoint": "http://127.0.0.1:9",  # not a secret: stays a --conf
+        "spark.hadoop.javax.jdo.option.ConnectionURL": METASTORE,  # a secret by its value
     }
     env = {k: v for k, v in os.environ.items() if k != "PYSPARK_SUBMIT_ARGS"}
     proc = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "lakehouse")],
@@ -83,12 +87,12 @@ def test_secret_confs_reach_hadoop_but_not_the_jvm_command_line(tmp_path: Path) 
     assert "org.apache.spark.deploy.SparkSubmit" in jvm
     assert "spark.hadoop.fs.s3a.endpoint=http://127.0.0.1:9" in jvm  # the public conf is there
     for pid, cmdline in seen["cmdlines"].items():
-        for value in (SECRET, ACCESS, TOKEN):
+        for value in (SECRET, ACCESS, TOKEN, "lm-Metastore-PW"):
             assert value not in cmdline, f"a secret is on the command line of process {pid}"
         assert "fs.s3a.secret.key" not in cmdline and "fs.s3a.session.token" not in cmdline
 
     expected = {"fs.s3a.secret.key": SECRET, "fs.s3a.access.key": ACCESS, "fs.s3a.session.token": TOKEN,
-                "fs.s3a.endpoint": "http://127.0.0.1:9"}
+                "fs.s3a.endpoint": "http://127.0.0.1:9", "javax.jdo.option.ConnectionURL": METASTORE}
     assert seen["hadoop"] == expected  # the SparkContext's Hadoop configuration
     assert seen["session_hadoop"] == expected  # what a read or write of an s3a path is given
     assert seen["submit_args"] is None  # the environment is restored once the session runs

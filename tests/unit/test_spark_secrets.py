@@ -29,6 +29,17 @@ def test_confs_whose_key_names_a_secret_are_split_off() -> None:
     assert set(secret) == set(confs) - set(public)
 
 
+@pytest.mark.parametrize("value", [
+    "jdbc:postgresql://admin:PW-1@db:5432/app", "user=bob password=PW-1", "host=db;pwd=PW-1",
+    "Authorization: Bearer PW-1", "s3a://AKIA:PW-1@bucket/path"])
+def test_a_value_carrying_a_credential_is_secret_whatever_its_key(value: str) -> None:
+    public, secret = split_secret_confs({"spark.hadoop.javax.jdo.option.ConnectionURL": value,
+                                         "spark.sql.warehouse.dir": "s3a://bucket/wh",
+                                         "spark.app.name": "user=bob"})
+    assert secret == {"spark.hadoop.javax.jdo.option.ConnectionURL": value}
+    assert set(public) == {"spark.sql.warehouse.dir", "spark.app.name"}
+
+
 def test_properties_are_escaped_for_java() -> None:
     text = java_properties({"a.key": " lead=x:y#z!\\w\nnext", "sp ace": "v"})
     assert text == "a.key=\\ lead\\=x\\:y\\#z\\!\\\\w\\nnext\n" "sp\\ ace=v\n"
