@@ -31,6 +31,7 @@ from lakemirror.daemon.routes import Match
 from lakemirror.daemon.worker import CommandWorker, WorkerClosed, WorkerTimeout
 from lakemirror.secrets import redact
 from lakemirror.sources.cdf_check import Readiness
+from lakemirror.supervisor.supervisor import Draining
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +165,7 @@ class ContinuousSyncApi:
             return getattr(self, f"_{m.route.name}")(m, body)  # type: ignore[no-any-return]
         except WorkerTimeout as exc:
             return 504, {"error": str(exc)}
-        except WorkerClosed as exc:
+        except (WorkerClosed, Draining) as exc:
             return 503, {"error": str(exc)}
         except DatabricksNotConfigured as exc:
             return 503, {"error": str(exc)}

@@ -36,7 +36,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from lakemirror.daemon import control, openapi, page, routes
 from lakemirror.daemon.http_body import MAX_BODY_BYTES, BadRequest, framing, parse_json, read_chunked
 from lakemirror.secrets import redact
-from lakemirror.supervisor.supervisor import TableView
+from lakemirror.supervisor.supervisor import Draining, TableView
 
 if TYPE_CHECKING:
     from lakemirror.daemon.api import ContinuousSyncApi
@@ -233,7 +233,11 @@ class ControlServer:
             verb, table = name[len("table_"):], m.params["table"]
             if self.commands is None:
                 return 404, {"error": "control commands are not enabled on this endpoint"}
-            if not self.commands(verb, table):
+            try:
+                known = self.commands(verb, table)
+            except Draining as exc:  # refused rather than lost: the drain has taken the queue
+                return 503, {"error": str(exc)}
+            if not known:
                 return 404, {"error": f"no table {table!r} in this pipeline"}
             log.info("control: %s %s (queued)", verb, table)
             return 202, {"accepted": verb, "table": table}

@@ -4,6 +4,10 @@ Each tick it applies queued commands (pause, resume), discovers new tables when 
 none, collects every runner's events and feeds them through the pure state machine, carries out
 the resulting actions, and probes lag. A failing table only ever changes its own state: its
 backoff is state with a due time, not a sleep, so no other table waits for it.
+
+A command accepted is durable: one still queued when the drain begins is recorded in the table's
+state once its runner has stopped (pause and resume as the persisted pause, a resync as a new
+bootstrap at the next start), and from the drain on, commands are refused (:class:`Draining`).
 """
 
 from __future__ import annotations
@@ -67,6 +71,10 @@ class TableView:
     bootstrap: dict[str, object] | None = None  # a running bootstrap: chunks and rows done, rate, ETA
 
 
+class Draining(Exception):
+    """The supervisor is shutting down: a command is refused (send it again once the daemon runs)."""
+
+
 @dataclass
 class _Table:
     runner: Runner
@@ -96,6 +104,8 @@ class Supervisor:
         self._read_recorded = recorded
         self._recorded: dict[str, RecordedTable] = {}
         self._commands: "queue.Queue[tuple[str, str]]" = queue.Queue()
+        self._command_lock = threading.Lock()  # a command is queued before the drain takes the queue, or refused
+        self._draining = False
         self._view_lock = threading.Lock()
         self._next_lag = 0.0
         self._next_discovery = 0.0
@@ -107,25 +117,33 @@ class Supervisor:
     # -- commands (any thread) ------------------------------------------------------------------
 
     def pause(self, table: str) -> None:
-        self._commands.put(("pause", table))
+        self._queue("pause", table)
 
     def resume(self, table: str) -> None:
-        self._commands.put(("resume", table))
+        self._queue("resume", table)
 
     def resync(self, table: str) -> None:
         """Rebuild the table's replica from a new snapshot (a new transaction-id epoch)."""
-        self._commands.put(("resync", table))
+        self._queue("resync", table)
+
+    def _queue(self, verb: str, table: str) -> None:
+        with self._command_lock:
+            if self._draining:
+                raise Draining(f"{verb} {table}: the pipeline is shutting down and takes no more commands; send "
+                               f"it again once the daemon runs")
+            self._commands.put((verb, table))
 
     def has_table(self, table: str) -> bool:
         return table in self._tables
 
     def command(self, verb: str, table: str) -> bool:
-        """Queue ``verb`` (pause, resume, resync) for ``table``; False if the pipeline has no such table."""
+        """Queue ``verb`` (pause, resume, resync) for ``table``; False if the pipeline has no such table,
+        :class:`Draining` once the shutdown has begun."""
         if verb not in ("pause", "resume", "resync"):
             raise ValueError(f"unknown command {verb!r}")
         if not self.has_table(table):
             return False
-        self._commands.put((verb, table))
+        self._queue(verb, table)
         return True
 
     # -- loop (the supervisor thread) -----------------------------------------------------------
@@ -172,7 +190,11 @@ class Supervisor:
         """Drain: every table finishes its batch in flight, then its stream stops.
 
         The whole drain shares one deadline: each table gets what is left of it, so N tables
-        never take N times the timeout."""
+        never take N times the timeout. Commands still queued are recorded once the tables have
+        stopped (:meth:`_record_pending`); later ones are refused."""
+        with self._command_lock:
+            self._draining = True
+        pending = self._take_commands()
         deadline = time.monotonic() + timeout_seconds
         now = self.clock()
         if self._turns is not None:
@@ -180,6 +202,33 @@ class Supervisor:
         for name in list(self._tables):
             remaining = max(0.0, deadline - time.monotonic())
             self._dispatch(name, sm.Stop(), now, halt_timeout=remaining)
+        self._record_pending(pending)
+
+    def _take_commands(self) -> list[tuple[str, str]]:
+        out = []
+        while True:
+            try:
+                out.append(self._commands.get_nowait())
+            except queue.Empty:
+                return out
+
+    def _record_pending(self, pending: list[tuple[str, str]]) -> None:
+        """Make commands accepted but not yet applied durable, without starting anything: a pause or
+        resume becomes the table's persisted pause, a resync its new bootstrap at the next start."""
+        for verb, table in pending:
+            entry = self._tables.get(table)
+            if entry is None:
+                continue
+            try:
+                if verb == "resync":
+                    entry.runner.pause_persisted(False)
+                    entry.runner.resync("resync requested by an operator")
+                else:
+                    entry.runner.pause_persisted(verb == "pause")
+            except Exception:  # noqa: BLE001 (one table's state file must not stop the others')
+                log.exception("table %s: the %s accepted before the shutdown could not be recorded", table, verb)
+                continue
+            log.info("table %s: %s accepted before the shutdown, recorded for the next start", table, verb)
 
     # -- internals ------------------------------------------------------------------------------
 

@@ -121,3 +121,21 @@ def test_cli_without_a_running_daemon_says_how_to_start_it(tmp_path: Path, capsy
     (tmp_path / "ck" / "p" / "daemon.json").unlink()
     assert main(["pause", str(config), "orders"]) == 1
     assert "lakemirror run" in capsys.readouterr().err
+
+
+def test_a_command_sent_during_the_drain_is_refused_with_503_not_lost() -> None:
+    from tests.unit.test_supervisor import started
+
+    w = started(["orders"])
+    srv = ControlServer("127.0.0.1", 0, CollectorRegistry(), w.sup.views, {"pipeline_id": "p"},
+                        commands=w.sup.command)
+    srv.start()
+    try:
+        assert post(f"{srv.url}/tables/orders/pause")[0] == 202
+        w.sup.shutdown(5.0)  # the pause still queued is recorded ...
+        assert w.runners["orders"].paused is True
+        code, answer = post(f"{srv.url}/tables/orders/resume")  # ... and a command after it is refused
+        assert code == 503 and "shutting down" in answer["error"], answer
+        assert w.runners["orders"].paused is True
+    finally:
+        srv.close()
