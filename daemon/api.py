@@ -22,13 +22,14 @@ from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
-from lakemirror.daemon.settings import Settings, local_path_problem
+from lakemirror.daemon.settings import Settings, local_path_problem, object_storage_problem
 from lakemirror.daemon.databricks_pipelines import DatabricksNotConfigured, DatabricksPipelines
-from lakemirror.daemon.settings.pipeline import DAEMON_ONLY_KEYS
+from lakemirror.daemon.settings.pipeline import DAEMON_ONLY_KEYS, checkpoint_problem
 from lakemirror.daemon.pipelines import (FoldersOverlap, PipelineExists, PipelineHandle, PipelineRegistry,
-                                         checkpoint_dir_to_delete)
+                                         checkpoint_dir_to_delete, claim_folder, inside, release_folder)
 from lakemirror.daemon.routes import Match
 from lakemirror.daemon.worker import CommandWorker, WorkerClosed, WorkerTimeout
+from lakemirror.errors import excerpt
 from lakemirror.secrets import redact
 from lakemirror.sources.cdf_check import Readiness
 from lakemirror.supervisor.supervisor import Draining
@@ -72,19 +73,40 @@ def _loc(parts: tuple[Any, ...]) -> str:
     return out or "(body)"
 
 
-def settings_from_body(body: Any, mode: str, default_checkpoint_volume: str | None = None
-                       ) -> Settings | list[dict[str, str]]:
+#: At most this many problems are listed in a 422 (a body can name thousands of unknown keys).
+MAX_PROBLEMS = 30
+
+
+def _problems(found: list[dict[str, str]]) -> list[dict[str, str]]:
+    """``found`` as the 422 lists them: credentials masked, each cut to a short excerpt, at most
+    :data:`MAX_PROBLEMS` (and one more saying how many were left out)."""
+    out = [{"field": excerpt(redact(p["field"]), 200), "message": excerpt(redact(p["message"]), 500)}
+           for p in found[:MAX_PROBLEMS]]
+    if len(found) > MAX_PROBLEMS:
+        out.append({"field": "…", "message": f"and {len(found) - MAX_PROBLEMS} more problems"})
+    return out
+
+
+def settings_from_body(body: Any, mode: str, default_checkpoint_volume: str | None = None,
+                       daemon: Settings | None = None) -> Settings | list[dict[str, str]]:
     """The pipeline a request body describes, or every problem with its field (for a 422).
 
     A body without ``checkpoint_volume`` gets ``default_checkpoint_volume`` (the daemon's own
     ``<checkpoint_volume>/api``, so the pipeline's folder is ``<checkpoint_volume>/api/<pipeline_id>``):
     the seed's REST example names no folder. The YAML pipeline still has to name one.
+
+    With ``daemon`` (the daemon's own settings), the pipeline runs with the daemon's ``runtime``,
+    ``http`` and ``databricks`` blocks, and outside databricks mode its ``checkpoint_volume`` must
+    lie inside the daemon's own (a request cannot have lakemirror write, or later delete, a folder
+    elsewhere) and outside every Delta table and schema folder.
     """
     if not isinstance(body, dict):
         return [{"field": "(body)", "message": "the body must be a JSON object of pipeline settings"}]
     problems = [{"field": k, "message": "set by the daemon's own configuration, not per pipeline"}
                 for k in DAEMON_ONLY_KEYS if k in body]
     fields = {k: v for k, v in body.items() if k not in DAEMON_ONLY_KEYS}
+    if daemon is not None:
+        fields.update({k: getattr(daemon, k) for k in DAEMON_ONLY_KEYS})
     if "checkpoint_volume" not in fields and default_checkpoint_volume is not None:
         fields["checkpoint_volume"] = default_checkpoint_volume
     try:
@@ -98,12 +120,22 @@ def settings_from_body(body: Any, mode: str, default_checkpoint_volume: str | No
                 msg = "required setting is missing"
             problems.append({"field": _loc(tuple(err["loc"])), "message": msg})
         # a field (a dict key) or message may quote a credential the body holds
-        return [{"field": redact(p["field"]), "message": redact(p["message"])} for p in problems]
+        return _problems(problems)
     if mode != "databricks":
         problem = local_path_problem(settings.checkpoint_volume)
+        if problem is None and daemon is not None:
+            root = daemon.checkpoint_volume
+            folder = Path(settings.checkpoint_volume) / settings.effective_pipeline_id
+            if object_storage_problem("checkpoint_volume", settings.checkpoint_volume) is not None \
+                    or not inside(folder, root) or inside(root, folder):
+                problem = (f"the pipeline's folder {folder} is not inside {root}, the daemon's checkpoint_volume: "
+                           f"a pipeline posted to the API keeps its state there (leave checkpoint_volume out for "
+                           f"{default_checkpoint_volume or root})")
+            else:
+                problem = checkpoint_problem(settings, daemon.runtime.warehouse)
         if problem:
             problems.append({"field": "checkpoint_volume", "message": problem})
-    return problems or settings
+    return _problems(problems) if problems else settings
 
 
 def pipeline_json(h: PipelineHandle) -> dict[str, Any]:
@@ -126,7 +158,7 @@ class ContinuousSyncApi:
                  cdf_check: Callable[[str, str], list[Readiness]],
                  databricks: Callable[[], DatabricksPipelines] | None = None,
                  databricks_as: Callable[[str, str], DatabricksPipelines] | None = None,
-                 default_checkpoint_volume: str | None = None,
+                 default_checkpoint_volume: str | None = None, daemon: Settings | None = None,
                  timeout_seconds: float = 30.0, drain_timeout_seconds: float = 120.0) -> None:
         self.mode = mode
         self.registry = registry
@@ -136,6 +168,9 @@ class ContinuousSyncApi:
         self.databricks_ambient = databricks   # databricks mode only; built lazily by the root
         self.databricks_as = databricks_as     # (host, token) of the request's X-Databricks-* headers
         self.default_checkpoint_volume = default_checkpoint_volume
+        #: The daemon's own settings: the blocks a posted pipeline runs with, and the checkpoint folder
+        #: its state must stay inside (None: neither, as in tests of the transport alone).
+        self.daemon = daemon
         self._local = threading.local()        # per HTTP thread: the request's workspace credentials
         self.timeout = timeout_seconds
         self.drain_timeout = drain_timeout_seconds
@@ -186,7 +221,7 @@ class ContinuousSyncApi:
     # -- pipelines --------------------------------------------------------------------------------
 
     def _create(self, m: Match, body: Any) -> Reply:
-        parsed = settings_from_body(body, self.mode, self.default_checkpoint_volume)
+        parsed = settings_from_body(body, self.mode, self.default_checkpoint_volume, self.daemon)
         if isinstance(parsed, list):
             return 422, {"error": "invalid pipeline", "problems": parsed}
         if self._remote:
@@ -197,16 +232,27 @@ class ContinuousSyncApi:
         if self.registry.get(pid) is not None:
             return 409, {"error": f"pipeline {pid!r} already runs in this daemon (DELETE it first, or set "
                                   f"another pipeline_id)"}
-        folder = Path(parsed.checkpoint_volume) / pid
+        folder = Path(parsed.checkpoint_volume).expanduser() / pid
         clash = self.registry.overlapping(folder)
         if clash is not None:
             return 409, {"error": str(FoldersOverlap(folder, clash.pipeline_id, clash.directory))}
         try:
+            created = claim_folder(folder, pid)  # marked as lakemirror's: the one folder DELETE may remove
+        except OSError as exc:
+            return 422, {"error": "invalid pipeline", "problems": [
+                {"field": "checkpoint_volume", "message": f"cannot create {folder}: {exc.strerror or exc}"}]}
+        try:
             handle = self.worker.call(f"start pipeline {pid}", lambda: self.start_pipeline(parsed), self.timeout)
-        except PipelineExists:
-            return 409, {"error": f"pipeline {pid!r} already runs in this daemon"}
-        except FoldersOverlap as exc:  # another request took an overlapping folder meanwhile
-            return 409, {"error": str(exc)}
+        except WorkerTimeout:
+            raise  # the start goes on: its folder stays
+        except BaseException as exc:
+            if created:
+                release_folder(folder)
+            if isinstance(exc, PipelineExists):
+                return 409, {"error": f"pipeline {pid!r} already runs in this daemon"}
+            if isinstance(exc, FoldersOverlap):  # another request took an overlapping folder meanwhile
+                return 409, {"error": str(exc)}
+            raise
         log.info("api: pipeline %s started", pid)
         return 201, {"job_id": handle.pipeline_id, "run_url": ""}
 
@@ -261,7 +307,8 @@ class ContinuousSyncApi:
         if cleanup == "true":
             try:
                 target = checkpoint_dir_to_delete(h.settings.checkpoint_volume, h.pipeline_id,
-                                                  [o.directory for o in self.registry.all() if o is not h])
+                                                  [o.directory for o in self.registry.all() if o is not h],
+                                                  self.daemon.checkpoint_volume if self.daemon is not None else None)
             except ValueError as exc:
                 return 409, {"error": f"checkpoints not deleted and pipeline not stopped: {exc}"}
 

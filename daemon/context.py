@@ -544,7 +544,7 @@ class DaemonContext(GlobalContext):
             mode=self.settings.runtime.mode, registry=self.pipelines, worker=self.worker,
             start_pipeline=self.start_pipeline, cdf_check=self.check_cdf, databricks=databricks,
             databricks_as=databricks_as,
-            default_checkpoint_volume=self.settings.checkpoint_volume.rstrip("/") + "/api",
+            default_checkpoint_volume=self.settings.checkpoint_volume.rstrip("/") + "/api", daemon=self.settings,
             drain_timeout_seconds=self.settings.drain_timeout_seconds)
 
     @cached_property

@@ -11,7 +11,9 @@ lock makes a tick and a stop never overlap.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -142,12 +144,65 @@ class PipelineRegistry:
             handle.stop(max(0.0, deadline - time.monotonic()))
 
 
-def checkpoint_dir_to_delete(checkpoint_volume: str, pipeline_id: str, protected: list[Path]) -> Path:
+#: The file lakemirror writes into a pipeline folder it creates for a pipeline posted to the API:
+#: only a folder holding it, naming that pipeline, is ever deleted through the API.
+OWNER_MARKER = ".lakemirror-pipeline"
+
+
+def inside(path: str | Path, root: str | Path) -> bool:
+    """Whether ``path`` is ``root`` or lies inside it, symbolic links resolved."""
+    p, r = Path(path).expanduser().absolute().resolve(), Path(root).expanduser().absolute().resolve()
+    return p == r or r in p.parents
+
+
+def claim_folder(folder: Path, pipeline_id: str) -> bool:
+    """Create ``folder`` (and its parents) with an :data:`OWNER_MARKER` naming ``pipeline_id``;
+    False, creating and marking nothing, when it exists already (lakemirror did not make it now, so
+    it is never lakemirror's to delete unless an earlier claim marked it)."""
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        folder.mkdir()
+    except FileExistsError:
+        return False
+    marker = folder / OWNER_MARKER
+    fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        json.dump({"pipeline_id": pipeline_id, "created_by": "lakemirror", "created_at": time.time()}, out)
+    return True
+
+
+def release_folder(folder: Path) -> None:
+    """Undo :func:`claim_folder` for a pipeline that did not start: remove the folder if it holds
+    nothing but the marker."""
+    try:
+        if sorted(os.listdir(folder)) == [OWNER_MARKER]:
+            (folder / OWNER_MARKER).unlink()
+            folder.rmdir()
+    except OSError as exc:
+        log.warning("could not remove %s, made for a pipeline that did not start: %s", folder, exc)
+
+
+def marked_for(folder: Path, pipeline_id: str) -> bool:
+    """Whether ``folder`` holds lakemirror's :data:`OWNER_MARKER` (a regular file, not a link) naming
+    ``pipeline_id``."""
+    marker = folder / OWNER_MARKER
+    try:
+        if marker.is_symlink() or not marker.is_file() or marker.stat().st_size > 4096:
+            return False
+        data = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("pipeline_id") == pipeline_id and data.get("created_by") == "lakemirror"
+
+
+def checkpoint_dir_to_delete(checkpoint_volume: str, pipeline_id: str, protected: list[Path],
+                             root: str | None = None) -> Path:
     """The directory ``DELETE …?cleanup_checkpoints=true`` may remove, or ValueError saying why not.
 
     Only ``<checkpoint_volume>/<pipeline_id>`` itself: a real directory (not a symlink) strictly
-    inside the volume, holding no other running pipeline's directory and not inside one. Pure
-    apart from resolving paths.
+    inside the volume and inside the daemon's checkpoint ``root``, that lakemirror created for this
+    pipeline (it holds :data:`OWNER_MARKER` naming it), holding no other running pipeline's
+    directory and not inside one. Pure apart from reading the file system.
     """
     volume = Path(checkpoint_volume).expanduser().absolute()
     if not pipeline_id or pipeline_id in (".", "..") or "/" in pipeline_id or "\\" in pipeline_id:
@@ -155,9 +210,18 @@ def checkpoint_dir_to_delete(checkpoint_volume: str, pipeline_id: str, protected
     target = volume / pipeline_id
     if target.is_symlink():
         raise ValueError(f"{target} is a symbolic link; delete it by hand if it is really this pipeline's")
-    resolved, root = target.resolve(), volume.resolve()
-    if resolved == root or root not in resolved.parents:
+    resolved, volume_root = target.resolve(), volume.resolve()
+    if resolved == volume_root or volume_root not in resolved.parents:
         raise ValueError(f"{target} is not inside the checkpoint volume {volume}")
+    if root is not None and (not inside(resolved, root) or resolved == Path(root).expanduser().absolute().resolve()):
+        raise ValueError(f"{target} is not inside the daemon's checkpoint folder {root}")
+    if not target.exists():
+        return target  # nothing left to delete
+    if not target.is_dir():
+        raise ValueError(f"{target} is not a directory")
+    if not marked_for(target, pipeline_id):
+        raise ValueError(f"{target} was not created by lakemirror for pipeline {pipeline_id!r} (it has no "
+                         f"{OWNER_MARKER} naming it); delete it by hand if it is really this pipeline's")
     for other in protected:
         if overlaps(resolved, other):
             raise ValueError(f"{target} overlaps {other.expanduser().absolute().resolve()}, the directory of a "
