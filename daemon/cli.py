@@ -82,8 +82,24 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _daemon_url(settings: Any) -> str | None:
     """The running daemon's endpoint, as it recorded it in its pipeline folder."""
-    endpoint = Path(settings.checkpoint_volume) / settings.effective_pipeline_id / "daemon.json"
-    return json.loads(endpoint.read_text())["url"] if endpoint.is_file() else None
+    endpoint = Path(settings.checkpoint_volume).expanduser() / settings.effective_pipeline_id / "daemon.json"
+    try:
+        url = json.loads(endpoint.read_text())["url"] if endpoint.is_file() else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # being rewritten, or not the daemon's: as if no daemon ran
+    return url if isinstance(url, str) else None
+
+
+def _control_token(settings: Any) -> str | None:
+    """The bearer token for the daemon's control routes: ``http.auth_token``, else the one the running
+    daemon generated (:mod:`lakemirror.daemon.http_token`); TokenUnreadable when that file is not ours."""
+    from lakemirror.daemon import http_token
+
+    if settings.http.auth_token is not None:
+        return str(settings.http.auth_token.get_secret_value())
+    if settings.http.auth == "none":
+        return None
+    return http_token.read(Path(settings.checkpoint_volume).expanduser() / settings.effective_pipeline_id)
 
 
 def cmd_control(args: argparse.Namespace) -> int:
@@ -97,19 +113,31 @@ def cmd_control(args: argparse.Namespace) -> int:
         print(f"no running daemon for pipeline {settings.effective_pipeline_id} (no daemon.json under "
               f"{settings.checkpoint_volume}); start it with `lakemirror run`, or pass --url", file=sys.stderr)
         return EXIT_FAILED
+    from lakemirror.daemon.http_token import TokenUnreadable
+
+    try:
+        token = _control_token(settings)
+    except TokenUnreadable as exc:
+        print(f"lakemirror {args.command} {args.table}: no token for the daemon's control API: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     request = urllib.request.Request(f"{url.rstrip('/')}/tables/{quote(args.table, safe='')}/{args.command}",
                                      data=b"", method="POST")
-    if settings.http.auth_token is not None:
-        request.add_header("Authorization", f"Bearer {settings.http.auth_token.get_secret_value()}")
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
     try:
         with urllib.request.urlopen(request, timeout=10) as resp:
-            json.load(resp)
+            resp.read()
     except HTTPError as exc:
-        reason = json.loads(exc.read() or b"{}").get("error", exc.reason)
-        print(f"lakemirror {args.command} {args.table}: refused ({exc.code}): {reason}", file=sys.stderr)
+        try:
+            reason = json.loads(exc.read() or b"{}").get("error", exc.reason)
+        except (ValueError, AttributeError, OSError):
+            reason = exc.reason  # not the daemon's JSON: something else answers there
+        print(f"lakemirror {args.command} {args.table}: refused ({exc.code}): {redact(str(reason), (token or '',))}",
+              file=sys.stderr)
         return EXIT_FAILED
-    except OSError as exc:
-        print(f"lakemirror {args.command} {args.table}: the daemon at {url} did not answer ({exc})", file=sys.stderr)
+    except (OSError, ValueError) as exc:  # ValueError: a URL or header http.client cannot send
+        print(f"lakemirror {args.command} {args.table}: the daemon at {url} did not answer "
+              f"({redact(f'{type(exc).__name__}: {exc}', (token or '',))})", file=sys.stderr)
         return EXIT_FAILED
     print(f"{args.command} {args.table}: accepted; `lakemirror status` shows the table's state")
     return EXIT_OK

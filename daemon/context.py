@@ -36,7 +36,7 @@ from lakemirror.checkpoints.audit import AuditLog, DeltaAuditLog
 from lakemirror.checkpoints.delta_store import DeltaCheckpointStore
 from lakemirror.checkpoints.records import CheckpointStore
 from lakemirror.checkpoints.state import FileStateStore
-from lakemirror.daemon import preflight
+from lakemirror.daemon import http_token, preflight
 from lakemirror.daemon.api import ContinuousSyncApi
 from lakemirror.daemon.databricks_pipelines import DatabricksPipelines
 from lakemirror.daemon.http import ControlServer
@@ -553,11 +553,19 @@ class DaemonContext(GlobalContext):
         info = {"pipeline_id": self.spec.pipeline_id, "version": __version__,
                 "source": f"{self.spec.source_catalog}.{self.spec.schema_name}",
                 "destination": f"{self.spec.destination_catalog}.{self.spec.destination_schema}"}
-        token = h.auth_token.get_secret_value() if h.auth_token is not None else None
         return ControlServer(h.host, h.port, self.metrics.registry, self.supervisor.views, info,
                              lag_slo_seconds=self.settings.lag_slo_seconds,
-                             commands=self.supervisor.command, auth_token=token, api=self.api,
-                             subtasks=self.subtasks.status)
+                             commands=self.supervisor.command, auth_token=self.http_token, api=self.api,
+                             subtasks=self.subtasks.status, allowed_hosts=h.allowed_hosts)
+
+    @cached_property
+    def http_token(self) -> str | None:
+        """The control API's bearer token: ``http.auth_token``; else, with ``http.auth: token``, one
+        generated for this run and written to ``daemon.token`` (:mod:`lakemirror.daemon.http_token`)."""
+        h = self.settings.http
+        if h.auth_token is not None:
+            return h.auth_token.get_secret_value()
+        return http_token.generate() if h.auth == "token" else None
 
     # -- running --------------------------------------------------------------------------------
 
@@ -569,8 +577,13 @@ class DaemonContext(GlobalContext):
     def write_endpoint_file(self) -> None:
         """Tell `lakemirror status` where the running daemon listens."""
         self.pipeline_dir.mkdir(parents=True, exist_ok=True)
+        token_file = None
+        if self.settings.http.auth_token is None and self.http_token is not None:
+            token_file = str(http_token.write(self.pipeline_dir, self.http_token))
+            log.info("control API: its bearer token is in %s (readable by this user only)", token_file)
         tmp = self.pipeline_dir / ".daemon.json.tmp"
-        tmp.write_text(json.dumps({"url": self.server.url, "pid": os.getpid(), "started_at": time.time()}))
+        tmp.write_text(json.dumps({"url": self.server.url, "pid": os.getpid(), "started_at": time.time(),
+                                   "token_file": token_file}))
         os.replace(tmp, self.pipeline_dir / "daemon.json")
 
     def preflight(self) -> None:
@@ -630,6 +643,7 @@ class DaemonContext(GlobalContext):
                 self.worker.close(wait=False)
                 server.close()
                 (self.pipeline_dir / "daemon.json").unlink(missing_ok=True)
+                http_token.remove(self.pipeline_dir)
                 _remove_if_empty(self.pipeline_dir, created)
         try:
             while not stop.is_set():
@@ -648,6 +662,7 @@ class DaemonContext(GlobalContext):
             finally:  # a drain that fails still leaves no endpoint file pointing at a dead daemon
                 server.close()
                 (self.pipeline_dir / "daemon.json").unlink(missing_ok=True)
+                http_token.remove(self.pipeline_dir)
 
 
 def _missing_ancestor(path: Path) -> Path | None:

@@ -29,12 +29,13 @@ import threading
 import time
 from dataclasses import asdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from lakemirror.daemon import control, openapi, page, routes
-from lakemirror.daemon.http_body import MAX_BODY_BYTES, BadRequest, framing, parse_json, read_chunked
+from lakemirror.daemon.http_body import (MAX_BODY_BYTES, BadRequest, framing, json_media_type, parse_json,
+                                         read_chunked)
 from lakemirror.secrets import redact
 from lakemirror.supervisor.supervisor import Draining, TableView
 
@@ -143,7 +144,8 @@ class ControlServer:
                  api: "ContinuousSyncApi | None" = None,
                  subtasks: Callable[[], list[dict[str, Any]]] | None = None,
                  read_timeout_seconds: float = 10.0, max_connections: int = 32,
-                 lag_sample_seconds: float = 5.0, lag_samples: int = 120) -> None:
+                 lag_sample_seconds: float = 5.0, lag_samples: int = 120,
+                 allowed_hosts: Sequence[str] = ()) -> None:
         if read_timeout_seconds <= 0:
             raise ValueError("read_timeout_seconds must be positive")
         self.read_timeout = read_timeout_seconds
@@ -156,6 +158,7 @@ class ControlServer:
         self.views = views
         self.commands = commands  # (verb, table) -> queued? (False: no such table)
         self.auth_token = auth_token
+        self.allowed_hosts = tuple(h.lower() for h in allowed_hosts)  # Host names besides the daemon's address
         self.info = info
         self.lag_slo = lag_slo_seconds
         self.api = api
@@ -302,6 +305,8 @@ class ControlServer:
                         if len(raw) != frame:
                             raise BadRequest(400, f"the body ended after {len(raw)} of the {frame} bytes "
                                                   f"Content-Length announced")
+                    if raw.strip():
+                        json_media_type(self.headers.get("Content-Type"))
                     return True, parse_json(raw)
                 except BadRequest as exc:
                     self.close_connection = True
@@ -324,8 +329,12 @@ class ControlServer:
                                {"Allow": ", ".join(allowed)})
                     return
                 if m.route.mutating or m.route.api:
-                    denied = control.authorize(self.headers.get("Authorization"), outer.auth_token,
-                                               str(outer.server.server_address[0]))
+                    bound = str(outer.server.server_address[0])
+                    foreign = control.foreign_request(self.headers, bound, outer.allowed_hosts)
+                    if foreign is not None:
+                        self._json(403, {"error": foreign})
+                        return
+                    denied = control.authorize(self.headers.get("Authorization"), outer.auth_token, bound)
                     if denied is not None:
                         self._json(denied[0], {"error": denied[1]})
                         return

@@ -59,6 +59,15 @@ def framing(content_lengths: list[str], transfer_encoding: str | None,
     return int(digits)
 
 
+def json_media_type(content_type: str | None) -> None:
+    """Refuse (415) a body not sent as ``application/json``: an HTML form or a page's script can
+    send ``text/plain`` or a form's types to any address without asking, but not JSON."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    if media != "application/json":
+        raise BadRequest(415, f"the body is sent as {media[:60] or 'no type'!r}; send JSON with Content-Type: "
+                              f"application/json")
+
+
 class Readable(Protocol):
     """A byte stream read by lines and by sizes (a request's ``rfile``)."""
 

@@ -22,8 +22,12 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 
 
 def _auth_errors() -> dict[str, Any]:
-    return {"401": _json(_ERR, "Missing or wrong bearer token (a token is configured)."),
-            "403": _json(_ERR, "No token configured and the endpoint is not on a loopback interface.")}
+    return {"401": _json(_ERR, "Missing or wrong bearer token (http.auth_token, or the daemon.token the daemon "
+                               "wrote)."),
+            "403": _json(_ERR, "The Host header does not name the daemon, the Origin or Sec-Fetch-Site is another "
+                               "site's, or (http.auth none) the endpoint is not on a loopback interface."),
+            "503": _json(_ERR, "The daemon is shutting down and takes no more commands (or, databricks mode, "
+                               "has no workspace to submit to).")}
 
 
 def _param(name: str, where: str, description: str, schema: dict[str, Any] | None = None,
@@ -46,6 +50,7 @@ def _body_errors() -> dict[str, Any]:
                                "not valid JSON, or nested deeper than 64 levels."),
             "408": _json(_ERR, "The body did not arrive within the read timeout."),
             "413": _json(_ERR, "The body is larger than 1 MiB."),
+            "415": _json(_ERR, "A body not sent with Content-Type: application/json."),
             "501": _json(_ERR, "A Transfer-Encoding other than chunked.")}
 
 
@@ -77,7 +82,9 @@ def document() -> dict[str, Any]:
                  "description": "Metrics, health, status and control of a lakemirror replication daemon."},
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
-                                           "description": "http.auth_token; without one, loopback only."}},
+                                           "description": "http.auth_token, else the token the daemon generates "
+                                           "at each start into <checkpoint_volume>/<pipeline_id>/daemon.token "
+                                           "(owner-readable); with http.auth none, none (loopback only)."}},
             "schemas": {
                 "Error": {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]},
                 "Problems": {"type": "object", "required": ["error", "problems"], "properties": {

@@ -3,8 +3,9 @@
 The page shows, per table of the configured pipeline: state, lag with an inline-SVG sparkline of
 recent lag samples, rows applied, the last error (redacted, HTML-escaped), the retention headroom,
 and pause / resume buttons. The buttons ``POST /tables/{table}/pause|resume`` (the control routes,
-with ``Authorization: Bearer <token>`` when the daemon has ``http.auth_token``; the page asks for
-the token once and keeps it in the tab's ``sessionStorage``). Everything is inline: no script,
+with ``Authorization: Bearer <token>`` when the daemon has a token, ``http.auth_token`` or the one it
+wrote to ``daemon.token``; the page asks for the token once and keeps it in the tab's
+``sessionStorage``). Everything is inline: no script,
 style sheet, font or image is fetched from anywhere, so the page works on a closed network.
 
 Lag samples come from :class:`LagHistory`, a bounded ring per table that the HTTP server fills on
@@ -143,10 +144,10 @@ def render(views: list[TableView], history: LagHistory, headroom: Callable[[str]
         rows.append('<tr><td colspan="8" class="muted">no tables yet</td></tr>')
     if not control_allowed:
         auth = ('<p class="muted">Pause and resume are off: this endpoint is not on a loopback interface and '
-                'has no token (set http.auth_token).</p>')
+                'has no token (http.auth is none: set http.auth token, or http.auth_token).</p>')
     elif needs_token:
-        auth = ('<p><label>Token (http.auth_token, kept in this tab only): '
-                '<input id="token" type="password" autocomplete="off" size="32"></label></p>')
+        auth = ('<p><label>Token (http.auth_token, or the daemon.token file in the pipeline\'s checkpoint folder; '
+                'kept in this tab only): <input id="token" type="password" autocomplete="off" size="32"></label></p>')
     else:
         auth = '<p class="muted">Loopback endpoint without a token: pause and resume need none.</p>'
     script = _SCRIPT.replace("REFRESH_MS", json.dumps(int(refresh_seconds * 1000)))

@@ -51,7 +51,8 @@ def bearer_token(value: str) -> str:
     The message never quotes the token."""
     token = value.strip()
     if not token:
-        raise ValueError("auth_token is empty; give a token, or leave auth_token out to have one generated")
+        raise ValueError("auth_token is empty; give a token, or leave auth_token out to have one generated "
+                         "(http.auth token)")
     if not all("\x21" <= c <= "\x7e" for c in token):
         raise ValueError("auth_token must be printable ASCII without spaces or line breaks inside (it is sent "
                          "in an HTTP header)")
@@ -180,14 +181,40 @@ class RuntimeSettings(Strict):
 class HttpSettings(Strict):
     host: str = Field("127.0.0.1", description="Interface of the /metrics, /healthz and /status endpoint.")
     port: int = Field(9464, ge=0, le=65535, description="Port (0 = any free port).")
+    auth: Literal["token", "none"] = Field(
+        "token", description="token (default): every control route and /api route needs Authorization: Bearer "
+        "<token>, the token being auth_token, or when that is unset one generated at each start and written to "
+        "<checkpoint_volume>/<pipeline_id>/daemon.token, readable by the daemon's user only (lakemirror "
+        "pause|resume|resync read it there; the status page asks for it). none: no token; control is accepted on "
+        "a loopback interface only, from any local user and process, and refused on others.")
     auth_token: SecretStr | None = Field(None, description="Bearer token for the control API (never logged). "
                                          "Spaces and line breaks at either end are dropped (a YAML block scalar "
                                          "or a mounted secret file ends in one); printable ASCII otherwise.")
+    allowed_hosts: list[str] = Field(
+        default_factory=list, description="Host names a control or /api request may name in its Host header besides "
+        "the daemon's own address (a DNS name in front of it: a Kubernetes service, a proxy). Its IP address, and "
+        "localhost when it listens on loopback or on every interface, need no entry; a request naming any other "
+        "host is refused, as is one whose Origin is another site's (DNS rebinding, cross-site requests).")
 
     @field_validator("auth_token")
     @classmethod
     def _token(cls, v: SecretStr | None) -> SecretStr | None:
         return None if v is None else SecretStr(bearer_token(v.get_secret_value()))
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _hosts(cls, v: list[str]) -> list[str]:
+        for host in v:
+            if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]", host):
+                raise ValueError(f"allowed_hosts: {host[:100]!r} is not a host name (write it without a scheme, "
+                                 f"port or path, e.g. lakemirror.prod.svc)")
+        return [h.lower() for h in v]
+
+    @model_validator(mode="after")
+    def _auth(self) -> "HttpSettings":
+        if self.auth == "none" and self.auth_token is not None:
+            raise ValueError("http.auth is none but http.auth_token is set: remove one of them")
+        return self
 
 
 class RestartSettings(Strict):

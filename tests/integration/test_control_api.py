@@ -23,9 +23,13 @@ from lakemirror.identifiers import TableName
 pytestmark = pytest.mark.integration
 
 
-def call(method: str, url: str, body: Any = None) -> tuple[int, Any]:
+def call(method: str, url: str, body: Any = None, token: str | None = None) -> tuple[int, Any]:
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    if token is not None:
+        req.add_header("Authorization", f"Bearer {token}")
     try:
         with urllib.request.urlopen(req, timeout=120) as resp:
             return resp.status, json.loads(resp.read())
@@ -51,7 +55,13 @@ def test_post_get_cdf_check_and_delete_on_a_running_daemon(spark: Any, tmp_path:
     daemon = threading.Thread(target=app.run, args=(stop,), name="daemon", daemon=True)
     daemon.start()
     try:
-        code, answer = call("POST", f"{url}/api/continuous-sync", {
+        deadline = time.time() + 60
+        while not (checkpoints / "main" / "daemon.token").is_file() and time.time() < deadline:
+            time.sleep(0.1)
+        # no http.auth_token: the daemon generated one, readable by its user only, as the CLI reads it
+        token = (checkpoints / "main" / "daemon.token").read_text().strip()
+        assert call("GET", f"{url}/api/continuous-sync")[0] == 401
+        code, answer = call("POST", f"{url}/api/continuous-sync", token=token, body={
             "pipeline_id": "api1", "source_catalog": "src", "destination_catalog": "dst", "schema_name": "sales",
             "tables": ["orders"], "checkpoint_volume": str(checkpoints), "trigger_interval_seconds": 0.5,
             "lag_interval_seconds": 0.5, "allow_schema_evolution": True})
@@ -61,7 +71,7 @@ def test_post_get_cdf_check_and_delete_on_a_running_daemon(spark: Any, tmp_path:
         latest = int(tables.delta_table(spark, source).history(1).collect()[0]["version"])
         deadline, view = time.time() + 120, {}
         while time.time() < deadline:
-            view = call("GET", f"{url}/api/continuous-sync/api1")[1]["tables"][0]
+            view = call("GET", f"{url}/api/continuous-sync/api1", token=token)[1]["tables"][0]
             if view["state"] == "running" and (view["applied_through"] or -1) >= latest \
                     and view["lag_seconds"] == 0:
                 break
@@ -72,10 +82,10 @@ def test_post_get_cdf_check_and_delete_on_a_running_daemon(spark: Any, tmp_path:
         rows = sorted(tuple(r) for r in tables.read(spark, replica).select("id", "status").collect())
         assert rows == sorted(tuple(r) for r in tables.read(spark, source).collect())
 
-        code, listed = call("GET", f"{url}/api/continuous-sync")
+        code, listed = call("GET", f"{url}/api/continuous-sync", token=token)
         assert code == 200 and [p["job_id"] for p in listed["pipelines"]] == ["main", "api1"]
 
-        code, answer = call("POST", f"{url}/api/continuous-sync", {
+        code, answer = call("POST", f"{url}/api/continuous-sync", token=token, body={
             "pipeline_id": "nested", "source_catalog": "src", "destination_catalog": "dst2", "schema_name": "sales",
             "tables": ["orders"], "checkpoint_volume": str(checkpoints / "api1")})
         assert code == 409 and str(checkpoints / "api1" / "nested") in answer["error"], answer
@@ -83,7 +93,7 @@ def test_post_get_cdf_check_and_delete_on_a_running_daemon(spark: Any, tmp_path:
         with urllib.request.urlopen(f"{url}/", timeout=30) as page:
             assert page.status == 200 and b'<tr data-table="orders">' not in page.read()  # main has no tables
 
-        code, check = call("GET", f"{url}/api/incremental/cdf-check?catalog=src&schema=sales")
+        code, check = call("GET", f"{url}/api/incremental/cdf-check?catalog=src&schema=sales", token=token)
         assert code == 200 and check["ready"] is False
         verdicts = {t["table"]: t for t in check["tables"]}
         assert verdicts["src.sales.orders"]["ready"] and verdicts["src.sales.orders"]["key"] == ["id"]
@@ -98,10 +108,10 @@ def test_post_get_cdf_check_and_delete_on_a_running_daemon(spark: Any, tmp_path:
         assert handle is not None
         runners = [handle.supervisor._tables[t].runner for t in handle.supervisor._tables]  # noqa: SLF001 (test introspection)
         assert runners and all(r.query_running for r in runners)
-        code, answer = call("DELETE", f"{url}/api/continuous-sync/api1?cleanup_checkpoints=true")
+        code, answer = call("DELETE", f"{url}/api/continuous-sync/api1?cleanup_checkpoints=true", token=token)
         assert (code, answer) == (200, {"job_id": "api1", "stopped": True, "checkpoints_deleted": True})
         assert not (checkpoints / "api1").exists()
-        assert call("GET", f"{url}/api/continuous-sync/api1")[0] == 404
+        assert call("GET", f"{url}/api/continuous-sync/api1", token=token)[0] == 404
         assert not any(r.query_running for r in runners), "every query of the pipeline stopped"
     finally:
         stop.set()

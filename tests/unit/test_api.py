@@ -466,6 +466,7 @@ def test_route_matching(method: str, target: str, name: str, params: dict[str, s
 def test_workspace_headers_are_ignored_outside_databricks_mode(daemon: Daemon) -> None:
     req = urllib.request.Request(f"{daemon.url}/api/continuous-sync", data=json.dumps(SEED_BODY).encode(),
                                  method="POST", headers={"X-Databricks-Host": "https://ws.example.com",
-                                                         "X-Databricks-Token": "dapi-x"})
+                                                         "X-Databricks-Token": "dapi-x",
+                                                         "Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=10) as resp:
         assert resp.status == 201 and json.loads(resp.read())["run_url"] == ""

@@ -68,7 +68,8 @@ def url(fake: FakeJobsApi, tmp_path: Path) -> Iterator[str]:
 
 
 def call(method: str, url: str, body: Any = None) -> tuple[int, Any]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode() if body is not None else None, method=method)
+    req = urllib.request.Request(url, data=json.dumps(body).encode() if body is not None else None, method=method,
+                                 headers={"Content-Type": "application/json"} if body is not None else {})
     try:
         with urllib.request.urlopen(req, timeout=30) as resp:
             return resp.status, json.loads(resp.read())
@@ -181,7 +182,7 @@ def root_url(tmp_path: Path) -> Iterator[str]:
 
 def send(url: str, body: Any, headers: dict[str, str], method: str = "POST") -> tuple[int, Any, str]:
     req = urllib.request.Request(url, data=json.dumps(body).encode() if body is not None else None, method=method,
-                                 headers=headers)
+                                 headers={"Content-Type": "application/json", **headers})
     try:
         with urllib.request.urlopen(req, timeout=60) as resp:
             raw = resp.read().decode()

@@ -51,7 +51,7 @@ def exchange(port: int, raw: bytes, *, half_close: bool = False, timeout: float 
 
 
 def post(path: str, headers: list[str], payload: bytes = b"") -> bytes:
-    lines = [f"POST {path} HTTP/1.1", "Host: test", *headers]
+    lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", "Content-Type: application/json", *headers]
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + payload
 
 

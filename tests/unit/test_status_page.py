@@ -151,4 +151,4 @@ def test_sparkline_scales_to_the_peak_and_needs_two_measured_samples() -> None:
 
 def test_render_disables_the_buttons_where_control_is_refused_anyway() -> None:
     page = render([BASE], LagHistory(), lambda t: None, title="x", needs_token=False, control_allowed=False)
-    assert page.count(" disabled>") == 2 and "set http.auth_token" in page
+    assert page.count(" disabled>") == 2 and "set http.auth token, or http.auth_token" in page
