@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from lakemirror.daemon import control, openapi, page, routes
+from lakemirror.daemon.http_capacity import PROBE_ROUTES, Capacity
 from lakemirror.daemon.http_body import (MAX_BODY_BYTES, BadRequest, framing, json_media_type, parse_json,
                                          read_chunked)
 from lakemirror.secrets import redact
@@ -46,6 +47,9 @@ log = logging.getLogger(__name__)
 
 #: How often the serving loop checks for shutdown between connections (seconds).
 SHUTDOWN_POLL_SECONDS = 0.05
+#: Connections beyond max_connections that serve /healthz, /readyz and /metrics only, when every
+#: other connection is busy being answered.
+PROBE_CONNECTIONS = 4
 
 __all__ = ["MAX_BODY_BYTES", "ControlServer", "readiness"]
 
@@ -69,38 +73,48 @@ class _DeadlineReader(io.RawIOBase):
         return self._sock.recv_into(buffer)
 
 
+def _shut(sock: socket.socket) -> None:
+    """End a connection that gives its slot to a new one: its thread's read returns at once."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
 class _Server(ThreadingHTTPServer):
-    """The standard threading server with a cap on the connections served at once (the next ones
-    get an immediate 503) and one log line, never a traceback, when a connection breaks."""
+    """The standard threading server with :class:`~lakemirror.daemon.http_capacity.Capacity` deciding
+    which connections are served (the longest-waiting gives way when full; probes have a reserve;
+    past that an immediate 503), and one log line, never a traceback, when a connection breaks."""
 
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], max_connections: int) -> None:
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], max_connections: int,
+                 probe_connections: int = PROBE_CONNECTIONS) -> None:
         if max_connections < 1:
             raise ValueError("max_connections must be at least 1")
-        self.slots = threading.BoundedSemaphore(max_connections)
+        self.capacity: Capacity[socket.socket] = Capacity(max_connections, probe_connections, _shut)
         self.max_connections = max_connections
         super().__init__(address, handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self.slots.acquire(blocking=False):
+        if self.capacity.admit(request) is None:
             self._refuse(request)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self.slots.release()
+            self.capacity.release(request)
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self.slots.release()
+            self.capacity.release(request)
 
     def _refuse(self, request: socket.socket) -> None:
-        body = json.dumps({"error": f"the server is busy ({self.max_connections} connections open); retry "
-                                    f"shortly"}).encode()
+        body = json.dumps({"error": f"the server is busy ({self.max_connections} connections being answered); "
+                                    f"retry shortly"}).encode()
         head = (f"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
                 f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n").encode()
         try:
@@ -262,6 +276,7 @@ class ControlServer:
 
             def handle_one_request(self) -> None:
                 self.deadline = time.monotonic() + outer.read_timeout
+                outer.server.capacity.waiting(self.connection)  # for the client: may give way to a new one
                 super().handle_one_request()
 
             def log_message(self, fmt: str, *args: Any) -> None:
@@ -328,6 +343,12 @@ class ControlServer:
                     self._json(405, {"error": f"{method} is not allowed here; use {', '.join(allowed)}"},
                                {"Allow": ", ".join(allowed)})
                     return
+                capacity = outer.server.capacity
+                if m.route.name not in PROBE_ROUTES and capacity.reserved(self.connection):
+                    self.close_connection = True
+                    self._json(503, {"error": f"the server is busy ({outer.server.max_connections} connections being "
+                                              f"answered); retry shortly"}, {"Retry-After": "1", "Connection": "close"})
+                    return
                 if m.route.mutating or m.route.api:
                     bound = str(outer.server.server_address[0])
                     foreign = control.foreign_request(self.headers, bound, outer.allowed_hosts)
@@ -339,9 +360,11 @@ class ControlServer:
                         self._json(denied[0], {"error": denied[1]})
                         return
                 if m.route.name == "metrics":
+                    capacity.busy(self.connection)
                     self._send(200, generate_latest(outer.registry), CONTENT_TYPE_LATEST)
                     return
                 if m.route.name == "page":
+                    capacity.busy(self.connection)
                     self._send(200, outer.page(), "text/html; charset=utf-8",
                                {"Cache-Control": "no-store", "Content-Security-Policy":
                                 "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; "
@@ -350,6 +373,7 @@ class ControlServer:
                 ok, body = self._body() if method in ("POST", "DELETE") else (True, None)
                 if not ok:
                     return
+                capacity.busy(self.connection)
                 try:
                     code, payload = outer.answer(m, body, self.headers)
                 except Exception as exc:  # an unexpected failure is a 500 with a redacted reason, never a hang

@@ -31,13 +31,13 @@ HALF_REQUESTS = [
 ]
 
 
-def make_server(max_connections: int = 16) -> ControlServer:
+def make_server(max_connections: int = 16, read_timeout: float = READ_TIMEOUT) -> ControlServer:
     registry = CollectorRegistry()
     Gauge("lakemirror_lag_seconds", "lag", ["pipeline", "table"], registry=registry).labels("main", "orders").set(1)
     commands: list[tuple[str, str]] = []
     server = ControlServer("127.0.0.1", 0, registry, lambda: [VIEW], {"pipeline_id": "main"},
                            commands=lambda verb, table: commands.append((verb, table)) is None,
-                           read_timeout_seconds=READ_TIMEOUT, max_connections=max_connections)
+                           read_timeout_seconds=read_timeout, max_connections=max_connections)
     server.start()
     return server
 
@@ -114,24 +114,73 @@ def test_a_client_trickling_one_byte_at_a_time_is_closed_at_the_deadline(server:
         sock.close()
 
 
-def test_past_the_cap_a_connection_gets_503_at_once_and_the_server_recovers() -> None:
-    server = make_server(max_connections=3)
+def test_stalled_connections_give_way_to_probes_and_commands_however_many_there_are() -> None:
+    """32 stalled sockets once made /healthz answer 503: now each new connection past the cap takes
+    the slot of the one that has waited longest, which is closed."""
+    server = make_server(max_connections=3, read_timeout=4 * GENEROUS)  # no stalled one times out here
+    stalled: list[socket.socket] = []
     try:
-        stalled = [stall(server.port, b"GET /metr") for _ in range(3)]
-        extra = stall(server.port, b"")
-        answer = closed_by_server(extra)
-        assert answer.split(b"\r\n", 1)[0] == b"HTTP/1.0 503 Service Unavailable", answer
-        assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"].startswith("the server is busy (3 connections")
-        for sock in stalled:
-            assert closed_by_server(sock) == b""
-            sock.close()
-        deadline = time.monotonic() + GENEROUS
-        while True:  # the slots come back as the stalled connections' threads end
-            try:
+        for round_ in range(4):  # the attacker keeps opening more
+            stalled += [stall(server.port, raw) for raw in HALF_REQUESTS * 2]
+            for _ in range(10):
                 assert get(f"{server.url}/healthz") == (200, json.dumps({"status": "ok"}, indent=2).encode())
-                break
-            except (ConnectionResetError, urllib.error.HTTPError):
-                assert time.monotonic() < deadline, "the server never recovered its connection slots"
-                time.sleep(0.05)
+            assert get(f"{server.url}/metrics")[0] == 200
+            req = urllib.request.Request(f"{server.url}/tables/orders/pause", method="POST")
+            with urllib.request.urlopen(req, timeout=GENEROUS) as resp:
+                assert resp.status == 202
+        opened, busy, reserved = server.server.capacity.counts()
+        assert opened <= 3 and busy == 0 and reserved == 0
+        # the stalled connections were closed to make room, long before their read timeout
+        for sock in stalled[:-3]:
+            assert closed_by_server(sock) == b""
     finally:
+        for sock in stalled:
+            sock.close()
+        server.close()
+
+
+def test_when_every_connection_is_busy_probes_use_the_reserve_and_the_rest_get_503() -> None:
+    """Requests the server is working on are never cut; a probe still gets an answer from one of the
+    reserved connections, and anything else an immediate 503."""
+    import threading
+
+    release = threading.Event()
+    entered = threading.Semaphore(0)
+
+    def slow_command(verb: str, table: str) -> bool:
+        entered.release()
+        release.wait(GENEROUS)
+        return True
+
+    server = ControlServer("127.0.0.1", 0, CollectorRegistry(), lambda: [VIEW], {"pipeline_id": "main"},
+                           commands=slow_command, read_timeout_seconds=READ_TIMEOUT, max_connections=2)
+    server.start()
+    answers: list[int] = []
+
+    def post() -> None:
+        req = urllib.request.Request(f"{server.url}/tables/orders/pause", method="POST")
+        with urllib.request.urlopen(req, timeout=GENEROUS) as resp:
+            answers.append(resp.status)
+
+    workers = [threading.Thread(target=post) for _ in range(2)]
+    try:
+        for w in workers:
+            w.start()
+        for _ in workers:
+            assert entered.acquire(timeout=GENEROUS), "the commands never reached the server"
+        assert server.server.capacity.counts() == (2, 2, 0)
+        for _ in range(10):
+            assert get(f"{server.url}/healthz")[0] == 200
+            assert get(f"{server.url}/readyz")[0] == 200
+        extra = stall(server.port, b"GET /status HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        answer = closed_by_server(extra)
+        extra.close()
+        assert answer.split(b"\r\n", 1)[0] == b"HTTP/1.0 503 Service Unavailable", answer
+        assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"].startswith("the server is busy (2 connections")
+        release.set()
+        for w in workers:
+            w.join(GENEROUS)
+        assert answers == [202, 202], "the busy requests were answered, not cut"
+    finally:
+        release.set()
         server.close()
