@@ -128,8 +128,8 @@ def test_stalled_connections_give_way_to_probes_and_commands_however_many_there_
             req = urllib.request.Request(f"{server.url}/tables/orders/pause", method="POST")
             with urllib.request.urlopen(req, timeout=GENEROUS) as resp:
                 assert resp.status == 202
-        opened, busy, reserved = server.server.capacity.counts()
-        assert opened <= 3 and busy == 0 and reserved == 0
+        opened, _, reserved = server.server.capacity.counts()
+        assert opened <= 3 and reserved == 0, "never more than the cap, and no probe needed the reserve"
         # the stalled connections were closed to make room, long before their read timeout
         for sock in stalled[:-3]:
             assert closed_by_server(sock) == b""
