@@ -8,13 +8,21 @@ The HTTP threads never call Spark: they read the supervisor's views, which are p
 queue commands that the supervisor applies on its own thread. Served by the standard library's
 threading server on the configured interface.
 
+Control routes and ``/api`` routes need the bearer token (:func:`lakemirror.daemon.control.authorize`)
+and must be addressed to the daemon by a client of no other site
+(:func:`lakemirror.daemon.control.foreign_request`: Host, Origin, Sec-Fetch-Site); a body must be
+JSON sent as ``application/json``. Reads (the page, ``/status``, ``/metrics``, health) stay open.
+
 What a client sends can never make the server raise: a body is framed and parsed by
-:mod:`lakemirror.daemon.http_body` (a bad one is a 400/408/413/501 with a JSON ``error``), errors
-of the standard library's parser are answered in JSON too, and a connection that breaks is one
-log line, never a traceback. Slow clients cannot hold the endpoint: a request (line, headers and
+:mod:`lakemirror.daemon.http_body` (a bad one is a 400/408/413/415/501 with a JSON ``error``),
+errors of the standard library's parser are answered in JSON too, and a connection that breaks is
+one log line, never a traceback. Slow clients cannot hold the endpoint: a request (line, headers and
 body) must arrive within ``read_timeout_seconds`` of the server starting to wait for it, or the
-connection is closed; at most ``max_connections`` connections are served at once and the next ones
-get an immediate 503, so a handful of stalled sockets never starve ``/metrics`` or the API.
+connection is closed; at most ``max_connections`` connections are served at once, and past that a
+new connection takes the slot of the one that has waited longest for its client
+(:mod:`lakemirror.daemon.http_capacity`), so stalled sockets never starve ``/metrics``, the probes
+or the API; when every connection is busy being answered, :data:`PROBE_CONNECTIONS` more answer
+the probes and ``/metrics`` only, and the rest get an immediate 503.
 """
 
 from __future__ import annotations
