@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from deltalake import write_deltalake
@@ -71,3 +72,42 @@ def test_status_without_a_daemon_starts_no_jvm(tmp_path: Path) -> None:
              "print('exit', code, 'jvm', SparkContext._active_spark_context is not None)\n")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False)
     assert done.stdout.strip().splitlines()[-1] == "exit 0 jvm False", done.stdout + done.stderr
+
+
+def _fifo(tmp_path: Path) -> Path:
+    os.mkfifo(tmp_path / "pipe")
+    return tmp_path / "pipe"
+
+
+def _deep(tmp_path: Path) -> Path:
+    path = pipeline_file(tmp_path)
+    path.write_text(path.read_text() + "table_overrides: " + "{a: " * 500 + "{}" + "}" * 500 + "\n")
+    return path
+
+
+def _latin1(tmp_path: Path) -> Path:
+    path = pipeline_file(tmp_path)
+    path.write_bytes(path.read_bytes() + b"# caf\xe9\n")
+    return path
+
+
+HOSTILE = [
+    ("a FIFO (a blocking open would hang)", _fifo, {}, "is a FIFO (named pipe), not a file"),
+    ("500 levels of YAML", _deep, {}, "nest deeper than 32 levels"),
+    ("not UTF-8", _latin1, {}, "is not UTF-8 text"),
+    ("an environment value that is not JSON", pipeline_file, {"LAKEMIRROR_HTTP": "not json"},
+     "environment variable LAKEMIRROR_HTTP: not valid JSON"),
+]
+
+
+@pytest.mark.parametrize("what, make, env, message", HOSTILE, ids=[h[0] for h in HOSTILE])
+def test_hostile_input_exits_2_naming_it_with_no_traceback(tmp_path: Path, what: str, make: Any,
+                                                           env: dict[str, str], message: str) -> None:
+    config = make(tmp_path)
+    environ = {k: v for k, v in os.environ.items() if not k.upper().startswith("LAKEMIRROR_")}
+    done = subprocess.run([*LAKEMIRROR, "run", str(config)], capture_output=True, text=True, timeout=120,
+                          env={**environ, **env})
+    out = done.stdout + done.stderr
+    assert done.returncode == 2, out
+    assert message in out and "Traceback" not in out, out
+    assert not (tmp_path / "ck").exists(), "nothing may start"
