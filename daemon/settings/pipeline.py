@@ -400,7 +400,10 @@ class Settings(BaseSettings):
     @field_validator("replica_properties")
     @classmethod
     def _replica_properties(cls, v: dict[str, str]) -> dict[str, str]:
-        for key in v:
+        for key, value in v.items():
+            if len(key) > spark_values.MAX_CONF_KEY_CHARS or len(value) > spark_values.MAX_CONF_VALUE_CHARS:
+                raise ValueError(f"replica_properties: a name has at most {spark_values.MAX_CONF_KEY_CHARS} characters "
+                                 f"and a value at most {spark_values.MAX_CONF_VALUE_CHARS}")
             if not key.startswith("delta."):
                 raise ValueError(f"replica_properties: {key!r} is not a Delta table property; only 'delta.*' "
                                  f"properties may be set (lakemirror.* ones are lakemirror's own)")

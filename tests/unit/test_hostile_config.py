@@ -210,6 +210,8 @@ VALUES = [
     ("a year-long backoff", "restart: {max_delay_seconds: 1e300}\n", "restart.max_delay_seconds", "less than"),
     ("a token with a space", "http: {auth_token: 'two words'}\n", "http.auth_token", "printable ASCII"),
     ("an empty token", "http: {auth_token: '  '}\n", "http.auth_token", "auth_token is empty"),
+    ("a 20,000-character property", f"replica_properties: {{delta.x: {'v' * 20_000}}}\n", "replica_properties",
+     "a value at most 16384"),
 ]
 
 
