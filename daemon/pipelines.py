@@ -215,6 +215,10 @@ def checkpoint_dir_to_delete(checkpoint_volume: str, pipeline_id: str, protected
         raise ValueError(f"{target} is not inside the checkpoint volume {volume}")
     if root is not None and (not inside(resolved, root) or resolved == Path(root).expanduser().absolute().resolve()):
         raise ValueError(f"{target} is not inside the daemon's checkpoint folder {root}")
+    for other in protected:
+        if overlaps(resolved, other):
+            raise ValueError(f"{target} overlaps {other.expanduser().absolute().resolve()}, the directory of a "
+                             f"pipeline that still runs")
     if not target.exists():
         return target  # nothing left to delete
     if not target.is_dir():
@@ -222,8 +226,4 @@ def checkpoint_dir_to_delete(checkpoint_volume: str, pipeline_id: str, protected
     if not marked_for(target, pipeline_id):
         raise ValueError(f"{target} was not created by lakemirror for pipeline {pipeline_id!r} (it has no "
                          f"{OWNER_MARKER} naming it); delete it by hand if it is really this pipeline's")
-    for other in protected:
-        if overlaps(resolved, other):
-            raise ValueError(f"{target} overlaps {other.expanduser().absolute().resolve()}, the directory of a "
-                             f"pipeline that still runs")
     return target

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lakemirror.daemon.pipelines import checkpoint_dir_to_delete
+from lakemirror.daemon.pipelines import checkpoint_dir_to_delete, claim_folder
 from lakemirror.daemon.worker import CommandWorker, WorkerClosed, WorkerTimeout
 from lakemirror.identifiers import TableName
 from lakemirror.schema import Column
@@ -74,8 +74,17 @@ def test_a_table_that_cannot_be_described_is_not_ready() -> None:
 # -- checkpoint cleanup ------------------------------------------------------------------------------
 
 def test_only_the_pipelines_own_directory_may_be_deleted(tmp_path: Path) -> None:
-    (tmp_path / "ck" / "p").mkdir(parents=True)
+    assert claim_folder(tmp_path / "ck" / "p", "p")
     assert checkpoint_dir_to_delete(str(tmp_path / "ck"), "p", [tmp_path / "ck" / "other"]) == tmp_path / "ck" / "p"
+    assert checkpoint_dir_to_delete(str(tmp_path / "ck"), "p", [], root=str(tmp_path)) == tmp_path / "ck" / "p"
+    assert not claim_folder(tmp_path / "ck" / "p", "p"), "an existing folder is never claimed again"
+    (tmp_path / "ck" / "mine").mkdir()
+    with pytest.raises(ValueError, match="was not created by lakemirror for pipeline 'mine'"):
+        checkpoint_dir_to_delete(str(tmp_path / "ck"), "mine", [])
+    with pytest.raises(ValueError, match="not inside the daemon's checkpoint folder"):
+        checkpoint_dir_to_delete(str(tmp_path / "ck"), "p", [], root=str(tmp_path / "elsewhere"))
+    with pytest.raises(ValueError, match="not inside the daemon's checkpoint folder"):
+        checkpoint_dir_to_delete(str(tmp_path), "ck", [], root=str(tmp_path / "ck"))  # the root itself
 
 
 @pytest.mark.parametrize("pid", ["", ".", "..", "a/../..", "a\\b"])
