@@ -10,6 +10,8 @@ import difflib
 import re
 from typing import Callable
 
+from lakemirror.daemon import spark_conf_rules
+
 JAVA_LONG_MAX = 2**63 - 1
 JAVA_INT_MAX = 2**31 - 1
 
@@ -217,8 +219,6 @@ _DELTA_BY_LOWER = {k.lower(): k for k in DELTA_PROPERTIES}
 
 
 def _known_confs() -> dict[str, str]:
-    from lakemirror.daemon import spark_conf_rules
-
     names = [*SPARK_CONFS, *spark_conf_rules.REQUIRED, *spark_conf_rules.MERGED, *spark_conf_rules.CLASS_LISTS,
              "spark.sql.adaptive.enabled", "spark.sql.adaptive.coalescePartitions.enabled",
              "spark.sql.adaptive.skewJoin.enabled", "spark.sql.ansi.enabled", "spark.dynamicAllocation.enabled",
@@ -233,8 +233,6 @@ def spark_conf_value(key: str, value: str) -> str:
     confs lakemirror's session depends on (:func:`lakemirror.daemon.spark_conf_rules.check`), and a
     name that differs from a known one only in case (Spark's names are case-sensitive: it would
     ignore the conf)."""
-    from lakemirror.daemon import spark_conf_rules
-
     if not key.strip() or len(key) > MAX_CONF_KEY_CHARS:
         raise ValueError(f"a Spark conf name must have 1 to {MAX_CONF_KEY_CHARS} characters")
     if len(value) > MAX_CONF_VALUE_CHARS:

@@ -26,15 +26,15 @@ class BootstrapSettings(BaseModel):
         2, ge=1, le=64, description="Chunks copied at the same time, over all tables of the pipeline. Keep it at "
         "about the cores Spark has: each chunk is a Spark job.")
     chunk_budget_seconds: float | None = Field(
-        None, gt=0, le=limits.YEAR, description="Copying time after which a bootstrapping table applies its change feed (from the "
-        "last applied version through the source's latest) before copying more, so the change window cannot "
-        "expire under a long copy. Default: headroom_fraction of the source's retention headroom.")
+        None, gt=0, le=limits.YEAR, description="Copying time after which a bootstrapping table applies its change "
+        "feed (from the last applied version through the source's latest) before copying more, so the change "
+        "window cannot expire under a long copy. Default: headroom_fraction of the source's retention headroom.")
     headroom_fraction: float = Field(
         0.25, gt=0, le=1, description="Without chunk_budget_seconds: the copying budget as a fraction of the time "
         "left until the oldest unapplied source version may be vacuumed or log-cleaned.")
     safety_factor: float = Field(
-        2.0, ge=1, le=1000, description="A bootstrapping table applies its change feed at once (and logs a warning) when the "
-        "change window would close within this many times the next chunk's expected time.")
+        2.0, ge=1, le=1000, description="A bootstrapping table applies its change feed at once (and logs a "
+        "warning) when the change window would close within this many times the next chunk's expected time.")
     internal_file_reads: bool = Field(
         False, description="Read chunks as groups of the source's data files through Delta's INTERNAL Scala API "
         "(DeltaLog.createDataFrame over py4j), which may change in any Delta release. It needs no planning scan and "

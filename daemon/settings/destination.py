@@ -77,9 +77,9 @@ class PostgresDestination(_Strict):
     connect_timeout_seconds: int = Field(10, ge=1, le=600, description="libpq connect_timeout.")
     retry_seconds: float = Field(60.0, ge=0, le=3600, description="How long a lost connection is retried "
                                  "inside a batch before the table goes to degraded (and is retried from there).")
-    tombstone_horizon_seconds: float = Field(7 * 86400.0, gt=0, le=limits.DECADE, description="How long a deleted key is "
-                                             "remembered, so that an older change arriving later cannot "
-                                             "bring it back.")
+    tombstone_horizon_seconds: float = Field(7 * 86400.0, gt=0, le=limits.DECADE,
+                                             description="How long a deleted key is remembered, so that an older "
+                                                         "change arriving later cannot bring it back.")
 
     mode: Mode = Field("continuous", description="How replicas are kept (Lakebase synced-table modes): continuous "
                        "(the change feed streamed in micro-batches), triggered (on the schedule, the changes since "
@@ -93,7 +93,8 @@ class PostgresDestination(_Strict):
         DEFAULT_SNAPSHOT_ABOVE, ge=0, le=1000, description="triggered: a cycle loads a fresh snapshot instead of "
         "applying the changes when change rows since the last cycle / source rows is at least this (the crossover "
         "measured by bench/postgres_modes.py).")
-    cycle_timeout_seconds: float = Field(3600.0, gt=0, le=limits.YEAR, description="triggered / snapshot: per table and cycle.")
+    cycle_timeout_seconds: float = Field(3600.0, gt=0, le=limits.YEAR,
+                                         description="triggered / snapshot: per table and cycle.")
 
     @field_validator("target_schema")
     @classmethod

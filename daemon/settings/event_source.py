@@ -57,15 +57,16 @@ class EventSourceSettings(BaseModel):
         default_factory=dict, description="Key columns per table, for events without a key of their own "
                                           "(bare Debezium envelopes, simple events without primary_key).")
     tombstone_horizon_seconds: float = Field(
-        7 * 86400.0, gt=0, le=limits.DECADE, description="How long a delete is remembered so a late, older insert cannot bring the "
-                                       "row back. Longer than the worst delivery delay of the source.")
+        7 * 86400.0, gt=0, le=limits.DECADE, description="How long a delete is remembered so a late, older insert "
+        "cannot bring the row back. Longer than the worst delivery delay of the source.")
     history: Literal["current", "scd2"] = Field(
         "current", description="current: the replica keeps one row per key, the newest; scd2: one row per key "
                                "version (SCD type 2) with valid_from, valid_to (NULL while current), is_current and "
                                "the positions that opened and closed it, in source position order whatever the "
                                "arrival order. Every table of the source; Delta destinations only; a replica keeps "
                                "the mode it was created with (docs/event-sources.md#history-scd-type-2).")
-    purge_interval_seconds: float = Field(3600.0, gt=0, le=limits.YEAR, description="How often tombstones past the horizon are purged.")
+    purge_interval_seconds: float = Field(3600.0, gt=0, le=limits.YEAR,
+                                          description="How often tombstones past the horizon are purged.")
     max_per_trigger: int | None = Field(None, gt=0, description="Cap on files (or Kafka offsets) per micro-batch.")
     table_workers: int = Field(2, ge=1, le=64, description="Delta destinations: how many tables of one micro-batch "
                                "are applied at the same time, each on its own Spark session under its own "

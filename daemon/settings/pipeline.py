@@ -281,16 +281,20 @@ class Settings(BaseSettings):
     audit_catalog: str | None = Field(None, description="Catalog of the checkpoint table (default: destination_catalog).")
     checkpoint_table: str | None = Field(None, description="Full name of the checkpoint table "
                                                            "(default <audit_catalog>.continuous_sync.checkpoints).")
-    discover_interval_seconds: float = Field(30.0, gt=0, le=limits.DAY, description="How often new tables are looked for.")
+    discover_interval_seconds: float = Field(30.0, gt=0, le=limits.DAY,
+                                             description="How often new tables are looked for.")
     lag_interval_seconds: float = Field(2.0, gt=0, le=limits.DAY, description="How often lag is measured per table.")
     change_window_policy: Literal["fail", "resync"] = Field(
         "fail", description="When a source version the replica needs is gone (VACUUM, log cleanup, source "
                             "recreated): fail = the table stops in state failed, saying what happened; "
                             "resync = a new bootstrap at a pinned version with a new epoch and checkpoint.")
-    retention_warning_seconds: float = Field(86400.0, gt=0, le=limits.DECADE, description="Warn when a table's change window "
-                                             "(retention headroom) is closer than this.")
-    lag_slo_seconds: float = Field(300.0, gt=0, le=limits.YEAR, description="/readyz fails when a table lags more than this.")
-    drain_timeout_seconds: float = Field(120.0, gt=0, le=limits.DAY, description="SIGTERM: how long to wait for batches in flight.")
+    retention_warning_seconds: float = Field(86400.0, gt=0, le=limits.DECADE,
+                                             description="Warn when a table's change window (retention headroom) is "
+                                                         "closer than this.")
+    lag_slo_seconds: float = Field(300.0, gt=0, le=limits.YEAR,
+                                   description="/readyz fails when a table lags more than this.")
+    drain_timeout_seconds: float = Field(120.0, gt=0, le=limits.DAY,
+                                         description="SIGTERM: how long to wait for batches in flight.")
     max_files_per_trigger: int | None = Field(None, gt=0, le=spark_values.JAVA_INT_MAX, description="Cap on source files per micro-batch.")
     max_bytes_per_trigger: str | None = Field(None, description="Soft cap on bytes per micro-batch, e.g. '512m' "
                                               "(units b, k, m, g, t, p) or a number of bytes.")
@@ -497,7 +501,8 @@ def _origin_of(loc: tuple[Any, ...], file_origin: str, overrides: dict[str, Any]
         if any(name.upper() == var for name in os.environ):
             return f"environment variable {var}"
     # a mapping's problem (a Spark conf's value) when a variable sets one of its keys
-    below = sorted(name for name in os.environ if name.upper().startswith("LAKEMIRROR_" + "__".join(keys).upper() + "__"))
+    under = "LAKEMIRROR_" + "__".join(keys).upper() + "__"
+    below = sorted(name for name in os.environ if name.upper().startswith(under))
     if keys and below:
         return f"environment variable {', '.join(below)} (or {file_origin}: {_loc(loc)})"
     return f"{file_origin}: {_loc(loc)}"

@@ -60,8 +60,9 @@ class ScheduleSettings(Strict):
     name: str = Field(description="Unique name of the sub-task (1-64 of [A-Za-z0-9_.-]); a metric label.")
     operations: list[SubtaskOperation] = Field(min_length=1, description="clone, incremental, reconcile, "
                                                                         "metadata; run in this order per table.")
-    every_seconds: float | None = Field(None, gt=0, le=limits.YEAR, description="Run every this many seconds (first run one "
-                                                                 "interval after the daemon starts).")
+    every_seconds: float | None = Field(None, gt=0, le=limits.YEAR,
+                                        description="Run every this many seconds (first run one interval after the "
+                                                    "daemon starts).")
     daily_at: DailyAtText = Field(None, description="Run once a day at HH:MM, UTC (24-hour), e.g. '02:30'.")
     tables: list[str] | None = Field(None, description="Tables of the source schema (default: the pipeline's).")
     timeout_seconds: float = Field(3600.0, gt=0, le=limits.YEAR, description="Per table, operation and attempt.")
