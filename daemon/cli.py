@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from lakemirror import __version__
+from lakemirror.checkpoints.lease import LeaseHeld, LeaseLost
 from lakemirror.daemon.jars import JarsMissing
 from lakemirror.daemon.preflight import StartupError
 from lakemirror.daemon.spark import JavaMissing
@@ -72,7 +73,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     signals = ShutdownSignals()
     signals.install()
-    context = DaemonContext(settings)
+    context = DaemonContext(settings, config_file=str(Path(args.config).absolute()))
     bar = attach(sys.stderr)  # a terminal: the bootstrap's progress bar below the log lines
     if bar is not None:
         context.replace(observer=Observers(context.metrics, bar))
@@ -351,6 +352,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except ConfigError as err:
         return _print_problems(err)
+    except LeaseHeld as err:  # another daemon runs the pipeline: a configuration matter, like a clash of ids
+        print(f"lakemirror: cannot start: {redact(str(err))}", file=sys.stderr)
+        return EXIT_CONFIG
+    except LeaseLost as err:
+        print(f"lakemirror: {redact(str(err))}", file=sys.stderr)
+        return EXIT_FAILED
     except StartupError as err:
         print(f"lakemirror: cannot start: {redact(str(err))}", file=sys.stderr)
         return EXIT_FAILED

@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Self, Sequence, TextIO
 
 from lakemirror import __version__
 from lakemirror.checkpoints.audit import AuditLog, DeltaAuditLog
+from lakemirror.checkpoints.lease import LeaseLost
+from lakemirror.checkpoints.pipeline_lease import PipelineLease
 from lakemirror.checkpoints.delta_store import DeltaCheckpointStore
 from lakemirror.checkpoints.records import CheckpointStore
 from lakemirror.checkpoints.state import FileStateStore
@@ -41,6 +43,7 @@ from lakemirror.daemon.api import ContinuousSyncApi
 from lakemirror.daemon.databricks_pipelines import DatabricksPipelines
 from lakemirror.daemon.http import ControlServer
 from lakemirror.daemon.jars import JarsMissing
+from lakemirror.daemon.lease import LEASE_DIR, pipeline_lease
 from lakemirror.daemon.metrics import Metrics
 from lakemirror.daemon.pipelines import PipelineHandle, PipelineRegistry
 from lakemirror.daemon.settings import PostgresDestination, RuntimeSettings, Settings
@@ -256,8 +259,10 @@ class DaemonContext(GlobalContext):
     """The daemon: one streaming pipeline from the settings (more through the control API), its
     HTTP server and its scheduled sub-tasks."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, config_file: str | None = None) -> None:
         self.settings = settings
+        #: The configuration file the settings came from (named in the lease, for a refused daemon).
+        self.config_file = config_file
 
     @property
     def runtime(self) -> RuntimeSettings:
@@ -566,12 +571,34 @@ class DaemonContext(GlobalContext):
         """What the runtime mode needs (Java, Delta's jars, a reachable Connect server)."""
         return preflight.check_mode
 
+    @cached_property
+    def lease_lost(self) -> threading.Event:
+        """Set when the daemon loses its pipeline's lease: the main loop then drains and stops."""
+        return threading.Event()
+
+    @cached_property
+    def lease(self) -> PipelineLease:
+        """The pipeline's lease (:mod:`lakemirror.daemon.lease`): taken before anything starts."""
+        return pipeline_lease(self.settings, self.pipeline_dir, config=self.config_file,
+                              on_lost=lambda reason: self.lease_lost.set(), clock=self.clock)
+
     def write_endpoint_file(self) -> None:
-        """Tell `lakemirror status` where the running daemon listens."""
+        """Tell `lakemirror status` where the running daemon listens (only the lease's holder does)."""
         self.pipeline_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.pipeline_dir / ".daemon.json.tmp"
-        tmp.write_text(json.dumps({"url": self.server.url, "pid": os.getpid(), "started_at": time.time()}))
+        tmp = self.pipeline_dir / f".daemon.json.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps({"url": self.server.url, "pid": os.getpid(), "started_at": time.time(),
+                                   "lease": self.lease.me.token}))
         os.replace(tmp, self.pipeline_dir / "daemon.json")
+
+    def remove_endpoint_file(self) -> None:
+        """Remove ``daemon.json`` if it is this daemon's (never another's, whatever happened to the lease)."""
+        path = self.pipeline_dir / "daemon.json"
+        try:
+            mine = json.loads(path.read_text()).get("lease") == self.lease.me.token
+        except (OSError, ValueError, AttributeError):
+            return
+        if mine:
+            path.unlink(missing_ok=True)
 
     def preflight(self) -> None:
         """What the runtime mode needs, checked before anything is bound, written or started:
@@ -609,15 +636,28 @@ class DaemonContext(GlobalContext):
     def run(self, stop: threading.Event, on_tick: Callable[[Any], None] | None = None) -> None:
         """Run until ``stop`` is set, then drain. Blocks; call from the main thread.
 
-        Start-up runs cheapest first: the mode's prerequisites, then the port, and only then are
-        files written and Spark started. A failure at any step raises with nothing left behind:
-        no ``daemon.json`` and no folder this start created."""
+        Start-up runs cheapest first: the mode's prerequisites, the pipeline's lease (a second
+        daemon of the pipeline is refused here, :class:`~lakemirror.checkpoints.lease.LeaseHeld`),
+        then the port, and only then are files written and Spark started. A failure at any step
+        raises with nothing left behind: no ``daemon.json``, no lease and no folder this start
+        created. A daemon that loses its lease while running drains and raises
+        :class:`~lakemirror.checkpoints.lease.LeaseLost`."""
         self.preflight()
-        server = self.bind()
         created = _missing_ancestor(self.pipeline_dir)
+        lease = self.lease
+        try:
+            lease.acquire()
+            server = self.bind()
+        except BaseException:
+            lease.release()
+            _remove_lease_if_released(self.pipeline_dir / LEASE_DIR, created)
+            _remove_if_empty(self.pipeline_dir, created)
+            raise
         started = False
         try:
             server.start()
+            lease.renew(url=server.url)
+            lease.start()
             self.write_endpoint_file()
             log.info("pipeline %s: serving %s/metrics", self.spec.pipeline_id, server.url)
             sup, subtasks = self.supervisor, self.subtasks
@@ -629,10 +669,12 @@ class DaemonContext(GlobalContext):
             if not started:
                 self.worker.close(wait=False)
                 server.close()
-                (self.pipeline_dir / "daemon.json").unlink(missing_ok=True)
+                self.remove_endpoint_file()
+                lease.release()
+                _remove_lease_if_released(self.pipeline_dir / LEASE_DIR, created)
                 _remove_if_empty(self.pipeline_dir, created)
         try:
-            while not stop.is_set():
+            while not stop.is_set() and not self.lease_lost.is_set():
                 self.pipelines.tick_all()
                 subtasks.tick()  # starts due sub-tasks on their own threads; never blocks
                 if on_tick is not None:
@@ -645,7 +687,10 @@ class DaemonContext(GlobalContext):
             self.pipelines.shutdown_all(self.settings.drain_timeout_seconds)
             subtasks.shutdown(max(0.0, deadline - time.monotonic()))
             server.close()
-            (self.pipeline_dir / "daemon.json").unlink(missing_ok=True)
+            self.remove_endpoint_file()
+            lease.release()
+        if lease.lost is not None:
+            raise LeaseLost(f"pipeline {self.spec.pipeline_id} stopped: it lost its lease ({lease.lost})")
 
 
 def _missing_ancestor(path: Path) -> Path | None:
@@ -656,6 +701,17 @@ def _missing_ancestor(path: Path) -> Path | None:
             break
         missing = folder
     return missing
+
+
+def _remove_lease_if_released(folder: Path, created: Path | None) -> None:
+    """After a failed first start (the pipeline's folder was made by it): the lease it released,
+    so that the folder can go too. A lease of an earlier run is kept."""
+    if created is None:
+        return
+    for name in os.listdir(folder) if folder.is_dir() else ():
+        if name.startswith("lease-") or name.startswith(".lease-"):
+            (folder / name).unlink(missing_ok=True)
+    _remove_if_empty(folder, created)
 
 
 def _remove_if_empty(path: Path, up_to: Path | None) -> None:

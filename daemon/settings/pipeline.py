@@ -21,6 +21,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from lakemirror.daemon.settings.bootstrap import BootstrapSettings
 from lakemirror.daemon.settings.destination import DeltaDestination, Destination
 from lakemirror.daemon.settings.event_source import EventSourceSettings
+from lakemirror.daemon.settings.lease import LeaseSettings
 from lakemirror.daemon import spark_values, yaml_loader
 from lakemirror.daemon.settings.schedule import ScheduleSettings, schedule_problems
 from lakemirror.daemon.settings.postgres_checks import postgres_problems
@@ -260,6 +261,7 @@ class Settings(BaseSettings):
     restart: RestartSettings = Field(default_factory=RestartSettings)
     databricks: DatabricksSettings = Field(default_factory=DatabricksSettings)
     bootstrap: BootstrapSettings = Field(default_factory=BootstrapSettings)
+    lease: LeaseSettings = Field(default_factory=LeaseSettings)
     schedules: list[ScheduleSettings] = Field(
         default_factory=list, description="Batch sub-tasks (clone, incremental, reconcile, metadata) the daemon "
                                           "runs on a schedule; see lakemirror.daemon.settings.schedule.")
