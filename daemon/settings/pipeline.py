@@ -320,6 +320,13 @@ class Settings(BaseSettings):
         if self.checkpoint_table is not None:
             from lakemirror.identifiers import TableName
             TableName.parse(self.checkpoint_table)
+        if self.source is None and self.destination.kind == "delta" \
+                and self.source_catalog.casefold() == self.destination_catalog.casefold() \
+                and (self.destination_schema or self.schema_name).casefold() == self.schema_name.casefold():
+            raise ValueError(f"the replicas would be the source tables themselves: source_catalog and "
+                             f"destination_catalog are both {self.source_catalog!r} and the destination schema is "
+                             f"the source schema {self.schema_name!r}; set destination_catalog or "
+                             f"destination_schema to another one")
         if self.source is not None and self.source.real_time is not None and self.destination.kind != "postgres":
             raise ValueError("source.real_time needs destination kind postgres: open-source Spark runs Real-Time "
                              "Mode into foreach sinks only, not Delta; remove real_time or write to PostgreSQL")
