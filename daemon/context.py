@@ -69,7 +69,7 @@ from lakemirror.supervisor.event_postgres import PostgresEventStreamRunner, Real
 from lakemirror.supervisor.event_stream import EVENT_FAULT_POINTS, RUNNER_PREFIX, EventStreamRunner
 from lakemirror.supervisor.observer import Observer
 from lakemirror.supervisor.pg_cycles import SparkCycles, WithPostgresCycles
-from lakemirror.supervisor.recorded import read_pipeline
+from lakemirror.supervisor.recorded import read_pipeline, refreshed
 from lakemirror.supervisor.replicate import (
     BatchRunner, Progress, RunSummary, TableJob, TextProgress,
 )
@@ -363,7 +363,8 @@ class DaemonContext(GlobalContext):
             lag_interval_seconds=s.lag_interval_seconds, apply_workers=spec.apply_workers,
             min_turn_interval_seconds=s.effective_turn_interval_seconds,
             # Listed tables too: the discovery loop starts a listed table that failed as missing once it exists.
-            discover_interval_seconds=s.discover_interval_seconds, recorded=recorded)
+            discover_interval_seconds=s.discover_interval_seconds, recorded=recorded,
+            refresh_recorded=lambda known: refreshed(known, spec, self.catalog.locate))
 
     @cached_property
     def event_source_supervisor(self) -> Supervisor:
