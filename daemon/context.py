@@ -31,7 +31,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Self, Sequence, TextIO
 
-from lakemirror import __version__
 from lakemirror.checkpoints.audit import AuditLog, DeltaAuditLog
 from lakemirror.checkpoints.lease import LeaseLost
 from lakemirror.checkpoints.pipeline_lease import PipelineLease
@@ -54,6 +53,7 @@ from lakemirror.daemon.settings.runtime_spec import (
     subtask_of,
 )
 from lakemirror.daemon.spark import JavaMissing
+from lakemirror.daemon.status import status_info
 from lakemirror.daemon.worker import CommandWorker
 from lakemirror.errors import ConfigError, LakemirrorError
 from lakemirror.identifiers import TableName
@@ -69,6 +69,7 @@ from lakemirror.supervisor.event_postgres import PostgresEventStreamRunner, Real
 from lakemirror.supervisor.event_stream import EVENT_FAULT_POINTS, RUNNER_PREFIX, EventStreamRunner
 from lakemirror.supervisor.observer import Observer
 from lakemirror.supervisor.pg_cycles import SparkCycles, WithPostgresCycles
+from lakemirror.supervisor.event_record import recorded_entry, state_slug
 from lakemirror.supervisor.recorded import read_pipeline, refreshed
 from lakemirror.supervisor.replicate import (
     BatchRunner, Progress, RunSummary, TableJob, TextProgress,
@@ -376,6 +377,8 @@ class DaemonContext(GlobalContext):
         stream = event_stream_spec(source, self.settings)
         folder = Path(spec.checkpoint_root) / spec.pipeline_id / "events" / source.name
         destination = (spec.destination_catalog, spec.destination_schema)
+        recorded = lambda: {RUNNER_PREFIX + source.name: recorded_entry(  # noqa: E731 (listed while the JVM starts)
+            folder, source.name, source.kind, self.states.load(state_slug(source.name)).paused)}
         postgres = self.settings.destination
         if isinstance(postgres, PostgresDestination):  # replicas in Postgres: micro-batch or Real-Time Mode
             rt = source.real_time
@@ -392,7 +395,8 @@ class DaemonContext(GlobalContext):
 
             return Supervisor(runner_factory=postgres_runner, list_tables=lambda: [RUNNER_PREFIX + source.name],
                               policy=self.restart_policy, observer=self.observer,
-                              lag_interval_seconds=self.settings.lag_interval_seconds, apply_workers=0)
+                              lag_interval_seconds=self.settings.lag_interval_seconds, apply_workers=0,
+                              recorded=recorded)
 
         def runner(_: str) -> Runner:
             session = self.spark
@@ -405,7 +409,8 @@ class DaemonContext(GlobalContext):
 
         return Supervisor(runner_factory=runner, list_tables=lambda: [RUNNER_PREFIX + source.name],
                           policy=self.restart_policy, observer=self.observer,
-                          lag_interval_seconds=self.settings.lag_interval_seconds, apply_workers=0)
+                          lag_interval_seconds=self.settings.lag_interval_seconds, apply_workers=0,
+                          recorded=recorded)
 
     # -- the scheduled sub-tasks ----------------------------------------------------------------
 
@@ -556,9 +561,7 @@ class DaemonContext(GlobalContext):
     @cached_property
     def server(self) -> ControlServer:
         h = self.settings.http
-        info = {"pipeline_id": self.spec.pipeline_id, "version": __version__,
-                "source": f"{self.spec.source_catalog}.{self.spec.schema_name}",
-                "destination": f"{self.spec.destination_catalog}.{self.spec.destination_schema}"}
+        info = status_info(self.spec)
         token = h.auth_token.get_secret_value() if h.auth_token is not None else None
         return ControlServer(h.host, h.port, self.metrics.registry, self.supervisor.views, info,
                              lag_slo_seconds=self.settings.lag_slo_seconds,
