@@ -41,14 +41,19 @@ def boot_id() -> str | None:
     return _read("/proc/sys/kernel/random/boot_id")
 
 
-def process_start(pid: int) -> str | None:
-    """When process ``pid`` started, in clock ticks since boot (Linux: field 22 of /proc/<pid>/stat),
-    or None where it cannot be read (no such process, or no /proc)."""
+def _stat_fields(pid: int) -> list[str] | None:
+    """Fields 3 onwards of /proc/<pid>/stat (Linux), or None where it cannot be read."""
     stat = _read(f"/proc/{pid}/stat")
     if stat is None:
         return None
-    fields = stat.rpartition(")")[2].split()  # the command name, in parentheses, may hold spaces
-    return fields[19] if len(fields) > 19 else None
+    return stat.rpartition(")")[2].split()  # the command name, in parentheses, may hold spaces
+
+
+def process_start(pid: int) -> str | None:
+    """When process ``pid`` started, in clock ticks since boot (Linux: field 22 of /proc/<pid>/stat),
+    or None where it cannot be read (no such process, or no /proc)."""
+    fields = _stat_fields(pid)
+    return fields[19] if fields is not None and len(fields) > 19 else None
 
 
 def this_process(config: str | None = None, clock: Callable[[], float] | None = None) -> Holder:
@@ -71,7 +76,10 @@ def process_alive(holder: Holder) -> bool | None:
         pass  # another user's process: it exists
     except OSError:
         return None
-    started = process_start(holder.pid)
+    fields = _stat_fields(holder.pid)
+    if fields and fields[0] in ("Z", "X"):
+        return False  # killed, not yet reaped by its parent: it writes nothing any more
+    started = fields[19] if fields is not None and len(fields) > 19 else None
     if started is not None and holder.process_start is not None and started != holder.process_start:
         return False
     return True

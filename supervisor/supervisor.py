@@ -123,7 +123,10 @@ class Supervisor:
         self._commands.put(("resync", table))
 
     def has_table(self, table: str) -> bool:
-        return table in self._tables
+        """Whether ``table`` is the pipeline's: running, or listed from its records while the pipeline
+        starts (a command for it is applied once its runner exists, at the first tick)."""
+        with self._view_lock:
+            return table in self._tables or table in self._recorded
 
     def command(self, verb: str, table: str) -> bool:
         """Queue ``verb`` (pause, resume, resync) for ``table``; False if the pipeline has no such table."""

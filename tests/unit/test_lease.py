@@ -272,3 +272,26 @@ def test_process_alive_tells_this_process_from_a_gone_or_reused_pid() -> None:
     p.start()
     p.join(60)
     assert process_alive(replace(me, pid=p.pid, process_start=None)) is False
+
+
+def test_a_killed_holder_not_yet_reaped_is_gone() -> None:
+    """A supervisor that restarts the daemon before reaping the killed one: the pid is a zombie."""
+    import signal
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        holder_ = Holder(host=socket.gethostname(), pid=child.pid, token="t", since=0.0,
+                         process_start=process_start(child.pid))
+        assert process_alive(holder_) is True
+        os.kill(child.pid, signal.SIGKILL)
+        for _ in range(500):
+            if (Path(f"/proc/{child.pid}/stat").read_text().rpartition(")")[2].split() or ["?"])[0] == "Z":
+                break
+            import time
+            time.sleep(0.01)
+        assert process_alive(holder_) is False
+    finally:
+        child.kill()
+        child.wait()

@@ -439,3 +439,23 @@ def test_a_reading_that_is_not_renewed_keeps_counting_lag() -> None:
     assert a.probes == 2
     w.clock.now += 30  # no tick, no new reading: a probe that stalls
     assert {v.table: v.lag_seconds for v in w.sup.views()}["a"] == 50.0
+
+
+def test_a_table_listed_from_the_records_takes_commands_while_its_runner_is_being_made() -> None:
+    """/status lists the configured tables while the JVM starts; pause must not answer 'no such table'."""
+    from lakemirror.supervisor.recorded import RecordedTable
+
+    runners: dict[str, FakeRunner] = {}
+    answers: list[bool] = []
+
+    def make(name: str) -> FakeRunner:
+        answers.append(sup.command("pause", name))  # an HTTP thread, while the JVM starts
+        runners[name] = FakeRunner(name)
+        return runners[name]
+
+    sup = Supervisor(runner_factory=make, list_tables=lambda: ["a"], policy=POLICY, clock=FakeClock(),
+                     recorded=lambda: {"a": RecordedTable("a", None, None, None, started=False)})
+    sup.start()
+    assert answers == [True]
+    sup.tick()
+    assert runners["a"].paused and {v.table: v.state for v in sup.views()}["a"] == "paused"
