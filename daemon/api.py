@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from lakemirror.daemon.settings import Settings, local_path_problem
 from lakemirror.daemon.databricks_pipelines import DatabricksNotConfigured, DatabricksPipelines
 from lakemirror.daemon.settings.pipeline import DAEMON_ONLY_KEYS
+from lakemirror.checkpoints.lease import LeaseHeld
 from lakemirror.daemon.pipelines import (FoldersOverlap, PipelineExists, PipelineHandle, PipelineRegistry,
                                          checkpoint_dir_to_delete)
 from lakemirror.daemon.routes import Match
@@ -205,6 +206,8 @@ class ContinuousSyncApi:
         except PipelineExists:
             return 409, {"error": f"pipeline {pid!r} already runs in this daemon"}
         except FoldersOverlap as exc:  # another request took an overlapping folder meanwhile
+            return 409, {"error": str(exc)}
+        except LeaseHeld as exc:  # another daemon runs this pipeline
             return 409, {"error": str(exc)}
         log.info("api: pipeline %s started", pid)
         return 201, {"job_id": handle.pipeline_id, "run_url": ""}

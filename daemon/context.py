@@ -517,13 +517,30 @@ class DaemonContext(GlobalContext):
     def start_pipeline(self, settings: Settings) -> PipelineHandle:
         """Build, register and start a pipeline posted to the API. Runs on the worker thread."""
         child = self.for_pipeline(settings)
-        if settings.source is None:
-            child.runner_context  # opens its checkpoint table now: a failure is the request's
-        handle = PipelineHandle(settings, child.supervisor, "api")
-        self.pipelines.add(handle)
+        child.lease.acquire()  # LeaseHeld: another daemon runs this pipeline (the request's 409)
+        try:
+            if settings.source is None:
+                child.runner_context  # opens its checkpoint table now: a failure is the request's
+            handle = PipelineHandle(settings, child.supervisor, "api", on_stopped=child.lease.release)
+            self.pipelines.add(handle)
+        except BaseException:
+            child.lease.release()
+            raise
+        child.lease.on_lost = lambda reason: self._stop_lost_pipeline(handle)
+        child.lease.start()
         with handle.lock:
             handle.supervisor.start()
         return handle
+
+    def _stop_lost_pipeline(self, handle: PipelineHandle) -> None:
+        """A pipeline posted to the API lost its lease: stop it (on the worker) and forget it."""
+        def stop() -> None:
+            handle.stop(self.settings.drain_timeout_seconds)
+            self.pipelines.remove(handle.pipeline_id)
+        try:
+            self.worker.submit(f"stop pipeline {handle.pipeline_id} (lease lost)", stop)
+        except Exception as exc:  # noqa: BLE001 (the daemon is shutting down: it stops anyway)
+            log.debug("pipeline %s: %s", handle.pipeline_id, exc)
 
     def check_cdf(self, catalog: str, schema: str) -> list[cdf_check.Readiness]:
         """Describe every table of ``catalog.schema`` and judge it. Runs on the worker thread."""

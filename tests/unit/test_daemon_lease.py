@@ -125,3 +125,29 @@ def test_a_daemon_that_loses_its_lease_stops_and_keeps_its_hands_off_the_new_hol
     current = store.newest()
     assert current is not None and current.record is not None and current.record.holder.token == "usurper"
     assert not current.record.released
+
+
+def test_a_pipeline_posted_to_the_api_takes_its_lease_and_releases_it_when_stopped(tmp_path: Path) -> None:
+    """Another daemon (another host) runs pipeline 'shop': posting it here is refused naming that
+    daemon; once it released the lease, the post runs, and stopping the pipeline releases it."""
+    from lakemirror.checkpoints.pipeline_lease import PipelineLease
+
+    (tmp_path / "in").mkdir()
+    parent = daemon(config(tmp_path)).replace(spark=object())
+    posted = load_settings(None, config(tmp_path, pipeline_id="shop", tables=None, source={
+        "kind": "files", "name": "shop", "path": str(tmp_path / "in")}))
+    folder = tmp_path / "ck" / "shop" / "lease"
+    other = PipelineLease("shop", [FileLeaseStore(folder)], Holder("elsewhere", 7, "o", time.time()),
+                          posted.lease.policy(), lambda h: True)
+    other.acquire()
+    with pytest.raises(LeaseHeld, match="pipeline shop is already run by host elsewhere"):
+        parent.start_pipeline(posted)
+    assert parent.pipelines.get("shop") is None
+    other.release()
+    handle = parent.start_pipeline(posted)
+    newest = FileLeaseStore(folder).newest()
+    assert newest is not None and newest.record is not None and not newest.record.released
+    handle.stop(5)
+    newest = FileLeaseStore(folder).newest()
+    assert newest is not None and newest.record is not None and newest.record.released
+    parent.worker.close(wait=False)
