@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Self, Sequence, TextIO
 
 from lakemirror.checkpoints.audit import AuditLog, DeltaAuditLog
-from lakemirror.checkpoints.lease import LeaseLost
+from lakemirror.checkpoints.lease import LeaseLost, LeaseRecord
+from lakemirror.checkpoints.lease_store import generation_of
 from lakemirror.checkpoints.pipeline_lease import PipelineLease
 from lakemirror.checkpoints.delta_store import DeltaCheckpointStore
 from lakemirror.checkpoints.records import CheckpointStore
@@ -671,7 +672,7 @@ class DaemonContext(GlobalContext):
             server = self.bind()
         except BaseException:
             lease.release()
-            _remove_lease_if_released(self.pipeline_dir / LEASE_DIR, created)
+            _remove_lease_if_released(self.pipeline_dir / LEASE_DIR, created, lease.me.token)
             _remove_if_empty(self.pipeline_dir, created)
             raise
         started = False
@@ -692,7 +693,7 @@ class DaemonContext(GlobalContext):
                 server.close()
                 self.remove_endpoint_file()
                 lease.release()
-                _remove_lease_if_released(self.pipeline_dir / LEASE_DIR, created)
+                _remove_lease_if_released(self.pipeline_dir / LEASE_DIR, created, lease.me.token)
                 _remove_if_empty(self.pipeline_dir, created)
         try:
             while not stop.is_set() and not self.lease_lost.is_set():
@@ -724,13 +725,21 @@ def _missing_ancestor(path: Path) -> Path | None:
     return missing
 
 
-def _remove_lease_if_released(folder: Path, created: Path | None) -> None:
-    """After a failed first start (the pipeline's folder was made by it): the lease it released,
-    so that the folder can go too. A lease of an earlier run is kept."""
-    if created is None:
+def _remove_lease_if_released(folder: Path, created: Path | None, token: str) -> None:
+    """After a failed first start (the pipeline's folder did not exist before it): the lease this
+    daemon took and released (its ``token``), so that the folder can go too. Any other record is
+    kept: another daemon that started at the same moment may hold the lease."""
+    if created is None or not folder.is_dir():
         return
-    for name in os.listdir(folder) if folder.is_dir() else ():
-        if name.startswith("lease-") or name.startswith(".lease-"):
+    for name in os.listdir(folder):
+        generation = generation_of(name)
+        if generation is None:
+            continue
+        try:
+            record = LeaseRecord.decode(generation, (folder / name).read_bytes())
+        except OSError:
+            continue
+        if record is not None and record.released and record.holder.token == token:
             (folder / name).unlink(missing_ok=True)
     _remove_if_empty(folder, created)
 

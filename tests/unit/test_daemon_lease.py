@@ -151,3 +151,22 @@ def test_a_pipeline_posted_to_the_api_takes_its_lease_and_releases_it_when_stopp
     newest = FileLeaseStore(folder).newest()
     assert newest is not None and newest.record is not None and newest.record.released
     parent.worker.close(wait=False)
+
+
+def test_a_refused_first_start_cleans_up_only_its_own_released_lease(tmp_path: Path) -> None:
+    """Two daemons starting at once on a folder that did not exist: the refused one removes what it
+    made, never the winner's lease."""
+    from lakemirror.checkpoints.lease_store import lease_name
+    from lakemirror.daemon.context import _remove_lease_if_released
+
+    folder = tmp_path / "ck" / "orders" / "lease"
+    store = FileLeaseStore(folder)
+    policy = load_settings(None, config(tmp_path)).lease.policy()
+    store.create(record_for(Holder("h", 1, "winner", 0.0), 1, time.time(), policy))
+    _remove_lease_if_released(folder, tmp_path / "ck", "loser")
+    assert (folder / lease_name(1)).is_file()
+    mine = record_for(Holder("h", 2, "mine", 0.0), 2, time.time(), policy)
+    store.write(mine.__class__(**{**mine.__dict__, "released": True}))
+    store.prune(2)
+    _remove_lease_if_released(folder, tmp_path / "ck", "mine")
+    assert not (tmp_path / "ck").exists(), "its own released lease, and the folders the start made, are gone"
