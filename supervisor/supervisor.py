@@ -13,7 +13,7 @@ import queue
 import random
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from lakemirror.sinks.batch.bootstrap_plan import BootstrapProgress
@@ -321,7 +321,7 @@ class Supervisor:
             known = recorded.get(name)
             through = e.runner.applied_through
             if lag is None and known is not None:  # nothing measured yet: what the records say, read again
-                known = self._known(name, now)
+                known = self._known(name, now, applied=through)
                 lag = known.reading(now)
             if through is None and known is not None:
                 through = known.applied_through
@@ -349,15 +349,19 @@ class Supervisor:
                 detail=known.detail))
         return sorted(out, key=lambda v: v.table)
 
-    def _known(self, name: str, now: float) -> RecordedTable:
-        """What the records say about ``name``, its source position read again when due."""
+    def _known(self, name: str, now: float, applied: int | None = None) -> RecordedTable:
+        """What the records say about ``name``, its source position read again when due (at once
+        when its runner already knows a newer applied version than the records)."""
         with self._view_lock:
             known = self._recorded[name]
         refresh = self._refresh_recorded
         if refresh is None:
             return known
+        moved = applied is not None and applied != known.applied_through
+        if moved:
+            known = replace(known, applied_through=applied)
         with self._refresh_lock:
-            if now < self._refreshed_at.get(name, float("-inf")) + self.lag_interval:
+            if not moved and now < self._refreshed_at.get(name, float("-inf")) + self.lag_interval:
                 return known
             self._refreshed_at[name] = now
         try:

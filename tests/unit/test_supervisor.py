@@ -428,6 +428,11 @@ def test_while_a_table_starts_its_source_position_is_read_again_and_lag_never_fr
     views = {v.table: v for v in sup.views()}
     assert (views["a"].versions_behind, views["a"].lag_seconds) == (13, 152.0)
     assert reads.count("a") == 2
+    # The runner learns from the replica's own record that more is applied: priced from there at once.
+    sup._tables["a"].runner.applied_through = 195  # type: ignore[misc]  # noqa: SLF001
+    source["oldest"] = 990.0
+    views = {v.table: v for v in sup.views()}
+    assert (views["a"].applied_through, views["a"].versions_behind, views["a"].lag_seconds) == (195, 5, 12.0)
 
 
 def test_a_reading_that_is_not_renewed_keeps_counting_lag() -> None:
