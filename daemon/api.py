@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from lakemirror.daemon.settings import Settings, local_path_problem, object_storage_problem
 from lakemirror.daemon.databricks_pipelines import DatabricksNotConfigured, DatabricksPipelines
 from lakemirror.daemon.settings.pipeline import DAEMON_ONLY_KEYS, checkpoint_problem
+from lakemirror.checkpoints.lease import LeaseHeld
 from lakemirror.daemon.pipelines import (FoldersOverlap, PipelineExists, PipelineHandle, PipelineRegistry,
                                          checkpoint_dir_to_delete, claim_folder, inside, release_folder)
 from lakemirror.daemon.routes import Match
@@ -250,7 +251,7 @@ class ContinuousSyncApi:
                 release_folder(folder)
             if isinstance(exc, PipelineExists):
                 return 409, {"error": f"pipeline {pid!r} already runs in this daemon"}
-            if isinstance(exc, FoldersOverlap):  # another request took an overlapping folder meanwhile
+            if isinstance(exc, (FoldersOverlap, LeaseHeld)):  # an overlapping folder; another daemon's lease
                 return 409, {"error": str(exc)}
             raise
         log.info("api: pipeline %s started", pid)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from lakemirror import __version__
+from lakemirror.checkpoints.lease import LeaseHeld, LeaseLost
 from lakemirror.daemon.jars import JarsMissing
 from lakemirror.daemon.preflight import StartupError
 from lakemirror.daemon.spark import JavaMissing
@@ -72,7 +73,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     signals = ShutdownSignals()
     signals.install()
-    context = DaemonContext(settings)
+    context = DaemonContext(settings, config_file=str(Path(args.config).absolute()))
     bar = attach(sys.stderr)  # a terminal: the bootstrap's progress bar below the log lines
     if bar is not None:
         context.replace(observer=Observers(context.metrics, bar))
@@ -144,8 +145,7 @@ def cmd_control(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from lakemirror.daemon.status import render_table
-
+    """The daemon's ``/status``, or without a daemon the same shape from the pipeline's records."""
     url = args.url
     if url is None and args.config:
         url = _daemon_url(_load(args))
@@ -154,67 +154,40 @@ def cmd_status(args: argparse.Namespace) -> int:
             with urllib.request.urlopen(f"{url.rstrip('/')}/status", timeout=5) as resp:
                 payload = json.load(resp)
         except OSError as exc:
-            print(f"the daemon at {url} did not answer ({exc}); reading the checkpoint table instead",
+            print(f"the daemon at {url} did not answer ({exc}); reading the pipeline's records instead",
                   file=sys.stderr)
         else:
-            if args.json:
-                print(json.dumps(payload, indent=2))
-            else:
-                from lakemirror.daemon.status import render_event_sources, render_subtasks
-
-                subtasks = render_subtasks(payload.get("subtasks", []))
-                events = render_event_sources(payload["tables"])
-                print(render_table(payload["tables"]) + (f"\n\n{events}" if events else "")
-                      + (f"\n\n{subtasks}" if subtasks else ""))
+            _print_status(payload, args.json)
             return EXIT_OK
     if not args.config:
         print("give CONFIG (to find the daemon or its checkpoint table) or --url", file=sys.stderr)
         return EXIT_CONFIG
-    return _status_from_checkpoints(_load(args), args.json)
-
-
-def _status_from_checkpoints(settings: Any, as_json: bool) -> int:
-    """Status when no daemon answers, from the pipeline's own records: without Spark where they are on
-    this machine (:mod:`lakemirror.supervisor.recorded`), else through a Spark session."""
-    rows = _status_offline(settings)
-    if rows is None:
-        rows = _status_with_spark(settings)
-    from lakemirror.daemon.status import render_table
-
-    print(json.dumps(rows, indent=2, default=str) if as_json else render_table(rows))
+    _print_status(_status_from_records(_load(args)), args.json)
     return EXIT_OK
 
 
-def _status_offline(settings: Any) -> list[dict[str, Any]] | None:
-    """Every known table from the state files, the checkpoint table (delta-rs), each replica's
-    transaction record and each source's commit files; None when they are not on this machine."""
-    import time
+def _print_status(payload: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(payload, indent=2, default=str))
+        return
+    from lakemirror.daemon.status import render_event_sources, render_subtasks, render_table
 
-    from lakemirror.checkpoints.state import FileStateStore
-    from lakemirror.daemon.settings.runtime_spec import pipeline_spec
-    from lakemirror.identifiers import TableName
-    from lakemirror.sources.catalog import LocalCatalog
-    from lakemirror.supervisor.recorded import read_pipeline
-    from lakemirror.tables import is_local_table
-
-    if settings.runtime.mode == "databricks":
-        return None
-    catalog = LocalCatalog(settings.runtime.warehouse)
-    checkpoint_table = catalog.locate(TableName.parse(settings.effective_checkpoint_table))
-    if checkpoint_table.path is None or not is_local_table(checkpoint_table.path):
-        return None
-    spec = pipeline_spec(settings)
-    folder = Path(settings.checkpoint_volume) / spec.pipeline_id
-    recorded = read_pipeline(spec, locate=catalog.locate, states=FileStateStore(folder), state_dir=folder / "state",
-                             checkpoint_table=checkpoint_table)
-    now = time.time()
-    return [{"table": t.table, "state": "paused" if t.paused else "degraded" if t.degraded else "stopped",
-             "lag_seconds": t.lag_seconds(now), "versions_behind": t.versions_behind,
-             "applied_through": t.applied_through, "rows_applied": t.rows_applied, "batches": t.batches,
-             "last_batch_at": t.last_batch_at, "last_error": t.last_error} for t in recorded.values()]
+    subtasks = render_subtasks(payload.get("subtasks", []))
+    events = render_event_sources(payload["tables"])
+    print(render_table(payload["tables"]) + (f"\n\n{events}" if events else "")
+          + (f"\n\n{subtasks}" if subtasks else ""))
 
 
-def _status_with_spark(settings: Any) -> list[dict[str, Any]]:
+def _status_from_records(settings: Any) -> dict[str, Any]:
+    """Status when no daemon answers: without Spark where the records are on this machine
+    (:mod:`lakemirror.daemon.offline_status`), else the checkpoint table through a Spark session."""
+    from lakemirror.daemon.offline_status import offline_status, payload
+
+    found = offline_status(settings)
+    return found if found is not None else payload(settings, _status_with_spark(settings))
+
+
+def _status_with_spark(settings: Any) -> list[Any]:
     """The checkpoint table read by Spark (a catalog only Spark can reach: Unity Catalog)."""
     from pyspark.sql import functions as F
 
@@ -223,6 +196,7 @@ def _status_with_spark(settings: Any) -> list[dict[str, Any]]:
     from lakemirror.checkpoints.offline import summarize
     from lakemirror.checkpoints.records import CheckpointRow
     from lakemirror.daemon.context import DaemonContext
+    from lakemirror.supervisor.supervisor import TableView
 
     app = DaemonContext(settings)
     app.preflight()  # what the mode needs, as one line, before Spark starts
@@ -233,11 +207,12 @@ def _status_with_spark(settings: Any) -> list[dict[str, Any]]:
         return []
     data = tables.read(app.spark, loc).where(F.col("pipeline_id") == F.lit(app.spec.pipeline_id)).collect()
     summaries = summarize(CheckpointRow(**r.asDict()) for r in data)
-    return [{"table": fqn, "state": "degraded" if s.latest.degraded else "stopped (last seen)",
-             "lag_seconds": s.latest.lag_seconds, "applied_through": s.latest.last_committed_version,
-             "rows_applied": s.rows_applied, "batches": s.batches,
-             "last_batch_at": s.last_batch.ended_at.timestamp() if s.last_batch else None,
-             "last_error": s.latest.error} for fqn, s in summaries.items()]
+    return [TableView(table=fqn, state="degraded" if s.latest.degraded else "stopped",
+                      lag_seconds=s.latest.lag_seconds, versions_behind=None,
+                      applied_through=s.latest.last_committed_version, rows_applied=s.rows_applied,
+                      batches=s.batches, failures=0, retries=0, next_retry_at=None, last_error=s.latest.error,
+                      last_batch_at=s.last_batch.ended_at.timestamp() if s.last_batch else None)
+            for fqn, s in summaries.items()]
 
 
 def cmd_fetch_jars(args: argparse.Namespace) -> int:
@@ -379,6 +354,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except ConfigError as err:
         return _print_problems(err)
+    except LeaseHeld as err:  # another daemon runs the pipeline: a configuration matter, like a clash of ids
+        print(f"lakemirror: cannot start: {redact(str(err))}", file=sys.stderr)
+        return EXIT_CONFIG
+    except LeaseLost as err:
+        print(f"lakemirror: {redact(str(err))}", file=sys.stderr)
+        return EXIT_FAILED
     except StartupError as err:
         print(f"lakemirror: cannot start: {redact(str(err))}", file=sys.stderr)
         return EXIT_FAILED

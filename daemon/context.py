@@ -31,8 +31,10 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Self, Sequence, TextIO
 
-from lakemirror import __version__
 from lakemirror.checkpoints.audit import AuditLog, DeltaAuditLog
+from lakemirror.checkpoints.lease import LeaseLost, LeaseRecord
+from lakemirror.checkpoints.lease_store import generation_of
+from lakemirror.checkpoints.pipeline_lease import PipelineLease
 from lakemirror.checkpoints.delta_store import DeltaCheckpointStore
 from lakemirror.checkpoints.records import CheckpointStore
 from lakemirror.checkpoints.state import FileStateStore
@@ -41,6 +43,7 @@ from lakemirror.daemon.api import ContinuousSyncApi
 from lakemirror.daemon.databricks_pipelines import DatabricksPipelines
 from lakemirror.daemon.http import ControlServer
 from lakemirror.daemon.jars import JarsMissing
+from lakemirror.daemon.lease import LEASE_DIR, pipeline_lease
 from lakemirror.daemon.metrics import Metrics
 from lakemirror.daemon.pipelines import PipelineHandle, PipelineRegistry
 from lakemirror.daemon.settings import PostgresDestination, RuntimeSettings, Settings
@@ -51,6 +54,7 @@ from lakemirror.daemon.settings.runtime_spec import (
     subtask_of,
 )
 from lakemirror.daemon.spark import JavaMissing
+from lakemirror.daemon.status import status_info
 from lakemirror.daemon.worker import CommandWorker
 from lakemirror.errors import ConfigError, LakemirrorError
 from lakemirror.identifiers import TableName
@@ -66,7 +70,8 @@ from lakemirror.supervisor.event_postgres import PostgresEventStreamRunner, Real
 from lakemirror.supervisor.event_stream import EVENT_FAULT_POINTS, RUNNER_PREFIX, EventStreamRunner
 from lakemirror.supervisor.observer import Observer
 from lakemirror.supervisor.pg_cycles import SparkCycles, WithPostgresCycles
-from lakemirror.supervisor.recorded import read_pipeline
+from lakemirror.supervisor.event_record import recorded_entry, state_slug
+from lakemirror.supervisor.recorded import read_pipeline, refreshed
 from lakemirror.supervisor.replicate import (
     BatchRunner, Progress, RunSummary, TableJob, TextProgress,
 )
@@ -256,8 +261,10 @@ class DaemonContext(GlobalContext):
     """The daemon: one streaming pipeline from the settings (more through the control API), its
     HTTP server and its scheduled sub-tasks."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, config_file: str | None = None) -> None:
         self.settings = settings
+        #: The configuration file the settings came from (named in the lease, for a refused daemon).
+        self.config_file = config_file
 
     @property
     def runtime(self) -> RuntimeSettings:
@@ -358,7 +365,8 @@ class DaemonContext(GlobalContext):
             lag_interval_seconds=s.lag_interval_seconds, apply_workers=spec.apply_workers,
             min_turn_interval_seconds=s.effective_turn_interval_seconds,
             # Listed tables too: the discovery loop starts a listed table that failed as missing once it exists.
-            discover_interval_seconds=s.discover_interval_seconds, recorded=recorded)
+            discover_interval_seconds=s.discover_interval_seconds, recorded=recorded,
+            refresh_recorded=lambda known: refreshed(known, spec, self.catalog.locate))
 
     @cached_property
     def event_source_supervisor(self) -> Supervisor:
@@ -370,6 +378,8 @@ class DaemonContext(GlobalContext):
         stream = event_stream_spec(source, self.settings)
         folder = Path(spec.checkpoint_root) / spec.pipeline_id / "events" / source.name
         destination = (spec.destination_catalog, spec.destination_schema)
+        recorded = lambda: {RUNNER_PREFIX + source.name: recorded_entry(  # noqa: E731 (listed while the JVM starts)
+            folder, source.name, source.kind, self.states.load(state_slug(source.name)).paused)}
         postgres = self.settings.destination
         if isinstance(postgres, PostgresDestination):  # replicas in Postgres: micro-batch or Real-Time Mode
             rt = source.real_time
@@ -386,7 +396,8 @@ class DaemonContext(GlobalContext):
 
             return Supervisor(runner_factory=postgres_runner, list_tables=lambda: [RUNNER_PREFIX + source.name],
                               policy=self.restart_policy, observer=self.observer,
-                              lag_interval_seconds=self.settings.lag_interval_seconds, apply_workers=0)
+                              lag_interval_seconds=self.settings.lag_interval_seconds, apply_workers=0,
+                              recorded=recorded)
 
         def runner(_: str) -> Runner:
             session = self.spark
@@ -399,7 +410,8 @@ class DaemonContext(GlobalContext):
 
         return Supervisor(runner_factory=runner, list_tables=lambda: [RUNNER_PREFIX + source.name],
                           policy=self.restart_policy, observer=self.observer,
-                          lag_interval_seconds=self.settings.lag_interval_seconds, apply_workers=0)
+                          lag_interval_seconds=self.settings.lag_interval_seconds, apply_workers=0,
+                          recorded=recorded)
 
     # -- the scheduled sub-tasks ----------------------------------------------------------------
 
@@ -506,13 +518,30 @@ class DaemonContext(GlobalContext):
     def start_pipeline(self, settings: Settings) -> PipelineHandle:
         """Build, register and start a pipeline posted to the API. Runs on the worker thread."""
         child = self.for_pipeline(settings)
-        if settings.source is None:
-            child.runner_context  # opens its checkpoint table now: a failure is the request's
-        handle = PipelineHandle(settings, child.supervisor, "api")
-        self.pipelines.add(handle)
+        child.lease.acquire()  # LeaseHeld: another daemon runs this pipeline (the request's 409)
+        try:
+            if settings.source is None:
+                child.runner_context  # opens its checkpoint table now: a failure is the request's
+            handle = PipelineHandle(settings, child.supervisor, "api", on_stopped=child.lease.release)
+            self.pipelines.add(handle)
+        except BaseException:
+            child.lease.release()
+            raise
+        child.lease.on_lost = lambda reason: self._stop_lost_pipeline(handle)
+        child.lease.start()
         with handle.lock:
             handle.supervisor.start()
         return handle
+
+    def _stop_lost_pipeline(self, handle: PipelineHandle) -> None:
+        """A pipeline posted to the API lost its lease: stop it (on the worker) and forget it."""
+        def stop() -> None:
+            handle.stop(self.settings.drain_timeout_seconds)
+            self.pipelines.remove(handle.pipeline_id)
+        try:
+            self.worker.submit(f"stop pipeline {handle.pipeline_id} (lease lost)", stop)
+        except Exception as exc:  # noqa: BLE001 (the daemon is shutting down: it stops anyway)
+            log.debug("pipeline %s: %s", handle.pipeline_id, exc)
 
     def check_cdf(self, catalog: str, schema: str) -> list[cdf_check.Readiness]:
         """Describe every table of ``catalog.schema`` and judge it. Runs on the worker thread."""
@@ -550,9 +579,7 @@ class DaemonContext(GlobalContext):
     @cached_property
     def server(self) -> ControlServer:
         h = self.settings.http
-        info = {"pipeline_id": self.spec.pipeline_id, "version": __version__,
-                "source": f"{self.spec.source_catalog}.{self.spec.schema_name}",
-                "destination": f"{self.spec.destination_catalog}.{self.spec.destination_schema}"}
+        info = status_info(self.spec)
         return ControlServer(h.host, h.port, self.metrics.registry, self.supervisor.views, info,
                              lag_slo_seconds=self.settings.lag_slo_seconds,
                              commands=self.supervisor.command, auth_token=self.http_token, api=self.api,
@@ -574,17 +601,39 @@ class DaemonContext(GlobalContext):
         """What the runtime mode needs (Java, Delta's jars, a reachable Connect server)."""
         return preflight.check_mode
 
+    @cached_property
+    def lease_lost(self) -> threading.Event:
+        """Set when the daemon loses its pipeline's lease: the main loop then drains and stops."""
+        return threading.Event()
+
+    @cached_property
+    def lease(self) -> PipelineLease:
+        """The pipeline's lease (:mod:`lakemirror.daemon.lease`): taken before anything starts."""
+        return pipeline_lease(self.settings, self.pipeline_dir, config=self.config_file,
+                              on_lost=lambda reason: self.lease_lost.set(), clock=self.clock)
+
     def write_endpoint_file(self) -> None:
-        """Tell `lakemirror status` where the running daemon listens."""
+        """Tell `lakemirror status` where the running daemon listens (only the lease's holder does)."""
         self.pipeline_dir.mkdir(parents=True, exist_ok=True)
         token_file = None
         if self.settings.http.auth_token is None and self.http_token is not None:
             token_file = str(http_token.write(self.pipeline_dir, self.http_token))
             log.info("control API: its bearer token is in %s (readable by this user only)", token_file)
-        tmp = self.pipeline_dir / ".daemon.json.tmp"
+        tmp = self.pipeline_dir / f".daemon.json.{os.getpid()}.tmp"
         tmp.write_text(json.dumps({"url": self.server.url, "pid": os.getpid(), "started_at": time.time(),
-                                   "token_file": token_file}))
+                                   "token_file": token_file, "lease": self.lease.me.token}))
         os.replace(tmp, self.pipeline_dir / "daemon.json")
+
+    def remove_endpoint_file(self) -> None:
+        """Remove ``daemon.json`` if it is this daemon's (never another's, whatever happened to the lease)."""
+        path = self.pipeline_dir / "daemon.json"
+        try:
+            mine = json.loads(path.read_text()).get("lease") == self.lease.me.token
+        except (OSError, ValueError, AttributeError):
+            return
+        if mine:
+            path.unlink(missing_ok=True)
+            http_token.remove(self.pipeline_dir)
 
     def preflight(self) -> None:
         """What the runtime mode needs, checked before anything is bound, written or started:
@@ -622,15 +671,28 @@ class DaemonContext(GlobalContext):
     def run(self, stop: threading.Event, on_tick: Callable[[Any], None] | None = None) -> None:
         """Run until ``stop`` is set, then drain. Blocks; call from the main thread.
 
-        Start-up runs cheapest first: the mode's prerequisites, then the port, and only then are
-        files written and Spark started. A failure at any step raises with nothing left behind:
-        no ``daemon.json`` and no folder this start created."""
+        Start-up runs cheapest first: the mode's prerequisites, the pipeline's lease (a second
+        daemon of the pipeline is refused here, :class:`~lakemirror.checkpoints.lease.LeaseHeld`),
+        then the port, and only then are files written and Spark started. A failure at any step
+        raises with nothing left behind: no ``daemon.json``, no lease and no folder this start
+        created. A daemon that loses its lease while running drains and raises
+        :class:`~lakemirror.checkpoints.lease.LeaseLost`."""
         self.preflight()
-        server = self.bind()
         created = _missing_ancestor(self.pipeline_dir)
+        lease = self.lease
+        try:
+            lease.acquire()
+            server = self.bind()
+        except BaseException:
+            lease.release()
+            _remove_lease_if_released(self.pipeline_dir / LEASE_DIR, created, lease.me.token)
+            _remove_if_empty(self.pipeline_dir, created)
+            raise
         started = False
         try:
             server.start()
+            lease.renew(url=server.url)
+            lease.start()
             self.write_endpoint_file()
             log.info("pipeline %s: serving %s/metrics", self.spec.pipeline_id, server.url)
             sup, subtasks = self.supervisor, self.subtasks
@@ -642,11 +704,12 @@ class DaemonContext(GlobalContext):
             if not started:
                 self.worker.close(wait=False)
                 server.close()
-                (self.pipeline_dir / "daemon.json").unlink(missing_ok=True)
-                http_token.remove(self.pipeline_dir)
+                self.remove_endpoint_file()
+                lease.release()
+                _remove_lease_if_released(self.pipeline_dir / LEASE_DIR, created, lease.me.token)
                 _remove_if_empty(self.pipeline_dir, created)
         try:
-            while not stop.is_set():
+            while not stop.is_set() and not self.lease_lost.is_set():
                 self.pipelines.tick_all()
                 subtasks.tick()  # starts due sub-tasks on their own threads; never blocks
                 if on_tick is not None:
@@ -661,8 +724,10 @@ class DaemonContext(GlobalContext):
                 subtasks.shutdown(max(0.0, deadline - time.monotonic()))
             finally:  # a drain that fails still leaves no endpoint file pointing at a dead daemon
                 server.close()
-                (self.pipeline_dir / "daemon.json").unlink(missing_ok=True)
-                http_token.remove(self.pipeline_dir)
+                self.remove_endpoint_file()
+                lease.release()
+        if lease.lost is not None:
+            raise LeaseLost(f"pipeline {self.spec.pipeline_id} stopped: it lost its lease ({lease.lost})")
 
 
 def _missing_ancestor(path: Path) -> Path | None:
@@ -673,6 +738,25 @@ def _missing_ancestor(path: Path) -> Path | None:
             break
         missing = folder
     return missing
+
+
+def _remove_lease_if_released(folder: Path, created: Path | None, token: str) -> None:
+    """After a failed first start (the pipeline's folder did not exist before it): the lease this
+    daemon took and released (its ``token``), so that the folder can go too. Any other record is
+    kept: another daemon that started at the same moment may hold the lease."""
+    if created is None or not folder.is_dir():
+        return
+    for name in os.listdir(folder):
+        generation = generation_of(name)
+        if generation is None:
+            continue
+        try:
+            record = LeaseRecord.decode(generation, (folder / name).read_bytes())
+        except OSError:
+            continue
+        if record is not None and record.released and record.holder.token == token:
+            (folder / name).unlink(missing_ok=True)
+    _remove_if_empty(folder, created)
 
 
 def _remove_if_empty(path: Path, up_to: Path | None) -> None:

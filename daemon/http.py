@@ -143,7 +143,11 @@ class _Server(ThreadingHTTPServer):
 
 
 def readiness(views: list[TableView], lag_slo_seconds: float) -> tuple[bool, list[str]]:
-    """Ready when every table is running within its lag SLO (paused tables are not counted)."""
+    """Ready when every table is running within its lag SLO (paused tables are not counted), and
+    there is at least one table: a pipeline whose tables are not known yet (its start still reading
+    them) or that has none replicates nothing."""
+    if not views:
+        return False, ["the pipeline has no tables yet: they are still being listed, or the schema has none"]
     reasons = []
     for v in views:
         if v.state == "paused":

@@ -18,7 +18,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Callable, Literal
 
 from lakemirror.daemon.settings import Settings
 from lakemirror.supervisor.supervisor import Supervisor, TableView
@@ -38,6 +38,8 @@ class PipelineHandle:
     started_at: float = field(default_factory=time.time)
     state: Literal["running", "stopping", "stopped"] = "running"
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    #: Called once the pipeline has stopped (a pipeline posted to the API releases its lease).
+    on_stopped: Callable[[], None] | None = field(default=None, repr=False)
 
     @property
     def pipeline_id(self) -> str:
@@ -65,6 +67,8 @@ class PipelineHandle:
                 self.supervisor.shutdown(drain_timeout_seconds)
             finally:
                 self.state = "stopped"
+                if self.on_stopped is not None:
+                    self.on_stopped()
 
 
 class PipelineExists(Exception):

@@ -5,6 +5,16 @@ from __future__ import annotations
 import time
 from typing import Any, Iterable, Mapping
 
+from lakemirror import __version__
+from lakemirror.supervisor.spec import PipelineSpec
+
+
+def status_info(spec: PipelineSpec) -> dict[str, Any]:
+    """The pipeline's header in ``/status`` and in `lakemirror status --json`, daemon up or down."""
+    return {"pipeline_id": spec.pipeline_id, "version": __version__,
+            "source": f"{spec.source_catalog}.{spec.schema_name}",
+            "destination": f"{spec.destination_catalog}.{spec.destination_schema}"}
+
 
 def _fmt_lag(v: Any) -> str:
     return "-" if v is None else f"{float(v):.1f}s"

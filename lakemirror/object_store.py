@@ -78,6 +78,31 @@ def delta_rs_storage_options(hadoop: Mapping[str, str]) -> dict[str, str]:
     return opts
 
 
+def boto3_client_options(hadoop: Mapping[str, str]) -> dict[str, str]:
+    """The keyword arguments of a boto3 S3 client equivalent to the ``fs.s3a.*`` entries of
+    ``hadoop`` (keys without the ``spark.hadoop.`` prefix), plus ``addressing_style``
+    (``path`` for ``fs.s3a.path.style.access``) for the client's config. Pure.
+
+    Without static keys, boto3's default chain applies (environment, profile, instance role), as
+    hadoop-aws's does."""
+    opts: dict[str, str] = {}
+    ssl = hadoop.get("fs.s3a.connection.ssl.enabled", "true").strip().lower() != "false"
+    endpoint = hadoop.get("fs.s3a.endpoint", "").strip()
+    if endpoint:
+        opts["endpoint_url"] = endpoint if "://" in endpoint else f"{'https' if ssl else 'http'}://{endpoint}"
+    region = hadoop.get("fs.s3a.endpoint.region") or hadoop.get("fs.s3a.region")
+    if region:
+        opts["region_name"] = region
+    for hadoop_key, option in (("fs.s3a.access.key", "aws_access_key_id"),
+                               ("fs.s3a.secret.key", "aws_secret_access_key"),
+                               ("fs.s3a.session.token", "aws_session_token")):
+        if hadoop.get(hadoop_key):
+            opts[option] = hadoop[hadoop_key]
+    if hadoop.get("fs.s3a.path.style.access", "false").strip().lower() == "true":
+        opts["addressing_style"] = "path"
+    return opts
+
+
 def session_s3a_conf(spark: "SparkSession") -> dict[str, str]:
     """The ``fs.s3a.*`` Hadoop settings of ``spark`` (its SparkContext's, plus the session's
     ``spark.hadoop.*`` SQL confs); empty without a JVM (Spark Connect)."""

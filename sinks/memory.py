@@ -120,7 +120,9 @@ class MemoryTableReplica:
     def claim(self, epoch: int) -> None:
         if epoch == 0 and self.owner is not None and self.owner != self.pipeline_id:
             raise DestinationConflict(f"the replica already exists and was not created by pipeline "
-                                      f"{self.pipeline_id!r}; drop it or choose another destination")
+                                      f"{self.pipeline_id!r} (it is the replica of pipeline {self.owner!r}); "
+                                      f"lakemirror writes only into replicas it created: set destination_catalog "
+                                      f"or destination_schema to another one")
 
     def bootstrap(self, plan: MergePlan, snapshot: Iterable[Row], version: int, epoch: int,
                   source_properties: Mapping[str, str]) -> None:

@@ -31,7 +31,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
@@ -51,6 +51,9 @@ from lakemirror.sources.event_source import EventSource, event_source_for
 from lakemirror.sources.event_stream import RawEvent, decode_batch
 from lakemirror.sources.kafka_offsets import Offsets, offsets_behind, parse_end_offsets, progress_end_offsets
 from lakemirror.supervisor import state as sm
+from lakemirror.supervisor.event_record import (
+    CAUGHT_UP_WRITE_SECONDS, backlog_since, load_record, save_record, state_slug,
+)
 from lakemirror.supervisor.lag import LagReading
 from lakemirror.supervisor.runner import BatchReport
 from lakemirror.tables import TableLocation
@@ -356,7 +359,7 @@ class EventStreamRunner:
         self.clock = clock
         #: Where the source's pause is kept across restarts (the pipeline's state store), under ``state_slug``.
         self.states: StateStore = states if states is not None else InMemoryStateStore()
-        self.state_slug = "events-" + spec.name
+        self.state_slug = state_slug(spec.name)
         self._sessions: dict[str, "SparkSession"] = {}
         self.applier = EventBatchApplier(spec, self.source.decoder, pipeline_id, locate, DeadLetterTable(dead_letters),
                                          self._session, clock, fault)
@@ -375,7 +378,14 @@ class EventStreamRunner:
         self._batch_error: str | None = None
         self._applied_offsets: Offsets = {}
         self._behind: Offsets = {}
-        self._behind_since: float | None = None
+        #: What the source recorded about itself (:mod:`.event_record`): its replicas' counts and its
+        #: backlog's start carry over a restart.
+        self.record = load_record(folder)
+        self._behind_since: float | None = self.record.behind_since
+        self.applier.replicas.update({t: ReplicaStatus(**{k: v for k, v in r.items()
+                                                          if k in ReplicaStatus.__dataclass_fields__})
+                                      for t, r in self.record.replicas.items()})
+        self.applied_through, self.last_batch_at = self.record.batch_id, self.record.last_batch_at
 
     @property
     def replicas(self) -> dict[str, ReplicaStatus]:
@@ -442,6 +452,7 @@ class EventStreamRunner:
             self.dead_letter_count += result.dead_letters
             ended = self.clock()
             self.applied_through, self.last_batch_at = batch_id, ended
+            self._save_record(batch_id=batch_id, last_batch_at=ended)
             stats = BatchStats(result.events, batch_id, batch_id, None)
             outcome = MergeOutcome(stats, result.counts, replayed=any(o.replayed for o in result.outcomes.values()))
             self._emit(EventBatchReport(self.table, batch_id, outcome, ended - started, ended, source=self.spec.name,
@@ -503,15 +514,31 @@ class EventStreamRunner:
         total = sum(behind.values())
         if total == 0:
             self._behind_since, lag = None, 0.0
+            if self.record.behind_since is not None or now - (self.record.caught_up_at or 0.0) >= CAUGHT_UP_WRITE_SECONDS:
+                self._save_record(behind_since=None, caught_up_at=now)
         else:
-            self._behind_since = self._behind_since if self._behind_since is not None else now
+            if self._behind_since is None:  # first seen: it began when the replicas were last caught up, at the earliest
+                self._behind_since = backlog_since(self.record, now)
+                self._save_record(behind_since=self._behind_since)
             last = max((r.last_event_lag_seconds or 0.0 for r in self.replicas.values()), default=0.0)
             lag = max(now - self._behind_since, last)
         self._behind = behind
         reading = EventLagReading(lag, total, sum(latest.values()), sum(applied.get(tp, 0) for tp in latest),
-                                  offsets_behind=behind)
+                                  offsets_behind=behind,
+                                  oldest_unapplied_at=self._behind_since if total else None)
         self.last_lag = reading
         return reading
+
+    def _save_record(self, **changes: Any) -> None:
+        """Keep what the source knows about itself across restarts (:mod:`.event_record`)."""
+        events = [r.last_ts_ms for r in self.replicas.values() if r.last_ts_ms is not None]
+        self.record = replace(self.record, **changes, dead_letters=self.dead_letter_count,
+                              last_event_at=max(events) / 1000.0 if events else self.record.last_event_at,
+                              replicas={t: asdict(r) for t, r in self.replicas.items()})
+        try:
+            save_record(self.folder, self.record)
+        except OSError as exc:  # status only: replication goes on
+            log.warning("%s: cannot write the source's record: %s", self.table, exc)
 
     def describe(self) -> dict[str, Any]:
         """The source's own status (``/status`` and ``lakemirror status``): replicas, offsets, dead letters."""
@@ -562,6 +589,7 @@ class EventStreamRunner:
         self.applied_through = None
         self.last_lag = None
         self._applied_offsets, self._behind, self._behind_since = {}, {}, None
+        self._save_record(batch_id=None, behind_since=None)
         log.warning("%s: resync (%s): replaying the source from its earliest retained events under a new "
                     "checkpoint and epoch; the sequence guard skips what the replicas already hold", self.table, reason)
 

@@ -20,6 +20,15 @@ class LagReading:
     latest_source_version: int
     applied_through_version: int
     retention_headroom_seconds: float | None = None  # see retention.py; None = not measured
+    #: When the oldest change not yet applied was committed at the source (None: caught up, or unknown).
+    oldest_unapplied_at: float | None = None
+
+    def lag_at(self, now: float) -> float:
+        """The lag at ``now``: it keeps growing after the reading while something is behind, so a
+        reading that is not renewed (a slow probe, a table still starting) never shows a frozen lag."""
+        if self.versions_behind <= 0 or self.oldest_unapplied_at is None:
+            return self.lag_seconds
+        return max(self.lag_seconds, now - self.oldest_unapplied_at)
 
 
 def compute_lag(*, applied_through: int, latest_version: int,
@@ -31,4 +40,5 @@ def compute_lag(*, applied_through: int, latest_version: int,
     oldest = applied_through + 1
     if oldest not in commit_times:
         raise ValueError(f"the commit time of version {oldest} is needed to compute lag")
-    return LagReading(max(0.0, now - commit_times[oldest]), behind, latest_version, applied_through)
+    return LagReading(max(0.0, now - commit_times[oldest]), behind, latest_version, applied_through,
+                      oldest_unapplied_at=commit_times[oldest])

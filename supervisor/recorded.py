@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 from urllib.parse import unquote
 
 from lakemirror.checkpoints.offline import TableSummary, known_slugs
 from lakemirror.checkpoints.state import StateStore
 from lakemirror.identifiers import TableName
+from lakemirror.sinks.txn import txn_app_id
 from lakemirror.sources.commit_log import LocalCommitLog
 from lakemirror.supervisor import replica_record
 from lakemirror.supervisor.lag import LagReading
@@ -45,6 +46,9 @@ class RecordedTable:
     last_error: str | None = None
     degraded: bool = False
     paused: bool = False
+    started: bool = True                # False: configured, but the pipeline never started it
+    counted_through: int | None = None  # the last batch of the current epoch with a checkpoint row
+    detail: dict[str, Any] | None = None  # a runner's own status as recorded (an event source's replicas)
 
     @property
     def versions_behind(self) -> int | None:
@@ -64,7 +68,9 @@ class RecordedTable:
         lag = self.lag_seconds(now)
         if lag is None or self.applied_through is None or self.latest_version is None:
             return None
-        return LagReading(lag, self.versions_behind or 0, self.latest_version, self.applied_through)
+        behind = self.versions_behind or 0
+        return LagReading(lag, behind, self.latest_version, self.applied_through,
+                          oldest_unapplied_at=self.oldest_unapplied_at if behind else None)
 
 
 def table_of_slug(slug: str) -> str | None:
@@ -100,7 +106,11 @@ def source_position(loc: TableLocation, applied_through: int | None) -> tuple[in
 
 def read_recorded(spec: PipelineSpec, *, locate: Callable[[TableName], TableLocation], states: StateStore,
                   state_dir: str | Path, summaries: Mapping[str, TableSummary] | None) -> dict[str, RecordedTable]:
-    """Every table the pipeline knows (listed in the config, or with a state file), as recorded."""
+    """Every table the pipeline knows (listed in the config, or with a state file), as recorded. A
+    table the config lists is there even if nothing about it is recorded yet (``started`` False: a
+    first start, or a first bootstrap killed before it saved anything), and even if its records
+    cannot be read: a configured table is never missing from status."""
+    listed = spec.tables is not None
     if spec.tables is not None:
         names = [t for t in spec.tables if t not in spec.exclude_tables]
     else:
@@ -108,32 +118,56 @@ def read_recorded(spec: PipelineSpec, *, locate: Callable[[TableName], TableLoca
                        - set(spec.exclude_tables))
     out: dict[str, RecordedTable] = {}
     for table in names:
-        source = spec.source(table)
-        progress = states.load(source.slug)
-        summary = (summaries or {}).get(str(source))
-        if progress.epoch == 0 and summary is None:
-            continue  # never started: nothing recorded
         try:
-            record = replica_record.read_record(
-                progress, checkpoint_root=spec.checkpoint_root, pipeline_id=spec.pipeline_id,
-                table_slug=source.slug, replica_path=locate(spec.destination(table)).path,
-                source_path=locate(source).path)
-        except Exception as exc:  # noqa: BLE001 (the checkpoint rows remain)
-            log.info("table %s: cannot read the replica's transaction record: %s", source, exc)
-            record = None
-        applied = record.applied_through if record is not None else None
-        if applied is None and summary is not None:
-            applied = summary.latest.last_committed_version
-        latest, oldest = source_position(locate(source), applied)
-        last = summary.last_batch if summary is not None else None
-        newest = summary.latest if summary is not None else None
-        out[table] = RecordedTable(
-            table=table, applied_through=applied, latest_version=latest, oldest_unapplied_at=oldest,
-            batches=summary.batches if summary else 0, rows_applied=summary.rows_applied if summary else 0,
-            last_batch_at=last.ended_at.timestamp() if last is not None else None,
-            last_error=newest.error if newest is not None and newest.degraded else None,
-            degraded=bool(newest is not None and newest.degraded), paused=progress.paused)
+            known = _read_table(spec, table, locate=locate, states=states, summaries=summaries)
+        except Exception as exc:  # noqa: BLE001 (one unreadable table must not hide the others)
+            log.info("table %s: cannot read what the pipeline recorded: %s", spec.source(table), exc)
+            known = RecordedTable(table, None, None, None)
+        if known is not None:
+            out[table] = known
+        elif listed:
+            out[table] = RecordedTable(table, None, None, None, started=False)
     return out
+
+
+def _read_table(spec: PipelineSpec, table: str, *, locate: Callable[[TableName], TableLocation], states: StateStore,
+                summaries: Mapping[str, TableSummary] | None) -> RecordedTable | None:
+    source = spec.source(table)
+    progress = states.load(source.slug)
+    summary = (summaries or {}).get(str(source))
+    if progress.epoch == 0 and summary is None:
+        return None  # never started: nothing recorded
+    try:
+        record = replica_record.read_record(
+            progress, checkpoint_root=spec.checkpoint_root, pipeline_id=spec.pipeline_id,
+            table_slug=source.slug, replica_path=locate(spec.destination(table)).path,
+            source_path=locate(source).path)
+    except Exception as exc:  # noqa: BLE001 (the checkpoint rows remain)
+        log.info("table %s: cannot read the replica's transaction record: %s", source, exc)
+        record = None
+    applied = record.applied_through if record is not None else None
+    if applied is None and summary is not None:
+        applied = summary.latest.last_committed_version
+    latest, oldest = source_position(locate(source), applied)
+    last = summary.last_batch if summary is not None else None
+    newest = summary.latest if summary is not None else None
+    epoch_app = txn_app_id(spec.pipeline_id, source.slug, progress.epoch)
+    return RecordedTable(
+        table=table, applied_through=applied, latest_version=latest, oldest_unapplied_at=oldest,
+        batches=summary.batches if summary else 0, rows_applied=summary.rows_applied if summary else 0,
+        last_batch_at=last.ended_at.timestamp() if last is not None else None,
+        last_error=newest.error if newest is not None and newest.degraded else None,
+        degraded=bool(newest is not None and newest.degraded), paused=progress.paused,
+        counted_through=last.batch_id if last is not None and last.txn_app_id == epoch_app else None)
+
+
+def refreshed(known: RecordedTable, spec: PipelineSpec, locate: Callable[[TableName], TableLocation]) -> RecordedTable:
+    """``known`` with the source's newest version and the commit time of its oldest unapplied one
+    read again (the source moves on while a table is starting): commit files only, no Spark."""
+    latest, oldest = source_position(locate(spec.source(known.table)), known.applied_through)
+    if latest is None:
+        return known
+    return replace(known, latest_version=latest, oldest_unapplied_at=oldest)
 
 
 def read_pipeline(spec: PipelineSpec, *, locate: Callable[[TableName], TableLocation], states: StateStore,

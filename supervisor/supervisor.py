@@ -17,7 +17,7 @@ import queue
 import random
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from lakemirror.sinks.batch.bootstrap_plan import BootstrapProgress
@@ -90,7 +90,8 @@ class Supervisor:
                  clock: Callable[[], float] = time.time, rand: Callable[[], float] = random.random,
                  lag_interval_seconds: float = 2.0, discover_interval_seconds: float | None = None,
                  apply_workers: int = 0, min_turn_interval_seconds: float = 1.0,
-                 recorded: Callable[[], Mapping[str, RecordedTable]] | None = None) -> None:
+                 recorded: Callable[[], Mapping[str, RecordedTable]] | None = None,
+                 refresh_recorded: Callable[[RecordedTable], RecordedTable] | None = None) -> None:
         self._factory = runner_factory
         self._list_tables = list_tables
         self.policy = policy
@@ -103,6 +104,11 @@ class Supervisor:
         #: What the pipeline's records say about its tables (read before any runner exists).
         self._read_recorded = recorded
         self._recorded: dict[str, RecordedTable] = {}
+        #: Reads a recorded table's source position again (no Spark): status stays true while a table
+        #: starts, before its runner has measured anything. At most once per ``lag_interval`` a table.
+        self._refresh_recorded = refresh_recorded
+        self._refreshed_at: dict[str, float] = {}
+        self._refresh_lock = threading.Lock()
         self._commands: "queue.Queue[tuple[str, str]]" = queue.Queue()
         self._command_lock = threading.Lock()  # a command is queued before the drain takes the queue, or refused
         self._draining = False
@@ -134,7 +140,10 @@ class Supervisor:
             self._commands.put((verb, table))
 
     def has_table(self, table: str) -> bool:
-        return table in self._tables
+        """Whether ``table`` is the pipeline's: running, or listed from its records while the pipeline
+        starts (a command for it is applied once its runner exists, at the first tick)."""
+        with self._view_lock:
+            return table in self._tables or table in self._recorded
 
     def command(self, verb: str, table: str) -> bool:
         """Queue ``verb`` (pause, resume, resync) for ``table``; False if the pipeline has no such table,
@@ -168,7 +177,8 @@ class Supervisor:
         for name, entry in list(self._tables.items()):
             for item in entry.runner.poll():
                 if isinstance(item, BatchReport):
-                    if counts_as_batch(item):
+                    known = self._recorded.get(name)
+                    if counts_as_batch(item, known.counted_through if known is not None else None):
                         entry.rows_applied += item.outcome.counts.total
                         entry.batches += 1
                     self.observer.batch_applied(name, item)
@@ -322,7 +332,7 @@ class Supervisor:
             log.debug("table %s: lag probe failed: %s", name, exc)
             return
         if reading is None and entry.runner.last_lag is None and name in self._recorded:
-            reading = self._recorded[name].reading(now)  # the runner knows nothing yet: the record does
+            reading = self._known(name, now).reading(now)  # the runner knows nothing yet: the record does
         if reading is not None:
             self.observer.lag_measured(name, reading)
 
@@ -359,13 +369,14 @@ class Supervisor:
             st = e.status
             known = recorded.get(name)
             through = e.runner.applied_through
-            if lag is None and known is not None:  # nothing measured yet: what the records say
+            if lag is None and known is not None:  # nothing measured yet: what the records say, read again
+                known = self._known(name, now, applied=through)
                 lag = known.reading(now)
             if through is None and known is not None:
                 through = known.applied_through
             out.append(TableView(
                 table=name, state=st.state.value,
-                lag_seconds=lag.lag_seconds if lag else None,
+                lag_seconds=lag.lag_at(now) if lag else None,
                 versions_behind=lag.versions_behind if lag else None,
                 applied_through=through, rows_applied=e.rows_applied, batches=e.batches,
                 failures=st.failures, retries=st.retries, next_retry_at=st.next_retry_at,
@@ -378,12 +389,39 @@ class Supervisor:
         for name, known in sorted(recorded.items()):
             if any(name == n for n, _ in items):
                 continue
+            known = self._known(name, now)
             out.append(TableView(
                 table=name, state=(sm.TableState.PAUSED if known.paused else sm.TableState.STARTING).value,
                 lag_seconds=known.lag_seconds(now), versions_behind=known.versions_behind,
                 applied_through=known.applied_through, rows_applied=known.rows_applied, batches=known.batches,
-                failures=0, retries=0, next_retry_at=None, last_error=None, last_batch_at=known.last_batch_at))
+                failures=0, retries=0, next_retry_at=None, last_error=None, last_batch_at=known.last_batch_at,
+                detail=known.detail))
         return sorted(out, key=lambda v: v.table)
+
+    def _known(self, name: str, now: float, applied: int | None = None) -> RecordedTable:
+        """What the records say about ``name``, its source position read again when due (at once
+        when its runner already knows a newer applied version than the records)."""
+        with self._view_lock:
+            known = self._recorded[name]
+        refresh = self._refresh_recorded
+        if refresh is None:
+            return known
+        moved = applied is not None and applied != known.applied_through
+        if moved:
+            known = replace(known, applied_through=applied)
+        with self._refresh_lock:
+            if not moved and now < self._refreshed_at.get(name, float("-inf")) + self.lag_interval:
+                return known
+            self._refreshed_at[name] = now
+        try:
+            fresh = refresh(known)
+        except Exception as exc:  # noqa: BLE001 (a view must never fail: the last reading stays)
+            log.debug("table %s: reading its source position failed: %s", name, exc)
+            return known
+        with self._view_lock:
+            if name in self._recorded:
+                self._recorded[name] = fresh
+        return fresh
 
 
 def _detail(runner: Runner) -> dict[str, Any] | None:
@@ -397,7 +435,22 @@ def _detail(runner: Runner) -> dict[str, Any] | None:
         return None
 
 
-def counts_as_batch(report: BatchReport) -> bool:
-    """Whether a batch report adds to a table's batch count: a batch that applied change rows and
-    was not a replay, i.e. one with a checkpoint row of its own (the offline view counts those)."""
-    return report.outcome.stats.rows_read > 0 and not report.outcome.replayed
+def counts_as_batch(report: BatchReport, counted_through: int | None = None) -> bool:
+    """Whether a batch report adds to a table's batch and row counts: a batch that read change rows
+    and did work, i.e. one with a checkpoint row of its own (the offline view counts those).
+
+    A replay is counted unless its work is counted already: ``counted_through``, the last batch of
+    the table's epoch whose checkpoint row the records held at start (those batches are in the
+    counts the table started with), or a replay that applied nothing (the replica skipped it whole:
+    counted when first applied). A replay of a batch whose checkpoint row was never written (a
+    crash between the replica's commit and the row), or one that applied rows (an event source's
+    batch replayed after a crash between its replicas' commits) did work this run: the metrics
+    count it, and so does status."""
+    outcome = report.outcome
+    if outcome.stats.rows_read <= 0:
+        return False
+    if not outcome.replayed:
+        return True
+    if counted_through is not None and report.batch_id <= counted_through:
+        return False
+    return outcome.counts.total > 0

@@ -23,6 +23,7 @@ from lakemirror.daemon.settings.bootstrap import BootstrapSettings
 from lakemirror.daemon.settings.destination import DeltaDestination, Destination
 from lakemirror.daemon.settings.env_source import EnvValueError, LakemirrorEnvSource
 from lakemirror.daemon.settings.event_source import EventSourceSettings
+from lakemirror.daemon.settings.lease import LeaseSettings
 from lakemirror.daemon import spark_values, yaml_loader
 from lakemirror.daemon.settings.schedule import ScheduleSettings, schedule_problems
 from lakemirror.daemon.settings.postgres_checks import postgres_problems
@@ -340,6 +341,7 @@ class Settings(BaseSettings):
     restart: RestartSettings = Field(default_factory=RestartSettings)
     databricks: DatabricksSettings = Field(default_factory=DatabricksSettings)
     bootstrap: BootstrapSettings = Field(default_factory=BootstrapSettings)
+    lease: LeaseSettings = Field(default_factory=LeaseSettings)
     schedules: list[ScheduleSettings] = Field(
         default_factory=list, description="Batch sub-tasks (clone, incremental, reconcile, metadata) the daemon "
                                           "runs on a schedule; see lakemirror.daemon.settings.schedule.")
@@ -424,6 +426,13 @@ class Settings(BaseSettings):
         if self.checkpoint_table is not None:
             from lakemirror.identifiers import TableName
             TableName.parse(self.checkpoint_table)
+        if self.source is None and self.destination.kind == "delta" \
+                and self.source_catalog.casefold() == self.destination_catalog.casefold() \
+                and (self.destination_schema or self.schema_name).casefold() == self.schema_name.casefold():
+            raise ValueError(f"the replicas would be the source tables themselves: source_catalog and "
+                             f"destination_catalog are both {self.source_catalog!r} and the destination schema is "
+                             f"the source schema {self.schema_name!r}; set destination_catalog or "
+                             f"destination_schema to another one")
         if self.source is not None and self.source.real_time is not None and self.destination.kind != "postgres":
             raise ValueError("source.real_time needs destination kind postgres: open-source Spark runs Real-Time "
                              "Mode into foreach sinks only, not Delta; remove real_time or write to PostgreSQL")

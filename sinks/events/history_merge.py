@@ -96,7 +96,7 @@ class HistoryDeltaSink(GuardedDeltaSink):
             if existed and tables.read(session, self.replica).limit(1).count():
                 raise HistoryReplicaMismatch(
                     f"{self.replica} holds current rows (no {IS_CURRENT} column), not history: history scd2 needs a "
-                    f"replica of its own; drop it or give the pipeline another destination schema")
+                    f"replica of its own: give the pipeline another destination_schema")
             session.sql(f"ALTER TABLE {self.replica.sql} ADD COLUMNS ({VALID_FROM} TIMESTAMP, {VALID_TO} TIMESTAMP, "
                         f"{IS_CURRENT} BOOLEAN, {END_POSITION_COLUMN} {POSITION_TYPE})")
         stones = self._schema(session, self.tombstones)

@@ -55,6 +55,19 @@ def evolution(label: str, plan: MergePlan, replica: tuple[Column, ...], allow: b
     return tuple(diff.added)
 
 
+def conflict_message(replica: str, pipeline_id: str, owner: str | None, *, is_source: bool,
+                     setting: str = "destination_catalog or destination_schema") -> str:
+    """Why a pipeline refuses to write into the existing table ``replica`` it did not create. Never
+    advises dropping it: it may be a source (this pipeline's, or anyone's) or another pipeline's replica."""
+    if is_source:
+        return (f"{replica} is the source table itself: a replica must be another table; set {setting} to another "
+                f"one")
+    whose = (f"it is the replica of pipeline {owner!r}" if owner else
+             "it was not created by lakemirror and may be a table something else reads or writes")
+    return (f"{replica} already exists and was not created by pipeline {pipeline_id!r} ({whose}); lakemirror "
+            f"writes only into replicas it created: set {setting} to another one")
+
+
 @dataclass
 class DeltaReplica:
     """The Delta table ``name`` (located by ``catalog``) as the replica of the source ``source``."""
@@ -72,9 +85,23 @@ class DeltaReplica:
         if epoch == 0 and tables.exists(self.spark, dst):
             owner = snapshot_copy.replica_properties(self.spark, dst).get(snapshot_copy.PIPELINE_PROPERTY)
             if owner != self.pipeline_id:
-                raise DestinationConflict(
-                    f"{self.name} already exists and was not created by pipeline "
-                    f"{self.pipeline_id!r}; drop it or choose another destination", table=self.source)
+                raise DestinationConflict(conflict_message(str(self.name), self.pipeline_id, owner,
+                                                           is_source=self._is_source(dst.path)), table=self.source)
+
+    def _is_source(self, replica_path: str | None) -> bool:
+        """Whether the replica's name or location is the source's (a pipeline into its own schema)."""
+        if str(self.name).casefold() == self.source.casefold():
+            return True
+        try:
+            source_path = self.catalog.locate(TableName.parse(self.source)).path
+        except ValueError:
+            return False
+        if source_path is None or replica_path is None:
+            return False
+        here, there = tables.local_dir(source_path), tables.local_dir(replica_path)
+        if here is not None and there is not None:  # one folder under two names (a link, a mount)
+            return here.resolve() == there.resolve()
+        return source_path.rstrip("/") == replica_path.rstrip("/")
 
     def bootstrap(self, plan: MergePlan, snapshot: "DataFrame", version: int, epoch: int,
                   source_properties: Mapping[str, str]) -> None:

@@ -239,8 +239,9 @@ class PostgresReplica:
                 found = conn.execute(q.table_comment(t.schema, t.name)).fetchall()
                 if found and _owner(found[0][0]) != self.pipeline_id:
                     raise DestinationConflict(
-                        f"{self.label}: the Postgres table already exists and was not created by pipeline "
-                        f"{self.pipeline_id!r}; drop it or choose another schema", table=self.label)
+                        f"{self.label}: the Postgres table {t.schema}.{t.name} already exists and was not created "
+                        f"by pipeline {self.pipeline_id!r}; lakemirror writes only into tables it created: set "
+                        f"destination.schema to another one", table=self.label)
                 if conn.execute(q.claim_batch(t.schema, self.pipeline_id, t.name, epoch, batch_id,
                                               None, version)).fetchone() is None:
                     return 0  # committed before (a crash before its state was saved)

@@ -59,12 +59,14 @@ def test_a_misspelled_environment_variable_is_named_on_stderr(tmp_path: Path) ->
             "did you mean LAKEMIRROR_TRIGGER_INTERVAL_SECONDS?") in done.stderr
 
 
-def test_status_without_a_daemon_starts_no_jvm(tmp_path: Path) -> None:
+@pytest.mark.parametrize("ran", [True, False], ids=["with a checkpoint table", "a pipeline that never ran"])
+def test_status_without_a_daemon_starts_no_jvm(tmp_path: Path, ran: bool) -> None:
     config = tmp_path / "p.yaml"
     config.write_text(f"source_catalog: src\ndestination_catalog: dst\nschema_name: s\ntables: [t]\n"
                       f"checkpoint_volume: {tmp_path / 'ck'}\nruntime: {{mode: local, warehouse: {tmp_path / 'lake'}}}\n")
     catalog = LocalCatalog(tmp_path / "lake")
-    write_deltalake(str(catalog.locate(TableName.parse("dst.continuous_sync.checkpoints")).path), arrow_rows([]))
+    if ran:
+        write_deltalake(str(catalog.locate(TableName.parse("dst.continuous_sync.checkpoints")).path), arrow_rows([]))
     # In a process of its own: the suite's shared Spark session may be running in this one.
     probe = ("import sys\nfrom lakemirror.daemon.cli import main\n"
              f"code = main(['status', {str(config)!r}, '--json'])\n"

@@ -56,3 +56,34 @@ def test_a_replay_of_a_batch_the_replica_holds_needs_no_vacuumed_change_file(pip
     view = pipeline.views()["t"]
     assert view.state == "running", view.last_error
     pipeline.assert_replica_equals_source("t")
+
+
+def test_while_a_restarted_table_starts_its_versions_behind_and_lag_follow_the_source(pipeline: Any) -> None:
+    """Commits made while no daemon ran: from the restart's first view, versions behind and lag are
+    the source's (read from its commit files, no stream needed), and they keep following it."""
+    import time
+
+    pipeline.create("t", "id BIGINT NOT NULL, v STRING", key="id")
+    pipeline.sql("t", "INSERT INTO {t} VALUES (1, 'a')")
+    pipeline.start()
+    pipeline.wait_caught_up("t")
+    applied = pipeline.runner("t").applied_through
+    pipeline.stop()
+    for i in range(2, 5):
+        pipeline.sql("t", f"INSERT INTO {{t}} VALUES ({i}, 'x')")
+    log_dir = Path(pipeline.source("t").path) / "_delta_log"
+    first_unapplied = (log_dir / f"{applied + 1:020d}.json").stat().st_mtime
+
+    pipeline.app = pipeline._new_app()  # noqa: SLF001 (a new daemon process on the same folders)
+    pipeline.app.supervisor.start()  # no tick yet: the table is starting, its runner has measured nothing
+    view = pipeline.views()["t"]
+    assert (view.state, view.applied_through, view.versions_behind) == ("starting", applied, 3)
+    assert abs(view.lag_seconds - (time.time() - first_unapplied)) < 1.0, view.lag_seconds
+    pipeline.sql("t", "INSERT INTO {t} VALUES (5, 'y')")
+    deadline = time.time() + 30
+    while pipeline.views()["t"].versions_behind != 4:
+        assert time.time() < deadline, f"versions behind never followed the source: {pipeline.views()['t']}"
+        time.sleep(0.1)
+    assert pipeline.views()["t"].state == "starting"
+    pipeline.wait_caught_up("t")
+    pipeline.assert_replica_equals_source("t")

@@ -87,6 +87,38 @@ def test_composite_keys_nulls_and_reinsert_within_one_batch(make_pipeline, apply
             "the restart's batches (seven versions in one) were read by delta-rs"
 
 
+def test_a_destination_that_is_the_source_under_another_name_is_refused_never_written(pipeline):
+    """``dst.sales`` is a link to ``src.sales`` (one folder, two names: validation cannot see it): the
+    replica would be the source itself. The table fails saying so, and no advice is to drop it."""
+    import os
+    from pathlib import Path
+
+    pipeline.create("t", "id BIGINT NOT NULL, v STRING", key="id")
+    pipeline.sql("t", "INSERT INTO {t} VALUES (1, 'a')")
+    source_dir = Path(pipeline.source("t").path).parent
+    Path(pipeline.replica("t").path).parent.parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(source_dir, Path(pipeline.replica("t").path).parent)
+    before = pipeline.latest_version("t")
+    pipeline.start()
+    pipeline.tick_until(lambda: pipeline.views()["t"].state == "failed", what="t to be refused")
+    error = pipeline.views()["t"].last_error
+    assert "is the source table itself: a replica must be another table" in error, error
+    assert "drop" not in error
+    assert pipeline.latest_version("t") == before, "nothing was written to the source"
+
+
+def test_an_existing_table_lakemirror_did_not_create_is_never_advised_dropped(pipeline):
+    pipeline.create("t", "id BIGINT NOT NULL, v STRING", key="id")
+    replica = pipeline.replica("t")
+    pipeline.spark.sql(f"CREATE TABLE {replica.sql} (id BIGINT, v STRING) USING DELTA")
+    pipeline.start()
+    pipeline.tick_until(lambda: pipeline.views()["t"].state == "failed", what="t to be refused")
+    error = pipeline.views()["t"].last_error
+    assert "already exists and was not created by pipeline 'test'" in error, error
+    assert "not created by lakemirror" in error and "set destination_catalog or destination_schema" in error
+    assert "drop" not in error
+
+
 def test_delete_and_reinsert_of_a_key_inside_one_version(pipeline):
     pipeline.create("t", "id BIGINT NOT NULL, v STRING")
     pipeline.sql("t", "INSERT INTO {t} VALUES (1, 'a'), (2, 'b')")

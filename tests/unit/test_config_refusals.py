@@ -274,3 +274,28 @@ def test_every_kind_of_a_union_field_names_valid_variables() -> None:
 
     env = {"X_DESTINATION__HOST": "db", "X_DESTINATION__HOTS": "db"}
     assert unknown_variables(env, Top, "X_") == [("X_DESTINATION__HOTS", "X_DESTINATION__HOST")]
+
+
+# -- replicas that would be their own sources ------------------------------------------------------
+
+@pytest.mark.parametrize("extra", [
+    {"destination_catalog": "src"},
+    {"destination_catalog": "SRC", "destination_schema": "Sales"},   # Unity Catalog names ignore case
+    {"destination_catalog": "src", "destination_schema": "sales"},
+], ids=["same catalog, schema by default", "same names in another case", "same schema named"])
+def test_validate_refuses_replicas_that_would_overwrite_their_sources(tmp_path: Path, extra: dict[str, Any],
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    path = pipeline(tmp_path, extra)
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "the replicas would be the source tables themselves" in err
+    assert "set destination_catalog or destination_schema to another one" in err
+    assert "drop" not in err
+
+
+@pytest.mark.parametrize("extra", [
+    {"destination_catalog": "src", "destination_schema": "sales_replica"},
+    {"destination_catalog": "src", "destination": {"kind": "postgres", "host": "db", "database": "d", "user": "u"}},
+], ids=["same catalog, another schema", "a PostgreSQL destination"])
+def test_validate_accepts_the_same_catalog_with_another_destination(tmp_path: Path, extra: dict[str, Any]) -> None:
+    assert main(["validate", str(pipeline(tmp_path, extra))]) == 0

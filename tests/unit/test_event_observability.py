@@ -114,3 +114,43 @@ def test_status_shows_each_event_source(tmp_path: Path) -> None:
     assert "event source shop (kafka): dead letters 3; offsets behind: shop.a[0] 4" in text
     assert "customers  5" in text and "1.2s" in text and "postgres lsn" in text
     assert render_event_sources([{"table": "x"}]) == ""
+
+
+def test_a_backlog_keeps_its_age_across_a_restart(tmp_path: Path) -> None:
+    """The lag of an event source used to start again from 0 in each process."""
+    broker = StaticOffsets({("shop.a", 0): 5})
+    now = [100.0]
+    first = runner(tmp_path, broker, now)
+    first.probe_lag(100.0)  # a backlog, first seen at 100
+    assert first.probe_lag(130.0).lag_seconds == 30.0  # type: ignore[union-attr]
+    again = runner(tmp_path, broker, now)  # a new daemon process on the same folder
+    reading = again.probe_lag(160.0)
+    assert reading is not None and reading.lag_seconds == 60.0
+    assert reading.lag_at(170.0) == 70.0, "and it keeps counting between readings"
+
+
+def test_a_backlog_built_up_while_the_daemon_was_down_counts_from_when_it_was_last_caught_up(tmp_path: Path) -> None:
+    broker = StaticOffsets({("shop.a", 0): 5})
+    now = [100.0]
+    first = runner(tmp_path, broker, now)
+    first._applied_offsets = {("shop.a", 0): 5}
+    assert first.probe_lag(100.0).lag_seconds == 0.0  # type: ignore[union-attr]
+    broker.end[("shop.a", 0)] = 9  # written while no daemon ran
+    again = runner(tmp_path, broker, now)
+    again._applied_offsets = {("shop.a", 0): 5}
+    reading = again.probe_lag(400.0)
+    assert reading is not None and reading.versions_behind == 4 and reading.lag_seconds == 300.0
+
+
+def test_replica_counts_carry_over_a_restart_and_show_without_the_daemon(tmp_path: Path) -> None:
+    from lakemirror.supervisor.event_record import describe, load_record
+
+    first = runner(tmp_path, StaticOffsets({}), [0.0])
+    first.replicas["customers"] = ReplicaStatus(batches=2, inserted=5, updated=1, deleted=2, last_ts_ms=90_000)
+    first.dead_letter_count = 1
+    first._save_record(batch_id=7, last_batch_at=95.0)
+    again = runner(tmp_path, StaticOffsets({}), [0.0])
+    assert again.replicas["customers"].inserted == 5 and again.applied_through == 7
+    record = load_record(tmp_path)
+    assert record.last_event_at == 90.0 and record.dead_letters == 1
+    assert describe(record, "shop", "kafka")["replicas"]["customers"]["deleted"] == 2

@@ -32,7 +32,8 @@ def test_lag_is_measured_from_the_oldest_unapplied_version() -> None:
     times = {10: NOW - 500, 11: NOW - 300, 12: NOW - 120, 13: NOW - 5}
     reading = compute_lag(applied_through=10, latest_version=13, commit_times=times, now=NOW)
     assert reading == LagReading(lag_seconds=300.0, versions_behind=3, latest_source_version=13,
-                                 applied_through_version=10)
+                                 applied_through_version=10, oldest_unapplied_at=NOW - 300)
+    assert reading.lag_at(NOW + 60) == 360.0, "a reading not renewed keeps counting from that commit"
 
 
 def test_lag_grows_with_time_while_stuck() -> None:

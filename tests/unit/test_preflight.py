@@ -177,9 +177,11 @@ def test_status_without_a_daemon_checks_the_mode_before_starting_spark(tmp_path:
 
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump({
-        "source_catalog": "src", "destination_catalog": "dst", "schema_name": "sales",
+        "pipeline_id": "p", "source_catalog": "src", "destination_catalog": "dst", "schema_name": "sales",
         "checkpoint_volume": str(tmp_path / "ck"),
-        "runtime": {"mode": "connect", "spark_remote": f"sc://127.0.0.1:{closed_port}"}}))
+        "runtime": {"mode": "connect", "spark_remote": f"sc://127.0.0.1:{closed_port}",
+                    "warehouse": "s3a://bucket/lakehouse"}}))
+    (tmp_path / "ck" / "p").mkdir(parents=True)  # it ran: its checkpoint rows are in the bucket, read by Spark
     assert main(["status", str(path)]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("lakemirror: cannot start: ") and "Spark Connect" in err and "\n" not in err, err

@@ -67,7 +67,9 @@ def test_a_stopped_table_reports_its_replica_and_the_sources_unapplied_commits(t
                              checkpoint_table=checkpoint_table)
 
     t = read()["t"]
-    assert set(read()) == {"t"}  # u was never started: nothing recorded
+    u = read()["u"]  # configured but never started: listed, with nothing recorded
+    assert (u.started, u.applied_through, u.versions_behind, u.lag_seconds(time.time())) == (False, None, None, None)
+    assert t.started
     # The replica holds batch 1, whose offset ends before version 3: applied through 2, one behind.
     assert (t.applied_through, t.latest_version, t.versions_behind, t.batches) == (2, 3, 1, 2)
     commit_3 = os.stat(Path(source.path or "") / "_delta_log" / f"{3:020d}.json").st_mtime
@@ -75,3 +77,35 @@ def test_a_stopped_table_reports_its_replica_and_the_sources_unapplied_commits(t
     (offsets / "1").write_text('v1\n{"batchWatermarkMs":0}\n{"reservoirVersion":4,"index":-1}')
     caught_up = read()["t"]
     assert (caught_up.versions_behind, caught_up.lag_seconds(time.time() + 3600)) == (0, 0.0)
+
+
+def test_every_configured_table_is_listed_even_when_its_records_cannot_be_read(tmp_path: Path) -> None:
+    """A first bootstrap killed early leaves little behind, and a state file may be unreadable: the
+    configured tables are still all listed (status never shows ``tables: []`` for a known config)."""
+    catalog = LocalCatalog(tmp_path / "lake")
+    spec = PipelineSpec("p", "src", "dst", "s", "s", str(tmp_path / "ck"), tables=("a", "b"))
+    states = FileStateStore(tmp_path / "ck" / "p")
+    states.dir.mkdir(parents=True)
+    (states.dir / f"{spec.source('a').slug}.json").write_text("{ not json")
+    found = read_pipeline(spec, locate=catalog.locate, states=states, state_dir=states.dir,
+                          checkpoint_table=catalog.locate(TableName.parse("dst.continuous_sync.checkpoints")))
+    assert sorted(found) == ["a", "b"]
+    assert found["b"].started is False
+
+
+def test_a_refreshed_record_follows_the_source_while_the_table_starts(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from lakemirror.supervisor.recorded import RecordedTable, refreshed
+
+    catalog = LocalCatalog(tmp_path / "lake")
+    spec = PipelineSpec("p", "src", "dst", "s", "s", str(tmp_path / "ck"), tables=("t",))
+    path = Path(catalog.locate(spec.source("t")).path or "")
+    _write_source(path, 3)
+    known = RecordedTable("t", applied_through=1, latest_version=2, oldest_unapplied_at=None)
+    _write_source(path, 2)  # the source moves on: versions 3 and 4
+    fresh = refreshed(known, spec, catalog.locate)
+    commit_2 = os.stat(path / "_delta_log" / f"{2:020d}.json").st_mtime
+    assert (fresh.latest_version, fresh.versions_behind) == (4, 3)
+    assert fresh.oldest_unapplied_at is not None and abs(fresh.oldest_unapplied_at - commit_2) < 0.01
+    assert refreshed(replace(known, table="missing"), spec, catalog.locate).latest_version == 2

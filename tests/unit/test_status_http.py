@@ -47,8 +47,11 @@ def test_ready_when_all_running_within_slo() -> None:
     assert readiness([RUNNING, replace(RUNNING, table="b", lag_seconds=None)], lag_slo_seconds=60) == (True, [])
 
 
-def test_ready_with_no_tables() -> None:
-    assert readiness([], lag_slo_seconds=60) == (True, [])
+def test_not_ready_while_the_tables_are_unknown_or_there_are_none() -> None:
+    """An event source's daemon answered ready with ``tables: []`` while its JVM started."""
+    ok, reasons = readiness([], lag_slo_seconds=60)
+    assert ok is False and reasons == ["the pipeline has no tables yet: they are still being listed, or the "
+                                       "schema has none"]
 
 
 def test_paused_tables_do_not_count() -> None:

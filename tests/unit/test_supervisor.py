@@ -358,16 +358,20 @@ def test_tables_known_from_the_records_are_listed_at_once_with_their_applied_ver
 
 
 def test_the_batch_count_counts_batches_with_a_checkpoint_row() -> None:
-    """A replayed batch was counted when first applied; an empty one writes no checkpoint row."""
+    """A replay the replica skipped whole was counted when first applied; an empty batch writes no
+    checkpoint row; a replay that applied rows (an event source's replicas that had not committed
+    before a crash) did work, and counts as the metrics count it."""
     w = started(["a"])
     a = w.runners["a"]
     a.batch(0, rows=3, at=w.clock.now)
     empty = MergeOutcome(BatchStats(0, None, None, None), ApplyCounts(), replayed=False)
-    replay = MergeOutcome(BatchStats(2, 1, 1, None), ApplyCounts(inserted=2), replayed=True)
-    a.pending += [BatchReport("a", 1, empty, 0.1, w.clock.now), BatchReport("a", 2, replay, 0.1, w.clock.now)]
+    skipped = MergeOutcome(BatchStats(2, 1, 1, None), ApplyCounts(), replayed=True)
+    partly = MergeOutcome(BatchStats(2683, 2, 2, None), ApplyCounts(inserted=2000, updated=506), replayed=True)
+    a.pending += [BatchReport("a", 1, empty, 0.1, w.clock.now), BatchReport("a", 2, skipped, 0.1, w.clock.now),
+                  BatchReport("a", 3, partly, 0.1, w.clock.now)]
     w.sup.tick()
     view = {v.table: v for v in w.sup.views()}["a"]
-    assert (view.batches, view.rows_applied) == (1, 3)
+    assert (view.batches, view.rows_applied) == (2, 3 + 2506)
 
 
 @pytest.mark.parametrize("verb", ["pause", "resume", "resync"])
@@ -399,3 +403,95 @@ def test_commands_are_refused_once_the_shutdown_has_begun() -> None:
         w.sup.pause("a")
     assert w.sup.command("pause", "nope") is False  # an unknown table is still a 404, not a 503
     assert w.runners["a"].paused is False
+
+
+def test_a_replay_of_a_batch_whose_checkpoint_row_was_read_at_start_is_not_counted_twice() -> None:
+    """Killed after the checkpoint row, before Spark's commit: the row (batch 7) is in the counts the
+    table starts with; its replay reports the batch's counts again and adds nothing. Killed between
+    the replica's commit and the row (batch 8): the replay writes the row, and counts."""
+    from lakemirror.supervisor.recorded import RecordedTable
+
+    clock = FakeClock(1000.0)
+    runners: dict[str, FakeRunner] = {}
+
+    def make(name: str) -> FakeRunner:
+        runners[name] = FakeRunner(name)
+        return runners[name]
+
+    recorded = {"a": RecordedTable("a", 10, 10, None, batches=8, rows_applied=80, counted_through=7)}
+    sup = Supervisor(runner_factory=make, list_tables=lambda: ["a"], policy=POLICY, clock=clock,
+                     recorded=lambda: recorded)
+    sup.start()
+    again = MergeOutcome(BatchStats(10, 10, 10, None), ApplyCounts(inserted=10), replayed=True)
+    runners["a"].pending += [BatchReport("a", 7, again, 0.1, clock.now), BatchReport("a", 8, again, 0.1, clock.now)]
+    sup.tick()
+    view = {v.table: v for v in sup.views()}["a"]
+    assert (view.batches, view.rows_applied) == (9, 90)
+
+
+def test_while_a_table_starts_its_source_position_is_read_again_and_lag_never_freezes() -> None:
+    """No runner reading yet (the JVM starts, a bootstrap runs): versions behind follow the source,
+    lag counts from the oldest unapplied commit, never from the process start."""
+    from dataclasses import replace
+
+    from lakemirror.supervisor.recorded import RecordedTable
+
+    clock = FakeClock(1000.0)
+    source = {"latest": 190, "oldest": 850.0}
+    reads: list[str] = []
+
+    def refresh(known: RecordedTable) -> RecordedTable:
+        reads.append(known.table)
+        return replace(known, latest_version=source["latest"], oldest_unapplied_at=source["oldest"])
+
+    recorded = {"a": RecordedTable("a", applied_through=187, latest_version=188, oldest_unapplied_at=850.0),
+                "new": RecordedTable("new", None, None, None, started=False)}
+    sup = Supervisor(runner_factory=FakeRunner, list_tables=lambda: ["a"], policy=POLICY, clock=clock,
+                     lag_interval_seconds=2.0, recorded=lambda: recorded, refresh_recorded=refresh)
+    sup.start()
+    views = {v.table: v for v in sup.views()}
+    assert (views["a"].versions_behind, views["a"].lag_seconds) == (3, 150.0)
+    assert (views["new"].state, views["new"].versions_behind) == ("starting", None), "listed from the first second"
+    source["latest"] = 200
+    clock.now += 1  # within the interval: not read again
+    assert {v.table: v.versions_behind for v in sup.views()}["a"] == 3
+    clock.now += 1
+    views = {v.table: v for v in sup.views()}
+    assert (views["a"].versions_behind, views["a"].lag_seconds) == (13, 152.0)
+    assert reads.count("a") == 2
+    # The runner learns from the replica's own record that more is applied: priced from there at once.
+    sup._tables["a"].runner.applied_through = 195  # type: ignore[misc]  # noqa: SLF001
+    source["oldest"] = 990.0
+    views = {v.table: v for v in sup.views()}
+    assert (views["a"].applied_through, views["a"].versions_behind, views["a"].lag_seconds) == (195, 5, 12.0)
+
+
+def test_a_reading_that_is_not_renewed_keeps_counting_lag() -> None:
+    w = started(["a"])
+    a = w.runners["a"]
+    w.clock.now += 5
+    a.lag_to_report = LagReading(20.0, 3, 13, 10, oldest_unapplied_at=w.clock.now - 20.0)
+    w.sup.tick()
+    assert a.probes == 2
+    w.clock.now += 30  # no tick, no new reading: a probe that stalls
+    assert {v.table: v.lag_seconds for v in w.sup.views()}["a"] == 50.0
+
+
+def test_a_table_listed_from_the_records_takes_commands_while_its_runner_is_being_made() -> None:
+    """/status lists the configured tables while the JVM starts; pause must not answer 'no such table'."""
+    from lakemirror.supervisor.recorded import RecordedTable
+
+    runners: dict[str, FakeRunner] = {}
+    answers: list[bool] = []
+
+    def make(name: str) -> FakeRunner:
+        answers.append(sup.command("pause", name))  # an HTTP thread, while the JVM starts
+        runners[name] = FakeRunner(name)
+        return runners[name]
+
+    sup = Supervisor(runner_factory=make, list_tables=lambda: ["a"], policy=POLICY, clock=FakeClock(),
+                     recorded=lambda: {"a": RecordedTable("a", None, None, None, started=False)})
+    sup.start()
+    assert answers == [True]
+    sup.tick()
+    assert runners["a"].paused and {v.table: v.state for v in sup.views()}["a"] == "paused"
