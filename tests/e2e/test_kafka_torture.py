@@ -23,6 +23,17 @@ from tests.torture.kafka_harness import EVENT_POINTS, HISTORY_POINTS, EventTortu
 pytestmark = pytest.mark.e2e
 
 
+def test_killed_between_replicas_the_event_batch_is_applied_once(spark: Any, tmp_path: Path, broker: str) -> None:
+    """The smoke of ``make test``: one SIGKILL after one replica's MERGE committed and before the
+    batch's other replicas and its tombstones; the restarted daemon replays the batch, the committed
+    replica skips it by its transaction id, the others apply it."""
+    report = EventTorture(spark, tmp_path, broker, seed=25).run(("events_after_replica_merge",))
+    assert [(k.point, k.reached) for k in report.kills] == [("events_after_replica_merge", True)]
+    assert {"accounts: replica equals the ordered fold", "orders: replica equals the ordered fold",
+            "dead letters exactly once"} <= set(report.checks), report.checks
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(("history", "points"), [("current", EVENT_POINTS), ("scd2", HISTORY_POINTS)])
 def test_killed_on_the_event_path_the_replicas_equal_the_fold_of_the_events(
         spark: Any, tmp_path: Path, broker: str, history: str, points: tuple[str, ...]) -> None:

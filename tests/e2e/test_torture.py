@@ -1,6 +1,9 @@
-"""The short crash-torture run of CI: one SIGKILL at every named crash point, then the proof.
+"""Crash torture of change-feed replicas: the daemon SIGKILLed at named crash points, then the proof.
 
-The full run (`make torture`: more kills, at random moments too) writes docs/RELIABILITY.md.
+``make test`` runs the smoke (one SIGKILL after a batch's MERGE committed and before Spark's commit
+log: the replay that Delta's transaction id must skip); ``make test-all`` one SIGKILL at every named
+point, with and without deletion vectors; ``make torture`` (more kills, at random moments too)
+writes docs/RELIABILITY.md.
 """
 
 from __future__ import annotations
@@ -17,6 +20,15 @@ from tests.torture.harness import NAMED_POINTS, Torture
 pytestmark = pytest.mark.e2e
 
 
+def test_killed_after_the_merge_the_replayed_batch_is_skipped_and_the_replica_stays_exact(
+        spark: Any, tmp_path: Path) -> None:
+    report = Torture(spark, tmp_path, seed=11).run(kills=1, points=("after_merge",))
+    assert [(k.point, k.reached) for k in report.kills] == [("after_merge", True)]
+    assert len(report.checks) == 6, report.checks
+    assert report.batches_replayed >= 1
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("replica_properties", [None, {"delta.enableDeletionVectors": "true"}],
                          ids=["default", "deletion-vectors"])
 def test_killed_at_every_crash_point_the_replica_stays_exact(spark: Any, tmp_path: Path,

@@ -300,12 +300,15 @@ class Torture:
     # -- the run -----------------------------------------------------------------------------
 
     def run(self, kills: int, point_timeout: float = 150.0, rng_kill: tuple[float, float] = (4.0, 20.0),
-            progress: Any = None) -> TortureReport:
+            progress: Any = None, points: tuple[str, ...] | None = None) -> TortureReport:
+        """``kills`` SIGKILLs on the :func:`schedule` of this torture's named points, or exactly at
+        ``points`` (a smoke of chosen mechanisms) when given."""
         started = time.time()
         rng = random.Random(self.seed + 1)
         self.writer.create()
         writer_started = False
-        for point in schedule(kills, self.seed, self.points, self.repeatable):
+        plan = list(points) if points is not None else schedule(kills, self.seed, self.points, self.repeatable)
+        for point in plan:
             if point == "schema_change":
                 self.writer.add_column()
             if not writer_started and not point.startswith("bootstrap"):
