@@ -244,3 +244,55 @@ def test_a_replayed_batch_is_skipped_and_a_late_older_change_moves_nothing(spark
     assert not late.replayed and late.counts.total == 0
     assert replica() == [(1, "a5"), (3, "v0"), (4, "d5")], "an older change moved a row or resurrected a key"
     assert table.replica(plan).last_applied(1) == 5
+
+
+NESTED = ("id INT NOT NULL, m MAP<STRING, INT>, mi MAP<INT, STRING>, am ARRAY<MAP<STRING, INT>>, "
+          "st STRUCT<n: INT, m: MAP<STRING, STRING>, a: ARRAY<INT>>, ma MAP<STRING, ARRAY<MAP<STRING, INT>>>")
+NESTED_ROWS = {
+    1: ("map()", "map()", "array(map(), map('k', 1))", "named_struct('n', 1, 'm', map(), 'a', array())",
+        "map('e', array(map()))"),
+    2: ("NULL", "NULL", "NULL", "NULL", "NULL"),
+    3: ("map('a', 1)", "map(1, 'x')", "array()", "named_struct('n', NULL, 'm', map('a', 'b'), 'a', NULL)",
+        "map('n', NULL)"),
+}
+NESTED_JSON = {
+    1: {"m": {}, "mi": [], "am": [{}, {"k": 1}], "st": {"n": 1, "m": {}, "a": []}, "ma": {"e": [{}]}},
+    2: {"m": None, "mi": None, "am": None, "st": None, "ma": None},
+    3: {"m": {"a": 1}, "mi": [[1, "x"]], "am": [], "st": {"n": None, "m": {"a": "b"}, "a": None}, "ma": {"n": None}},
+}
+
+
+def _nested_insert(ids: Any) -> str:
+    return "INSERT INTO {t} VALUES " + ", ".join(f"({i}, {', '.join(NESTED_ROWS[i])})" for i in ids)
+
+
+def _nested_replica(postgres: Any, schema: str, table: str) -> dict[int, dict[str, Any]]:
+    rows = postgres.query(f'SELECT id, m, mi, am, st, ma FROM "{schema}".{table}')
+    return {r[0]: dict(zip(("m", "mi", "am", "st", "ma"), r[1:])) for r in rows}
+
+
+def test_nested_values_keep_their_type_s_json_shape_in_bootstrap_stream_and_cycles(make_pipeline, postgres):
+    """An empty map<string,…> is {} (not []) wherever it is, and a map of other keys [key, value]
+    pairs: in a bootstrap's snapshot, a stream's batch and a triggered table's cycles."""
+    from tests.integration.test_postgres_cycles import _cycle
+
+    schema = _schema()
+    pipeline = _pg_pipeline(make_pipeline, postgres, schema, tables=["n", "c"], destination={
+        "table_modes": {"c": "triggered"}, "every_seconds": 3600, "snapshot_above_fraction": 100})
+    for table in ("n", "c"):
+        pipeline.create(table, NESTED, key="id")
+        pipeline.sql(table, _nested_insert([1, 2]))
+    pipeline.start()
+    pipeline.wait_caught_up("n")                     # the bootstrap's snapshot
+    assert _nested_replica(postgres, schema, "n") == {i: NESTED_JSON[i] for i in (1, 2)}
+    assert _cycle(pipeline, 1)["c"]["action"] == "snapshot"
+    assert _nested_replica(postgres, schema, "c") == {i: NESTED_JSON[i] for i in (1, 2)}
+
+    for table in ("n", "c"):                         # a stream's batch, a cycle's incremental batch
+        pipeline.sql(table, _nested_insert([3]))
+        pipeline.sql(table, "UPDATE {t} SET m = map(), mi = map(), am = array(map()) WHERE id = 2")
+    pipeline.wait_caught_up("n")
+    assert _cycle(pipeline, 2)["c"]["action"] == "incremental"
+    want = {**NESTED_JSON, 2: {**NESTED_JSON[2], "m": {}, "mi": [], "am": [{}]}}
+    assert _nested_replica(postgres, schema, "n") == want
+    assert _nested_replica(postgres, schema, "c") == want
