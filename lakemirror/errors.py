@@ -66,6 +66,12 @@ class NoUsableKey(TerminalError):
     code = "no_key"
 
 
+class UnsupportedColumnType(TerminalError):
+    """A source column of a type the replica cannot hold: exclude it, or cast it on the source."""
+
+    code = "unsupported_type"
+
+
 class ChangeWindowExpired(TerminalError):
     """A source version the replica still needs is no longer in the change feed."""
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 from lakemirror.schema import Column
 from lakemirror.sinks.accelerator.arrow_changes import batch_stats, winning_changes
 from lakemirror.sinks.merge.planner import COMMIT_VERSION, DELETE, OP_COLUMN, MergePlan, SchemaDiff
-from lakemirror.sinks.postgres.types import is_json, json_column, json_converter, json_text, postgres_type
+from lakemirror.sinks.postgres.types import UnsupportedType, has_postgres_type, is_json, json_column, json_converter, json_text, postgres_type
 from lakemirror.sinks.txn import BatchStats
 
 if TYPE_CHECKING:
@@ -79,8 +79,14 @@ class ReplicaTable:
             raise ValueError(f"key column(s) {missing} are not among the replica's columns {names}")
         if POSITION in names:
             raise ValueError(f"the source has a column named {POSITION!r}, which the Postgres replica uses itself")
-        for c in self.columns:
-            postgres_type(c.type)  # raises UnsupportedType with what to do
+        unsupported = [c for c in self.columns if not has_postgres_type(c.type)]
+        if unsupported:
+            listed = ", ".join(f"{c.name!r} ({c.type})" for c in unsupported)
+            names = ", ".join(c.name for c in unsupported)
+            raise UnsupportedType(
+                f"column(s) {listed} of {self.name!r}: a type a PostgreSQL replica cannot hold. Exclude "
+                f"them (table_overrides: {{{self.name}: {{exclude_columns: [{names}]}}}}) or cast them to a "
+                f"supported type on the source (docs/postgres.md, \"Types\")", table=self.name)
 
     @classmethod
     def from_plan(cls, schema: str, name: str, plan: MergePlan) -> "ReplicaTable":

@@ -34,6 +34,8 @@ import json
 import re
 from typing import TYPE_CHECKING, Any, Callable
 
+from lakemirror.errors import UnsupportedColumnType
+
 if TYPE_CHECKING:
     import pyarrow as pa
 
@@ -52,7 +54,7 @@ _NESTED = ("array<", "map<", "struct<")
 JSONB = "jsonb"
 
 
-class UnsupportedType(ValueError):
+class UnsupportedType(UnsupportedColumnType, ValueError):
     """A Spark type with no Postgres column type here (e.g. interval, variant)."""
 
 
@@ -72,6 +74,15 @@ def postgres_type(spark_type: str) -> str:
         return JSONB
     raise UnsupportedType(f"Spark type {spark_type!r} has no PostgreSQL mapping; exclude the column "
                           f"(exclude_columns) or cast it on the source")
+
+
+def has_postgres_type(spark_type: str) -> bool:
+    """Whether a Spark type has a PostgreSQL column type (:func:`postgres_type`)."""
+    try:
+        postgres_type(spark_type)
+    except UnsupportedType:
+        return False
+    return True
 
 
 def is_json(spark_type: str) -> bool:

@@ -296,3 +296,25 @@ def test_nested_values_keep_their_type_s_json_shape_in_bootstrap_stream_and_cycl
     want = {**NESTED_JSON, 2: {**NESTED_JSON[2], "m": {}, "mi": [], "am": [{}]}}
     assert _nested_replica(postgres, schema, "n") == want
     assert _nested_replica(postgres, schema, "c") == want
+
+
+def test_a_column_postgres_cannot_hold_stops_the_table_at_once_naming_it(make_pipeline, postgres):
+    """A variant column: the streamed table goes ``failed`` without retries, and a triggered
+    table's cycle fails on its first attempt, each naming the column and how to exclude it."""
+    from lakemirror.daemon.settings.runtime_spec import jobs_for
+
+    pipeline = _pg_pipeline(make_pipeline, postgres, _schema(), tables=["va", "vc"], destination={
+        "table_modes": {"vc": "triggered"}, "every_seconds": 3600})
+    for table in ("va", "vc"):
+        pipeline.create(table, "id BIGINT NOT NULL, payload VARIANT", key="id")
+        pipeline.sql(table, "INSERT INTO {t} SELECT 1, parse_json('[1, 2]')")
+    pipeline.start()
+    pipeline.tick_until(lambda: pipeline.views()["va"].state == "failed", 60, "the table to fail")
+    view = pipeline.views()["va"]
+    assert view.retries == 0 and "'payload' (variant)" in (view.last_error or ""), view
+    assert "exclude_columns: [payload]" in (view.last_error or "") and "Traceback" not in (view.last_error or "")
+    app = pipeline.app
+    [task] = app.subtasks.subtasks.values()
+    [outcome] = app.run_subtask("run-vc", jobs_for(task, app.spec, app.tables_of(task))).summary.outcomes
+    assert outcome.status == "failed" and outcome.attempts == 1, outcome
+    assert "'payload' (variant)" in (outcome.error or "")

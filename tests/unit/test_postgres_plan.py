@@ -129,6 +129,22 @@ def test_an_unmapped_type_says_what_to_do():
         postgres_type("interval day to second")
 
 
+def test_a_column_of_an_unmapped_type_stops_the_table_naming_the_column():
+    """A variant (or interval) column cannot reach PostgreSQL, however often it is retried: the
+    table fails at once (a configuration error), with the column and the setting that excludes it."""
+    from lakemirror.supervisor.failure import failed_event
+
+    with pytest.raises(UnsupportedType) as caught:
+        ReplicaTable("s", "events", ("id",), (Column("id", "bigint"), Column("payload", "variant"),
+                                              Column("span", "interval day to second"), Column("n", "int")))
+    message = str(caught.value)
+    assert "'payload' (variant)" in message and "'span' (interval day to second)" in message and "'n'" not in message
+    assert "table_overrides: {events: {exclude_columns: [payload, span]}}" in message
+    event = failed_event(caught.value, table="events", allow_schema_evolution=True, change_window_policy="resync",
+                         rand=0.0)
+    assert event.fatal and event.code == "unsupported_type" and "not retried" in event.error
+
+
 def test_lakemirrors_own_values_become_json():
     assert json_text({"k": decimal.Decimal("1.50"), "z": None, "l": (1, "a")}) == '{"k":"1.50","z":null,"l":[1,"a"]}'
     assert json_text({"a": b"\x00\x01", "d": dt.date(2024, 1, 2), "s": "a\x00b"}) == \
