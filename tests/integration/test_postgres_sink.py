@@ -318,3 +318,37 @@ def test_a_column_postgres_cannot_hold_stops_the_table_at_once_naming_it(make_pi
     [outcome] = app.run_subtask("run-vc", jobs_for(task, app.spec, app.tables_of(task))).summary.outcomes
     assert outcome.status == "failed" and outcome.attempts == 1, outcome
     assert "'payload' (variant)" in (outcome.error or "")
+
+
+def test_a_table_waiting_for_a_lock_shows_it_and_holds_no_other_table_back(make_pipeline, postgres):
+    """One apply worker (the default), two tables; a session holds a lock on one replica. That table
+    shows ``degraded`` with the lock and its holder, and its lag grows, while the other table's
+    changes keep arriving; once the lock is released it catches up and runs again."""
+    schema = _schema()
+    pipeline = _pg_pipeline(make_pipeline, postgres, schema, tables=["la", "lb"],
+                            destination={"statement_timeout_seconds": 600})
+    assert pipeline.settings.effective_apply_workers == 1
+    for table in ("la", "lb"):
+        pipeline.create(table, "id BIGINT NOT NULL, n BIGINT", key="id")
+        pipeline.sql(table, "INSERT INTO {t} VALUES (1, 0)")
+    pipeline.start()
+    pipeline.wait_caught_up("la", "lb")
+    with postgres.connect() as holder:
+        holder.execute("SET application_name = 'lock-holder'")
+        holder.execute("BEGIN")
+        holder.execute(f'LOCK TABLE "{schema}".la IN ACCESS EXCLUSIVE MODE')
+        pipeline.sql("la", "UPDATE {t} SET n = 1")
+        pipeline.tick_until(lambda: pipeline.views()["la"].state == "degraded", 90, "the lock wait to show")
+        error = pipeline.views()["la"].last_error or ""
+        assert "waiting for a lock" in error and "lock-holder" in error and "statement_timeout_seconds" in error, error
+        pipeline.sql("lb", "UPDATE {t} SET n = 1")   # the other table goes on meanwhile, on the one worker
+        pipeline.wait_caught_up("lb")
+        assert postgres.query(f'SELECT n FROM "{schema}".lb') == [(1,)]
+        pipeline.tick_until(lambda: (pipeline.views()["la"].lag_seconds or 0) > 0, 30, "the lag to grow")
+        view = pipeline.views()["la"]
+        assert view.state == "degraded" and view.versions_behind, view
+        assert "waiting for a lock" in (view.last_error or ""), "still the wait, not a failure"
+        holder.execute("ROLLBACK")
+    pipeline.wait_caught_up("la")
+    assert pipeline.views()["la"].last_error is None
+    assert postgres.query(f'SELECT n FROM "{schema}".la') == [(1,)]
