@@ -143,7 +143,7 @@ def test_postgres_restarted_mid_stream_loses_nothing(make_pipeline, postgres):
     if not postgres.restartable:
         pytest.skip("restarting the server needs the script-managed PostgreSQL (no Docker here)")
     schema = _schema()
-    pipeline = _pg_pipeline(make_pipeline, postgres, schema, destination={"retry_seconds": 1})
+    pipeline = _pg_pipeline(make_pipeline, postgres, schema, destination={"retry_seconds": 120})
     pipeline.create("r", "id BIGINT NOT NULL, n BIGINT", key="id")
     pipeline.sql("r", "INSERT INTO {t} SELECT id, 0 FROM range(0, 100)")
     pipeline.start()
@@ -154,12 +154,17 @@ def test_postgres_restarted_mid_stream_loses_nothing(make_pipeline, postgres):
             pipeline.sql("r", f"UPDATE {{t}} SET n = n + 1 WHERE id % {i + 1} = 0")
             pipeline.sql("r", f"INSERT INTO {{t}} VALUES ({100 + i}, {i})")
         pipeline.sql("r", "DELETE FROM {t} WHERE id < 10")
+        # An outage shorter than retry_seconds: the batch retries its connection meanwhile, and the
+        # table says so (not `running` with no error), with its lag growing.
         pipeline.tick_until(lambda: pipeline.views()["r"].state == "degraded", 60, "the table to notice")
-        assert "cannot reach the server" in (pipeline.views()["r"].last_error or "")
+        view = pipeline.views()["r"]
+        assert "waiting for PostgreSQL: cannot reach the server" in (view.last_error or "") and view.retries == 0, view
+        pipeline.tick_until(lambda: (pipeline.views()["r"].lag_seconds or 0) > 0, 30, "the lag to grow")
     finally:
         postgres.start()
     pipeline.sql("r", "UPDATE {t} SET n = n + 10 WHERE id = 50")
     pipeline.wait_caught_up("r")
+    assert pipeline.views()["r"].retries == 0 and pipeline.views()["r"].last_error is None, "the batch went on by itself"
     assert_replica_equals_source(pipeline, postgres, schema, "r")
     # Every version applied exactly once: the applied batches' version ranges do not overlap.
     ranges = postgres.query(f"SELECT first_version, last_version FROM {schema}.lakemirror_progress "
