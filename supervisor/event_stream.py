@@ -51,6 +51,7 @@ from lakemirror.sources.event_source import EventSource, event_source_for
 from lakemirror.sources.event_stream import RawEvent, decode_batch
 from lakemirror.sources.kafka_offsets import Offsets, offsets_behind, parse_end_offsets, progress_end_offsets
 from lakemirror.supervisor import state as sm
+from lakemirror.supervisor.classify import stream_error
 from lakemirror.supervisor.lag import LagReading
 from lakemirror.supervisor.runner import BatchReport
 from lakemirror.tables import TableLocation
@@ -470,7 +471,7 @@ class EventStreamRunner:
         if query is not None and not query.isActive and not self._draining:
             self._query = None
             exc = query.exception()
-            self._emit(sm.Failed(error=self._batch_error or f"{self.table}: {exc or 'the stream stopped'}".splitlines()[0]))
+            self._emit(sm.Failed(error=self._batch_error or stream_error(self.table, exc)))
             self._batch_error = None
         with self._lock:
             out, self._events = self._events, []

@@ -33,7 +33,7 @@ from lakemirror.sinks.postgres import statements as q
 from lakemirror.sinks.postgres.plan import POSITION, BatchPlan, DeadRow, ReplicaTable, derived_name, diff_replica
 from lakemirror.sinks.postgres.plan import plan_batch, snapshot_rows
 from lakemirror.sinks.postgres.protocol import SinkResult, staged_row_json
-from lakemirror.sinks.postgres.waits import LockWait, ServerCalls, lock_wait_query
+from lakemirror.sinks.postgres.waits import LockWait, ServerCalls, lock_wait_query, waiting_sessions_query
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+#: The ``application_name`` of every connection lakemirror opens (``pg_stat_activity`` shows it).
+APPLICATION_NAME = "lakemirror"
 #: Errors that concern a row's data, not the connection or the statement: the row is dead-lettered.
 ROW_ERRORS = (pg_errors.DataError, pg_errors.IntegrityError)
 
@@ -72,7 +74,7 @@ class PostgresTarget:
         timeout_ms = max(1, int(self.statement_timeout_seconds * 1000))
         return {"host": self.host, "port": self.port, "dbname": self.database, "user": self.user,
                 "password": self.password, "sslmode": self.sslmode, "connect_timeout": self.connect_timeout_seconds,
-                "application_name": "lakemirror", "autocommit": True,
+                "application_name": APPLICATION_NAME, "autocommit": True,
                 # Per connection: every statement of the sink is bounded; timestamps travel in UTC.
                 "options": f"-c statement_timeout={timeout_ms} -c TimeZone=UTC"}
 
@@ -129,6 +131,26 @@ class Connector:
             return TransientError(f"{table}: {self.unreachable(exc)}. Retried with backoff.", table=table,
                                   code="postgres_unavailable")
         return TerminalError(f"{where}: {type(exc).__name__}: {detail}", table=table, code="postgres_error")
+
+    def check_server(self, application_name: str = APPLICATION_NAME) -> tuple[str | None, LockWait | None]:
+        """Whether the server answers (None, or why it does not: :meth:`unreachable`), and a lock
+        that one of lakemirror's sessions (``application_name``) waits for; (None, None) when no
+        connection slot is free to ask. For writers out of the daemon's sight (Real-Time Mode's)."""
+        if not self._slots.acquire(blocking=False):
+            return None, None
+        try:
+            kwargs = {**self.target.connect_kwargs(), "connect_timeout": 2,
+                      "options": "-c statement_timeout=2000 -c TimeZone=UTC"}
+            try:
+                conn = self._connect(**kwargs)
+            except psycopg.Error as exc:
+                return self.unreachable(exc), None
+            with conn:
+                pids = [int(r[0]) for r in conn.execute(waiting_sessions_query(application_name)).fetchall()]
+                row = conn.execute(lock_wait_query(pids[0])).fetchone() if pids else None
+        finally:
+            self._slots.release()
+        return None, (LockWait(row[0], tuple(str(h) for h in row[1] or ())) if row is not None else None)
 
     def lock_wait(self, pid: int) -> LockWait | None:
         """Whether server process ``pid`` waits for a lock, and who holds it (:mod:`.waits`); None

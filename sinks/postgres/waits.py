@@ -63,6 +63,23 @@ def lock_wait_query(pid: int) -> sql.Composed:
         "FROM pg_stat_activity a WHERE a.pid = {} AND a.wait_event_type = 'Lock'").format(sql.Literal(pid))
 
 
+def waiting_sessions_query(application_name: str) -> sql.Composed:
+    """The server processes of ``application_name`` in this database that wait for a lock."""
+    return sql.SQL("SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND application_name = {} "
+                   "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid() ORDER BY pid").format(
+        sql.Literal(application_name))
+
+
+def lock_reason(label: str, found: LockWait, statement_timeout_seconds: float, what_waits: str) -> str:
+    """A lock wait told: the relation, who holds it, what ends it."""
+    what = f"a lock on {found.relation}" if found.relation else "a lock"
+    plural = "s" if len(found.holders) > 1 else ""
+    holders = f"PostgreSQL session{plural} {'; '.join(found.holders)}" if found.holders else "another session"
+    return (f"{label}: {what_waits} waiting for {what} held by {holders}: the replica takes no change until it is "
+            f"released; statement_timeout_seconds={statement_timeout_seconds:g} ends the wait, and the write is "
+            f"retried")
+
+
 class ServerCalls:
     """A replica's call to PostgreSQL in flight, as :class:`~.executor.PostgresReplica` reports it.
 
@@ -154,9 +171,4 @@ class ServerCalls:
                 f"retry_seconds={self.retry_seconds:g} s, then the table restarts with backoff")
 
     def _locked(self, found: LockWait) -> str:
-        what = f"a lock on {found.relation}" if found.relation else "a lock"
-        plural = "s" if len(found.holders) > 1 else ""
-        holders = f"PostgreSQL session{plural} {'; '.join(found.holders)}" if found.holders else "another session"
-        return (f"{self.label}: waiting for {what} held by {holders}: the replica takes "
-                f"no change until it is released; statement_timeout_seconds={self.statement_timeout_seconds:g} "
-                f"ends the wait, and the batch is retried")
+        return lock_reason(self.label, found, self.statement_timeout_seconds, "the batch is")

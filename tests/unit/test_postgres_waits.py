@@ -101,8 +101,48 @@ def test_each_change_of_a_wait_is_reported_once_and_its_end_too():
     clock.now += 6
     report.check()
     assert isinstance(events[-1], sm.Waiting) and events[-1].code == CODE_LOCK
-    assert "waiting for a lock held by another session:" in events[-1].error
+    assert "the batch is waiting for a lock held by another session:" in events[-1].error
     c.end()
     report.check()
     report.check()
     assert [type(e) for e in events] == [sm.Waiting, sm.Waiting, sm.WaitOver]
+
+
+def test_a_real_time_query_whose_batches_stop_finishing_is_held_and_says_by_what():
+    from lakemirror.supervisor.real_time_stall import CODE_STALLED, RealTimeStall
+
+    clock = Clock()
+    said: list[tuple[str | None, LockWait | None]] = [("cannot reach the server postgres://u@h:1/d (schema s) "
+                                                       "(connection refused)", None)]
+    probes = []
+
+    def probe() -> tuple[str | None, LockWait | None]:
+        probes.append(clock.now)
+        return said[0]
+
+    stall = RealTimeStall("events:shop", 1.0, probe, retry_seconds=60, statement_timeout_seconds=90, clock=clock)
+    assert stall.stall_after == 10 and stall.wait() is None, "not started"
+    stall.started()
+    clock.now += 9
+    assert stall.wait() is None and probes == [], "batches end every second: 9 s is not yet a stall"
+    clock.now += 2
+    wait = stall.wait()
+    assert wait is not None and wait.code == CODE_UNAVAILABLE and wait.since == 1010.0
+    assert "no real-time batch has finished for over 10 s (one ends every 1 s)" in wait.reason
+    assert "connection refused" in wait.reason and "retry_seconds=60" in wait.reason
+    clock.now += 1
+    assert stall.wait() == wait and len(probes) == 1, "the server is asked at most every few seconds"
+    said[0] = (None, LockWait("r.accounts", ("77 (psql, user bob, idle in transaction since x)",)))
+    clock.now += 5
+    locked = stall.wait()
+    assert locked is not None and locked.code == CODE_LOCK and locked.since == 1010.0
+    assert "a writer is waiting for a lock on r.accounts held by PostgreSQL session 77 (psql" in locked.reason
+    said[0] = (None, None)
+    clock.now += 5
+    assert stall.wait().code == CODE_STALLED  # type: ignore[union-attr]
+    stall.batch_finished()
+    assert stall.wait() is None
+    stall.stopped()
+    clock.now += 100
+    assert stall.wait() is None, "a stopped query is not held back"
+    assert RealTimeStall("x", 4.0, probe, retry_seconds=1, statement_timeout_seconds=1).stall_after == 20
