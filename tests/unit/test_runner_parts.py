@@ -190,3 +190,25 @@ def test_schema_evolution_is_planned_without_spark() -> None:
         evolution("t", plan, COLUMNS, allow=False)
     with pytest.raises(SchemaIncompatible, match="cannot follow"):
         evolution("t", plan_merge((Column("id", "bigint", False), Column("v", "int")), ["id"]), COLUMNS, allow=True)
+
+
+def test_a_replayed_batch_is_logged_as_the_path_that_found_it_written(caplog: pytest.LogCaptureFixture) -> None:
+    """A PostgreSQL replica's replay is found by its progress row: the log must not say Delta."""
+    from lakemirror.sinks.memory import ApplyCounts
+    from lakemirror.sinks.postgres.spark_batches import WRITE_POSTGRES
+    from lakemirror.sinks.txn import BatchStats, MergeOutcome
+
+    class ReplayedSink:
+        def __init__(self, write: str) -> None:
+            self.write = write
+
+        def apply(self, batch: Any, txn: TxnId, read: Any = None) -> MergeOutcome:
+            return MergeOutcome(BatchStats(3, 4, 4, None), ApplyCounts(1, 0, 0), replayed=True, write=self.write)
+
+    runner = _runner()
+    caplog.set_level("INFO", logger="lakemirror.supervisor.batch_apply")
+    runner._apply_batch(ReplayedSink(WRITE_POSTGRES), TxnId("app", 5), [], 1)  # noqa: SLF001
+    runner._apply_batch(ReplayedSink("spark-merge"), TxnId("app", 6), [], 1)  # noqa: SLF001
+    pg, delta = [r.getMessage() for r in caplog.records if "already committed" in r.getMessage()]
+    assert "progress row in PostgreSQL" in pg and "Delta" not in pg
+    assert "Delta skipped the write" in delta
