@@ -47,8 +47,8 @@ from lakemirror.daemon.settings import PostgresDestination, RuntimeSettings, Set
 from lakemirror.daemon.settings.replicate import ReplicateConfig
 from lakemirror.daemon.settings.real_time import real_time_spark_conf
 from lakemirror.daemon.settings.runtime_spec import (
-    REPLICATE_NAMESPACE, cycle_mode, event_stream_spec, jobs_for, mode_of, pipeline_spec, plan, postgres_subtasks,
-    subtask_of,
+    REPLICATE_NAMESPACE, cycle_mode, cycle_tables, event_stream_spec, jobs_for, mode_of, pipeline_spec, plan,
+    postgres_subtasks, subtask_of,
 )
 from lakemirror.daemon.spark import JavaMissing
 from lakemirror.daemon.worker import CommandWorker
@@ -73,8 +73,9 @@ from lakemirror.supervisor.replicate import (
 from lakemirror.supervisor.runner import FAULT_POINTS, RunnerContext, TableRunner
 from lakemirror.supervisor.spec import PipelineSpec
 from lakemirror.supervisor.state import RestartPolicy
+from lakemirror.supervisor.cycle_views import CycleTables
 from lakemirror.supervisor.subtasks import SubtaskRun, SubtaskService
-from lakemirror.supervisor.supervisor import Runner, Supervisor
+from lakemirror.supervisor.supervisor import Runner, Supervisor, TableView
 
 if TYPE_CHECKING:
     from databricks.sdk import WorkspaceClient
@@ -460,7 +461,17 @@ class DaemonContext(GlobalContext):
         tasks = [subtask_of(s, self.spec.pipeline_id) for s in self.settings.schedules]
         tasks += postgres_subtasks(self.settings)
         return SubtaskService(tasks, jobs=lambda t: jobs_for(t, self.spec, self.tables_of(t)),
-                              run=self.run_subtask, observer=self.metrics, clock=self.clock, spawn=self.spawn)
+                              run=self.run_subtask, observer=self.metrics, clock=self.clock, spawn=self.spawn,
+                              on_run=self.cycle_tables.record_run)
+
+    @cached_property
+    def cycle_tables(self) -> CycleTables:
+        """The triggered and snapshot PostgreSQL replicas, as tables of ``/status``."""
+        return cycle_tables(self.settings, self.spec, lambda: self.subtasks.views(), self.states, self.clock)
+
+    def table_views(self) -> list[TableView]:
+        """Every table of ``/status``: the streamed ones (the supervisor's), then the cycled ones."""
+        return [*self.supervisor.views(), *self.cycle_tables.views()]
 
     # -- the control API: more pipelines in this daemon, or Databricks jobs ---------------------
 
@@ -554,7 +565,7 @@ class DaemonContext(GlobalContext):
                 "source": f"{self.spec.source_catalog}.{self.spec.schema_name}",
                 "destination": f"{self.spec.destination_catalog}.{self.spec.destination_schema}"}
         token = h.auth_token.get_secret_value() if h.auth_token is not None else None
-        return ControlServer(h.host, h.port, self.metrics.registry, self.supervisor.views, info,
+        return ControlServer(h.host, h.port, self.metrics.registry, self.table_views, info,
                              lag_slo_seconds=self.settings.lag_slo_seconds,
                              commands=self.supervisor.command, auth_token=token, api=self.api,
                              subtasks=self.subtasks.status)

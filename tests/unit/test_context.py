@@ -10,6 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from lakemirror.checkpoints.records import InMemoryCheckpointStore
+from lakemirror.daemon import routes
 from lakemirror.daemon.context import DaemonContext, ReplicateContext
 from lakemirror.daemon.metrics import Metrics
 from lakemirror.daemon.settings import Settings, load_settings
@@ -71,3 +72,15 @@ def test_the_replicate_context_names_its_audit_tables_and_runs_without_increment
     assert ctx.audit_table == config.effective_audit_table
     assert ctx.reconciliation_table == config.effective_reconciliation_table
     assert ctx.run_id == "r1" and ctx.runtime is config.runtime
+
+
+def test_status_lists_the_triggered_and_snapshot_tables_beside_the_streamed_ones(tmp_path: Path) -> None:
+    ctx = DaemonContext(settings(tmp_path, tables=["orders", "archive"], destination={
+        "kind": "postgres", "host": "h", "database": "db", "user": "u", "table_modes": {"archive": "triggered"},
+        "every_seconds": 600})).replace(metrics=Metrics("main", CollectorRegistry()))
+    ctx.supervisor._seed(0.0)  # noqa: SLF001 (no Spark: the streamed table is not started here)
+    status, body = ctx.server.answer(routes.match("GET", "/status"), None)  # type: ignore[arg-type]
+    tables = {t["table"]: t for t in body["tables"]}
+    assert status == 200 and "archive" in tables, body
+    assert tables["archive"]["state"] == "starting" and tables["archive"]["detail"]["mode"] == "triggered"
+    assert tables["archive"]["detail"]["sub_task"] == "postgres-triggered"
