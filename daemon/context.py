@@ -589,13 +589,14 @@ class DaemonContext(GlobalContext):
         raise :class:`StartupError` (one line: the cause and the fix)."""
         self.mode_check(self.settings.runtime)
 
-    def bind(self) -> ControlServer:
-        """Bind the HTTP port (the first thing that can clash with another process)."""
+    def bind(self, port_setting: str | None = None) -> ControlServer:
+        """Bind the HTTP port (the first thing that can clash with another process); a failure names
+        how to choose another port (``port_setting``; default the ``http.port`` setting)."""
         h = self.settings.http
         try:
             return self.server
         except OSError as exc:
-            raise preflight.bind_failure(h.host, h.port, exc) from None
+            raise preflight.bind_failure(h.host, h.port, exc, port_setting or preflight.PORT_SETTING) from None
 
     def start_spark(self) -> None:
         """Start the session and open the checkpoint table if the supervisor's start did not need them
