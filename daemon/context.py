@@ -139,7 +139,8 @@ class GlobalContext:
     def spark(self) -> "SparkSession":
         from lakemirror.daemon.spark import create_session
 
-        return create_session(self.runtime)
+        real_time = self.settings.source is not None and self.settings.source.real_time is not None
+        return create_session(self.runtime, python_workers_stop=real_time)
 
     @property
     def unity_catalog(self) -> bool:

@@ -80,7 +80,11 @@ def session_jars(rt: RuntimeSettings, s3a: bool | None = None) -> list[str]:
     return paths
 
 
-def local_session(rt: RuntimeSettings, app_name: str = "lakemirror", s3a: bool | None = None) -> "SparkSession":
+def local_session(rt: RuntimeSettings, app_name: str = "lakemirror", s3a: bool | None = None,
+                  python_workers_stop: bool = False) -> "SparkSession":
+    """The embedded session. ``python_workers_stop``: queries whose tasks run in Python workers
+    (Real-Time Mode's ``foreach`` writer) are stopped while they run; the JVM's standard error then
+    leaves out PySpark's tracebacks of those workers' interrupted protocol (:mod:`.jvm_stderr`)."""
     from pyspark.sql import SparkSession
 
     check_java()
@@ -88,26 +92,51 @@ def local_session(rt: RuntimeSettings, app_name: str = "lakemirror", s3a: bool |
     # Real-Time Mode's foreach writer (sinks/postgres/foreach.py) runs lakemirror code there.
     # PySpark takes the workers' interpreter from PYSPARK_PYTHON only; one set by the user wins.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = (SparkSession.builder.master(rt.master).appName(app_name)
-               .config("spark.jars", ",".join(session_jars(rt, s3a)))
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", str(rt.shuffle_partitions))
-               .config("spark.default.parallelism", str(rt.shuffle_partitions))
-               .config("spark.driver.memory", rt.driver_memory)
-               .config("spark.sql.warehouse.dir", spark_warehouse_dir(rt.warehouse))
-               .config("spark.sql.session.timeZone", "UTC")
-               .config("spark.databricks.delta.snapshotPartitions", "2")
-               .config("spark.sql.streaming.stopTimeout", "120s")
-               .config("spark.scheduler.mode", "FAIR")
-               .config("spark.log.structuredLogging.enabled", "false")
-               .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG4J_CONFIG}"))
+    options = {
+        "spark.jars": ",".join(session_jars(rt, s3a)),
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": str(rt.shuffle_partitions),
+        "spark.default.parallelism": str(rt.shuffle_partitions),
+        "spark.driver.memory": rt.driver_memory,
+        "spark.sql.warehouse.dir": spark_warehouse_dir(rt.warehouse),
+        "spark.sql.session.timeZone": "UTC",
+        "spark.databricks.delta.snapshotPartitions": "2",
+        "spark.sql.streaming.stopTimeout": "120s",
+        "spark.scheduler.mode": "FAIR",
+        "spark.log.structuredLogging.enabled": "false",
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
+    }
     # Secret confs (s3a keys, passwords, tokens) go through a 0600 file, not the JVM's command line.
     public, secret = split_secret_confs({**DELTA_CONFS, **rt.spark_conf})
-    for k, v in public.items():
+    options.update(public)
+    builder = SparkSession.builder.master(rt.master).appName(app_name)
+    for k, v in options.items():
         builder = builder.config(k, v)
     with secret_properties_file(secret):
+        if python_workers_stop and _no_context():
+            _start_context(rt.master, app_name, options)
         return builder.getOrCreate()
+
+
+def _no_context() -> bool:
+    from pyspark import SparkContext
+
+    return SparkContext._active_spark_context is None  # noqa: SLF001 (getOrCreate's own test)
+
+
+def _start_context(master: str, app_name: str, options: dict[str, str]) -> None:
+    """Start the JVM and the SparkContext (which ``getOrCreate`` then takes) with the JVM's standard
+    error read through :func:`~.jvm_stderr.pump` instead of inherited."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    from lakemirror.daemon.jvm_stderr import pump
+
+    conf = SparkConf().setAll([(k, str(v)) for k, v in options.items()]).setMaster(master).setAppName(app_name)
+    gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})
+    pump(iter(gateway.proc.stderr.readline, b""), sys.stderr)  # type: ignore[attr-defined]
+    SparkContext(conf=conf, gateway=gateway)
 
 
 def connect_session(rt: RuntimeSettings) -> "SparkSession":
@@ -124,9 +153,9 @@ def databricks_session() -> "SparkSession":
     return active if active is not None else SparkSession.builder.getOrCreate()
 
 
-def create_session(rt: RuntimeSettings) -> "SparkSession":
+def create_session(rt: RuntimeSettings, python_workers_stop: bool = False) -> "SparkSession":
     if rt.mode == "local":
-        return local_session(rt)
+        return local_session(rt, python_workers_stop=python_workers_stop)
     if rt.mode == "connect":
         return connect_session(rt)
     return databricks_session()

@@ -5,9 +5,11 @@ a writer whose server does not answer retries each flush for up to ``retry_secon
 lock waits in the server; meanwhile its task, and so the real-time batch, cannot end, and the
 daemon sees no error at all. Batches end every ``checkpoint_interval_seconds`` whether or not
 messages come, so a query whose last batch ended long ago is held back: :class:`RealTimeStall`
-says so once that has lasted ``stall_after`` seconds, with what the server says (asked from the
-driver, at most every ``PROBE_SECONDS``): it does not answer, one of lakemirror's sessions waits for
-a lock (named with its holders), or it answers and the writers are merely slow.
+says so once that has lasted ``stall_after`` seconds and the server (asked from the driver, at most
+every ``PROBE_SECONDS``) names a cause: it does not answer, or one of lakemirror's sessions waits for
+a lock (named with its holders). When it answers and no writer waits for a lock, the writers are
+slow: that is reported only after ``SLOW_FACTOR`` times as long, and never before the query's first
+batch (starting Python workers on a busy machine takes longer than an interval).
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ MIN_STALL_SECONDS = 10.0
 #: The server is asked this often, at most, while the query is held back.
 PROBE_SECONDS = 5.0
 CODE_STALLED = "real_time_stalled"
+#: A stall with no cause the server names (it answers, no writer waits for a lock) is reported only
+#: after this many times ``stall_after``, and only once a batch has finished since the query started.
+SLOW_FACTOR = 3
 
 #: What the server says: why it cannot be reached (None: it answers), and a lock a writer waits for.
 Probe = Callable[[], tuple[str | None, LockWait | None]]
@@ -41,14 +46,15 @@ class RealTimeStall:
         self.clock = clock
         self.stall_after = stall_after if stall_after is not None else max(MIN_STALL_SECONDS, 5 * interval_seconds)
         self._last: float | None = None      # the query started, or its last batch ended
+        self._finished_one = False           # a batch has finished since the query started
         self._probed_at: float | None = None
         self._wait: ServerWait | None = None
 
     def started(self) -> None:
-        self._last, self._probed_at, self._wait = self.clock(), None, None
+        self._last, self._probed_at, self._wait, self._finished_one = self.clock(), None, None, False
 
     def batch_finished(self) -> None:
-        self._last, self._probed_at, self._wait = self.clock(), None, None
+        self._last, self._probed_at, self._wait, self._finished_one = self.clock(), None, None, True
 
     def stopped(self) -> None:
         self._last, self._probed_at, self._wait = None, None, None
@@ -79,9 +85,14 @@ class RealTimeStall:
             reason = f"{held}: " + lock_reason(self.label, lock, self.statement_timeout_seconds,
                                                "a writer is").split(": ", 1)[1]
             code = CODE_LOCK
-        else:
+        elif self._finished_one and now - self._last >= SLOW_FACTOR * self.stall_after:
             reason = (f"{held}, though PostgreSQL answers: the writers are slow or held (their sessions are named "
                       f"lakemirror in pg_stat_activity)")
             code = CODE_STALLED
+        else:
+            # No cause found yet: a first batch (Python workers starting) or a busy machine is
+            # slower than the interval; only a named cause, or a long stall, is reported.
+            self._wait = None
+            return None
         self._wait = ServerWait(since, reason, code)
         return self._wait

@@ -139,6 +139,12 @@ def test_a_real_time_query_whose_batches_stop_finishing_is_held_and_says_by_what
     assert "a writer is waiting for a lock on r.accounts held by PostgreSQL session 77 (psql" in locked.reason
     said[0] = (None, None)
     clock.now += 5
+    assert stall.wait() is None, "no cause named, before the first batch: a slow start, not a stall"
+    stall.batch_finished()
+    assert stall.wait() is None
+    clock.now += 20
+    assert stall.wait() is None, "after a batch, a slow one with no cause named is reported later"
+    clock.now += 10
     assert stall.wait().code == CODE_STALLED  # type: ignore[union-attr]
     stall.batch_finished()
     assert stall.wait() is None
