@@ -66,6 +66,12 @@ class NoUsableKey(TerminalError):
     code = "no_key"
 
 
+class ChangeFeedDisabled(TerminalError):
+    """The source's Change Data Feed is off, and the replica reads it: turn it on (or let lakemirror)."""
+
+    code = "cdf_disabled"
+
+
 class UnsupportedColumnType(TerminalError):
     """A source column of a type the replica cannot hold: exclude it, or cast it on the source."""
 

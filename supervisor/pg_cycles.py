@@ -35,13 +35,14 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
 from lakemirror.checkpoints.state import StateStore, TableProgress
-from lakemirror.errors import LakemirrorError, SchemaIncompatible
+from lakemirror.errors import SchemaIncompatible
 from lakemirror.sinks.batch.operations import BatchJob, Operations, TaggedSessions
 from lakemirror.sinks.merge.planner import ColumnSelection, MergePlan, plan_merge
 from lakemirror.sinks.postgres.modes import CycleChoice, Mode, change_fraction, choose_cycle, cycle_batch_id
 from lakemirror.sinks.postgres.protocol import SinkResult
 from lakemirror.sources.catalog import Catalog, TableInfo
 from lakemirror.sources.keys import choose_key
+from lakemirror.supervisor.prepare import require_change_feed
 from lakemirror.supervisor.spec import PipelineSpec, TableOptions
 
 if TYPE_CHECKING:
@@ -64,6 +65,7 @@ class CycleSource(Protocol):
     """What a cycle reads of its source table (:class:`~lakemirror.sources.delta_versions.DeltaVersions`)."""
 
     def describe(self) -> TableInfo: ...
+    def enable_change_feed(self) -> None: ...
     def latest_version(self) -> int: ...
     def row_count(self, version: int) -> int: ...
     def change_count(self, after: int, through: int) -> int: ...
@@ -117,17 +119,17 @@ class PostgresCycle:
     allow_evolution: bool = True
     #: Whether a stream checkpoint exists for an epoch of this table (a stream ran in it).
     stream_ran: Callable[[int], bool] = lambda epoch: False
+    #: ``enable_change_data_feed``: turn a triggered table's change data feed on instead of refusing it.
+    enable_change_feed: bool = False
 
     def run(self) -> CycleResult:
         info = self.source.describe()
         opts = self.options
         key = choose_key(self.label, info.columns, configured=opts.keys, declared=info.declared_key)
         plan = plan_merge(info.columns, key.columns, ColumnSelection(opts.include_columns, opts.exclude_columns))
-        if self.mode == "triggered" and not info.cdf_enabled:
-            raise LakemirrorError(
-                f"{self.label}: a triggered replica reads the Change Data Feed, which is not enabled. Run: ALTER "
-                f"TABLE {info.location.sql} SET TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true'), or use "
-                f"mode snapshot", table=self.label, code="cdf_disabled")
+        if self.mode == "triggered":
+            info = require_change_feed(self.source, info, self.label, enable=self.enable_change_feed,
+                                       otherwise="; or keep the table in mode snapshot, which reads no change feed")
         replica = self.replica_for(plan)
         head = self.source.latest_version()
         progress = self.states.load(self.slug)
@@ -270,7 +272,8 @@ class SparkCycles:
         return PostgresCycle(DeltaVersions(session, self.catalog, job.source), pg.replica, self.states,
                              self.cycle_states, slug, label, mode, spec.options_for(table), self.snapshot_above,
                              spec.allow_schema_evolution,
-                             stream_checkpoint_exists(spec.checkpoint_root, spec.pipeline_id, slug))
+                             stream_checkpoint_exists(spec.checkpoint_root, spec.pipeline_id, slug),
+                             spec.enable_change_data_feed)
 
     def run(self, operation: str, job: BatchJob, tag: str) -> Mapping[str, Any]:
         mode = OPERATIONS.get(operation)

@@ -427,7 +427,7 @@ class TableRunner:
                               ctx.fault, self.live.emit, self._chunked_copy())
         return Preparation(self.change_source, self.replica, ctx.states, self.slug, label,
                            ctx.spec.options_for(self.table), ctx.spec.allow_schema_evolution, bootstrap,
-                           ctx.fault).run()
+                           ctx.fault, ctx.spec.enable_change_data_feed).run()
 
     def _chunked_copy(self) -> ChunkedCopy | None:
         """A Delta replica bootstraps in chunks (one when the table is small); other replicas

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from lakemirror.errors import DestinationConflict, LakemirrorError, SchemaIncompatible, SourceReplaced
+from lakemirror.errors import (ChangeFeedDisabled, DestinationConflict, LakemirrorError, SchemaIncompatible,
+                               SourceReplaced)
 from lakemirror.schema import Column
 from lakemirror.sinks.merge.delta_replica import evolution
 from lakemirror.sinks.memory import MemoryTableReplica
@@ -99,8 +100,13 @@ def test_a_bootstrap_killed_before_its_snapshot_is_redone_at_the_same_version() 
 def test_a_source_without_change_feed_or_recreated_is_refused() -> None:
     runner = _runner()
     _source(runner).properties[CDF_PROPERTY] = "false"
-    with pytest.raises(LakemirrorError, match="Change Data Feed is not enabled"):
+    with pytest.raises(ChangeFeedDisabled, match="Change Data Feed is not enabled") as refused:
         runner.prepare()
+    assert "SET TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')" in str(refused.value)
+    assert "enable_change_data_feed: true" in str(refused.value)
+    event = runner._failed(refused.value)  # noqa: SLF001
+    assert event.fatal and event.code == "cdf_disabled", "a configuration error: failed at once, never retried"
+    assert _source(runner).properties[CDF_PROPERTY] == "false", "not turned on without the opt-in"
     _source(runner).properties[CDF_PROPERTY] = "true"
     runner.prepare()
     _source(runner).table_id = "table-2"
@@ -212,3 +218,18 @@ def test_a_replayed_batch_is_logged_as_the_path_that_found_it_written(caplog: py
     pg, delta = [r.getMessage() for r in caplog.records if "already committed" in r.getMessage()]
     assert "progress row in PostgreSQL" in pg and "Delta" not in pg
     assert "Delta skipped the write" in delta
+
+
+def test_enable_change_data_feed_turns_the_feed_on_before_the_bootstrap_pins_its_version() -> None:
+    runner = table_runner(enable_change_data_feed=True, context={"clock": lambda: 1000.0, "sleep": lambda s: None})
+    source = MemoryChangeSource(runner.ctx.catalog.locate(runner.source), COLUMNS, ("id",),
+                                properties={CDF_PROPERTY: "false"})
+    runner.change_source = source  # type: ignore[assignment]
+    runner.replica = MemoryTableReplica("p")
+    source.commit([ins(1, "a")])
+    prepared = runner.prepare()
+    assert source.properties[CDF_PROPERTY] == "true"
+    assert prepared.progress.bootstrap_version == 2, "the snapshot is taken at the feed's first version, or after"
+    source.commit([*upd(1, "b")])
+    assert [r["v"] for r in source.changes(2) if r["_change_type"] != "update_preimage"] == ["b"]
+    assert runner.prepare().progress.bootstrap_version == 2, "once on, nothing more is changed"
