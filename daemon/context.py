@@ -126,6 +126,11 @@ class GlobalContext:
     def runtime(self) -> RuntimeSettings:
         raise NotImplementedError
 
+    @property
+    def python_workers_stop(self) -> bool:
+        """Whether queries with tasks in Python workers are stopped while they run (Real-Time Mode)."""
+        return False
+
     def replace(self, **parts: Any) -> Self:
         """Use ``parts`` instead of building them (tests): each name is one of this context's
         factories; an unknown name raises, so a misspelt override cannot be silently ignored."""
@@ -139,8 +144,7 @@ class GlobalContext:
     def spark(self) -> "SparkSession":
         from lakemirror.daemon.spark import create_session
 
-        real_time = self.settings.source is not None and self.settings.source.real_time is not None
-        return create_session(self.runtime, python_workers_stop=real_time)
+        return create_session(self.runtime, python_workers_stop=self.python_workers_stop)
 
     @property
     def unity_catalog(self) -> bool:
@@ -264,9 +268,14 @@ class DaemonContext(GlobalContext):
     @property
     def runtime(self) -> RuntimeSettings:
         rt = self.settings.runtime
-        if self.settings.source is not None and self.settings.source.real_time is not None:
+        if self.python_workers_stop:
             return rt.model_copy(update={"spark_conf": real_time_spark_conf(rt.spark_conf)})
         return rt
+
+    @property
+    def python_workers_stop(self) -> bool:
+        """Real-Time Mode: its ``foreach`` writers run in Python workers (:mod:`lakemirror.daemon.jvm_stderr`)."""
+        return self.settings.source is not None and self.settings.source.real_time is not None
 
     @property
     def audit_catalog(self) -> str:

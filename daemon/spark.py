@@ -134,8 +134,8 @@ def _start_context(master: str, app_name: str, options: dict[str, str]) -> None:
     from lakemirror.daemon.jvm_stderr import pump
 
     conf = SparkConf().setAll([(k, str(v)) for k, v in options.items()]).setMaster(master).setAppName(app_name)
-    gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})
-    pump(iter(gateway.proc.stderr.readline, b""), sys.stderr)  # type: ignore[attr-defined]
+    gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})  # type: ignore[no-untyped-call]
+    pump(iter(gateway.proc.stderr.readline, b""), sys.stderr)
     SparkContext(conf=conf, gateway=gateway)
 
 

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from lakemirror.supervisor.replicate import SUCCESS
+from lakemirror.checkpoints.audit import SUCCESS
 from lakemirror.supervisor.supervisor import TableView
 from lakemirror.supervisor.subtasks import Subtask, SubtaskRun
 

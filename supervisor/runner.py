@@ -162,7 +162,7 @@ class TableRunner:
             clock=ctx.clock, sleep=ctx.sleep, fault=ctx.fault)
         self.turns = TableTurns(self.live, ctx.spec, str(self.source), commit_files=lambda: self.lag.commit_files(),
                                 failed=self._failed, collect=self._collect_connect_batches, track=self._track_progress,
-                                on_server=(lambda: self.pg.calls.in_call) if self.pg is not None else None)
+                                on_server=self.pg.calls.in_call if self.pg is not None else None)
 
     # -- the parts that need the table's session, made on first use --------------------------------
 

@@ -82,10 +82,10 @@ class ReplicaTable:
         unsupported = [c for c in self.columns if not has_postgres_type(c.type)]
         if unsupported:
             listed = ", ".join(f"{c.name!r} ({c.type})" for c in unsupported)
-            names = ", ".join(c.name for c in unsupported)
+            excluded = ", ".join(c.name for c in unsupported)
             raise UnsupportedType(
                 f"column(s) {listed} of {self.name!r}: a type a PostgreSQL replica cannot hold. Exclude "
-                f"them (table_overrides: {{{self.name}: {{exclude_columns: [{names}]}}}}) or cast them to a "
+                f"them (table_overrides: {{{self.name}: {{exclude_columns: [{excluded}]}}}}) or cast them to a "
                 f"supported type on the source (docs/postgres.md, \"Types\")", table=self.name)
 
     @classmethod

@@ -127,7 +127,6 @@ class ServerCalls:
             self._started, self._pid, self._connected_at = None, None, None
             self._failing_since, self._failure, self._checked_at, self._lock_wait = None, None, None, None
 
-    @property
     def in_call(self) -> bool:
         """A call is in flight: the replica's work is on the server (or waits for it)."""
         with self._lock:

@@ -23,9 +23,9 @@ def calls(clock: Clock) -> ServerCalls:
 def test_a_server_that_does_not_answer_is_a_wait_from_the_first_failed_connection():
     clock = Clock()
     c = calls(clock)
-    assert c.wait() is None and not c.in_call
+    assert c.wait() is None and not c.in_call()
     c.begin()
-    assert c.in_call and c.wait() is None
+    assert c.in_call() and c.wait() is None
     c.retrying("cannot reach the server postgres://u@h:5432/db (schema s) (connection refused)")
     clock.now += 3
     c.retrying("cannot reach the server postgres://u@h:5432/db (schema s) (connection refused)")
@@ -35,7 +35,7 @@ def test_a_server_that_does_not_answer_is_a_wait_from_the_first_failed_connectio
     c.connected(4711)
     assert c.wait() is None, "the server answers again"
     c.end()
-    assert not c.in_call and c.wait() is None
+    assert not c.in_call() and c.wait() is None
 
 
 def test_a_long_statement_is_a_wait_only_when_the_server_says_it_waits_for_a_lock():
