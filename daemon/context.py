@@ -60,6 +60,7 @@ from lakemirror.sinks.batch.operations import Operations, SparkOperations
 from lakemirror.sinks.batch.reconcile import DeltaReconciliationStore
 from lakemirror.sinks.choose import choose_sink
 from lakemirror.sinks.postgres.executor import Connector
+from lakemirror.sinks.postgres.waits import ServerWait
 from lakemirror.sources import cdf_check
 from lakemirror.sources.catalog import Catalog, Discovery, LocalCatalog, SparkDiscovery, UnityCatalog
 from lakemirror.supervisor.event_postgres import PostgresEventStreamRunner, RealTimeSpec
@@ -477,7 +478,11 @@ class DaemonContext(GlobalContext):
     @cached_property
     def cycle_tables(self) -> CycleTables:
         """The triggered and snapshot PostgreSQL replicas, as tables of ``/status``."""
-        return cycle_tables(self.settings, self.spec, lambda: self.subtasks.views(), self.states, self.clock)
+        def waits(table: str) -> ServerWait | None:
+            cycles = self.__dict__.get("cycles")  # built by the first cycle run; no wait before it
+            return cycles.wait_of(table) if cycles is not None else None
+
+        return cycle_tables(self.settings, self.spec, lambda: self.subtasks.views(), self.states, self.clock, waits)
 
     def table_views(self) -> list[TableView]:
         """Every table of ``/status``: the streamed ones (the supervisor's), then the cycled ones."""

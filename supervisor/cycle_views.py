@@ -7,7 +7,8 @@ table, beside the streamed tables':
 
 - ``running`` once a cycle has brought the replica up (in this process, or before it: the
   pipeline's state says which version the replica holds); ``starting`` before its first cycle;
-- ``degraded`` when its last cycle failed (the error is the cycle's; the next cycle retries it);
+- ``degraded`` when its last cycle failed (the error is the cycle's; the next cycle retries it), or
+  while its cycle waits on the server (an outage, a lock: the wait's reason, as a streamed table's);
 - ``applied_through``: the source version the replica holds; ``rows_applied`` / ``batches``: rows
   and cycles in this process; ``detail``: the mode, the next cycle and what the last one did.
 
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from lakemirror.checkpoints.audit import SUCCESS
+from lakemirror.sinks.postgres.waits import ServerWait
 from lakemirror.supervisor.supervisor import TableView
 from lakemirror.supervisor.subtasks import Subtask, SubtaskRun
 
@@ -48,8 +50,10 @@ class CycleTables:
 
     def __init__(self, tables: Mapping[str, str], tasks: Mapping[str, str], *,
                  next_run: Callable[[str], float | None], holds: Callable[[str], int | None],
+                 waits: Callable[[str], ServerWait | None] = lambda table: None,
                  clock: Callable[[], float] = time.time) -> None:
         self._modes = {task: mode for mode, task in tasks.items()}
+        self._waits = waits
         self._next_run = next_run
         self._holds = holds
         self._clock = clock
@@ -86,7 +90,11 @@ class CycleTables:
         out = []
         for name, t in sorted(tables.items()):
             held = t.version if t.version is not None else self._held_version(name)
-            if t.ok is False:
+            wait = self._wait(name)
+            error = t.error
+            if wait is not None:
+                state, error = "degraded", wait.reason
+            elif t.ok is False:
                 state = "degraded"
             else:
                 state = "running" if held is not None else "starting"
@@ -94,10 +102,17 @@ class CycleTables:
             out.append(TableView(
                 table=name, state=state, lag_seconds=None, versions_behind=None, applied_through=held,
                 rows_applied=t.rows, batches=t.cycles if t.ok is not None else 0, failures=t.failures, retries=0,
-                next_retry_at=next_at if t.ok is False else None, last_error=t.error, last_batch_at=t.last_ok_at,
+                next_retry_at=next_at if t.ok is False and wait is None else None, last_error=error,
+                last_batch_at=t.last_ok_at,
                 detail={"mode": t.mode, "sub_task": t.task, "next_cycle_at": next_at,
                         "last_cycle": dict(t.details) or None}))
         return out
+
+    def _wait(self, table: str) -> ServerWait | None:
+        try:
+            return self._waits(table)
+        except Exception:  # noqa: BLE001 (a view must never fail)
+            return None
 
     def _held_version(self, table: str) -> int | None:
         if table not in self._held:  # read once: cycles report their version afterwards

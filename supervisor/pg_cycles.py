@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
@@ -40,6 +41,7 @@ from lakemirror.sinks.batch.operations import BatchJob, Operations, TaggedSessio
 from lakemirror.sinks.merge.planner import ColumnSelection, MergePlan, plan_merge
 from lakemirror.sinks.postgres.modes import CycleChoice, Mode, change_fraction, choose_cycle, cycle_batch_id
 from lakemirror.sinks.postgres.protocol import SinkResult
+from lakemirror.sinks.postgres.waits import ServerCalls, ServerWait
 from lakemirror.sources.catalog import Catalog, TableInfo
 from lakemirror.sources.keys import choose_key
 from lakemirror.supervisor.prepare import require_change_feed
@@ -261,6 +263,23 @@ class SparkCycles:
         self.cycle_states = cycle_states
         self.snapshot_above = snapshot_above
         self.sessions = TaggedSessions(spark)
+        #: Each table's call to the server in flight, for its waits in ``/status`` (:meth:`wait_of`).
+        self._calls: dict[str, ServerCalls] = {}
+        self._calls_lock = threading.Lock()
+
+    def calls_of(self, table: str, label: str) -> ServerCalls:
+        with self._calls_lock:
+            if table not in self._calls:
+                target = self.connector.target
+                self._calls[table] = ServerCalls(label, retry_seconds=target.retry_seconds,
+                                                 statement_timeout_seconds=target.statement_timeout_seconds)
+            return self._calls[table]
+
+    def wait_of(self, table: str) -> ServerWait | None:
+        """What the table's cycle waits on in the server now (an outage, a lock), or None."""
+        with self._calls_lock:
+            calls = self._calls.get(table)
+        return calls.wait(self.connector.lock_wait) if calls is not None else None
 
     def cycle(self, job: BatchJob, mode: Mode, session: "SparkSession") -> PostgresCycle:
         from lakemirror.sinks.postgres.spark_batches import PostgresTable
@@ -268,7 +287,7 @@ class SparkCycles:
 
         spec, table, label = self.spec, job.source.table, str(job.source)
         slug = spec.source(table).slug
-        pg = PostgresTable(self.connector, spec.pipeline_id, table, label)
+        pg = PostgresTable(self.connector, spec.pipeline_id, table, label, calls=self.calls_of(table, label))
         return PostgresCycle(DeltaVersions(session, self.catalog, job.source), pg.replica, self.states,
                              self.cycle_states, slug, label, mode, spec.options_for(table), self.snapshot_above,
                              spec.allow_schema_evolution,

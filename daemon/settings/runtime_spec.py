@@ -13,6 +13,7 @@ from lakemirror.daemon.settings.pipeline import Settings
 from lakemirror.daemon.settings.replicate import CatalogEntry, ReplicateConfig
 from lakemirror.daemon.settings.schedule import ScheduleSettings
 from lakemirror.sinks.postgres.modes import Mode
+from lakemirror.sinks.postgres.waits import ServerWait
 from lakemirror.sources.catalog import Discovery
 from lakemirror.checkpoints.state import StateStore
 from lakemirror.supervisor.cycle_views import CycleTables
@@ -97,7 +98,8 @@ def postgres_subtasks(s: Settings) -> list[Subtask]:
 
 
 def cycle_tables(s: Settings, spec: PipelineSpec, task_views: Callable[[], list[TaskView]], states: StateStore,
-                 clock: Callable[[], float]) -> CycleTables:
+                 clock: Callable[[], float],
+                 waits: Callable[[str], ServerWait | None] = lambda table: None) -> CycleTables:
     """The triggered and snapshot replicas as tables of ``/status`` (:mod:`lakemirror.supervisor.cycle_views`):
     the tables the configuration names in those modes (more are found by their cycles)."""
     tasks = {cycle_mode(t): t.name for t in postgres_subtasks(s)}
@@ -113,7 +115,7 @@ def cycle_tables(s: Settings, spec: PipelineSpec, task_views: Callable[[], list[
         return progress.bootstrap_version if progress.bootstrapped else None
 
     return CycleTables(tables, {m: name for m, name in tasks.items() if m is not None}, next_run=next_run,
-                       holds=holds, clock=clock)
+                       holds=holds, waits=waits, clock=clock)
 
 
 def cycle_mode(task: Subtask) -> Mode | None:
