@@ -152,3 +152,23 @@ def test_a_real_time_query_whose_batches_stop_finishing_is_held_and_says_by_what
     clock.now += 100
     assert stall.wait() is None, "a stopped query is not held back"
     assert RealTimeStall("x", 4.0, probe, retry_seconds=1, statement_timeout_seconds=1).stall_after == 20
+
+
+def test_a_refused_login_or_a_missing_database_names_the_settings_to_check_and_no_secret():
+    import psycopg
+
+    from lakemirror.errors import TerminalError, TransientError
+    from lakemirror.sinks.postgres.executor import Connector, PostgresTarget, _not_worth_retrying
+
+    connector = Connector(PostgresTarget("db", 5432, "app", "r", "lm", "s3cret-pw"))
+    for text in ('connection failed: FATAL:  password authentication failed for user "lm" (pw s3cret-pw)',
+                 'connection failed: FATAL:  role "lm" does not exist', "fe_sendauth: no password supplied"):
+        err = connector.translate(psycopg.OperationalError(text), "src.sales.t")
+        assert isinstance(err, TerminalError) and err.code == "postgres_login", text
+        assert "refused the login" in str(err) and "destination.user" in str(err) and "password_file" in str(err)
+        assert "s3cret-pw" not in str(err) and "cannot reach" not in str(err)
+        assert _not_worth_retrying(psycopg.OperationalError(text)), "a refused login is not retried at once"
+    missing = connector.translate(psycopg.OperationalError('FATAL:  database "app" does not exist'), "t")
+    assert isinstance(missing, TerminalError) and "destination.database" in str(missing)
+    down = connector.translate(psycopg.OperationalError("connection refused"), "t")
+    assert isinstance(down, TransientError) and "cannot reach the server postgres://lm@db:5432/app" in str(down)
