@@ -7,8 +7,7 @@ from typing import Any
 
 import pytest
 
-from lakemirror.errors import (ChangeFeedDisabled, DestinationConflict, LakemirrorError, SchemaIncompatible,
-                               SourceReplaced)
+from lakemirror.errors import ChangeFeedDisabled, DestinationConflict, SchemaIncompatible, SourceReplaced
 from lakemirror.schema import Column
 from lakemirror.sinks.merge.delta_replica import evolution
 from lakemirror.sinks.memory import MemoryTableReplica
