@@ -8,8 +8,9 @@ PYTEST := $(VENV)/python -m pytest
 setup:
 	@scripts/setup.sh
 
+# PORT=…: the port of the demo's status page and /metrics (default 9464; 0: any free port).
 demo: setup
-	$(VENV)/lakemirror demo
+	$(VENV)/lakemirror demo $(if $(PORT),--port $(PORT),)
 
 run: setup
 	$(VENV)/lakemirror run $(CONFIG)

@@ -21,6 +21,8 @@ from lakemirror.errors import ConfigError
 from lakemirror.secrets import redact
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
+#: The demo's HTTP port unless ``--port`` says otherwise.
+DEMO_PORT = 9464
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -267,21 +269,34 @@ def cmd_replicate(args: argparse.Namespace) -> int:
 
 
 def _add_config_flags(p: argparse.ArgumentParser, required: bool = True) -> None:
+    """The pipeline file, and ``--set`` (every command that reads the file may need to override it)."""
     p.add_argument("config", nargs=None if required else "?", help="pipeline YAML file")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override any setting, e.g. runtime.master=local[4]")
-    p.add_argument("--trigger-interval-seconds", type=float)
-    p.add_argument("--spark-remote", metavar="sc://HOST:PORT", help="run through a Spark Connect server")
-    p.add_argument("--warehouse", help="local mode: the lakehouse directory")
-    p.add_argument("--http-port", type=int)
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a setting of the file, e.g. runtime.master=local[4] (repeatable; environment "
+                        "variables LAKEMIRROR_<FIELD> work too)")
+
+
+def _add_run_flags(p: argparse.ArgumentParser) -> None:
+    """Shortcuts for settings a daemon run often overrides (``run`` only)."""
+    p.add_argument("--trigger-interval-seconds", type=float, metavar="SECONDS",
+                   help="how often each table's query looks for new source commits (trigger_interval_seconds)")
+    p.add_argument("--spark-remote", metavar="sc://HOST:PORT",
+                   help="run through a Spark Connect server (runtime.mode connect, runtime.spark_remote)")
+    p.add_argument("--warehouse", metavar="DIR", help="local mode: the lakehouse directory (runtime.warehouse)")
+    p.add_argument("--http-port", type=int, metavar="PORT",
+                   help="port of /metrics, /status and the status page (http.port; 0: any free port)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lakemirror", description="Live, exact replicas of Delta tables.")
     parser.add_argument("--version", action="version", version=f"lakemirror {__version__}")
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                        help="the least severe log records written to stderr (default INFO)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                help="what to do (`lakemirror COMMAND --help` says more)")
     p = sub.add_parser("run", help="run the replication daemon until SIGTERM")
     _add_config_flags(p)
+    _add_run_flags(p)
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("validate", help="check a config file; exit 2 listing every problem")
     _add_config_flags(p)
@@ -289,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="per-table state and lag, from the daemon or its checkpoint table")
     _add_config_flags(p, required=False)
     p.add_argument("--url", help="the daemon's HTTP endpoint, e.g. http://127.0.0.1:9464")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the status as JSON instead of a table")
     p.set_defaults(func=cmd_status)
     for verb, what in (("pause", "stop replicating a table (kept across restarts)"),
                        ("resume", "resume a paused or failed table"),
@@ -300,9 +315,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--url", help="the daemon's HTTP endpoint (default: the one it recorded)")
         p.set_defaults(func=cmd_control)
     p = sub.add_parser("demo", help="a live demo on the embedded lakehouse (until Ctrl-C)")
-    p.add_argument("--workdir", default=".lakemirror-demo")
-    p.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
-    p.add_argument("--http-port", type=int, default=9464)
+    p.add_argument("--workdir", default=".lakemirror-demo", metavar="DIR",
+                   help="where the demo's lakehouse, checkpoints and logs go (default .lakemirror-demo)")
+    p.add_argument("--duration", type=float, default=None, metavar="SECONDS", help="stop after this many seconds")
+    p.add_argument("--port", "--http-port", dest="http_port", type=int, default=DEMO_PORT, metavar="PORT",
+                   help=f"port of the demo daemon's status page and /metrics (default {DEMO_PORT}; 0: any free "
+                        f"port). `make demo PORT=…` passes it")
     p.add_argument("--source", choices=["delta", "debezium"], default="delta",
                    help="delta: Delta tables' change feed (default); debezium: a PostgreSQL database through "
                         "Debezium and Kafka, all started on loopback by the project's scripts")

@@ -50,8 +50,8 @@ from lakemirror.daemon.settings import PostgresDestination, RuntimeSettings, Set
 from lakemirror.daemon.settings.replicate import ReplicateConfig
 from lakemirror.daemon.settings.real_time import real_time_spark_conf
 from lakemirror.daemon.settings.runtime_spec import (
-    REPLICATE_NAMESPACE, cycle_mode, event_stream_spec, jobs_for, mode_of, pipeline_spec, plan, postgres_subtasks,
-    subtask_of,
+    REPLICATE_NAMESPACE, cycle_mode, cycle_tables, event_stream_spec, jobs_for, mode_of, pipeline_spec, plan,
+    postgres_subtasks, subtask_of,
 )
 from lakemirror.daemon.spark import JavaMissing
 from lakemirror.daemon.status import status_info
@@ -64,6 +64,7 @@ from lakemirror.sinks.batch.operations import Operations, SparkOperations
 from lakemirror.sinks.batch.reconcile import DeltaReconciliationStore
 from lakemirror.sinks.choose import choose_sink
 from lakemirror.sinks.postgres.executor import Connector
+from lakemirror.sinks.postgres.waits import ServerWait
 from lakemirror.sources import cdf_check
 from lakemirror.sources.catalog import Catalog, Discovery, LocalCatalog, SparkDiscovery, UnityCatalog
 from lakemirror.supervisor.event_postgres import PostgresEventStreamRunner, RealTimeSpec
@@ -78,8 +79,9 @@ from lakemirror.supervisor.replicate import (
 from lakemirror.supervisor.runner import FAULT_POINTS, RunnerContext, TableRunner
 from lakemirror.supervisor.spec import PipelineSpec
 from lakemirror.supervisor.state import RestartPolicy
+from lakemirror.supervisor.cycle_views import CycleTables
 from lakemirror.supervisor.subtasks import SubtaskRun, SubtaskService
-from lakemirror.supervisor.supervisor import Runner, Supervisor
+from lakemirror.supervisor.supervisor import Runner, Supervisor, TableView
 
 if TYPE_CHECKING:
     from databricks.sdk import WorkspaceClient
@@ -130,6 +132,11 @@ class GlobalContext:
     def runtime(self) -> RuntimeSettings:
         raise NotImplementedError
 
+    @property
+    def python_workers_stop(self) -> bool:
+        """Whether queries with tasks in Python workers are stopped while they run (Real-Time Mode)."""
+        return False
+
     def replace(self, **parts: Any) -> Self:
         """Use ``parts`` instead of building them (tests): each name is one of this context's
         factories; an unknown name raises, so a misspelt override cannot be silently ignored."""
@@ -143,7 +150,7 @@ class GlobalContext:
     def spark(self) -> "SparkSession":
         from lakemirror.daemon.spark import create_session
 
-        return create_session(self.runtime)
+        return create_session(self.runtime, python_workers_stop=self.python_workers_stop)
 
     @property
     def unity_catalog(self) -> bool:
@@ -269,9 +276,14 @@ class DaemonContext(GlobalContext):
     @property
     def runtime(self) -> RuntimeSettings:
         rt = self.settings.runtime
-        if self.settings.source is not None and self.settings.source.real_time is not None:
+        if self.python_workers_stop:
             return rt.model_copy(update={"spark_conf": real_time_spark_conf(rt.spark_conf)})
         return rt
+
+    @property
+    def python_workers_stop(self) -> bool:
+        """Real-Time Mode: its ``foreach`` writers run in Python workers (:mod:`lakemirror.daemon.jvm_stderr`)."""
+        return self.settings.source is not None and self.settings.source.real_time is not None
 
     @property
     def audit_catalog(self) -> str:
@@ -472,7 +484,21 @@ class DaemonContext(GlobalContext):
         tasks = [subtask_of(s, self.spec.pipeline_id) for s in self.settings.schedules]
         tasks += postgres_subtasks(self.settings)
         return SubtaskService(tasks, jobs=lambda t: jobs_for(t, self.spec, self.tables_of(t)),
-                              run=self.run_subtask, observer=self.metrics, clock=self.clock, spawn=self.spawn)
+                              run=self.run_subtask, observer=self.metrics, clock=self.clock, spawn=self.spawn,
+                              on_run=self.cycle_tables.record_run)
+
+    @cached_property
+    def cycle_tables(self) -> CycleTables:
+        """The triggered and snapshot PostgreSQL replicas, as tables of ``/status``."""
+        def waits(table: str) -> ServerWait | None:
+            cycles = self.__dict__.get("cycles")  # built by the first cycle run; no wait before it
+            return cycles.wait_of(table) if cycles is not None else None
+
+        return cycle_tables(self.settings, self.spec, lambda: self.subtasks.views(), self.states, self.clock, waits)
+
+    def table_views(self) -> list[TableView]:
+        """Every table of ``/status``: the streamed ones (the supervisor's), then the cycled ones."""
+        return [*self.supervisor.views(), *self.cycle_tables.views()]
 
     # -- the control API: more pipelines in this daemon, or Databricks jobs ---------------------
 
@@ -580,7 +606,7 @@ class DaemonContext(GlobalContext):
     def server(self) -> ControlServer:
         h = self.settings.http
         info = status_info(self.spec)
-        return ControlServer(h.host, h.port, self.metrics.registry, self.supervisor.views, info,
+        return ControlServer(h.host, h.port, self.metrics.registry, self.table_views, info,
                              lag_slo_seconds=self.settings.lag_slo_seconds,
                              commands=self.supervisor.command, auth_token=self.http_token, api=self.api,
                              subtasks=self.subtasks.status, allowed_hosts=h.allowed_hosts)
@@ -640,13 +666,14 @@ class DaemonContext(GlobalContext):
         raise :class:`StartupError` (one line: the cause and the fix)."""
         self.mode_check(self.settings.runtime)
 
-    def bind(self) -> ControlServer:
-        """Bind the HTTP port (the first thing that can clash with another process)."""
+    def bind(self, port_setting: str | None = None) -> ControlServer:
+        """Bind the HTTP port (the first thing that can clash with another process); a failure names
+        how to choose another port (``port_setting``; default the ``http.port`` setting)."""
         h = self.settings.http
         try:
             return self.server
         except OSError as exc:
-            raise preflight.bind_failure(h.host, h.port, exc) from None
+            raise preflight.bind_failure(h.host, h.port, exc, port_setting or preflight.PORT_SETTING) from None
 
     def start_spark(self) -> None:
         """Start the session and open the checkpoint table if the supervisor's start did not need them

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from lakemirror.daemon.preflight import DEMO_PORT_SETTING
 from lakemirror.daemon.settings import load_settings
 from lakemirror.daemon.status import render_table
 from lakemirror.identifiers import TableName
@@ -143,7 +144,7 @@ def run_demo(workdir: Path, duration: float | None, http_port: int) -> int:
     settings = load_settings(None, demo_config(workdir, http_port))
     app = DaemonContext(settings)
     app.preflight()  # Java and Delta's jars, then the port: one line each, before Spark starts
-    app.bind()
+    app.bind(DEMO_PORT_SETTING)
     print("starting Spark (local[2]) with Delta…", flush=True)
     spark = app.spark
     create_sources(spark, app)

@@ -25,6 +25,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lakemirror.daemon.preflight import DEMO_PORT_SETTING
 from lakemirror.daemon.settings import load_settings
 from lakemirror.daemon.debezium_stack import DebeziumStack, StackError
 from lakemirror.daemon.status import render_event_sources, render_table
@@ -175,7 +176,7 @@ def run_debezium_demo(workdir: Path, duration: float | None, http_port: int) -> 
         settings = load_settings(None, demo_config(workdir, http_port, stack))
         app = DaemonContext(settings)
         app.preflight()
-        app.bind()
+        app.bind(DEMO_PORT_SETTING)
         print("starting Spark (local[2]) with Delta…", flush=True)
         spark = app.spark
         signals = ShutdownSignals()

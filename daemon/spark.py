@@ -101,7 +101,11 @@ def session_confs(rt: RuntimeSettings, s3a: bool | None = None) -> dict[str, str
     return spark_conf_rules.merge(ours, rt.spark_conf)
 
 
-def local_session(rt: RuntimeSettings, app_name: str = "lakemirror", s3a: bool | None = None) -> "SparkSession":
+def local_session(rt: RuntimeSettings, app_name: str = "lakemirror", s3a: bool | None = None,
+                  python_workers_stop: bool = False) -> "SparkSession":
+    """The embedded session. ``python_workers_stop``: queries whose tasks run in Python workers
+    (Real-Time Mode's ``foreach`` writer) are stopped while they run; the JVM's standard error then
+    leaves out PySpark's tracebacks of those workers' interrupted protocol (:mod:`.jvm_stderr`)."""
     from pyspark.sql import SparkSession
 
     check_java()
@@ -116,7 +120,29 @@ def local_session(rt: RuntimeSettings, app_name: str = "lakemirror", s3a: bool |
     for k, v in public.items():
         builder = builder.config(k, v)
     with secret_properties_file(secret):
+        if python_workers_stop and _no_context():
+            _start_context(rt.master, app_name, public)
         return builder.getOrCreate()
+
+
+def _no_context() -> bool:
+    from pyspark import SparkContext
+
+    return SparkContext._active_spark_context is None  # noqa: SLF001 (getOrCreate's own test)
+
+
+def _start_context(master: str, app_name: str, options: dict[str, str]) -> None:
+    """Start the JVM and the SparkContext (which ``getOrCreate`` then takes) with the JVM's standard
+    error read through :func:`~.jvm_stderr.pump` instead of inherited."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    from lakemirror.daemon.jvm_stderr import pump
+
+    conf = SparkConf().setAll([(k, str(v)) for k, v in options.items()]).setMaster(master).setAppName(app_name)
+    gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})  # type: ignore[no-untyped-call]
+    pump(iter(gateway.proc.stderr.readline, b""), sys.stderr)
+    SparkContext(conf=conf, gateway=gateway)
 
 
 def connect_session(rt: RuntimeSettings) -> "SparkSession":
@@ -133,9 +159,9 @@ def databricks_session() -> "SparkSession":
     return active if active is not None else SparkSession.builder.getOrCreate()
 
 
-def create_session(rt: RuntimeSettings) -> "SparkSession":
+def create_session(rt: RuntimeSettings, python_workers_stop: bool = False) -> "SparkSession":
     if rt.mode == "local":
-        return local_session(rt)
+        return local_session(rt, python_workers_stop=python_workers_stop)
     if rt.mode == "connect":
         return connect_session(rt)
     return databricks_session()

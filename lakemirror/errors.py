@@ -81,6 +81,18 @@ class NoUsableKey(TerminalError):
     code = "no_key"
 
 
+class ChangeFeedDisabled(TerminalError):
+    """The source's Change Data Feed is off, and the replica reads it: turn it on (or let lakemirror)."""
+
+    code = "cdf_disabled"
+
+
+class UnsupportedColumnType(TerminalError):
+    """A source column of a type the replica cannot hold: exclude it, or cast it on the source."""
+
+    code = "unsupported_type"
+
+
 class ChangeWindowExpired(TerminalError):
     """A source version the replica still needs is no longer in the change feed."""
 

@@ -35,6 +35,11 @@ if TYPE_CHECKING:
 CDF_PROPERTY = "delta.enableChangeDataFeed"
 
 
+def enable_change_feed_sql(location: TableLocation) -> str:
+    """The statement that turns a table's change data feed on (what a refusal tells a person to run)."""
+    return f"ALTER TABLE {location.sql} SET TBLPROPERTIES ('{CDF_PROPERTY}' = 'true')"
+
+
 @dataclass(frozen=True)
 class TableInfo:
     location: TableLocation

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from lakemirror import tables
 from lakemirror.identifiers import TableName, quote
-from lakemirror.sources.catalog import Catalog, TableInfo
+from lakemirror.sources.catalog import Catalog, TableInfo, enable_change_feed_sql
 from lakemirror.sources.contract import CDF_CHANGE_TYPE, CDF_COMMIT_TIMESTAMP, CDF_COMMIT_VERSION, CDF_PREIMAGE
 
 if TYPE_CHECKING:
@@ -31,6 +31,9 @@ class DeltaVersions:
 
     def describe(self) -> TableInfo:
         return self.catalog.describe(self.spark, self.name)
+
+    def enable_change_feed(self) -> None:
+        self.spark.sql(enable_change_feed_sql(self.catalog.locate(self.name)))
 
     def latest_version(self) -> int:
         loc = self.catalog.locate(self.name)

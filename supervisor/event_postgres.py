@@ -27,13 +27,16 @@ from lakemirror.checkpoints.state import StateStore
 from lakemirror.identifiers import TableName
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.postgres.events import FlushResult, PostgresEventSink
-from lakemirror.sinks.postgres.executor import PostgresTarget
+from lakemirror.sinks.postgres.executor import Connector, PostgresTarget
 from lakemirror.sinks.postgres.foreach import EventSinkFactory, PostgresForeachWriter
 from lakemirror.sinks.postgres.modes import connection_budget
+from lakemirror.sinks.postgres.waits import ServerCalls
 from lakemirror.sinks.txn import BatchStats, MergeOutcome
 from lakemirror.sources.event_source import KIND_KAFKA, EventSource
 from lakemirror.supervisor import state as sm
+from lakemirror.supervisor.destination_wait import WaitReport
 from lakemirror.supervisor.event_stream import EventStreamRunner, EventStreamSpec, ReplicaStatus
+from lakemirror.supervisor.real_time_stall import RealTimeStall
 from lakemirror.supervisor.runner import BatchReport, StreamLatency
 from lakemirror.tables import TableLocation
 
@@ -131,6 +134,16 @@ class PostgresEventStreamRunner(EventStreamRunner):
         self._flush_times: FlushTimes | None = None
         self._reported_batch = -1
         self._last_purge_at = clock()
+        # Waits on the server show as the source's state: the driver's flushes (micro-batch), or
+        # real-time batches that stop finishing while the writers wait on the executors.
+        lookups = Connector(target)
+        self.calls = ServerCalls(self.table, retry_seconds=target.retry_seconds,
+                                 statement_timeout_seconds=target.statement_timeout_seconds, clock=clock)
+        self.stall = (RealTimeStall(self.table, real_time.checkpoint_interval_seconds, lookups.check_server,
+                                    retry_seconds=target.retry_seconds,
+                                    statement_timeout_seconds=target.statement_timeout_seconds, clock=clock)
+                      if real_time is not None else None)
+        self.waits = WaitReport(self.stall if self.stall is not None else self.calls, self._emit, lookups.lock_wait)
 
     # -- the query ---------------------------------------------------------------------------------
 
@@ -177,6 +190,8 @@ class PostgresEventStreamRunner(EventStreamRunner):
                 stream = stream.foreachBatch(self._batch).trigger(
                     processingTime=f"{self.spec.trigger_interval_seconds} seconds")
             self._query = stream.start()
+            if self.stall is not None:
+                self.stall.started()
             self._emit(sm.StreamStarted())
         except Exception as exc:  # a failure to start is a visible state, never a dead thread
             self._emit(sm.Failed(error=f"{self.table}: {exc}".splitlines()[0]))
@@ -199,7 +214,7 @@ class PostgresEventStreamRunner(EventStreamRunner):
                 rows = batch.collect()
                 raws = self.source.raw_events(rows)
                 if self._sink is None:
-                    self._sink = self.factory()
+                    self._sink = self.factory(self.calls)
                 result = self._sink.apply(raws)
                 self._purge_when_due()
             except Exception as exc:
@@ -232,6 +247,8 @@ class PostgresEventStreamRunner(EventStreamRunner):
         self._sink.purge(self.spec.tombstone_horizon_seconds)
 
     def halt(self, timeout: float = 60.0) -> None:
+        if self.stall is not None:
+            self.stall.stopped()
         super().halt(timeout)
         if self._sink is not None:
             self._sink.close()
@@ -242,6 +259,8 @@ class PostgresEventStreamRunner(EventStreamRunner):
     def poll(self) -> list["sm.Event | BatchReport"]:
         if self.real_time is not None:
             self._report_progress()
+        if self._query is not None:
+            self.waits.check()
         return super().poll()
 
     def _report_progress(self) -> None:
@@ -256,6 +275,8 @@ class PostgresEventStreamRunner(EventStreamRunner):
             return
         batch_id = int(progress["batchId"])
         self._reported_batch = batch_id
+        if self.stall is not None:
+            self.stall.batch_finished()
         rows = int(progress.get("numInputRows") or 0)
         duration = float((progress.get("durationMs") or {}).get("triggerExecution") or 0) / 1000
         flushes = self._flush_times.new() if self._flush_times is not None else []

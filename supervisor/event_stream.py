@@ -54,6 +54,7 @@ from lakemirror.supervisor import state as sm
 from lakemirror.supervisor.event_record import (
     CAUGHT_UP_WRITE_SECONDS, backlog_since, load_record, save_record, state_slug,
 )
+from lakemirror.supervisor.classify import stream_error
 from lakemirror.supervisor.lag import LagReading
 from lakemirror.supervisor.runner import BatchReport
 from lakemirror.tables import TableLocation
@@ -481,7 +482,7 @@ class EventStreamRunner:
         if query is not None and not query.isActive and not self._draining:
             self._query = None
             exc = query.exception()
-            self._emit(sm.Failed(error=self._batch_error or f"{self.table}: {exc or 'the stream stopped'}".splitlines()[0]))
+            self._emit(sm.Failed(error=self._batch_error or stream_error(self.table, exc)))
             self._batch_error = None
         with self._lock:
             out, self._events = self._events, []

@@ -4,7 +4,7 @@ Pure: it looks at the lakemirror error (already translated by :mod:`lakemirror.s
 and the pipeline's policies, and returns the state machine's :class:`~lakemirror.supervisor.state.Failed`
 event. Retrying only helps a failure that time can cure. A configuration error (a configured key
 column the table does not have, no usable key, a listed table that does not exist, a destination
-another pipeline owns) fails the same way on every retry until a person changes something, so it is
+another pipeline owns, a column the replica cannot hold, a source whose change feed is off) fails the same way on every retry until a person changes something, so it is
 terminal at once: the table goes ``failed`` with the fix in its message. A listed table that is
 created later is picked up by the supervisor's discovery loop (:data:`REDISCOVERABLE`), not by
 retries.
@@ -13,14 +13,15 @@ retries.
 from __future__ import annotations
 
 from lakemirror.errors import (
-    ChangeWindowExpired, ConfigError, DestinationConflict, LakemirrorError, NoUsableKey, SchemaChangeRestart,
-    SourceReplaced,
+    ChangeFeedDisabled, ChangeWindowExpired, ConfigError, DestinationConflict, LakemirrorError, NoUsableKey,
+    SchemaChangeRestart, SourceReplaced, UnsupportedColumnType,
 )
 from lakemirror.sources.catalog import TableMissing
 from lakemirror.supervisor import state as sm
 
 #: Errors of the configuration (or of what it names): retrying cannot help.
-CONFIGURATION_ERRORS: tuple[type[LakemirrorError], ...] = (NoUsableKey, TableMissing, ConfigError, DestinationConflict)
+CONFIGURATION_ERRORS: tuple[type[LakemirrorError], ...] = (NoUsableKey, TableMissing, ConfigError, DestinationConflict,
+                                                            UnsupportedColumnType, ChangeFeedDisabled)
 
 #: The error code of a table that does not exist; the discovery loop relaunches such a failed
 #: table once the table is there.

@@ -43,6 +43,7 @@ from lakemirror.sinks.merge.connect_batches import ConnectBatches, server_batch_
 from lakemirror.sinks.contract import TableReplica
 from lakemirror.sinks.merge.delta_replica import ApplyLimits, DeltaReplica
 from lakemirror.sinks.postgres.spark_batches import PostgresTable
+from lakemirror.sinks.postgres.waits import ServerCalls
 from lakemirror.sources.catalog import Catalog
 from lakemirror.sources.delta_source import DeltaChangeFeed
 from lakemirror.sources.feed_range import applied_through_from_offset
@@ -51,6 +52,7 @@ from lakemirror.supervisor import state as sm
 from lakemirror.supervisor.batch_apply import BatchApply, Drained, RowWriter
 from lakemirror.supervisor.bootstrap import Bootstrap
 from lakemirror.supervisor.classify import classify
+from lakemirror.supervisor.destination_wait import WaitReport
 from lakemirror.supervisor.failure import failed_event
 from lakemirror.supervisor.lag import LagReading
 from lakemirror.supervisor.lag_probe import LagProbe
@@ -129,9 +131,15 @@ class TableRunner:
         self.destination = ctx.spec.destination(table)
         self.slug = self.source.slug
         #: The table's Postgres replica, when the pipeline writes to Postgres (sinks/choose.py).
-        self.pg = (PostgresTable(ctx.postgres, ctx.spec.pipeline_id, table, str(self.source), fault=ctx.fault)
+        self.pg = (PostgresTable(ctx.postgres, ctx.spec.pipeline_id, table, str(self.source), fault=ctx.fault,
+                                 calls=ServerCalls(str(self.source), retry_seconds=ctx.postgres.target.retry_seconds,
+                                                   statement_timeout_seconds=ctx.postgres.target.statement_timeout_seconds,
+                                                   clock=ctx.clock))
                    if ctx.postgres is not None else None)
         self.live = TableLive(table)
+        #: The replica's waits on its server, shown as the table's state (a Postgres replica only).
+        self.waits = (WaitReport(self.pg.calls, self.live.emit, ctx.postgres.lock_wait)
+                      if self.pg is not None and ctx.postgres is not None else None)
         self._healthy_query: "StreamingQuery | None" = None
         #: The driver path's delta-rs read of this launch's batches (None: Spark reads every batch).
         self.batch_feed: BatchFeed | None = None
@@ -153,7 +161,8 @@ class TableRunner:
             load_progress=lambda: ctx.states.load(self.slug), lag_seconds=self._lag_seconds,
             clock=ctx.clock, sleep=ctx.sleep, fault=ctx.fault)
         self.turns = TableTurns(self.live, ctx.spec, str(self.source), commit_files=lambda: self.lag.commit_files(),
-                                failed=self._failed, collect=self._collect_connect_batches, track=self._track_progress)
+                                failed=self._failed, collect=self._collect_connect_batches, track=self._track_progress,
+                                on_server=self.pg.calls.in_call if self.pg is not None else None)
 
     # -- the parts that need the table's session, made on first use --------------------------------
 
@@ -306,6 +315,8 @@ class TableRunner:
         elif query is not None and (gate is None or not live.turn_proven):
             self._track_progress(query)
             self._collect_connect_batches(query)
+        if self.waits is not None:
+            self.waits.check()
         return live.take_events()
 
     def _failed(self, error: LakemirrorError) -> sm.Failed:
@@ -416,7 +427,7 @@ class TableRunner:
                               ctx.fault, self.live.emit, self._chunked_copy())
         return Preparation(self.change_source, self.replica, ctx.states, self.slug, label,
                            ctx.spec.options_for(self.table), ctx.spec.allow_schema_evolution, bootstrap,
-                           ctx.fault).run()
+                           ctx.fault, ctx.spec.enable_change_data_feed).run()
 
     def _chunked_copy(self) -> ChunkedCopy | None:
         """A Delta replica bootstraps in chunks (one when the table is small); other replicas

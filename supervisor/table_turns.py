@@ -47,7 +47,8 @@ class TableTurns:
     def __init__(self, live: TableLive, spec: PipelineSpec, label: str, *,
                  commit_files: Callable[[], CommitLog | None],
                  failed: Callable[[LakemirrorError], sm.Failed],
-                 collect: Callable[[], None], track: Callable[["StreamingQuery"], None]) -> None:
+                 collect: Callable[[], None], track: Callable[["StreamingQuery"], None],
+                 on_server: Callable[[], bool] | None = None) -> None:
         self.live = live
         self.spec = spec
         self.label = label
@@ -55,6 +56,10 @@ class TableTurns:
         self.failed = failed
         self.collect = collect
         self.track = track
+        #: Whether the batch being applied is past its Spark and driver work, on its destination's
+        #: server (a PostgreSQL replica's transaction): the turn's worker is then free (see
+        #: :meth:`_take_gated`). None: the whole apply is Spark's work (a Delta replica).
+        self.on_server = on_server
         self.lock = threading.Lock()
         self.gate: TurnGate | None = None
         #: Starts the table's query (True: a ``once`` trigger); set while ready for a turn.
@@ -156,6 +161,11 @@ class TableTurns:
         try:
             while not gate.wait_ended(since, GATE_POLL_SECONDS):
                 if gate.applying:
+                    if self.on_server is not None and self.on_server():
+                        # The rest of the batch is the server's work, and may wait there (a lock,
+                        # a server that does not answer): free the worker for the other tables.
+                        # The table's next turn comes once its batch has left the gate.
+                        return
                     continue  # a batch ends by leaving the gate, even when it fails
                 if self.live.draining or not query.isActive:
                     gate.withdraw()

@@ -278,6 +278,12 @@ class Settings(BaseSettings):
         "(make bench ONLY=production). With replicas on object storage a turn mostly waits for the store: 2 "
         "overlaps two tables' waits (make bench ONLY=production, 4 tables on two cores).")
     allow_schema_evolution: bool = Field(True, description="New source columns reach the replica without a restart by hand.")
+    enable_change_data_feed: bool = Field(
+        False, description="Opt-in: a source table whose Change Data Feed is off has it turned on by lakemirror "
+        "(ALTER TABLE … SET TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true'): one commit on the source, "
+        "logged) when its replica starts, instead of being refused. Changes are recorded from that commit on; "
+        "the bootstrap's snapshot is taken after it. false (default): such a table is failed at once (a "
+        "configuration error, not retried) with the statement to run.")
     table_overrides: dict[str, TableOverride] = Field(default_factory=dict, description="Per-table keys/columns.")
     audit_catalog: str | None = Field(None, description="Catalog of the checkpoint table (default: destination_catalog).")
     checkpoint_table: str | None = Field(None, description="Full name of the checkpoint table "

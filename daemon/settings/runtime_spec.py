@@ -13,7 +13,10 @@ from lakemirror.daemon.settings.pipeline import Settings
 from lakemirror.daemon.settings.replicate import CatalogEntry, ReplicateConfig
 from lakemirror.daemon.settings.schedule import ScheduleSettings
 from lakemirror.sinks.postgres.modes import Mode
+from lakemirror.sinks.postgres.waits import ServerWait
 from lakemirror.sources.catalog import Discovery
+from lakemirror.checkpoints.state import StateStore
+from lakemirror.supervisor.cycle_views import CycleTables
 from lakemirror.supervisor.event_stream import EventStreamSpec
 from lakemirror.supervisor.pg_cycles import OPERATIONS, operation_of
 from lakemirror.supervisor.replicate import (
@@ -21,6 +24,7 @@ from lakemirror.supervisor.replicate import (
 )
 from lakemirror.supervisor.spec import PipelineSpec, TableOptions
 from lakemirror.supervisor.state import RestartPolicy
+from lakemirror.supervisor.scheduler import TaskView
 from lakemirror.supervisor.subtasks import Subtask
 
 #: Where ``lakemirror replicate`` keeps incremental sweeps under ``checkpoint_volume`` (a daemon
@@ -46,7 +50,7 @@ def pipeline_spec(s: Settings) -> PipelineSpec:
         change_window_policy=s.change_window_policy, retention_warning_seconds=s.retention_warning_seconds,
         rewrite_below_bytes=s.rewrite_below_bytes, driver_apply=s.driver_apply,
         driver_apply_below_bytes=s.driver_apply_below_bytes, kernel_change_feed=s.kernel_change_feed,
-        bootstrap=s.bootstrap.policy())
+        enable_change_data_feed=s.enable_change_data_feed, bootstrap=s.bootstrap.policy())
 
 
 def event_stream_spec(source: EventSourceSettings, settings: Settings) -> EventStreamSpec:
@@ -91,6 +95,27 @@ def postgres_subtasks(s: Settings) -> list[Subtask]:
         tables = None if d.mode == mode else tuple(sorted(t for t, m in d.table_modes.items() if m == mode))
         out.append(Subtask(f"postgres-{mode}", trigger, settings, tables))
     return out
+
+
+def cycle_tables(s: Settings, spec: PipelineSpec, task_views: Callable[[], list[TaskView]], states: StateStore,
+                 clock: Callable[[], float],
+                 waits: Callable[[str], ServerWait | None] = lambda table: None) -> CycleTables:
+    """The triggered and snapshot replicas as tables of ``/status`` (:mod:`lakemirror.supervisor.cycle_views`):
+    the tables the configuration names in those modes (more are found by their cycles)."""
+    tasks = {cycle_mode(t): t.name for t in postgres_subtasks(s)}
+    d = s.destination
+    named = spec.tables if spec.tables is not None else tuple(d.table_modes) if isinstance(d, PostgresDestination) else ()
+    tables = {t: mode_of(s, t) for t in sorted(named) if t not in spec.exclude_tables and mode_of(s, t) in tasks}
+
+    def next_run(task: str) -> float | None:
+        return next((v.next_run_at for v in task_views() if v.task == task), None)
+
+    def holds(table: str) -> int | None:
+        progress = states.load(spec.source(table).slug)
+        return progress.bootstrap_version if progress.bootstrapped else None
+
+    return CycleTables(tables, {m: name for m, name in tasks.items() if m is not None}, next_run=next_run,
+                       holds=holds, waits=waits, clock=clock)
 
 
 def cycle_mode(task: Subtask) -> Mode | None:

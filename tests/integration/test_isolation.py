@@ -92,11 +92,27 @@ def test_a_table_without_a_usable_key_is_refused_with_the_reason(pipeline):
     assert not tables.exists(pipeline.spark, pipeline.replica("nokey")), "nothing replicated wrongly"
 
 
-def test_cdf_disabled_source_says_how_to_enable_it(pipeline):
+def test_cdf_disabled_source_fails_at_once_saying_how_to_enable_it(pipeline):
     pipeline.create("nocdf", "id BIGINT NOT NULL", cdf=False)
     pipeline.start()
-    pipeline.tick_until(lambda: pipeline.views()["nocdf"].state == "degraded", what="nocdf to degrade")
-    assert "delta.enableChangeDataFeed" in pipeline.views()["nocdf"].last_error
+    pipeline.tick_until(lambda: pipeline.views()["nocdf"].state == "failed", what="nocdf to fail")
+    view = pipeline.views()["nocdf"]
+    assert "delta.enableChangeDataFeed" in view.last_error and "enable_change_data_feed: true" in view.last_error
+    assert (view.retries, view.next_retry_at) == (0, None), "a configuration error is not retried"
+
+
+def test_enable_change_data_feed_turns_a_sources_feed_on_and_replicates_it(make_pipeline):
+    pipeline = make_pipeline(tables=["optin"], enable_change_data_feed=True)
+    pipeline.create("optin", "id BIGINT NOT NULL, v STRING", key="id", cdf=False)
+    pipeline.sql("optin", "INSERT INTO {t} VALUES (1, 'a'), (2, 'b')")
+    pipeline.start()
+    pipeline.wait_caught_up("optin")
+    pipeline.sql("optin", "UPDATE {t} SET v = 'changed' WHERE id = 1")
+    pipeline.sql("optin", "DELETE FROM {t} WHERE id = 2")
+    pipeline.wait_caught_up("optin")
+    pipeline.assert_replica_equals_source("optin")
+    props = pipeline.spark.sql(f"SHOW TBLPROPERTIES {pipeline.source('optin').sql}").collect()
+    assert {r["key"]: r["value"] for r in props}.get("delta.enableChangeDataFeed") == "true"
 
 
 def test_paused_table_stays_paused_across_restart(pipeline):
