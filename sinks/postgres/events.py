@@ -37,7 +37,7 @@ from psycopg import sql
 
 from lakemirror.errors import SchemaIncompatible
 from lakemirror.schema import Column
-from lakemirror.sinks.events.event_rows import convert, infer_type
+from lakemirror.sinks.events.event_rows import convert_row, infer_type
 from lakemirror.sinks.events.guard_plan import TablePlan, plan_batch
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.postgres import statements as q
@@ -258,7 +258,8 @@ class PostgresEventSink:
                 continue
             values = {**dict(winner.columns), **dict(winner.keys)} if winner.op != DELETE else dict(winner.keys)
             try:
-                row_values = tuple(convert(values.get(c), types[c]) for c in table.column_names)
+                typed = convert_row(values, types, table.column_names)
+                row_values = tuple(typed[c] for c in table.column_names)
             except ValueError as exc:
                 dead.append(Letter(raw, f"a value does not fit its column: {exc}", plan.table))
                 continue
