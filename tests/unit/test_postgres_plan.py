@@ -130,6 +130,8 @@ def test_an_unmapped_type_says_what_to_do():
 
 def test_nested_values_become_json():
     assert json_text([("k", decimal.Decimal("1.50")), ("z", None)]) == '{"k":"1.50","z":null}'
+    assert json_text([decimal.Decimal("1E-20"), decimal.Decimal("1.23E+29")]) == \
+        '["0.00000000000000000001","123000000000000000000000000000"]'  # a decimal(38,20) from Arrow
     assert json_text([(1, "a")]) == '[[1,"a"]]'
     assert json_text({"a": b"\x00\x01", "d": dt.date(2024, 1, 2), "s": "a\x00b"}) == \
         '{"a":"AAE=","d":"2024-01-02","s":"a\ufffdb"}'
