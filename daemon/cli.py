@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from lakemirror import __version__
+from lakemirror.daemon import dead_letters_cli
 from lakemirror.daemon.jars import JarsMissing
 from lakemirror.daemon.preflight import StartupError
 from lakemirror.daemon.spark import JavaMissing
@@ -296,6 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("table", help="the table's name in the source schema")
         p.add_argument("--url", help="the daemon's HTTP endpoint (default: the one it recorded)")
         p.set_defaults(func=cmd_control)
+    dead_letters_cli.add_parser(sub)
     p = sub.add_parser("demo", help="a live demo on the embedded lakehouse (until Ctrl-C)")
     p.add_argument("--workdir", default=".lakemirror-demo")
     p.add_argument("--duration", type=float, default=None, help="stop after this many seconds")

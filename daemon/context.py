@@ -39,6 +39,7 @@ from lakemirror.checkpoints.state import FileStateStore
 from lakemirror.daemon import preflight
 from lakemirror.daemon.api import ContinuousSyncApi
 from lakemirror.daemon.databricks_pipelines import DatabricksPipelines
+from lakemirror.daemon.dead_letter_api import DeadLetterApi
 from lakemirror.daemon.http import ControlServer
 from lakemirror.daemon.jars import JarsMissing
 from lakemirror.daemon.metrics import Metrics
@@ -554,10 +555,15 @@ class DaemonContext(GlobalContext):
                 "source": f"{self.spec.source_catalog}.{self.spec.schema_name}",
                 "destination": f"{self.spec.destination_catalog}.{self.spec.destination_schema}"}
         token = h.auth_token.get_secret_value() if h.auth_token is not None else None
+        def event_source(name: str) -> EventStreamRunner | None:
+            runner = self.supervisor.runner_of(RUNNER_PREFIX + name)
+            return runner if isinstance(runner, EventStreamRunner) else None
+
+        letters = DeadLetterApi(event_source)
         return ControlServer(h.host, h.port, self.metrics.registry, self.supervisor.views, info,
                              lag_slo_seconds=self.settings.lag_slo_seconds,
                              commands=self.supervisor.command, auth_token=token, api=self.api,
-                             subtasks=self.subtasks.status)
+                             subtasks=self.subtasks.status, dead_letters=letters.handle)
 
     # -- running --------------------------------------------------------------------------------
 

@@ -36,6 +36,20 @@ _RETRYABLE = ("ConcurrentAppendException", "ConcurrentDeleteReadException", "Con
               "ProtocolChangedException", "DELTA_CONCURRENT_", "Connection reset", "SocketTimeout")
 
 
+#: A write refused because of a value in the data it writes (a number out of its column's range, a
+#: constraint of the replica violated, a value the engine cannot convert), not because of the store,
+#: the network or a conflict: one item of the batch, found by bisection, can be dead-lettered.
+_VALUE_REFUSALS = ("NUMERIC_VALUE_OUT_OF_RANGE", "NUMERIC_OUT_OF_SUPPORTED_RANGE", "CAST_OVERFLOW",
+                   "CAST_INVALID_INPUT", "ARITHMETIC_OVERFLOW", "DATETIME_OVERFLOW", "DELTA_CAST_OVERFLOW_IN_TABLE_WRITE",
+                   "DELTA_VIOLATE_CONSTRAINT_WITH_VALUES", "DELTA_NOT_NULL_CONSTRAINT_VIOLATED",
+                   "DELTA_INVARIANT_VIOLATION", "NOT_NULL_ASSERT_VIOLATION", "DELTA_MISSING_NOT_NULL_COLUMN_VALUE",
+                   # pyspark's checks of the rows handed to createDataFrame
+                   "CANNOT_ACCEPT_OBJECT_IN_TYPE", "VALUE_OUT_OF_BOUNDS", "FIELD_NOT_NULLABLE",
+                   "FIELD_DATA_TYPE_UNACCEPTABLE",
+                   # delta-rs (the driver's executor): a CHECK constraint or NOT NULL column refused a row
+                   "Invariant violations", "Check or Invariant", "Constraint check failed")
+
+
 _ERROR_CLASS = re.compile(r"\[[A-Z][A-Z0-9_.]+\]")
 _JAVA_EXCEPTION = re.compile(r"^:?\s*[a-z][\w.]*\.(\w*(Exception|Error))\b:?\s*(.*)$")
 #: The last qualified Java exception named inside a line ("... most recent failure: Lost task ...:
@@ -111,6 +125,15 @@ def _causes(exc: BaseException) -> list[str]:
     except Exception:  # noqa: BLE001 (a JVM gone or unreachable: the text we have must do)
         pass
     return out
+
+
+def value_refusal(exc: BaseException) -> str | None:
+    """The engine's reason when ``exc`` is a write refused because of a value it was given (see
+    ``_VALUE_REFUSALS``), else None: the error is not one that a single item of the batch causes."""
+    if isinstance(exc, LakemirrorError):
+        return None
+    text = redact("\n".join([f"{type(exc).__name__}: {exc}", *_causes(exc)]))
+    return first_line(text) if any(code in text for code in _VALUE_REFUSALS) else None
 
 
 def classify(exc: BaseException, *, table: str | None = None) -> LakemirrorError:

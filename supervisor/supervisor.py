@@ -119,6 +119,11 @@ class Supervisor:
     def has_table(self, table: str) -> bool:
         return table in self._tables
 
+    def runner_of(self, table: str) -> Runner | None:
+        """The runner of ``table`` (None when the pipeline has no such table)."""
+        entry = self._tables.get(table)
+        return entry.runner if entry is not None else None
+
     def command(self, verb: str, table: str) -> bool:
         """Queue ``verb`` (pause, resume, resync) for ``table``; False if the pipeline has no such table."""
         if verb not in ("pause", "resume", "resync"):

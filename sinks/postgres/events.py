@@ -323,6 +323,12 @@ class PostgresEventSink:
                 [(self.pipeline_id, self.source, d.raw.origin, -1 if d.raw.partition is None else d.raw.partition,
                   d.raw.offset, d.table, d.reason, _clean(d.raw.key), _clean(d.raw.value)) for d in letters])
 
+    def dead_letter_count(self) -> int:
+        """The dead letters this source has recorded (a restarted daemon counts them on from here)."""
+        row = self._connection().execute(sql.SQL("SELECT count(*) FROM {} WHERE pipeline_id = %s AND source = %s").format(
+            sql.Identifier(self.target.schema, EVENT_DEAD_LETTERS)), (self.pipeline_id, self.source)).fetchone()
+        return int(row[0]) if row else 0
+
     def purge(self, horizon_seconds: float) -> int:
         """Drop tombstones past the horizon in every replica this sink has written."""
         conn = self._connection()

@@ -10,10 +10,12 @@ from prometheus_client import CollectorRegistry
 from lakemirror.daemon.metrics import Metrics
 from lakemirror.daemon.status import render_event_sources
 from lakemirror.identifiers import TableName
+from lakemirror.sinks.events.dead_letters import PENDING, SKIPPED, StoredLetter
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.txn import BatchStats, MergeOutcome
 from lakemirror.sources.change_event import UPSERT, ChangeEvent, Position
 from lakemirror.sources.kafka_offsets import StaticOffsets, offsets_behind, parse_end_offsets, progress_end_offsets
+from lakemirror.sources.event_stream import RawEvent
 from lakemirror.sources.memory_events import MemoryEventSource
 from lakemirror.supervisor.event_stream import (EventBatchReport, EventLagReading, EventStreamRunner, EventStreamSpec,
                                                 ReplicaBatch, ReplicaStatus, checkpoint_end_offsets, event_lags)
@@ -107,10 +109,11 @@ def test_event_metrics_are_exported(tmp_path: Path) -> None:
 def test_status_shows_each_event_source(tmp_path: Path) -> None:
     r = runner(tmp_path, StaticOffsets({("shop.a", 0): 4}), [0.0])
     r.probe_lag(0.0)
-    r.dead_letter_count = 3
+    r.letters.seed([StoredLetter(f"id{n}", RawEvent("x", None, "shop.a", 0, n), "customers" if n else None, "bad",
+                                 PENDING if n < 2 else SKIPPED) for n in range(3)])  # as read at launch
     r.replicas["customers"] = ReplicaStatus(batches=2, inserted=5, updated=1, deleted=2, stale=1,
                                             position_basis="postgres lsn", last_event_lag_seconds=1.25)
     text = render_event_sources([{"table": "events:shop", "detail": r.describe()}, {"table": "x", "detail": None}])
-    assert "event source shop (kafka): dead letters 3; offsets behind: shop.a[0] 4" in text
+    assert "event source shop (kafka): dead letters 3 (2 pending: ? 1, customers 1); offsets behind: shop.a[0] 4" in text
     assert "customers  5" in text and "1.2s" in text and "postgres lsn" in text
     assert render_event_sources([{"table": "x"}]) == ""
