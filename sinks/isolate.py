@@ -29,6 +29,26 @@ from lakemirror.sinks.txn import TxnId
 T = TypeVar("T")
 R = TypeVar("R")
 
+#: A write refused because of a value in the data it writes (a number out of its column's range, a
+#: constraint of the replica violated, a value the engine cannot convert), not because of the store,
+#: the network or a conflict: one item of the batch, found by bisection, can be dead-lettered.
+VALUE_REFUSALS = (
+    # Spark and Delta
+    "NUMERIC_VALUE_OUT_OF_RANGE", "NUMERIC_OUT_OF_SUPPORTED_RANGE", "CAST_OVERFLOW", "CAST_INVALID_INPUT",
+    "ARITHMETIC_OVERFLOW", "DATETIME_OVERFLOW", "DELTA_CAST_OVERFLOW_IN_TABLE_WRITE",
+    "DELTA_VIOLATE_CONSTRAINT_WITH_VALUES", "DELTA_NOT_NULL_CONSTRAINT_VIOLATED", "DELTA_INVARIANT_VIOLATION",
+    "NOT_NULL_ASSERT_VIOLATION", "DELTA_MISSING_NOT_NULL_COLUMN_VALUE",
+    # pyspark's checks of the rows handed to createDataFrame
+    "CANNOT_ACCEPT_OBJECT_IN_TYPE", "VALUE_OUT_OF_BOUNDS", "FIELD_NOT_NULLABLE", "FIELD_DATA_TYPE_UNACCEPTABLE",
+    # delta-rs (the driver's executor): a CHECK constraint or a NOT NULL column refused rows
+    "rows failed validation check", "declared as non-nullable but contains null", "Invariant violations",
+)
+
+
+def refused_by_value(text: str) -> bool:
+    """Whether an error's text says a write was refused because of a value it was given."""
+    return any(code in text for code in VALUE_REFUSALS)
+
 def attempt_txn(txn: TxnId, attempt: int) -> TxnId:
     """The transaction id of a bisection's ``attempt``-th write (numbered from 0) for batch ``txn``."""
     if attempt < 0:

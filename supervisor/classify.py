@@ -13,6 +13,7 @@ from lakemirror.errors import (
     TransientError,
 )
 from lakemirror.secrets import redact
+from lakemirror.sinks.isolate import refused_by_value
 
 _WINDOW = ("DELTA_MISSING_FILES_UNEXPECTED_VERSION", "DELTA_MISSING_CHANGE_DATA",
            "DELTA_FILE_NOT_FOUND_DETAILED", "VersionNotFoundException", "DELTA_VERSION_NOT_FOUND",
@@ -34,20 +35,6 @@ _BREAKING = ("DELTA_STREAMING_INCOMPATIBLE_SCHEMA_CHANGE", "DELTA_STREAMING_META
 _RETRYABLE = ("ConcurrentAppendException", "ConcurrentDeleteReadException", "ConcurrentDeleteDeleteException",
               "ConcurrentTransactionException", "ConcurrentWriteException", "MetadataChangedException",
               "ProtocolChangedException", "DELTA_CONCURRENT_", "Connection reset", "SocketTimeout")
-
-
-#: A write refused because of a value in the data it writes (a number out of its column's range, a
-#: constraint of the replica violated, a value the engine cannot convert), not because of the store,
-#: the network or a conflict: one item of the batch, found by bisection, can be dead-lettered.
-_VALUE_REFUSALS = ("NUMERIC_VALUE_OUT_OF_RANGE", "NUMERIC_OUT_OF_SUPPORTED_RANGE", "CAST_OVERFLOW",
-                   "CAST_INVALID_INPUT", "ARITHMETIC_OVERFLOW", "DATETIME_OVERFLOW", "DELTA_CAST_OVERFLOW_IN_TABLE_WRITE",
-                   "DELTA_VIOLATE_CONSTRAINT_WITH_VALUES", "DELTA_NOT_NULL_CONSTRAINT_VIOLATED",
-                   "DELTA_INVARIANT_VIOLATION", "NOT_NULL_ASSERT_VIOLATION", "DELTA_MISSING_NOT_NULL_COLUMN_VALUE",
-                   # pyspark's checks of the rows handed to createDataFrame
-                   "CANNOT_ACCEPT_OBJECT_IN_TYPE", "VALUE_OUT_OF_BOUNDS", "FIELD_NOT_NULLABLE",
-                   "FIELD_DATA_TYPE_UNACCEPTABLE",
-                   # delta-rs (the driver's executor): a CHECK constraint or NOT NULL column refused a row
-                   "Invariant violations", "Check or Invariant", "Constraint check failed")
 
 
 _ERROR_CLASS = re.compile(r"\[[A-Z][A-Z0-9_.]+\]")
@@ -128,12 +115,12 @@ def _causes(exc: BaseException) -> list[str]:
 
 
 def value_refusal(exc: BaseException) -> str | None:
-    """The engine's reason when ``exc`` is a write refused because of a value it was given (see
-    ``_VALUE_REFUSALS``), else None: the error is not one that a single item of the batch causes."""
+    """The engine's reason when ``exc`` is a write refused because of a value it was given
+    (:data:`lakemirror.sinks.isolate.VALUE_REFUSALS`), else None: the error is not one that a single item of the batch causes."""
     if isinstance(exc, LakemirrorError):
         return None
     text = redact("\n".join([f"{type(exc).__name__}: {exc}", *_causes(exc)]))
-    return first_line(text) if any(code in text for code in _VALUE_REFUSALS) else None
+    return first_line(text) if refused_by_value(text) else None
 
 
 def classify(exc: BaseException, *, table: str | None = None) -> LakemirrorError:

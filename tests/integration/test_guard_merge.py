@@ -196,3 +196,27 @@ def test_typed_values_and_positions_that_differ_past_the_first_field(spark: Any,
     row = tables.read(spark, loc).drop(POSITION_COLUMN).collect()[0].asDict()
     assert row == {"tenant": "a", "id": 1, "at": at.replace(tzinfo=None), "day": None, "amount": Decimal("7.00"),
                    "ratio": None, "ok": False}
+
+
+def test_decimals_of_38_digits_arrive_exactly_and_one_too_wide_is_refused_alone(spark: Any,
+                                                                                sink: GuardedDeltaSink) -> None:
+    """A value decimal(38,6) cannot hold fails Spark's whole MERGE (NUMERIC_VALUE_OUT_OF_RANGE) and
+    stalls every table of the source: it is refused before the write, naming the column."""
+    from decimal import Decimal
+
+    types = {"tenant": "string", "id": "bigint", "amount": "decimal(38,6)"}
+
+    def dec(i: int, lsn: int, amount: Decimal) -> ChangeEvent:
+        keys = (("tenant", "a"), ("id", i))
+        return ChangeEvent("items", UPSERT, keys, Position(STREAM, lsn, 1, 0), {**dict(keys), "amount": amount},
+                           types=types)
+
+    wanted = {1: Decimal("99999999999999999999999999999999.999999"),
+              2: Decimal("12345678901234567890123456789012.123456"), 4: Decimal("-0.000001")}
+    out = run(spark, sink, [[dec(1, 10, wanted[1]), dec(2, 11, wanted[2]),
+                             dec(3, 12, Decimal("100000000000000000000000000000000")), dec(4, 13, wanted[4])]])
+    assert [r[0].key for r in out[0].rejected] == [("a", 3)]
+    assert "column 'amount' (decimal(38,6))" in out[0].rejected[0][1] and out[0].counts.inserted == 3
+    rows = replica_rows(spark, sink.replica)
+    assert {k[1]: r["amount"] for k, r in rows.items()} == wanted
+    assert str(rows[("a", 1)]["amount"]) == "99999999999999999999999999999999.999999"
