@@ -205,3 +205,16 @@ def test_the_letter_index_counts_what_the_table_holds_across_restarts() -> None:
     restarted = LetterIndex()
     restarted.seed(s.letters.letters(None))
     assert restarted.total == 2 and restarted.pending() == {"orders": 1, "": 1}
+
+
+def test_a_change_feed_refusal_names_the_line_that_says_why() -> None:
+    from lakemirror.sinks.merge.row_isolation import FeedLetter, refusal_reason
+
+    exc = Exception("An error occurred while calling o123.sql.\n: org.apache.spark.SparkRuntimeException: "
+                    "[DELTA_VIOLATE_CONSTRAINT_WITH_VALUES] CHECK constraint positive (amount > 0) violated by row "
+                    "with values:\n - amount : -2.50\n\tat org.apache...")
+    assert refusal_reason(exc) is not None and refusal_reason(exc).startswith(": org.apache.spark")  # type: ignore[union-attr]
+    assert refusal_reason(TimeoutError("read timed out")) is None
+    one = FeedLetter("s.s.src", '{"id": 2}', 3, "update_postimage", "{}", "r")
+    assert one.id == FeedLetter("s.s.src", '{"id": 2}', 3, "insert", "{}", "other").id  # keyed by table, key, version
+    assert one.id != FeedLetter("s.s.src", '{"id": 2}', 4, "update_postimage", "{}", "r").id
