@@ -41,6 +41,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+class ReplicaWriteFailed(RuntimeError):
+    """A replica's write failed for a reason no single change causes; the message names the replica."""
+
+
 @dataclass(frozen=True)
 class EventStreamSpec:
     """Everything one event source's query needs (built from the YAML's ``source`` block)."""
@@ -221,7 +225,12 @@ class EventBatchApplier:
                 plan = job.plan if part is job.changes else self.plan(part)[0][job.table]
                 return job.sink.apply(session, plan, txn)  # type: ignore[arg-type]
 
-            outcome = apply_isolating(write, job.changes, job.txn, f"{self.spec.name}/{job.table}")
+            try:
+                outcome = apply_isolating(write, job.changes, job.txn, f"{self.spec.name}/{job.table}")
+            except Exception as exc:  # not a value's refusal: the batch fails, saying which replica
+                first = (str(exc).strip().splitlines() or [""])[0][:500]
+                raise ReplicaWriteFailed(f"replica {job.table!r}, batch {job.txn.version}: {type(exc).__name__}: "
+                                         f"{first}") from exc
             return outcome, self.clock()
 
         if self.spec.table_workers <= 1 or len(jobs) <= 1:
