@@ -249,7 +249,7 @@ class EventStreamRunner:
         if self.letters.seeded:
             return
         try:
-            self.letters.seed(self.applier.dead_letters.letters(self._session("__dead_letters")))
+            self.letters.seed(self.applier.dead_letters.letters(self._session("__dead_letters"), messages=False))
         except Exception as exc:  # noqa: BLE001 (the counts start from this process's letters)
             log.warning("%s: could not read the dead-letter table to count its letters: %s", self.table,
                         str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
@@ -400,7 +400,7 @@ class EventStreamRunner:
                      timeout: float = 30.0) -> list[dict[str, Any]]:
         """The recorded letters (newest last), of ``status`` and ``table`` when given, at most ``limit``."""
         def read() -> list[dict[str, Any]]:
-            found = self.applier.dead_letters.letters(self._session("__dead_letters"))
+            found = self.applier.dead_letters.letters(self._session("__dead_letters"), messages=False)
             chosen = [f for f in found if (status is None or f.status == status) and (table is None or f.table == table)]
             return [f.as_json() for f in chosen[-limit:]]
         return list(self._on_letter_worker(read, timeout))

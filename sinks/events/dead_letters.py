@@ -120,7 +120,7 @@ class DeadLetterStore(Protocol):
 
     def append(self, session: Any, letters: Sequence[DeadLetterRow], txn: TxnId, now: float) -> int: ...
 
-    def letters(self, session: Any, ids: Iterable[str] | None = None) -> list[StoredLetter]: ...
+    def letters(self, session: Any, ids: Iterable[str] | None = None, messages: bool = True) -> list[StoredLetter]: ...
 
     def resolve(self, session: Any, done: Sequence[Resolution], txn: TxnId, now: float) -> None: ...
 
@@ -172,12 +172,17 @@ class DeadLetterTable:
              .whenNotMatchedInsertAll().execute())
         return len(letters)
 
-    def letters(self, session: "SparkSession", ids: Iterable[str] | None = None) -> list[StoredLetter]:
-        """The recorded letters (those with ``ids`` only, when given), oldest first."""
+    def letters(self, session: "SparkSession", ids: Iterable[str] | None = None,
+                messages: bool = True) -> list[StoredLetter]:
+        """The recorded letters (those with ``ids`` only, when given), oldest first; without
+        ``messages``, their raw keys and values are left out (counting needs none)."""
         if not tables.exists(session, self.location):
             return []
         wanted = None if ids is None else set(ids)
-        rows = [_stored(r.asDict()) for r in tables.read(session, self.location).collect()]
+        frame = tables.read(session, self.location)
+        if not messages:
+            frame = frame.drop("key", "value")
+        rows = [_stored(r.asDict()) for r in frame.collect()]
         chosen = [r for r in rows if wanted is None or r.id in wanted]
         return sorted(chosen, key=lambda r: (r.batch_id or 0, r.raw.origin, r.raw.partition or 0, r.raw.offset))
 
@@ -237,7 +242,7 @@ class InMemoryDeadLetters:
         self.writes += 1
         return len(letters)
 
-    def letters(self, session: Any, ids: Iterable[str] | None = None) -> list[StoredLetter]:
+    def letters(self, session: Any, ids: Iterable[str] | None = None, messages: bool = True) -> list[StoredLetter]:
         wanted = None if ids is None else set(ids)
         return [r for r in self.rows.values() if wanted is None or r.id in wanted]
 
