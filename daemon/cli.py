@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 from lakemirror import __version__
 from lakemirror.checkpoints.lease import LeaseHeld, LeaseLost
+from lakemirror.daemon import dead_letters_cli
 from lakemirror.daemon.jars import JarsMissing
 from lakemirror.daemon.preflight import StartupError
 from lakemirror.daemon.spark import JavaMissing
@@ -314,6 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("table", help="the table's name in the source schema")
         p.add_argument("--url", help="the daemon's HTTP endpoint (default: the one it recorded)")
         p.set_defaults(func=cmd_control)
+    dead_letters_cli.add_parser(sub)
     p = sub.add_parser("demo", help="a live demo on the embedded lakehouse (until Ctrl-C)")
     p.add_argument("--workdir", default=".lakemirror-demo", metavar="DIR",
                    help="where the demo's lakehouse, checkpoints and logs go (default .lakemirror-demo)")

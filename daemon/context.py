@@ -41,6 +41,7 @@ from lakemirror.checkpoints.state import FileStateStore
 from lakemirror.daemon import http_token, preflight
 from lakemirror.daemon.api import ContinuousSyncApi
 from lakemirror.daemon.databricks_pipelines import DatabricksPipelines
+from lakemirror.daemon.dead_letter_api import DeadLetterApi
 from lakemirror.daemon.http import ControlServer
 from lakemirror.daemon.jars import JarsMissing
 from lakemirror.daemon.lease import LEASE_DIR, pipeline_lease
@@ -606,10 +607,17 @@ class DaemonContext(GlobalContext):
     def server(self) -> ControlServer:
         h = self.settings.http
         info = status_info(self.spec)
+
+        def event_source(name: str) -> EventStreamRunner | None:
+            runner = self.supervisor.runner_of(RUNNER_PREFIX + name)
+            return runner if isinstance(runner, EventStreamRunner) else None
+
+        letters = DeadLetterApi(event_source)
         return ControlServer(h.host, h.port, self.metrics.registry, self.table_views, info,
                              lag_slo_seconds=self.settings.lag_slo_seconds,
                              commands=self.supervisor.command, auth_token=self.http_token, api=self.api,
-                             subtasks=self.subtasks.status, allowed_hosts=h.allowed_hosts)
+                             subtasks=self.subtasks.status, allowed_hosts=h.allowed_hosts,
+                             dead_letters=letters.handle)
 
     @cached_property
     def http_token(self) -> str | None:

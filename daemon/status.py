@@ -88,6 +88,11 @@ def render_event_sources(rows: Iterable[Mapping[str, Any]]) -> str:
         widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
         table_text = "\n".join("  ".join(c.ljust(widths[i]) for i, c in enumerate(line)).rstrip() for line in lines)
         behind = ", ".join(f"{o['topic']}[{o['partition']}] {o['behind']}" for o in d.get("offsets_behind") or ())
-        blocks.append(f"event source {d.get('source')} ({d.get('kind')}): dead letters {d.get('dead_letters', 0)}; "
+        pending = d.get("dead_letters_pending") or {}
+        waiting = sum(pending.values()) if isinstance(pending, Mapping) else 0
+        letters = f"dead letters {d.get('dead_letters', 0)}" + (
+            f" ({waiting} pending: " + ", ".join(f"{t or '?'} {n}" for t, n in sorted(pending.items())) + ")"
+            if waiting else "")
+        blocks.append(f"event source {d.get('source')} ({d.get('kind')}): {letters}; "
                       f"offsets behind: {behind or '-'}\n{table_text}")
     return "\n\n".join(blocks)

@@ -13,6 +13,7 @@ from lakemirror.errors import (
     TransientError,
 )
 from lakemirror.secrets import redact
+from lakemirror.sinks.isolate import refused_by_value
 
 _WINDOW = ("DELTA_MISSING_FILES_UNEXPECTED_VERSION", "DELTA_MISSING_CHANGE_DATA",
            "DELTA_FILE_NOT_FOUND_DETAILED", "VersionNotFoundException", "DELTA_VERSION_NOT_FOUND",
@@ -162,6 +163,15 @@ def _causes(exc: BaseException) -> list[str]:
     except Exception:  # noqa: BLE001 (a JVM gone or unreachable: the text we have must do)
         pass
     return out
+
+
+def value_refusal(exc: BaseException) -> str | None:
+    """The engine's reason when ``exc`` is a write refused because of a value it was given
+    (:data:`lakemirror.sinks.isolate.VALUE_REFUSALS`), else None: the error is not one that a single item of the batch causes."""
+    if isinstance(exc, LakemirrorError):
+        return None
+    text = redact("\n".join([f"{type(exc).__name__}: {exc}", *_causes(exc)]))
+    return first_line(text) if refused_by_value(text) else None
 
 
 def classify(exc: BaseException, *, table: str | None = None) -> LakemirrorError:

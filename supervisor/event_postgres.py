@@ -18,6 +18,7 @@ the writers added to an accumulator.
 from __future__ import annotations
 
 import re
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,8 @@ if TYPE_CHECKING:
 WRITE_POSTGRES_EVENTS = "postgres-guarded-upsert"
 WRITE_POSTGRES_FOREACH = "postgres-foreach"
 READ_DRIVER, READ_EXECUTORS = "driver", "executors"
+
+log = logging.getLogger(__name__)
 
 
 #: Spark's floor on the duration of a real-time batch (``trigger(realTime=…)``), a duration string.
@@ -144,6 +147,25 @@ class PostgresEventStreamRunner(EventStreamRunner):
                                     statement_timeout_seconds=target.statement_timeout_seconds, clock=clock)
                       if real_time is not None else None)
         self.waits = WaitReport(self.stall if self.stall is not None else self.calls, self._emit, lookups.lock_wait)
+        self._letters_recorded: int | None = None   # read from the dead-letter table (None: not yet)
+        self._letters_here = 0                      # letters this process recorded before that read
+
+    #: Its dead letters are rows of lakemirror_event_dead_letters in PostgreSQL, not of a Delta table.
+    keeps_dead_letters_in_delta = False
+
+    @property
+    def dead_letter_count(self) -> int:
+        """Dead letters the source's Postgres table holds: counted there at launch and after each batch
+        that recorded some (a redelivered poison message is recorded once)."""
+        return self._letters_recorded if self._letters_recorded is not None else self._letters_here
+
+    def _count_letters(self) -> None:
+        try:
+            if self._sink is None:
+                self._sink = self.factory()
+            self._letters_recorded = self._sink.dead_letter_count()
+        except Exception as exc:  # noqa: BLE001 (counted again after the next batch with letters)
+            log.warning("%s: could not count the dead letters: %s", self.table, str(exc).splitlines()[0] if str(exc) else exc)
 
     # -- the query ---------------------------------------------------------------------------------
 
@@ -172,6 +194,7 @@ class PostgresEventStreamRunner(EventStreamRunner):
 
     def _launch(self) -> None:
         try:
+            self._count_letters()
             rt = self.real_time
             if rt is not None:
                 self._check_partitions(rt)
@@ -231,7 +254,9 @@ class PostgresEventStreamRunner(EventStreamRunner):
             self._emit(sm.BatchApplied())
 
     def _record(self, result: FlushResult) -> None:
-        self.dead_letter_count += result.dead_letters
+        if result.dead_letters:
+            self._letters_here += result.dead_letters
+            self._count_letters()
         for table, counts in result.tables.items():
             status = self.replicas.setdefault(table, ReplicaStatus())
             status.batches += 1

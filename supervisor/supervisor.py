@@ -145,6 +145,11 @@ class Supervisor:
         with self._view_lock:
             return table in self._tables or table in self._recorded
 
+    def runner_of(self, table: str) -> Runner | None:
+        """The runner of ``table`` (None when the pipeline has no such table)."""
+        entry = self._tables.get(table)
+        return entry.runner if entry is not None else None
+
     def command(self, verb: str, table: str) -> bool:
         """Queue ``verb`` (pause, resume, resync) for ``table``; False if the pipeline has no such table,
         :class:`Draining` once the shutdown has begun."""

@@ -48,7 +48,7 @@ from lakemirror.object_store import delta_rs_target
 from lakemirror.sinks.accelerator.guarded_driver import GuardedBatchUnfit, GuardedDriverMerge
 from lakemirror.sinks.merge.apply_choice import choose_guarded_apply
 from lakemirror.sinks.merge.delta_merge import counts_from_answer
-from lakemirror.sinks.events.event_rows import convert, infer_type
+from lakemirror.sinks.events.event_rows import convert, convert_row, infer_type
 from lakemirror.sinks.events.guard_plan import (
     DELETED_AT_COLUMN, OP_COLUMN, POSITION_COLUMN, POSITION_FIELDS, RESERVED_COLUMNS, SCOPE_COLUMN, SCOPE_KEY, SCOPE_TABLE, TablePlan,
     row_order,
@@ -230,12 +230,12 @@ class GuardedDeltaSink:
             stored_floor = self._stored_floor(session)
             new_floor = plan.truncate if stored_floor is None or plan.truncate > stored_floor else None
         rows, deletes, rejected = [], [], []
+        names = [f.name for f in data_fields]
         for w in plan.winners:
             try:
-                key = tuple(convert(dict(w.keys)[k], types[k]) for k in plan.key_columns)
-                values = [convert(w.columns.get(f.name), types[f.name]) if w.op != DELETE else
-                          (key[plan.key_columns.index(f.name)] if f.name in plan.key_columns else None)
-                          for f in data_fields]
+                typed_key = convert_row(dict(w.keys), types, plan.key_columns)
+                typed = convert_row(w.columns, types, names) if w.op != DELETE else typed_key
+                values = [typed.get(n) for n in names]
             except ValueError as exc:
                 rejected.append((w, f"does not fit the replica's schema: {exc}"))
                 continue

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from lakemirror import tables
 from lakemirror.identifiers import quote
 from lakemirror.sinks.merge.delta_merge import counts_from_answer
-from lakemirror.sinks.events.event_rows import convert
+from lakemirror.sinks.events.event_rows import convert_row
 from lakemirror.sinks.events.guard_merge import S, T, GuardedDeltaSink, GuardOutcome, position_sql
 from lakemirror.sinks.events.guard_plan import (
     DELETED_AT_COLUMN, POSITION_COLUMN, POSITION_FIELDS, RESERVED_COLUMNS, SCOPE_COLUMN, SCOPE_KEY, SCOPE_TABLE, Key,
@@ -167,7 +167,8 @@ class HistoryDeltaSink(GuardedDeltaSink):
         rejected: list[tuple[ChangeEvent, str]] = []
         for key, events in plan.changes.items():
             try:
-                typed_key = tuple(convert(v, types[k]) for k, v in zip(plan.key_columns, key))
+                typed = convert_row(dict(zip(plan.key_columns, key)), types, plan.key_columns)
+                typed_key = tuple(typed[k] for k in plan.key_columns)
             except ValueError as exc:
                 rejected += [(e, f"key does not fit the replica: {exc}") for e in events]
                 continue
@@ -175,7 +176,7 @@ class HistoryDeltaSink(GuardedDeltaSink):
             for e in events:
                 if e.op == UPSERT:
                     try:
-                        columns = {c: convert(e.columns.get(c), types[c]) for c in data}
+                        columns = convert_row(e.columns, types, data)
                     except ValueError as exc:
                         rejected.append((e, f"does not fit the replica's schema: {exc}"))
                         continue

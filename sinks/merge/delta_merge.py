@@ -116,6 +116,11 @@ class DeltaMergeSink:
     def stats(cls, batch: "DataFrame") -> BatchStats:
         return _stats_from(batch.agg(*cls._stats_columns()).collect()[0].asDict())
 
+    def merge_rows(self, session: "SparkSession", batch: "DataFrame") -> list[Any]:
+        """MERGE ``batch``'s winning changes, under the session's transaction confs: Delta's answer rows
+        (one row of counts; none for a transaction skipped as a replay)."""
+        return self._merge(session, batch)
+
     def _merge(self, session: "SparkSession", batch: "DataFrame") -> list[Any]:
         """MERGE ``batch``'s winning changes into the replica; Delta's answer rows (one row of
         counts, none for a transaction it skipped as a replay).

@@ -11,6 +11,7 @@ small replica, or the driver's delta-rs MERGE) the first batch chooses
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping
 
@@ -21,6 +22,7 @@ from lakemirror.schema import Column
 from lakemirror.sinks.batch import snapshot_copy
 from lakemirror.sinks.merge.apply_choice import ApplyChoice, choose_apply
 from lakemirror.sinks.merge.delta_merge import DeltaMergeSink
+from lakemirror.sinks.merge.row_isolation import FEED_DEAD_LETTERS, FeedDeadLetters, IsolatingMergeSink
 from lakemirror.sinks.merge.planner import MergePlan, diff_schema
 from lakemirror.sources.catalog import Catalog
 
@@ -124,9 +126,15 @@ class DeltaReplica:
         log.info("table %s: added columns to %s: %s", self.source, self.name, ", ".join(c.name for c in added))
         return True
 
-    def batch_sink(self, plan: MergePlan, epoch: int) -> DeltaMergeSink:
-        return DeltaMergeSink(self.catalog.locate(self.name), plan, stable_source=True,
-                              choose=lambda: self.choose_apply(plan))
+    def batch_sink(self, plan: MergePlan, epoch: int) -> IsolatingMergeSink:
+        """Each batch through one MERGE (or the path the first batch chooses); a batch the replica
+        refuses because of a row's value is applied without that row, which is dead-lettered in
+        ``_lakemirror_dead_letters`` beside the replica (:mod:`~lakemirror.sinks.merge.row_isolation`)."""
+        letters = FeedDeadLetters(self.catalog.locate(TableName(self.name.catalog, self.name.schema, FEED_DEAD_LETTERS)),
+                                  self.pipeline_id)
+        return IsolatingMergeSink(DeltaMergeSink(self.catalog.locate(self.name), plan, stable_source=True,
+                                                 choose=lambda: self.choose_apply(plan)),
+                                  letters, self.source, time.time)
 
     def choose_apply(self, plan: MergePlan) -> tuple[ApplyChoice, int]:
         """MERGE, rewrite or the driver's MERGE, asked by the first batch: two Spark jobs on the

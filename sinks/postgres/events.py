@@ -37,7 +37,7 @@ from psycopg import sql
 
 from lakemirror.errors import SchemaIncompatible
 from lakemirror.schema import Column
-from lakemirror.sinks.events.event_rows import convert, infer_type
+from lakemirror.sinks.events.event_rows import convert_row, infer_type
 from lakemirror.sinks.events.guard_plan import TablePlan, plan_batch
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.postgres import statements as q
@@ -270,7 +270,8 @@ class PostgresEventSink:
                 continue
             values = {**dict(winner.columns), **dict(winner.keys)} if winner.op != DELETE else dict(winner.keys)
             try:
-                row_values = tuple(convert(values.get(c), types[c]) for c in table.column_names)
+                typed = convert_row(values, types, table.column_names)
+                row_values = tuple(typed[c] for c in table.column_names)
             except ValueError as exc:
                 dead.append(Letter(raw, f"a value does not fit its column: {exc}", plan.table))
                 continue
@@ -333,6 +334,12 @@ class PostgresEventSink:
             ).format(sql.Identifier(self.target.schema, EVENT_DEAD_LETTERS)),
                 [(self.pipeline_id, self.source, d.raw.origin, -1 if d.raw.partition is None else d.raw.partition,
                   d.raw.offset, d.table, d.reason, _clean(d.raw.key), _clean(d.raw.value)) for d in letters])
+
+    def dead_letter_count(self) -> int:
+        """The dead letters this source has recorded (a restarted daemon counts them on from here)."""
+        row = self._connection().execute(sql.SQL("SELECT count(*) FROM {} WHERE pipeline_id = %s AND source = %s").format(
+            sql.Identifier(self.target.schema, EVENT_DEAD_LETTERS)), (self.pipeline_id, self.source)).fetchone()
+        return int(row[0]) if row else 0
 
     def purge(self, horizon_seconds: float) -> int:
         """Drop tombstones past the horizon in every replica this sink has written."""

@@ -94,14 +94,14 @@ def json_ready(value: Any) -> Any:
 
     For lakemirror's own values (dead-letter rows, scalars); a column's values go through
     :func:`json_converter`, which takes the shape from the column's type. Bytes become base64,
-    decimals strings (no precision lost), dates and times ISO 8601. NUL characters, which
-    ``jsonb`` refuses, become U+FFFD."""
+    decimals their exact positional text (no precision lost, never ``1E-20``), dates and times
+    ISO 8601. NUL characters, which ``jsonb`` refuses, become U+FFFD."""
     if value is None or isinstance(value, (bool, int, float)):
         return value
     if isinstance(value, str):
         return value.replace("\x00", "\ufffd")
     if isinstance(value, decimal.Decimal):
-        return str(value)
+        return format(value, "f")  # exact positional text: 0.00000000000000000001, never 1E-20
     if isinstance(value, (bytes, bytearray, memoryview)):
         return base64.b64encode(bytes(value)).decode("ascii")
     if isinstance(value, (dt.datetime, dt.date, dt.time)):

@@ -147,6 +147,8 @@ def test_a_column_of_an_unmapped_type_stops_the_table_naming_the_column():
 
 def test_lakemirrors_own_values_become_json():
     assert json_text({"k": decimal.Decimal("1.50"), "z": None, "l": (1, "a")}) == '{"k":"1.50","z":null,"l":[1,"a"]}'
+    assert json_text([decimal.Decimal("1E-20"), decimal.Decimal("1.23E+29")]) == \
+        '["0.00000000000000000001","123000000000000000000000000000"]'  # a decimal(38,20) from Arrow
     assert json_text({"a": b"\x00\x01", "d": dt.date(2024, 1, 2), "s": "a\x00b"}) == \
         '{"a":"AAE=","d":"2024-01-02","s":"a\ufffdb"}'
 
