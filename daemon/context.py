@@ -50,6 +50,7 @@ from lakemirror.daemon.settings.runtime_spec import (
     REPLICATE_NAMESPACE, cycle_mode, event_stream_spec, jobs_for, mode_of, pipeline_spec, plan, postgres_subtasks,
     subtask_of,
 )
+from lakemirror.daemon.dr_context import disaster_recovery_operations
 from lakemirror.daemon.spark import JavaMissing
 from lakemirror.daemon.worker import CommandWorker
 from lakemirror.errors import ConfigError, LakemirrorError
@@ -237,7 +238,8 @@ class ReplicateContext(GlobalContext):
         if self.config.checkpoint_volume is None:
             return ops
         sweep = self.incremental_sweep(self.config.checkpoint_volume, REPLICATE_NAMESPACE)
-        return WithIncremental(ops, IncrementalOperations(sweep))
+        return disaster_recovery_operations(self, WithIncremental(ops, IncrementalOperations(sweep)),
+                                            self.config.checkpoint_volume)
 
     @cached_property
     def progress(self) -> Progress:

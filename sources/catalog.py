@@ -214,11 +214,21 @@ class Discovery(Protocol):
     def list_tables(self, catalog: str, schema: str) -> list[str]: ...
 
 
-class InMemoryDiscovery:
-    """The twin: ``{catalog: {schema: [tables]}}``."""
+def volume_path(name: TableName) -> str:
+    """Where Databricks compute reads and writes the files of the Unity Catalog volume ``name``."""
+    return f"/Volumes/{name.catalog}/{name.schema}/{name.table}"
 
-    def __init__(self, tree: Mapping[str, Mapping[str, Sequence[str]]]) -> None:
+
+class InMemoryDiscovery:
+    """The twin: ``{catalog: {schema: [tables]}}``, and ``volumes`` the same way."""
+
+    def __init__(self, tree: Mapping[str, Mapping[str, Sequence[str]]],
+                 volumes: Mapping[str, Mapping[str, Sequence[str]]] | None = None) -> None:
         self.tree = tree
+        self.volumes = volumes or {}
+
+    def list_volumes(self, catalog: str, schema: str) -> list[str]:
+        return sorted(self.volumes.get(catalog, {}).get(schema, ()))
 
     def list_schemas(self, catalog: str) -> list[str]:
         return sorted(self.tree.get(catalog, {}))
@@ -242,3 +252,11 @@ class SparkDiscovery:
 
     def list_tables(self, catalog: str, schema: str) -> list[str]:
         return [t.table for t in self.catalog.list_tables(self.spark, catalog, schema)]
+
+    def list_volumes(self, catalog: str, schema: str) -> list[str]:
+        """The Unity Catalog volumes of a schema; none in a local lakehouse (its directories are
+        copied as ``volumes`` entries of the file instead)."""
+        if isinstance(self.catalog, LocalCatalog):
+            return []
+        rows = self.spark.sql(f"SHOW VOLUMES IN {quote(catalog)}.{quote(schema)}").collect()
+        return sorted(str(r["volume_name"]) for r in rows)

@@ -42,9 +42,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from lakemirror.daemon.settings.pipeline import RuntimeSettings, read_yaml
 from lakemirror.errors import ConfigError
 from lakemirror.daemon.settings.task_options import CloneOptions, MetadataSettings, ReconcileSettings, RetrySettings
+from lakemirror.daemon.settings.volumes import VolumeEntry, VolumeFilesSettings
 
-Operation = Literal["clone", "reconcile", "metadata", "incremental"]
-OPERATIONS: tuple[str, ...] = ("clone", "reconcile", "metadata", "incremental")
+Operation = Literal["clone", "reconcile", "metadata", "incremental", "volume_files"]
+OPERATIONS: tuple[str, ...] = ("clone", "reconcile", "metadata", "incremental", "volume_files")
 
 
 class Strict(BaseModel):
@@ -62,6 +63,7 @@ class ObjectSettings(Strict):
     clone: CloneOptions = Field(default_factory=CloneOptions)
     reconcile: ReconcileSettings = Field(default_factory=ReconcileSettings)
     metadata: MetadataSettings = Field(default_factory=MetadataSettings)
+    volume_files: VolumeFilesSettings = Field(default_factory=VolumeFilesSettings)
 
 
 TUNABLE = frozenset(ObjectSettings.model_fields)
@@ -193,11 +195,18 @@ class ReplicateConfig(_Level):
         None, description="Default <audit_catalog>.continuous_sync.reconciliation.")
     checkpoint_volume: str | None = Field(
         None, description="Root of the incremental sweeps' checkpoints and state (needed by `incremental`).")
+    volumes: list[VolumeEntry] = Field(default_factory=list, description="Directories copied by the "
+                                       "volume_files operation, beyond the volumes of the catalogs.")
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
     cli: CliOverrides = Field(default_factory=CliOverrides)
 
     @model_validator(mode="after")
     def _check(self) -> "ReplicateConfig":
+        targets = [str(v.target_name) for v in self.volumes]
+        repeated = sorted({t for t in targets if targets.count(t) > 1})
+        if repeated:
+            raise ValueError(f"volumes: the names {repeated} repeat; each copy needs a name of its own "
+                             f"(it names the copy's manifest)")
         names = [c.name for c in self.catalogs]
         pairs = [(c.name, c.target_catalog) for c in self.catalogs]
         if len(set(pairs)) != len(pairs):
@@ -213,6 +222,16 @@ class ReplicateConfig(_Level):
         return self
 
     # -- derived ----------------------------------------------------------------------------
+
+    def runs_volumes(self) -> bool:
+        """Whether the ``volumes`` entries are copied: always, unless ``--operation`` leaves out volume_files."""
+        return bool(self.volumes) and (not self.cli.operations or "volume_files" in self.cli.operations)
+
+    def volume_settings(self, entry: VolumeEntry) -> ObjectSettings:
+        """A ``volumes`` entry's settings: the file's top level, its own ``volume_files`` on top, CLI last."""
+        own = {"volume_files": entry.volume_files.model_dump(exclude_unset=True)} if entry.volume_files else {}
+        return ObjectSettings.model_validate(deep_merge(deep_merge(dict(self.level_settings), own),
+                                                        self.cli.as_settings()))
 
     def selected_catalogs(self) -> list[CatalogEntry]:
         want = self.cli.target_catalog
@@ -290,6 +309,9 @@ def load_replicate_config(path: str | Path | None, cli: CliOverrides | None = No
                 problems.append((f"{origin}: checkpoint_volume", f"operation incremental ({where}) keeps its "
                                  f"stream checkpoints there; set checkpoint_volume"))
                 break
+        if cfg.runs_volumes() or any("volume_files" in cfg.resolve(c, s, t).operations for _, c, s, t in cfg.levels()):
+            problems.append((f"{origin}: checkpoint_volume", "operation volume_files keeps the manifest of the "
+                             "files it copied there; set checkpoint_volume"))
     if problems:
         raise ConfigError(problems)
     return cfg

@@ -10,14 +10,15 @@ from typing import Callable
 from lakemirror.daemon.settings.destination import PostgresDestination
 from lakemirror.daemon.settings.event_source import EventSourceSettings
 from lakemirror.daemon.settings.pipeline import Settings
-from lakemirror.daemon.settings.replicate import CatalogEntry, ReplicateConfig
+from lakemirror.daemon.settings.replicate import CatalogEntry, ObjectSettings, ReplicateConfig
 from lakemirror.daemon.settings.schedule import ScheduleSettings
 from lakemirror.sinks.postgres.modes import Mode
-from lakemirror.sources.catalog import Discovery
+from lakemirror.identifiers import TableName
+from lakemirror.sources.catalog import Discovery, volume_path
 from lakemirror.supervisor.event_stream import EventStreamSpec
 from lakemirror.supervisor.pg_cycles import OPERATIONS, operation_of
 from lakemirror.supervisor.replicate import (
-    CatalogSelection, SchemaSelection, TableJob, TaskSettings, plan_work,
+    VOLUME_FILES, CatalogSelection, SchemaSelection, TableJob, TaskSettings, plan_work,
 )
 from lakemirror.supervisor.spec import PipelineSpec, TableOptions
 from lakemirror.supervisor.state import RestartPolicy
@@ -131,23 +132,53 @@ def selections(cfg: ReplicateConfig) -> list[CatalogSelection]:
     ) for c in cfg.selected_catalogs()]
 
 
-def task_settings(cfg: ReplicateConfig, catalog: CatalogEntry | None, schema: str, table: str) -> TaskSettings:
-    """Resolve one table's settings through the hierarchy (see :mod:`lakemirror.daemon.settings.replicate`)."""
-    s_entry = next((s for s in catalog.schemas if s.name == schema), None) if catalog else None
-    t_entry = next((t for t in s_entry.tables if t.name == table), None) if s_entry else None
-    s = cfg.resolve(catalog, s_entry, t_entry)
+def _task_settings(cfg: ReplicateConfig, s: ObjectSettings) -> TaskSettings:
     r = s.retry
     return TaskSettings(
         operations=tuple(s.operations), timeout_seconds=s.timeout_seconds, keys=tuple(s.keys),
         max_attempts=r.max_attempts,
         backoff=RestartPolicy(r.base_delay_seconds, r.max_delay_seconds, r.multiplier, r.jitter),
         options={"clone": s.clone.model_dump(), "reconcile": s.reconcile.model_dump(),
-                 "metadata": s.metadata.model_dump()},
+                 "metadata": s.metadata.model_dump(), "volume_files": s.volume_files.model_dump()},
         config={"runtime": cfg.runtime.model_dump(), **s.model_dump()})
+
+
+def task_settings(cfg: ReplicateConfig, catalog: CatalogEntry | None, schema: str, table: str) -> TaskSettings:
+    """Resolve one table's settings through the hierarchy (see :mod:`lakemirror.daemon.settings.replicate`)."""
+    s_entry = next((s for s in catalog.schemas if s.name == schema), None) if catalog else None
+    t_entry = next((t for t in s_entry.tables if t.name == table), None) if s_entry else None
+    return _task_settings(cfg, cfg.resolve(catalog, s_entry, t_entry))
+
+
+def volume_job_settings(base: TaskSettings, source_path: str, target_path: str) -> TaskSettings:
+    """A volume's settings: only ``volume_files``, its options naming the two directories."""
+    options = {**base.options, "volume_files": {**base.options.get("volume_files", {}),
+                                                "source_path": source_path, "target_path": target_path}}
+    return replace(base, operations=(VOLUME_FILES,), options=options)
+
+
+def _catalog_volume(cfg: ReplicateConfig, catalog: CatalogEntry, schema: str, source: TableName,
+                    target: TableName) -> TaskSettings | None:
+    s_entry = next((s for s in catalog.schemas if s.name == schema), None)
+    base = _task_settings(cfg, cfg.resolve(catalog, s_entry, None))
+    if VOLUME_FILES not in base.operations:
+        return None
+    return volume_job_settings(base, volume_path(source), volume_path(target))
+
+
+def volume_jobs(cfg: ReplicateConfig) -> list[TableJob]:
+    """The ``volumes`` entries of the file, unless ``--operation`` leaves out volume_files."""
+    if not cfg.runs_volumes():
+        return []
+    return [TableJob(v.source_name, v.target_name,
+                     volume_job_settings(_task_settings(cfg, cfg.volume_settings(v)), v.source, v.target),
+                     object_type="volume") for v in cfg.volumes]
 
 
 def plan(cfg: ReplicateConfig, discovery: Discovery) -> list[TableJob]:
     entries = {(c.name, c.target_catalog): c for c in cfg.catalogs}
     return plan_work(selections(cfg), discovery,
                      lambda sel, schema, table: task_settings(cfg, entries[(sel.source, sel.target)], schema, table),
-                     only_schemas=cfg.cli.target_schemas)
+                     only_schemas=cfg.cli.target_schemas,
+                     volume_settings_for=lambda sel, schema, src, dst: _catalog_volume(
+                         cfg, entries[(sel.source, sel.target)], schema, src, dst)) + volume_jobs(cfg)
