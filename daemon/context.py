@@ -51,6 +51,7 @@ from lakemirror.daemon.settings.runtime_spec import (
     subtask_of,
 )
 from lakemirror.daemon.dr_context import disaster_recovery_operations
+from lakemirror.daemon.recovery import cut_json, recovery_points_of
 from lakemirror.daemon.spark import JavaMissing
 from lakemirror.daemon.worker import CommandWorker
 from lakemirror.errors import ConfigError, LakemirrorError
@@ -301,6 +302,11 @@ class DaemonContext(GlobalContext):
         return store
 
     @cached_property
+    def recovery_points(self) -> Any:
+        """Recovery points across the pipeline's tables (lakemirror.daemon.recovery)."""
+        return recovery_points_of(self)
+
+    @cached_property
     def metrics(self) -> Metrics:
         return Metrics(self.spec.pipeline_id)
 
@@ -545,6 +551,7 @@ class DaemonContext(GlobalContext):
         return ContinuousSyncApi(
             mode=self.settings.runtime.mode, registry=self.pipelines, worker=self.worker,
             start_pipeline=self.start_pipeline, cdf_check=self.check_cdf, databricks=databricks,
+            recovery_point=lambda at, anchor, only: cut_json(self, at, anchor, only),
             databricks_as=databricks_as,
             default_checkpoint_volume=self.settings.checkpoint_volume.rstrip("/") + "/api",
             drain_timeout_seconds=self.settings.drain_timeout_seconds)

@@ -114,9 +114,10 @@ def merge_batch(job: ConnectBatchJob, batch: "DataFrame", txn: TxnId) -> MergeOu
 
 def batch_stats(session: "SparkSession", view: str) -> BatchStats:
     row = session.sql(f"SELECT count(*) AS n, min({quote(COMMIT_VERSION)}) AS lo, max({quote(COMMIT_VERSION)}) AS hi, "
-                      f"max({quote(COMMIT_TIMESTAMP)}) AS ts FROM {quote(view)}").collect()[0]
+                      f"max({quote(COMMIT_TIMESTAMP)}) AS ts, min({quote(COMMIT_TIMESTAMP)}) AS ts0 FROM {quote(view)}").collect()[0]
     ts = row["ts"].timestamp() if row["ts"] is not None else None
-    return BatchStats(int(row["n"] or 0), row["lo"], row["hi"], ts)
+    ts0 = row["ts0"].timestamp() if row["ts0"] is not None else None
+    return BatchStats(int(row["n"] or 0), row["lo"], row["hi"], ts, ts0)
 
 
 def replayed_counts(session: "SparkSession", target_sql: str, txn: TxnId) -> ApplyCounts:
@@ -130,7 +131,7 @@ def replayed_counts(session: "SparkSession", target_sql: str, txn: TxnId) -> App
 def record_batch(session: "SparkSession", job: ConnectBatchJob, batch_id: int, outcome: MergeOutcome,
                  started: float) -> None:
     """Append the batch's checkpoint row, unless a replayed batch's row is already there."""
-    from lakemirror.checkpoints.records import CHECKPOINT_DDL, CheckpointRow
+    from lakemirror.checkpoints.records import CHECKPOINT_DDL, CheckpointRow, commit_time
 
     if outcome.replayed and checkpoint_has_batch(session, job, batch_id):
         return
@@ -142,9 +143,10 @@ def record_batch(session: "SparkSession", job: ConnectBatchJob, batch_id: int, o
         rows_merged=counts.total, rows_inserted=counts.inserted, rows_updated=counts.updated,
         rows_deleted=counts.deleted, lag_seconds=None, error=None, degraded=False,
         started_at=datetime.fromtimestamp(started, tz=timezone.utc),
-        ended_at=datetime.fromtimestamp(time.time(), tz=timezone.utc))
+        ended_at=datetime.fromtimestamp(time.time(), tz=timezone.utc),
+        first_version_at=commit_time(stats.min_commit_time), last_version_at=commit_time(stats.max_commit_time))
     df = session.createDataFrame([tuple(row.as_dict().values())], CHECKPOINT_DDL)
-    writer = df.write.format("delta").mode("append")
+    writer = df.write.format("delta").mode("append").option("mergeSchema", "true")
     if job.checkpoint_path:
         writer.save(job.checkpoint_path)
     else:

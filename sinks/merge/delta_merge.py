@@ -110,7 +110,8 @@ class DeltaMergeSink:
         from pyspark.sql import functions as F
 
         return [F.count(F.lit(1)).alias("n"), F.min(COMMIT_VERSION).alias("lo"),
-                F.max(COMMIT_VERSION).alias("hi"), F.max(COMMIT_TIMESTAMP).alias("ts")]
+                F.max(COMMIT_VERSION).alias("hi"), F.max(COMMIT_TIMESTAMP).alias("ts"),
+                F.min(COMMIT_TIMESTAMP).alias("ts0")]
 
     @classmethod
     def stats(cls, batch: "DataFrame") -> BatchStats:
@@ -233,7 +234,8 @@ class DeltaMergeSink:
 
 def _stats_from(row: dict[str, Any]) -> BatchStats:
     ts = row["ts"].timestamp() if row.get("ts") is not None else None
-    return BatchStats(int(row.get("n") or 0), row.get("lo"), row.get("hi"), ts)
+    ts0 = row["ts0"].timestamp() if row.get("ts0") is not None else None
+    return BatchStats(int(row.get("n") or 0), row.get("lo"), row.get("hi"), ts, ts0)
 
 
 def observed_metrics(observation: Any, wait_seconds: float = 1.0, key: str = "n") -> dict[str, Any] | None:
