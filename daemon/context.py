@@ -50,7 +50,7 @@ from lakemirror.daemon.settings.runtime_spec import (
     REPLICATE_NAMESPACE, cycle_mode, event_stream_spec, jobs_for, mode_of, pipeline_spec, plan, postgres_subtasks,
     subtask_of,
 )
-from lakemirror.daemon.dr_context import disaster_recovery_operations
+from lakemirror.daemon.dr_context import disaster_recovery_operations, logged_run
 from lakemirror.daemon.recovery import cut_json, recovery_points_of
 from lakemirror.daemon.spark import JavaMissing
 from lakemirror.daemon.worker import CommandWorker
@@ -77,6 +77,7 @@ from lakemirror.supervisor.spec import PipelineSpec
 from lakemirror.supervisor.state import RestartPolicy
 from lakemirror.supervisor.subtasks import SubtaskRun, SubtaskService
 from lakemirror.supervisor.supervisor import Runner, Supervisor
+from lakemirror.sql_exec import run_sql
 
 if TYPE_CHECKING:
     from databricks.sdk import WorkspaceClient
@@ -163,7 +164,7 @@ class GlobalContext:
     def execution_user(self) -> str:
         """Who the audit rows name: the workspace user on Databricks, the OS user elsewhere."""
         if self.unity_catalog:
-            return str(self.spark.sql("SELECT current_user()").collect()[0][0])
+            return str(run_sql(self.spark, "SELECT current_user()").collect()[0][0])
         return getpass.getuser()
 
     def located(self, fqn: str) -> Any:
@@ -250,9 +251,10 @@ class ReplicateContext(GlobalContext):
         return plan(self.config, self.discovery)
 
     def run(self) -> RunSummary:
-        jobs = self.plan()
-        log.info("replicate run %s: %d tables", self.run_id, len(jobs))
-        return self.batch_runner(self.operations, self.run_id, self.config.max_workers, self.progress).run(jobs)
+        with logged_run(self.config.execution_log, self.run_id):
+            jobs = self.plan()
+            log.info("replicate run %s: %d objects", self.run_id, len(jobs))
+            return self.batch_runner(self.operations, self.run_id, self.config.max_workers, self.progress).run(jobs)
 
 
 class DaemonContext(GlobalContext):

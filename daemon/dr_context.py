@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, ContextManager
 
 from lakemirror.daemon.settings.runtime_spec import REPLICATE_NAMESPACE
 from lakemirror.object_store import S3A_CONF_PREFIX, session_s3a_conf
@@ -21,6 +22,15 @@ def s3a_settings(context: Any) -> dict[str, str]:
     found = {k[len(prefix):]: v for k, v in context.runtime.spark_conf.items()
              if k.startswith(prefix + S3A_CONF_PREFIX)}
     return {**found, **session_s3a_conf(context.spark)}
+
+
+def logged_run(settings: Any, run_id: str) -> ContextManager[Any]:
+    """The run's execution log files when ``settings`` (``execution_log``) is set; nothing otherwise."""
+    if settings is None:
+        return nullcontext()
+    from lakemirror.daemon.execution_log import execution_log
+
+    return execution_log(run_id, settings.folder, list(settings.formats), settings.level)
 
 
 def disaster_recovery_operations(context: Any, base: Operations, checkpoint_volume: str) -> Operations:

@@ -28,6 +28,7 @@ from lakemirror.schema import Column, columns_from_struct
 from lakemirror.sources.keys import PRIMARY_KEY_PROPERTY, parse_declared
 from lakemirror.sources.streaming_tables import SqlRunner, resolve_backing_table
 from lakemirror.tables import LOG_DIR, TableLocation
+from lakemirror.sql_exec import run_sql
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -60,7 +61,7 @@ class Catalog(Protocol):
 
 
 def _detail(spark: "SparkSession", loc: TableLocation) -> tuple[str | None, dict[str, str]]:
-    row = spark.sql(f"DESCRIBE DETAIL {loc.sql}").collect()[0]
+    row = run_sql(spark, f"DESCRIBE DETAIL {loc.sql}").collect()[0]
     return row["id"], dict(row["properties"] or {})
 
 
@@ -175,12 +176,12 @@ class UnityCatalog:
         return TableLocation(name, None)
 
     def list_tables(self, spark: "SparkSession", catalog: str, schema: str) -> list[TableName]:
-        rows = spark.sql(f"SHOW TABLES IN {quote(catalog)}.{quote(schema)}").collect()
+        rows = run_sql(spark, f"SHOW TABLES IN {quote(catalog)}.{quote(schema)}").collect()
         return sorted(TableName(catalog, schema, r["tableName"]) for r in rows if not r["isTemporary"])
 
     def declared_key(self, spark: "SparkSession", name: TableName) -> tuple[str, ...]:
         info = f"{quote(name.catalog)}.information_schema"
-        rows = spark.sql(
+        rows = run_sql(spark, 
             f"SELECT k.column_name FROM {info}.table_constraints c "
             f"JOIN {info}.key_column_usage k ON c.constraint_catalog = k.constraint_catalog "
             f"AND c.constraint_schema = k.constraint_schema AND c.constraint_name = k.constraint_name "
@@ -199,7 +200,7 @@ class UnityCatalog:
         return TableInfo(loc, table_id, columns, props, declared)
 
     def ensure_schema(self, spark: "SparkSession", catalog: str, schema: str) -> None:
-        spark.sql(f"CREATE SCHEMA IF NOT EXISTS {quote(catalog)}.{quote(schema)}")
+        run_sql(spark, f"CREATE SCHEMA IF NOT EXISTS {quote(catalog)}.{quote(schema)}")
 
     @staticmethod
     def backing_table(sql: "SqlRunner", name: TableName) -> TableName:
@@ -247,7 +248,7 @@ class SparkDiscovery:
     def list_schemas(self, catalog: str) -> list[str]:
         if isinstance(self.catalog, LocalCatalog):
             return self.catalog.list_folders(self.spark, catalog)
-        rows = self.spark.sql(f"SHOW SCHEMAS IN {quote(catalog)}").collect()
+        rows = run_sql(self.spark, f"SHOW SCHEMAS IN {quote(catalog)}").collect()
         return sorted(r[0] for r in rows)
 
     def list_tables(self, catalog: str, schema: str) -> list[str]:
@@ -258,5 +259,5 @@ class SparkDiscovery:
         copied as ``volumes`` entries of the file instead)."""
         if isinstance(self.catalog, LocalCatalog):
             return []
-        rows = self.spark.sql(f"SHOW VOLUMES IN {quote(catalog)}.{quote(schema)}").collect()
+        rows = run_sql(self.spark, f"SHOW VOLUMES IN {quote(catalog)}.{quote(schema)}").collect()
         return sorted(str(r["volume_name"]) for r in rows)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import logging
 import random
 import threading
 import time
@@ -35,6 +36,8 @@ from lakemirror.sinks.batch.operations import Operations
 from lakemirror.sources.catalog import Discovery
 from lakemirror.supervisor.classify import classify
 from lakemirror.supervisor.state import RestartPolicy
+
+log = logging.getLogger(__name__)
 
 #: The seed's operation_type for each operation.
 OPERATION_TYPE = {"clone": "replication", "incremental": "replication", "reconcile": "reconciliation",
@@ -247,6 +250,9 @@ class BatchRunner:
                 error = err.message
                 details = {"error_code": err.code, **getattr(exc, "details", {}), "trace": _trace(exc)}
                 again = retryable(exc) and attempt < s.max_attempts
+                log.warning("run %s: %s %s -> %s: attempt %d of %d failed%s: %s", self.run_id, operation, job.source,
+                            job.target, attempt, s.max_attempts, " (will retry)" if again else "", err.message)
+                log.debug("run %s: %s %s: the failure's trace", self.run_id, operation, job.source, exc_info=exc)
             end = self.clock()
             status = SUCCESS if error is None else FAILED
             self._audit(job, operation, status, start, end, error, details, attempt)

@@ -161,6 +161,24 @@ class CatalogEntry(_Level):
         return _check_name(v, "catalog name")
 
 
+class ExecutionLogSettings(Strict):
+    """Where and how each run's detailed execution log is written (lakemirror.daemon.execution_log)."""
+
+    folder: str = Field(description="Local directory (a volume's /Volumes/... path on Databricks) of the files.")
+    formats: list[Literal["json", "text"]] = Field(default_factory=lambda: list[Literal["json", "text"]](
+                                                       ["json", "text"]), min_length=1,
+                                                   description="json: one JSON object a line (.jsonl); text: .log.")
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "DEBUG", description="Lowest level written (DEBUG: every SQL statement too), whatever the console shows.")
+
+    @field_validator("folder")
+    @classmethod
+    def _folder(cls, v: str) -> str:
+        if not v.strip() or "://" in v or "\x00" in v:
+            raise ValueError("a local directory path (not a URI)")
+        return v
+
+
 class CliOverrides(Strict):
     """What the command line says; it wins over every level of the file."""
 
@@ -195,6 +213,8 @@ class ReplicateConfig(_Level):
         None, description="Default <audit_catalog>.continuous_sync.reconciliation.")
     checkpoint_volume: str | None = Field(
         None, description="Root of the incremental sweeps' checkpoints and state (needed by `incremental`).")
+    execution_log: ExecutionLogSettings | None = Field(
+        None, description="Write each run's detailed log as files (JSON lines and/or text), the run id on every line.")
     volumes: list[VolumeEntry] = Field(default_factory=list, description="Directories copied by the "
                                        "volume_files operation, beyond the volumes of the catalogs.")
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)

@@ -45,6 +45,7 @@ from lakemirror.sinks.txn import (STABLE_SOURCE_CONFS, WRITE_SPARK_REWRITE, Batc
                                   MergeOutcome, TxnId, counts_from_metrics, is_txn_tag, scoped_confs,
                                   transaction, txn_app_id)
 from lakemirror.tables import TableLocation
+from lakemirror.sql_exec import run_sql
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -128,7 +129,7 @@ class DeltaMergeSink:
         view = f"lakemirror_merge_{uuid.uuid4().hex}"
         batch.createOrReplaceTempView(view)
         try:
-            return list(session.sql(merge_sql(self.plan, self.target.sql, view)).collect())
+            return list(run_sql(session, merge_sql(self.plan, self.target.sql, view)).collect())
         finally:
             session.catalog.dropTempView(view)
 
