@@ -48,9 +48,9 @@ from lakemirror.daemon.settings.replicate import ReplicateConfig
 from lakemirror.daemon.settings.real_time import real_time_spark_conf
 from lakemirror.daemon.settings.runtime_spec import (
     REPLICATE_NAMESPACE, cycle_mode, event_stream_spec, jobs_for, mode_of, pipeline_spec, plan, postgres_subtasks,
-    subtask_of,
+    shared_catalogs, subtask_of,
 )
-from lakemirror.daemon.dr_context import disaster_recovery_operations, logged_run
+from lakemirror.daemon.dr_context import disaster_recovery_operations, logged_run, run_in_phases
 from lakemirror.daemon.recovery import cut_json, recovery_points_of
 from lakemirror.daemon.spark import JavaMissing
 from lakemirror.daemon.worker import CommandWorker
@@ -237,24 +237,21 @@ class ReplicateContext(GlobalContext):
     @cached_property
     def operations(self) -> Operations:
         ops: Operations = self.spark_operations(self.run_id)
-        if self.config.checkpoint_volume is None:
-            return ops
-        sweep = self.incremental_sweep(self.config.checkpoint_volume, REPLICATE_NAMESPACE)
-        return disaster_recovery_operations(self, WithIncremental(ops, IncrementalOperations(sweep)),
-                                            self.config.checkpoint_volume)
+        if self.config.checkpoint_volume is not None:
+            sweep = self.incremental_sweep(self.config.checkpoint_volume, REPLICATE_NAMESPACE)
+            ops = WithIncremental(ops, IncrementalOperations(sweep))
+        return disaster_recovery_operations(self, ops, self.config.checkpoint_volume)
 
     @cached_property
     def progress(self) -> Progress:
         return TextProgress(self.out)
 
     def plan(self) -> list[TableJob]:
-        return plan(self.config, self.discovery)
+        return plan(self.config, self.discovery, shared_catalogs(self.config))
 
     def run(self) -> RunSummary:
         with logged_run(self.config.execution_log, self.run_id):
-            jobs = self.plan()
-            log.info("replicate run %s: %d objects", self.run_id, len(jobs))
-            return self.batch_runner(self.operations, self.run_id, self.config.max_workers, self.progress).run(jobs)
+            return run_in_phases(self)
 
 
 class DaemonContext(GlobalContext):

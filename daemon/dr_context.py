@@ -3,16 +3,22 @@
 
 from __future__ import annotations
 
+import logging
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, ContextManager
+from typing import TYPE_CHECKING, Any, ContextManager
 
-from lakemirror.daemon.settings.runtime_spec import REPLICATE_NAMESPACE
+from lakemirror.daemon.settings.runtime_spec import REPLICATE_NAMESPACE, shared_catalogs
 from lakemirror.object_store import S3A_CONF_PREFIX, session_s3a_conf
 from lakemirror.sinks.batch.operations import Operations
 from lakemirror.sinks.batch.routing import ByOperation
 from lakemirror.sinks.batch.volumes import VolumeOperations
-from lakemirror.supervisor.replicate import VOLUME_FILES
+from lakemirror.supervisor.replicate import VOLUME_FILES, RunSummary
+
+if TYPE_CHECKING:
+    from databricks.sdk import WorkspaceClient
+
+log = logging.getLogger(__name__)
 
 
 def s3a_settings(context: Any) -> dict[str, str]:
@@ -33,9 +39,59 @@ def logged_run(settings: Any, run_id: str) -> ContextManager[Any]:
     return execution_log(run_id, settings.folder, list(settings.formats), settings.level)
 
 
-def disaster_recovery_operations(context: Any, base: Operations, checkpoint_volume: str) -> Operations:
-    """``base`` plus the operations of disaster recovery (volume files), their state kept under
-    ``<checkpoint_volume>/replicate``."""
-    root = str(Path(checkpoint_volume) / REPLICATE_NAMESPACE)
-    volumes = VolumeOperations(root, lambda: s3a_settings(context), clock=context.clock, sleep=context.sleep)
-    return ByOperation(base, {VOLUME_FILES: volumes})
+def workspace_client(settings: Any) -> "WorkspaceClient":
+    """A databricks-sdk client for a :class:`~lakemirror.daemon.settings.workspaces.WorkspaceSettings`."""
+    from databricks.sdk import WorkspaceClient
+
+    from lakemirror.errors import TerminalError
+
+    try:
+        token = settings.resolved_token()
+    except ValueError as exc:
+        raise TerminalError(str(exc)) from None
+    if settings.profile is not None:
+        return WorkspaceClient(profile=settings.profile)
+    if token is not None:
+        return WorkspaceClient(host=settings.host, token=token, auth_type="pat")
+    return WorkspaceClient(host=settings.host) if settings.host else WorkspaceClient()
+
+
+def disaster_recovery_operations(context: Any, base: Operations, checkpoint_volume: str | None) -> Operations:
+    """``base`` plus the operations of disaster recovery: volume files (their manifests under
+    ``<checkpoint_volume>/replicate``) and the Delta Sharing set-up (the two workspaces' clients built
+    when first used)."""
+    from lakemirror.sinks.batch.sharing import DeltaSharingSetup, SharingOperations
+
+    routes: dict[str, Operations] = {}
+    if checkpoint_volume is not None:
+        root = str(Path(checkpoint_volume) / REPLICATE_NAMESPACE)
+        routes[VOLUME_FILES] = VolumeOperations(root, lambda: s3a_settings(context), clock=context.clock,
+                                                sleep=context.sleep)
+    ws = context.config.workspaces
+    routes["delta_sharing"] = SharingOperations(
+        lambda: DeltaSharingSetup(workspace_client(ws.source), workspace_client(ws.target)))
+    return ByOperation(base, routes)
+
+
+def run_in_phases(context: Any) -> RunSummary:
+    """A replicate run: the Delta Sharing set-ups first (the tables are read from the shared catalogs),
+    then every table and volume of the catalogs whose set-up succeeded."""
+    from lakemirror.daemon.settings.runtime_spec import sharing_jobs
+
+    runner = context.batch_runner(context.operations, context.run_id, context.config.max_workers, context.progress)
+    first = sharing_jobs(context.config)
+    outcomes: list[Any] = []
+    failed: set[str] = set()
+    if first:
+        summary = runner.run(first)
+        outcomes += summary.outcomes
+        failed = {o.job.source.catalog for o in summary.failed}
+        for catalog in sorted(failed):
+            log.warning("run %s: the Delta Sharing set-up of catalog %s failed: its tables are not replicated in "
+                        "this run", context.run_id, catalog)
+    shared = {src: dst for src, dst in shared_catalogs(context.config).items()}
+    skipped = {shared.get(c, c) for c in failed}
+    jobs = [j for j in context.plan() if j.source.catalog not in skipped]
+    log.info("replicate run %s: %d objects", context.run_id, len(jobs))
+    outcomes += runner.run(jobs).outcomes
+    return RunSummary(context.run_id, tuple(outcomes))

@@ -42,7 +42,8 @@ log = logging.getLogger(__name__)
 #: The seed's operation_type for each operation.
 OPERATION_TYPE = {"clone": "replication", "incremental": "replication", "reconcile": "reconciliation",
                   "metadata": "uc_replication", "postgres_triggered": "replication",
-                  "postgres_snapshot": "replication", "volume_files": "replication"}
+                  "postgres_snapshot": "replication", "volume_files": "replication",
+                  "delta_sharing": "replication", "backup": "backup", "uc_objects": "uc_replication"}
 #: The operation that copies a volume's files; every other operation concerns a table.
 VOLUME_FILES = "volume_files"
 

@@ -43,6 +43,7 @@ from lakemirror.daemon.settings.pipeline import RuntimeSettings, read_yaml
 from lakemirror.errors import ConfigError
 from lakemirror.daemon.settings.task_options import CloneOptions, MetadataSettings, ReconcileSettings, RetrySettings
 from lakemirror.daemon.settings.volumes import VolumeEntry, VolumeFilesSettings
+from lakemirror.daemon.settings.workspaces import DeltaSharingSettings, WorkspacesSettings
 
 Operation = Literal["clone", "reconcile", "metadata", "incremental", "volume_files"]
 OPERATIONS: tuple[str, ...] = ("clone", "reconcile", "metadata", "incremental", "volume_files")
@@ -213,6 +214,11 @@ class ReplicateConfig(_Level):
         None, description="Default <audit_catalog>.continuous_sync.reconciliation.")
     checkpoint_volume: str | None = Field(
         None, description="Root of the incremental sweeps' checkpoints and state (needed by `incremental`).")
+    workspaces: WorkspacesSettings = Field(default_factory=WorkspacesSettings, description="The source and target "
+                                           "workspaces (databricks-sdk) of Delta Sharing, backup and UC objects.")
+    delta_sharing: DeltaSharingSettings | None = Field(None, description="Replicate across metastores through Delta "
+                                                       "Sharing: set-up made or checked first, tables read from the "
+                                                       "shared catalogs.")
     execution_log: ExecutionLogSettings | None = Field(
         None, description="Write each run's detailed log as files (JSON lines and/or text), the run id on every line.")
     volumes: list[VolumeEntry] = Field(default_factory=list, description="Directories copied by the "
@@ -227,6 +233,9 @@ class ReplicateConfig(_Level):
         if repeated:
             raise ValueError(f"volumes: the names {repeated} repeat; each copy needs a name of its own "
                              f"(it names the copy's manifest)")
+        if self.delta_sharing is not None and self.runtime.mode != "databricks":
+            raise ValueError("delta_sharing: the shared catalogs are read in a Databricks workspace; set runtime.mode: "
+                             "databricks (and run where the target workspace's Spark is)")
         names = [c.name for c in self.catalogs]
         pairs = [(c.name, c.target_catalog) for c in self.catalogs]
         if len(set(pairs)) != len(pairs):

@@ -5,7 +5,7 @@ field; the layers below never import pydantic models."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, Mapping
 
 from lakemirror.daemon.settings.destination import PostgresDestination
 from lakemirror.daemon.settings.event_source import EventSourceSettings
@@ -121,9 +121,11 @@ def jobs_for(task: Subtask, spec: PipelineSpec, list_tables: Callable[[], list[s
 
 # -- lakemirror replicate ------------------------------------------------------------------------
 
-def selections(cfg: ReplicateConfig) -> list[CatalogSelection]:
+def selections(cfg: ReplicateConfig, read_from: Mapping[str, str] | None = None) -> list[CatalogSelection]:
+    """The selected catalog entries; ``read_from`` maps a source catalog to the catalog its tables are
+    read from (the catalog made from its Delta share, in cross-metastore replication)."""
     return [CatalogSelection(
-        source=c.name, target=c.target_catalog,
+        source=(read_from or {}).get(c.name, c.name), target=c.target_catalog,
         include_schemas=tuple(c.include_schemas) if c.include_schemas is not None else None,
         exclude_schemas=tuple(c.exclude_schemas),
         schemas={s.name: SchemaSelection(s.target_schema,
@@ -175,10 +177,41 @@ def volume_jobs(cfg: ReplicateConfig) -> list[TableJob]:
                      object_type="volume") for v in cfg.volumes]
 
 
-def plan(cfg: ReplicateConfig, discovery: Discovery) -> list[TableJob]:
-    entries = {(c.name, c.target_catalog): c for c in cfg.catalogs}
-    return plan_work(selections(cfg), discovery,
+def plan(cfg: ReplicateConfig, discovery: Discovery, read_from: Mapping[str, str] | None = None) -> list[TableJob]:
+    """Every object's jobs; ``read_from``: see :func:`selections`."""
+    entries = {((read_from or {}).get(c.name, c.name), c.target_catalog): c for c in cfg.catalogs}
+    return plan_work(selections(cfg, read_from), discovery,
                      lambda sel, schema, table: task_settings(cfg, entries[(sel.source, sel.target)], schema, table),
                      only_schemas=cfg.cli.target_schemas,
                      volume_settings_for=lambda sel, schema, src, dst: _catalog_volume(
                          cfg, entries[(sel.source, sel.target)], schema, src, dst)) + volume_jobs(cfg)
+
+
+#: Operations that copy data: a run with any of them makes (or checks) the Delta Sharing set-up first.
+DATA_OPERATIONS = ("clone", "incremental", "volume_files")
+
+
+def shared_catalogs(cfg: ReplicateConfig) -> dict[str, str]:
+    """Source catalog -> the catalog made from its share on the target (empty without delta_sharing)."""
+    ds = cfg.delta_sharing
+    return {} if ds is None else {c.name: ds.shared_catalog.format(catalog=c.name) for c in cfg.selected_catalogs()}
+
+
+def sharing_jobs(cfg: ReplicateConfig) -> list[TableJob]:
+    """One Delta Sharing set-up per selected catalog (object_type ``share``), run before the tables."""
+    ds = cfg.delta_sharing
+    if ds is None or (cfg.cli.operations and not set(cfg.cli.operations) & set(DATA_OPERATIONS)):
+        return []
+    jobs = []
+    for c in cfg.selected_catalogs():
+        share, shared = ds.share.format(catalog=c.name), ds.shared_catalog.format(catalog=c.name)
+        include = cfg.cli.target_schemas if cfg.cli.target_schemas is not None else c.include_schemas
+        base = _task_settings(cfg, cfg.resolve(c))
+        settings = replace(base, operations=("delta_sharing",), options={"delta_sharing": {
+            "source_catalog": c.name, "recipient": ds.recipient, "share": share, "shared_catalog": shared,
+            "provider": ds.provider, "mode": ds.mode, "history": ds.history,
+            "include": list(include) if include is not None else None, "exclude": list(c.exclude_schemas)}},
+            config={**base.config, "delta_sharing": ds.model_dump()})
+        jobs.append(TableJob(TableName(c.name, "*", share), TableName(shared, "*", share), settings,
+                             object_type="share"))
+    return jobs

@@ -1,0 +1,119 @@
+"""Settings of the disaster-recovery parts of ``lakemirror replicate`` that talk to Databricks
+workspaces through databricks-sdk: the two workspaces, the Delta Sharing set-up, the backup operation
+and the Unity Catalog objects replicated with their grants.
+
+::
+
+    workspaces:
+      source: {host: https://src.cloud.databricks.com, token_env: SRC_TOKEN}
+      target: {profile: dr}                   # a profile of ~/.databrickscfg; none at all: ambient auth
+    delta_sharing:
+      mode: automatic                         # existing: use (and check) a set-up made by other means
+      recipient: lakemirror_dr
+      share: "lakemirror_{catalog}"           # {catalog}: the source catalog
+      shared_catalog: "{catalog}_shared"      # created on the target from the share; clones read it
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class WorkspaceSettings(Strict):
+    """How to reach one workspace. At most one of ``token``, ``token_env`` and ``profile``; none:
+    databricks-sdk's own resolution (environment, or the job's ambient credentials)."""
+
+    host: str | None = Field(None, description="https://<workspace>; required with token or token_env.")
+    token: SecretStr | None = Field(None, description="A personal access token (prefer token_env).")
+    token_env: str | None = Field(None, description="Environment variable holding the token.")
+    profile: str | None = Field(None, description="A profile of ~/.databrickscfg.")
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^https?://[^/\s]+/?$", v.strip()):
+            raise ValueError("https://<workspace host>, without a path")
+        return v.strip().rstrip("/") if v else v
+
+    @field_validator("token_env")
+    @classmethod
+    def _env(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", v):
+            raise ValueError("an environment variable name")
+        return v
+
+    @model_validator(mode="after")
+    def _one_way(self) -> "WorkspaceSettings":
+        ways = [n for n in ("token", "token_env", "profile") if getattr(self, n) is not None]
+        if len(ways) > 1:
+            raise ValueError(f"set one of token, token_env and profile, not {' and '.join(ways)}")
+        if ways and ways[0] != "profile" and self.host is None:
+            raise ValueError(f"host is required with {ways[0]}")
+        return self
+
+    def resolved_token(self) -> str | None:
+        """The token (from ``token_env`` at run time); raises ``ValueError`` naming an unset variable."""
+        if self.token is not None:
+            return self.token.get_secret_value()
+        if self.token_env is not None:
+            value = os.environ.get(self.token_env)
+            if not value:
+                raise ValueError(f"the environment variable {self.token_env} (token_env) is not set")
+            return value
+        return None
+
+
+class WorkspacesSettings(Strict):
+    source: WorkspaceSettings = Field(default_factory=WorkspaceSettings)
+    target: WorkspaceSettings = Field(default_factory=WorkspaceSettings)
+
+
+def _template(v: str, field: str) -> str:
+    try:
+        sample = v.format(catalog="c")
+    except (KeyError, IndexError, ValueError):
+        raise ValueError(f"{field}: only {{catalog}} may be substituted") from None
+    if not _NAME.match(sample):
+        raise ValueError(f"{field}: {v!r} must give names of letters, digits, '_' and '-'")
+    return v
+
+
+class DeltaSharingSettings(Strict):
+    """Cross-metastore replication through Delta Sharing (Databricks to Databricks)."""
+
+    mode: Literal["automatic", "existing"] = Field(
+        "automatic", description="automatic: create what is missing; existing: only check, refuse what is missing.")
+    recipient: str = Field("lakemirror_dr", description="Recipient (on the source) for the target's metastore.")
+    share: str = Field("lakemirror_{catalog}", description="Share per source catalog ({catalog}: its name).")
+    shared_catalog: str = Field("{catalog}_shared", description="Catalog created on the target from the share; "
+                                                                 "replication reads the source tables there.")
+    provider: str | None = Field(None, description="Provider name on the target (default: the one whose metastore "
+                                                   "is the source's).")
+    history: bool = Field(True, description="Share schemas with history (time travel, change feed).")
+
+    @field_validator("recipient", "provider")
+    @classmethod
+    def _plain(cls, v: str | None) -> str | None:
+        if v is not None and not _NAME.match(v):
+            raise ValueError(f"{v!r}: letters, digits, '_' and '-' only")
+        return v
+
+    @field_validator("share")
+    @classmethod
+    def _share(cls, v: str) -> str:
+        return _template(v, "share")
+
+    @field_validator("shared_catalog")
+    @classmethod
+    def _catalog(cls, v: str) -> str:
+        return _template(v, "shared_catalog")
