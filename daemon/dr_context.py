@@ -60,6 +60,8 @@ def disaster_recovery_operations(context: Any, base: Operations, checkpoint_volu
     """``base`` plus the operations of disaster recovery: volume files (their manifests under
     ``<checkpoint_volume>/replicate``) and the Delta Sharing set-up (the two workspaces' clients built
     when first used)."""
+    from lakemirror.sinks.batch.backup import BackupOperations, ShareSchemas
+    from lakemirror.sinks.batch.operations import TaggedSessions
     from lakemirror.sinks.batch.sharing import DeltaSharingSetup, SharingOperations
 
     routes: dict[str, Operations] = {}
@@ -70,13 +72,15 @@ def disaster_recovery_operations(context: Any, base: Operations, checkpoint_volu
     ws = context.config.workspaces
     routes["delta_sharing"] = SharingOperations(
         lambda: DeltaSharingSetup(workspace_client(ws.source), workspace_client(ws.target)))
+    routes["backup"] = BackupOperations(TaggedSessions(context.spark))
+    routes["backup_share"] = ShareSchemas(lambda: workspace_client(ws.source))
     return ByOperation(base, routes)
 
 
 def run_in_phases(context: Any) -> RunSummary:
     """A replicate run: the Delta Sharing set-ups first (the tables are read from the shared catalogs),
     then every table and volume of the catalogs whose set-up succeeded."""
-    from lakemirror.daemon.settings.runtime_spec import sharing_jobs
+    from lakemirror.daemon.settings.runtime_spec import backup_share_jobs, sharing_jobs
 
     runner = context.batch_runner(context.operations, context.run_id, context.config.max_workers, context.progress)
     first = sharing_jobs(context.config)
@@ -93,5 +97,9 @@ def run_in_phases(context: Any) -> RunSummary:
     skipped = {shared.get(c, c) for c in failed}
     jobs = [j for j in context.plan() if j.source.catalog not in skipped]
     log.info("replicate run %s: %d objects", context.run_id, len(jobs))
-    outcomes += runner.run(jobs).outcomes
+    second = runner.run(jobs).outcomes
+    outcomes += second
+    shares = backup_share_jobs(context.config, second)  # after the backups: their schemas into the share
+    if shares:
+        outcomes += runner.run(shares).outcomes
     return RunSummary(context.run_id, tuple(outcomes))

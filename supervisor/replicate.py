@@ -43,7 +43,8 @@ log = logging.getLogger(__name__)
 OPERATION_TYPE = {"clone": "replication", "incremental": "replication", "reconcile": "reconciliation",
                   "metadata": "uc_replication", "postgres_triggered": "replication",
                   "postgres_snapshot": "replication", "volume_files": "replication",
-                  "delta_sharing": "replication", "backup": "backup", "uc_objects": "uc_replication"}
+                  "delta_sharing": "replication", "backup": "backup", "backup_share": "backup",
+                  "uc_objects": "uc_replication"}
 #: The operation that copies a volume's files; every other operation concerns a table.
 VOLUME_FILES = "volume_files"
 

@@ -43,10 +43,10 @@ from lakemirror.daemon.settings.pipeline import RuntimeSettings, read_yaml
 from lakemirror.errors import ConfigError
 from lakemirror.daemon.settings.task_options import CloneOptions, MetadataSettings, ReconcileSettings, RetrySettings
 from lakemirror.daemon.settings.volumes import VolumeEntry, VolumeFilesSettings
-from lakemirror.daemon.settings.workspaces import DeltaSharingSettings, WorkspacesSettings
+from lakemirror.daemon.settings.workspaces import BackupSettings, DeltaSharingSettings, WorkspacesSettings
 
-Operation = Literal["clone", "reconcile", "metadata", "incremental", "volume_files"]
-OPERATIONS: tuple[str, ...] = ("clone", "reconcile", "metadata", "incremental", "volume_files")
+Operation = Literal["clone", "reconcile", "metadata", "incremental", "volume_files", "backup"]
+OPERATIONS: tuple[str, ...] = ("clone", "reconcile", "metadata", "incremental", "volume_files", "backup")
 
 
 class Strict(BaseModel):
@@ -219,6 +219,8 @@ class ReplicateConfig(_Level):
     delta_sharing: DeltaSharingSettings | None = Field(None, description="Replicate across metastores through Delta "
                                                        "Sharing: set-up made or checked first, tables read from the "
                                                        "shared catalogs.")
+    backup: BackupSettings = Field(default_factory=BackupSettings, description="The backup operation's catalog and "
+                                   "share (run in the source workspace).")
     execution_log: ExecutionLogSettings | None = Field(
         None, description="Write each run's detailed log as files (JSON lines and/or text), the run id on every line.")
     volumes: list[VolumeEntry] = Field(default_factory=list, description="Directories copied by the "
@@ -332,6 +334,13 @@ def load_replicate_config(path: str | Path | None, cli: CliOverrides | None = No
                 if ident not in seen:
                     seen.add(ident)
                     problems += _problems([err], where, origin)
+    if not problems and cfg.runtime.mode != "databricks":
+        for where, c, s, t in cfg.levels():
+            if "backup" in cfg.resolve(c, s, t).operations:
+                problems.append((f"{origin}: {where}: operations",
+                                 "operation backup deep clones Streaming Tables and shares schemas in a Databricks "
+                                 "workspace: set runtime.mode: databricks (and run it in the source workspace)"))
+                break
     if cfg.checkpoint_volume is None and not problems:
         for where, c, s, t in cfg.levels():
             if "incremental" in cfg.resolve(c, s, t).operations:

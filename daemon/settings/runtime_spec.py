@@ -5,7 +5,7 @@ field; the layers below never import pydantic models."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 from lakemirror.daemon.settings.destination import PostgresDestination
 from lakemirror.daemon.settings.event_source import EventSourceSettings
@@ -18,7 +18,7 @@ from lakemirror.sources.catalog import Discovery, volume_path
 from lakemirror.supervisor.event_stream import EventStreamSpec
 from lakemirror.supervisor.pg_cycles import OPERATIONS, operation_of
 from lakemirror.supervisor.replicate import (
-    VOLUME_FILES, CatalogSelection, SchemaSelection, TableJob, TaskSettings, plan_work,
+    VOLUME_FILES, CatalogSelection, OperationOutcome, SchemaSelection, TableJob, TaskSettings, plan_work,
 )
 from lakemirror.supervisor.spec import PipelineSpec, TableOptions
 from lakemirror.supervisor.state import RestartPolicy
@@ -141,7 +141,8 @@ def _task_settings(cfg: ReplicateConfig, s: ObjectSettings) -> TaskSettings:
         max_attempts=r.max_attempts,
         backoff=RestartPolicy(r.base_delay_seconds, r.max_delay_seconds, r.multiplier, r.jitter),
         options={"clone": s.clone.model_dump(), "reconcile": s.reconcile.model_dump(),
-                 "metadata": s.metadata.model_dump(), "volume_files": s.volume_files.model_dump()},
+                 "metadata": s.metadata.model_dump(), "volume_files": s.volume_files.model_dump(),
+                 "backup": {"catalog": cfg.backup.catalog}},
         config={"runtime": cfg.runtime.model_dump(), **s.model_dump()})
 
 
@@ -194,13 +195,21 @@ DATA_OPERATIONS = ("clone", "incremental", "volume_files")
 def shared_catalogs(cfg: ReplicateConfig) -> dict[str, str]:
     """Source catalog -> the catalog made from its share on the target (empty without delta_sharing)."""
     ds = cfg.delta_sharing
-    return {} if ds is None else {c.name: ds.shared_catalog.format(catalog=c.name) for c in cfg.selected_catalogs()}
+    if ds is None or not copies_data(cfg):
+        return {}
+    return {c.name: ds.shared_catalog.format(catalog=c.name) for c in cfg.selected_catalogs()}
+
+
+def copies_data(cfg: ReplicateConfig) -> bool:
+    """Whether the run copies data (so reads the shared catalogs): ``--operation`` names none of
+    :data:`DATA_OPERATIONS` only when it leaves them all out."""
+    return not cfg.cli.operations or bool(set(cfg.cli.operations) & set(DATA_OPERATIONS))
 
 
 def sharing_jobs(cfg: ReplicateConfig) -> list[TableJob]:
     """One Delta Sharing set-up per selected catalog (object_type ``share``), run before the tables."""
     ds = cfg.delta_sharing
-    if ds is None or (cfg.cli.operations and not set(cfg.cli.operations) & set(DATA_OPERATIONS)):
+    if ds is None or not copies_data(cfg):
         return []
     jobs = []
     for c in cfg.selected_catalogs():
@@ -215,3 +224,40 @@ def sharing_jobs(cfg: ReplicateConfig) -> list[TableJob]:
         jobs.append(TableJob(TableName(c.name, "*", share), TableName(shared, "*", share), settings,
                              object_type="share"))
     return jobs
+
+
+def backup_share_of(cfg: ReplicateConfig, catalog: str) -> str:
+    """The share the backup adds schemas to, for a source catalog."""
+    template = cfg.backup.share or (cfg.delta_sharing.share if cfg.delta_sharing else "lakemirror_{catalog}")
+    return template.format(catalog=catalog)
+
+
+def backup_share_jobs(cfg: ReplicateConfig, outcomes: Sequence[OperationOutcome]) -> list[TableJob]:
+    """After the backups: per source catalog, one job adding the schemas of what was backed up (tables
+    and volumes) to the share."""
+    by_catalog: dict[str, set[str]] = {}
+    for o in outcomes:
+        if o.status != "success":
+            continue
+        if o.operation == "backup" and o.details.get("share_schema"):
+            by_catalog.setdefault(o.job.source.catalog, set()).add(str(o.details["share_schema"]))
+        elif o.job.object_type == "volume" and "backup" in _catalog_operations(cfg, o.job.source.catalog):
+            by_catalog.setdefault(o.job.source.catalog, set()).add(f"{o.job.source.catalog}.{o.job.source.schema}")
+    jobs = []
+    entries = {c.name: c for c in cfg.selected_catalogs()}
+    for catalog, schemas in sorted(by_catalog.items()):
+        entry = entries.get(catalog)
+        if entry is None:
+            continue
+        share = backup_share_of(cfg, catalog)
+        base = _task_settings(cfg, cfg.resolve(entry))
+        settings = replace(base, operations=("backup_share",), options={"backup_share": {
+            "share": share, "schemas": sorted(schemas), "history": cfg.backup.history}})
+        jobs.append(TableJob(TableName(catalog, "*", share), TableName(catalog, "*", share), settings,
+                             object_type="share"))
+    return jobs
+
+
+def _catalog_operations(cfg: ReplicateConfig, catalog: str) -> tuple[str, ...]:
+    entry = next((c for c in cfg.catalogs if c.name == catalog), None)
+    return tuple(cfg.resolve(entry).operations) if entry is not None else ()

@@ -117,3 +117,34 @@ class DeltaSharingSettings(Strict):
     @classmethod
     def _catalog(cls, v: str) -> str:
         return _template(v, "shared_catalog")
+
+
+class BackupSettings(Strict):
+    """The backup operation (run in the source workspace): Streaming Tables' backing tables deep cloned
+    into a backup catalog, and the schemas holding what is backed up added to the share."""
+
+    catalog: str = Field("{catalog}_backup", description="Catalog of the backing tables' deep clones "
+                                                         "({catalog}: the source catalog).")
+    share: str | None = Field(None, description="Share the schemas are added to (default: delta_sharing.share, "
+                                                "else lakemirror_{catalog}).")
+    history: bool = Field(True, description="Add the schemas with history (time travel, change feed).")
+    include_checkpoints: bool = Field(False, description="Refused: streaming checkpoints are not replicated.")
+
+    @field_validator("catalog")
+    @classmethod
+    def _catalog(cls, v: str) -> str:
+        return _template(v, "catalog")
+
+    @field_validator("share")
+    @classmethod
+    def _share(cls, v: str | None) -> str | None:
+        return None if v is None else _template(v, "share")
+
+    @field_validator("include_checkpoints")
+    @classmethod
+    def _checkpoints(cls, v: bool) -> bool:
+        if v:
+            from lakemirror.sources.streaming_tables import CHECKPOINT_REASON
+
+            raise ValueError(f"streaming checkpoints are not backed up: {CHECKPOINT_REASON}")
+        return v

@@ -310,3 +310,24 @@ class SharingOperations:
 
     def cancel(self, tag: str) -> None:
         pass  # SDK calls are short; the attempt ends at its next call
+
+
+def add_schemas(client: "WorkspaceClient", share: str, schemas: Sequence[str], *, history: bool = True) -> list[str]:
+    """Add the schemas (``catalog.schema``) the share lacks; the ones added (idempotent)."""
+    from databricks.sdk.service import sharing
+
+    found = _absent(f"share {share}", lambda: client.shares.get(share, include_shared_data=True))
+    if found is None:
+        raise SharingMissing(f"share {share!r} does not exist on the source workspace; configure delta_sharing "
+                             f"(mode automatic creates it) or create it")
+    present = {o.name for o in (found.objects or [])}
+    missing = [s for s in dict.fromkeys(schemas) if s not in present]
+    if missing:
+        status = (sharing.SharedDataObjectHistoryDataSharingStatus.ENABLED if history
+                  else sharing.SharedDataObjectHistoryDataSharingStatus.DISABLED)
+        updates = [sharing.SharedDataObjectUpdate(
+            action=sharing.SharedDataObjectUpdateAction.ADD, data_object=sharing.SharedDataObject(
+                name=s, data_object_type=sharing.SharedDataObjectDataObjectType.SCHEMA,
+                history_data_sharing_status=status)) for s in missing]
+        _sdk(f"share {share}: add {', '.join(missing)}", lambda: client.shares.update(share, updates=updates))
+    return missing
