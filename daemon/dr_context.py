@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from contextlib import nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ContextManager
+from typing import TYPE_CHECKING, Any, ContextManager, Sequence
 
 from lakemirror.daemon.settings.runtime_spec import REPLICATE_NAMESPACE, shared_catalogs
 from lakemirror.object_store import S3A_CONF_PREFIX, session_s3a_conf
@@ -63,6 +63,8 @@ def disaster_recovery_operations(context: Any, base: Operations, checkpoint_volu
     from lakemirror.sinks.batch.backup import BackupOperations, ShareSchemas
     from lakemirror.sinks.batch.operations import TaggedSessions
     from lakemirror.sinks.batch.sharing import DeltaSharingSetup, SharingOperations
+    from lakemirror.sinks.batch.uc_objects import UC_OPERATIONS, UcOperations, UcReplicator
+    from lakemirror.daemon.uc_phases import uc_maps
 
     routes: dict[str, Operations] = {}
     if checkpoint_volume is not None:
@@ -72,9 +74,60 @@ def disaster_recovery_operations(context: Any, base: Operations, checkpoint_volu
     ws = context.config.workspaces
     routes["delta_sharing"] = SharingOperations(
         lambda: DeltaSharingSetup(workspace_client(ws.source), workspace_client(ws.target)))
-    routes["backup"] = BackupOperations(TaggedSessions(context.spark))
+    sessions = TaggedSessions(context.spark)
+    routes["backup"] = BackupOperations(sessions)
+    uc = UcOperations(lambda: UcReplicator(workspace_client(ws.source), workspace_client(ws.target),
+                                           uc_maps(context.config)), sessions)
+    routes.update({op: uc for op in UC_OPERATIONS.values()})
     routes["backup_share"] = ShareSchemas(lambda: workspace_client(ws.source))
     return ByOperation(base, routes)
+
+
+def uc_early(context: Any) -> list[list[Any]]:
+    from lakemirror.daemon.uc_phases import early_phases, uc_catalogs
+
+    cfg = context.config
+    if not uc_catalogs(cfg):
+        return []
+    return early_phases(cfg, _Lazy(lambda: workspace_client(cfg.workspaces.source)))
+
+
+def uc_late(context: Any) -> list[list[Any]]:
+    from lakemirror.daemon.settings.runtime_spec import selections
+    from lakemirror.daemon.uc_phases import late_phases, spark_schemas, uc_catalogs
+    from lakemirror.sinks.batch.uc_views import read_views, views_from_sdk
+    from lakemirror.sinks.sql import SparkSql
+    from lakemirror.supervisor.replicate import TaskSettings, plan_work
+
+    cfg = context.config
+    if not uc_catalogs(cfg):
+        return []
+    tables: list[Any] = []
+    if "table_grants" in cfg.uc_objects.object_types:  # every selected table, whatever this run's operations
+        tables = plan_work(selections(cfg, shared_catalogs(cfg)), context.discovery,
+                           lambda *a: TaskSettings(operations=("uc_table_grants",)), only_schemas=cfg.cli.target_schemas)
+    if cfg.delta_sharing is not None:  # the source's views are in another metastore: read them through the SDK
+        from lakemirror.sinks.batch.sharing import schemas_of
+
+        source = _Lazy(lambda: workspace_client(cfg.workspaces.source))
+        return late_phases(cfg, lambda c, s: views_from_sdk(source, c, s),  # type: ignore[arg-type]
+                           lambda c: list(schemas_of(source, c.name, lambda s: True)),  # type: ignore[arg-type]
+                           tables)
+    sql = SparkSql(context.spark)
+    return late_phases(cfg, lambda c, s: read_views(sql, c, s), spark_schemas(sql), tables)
+
+
+class _Lazy:
+    """A workspace client built on first use (a run that lists nothing never connects)."""
+
+    def __init__(self, make: Any) -> None:
+        self._make = make
+        self._client: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._client is None:
+            self._client = self._make()
+        return getattr(self._client, name)
 
 
 def run_in_phases(context: Any) -> RunSummary:
@@ -95,10 +148,14 @@ def run_in_phases(context: Any) -> RunSummary:
                         "this run", context.run_id, catalog)
     shared = {src: dst for src, dst in shared_catalogs(context.config).items()}
     skipped = {shared.get(c, c) for c in failed}
+    for phase in uc_early(context):  # credentials, locations, catalogs, schemas, volumes: before the tables
+        outcomes += runner.run(phase).outcomes
     jobs = [j for j in context.plan() if j.source.catalog not in skipped]
     log.info("replicate run %s: %d objects", context.run_id, len(jobs))
     second = runner.run(jobs).outcomes
     outcomes += second
+    for phase in uc_late(context):  # views level by level, then the tables' grants
+        outcomes += runner.run(phase).outcomes
     shares = backup_share_jobs(context.config, second)  # after the backups: their schemas into the share
     if shares:
         outcomes += runner.run(shares).outcomes

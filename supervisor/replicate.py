@@ -44,9 +44,14 @@ OPERATION_TYPE = {"clone": "replication", "incremental": "replication", "reconci
                   "metadata": "uc_replication", "postgres_triggered": "replication",
                   "postgres_snapshot": "replication", "volume_files": "replication",
                   "delta_sharing": "replication", "backup": "backup", "backup_share": "backup",
-                  "uc_objects": "uc_replication"}
-#: The operation that copies a volume's files; every other operation concerns a table.
+                  **{f"uc_{kind}": "uc_replication" for kind in (
+                      "storage_credential", "external_location", "catalog", "schema", "volume", "view",
+                      "table_grants")}}
+#: The operation that copies a volume's files.
 VOLUME_FILES = "volume_files"
+#: Operations planned per catalog rather than per table (the Unity Catalog objects, in phases).
+UC_OBJECTS = "uc_objects"
+NOT_PER_TABLE = frozenset({VOLUME_FILES, UC_OBJECTS})
 
 
 @dataclass(frozen=True)
@@ -124,7 +129,7 @@ def plan_work(catalogs: Sequence[CatalogSelection], discovery: Discovery, settin
                     raise TerminalError(f"{source}: the source and the target are the same table; "
                                         f"set a different target_catalog or target_schema")
                 settings = settings_for(cat, schema, table)
-                operations = tuple(op for op in settings.operations if op != VOLUME_FILES)
+                operations = tuple(op for op in settings.operations if op not in NOT_PER_TABLE)
                 if operations:
                     jobs.append(TableJob(source, target, replace(settings, operations=operations)))
             if volume_settings_for is None or list_volumes is None:

@@ -43,10 +43,13 @@ from lakemirror.daemon.settings.pipeline import RuntimeSettings, read_yaml
 from lakemirror.errors import ConfigError
 from lakemirror.daemon.settings.task_options import CloneOptions, MetadataSettings, ReconcileSettings, RetrySettings
 from lakemirror.daemon.settings.volumes import VolumeEntry, VolumeFilesSettings
-from lakemirror.daemon.settings.workspaces import BackupSettings, DeltaSharingSettings, WorkspacesSettings
+from lakemirror.daemon.settings.workspaces import (
+    SDK_OBJECT_TYPES, BackupSettings, DeltaSharingSettings, UcObjectsSettings, WorkspacesSettings,
+)
 
-Operation = Literal["clone", "reconcile", "metadata", "incremental", "volume_files", "backup"]
-OPERATIONS: tuple[str, ...] = ("clone", "reconcile", "metadata", "incremental", "volume_files", "backup")
+Operation = Literal["clone", "reconcile", "metadata", "incremental", "volume_files", "backup", "uc_objects"]
+OPERATIONS: tuple[str, ...] = ("clone", "reconcile", "metadata", "incremental", "volume_files", "backup",
+                               "uc_objects")
 
 
 class Strict(BaseModel):
@@ -219,6 +222,8 @@ class ReplicateConfig(_Level):
     delta_sharing: DeltaSharingSettings | None = Field(None, description="Replicate across metastores through Delta "
                                                        "Sharing: set-up made or checked first, tables read from the "
                                                        "shared catalogs.")
+    uc_objects: UcObjectsSettings = Field(default_factory=UcObjectsSettings, description="The uc_objects operation: "
+                                          "Unity Catalog objects and grants.")
     backup: BackupSettings = Field(default_factory=BackupSettings, description="The backup operation's catalog and "
                                    "share (run in the source workspace).")
     execution_log: ExecutionLogSettings | None = Field(
@@ -253,6 +258,10 @@ class ReplicateConfig(_Level):
         return self
 
     # -- derived ----------------------------------------------------------------------------
+
+    def runs_uc_objects(self) -> bool:
+        """Whether some selected catalog's operations include uc_objects."""
+        return any("uc_objects" in self.resolve(c).operations for c in self.selected_catalogs())
 
     def runs_volumes(self) -> bool:
         """Whether the ``volumes`` entries are copied: always, unless ``--operation`` leaves out volume_files."""
@@ -341,6 +350,11 @@ def load_replicate_config(path: str | Path | None, cli: CliOverrides | None = No
                                  "operation backup deep clones Streaming Tables and shares schemas in a Databricks "
                                  "workspace: set runtime.mode: databricks (and run it in the source workspace)"))
                 break
+    if not problems and cfg.runtime.mode != "databricks" and cfg.runs_uc_objects():
+        sdk_kinds = [k for k in cfg.uc_objects.object_types if k in SDK_OBJECT_TYPES]
+        if sdk_kinds:
+            problems.append((f"{origin}: uc_objects.object_types", f"{', '.join(sdk_kinds)} live in Unity Catalog: "
+                             f"set runtime.mode: databricks, or keep only view outside it"))
     if cfg.checkpoint_volume is None and not problems:
         for where, c, s, t in cfg.levels():
             if "incremental" in cfg.resolve(c, s, t).operations:

@@ -261,3 +261,9 @@ def backup_share_jobs(cfg: ReplicateConfig, outcomes: Sequence[OperationOutcome]
 def _catalog_operations(cfg: ReplicateConfig, catalog: str) -> tuple[str, ...]:
     entry = next((c for c in cfg.catalogs if c.name == catalog), None)
     return tuple(cfg.resolve(entry).operations) if entry is not None else ()
+
+
+def level_task_settings(cfg: ReplicateConfig, catalog: CatalogEntry, schema: str | None = None) -> TaskSettings:
+    """The resolved settings of a catalog (or one of its schemas) as a level, for per-catalog jobs."""
+    s_entry = next((s for s in catalog.schemas if s.name == schema), None) if schema is not None else None
+    return _task_settings(cfg, cfg.resolve(catalog, s_entry))

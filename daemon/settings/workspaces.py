@@ -148,3 +148,31 @@ class BackupSettings(Strict):
 
             raise ValueError(f"streaming checkpoints are not backed up: {CHECKPOINT_REASON}")
         return v
+
+
+UC_OBJECT_TYPES = ("storage_credential", "external_location", "catalog", "schema", "volume", "view", "table_grants")
+#: The object types that live in Unity Catalog only (replicated through databricks-sdk).
+SDK_OBJECT_TYPES = ("storage_credential", "external_location", "catalog", "schema", "volume", "table_grants")
+
+
+class UcObjectsSettings(Strict):
+    """The ``uc_objects`` operation: Unity Catalog objects and their grants, names remapped."""
+
+    object_types: list[Literal["storage_credential", "external_location", "catalog", "schema", "volume", "view",
+                               "table_grants"]] = Field(
+        default_factory=lambda: list[Literal["storage_credential", "external_location", "catalog", "schema", "volume",
+                                             "view", "table_grants"]](
+            ["catalog", "schema", "volume", "view", "table_grants"]),
+        description="What to replicate (storage credentials and external locations: the ones listed below).")
+    external_locations: list[str] = Field(default_factory=list, description="External locations replicated (names); "
+                                          "their storage credentials too, when storage_credential is selected.")
+    principals: dict[str, str] = Field(default_factory=dict, description="Source principal -> target principal "
+                                       "(users, groups, service principals) for every grant.")
+    unmapped_principals: Literal["keep", "skip"] = Field("keep", description="A principal absent from principals: "
+                                                         "granted under the same name, or left out (reported).")
+    revoke_extra: bool = Field(False, description="Also revoke target privileges the source does not grant.")
+    location_urls: dict[str, str] = Field(default_factory=dict, description="Storage URL prefix map (source -> "
+                                          "target) for external locations, external volumes, storage roots.")
+    storage_credentials: dict[str, str] = Field(default_factory=dict, description="Source credential -> target "
+                                                "credential to use instead of creating one (needed for those "
+                                                "holding a secret).")

@@ -208,6 +208,7 @@ class FakeWorkspace:
             ("GET", f"{u}/storage-credentials", uc.StorageCredentialsAPI.list, self._list_credentials),
             ("GET", f"{u}/storage-credentials/(?P<name>[^/]+)", uc.StorageCredentialsAPI.get,
              self._get_credential),
+            ("POST", f"{u}/storage-credentials", uc.StorageCredentialsAPI.create, self._create_credential),
             ("GET", f"{u}/permissions/(?P<securable_type>[^/]+)/(?P<full_name>[^/]+)", uc.GrantsAPI.get,
              self._get_grants),
             ("PATCH", f"{u}/permissions/(?P<securable_type>[^/]+)/(?P<full_name>[^/]+)", uc.GrantsAPI.update,
@@ -462,6 +463,16 @@ class FakeWorkspace:
     def _get_credential(self, p: dict[str, str], b: dict[str, Any]) -> Answer:
         found = self.storage_credentials.get(p["name"])
         return (200, found) if found else _not_found(f"Storage credential '{p['name']}'")
+
+    def _create_credential(self, p: dict[str, str], b: dict[str, Any]) -> Answer:
+        if b["name"] in self.storage_credentials:
+            return _exists(f"Storage credential '{b['name']}'")
+        kinds = [k for k in ("aws_iam_role", "azure_managed_identity", "azure_service_principal",
+                             "databricks_gcp_service_account", "cloudflare_api_token") if k in b]
+        if len(kinds) != 1:
+            return 400, {"error_code": "INVALID_PARAMETER_VALUE", "message": "exactly one credential kind is required"}
+        self.storage_credentials[b["name"]] = dict(b)
+        return 200, self.storage_credentials[b["name"]]
 
     # -- grants ----------------------------------------------------------------------------------
 
