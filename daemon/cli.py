@@ -312,13 +312,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="delta: Delta tables' change feed (default); debezium: a PostgreSQL database through "
                         "Debezium and Kafka, all started on loopback by the project's scripts")
     p.set_defaults(func=cmd_demo)
-    p = sub.add_parser("replicate", help="batch clone, reconciliation or metadata sync (one shot)")
+    p = sub.add_parser("replicate", help="batch clone, reconciliation, metadata sync and disaster recovery (one shot)")
     p.add_argument("config", help="replication YAML file")
     p.add_argument("--validate-only", action="store_true", help="check the config; exit 2 listing every problem")
     p.add_argument("--target-catalog", help="only the catalog entry replicating into this catalog")
     p.add_argument("--target-schemas", metavar="A,B", help="only these schemas (replaces include_schemas)")
     p.add_argument("--uc-object-types", metavar="T,…", help="metadata object types, e.g. table_tag,column_comment")
-    p.add_argument("--operation", metavar="OP[,OP]", help="clone, incremental, reconcile and/or metadata (overrides the file)")
+    p.add_argument("--operation", metavar="OP[,OP]", help="clone, incremental, reconcile, metadata, volume_files, "
+                                                          "backup and/or uc_objects (overrides the file)")
     p.set_defaults(func=cmd_replicate)
     p = sub.add_parser("recovery-point", help="per table, the replica version showing its source as of one "
                                               "instant, the same for every table (for a consistent failover)")
