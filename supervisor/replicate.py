@@ -85,7 +85,8 @@ class CatalogSelection:
 
 @dataclass(frozen=True)
 class TableJob:
-    """One object's work: a table (its operations in order), or a volume (``volume_files``)."""
+    """One object's work: a table (its operations in order), or another object of the run (a volume's
+    ``volume_files``, a Delta Sharing set-up, a Unity Catalog object), named by ``object_type``."""
 
     source: TableName
     target: TableName
@@ -159,7 +160,8 @@ class TextProgress:
         self._lock = threading.Lock()
 
     def started(self, total: int) -> None:
-        self.total = total
+        """``total`` more operations to run (a run in phases starts one batch of them per phase)."""
+        self.total += total
         if not self.tty:
             self.stream.write(f"{total} operation{'s' if total != 1 else ''} to run\n")
             self.stream.flush()
@@ -258,7 +260,7 @@ class BatchRunner:
                 details = {"error_code": err.code, **getattr(exc, "details", {}), "trace": _trace(exc)}
                 again = retryable(exc) and attempt < s.max_attempts
                 log.warning("run %s: %s %s -> %s: attempt %d of %d failed%s: %s", self.run_id, operation, job.source,
-                            job.target, attempt, s.max_attempts, " (will retry)" if again else "", err.message)
+                            job.target, attempt, s.max_attempts, " (will retry)" if again else "", redact(err.message))
                 log.debug("run %s: %s %s: the failure's trace", self.run_id, operation, job.source, exc_info=exc)
             end = self.clock()
             status = SUCCESS if error is None else FAILED
