@@ -17,6 +17,9 @@ costs about a third of a second on two cores, in every table's turn (docs/BENCHM
 local S3 server a one-row append took a median 6.0 s by Spark against 0.12 s by delta-rs, on the
 2-core machine under other load (``scripts/measure-s3-costs.py append``). Reads stay with Spark
 either way.
+
+A table written before a column was added to :class:`~lakemirror.checkpoints.records.CheckpointRow`
+gains it with the first append (schema merge); its older rows read the column as NULL.
 """
 
 from __future__ import annotations
@@ -87,12 +90,13 @@ class DeltaCheckpointStore:
 
             assert self._delta_rs is not None
             uri, storage_options = self._delta_rs  # credentials: never logged
-            write_deltalake(uri, arrow_rows(rows), mode="append", storage_options=storage_options or None)
+            write_deltalake(uri, arrow_rows(rows), mode="append", schema_mode="merge",
+                            storage_options=storage_options or None)
             return
         if self._writer_session is None:
             self._writer_session = own_session(self.spark)
         df = self._writer_session.createDataFrame([tuple(r.as_dict().values()) for r in rows], CHECKPOINT_DDL)
-        tables.write(df, self.location, "append")
+        tables.write(df, self.location, "append", mergeSchema="true")
 
     def _has_batch(self, session: "SparkSession", row: CheckpointRow) -> bool:
         from pyspark.sql import functions as F

@@ -30,7 +30,7 @@ from lakemirror.daemon.pipelines import (FoldersOverlap, PipelineExists, Pipelin
                                          checkpoint_dir_to_delete, claim_folder, inside, release_folder)
 from lakemirror.daemon.routes import Match
 from lakemirror.daemon.worker import CommandWorker, WorkerClosed, WorkerTimeout
-from lakemirror.errors import excerpt
+from lakemirror.errors import ConfigError, excerpt
 from lakemirror.secrets import redact
 from lakemirror.sources.cdf_check import Readiness
 from lakemirror.supervisor.supervisor import Draining
@@ -157,6 +157,7 @@ class ContinuousSyncApi:
     def __init__(self, *, mode: str, registry: PipelineRegistry, worker: CommandWorker,
                  start_pipeline: Callable[[Settings], PipelineHandle],
                  cdf_check: Callable[[str, str], list[Readiness]],
+                 recovery_point: Callable[[float | None, str | None, list[str] | None], dict[str, Any]] | None = None,
                  databricks: Callable[[], DatabricksPipelines] | None = None,
                  databricks_as: Callable[[str, str], DatabricksPipelines] | None = None,
                  default_checkpoint_volume: str | None = None, daemon: Settings | None = None,
@@ -166,6 +167,7 @@ class ContinuousSyncApi:
         self.worker = worker
         self.start_pipeline = start_pipeline   # runs on the worker: builds, registers, starts
         self.cdf_check_fn = cdf_check          # runs on the worker
+        self.recovery_point_fn = recovery_point  # runs on the worker
         self.databricks_ambient = databricks   # databricks mode only; built lazily by the root
         self.databricks_as = databricks_as     # (host, token) of the request's X-Databricks-* headers
         self.default_checkpoint_volume = default_checkpoint_volume
@@ -377,3 +379,34 @@ class ContinuousSyncApi:
                                     lambda: self.cdf_check_fn(catalog, schema), self.timeout)
         return 200, {"catalog": catalog, "schema": schema, "ready": all(v.ready for v in verdicts),
                      "tables": [readiness_json(v) for v in verdicts]}
+
+    # -- recovery points --------------------------------------------------------------------------
+
+    def _recovery_point(self, m: Match, body: Any) -> Reply:
+        from lakemirror.daemon.recovery import parse_instant, parse_tables
+        from lakemirror.supervisor.recovery_point import NoRecoveryPoint
+
+        if self.recovery_point_fn is None:
+            return 404, {"error": "recovery points are not served by this endpoint"}
+        problems: list[dict[str, str]] = []
+        at: float | None = None
+        only: list[str] | None = None
+        try:
+            at = parse_instant(m.arg("at") or "", "at") if m.arg("at") is not None else None
+        except ConfigError as exc:
+            problems += [{"field": "at", "message": msg} for _, msg in exc.problems]
+        try:
+            only = parse_tables(m.arg("tables"), "tables")
+        except ConfigError as exc:
+            problems += [{"field": "tables", "message": msg} for _, msg in exc.problems]
+        anchor = m.arg("anchor")
+        if anchor is not None and (not anchor or "." in anchor or "\x00" in anchor):
+            problems.append({"field": "anchor", "message": "a table name of the pipeline (no catalog or schema)"})
+        if problems:
+            return 422, {"error": "invalid query", "problems": problems}
+        fn = self.recovery_point_fn
+        try:
+            cut = self.worker.call("recovery-point", lambda: fn(at, anchor, only), self.timeout)
+        except NoRecoveryPoint as exc:
+            return 409, {"error": str(exc), "reasons": exc.reasons}
+        return 200, cut

@@ -269,6 +269,14 @@ def cmd_replicate(args: argparse.Namespace) -> int:
     return EXIT_OK if summary.ok else EXIT_FAILED
 
 
+def cmd_recovery_point(args: argparse.Namespace) -> int:
+    """A recovery point consistent across the pipeline's tables (see lakemirror.daemon.recovery)."""
+    from lakemirror.daemon.recovery import run
+
+    return run(_load(args), at=args.at, anchor=args.anchor, tables=args.tables, pin_schema=args.pin_schema,
+               use_source=not args.source_unreachable, as_json=args.json)
+
+
 def _add_config_flags(p: argparse.ArgumentParser, required: bool = True) -> None:
     """The pipeline file, and ``--set`` (every command that reads the file may need to override it)."""
     p.add_argument("config", nargs=None if required else "?", help="pipeline YAML file")
@@ -327,14 +335,29 @@ def build_parser() -> argparse.ArgumentParser:
                    help="delta: Delta tables' change feed (default); debezium: a PostgreSQL database through "
                         "Debezium and Kafka, all started on loopback by the project's scripts")
     p.set_defaults(func=cmd_demo)
-    p = sub.add_parser("replicate", help="batch clone, reconciliation or metadata sync (one shot)")
+    p = sub.add_parser("replicate", help="batch clone, reconciliation, metadata sync and disaster recovery (one shot)")
     p.add_argument("config", help="replication YAML file")
     p.add_argument("--validate-only", action="store_true", help="check the config; exit 2 listing every problem")
     p.add_argument("--target-catalog", help="only the catalog entry replicating into this catalog")
     p.add_argument("--target-schemas", metavar="A,B", help="only these schemas (replaces include_schemas)")
     p.add_argument("--uc-object-types", metavar="T,…", help="metadata object types, e.g. table_tag,column_comment")
-    p.add_argument("--operation", metavar="OP[,OP]", help="clone, incremental, reconcile and/or metadata (overrides the file)")
+    p.add_argument("--operation", metavar="OP[,OP]", help="clone, incremental, reconcile, metadata, volume_files, "
+                                                          "backup and/or uc_objects (overrides the file)")
     p.set_defaults(func=cmd_replicate)
+    p = sub.add_parser("recovery-point", help="per table, the replica version showing its source as of one "
+                                              "instant, the same for every table (for a consistent failover)")
+    _add_config_flags(p)
+    p.add_argument("--at", metavar="TIME", help="the instant (ISO 8601, UTC if no offset, or epoch seconds); "
+                                                "default: the newest instant every replica has reached")
+    p.add_argument("--anchor", metavar="TABLE", help="only instants at which this table committed (the table "
+                                                     "each step of the writers commits last)")
+    p.add_argument("--tables", metavar="A,B", help="only these tables (default: every table with applied batches)")
+    p.add_argument("--pin-schema", metavar="SCHEMA", help="also pin the cut: a shallow clone of each replica at "
+                                                          "its version, in this schema of the replica's catalog")
+    p.add_argument("--source-unreachable", action="store_true",
+                   help="do not read the sources (they are lost): use what the replicas' side recorded")
+    p.add_argument("--json", action="store_true", help="print the recovery point as JSON instead of a table")
+    p.set_defaults(func=cmd_recovery_point)
     p = sub.add_parser("fetch-jars", help="resolve Delta's jars (and hadoop-aws for s3a://) from Maven Central into the local cache")
     p.add_argument("--dest", help="target folder (default ~/.cache/lakemirror/jars-…)")
     p.add_argument("--check", action="store_true", help="only check that the jars are cached")

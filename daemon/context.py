@@ -52,8 +52,10 @@ from lakemirror.daemon.settings.replicate import ReplicateConfig
 from lakemirror.daemon.settings.real_time import real_time_spark_conf
 from lakemirror.daemon.settings.runtime_spec import (
     REPLICATE_NAMESPACE, cycle_mode, cycle_tables, event_stream_spec, jobs_for, mode_of, pipeline_spec, plan,
-    postgres_subtasks, subtask_of,
+    postgres_subtasks, shared_catalogs, subtask_of,
 )
+from lakemirror.daemon.dr_context import disaster_recovery_operations, logged_run, run_in_phases
+from lakemirror.daemon.recovery import cut_json, recovery_points_of
 from lakemirror.daemon.spark import JavaMissing
 from lakemirror.daemon.status import status_info
 from lakemirror.daemon.worker import CommandWorker
@@ -83,6 +85,7 @@ from lakemirror.supervisor.state import RestartPolicy
 from lakemirror.supervisor.cycle_views import CycleTables
 from lakemirror.supervisor.subtasks import SubtaskRun, SubtaskService
 from lakemirror.supervisor.supervisor import Runner, Supervisor, TableView
+from lakemirror.sql_exec import run_sql
 
 if TYPE_CHECKING:
     from databricks.sdk import WorkspaceClient
@@ -174,7 +177,7 @@ class GlobalContext:
     def execution_user(self) -> str:
         """Who the audit rows name: the workspace user on Databricks, the OS user elsewhere."""
         if self.unity_catalog:
-            return str(self.spark.sql("SELECT current_user()").collect()[0][0])
+            return str(run_sql(self.spark, "SELECT current_user()").collect()[0][0])
         return getpass.getuser()
 
     def located(self, fqn: str) -> Any:
@@ -247,22 +250,21 @@ class ReplicateContext(GlobalContext):
     @cached_property
     def operations(self) -> Operations:
         ops: Operations = self.spark_operations(self.run_id)
-        if self.config.checkpoint_volume is None:
-            return ops
-        sweep = self.incremental_sweep(self.config.checkpoint_volume, REPLICATE_NAMESPACE)
-        return WithIncremental(ops, IncrementalOperations(sweep))
+        if self.config.checkpoint_volume is not None:
+            sweep = self.incremental_sweep(self.config.checkpoint_volume, REPLICATE_NAMESPACE)
+            ops = WithIncremental(ops, IncrementalOperations(sweep))
+        return disaster_recovery_operations(self, ops, self.config.checkpoint_volume)
 
     @cached_property
     def progress(self) -> Progress:
         return TextProgress(self.out)
 
     def plan(self) -> list[TableJob]:
-        return plan(self.config, self.discovery)
+        return plan(self.config, self.discovery, shared_catalogs(self.config))
 
     def run(self) -> RunSummary:
-        jobs = self.plan()
-        log.info("replicate run %s: %d tables", self.run_id, len(jobs))
-        return self.batch_runner(self.operations, self.run_id, self.config.max_workers, self.progress).run(jobs)
+        with logged_run(self.config.execution_log, self.run_id):
+            return run_in_phases(self)
 
 
 class DaemonContext(GlobalContext):
@@ -317,6 +319,11 @@ class DaemonContext(GlobalContext):
         store = DeltaCheckpointStore(self.spark, self.located(self.settings.effective_checkpoint_table))
         store.ensure()
         return store
+
+    @cached_property
+    def recovery_points(self) -> Any:
+        """Recovery points across the pipeline's tables (lakemirror.daemon.recovery)."""
+        return recovery_points_of(self)
 
     @cached_property
     def metrics(self) -> Metrics:
@@ -599,6 +606,7 @@ class DaemonContext(GlobalContext):
         return ContinuousSyncApi(
             mode=self.settings.runtime.mode, registry=self.pipelines, worker=self.worker,
             start_pipeline=self.start_pipeline, cdf_check=self.check_cdf, databricks=databricks,
+            recovery_point=lambda at, anchor, only: cut_json(self, at, anchor, only),
             databricks_as=databricks_as,
             default_checkpoint_volume=self.settings.checkpoint_volume.rstrip("/") + "/api", daemon=self.settings,
             drain_timeout_seconds=self.settings.drain_timeout_seconds)

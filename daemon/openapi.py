@@ -235,5 +235,23 @@ def document() -> dict[str, Any]:
                 "Decode each dead letter's message again and apply it under the sequence guard (it cannot "
                 "move a row backwards: a change older than the replica's row counts as stale); a letter "
                 "still refused stays pending with the new reason."))},
+            "/api/recovery-point": {"get": _op(
+                "Per table of the configured pipeline, the replica version showing its source as of one instant, "
+                "the same instant for every table (a consistent failover point).", {
+                    "200": _json({"type": "object", "properties": {
+                        "as_of": {"type": "string"}, "as_of_epoch_seconds": {"type": "number"},
+                        "valid_until": {"type": "string", "nullable": True},
+                        "tables": {"type": "array", "items": {"type": "object"}},
+                        "notes": {"type": "object"}}}, "The recovery point."),
+                    "409": _json({"type": "object"}, "No replica version of some table shows its source as of that "
+                                                     "instant; the reasons, per table."),
+                    "422": _json(_PROBLEMS, "An invalid at, anchor or tables."),
+                    "504": _json(_ERR, "The replicas' histories were not read within the API timeout.")},
+                params=[_param("at", "query", "The instant: ISO 8601 (UTC without an offset) or epoch seconds; "
+                                              "default the newest instant every replica has reached.", required=False),
+                        _param("anchor", "query", "Only instants at which this table committed.", required=False),
+                        _param("tables", "query", "Comma-separated tables (default: all with applied batches).",
+                               required=False)],
+                secured=True)},
         },
     }

@@ -14,6 +14,7 @@ from lakemirror.sources import change_feed
 from lakemirror.sources.catalog import Catalog, TableInfo, enable_change_feed_sql, table_id
 from lakemirror.sources.change_feed import SourceHead
 from lakemirror.sources.commit_log import CommitLog, commit_log_for
+from lakemirror.sql_exec import run_sql
 from lakemirror.tables import TableLocation
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ class DeltaChangeFeed:
         return self.catalog.describe(self.spark, self.name)
 
     def enable_change_feed(self) -> None:
-        self.spark.sql(enable_change_feed_sql(self.location))
+        run_sql(self.spark, enable_change_feed_sql(self.location))
 
     def head(self, since_version: int, window: int = 32) -> SourceHead:
         return change_feed.source_head(self.spark, self.location, since_version, window=window)

@@ -26,6 +26,7 @@ from lakemirror import tables
 from lakemirror.sources.chunks import Chunk, SourceFile, plan_chunks
 from lakemirror.sources.key_ranges import FileKeys, KeyRange, plan_key_ranges, range_type
 from lakemirror.tables import TableLocation
+from lakemirror.sql_exec import run_sql
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -69,13 +70,13 @@ class ChunkReads(Protocol):
 def _table_path(spark: "SparkSession", loc: TableLocation) -> str:
     if loc.path is not None:
         return loc.path
-    return str(spark.sql(f"DESCRIBE DETAIL {loc.sql}").collect()[0]["location"])
+    return str(run_sql(spark, f"DESCRIBE DETAIL {loc.sql}").collect()[0]["location"])
 
 
 def _size_now(spark: "SparkSession", loc: TableLocation) -> int:
     """The table's bytes at its latest version (``DESCRIBE DETAIL``): only decides whether planning
     is worth a scan; the plan itself is made at V."""
-    return int(spark.sql(f"DESCRIBE DETAIL {loc.sql}").collect()[0]["sizeInBytes"] or 0)
+    return int(run_sql(spark, f"DESCRIBE DETAIL {loc.sql}").collect()[0]["sizeInBytes"] or 0)
 
 
 WHOLE = Chunk(0, (), 0, None)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable
 
-from lakemirror.checkpoints.records import CheckpointRow, CheckpointStore
+from lakemirror.checkpoints.records import CheckpointRow, CheckpointStore, commit_time
 from lakemirror.checkpoints.state import TableProgress
 from lakemirror.errors import SourceReplaced
 from lakemirror.sinks.contract import BatchSink
@@ -75,7 +75,9 @@ class RowWriter:
             rows_updated=outcome.counts.updated, rows_deleted=outcome.counts.deleted,
             lag_seconds=lag_seconds, error=None, degraded=False,
             started_at=datetime.fromtimestamp(started, tz=timezone.utc),
-            ended_at=datetime.fromtimestamp(self.clock(), tz=timezone.utc))
+            ended_at=datetime.fromtimestamp(self.clock(), tz=timezone.utc),
+            first_version_at=commit_time(outcome.stats.min_commit_time),
+            last_version_at=commit_time(outcome.stats.max_commit_time))
 
     def record_event(self, error: str, progress: TableProgress, *, degraded: bool, applied_through: int | None,
                      lag_seconds: float | None, batch_id: int = -1, txn_app_id: str = "") -> None:

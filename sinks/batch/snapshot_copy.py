@@ -19,6 +19,7 @@ from lakemirror.sinks.merge.apply_choice import ReplicaFacts
 from lakemirror.sinks.merge.planner import add_columns_sql
 from lakemirror.sinks.txn import TxnId
 from lakemirror.tables import TableLocation
+from lakemirror.sql_exec import run_sql
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -54,7 +55,7 @@ def set_properties(spark: "SparkSession", target: TableLocation, properties: Map
     if not properties:
         return
     pairs = ", ".join(f"{sql_string(k)} = {sql_string(v)}" for k, v in sorted(properties.items()))
-    spark.sql(f"ALTER TABLE {target.sql} SET TBLPROPERTIES ({pairs})")
+    run_sql(spark, f"ALTER TABLE {target.sql} SET TBLPROPERTIES ({pairs})")
 
 
 def replica_columns(spark: "SparkSession", target: TableLocation) -> tuple[Column, ...]:
@@ -62,7 +63,7 @@ def replica_columns(spark: "SparkSession", target: TableLocation) -> tuple[Colum
 
 
 def replica_properties(spark: "SparkSession", target: TableLocation) -> dict[str, str]:
-    row = spark.sql(f"DESCRIBE DETAIL {target.sql}").collect()[0]
+    row = run_sql(spark, f"DESCRIBE DETAIL {target.sql}").collect()[0]
     return dict(row["properties"] or {})
 
 
@@ -71,7 +72,7 @@ def replica_facts(spark: "SparkSession", target: TableLocation) -> ReplicaFacts:
     row count, which Delta answers from file statistics)."""
     import importlib.util
 
-    detail = spark.sql(f"DESCRIBE DETAIL {target.sql}").collect()[0].asDict()
+    detail = run_sql(spark, f"DESCRIBE DETAIL {target.sql}").collect()[0].asDict()
     replica = tables.read(spark, target)
     features = detail.get("tableFeatures")
     return ReplicaFacts(size_bytes=int(detail["sizeInBytes"] or 0), rows=replica.count(),
@@ -83,7 +84,7 @@ def replica_facts(spark: "SparkSession", target: TableLocation) -> ReplicaFacts:
 
 
 def add_columns(spark: "SparkSession", target: TableLocation, added: Sequence[Column]) -> None:
-    spark.sql(add_columns_sql(target.sql, added))
+    run_sql(spark, add_columns_sql(target.sql, added))
 
 
 
@@ -134,7 +135,7 @@ def recorded_transactions(spark: "SparkSession", target: TableLocation, app_ids:
         found = {app: replica.transaction_version(app) for app in wanted}
         return {app: int(v) for app, v in found.items() if v is not None}
     out: dict[str, int] = {}
-    for row in spark.sql(f"DESCRIBE HISTORY {target.sql}").select("userMetadata").collect():
+    for row in run_sql(spark, f"DESCRIBE HISTORY {target.sql}").select("userMetadata").collect():
         meta = row["userMetadata"]
         if meta and '"lakemirror_txn"' in meta:
             tag = json.loads(meta)

@@ -28,6 +28,7 @@ from lakemirror.sources.change_event import (
 )
 from lakemirror.sources.connect_types import json_value_text
 from lakemirror.sources.event_stream import RawEvent
+from lakemirror.sql_exec import run_sql
 from lakemirror.tables import TableLocation
 
 if TYPE_CHECKING:
@@ -151,7 +152,7 @@ class DeadLetterTable:
         missing = [(n, t) for n, t in ADDED_COLUMNS if n not in have]
         if missing:
             cols = ", ".join(f"`{n}` {t}" for n, t in missing)
-            session.sql(f"ALTER TABLE {self.location.sql} ADD COLUMNS ({cols})")
+            run_sql(session, f"ALTER TABLE {self.location.sql} ADD COLUMNS ({cols})")
         self._widened = True
 
     def append(self, session: "SparkSession", letters: Sequence[DeadLetterRow], txn: TxnId, now: float) -> int:

@@ -57,6 +57,7 @@ from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.txn import TxnId, transaction
 from lakemirror.sources.change_event import DELETE, ChangeEvent, Order
 from lakemirror.tables import TableLocation
+from lakemirror.sql_exec import run_sql
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -159,7 +160,7 @@ class GuardedDeltaSink:
             new = [c for c in wanted if c.lower() not in have]
             if new and self.allow_schema_evolution:
                 cols = ", ".join(f"{quote(c)} {typed(c)}" for c in new)
-                session.sql(f"ALTER TABLE {self.replica.sql} ADD COLUMNS ({cols})")
+                run_sql(session, f"ALTER TABLE {self.replica.sql} ADD COLUMNS ({cols})")
                 log.info("%s: new columns from the events: %s", self.replica, ", ".join(new))
                 added = tuple(new)
         schema = self._schema(session, self.replica)
@@ -368,6 +369,6 @@ class GuardedDeltaSink:
         if not tables.exists(session, self.tombstones):
             return 0
         cutoff = round((self.clock() - horizon_seconds) * 1_000_000)
-        answer = session.sql(f"DELETE FROM {self.tombstones.sql} WHERE {SCOPE_COLUMN} = '{SCOPE_KEY}' "
-                             f"AND {DELETED_AT_COLUMN} < timestamp_micros({cutoff})").collect()
+        answer = run_sql(session, f"DELETE FROM {self.tombstones.sql} WHERE {SCOPE_COLUMN} = '{SCOPE_KEY}' "
+                                  f"AND {DELETED_AT_COLUMN} < timestamp_micros({cutoff})").collect()
         return int(answer[0][0]) if answer and answer[0][0] is not None else 0

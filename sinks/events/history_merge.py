@@ -57,6 +57,7 @@ from lakemirror.sinks.events.history_plan import (
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.txn import TxnId, transaction
 from lakemirror.sources.change_event import UPSERT, ChangeEvent, Order
+from lakemirror.sql_exec import run_sql
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -97,11 +98,11 @@ class HistoryDeltaSink(GuardedDeltaSink):
                 raise HistoryReplicaMismatch(
                     f"{self.replica} holds current rows (no {IS_CURRENT} column), not history: history scd2 needs a "
                     f"replica of its own: give the pipeline another destination_schema")
-            session.sql(f"ALTER TABLE {self.replica.sql} ADD COLUMNS ({VALID_FROM} TIMESTAMP, {VALID_TO} TIMESTAMP, "
-                        f"{IS_CURRENT} BOOLEAN, {END_POSITION_COLUMN} {POSITION_TYPE})")
+            run_sql(session, f"ALTER TABLE {self.replica.sql} ADD COLUMNS ({VALID_FROM} TIMESTAMP, {VALID_TO} TIMESTAMP, "
+                             f"{IS_CURRENT} BOOLEAN, {END_POSITION_COLUMN} {POSITION_TYPE})")
         stones = self._schema(session, self.tombstones)
         if stones is not None and TS_MS_COLUMN not in {f.name for f in stones.fields}:
-            session.sql(f"ALTER TABLE {self.tombstones.sql} ADD COLUMNS ({TS_MS_COLUMN} BIGINT)")
+            run_sql(session, f"ALTER TABLE {self.tombstones.sql} ADD COLUMNS ({TS_MS_COLUMN} BIGINT)")
         widened = self._schema(session, self.replica)
         assert widened is not None
         self._ensured = widened  # what ensure() answers next: the replica with its history columns

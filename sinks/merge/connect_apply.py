@@ -35,6 +35,7 @@ from lakemirror.sinks.merge.planner import (COMMIT_TIMESTAMP, COMMIT_VERSION, LA
                                       MergePlan)
 from lakemirror.sinks.txn import (STABLE_SOURCE_CONFS, BatchStats, MergeOutcome, TxnId, counts_from_metrics,
                                   scoped_confs, transaction)
+from lakemirror.sql_exec import run_sql
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -101,7 +102,7 @@ def merge_batch(job: ConnectBatchJob, batch: "DataFrame", txn: TxnId) -> MergeOu
             return MergeOutcome(stats, ApplyCounts(), replayed=False)
         # A change-feed batch is stable: the MERGE reads it in place, as the classic path's does.
         with scoped_confs(session, STABLE_SOURCE_CONFS), transaction(session, txn):
-            answer = session.sql(merge_sql(job.plan, job.target_sql, job.view)).collect()
+            answer = run_sql(session, merge_sql(job.plan, job.target_sql, job.view)).collect()
     finally:
         session.catalog.dropTempView(job.view)
     if answer:
@@ -113,16 +114,17 @@ def merge_batch(job: ConnectBatchJob, batch: "DataFrame", txn: TxnId) -> MergeOu
 
 
 def batch_stats(session: "SparkSession", view: str) -> BatchStats:
-    row = session.sql(f"SELECT count(*) AS n, min({quote(COMMIT_VERSION)}) AS lo, max({quote(COMMIT_VERSION)}) AS hi, "
-                      f"max({quote(COMMIT_TIMESTAMP)}) AS ts FROM {quote(view)}").collect()[0]
+    row = run_sql(session, f"SELECT count(*) AS n, min({quote(COMMIT_VERSION)}) AS lo, max({quote(COMMIT_VERSION)}) AS hi, "
+                           f"max({quote(COMMIT_TIMESTAMP)}) AS ts, min({quote(COMMIT_TIMESTAMP)}) AS ts0 FROM {quote(view)}").collect()[0]
     ts = row["ts"].timestamp() if row["ts"] is not None else None
-    return BatchStats(int(row["n"] or 0), row["lo"], row["hi"], ts)
+    ts0 = row["ts0"].timestamp() if row["ts0"] is not None else None
+    return BatchStats(int(row["n"] or 0), row["lo"], row["hi"], ts, ts0)
 
 
 def replayed_counts(session: "SparkSession", target_sql: str, txn: TxnId) -> ApplyCounts:
     """The counts of the earlier commit that applied ``txn`` (found by its ``userMetadata`` tag)."""
     tag = txn.tag().replace("'", "''")
-    rows = (session.sql(f"DESCRIBE HISTORY {target_sql}").where(f"userMetadata = '{tag}'")
+    rows = (run_sql(session, f"DESCRIBE HISTORY {target_sql}").where(f"userMetadata = '{tag}'")
             .select("operationMetrics").limit(1).collect())
     return counts_from_metrics(rows[0]["operationMetrics"]) if rows else ApplyCounts()
 
@@ -130,7 +132,7 @@ def replayed_counts(session: "SparkSession", target_sql: str, txn: TxnId) -> App
 def record_batch(session: "SparkSession", job: ConnectBatchJob, batch_id: int, outcome: MergeOutcome,
                  started: float) -> None:
     """Append the batch's checkpoint row, unless a replayed batch's row is already there."""
-    from lakemirror.checkpoints.records import CHECKPOINT_DDL, CheckpointRow
+    from lakemirror.checkpoints.records import CHECKPOINT_DDL, CheckpointRow, commit_time
 
     if outcome.replayed and checkpoint_has_batch(session, job, batch_id):
         return
@@ -142,9 +144,10 @@ def record_batch(session: "SparkSession", job: ConnectBatchJob, batch_id: int, o
         rows_merged=counts.total, rows_inserted=counts.inserted, rows_updated=counts.updated,
         rows_deleted=counts.deleted, lag_seconds=None, error=None, degraded=False,
         started_at=datetime.fromtimestamp(started, tz=timezone.utc),
-        ended_at=datetime.fromtimestamp(time.time(), tz=timezone.utc))
+        ended_at=datetime.fromtimestamp(time.time(), tz=timezone.utc),
+        first_version_at=commit_time(stats.min_commit_time), last_version_at=commit_time(stats.max_commit_time))
     df = session.createDataFrame([tuple(row.as_dict().values())], CHECKPOINT_DDL)
-    writer = df.write.format("delta").mode("append")
+    writer = df.write.format("delta").mode("append").option("mergeSchema", "true")
     if job.checkpoint_path:
         writer.save(job.checkpoint_path)
     else:
@@ -153,5 +156,5 @@ def record_batch(session: "SparkSession", job: ConnectBatchJob, batch_id: int, o
 
 def checkpoint_has_batch(session: "SparkSession", job: ConnectBatchJob, batch_id: int) -> bool:
     app = job.app_id.replace("'", "''")
-    return bool(session.sql(f"SELECT 1 FROM {job.checkpoint_sql} WHERE txn_app_id = '{app}' "
-                            f"AND batch_id = {int(batch_id)} AND error IS NULL LIMIT 1").collect())
+    return bool(run_sql(session, f"SELECT 1 FROM {job.checkpoint_sql} WHERE txn_app_id = '{app}' "
+                                 f"AND batch_id = {int(batch_id)} AND error IS NULL LIMIT 1").collect())

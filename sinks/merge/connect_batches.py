@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from lakemirror.sinks.merge.connect_apply import ConnectBatchJob
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.txn import BatchStats, MergeOutcome
+from lakemirror.sql_exec import run_sql
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -43,14 +44,14 @@ class ConnectBatches:
     def skip_recorded(self, spark: "SparkSession") -> None:
         """Report only batches applied from now on (a restarted daemon has reported the others)."""
         app = self.job.app_id.replace("'", "''")
-        row = spark.sql(f"SELECT max(batch_id) AS b FROM {self.job.checkpoint_sql} "
-                        f"WHERE txn_app_id = '{app}' AND error IS NULL").collect()[0]
+        row = run_sql(spark, f"SELECT max(batch_id) AS b FROM {self.job.checkpoint_sql} "
+                             f"WHERE txn_app_id = '{app}' AND error IS NULL").collect()[0]
         self.seen = -1 if row["b"] is None else int(row["b"])
 
     def new_outcomes(self, spark: "SparkSession") -> list[tuple[int, MergeOutcome, float, float]]:
         """(batch id, outcome, started, ended) of each batch applied since the last call."""
         app = self.job.app_id.replace("'", "''")
-        rows = spark.sql(
+        rows = run_sql(spark, 
             f"SELECT batch_id, rows_read, first_version, last_version, rows_inserted, rows_updated, rows_deleted, "
             f"started_at, ended_at FROM {self.job.checkpoint_sql} WHERE txn_app_id = '{app}' "
             f"AND batch_id > {int(self.seen)} AND error IS NULL ORDER BY batch_id").collect()

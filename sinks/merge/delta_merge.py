@@ -45,6 +45,7 @@ from lakemirror.sinks.txn import (STABLE_SOURCE_CONFS, WRITE_SPARK_REWRITE, Batc
                                   MergeOutcome, TxnId, counts_from_metrics, is_txn_tag, scoped_confs,
                                   transaction, txn_app_id)
 from lakemirror.tables import TableLocation
+from lakemirror.sql_exec import run_sql
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -110,7 +111,8 @@ class DeltaMergeSink:
         from pyspark.sql import functions as F
 
         return [F.count(F.lit(1)).alias("n"), F.min(COMMIT_VERSION).alias("lo"),
-                F.max(COMMIT_VERSION).alias("hi"), F.max(COMMIT_TIMESTAMP).alias("ts")]
+                F.max(COMMIT_VERSION).alias("hi"), F.max(COMMIT_TIMESTAMP).alias("ts"),
+                F.min(COMMIT_TIMESTAMP).alias("ts0")]
 
     @classmethod
     def stats(cls, batch: "DataFrame") -> BatchStats:
@@ -132,7 +134,7 @@ class DeltaMergeSink:
         view = f"lakemirror_merge_{uuid.uuid4().hex}"
         batch.createOrReplaceTempView(view)
         try:
-            return list(session.sql(merge_sql(self.plan, self.target.sql, view)).collect())
+            return list(run_sql(session, merge_sql(self.plan, self.target.sql, view)).collect())
         finally:
             session.catalog.dropTempView(view)
 
@@ -238,7 +240,8 @@ class DeltaMergeSink:
 
 def _stats_from(row: dict[str, Any]) -> BatchStats:
     ts = row["ts"].timestamp() if row.get("ts") is not None else None
-    return BatchStats(int(row.get("n") or 0), row.get("lo"), row.get("hi"), ts)
+    ts0 = row["ts0"].timestamp() if row.get("ts0") is not None else None
+    return BatchStats(int(row.get("n") or 0), row.get("lo"), row.get("hi"), ts, ts0)
 
 
 def observed_metrics(observation: Any, wait_seconds: float = 1.0, key: str = "n") -> dict[str, Any] | None:

@@ -3,6 +3,8 @@ SQL keeps the planner's winner-per-key rule and clauses."""
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import pickle
 
 from lakemirror.schema import Column
@@ -73,7 +75,8 @@ class _Session:
         from datetime import datetime
 
         self.ran.append((text, dict(self.conf.values)))
-        row = ({"n": 3, "lo": 1, "hi": 2, "ts": datetime(2026, 1, 1)} if text.startswith("SELECT count(*)") else
+        row = ({"n": 3, "lo": 1, "hi": 2, "ts": datetime(2026, 1, 1), "ts0": datetime(2025, 12, 31)}
+               if text.startswith("SELECT count(*)") else
                {"num_inserted_rows": 1, "num_updated_rows": 1, "num_deleted_rows": 0})
         return type("Answer", (), {"collect": lambda self: [type("Row", (dict,), {"asDict": dict.copy})(row)]})()
 
@@ -88,6 +91,8 @@ def test_the_server_merges_a_stable_batch_in_place_and_restores_the_sessions_con
     batch = type("Batch", (), {"sparkSession": session, "createOrReplaceTempView": lambda self, view: None})()
     outcome = merge_batch(_job(), batch, TxnId("lakemirror/p/src__s__t/e1", 7))
     assert outcome.counts.total == 2 and not outcome.replayed
+    assert (outcome.stats.min_commit_time, outcome.stats.max_commit_time) == (
+        datetime(2025, 12, 31).timestamp(), datetime(2026, 1, 1).timestamp())
     merge_confs = next(confs for text, confs in session.ran if text.startswith("MERGE INTO"))
     assert {k: merge_confs[k] for k in STABLE_SOURCE_CONFS} == STABLE_SOURCE_CONFS
     assert merge_confs[TXN_APP_ID] == "lakemirror/p/src__s__t/e1"
