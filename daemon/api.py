@@ -40,8 +40,8 @@ log = logging.getLogger(__name__)
 Reply = tuple[int, Any]
 _NAME = re.compile(r"^[^\x00-\x1f`]{1,255}$")
 
-#: The request headers of the seed's REST example that name the workspace (and its token) a
-#: pipeline is submitted to in databricks mode. The token is never logged nor echoed.
+#: The request headers that name the workspace (and its token) a pipeline is submitted to in
+#: databricks mode, as Continuous Sync's REST API takes them. The token is never logged nor echoed.
 HOST_HEADER, TOKEN_HEADER = "X-Databricks-Host", "X-Databricks-Token"
 
 
@@ -94,7 +94,7 @@ def settings_from_body(body: Any, mode: str, default_checkpoint_volume: str | No
 
     A body without ``checkpoint_volume`` gets ``default_checkpoint_volume`` (the daemon's own
     ``<checkpoint_volume>/api``, so the pipeline's folder is ``<checkpoint_volume>/api/<pipeline_id>``):
-    the seed's REST example names no folder. The YAML pipeline still has to name one.
+    a Continuous Sync REST request names no folder. The YAML pipeline still has to name one.
 
     With ``daemon`` (the daemon's own settings), the pipeline runs with the daemon's ``runtime``,
     ``http`` and ``databricks`` blocks, and outside databricks mode its ``checkpoint_volume`` must

@@ -379,9 +379,10 @@ class DrainRefusals(logging.Filter):
         return not (record.exc_info and isinstance(record.exc_info[1], Drained))
 
 
-#: Arrow's default allocator keeps the memory it frees for reuse; the driver path's Arrow batches
-#: then held the daemon's Python process at 830 MiB (4 tables) where the system allocator gives it
-#: back: 378 MiB, lag unchanged (docs/BENCHMARKS.md, "Memory"). A user's own setting wins.
+#: Arrow's default allocator keeps the memory it frees for reuse, so the driver path's Arrow batches
+#: kept the daemon's Python process at its largest batch's size; the system allocator gives freed
+#: memory back, at no cost in lag (``make bench ONLY=steady`` reports the daemon's peak resident
+#: memory). A user's own setting wins.
 ARROW_POOL_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "system"}
 
 

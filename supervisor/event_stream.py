@@ -1,6 +1,6 @@
 """One Structured Streaming query per event source, fanned out to one guarded MERGE per replica.
 
-An event source (JSON-lines files or Kafka topics carrying Debezium or the seed's simple events)
+An event source (JSON-lines files or Kafka topics carrying Debezium envelopes or simple CDC events)
 holds the changes of many tables in one stream. The runner reads it only through its
 :class:`~lakemirror.sources.event_source.EventSource` (the stream, a batch's rows as raw events, the
 decoder, the broker's offsets), which :func:`~lakemirror.sources.event_source.event_source_for`
@@ -17,7 +17,8 @@ picks from the spec. Each micro-batch:
 
 The epoch is a random id kept beside the query's checkpoint and renewed whenever the checkpoint
 starts empty: a reset checkpoint (batch ids from 0 again) gets new transaction ids instead of
-having every write skipped as a replay (CDC_SEMANTICS.md §2).
+having every write skipped as a replay (Delta skips a write whose version is not above the one
+recorded for its app id, and batch ids starting again from 0 would be below it: silent loss).
 
 :class:`EventStreamRunner` runs the query under the supervisor like a table runner (one entry per
 source, named ``events:<name>``); the per-replica counts are in :attr:`EventStreamRunner.replicas`.
