@@ -240,11 +240,12 @@ def cmd_fetch_jars(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    """The live demo: development tools (``lakemirror.tools``), imported only by this command."""
     if args.source == "debezium":
-        from lakemirror.daemon.demo_debezium import run_debezium_demo
+        from lakemirror.tools.demo_debezium import run_debezium_demo
 
         return run_debezium_demo(workdir=Path(args.workdir), duration=args.duration, http_port=args.http_port)
-    from lakemirror.daemon.demo import run_demo
+    from lakemirror.tools.demo import run_demo
 
     return run_demo(workdir=Path(args.workdir), duration=args.duration, http_port=args.http_port)
 
