@@ -86,7 +86,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _daemon_url(settings: Any) -> str | None:
     """The running daemon's endpoint, as it recorded it in its pipeline folder."""
-    endpoint = Path(settings.checkpoint_volume).expanduser() / settings.effective_pipeline_id / "daemon.json"
+    from lakemirror.checkpoints import layout
+
+    endpoint = layout.daemon_file(layout.pipeline_dir(Path(settings.checkpoint_volume).expanduser(),
+                                                      settings.effective_pipeline_id))
     try:
         url = json.loads(endpoint.read_text())["url"] if endpoint.is_file() else None
     except (OSError, ValueError, KeyError, TypeError):
@@ -97,13 +100,15 @@ def _daemon_url(settings: Any) -> str | None:
 def _control_token(settings: Any) -> str | None:
     """The bearer token for the daemon's control routes: ``http.auth_token``, else the one the running
     daemon generated (:mod:`lakemirror.daemon.http_token`); TokenUnreadable when that file is not ours."""
+    from lakemirror.checkpoints import layout
     from lakemirror.daemon import http_token
 
     if settings.http.auth_token is not None:
         return str(settings.http.auth_token.get_secret_value())
     if settings.http.auth == "none":
         return None
-    return http_token.read(Path(settings.checkpoint_volume).expanduser() / settings.effective_pipeline_id)
+    return http_token.read(layout.pipeline_dir(Path(settings.checkpoint_volume).expanduser(),
+                                               settings.effective_pipeline_id))
 
 
 def cmd_control(args: argparse.Namespace) -> int:
