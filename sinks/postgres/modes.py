@@ -29,9 +29,9 @@ CycleAction = Literal["nothing", "incremental", "snapshot"]
 
 #: The change fraction at which a triggered cycle loads a snapshot instead of applying the changes:
 #: the crossover ``make bench ONLY=postgres_modes`` finds between the two on the PostgreSQL side
-#: (docs/BENCHMARKS.md, "PostgreSQL: snapshot or incremental"). A snapshot costs about the same
-#: whatever changed, the guarded upsert grows with the changes, so only a large fraction makes the
-#: reload cheaper. Databricks advises about 10% for Lakebase; our Postgres side crosses much later.
+#: (docs/BENCHMARKS.md, "Snapshot or incremental into PostgreSQL, by change fraction"). A snapshot
+#: costs about the same whatever changed, the guarded upsert grows with the changes, so only a large
+#: fraction makes the reload cheaper. Databricks advises about 10% for Lakebase; our Postgres side crosses much later.
 #: The Spark side of a cycle (reading the changes, or the whole table) is not in that comparison.
 DEFAULT_SNAPSHOT_ABOVE = 0.64
 

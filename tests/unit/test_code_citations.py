@@ -75,6 +75,19 @@ def test_no_product_file_cites_figures_notes_or_the_seed() -> None:
     assert not found, "state the fact or the reason, point to `make bench ONLY=…`:\n" + "\n".join(found)
 
 
+def test_every_cited_benchmark_section_exists() -> None:
+    """``docs/BENCHMARKS.md, "<section>"`` in the product names a heading the report has."""
+    headings = {m.group(1).strip() for m in re.finditer(r"^#+ (.+)$", (ROOT / "docs" / "BENCHMARKS.md").read_text(),
+                                                         re.M)}
+    cited = re.compile(r"""docs/BENCHMARKS\.md, ["'](.+?)["']""")
+    missing = []
+    for path in product_files():
+        text = " ".join(chunk.strip().strip("\"'#: ") for _, chunk in prose(path.read_text(encoding="utf-8")))
+        missing += [f"{path.relative_to(ROOT)}: {m.group(1)}" for m in cited.finditer(text)
+                    if m.group(1) not in headings]
+    assert not missing, "sections of docs/BENCHMARKS.md that do not exist:\n" + "\n".join(missing)
+
+
 @pytest.mark.parametrize("line", [
     "# one apply took 1.3 s against 4.0 s for the rewrite",
     "# p99 5.32 s with 65536, 0.78 s / 2.21 s with 512",
