@@ -31,8 +31,9 @@ CycleAction = Literal["nothing", "incremental", "snapshot"]
 #: the crossover ``make bench ONLY=postgres_modes`` finds between the two on the PostgreSQL side
 #: (docs/BENCHMARKS.md, "Snapshot or incremental into PostgreSQL, by change fraction"). A snapshot
 #: costs about the same whatever changed, the guarded upsert grows with the changes, so only a large
-#: fraction makes the reload cheaper. Databricks advises about 10% for Lakebase; our Postgres side crosses much later.
-#: The Spark side of a cycle (reading the changes, or the whole table) is not in that comparison.
+#: fraction makes the reload cheaper. Databricks advises about 10% for Lakebase; our Postgres side
+#: crosses much later. The Spark side of a cycle (reading the changes, or the whole table) is not in
+#: that comparison.
 DEFAULT_SNAPSHOT_ABOVE = 0.64
 
 
