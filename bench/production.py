@@ -278,8 +278,8 @@ def render(runs: list[dict[str, Any]], p: dict[str, Any], steady_table: Any) -> 
     for r in runs:
         by_tables.setdefault(r["tables"], []).append(r)
     r0 = runs[0]
-    lines = ["## The production path: S3, Spark MERGE, side by side with the delta-rs loop", "",
-             f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(r0['measured_at']))}. Sources and replicas "
+    lines = ["## The production path: S3, Spark MERGE", "",
+             "Sources and replicas "
              "in a bucket of moto's S3 server on loopback (scripts/s3-server.sh): `s3a://` for Spark, `s3://` for "
              "delta-rs; the sources written by delta-rs with a checkpoint every 10 commits (`delta.checkpointInterval`, "
              "as Spark's and Databricks' writers leave a table; delta-rs's own default is 100). "

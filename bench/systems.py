@@ -39,7 +39,7 @@ RANK = {"delete": 1, "insert": 2, "update_postimage": 2}
 #: design before the driver path); ``rewrite_below_bytes`` 0 applies every batch by Spark's MERGE
 #: (the design before small replicas were rewritten); ``apply_workers`` 2 runs two turns at once.
 #: ``apply_workers`` 0 (one always-on query per table, the design before turns) is still a setting,
-#: no longer run: it measured behind turns (docs/BENCHMARKS.md, "What was tried and what it gained").
+#: no longer run: it measured behind turns (the history of docs/BENCHMARKS.md has the runs).
 VARIANTS: dict[str, dict[str, Any]] = {"lakemirror, Spark rewrite": {"driver_apply": False},
                                        "lakemirror, MERGE only": {"rewrite_below_bytes": 0},
                                        "lakemirror, 2 apply workers": {"apply_workers": 2}}

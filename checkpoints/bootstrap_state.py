@@ -18,6 +18,8 @@ import threading
 from pathlib import Path
 from typing import Any, Protocol
 
+from lakemirror.checkpoints import layout
+
 
 
 #: A plan as its JSON document; its ``epoch`` field says which epoch it belongs to.
@@ -86,5 +88,5 @@ def bootstrap_store_for(states: object) -> BootstrapStore:
     """The bootstrap store beside a state store: files beside a file store's state files, else in memory."""
     directory = getattr(states, "dir", None)
     if isinstance(directory, Path):
-        return FileBootstrapStore(directory.parent / "bootstrap")
+        return FileBootstrapStore(layout.bootstrap_dir(directory))
     return InMemoryBootstrapStore()

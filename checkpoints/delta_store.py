@@ -5,18 +5,18 @@ batch's MERGE, so when that MERGE was fresh (Delta did not skip it as a replay) 
 can have written the row, and it is a plain blind append: one small commit, no read. Only a
 replayed batch (a restart after a crash) asks the table whether its row is already there. This
 replaced Delta writer transaction ids on every append, which made each append reconstruct the
-table's transaction state (1.48 s a row against 0.56 s blind in `make bench` on the 2-core machine;
-docs/BENCHMARKS.md).
+table's transaction state, a Spark job of its own (``make bench ONLY=apply_cost`` times both kinds
+of append).
 
 Rows handed in at the same time by several tables' streams are written together, in one Delta
 commit (group commit, :mod:`lakemirror.checkpoints.group_commit`), on the store's own session: a
 session no batch ever sets Delta transaction confs on. A checkpoint table on the driver's own file
 system (embedded mode), or on S3 (``s3a://``, as ``s3://`` with the storage options of the
 session's s3a settings), is appended to by delta-rs instead, with no Spark job: a Spark commit
-costs about a third of a second on two cores, in every table's turn (docs/BENCHMARKS.md); on the
-local S3 server a one-row append took a median 6.0 s by Spark against 0.12 s by delta-rs, on the
-2-core machine under other load (``scripts/measure-s3-costs.py append``). Reads stay with Spark
-either way.
+plans and runs jobs whatever its size, in every table's turn, and on object storage it also reads
+the table's log through the store, where delta-rs writes the one commit file
+(``scripts/measure-s3-costs.py append`` times both on an S3 server). Reads stay with Spark either
+way.
 
 A table written before a column was added to :class:`~lakemirror.checkpoints.records.CheckpointRow`
 gains it with the first append (schema merge); its older rows read the column as NULL.

@@ -1,7 +1,7 @@
 """Checkpoint rows: one durable record per applied micro-batch.
 
-The seed's columns (pipeline_id, source_fqn, dest_fqn, last_committed_version, lag_seconds,
-rows_merged, error, degraded) plus what makes a batch auditable: the batch id and the exact
+The columns of a Continuous Sync checkpoint row in the Data Replication System for Databricks (pipeline_id,
+source_fqn, dest_fqn, last_committed_version, lag_seconds, rows_merged, error, degraded) plus what makes a batch auditable: the batch id and the exact
 source version range applied, per-operation counts, transaction id and timings.
 """
 

@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from lakemirror.daemon.settings import Settings, local_path_problem, object_storage_problem
 from lakemirror.daemon.databricks_pipelines import DatabricksNotConfigured, DatabricksPipelines
 from lakemirror.daemon.settings.pipeline import DAEMON_ONLY_KEYS, checkpoint_problem
+from lakemirror.checkpoints import layout
 from lakemirror.checkpoints.lease import LeaseHeld
 from lakemirror.daemon.pipelines import (FoldersOverlap, PipelineExists, PipelineHandle, PipelineRegistry,
                                          checkpoint_dir_to_delete, claim_folder, inside, release_folder)
@@ -40,8 +41,8 @@ log = logging.getLogger(__name__)
 Reply = tuple[int, Any]
 _NAME = re.compile(r"^[^\x00-\x1f`]{1,255}$")
 
-#: The request headers of the seed's REST example that name the workspace (and its token) a
-#: pipeline is submitted to in databricks mode. The token is never logged nor echoed.
+#: The request headers that name the workspace (and its token) a pipeline is submitted to in
+#: databricks mode, as Continuous Sync's REST API takes them. The token is never logged nor echoed.
 HOST_HEADER, TOKEN_HEADER = "X-Databricks-Host", "X-Databricks-Token"
 
 
@@ -94,7 +95,7 @@ def settings_from_body(body: Any, mode: str, default_checkpoint_volume: str | No
 
     A body without ``checkpoint_volume`` gets ``default_checkpoint_volume`` (the daemon's own
     ``<checkpoint_volume>/api``, so the pipeline's folder is ``<checkpoint_volume>/api/<pipeline_id>``):
-    the seed's REST example names no folder. The YAML pipeline still has to name one.
+    a Continuous Sync REST request names no folder. The YAML pipeline still has to name one.
 
     With ``daemon`` (the daemon's own settings), the pipeline runs with the daemon's ``runtime``,
     ``http`` and ``databricks`` blocks, and outside databricks mode its ``checkpoint_volume`` must
@@ -126,7 +127,7 @@ def settings_from_body(body: Any, mode: str, default_checkpoint_volume: str | No
         problem = local_path_problem(settings.checkpoint_volume)
         if problem is None and daemon is not None:
             root = daemon.checkpoint_volume
-            folder = Path(settings.checkpoint_volume) / settings.effective_pipeline_id
+            folder = layout.pipeline_dir(settings.checkpoint_volume, settings.effective_pipeline_id)
             if object_storage_problem("checkpoint_volume", settings.checkpoint_volume) is not None \
                     or not inside(folder, root) or inside(root, folder):
                 problem = (f"the pipeline's folder {folder} is not inside {root}, the daemon's checkpoint_volume: "
@@ -235,7 +236,7 @@ class ContinuousSyncApi:
         if self.registry.get(pid) is not None:
             return 409, {"error": f"pipeline {pid!r} already runs in this daemon (DELETE it first, or set "
                                   f"another pipeline_id)"}
-        folder = Path(parsed.checkpoint_volume).expanduser() / pid
+        folder = layout.pipeline_dir(Path(parsed.checkpoint_volume).expanduser(), pid)
         clash = self.registry.overlapping(folder)
         if clash is not None:
             return 409, {"error": str(FoldersOverlap(folder, clash.pipeline_id, clash.directory))}

@@ -86,7 +86,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _daemon_url(settings: Any) -> str | None:
     """The running daemon's endpoint, as it recorded it in its pipeline folder."""
-    endpoint = Path(settings.checkpoint_volume).expanduser() / settings.effective_pipeline_id / "daemon.json"
+    from lakemirror.checkpoints import layout
+
+    endpoint = layout.daemon_file(layout.pipeline_dir(Path(settings.checkpoint_volume).expanduser(),
+                                                      settings.effective_pipeline_id))
     try:
         url = json.loads(endpoint.read_text())["url"] if endpoint.is_file() else None
     except (OSError, ValueError, KeyError, TypeError):
@@ -97,13 +100,15 @@ def _daemon_url(settings: Any) -> str | None:
 def _control_token(settings: Any) -> str | None:
     """The bearer token for the daemon's control routes: ``http.auth_token``, else the one the running
     daemon generated (:mod:`lakemirror.daemon.http_token`); TokenUnreadable when that file is not ours."""
+    from lakemirror.checkpoints import layout
     from lakemirror.daemon import http_token
 
     if settings.http.auth_token is not None:
         return str(settings.http.auth_token.get_secret_value())
     if settings.http.auth == "none":
         return None
-    return http_token.read(Path(settings.checkpoint_volume).expanduser() / settings.effective_pipeline_id)
+    return http_token.read(layout.pipeline_dir(Path(settings.checkpoint_volume).expanduser(),
+                                               settings.effective_pipeline_id))
 
 
 def cmd_control(args: argparse.Namespace) -> int:
@@ -240,11 +245,12 @@ def cmd_fetch_jars(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    """The live demo: development tools (``lakemirror.tools``), imported only by this command."""
     if args.source == "debezium":
-        from lakemirror.daemon.demo_debezium import run_debezium_demo
+        from lakemirror.tools.demo_debezium import run_debezium_demo
 
         return run_debezium_demo(workdir=Path(args.workdir), duration=args.duration, http_port=args.http_port)
-    from lakemirror.daemon.demo import run_demo
+    from lakemirror.tools.demo import run_demo
 
     return run_demo(workdir=Path(args.workdir), duration=args.duration, http_port=args.http_port)
 
@@ -379,9 +385,10 @@ class DrainRefusals(logging.Filter):
         return not (record.exc_info and isinstance(record.exc_info[1], Drained))
 
 
-#: Arrow's default allocator keeps the memory it frees for reuse; the driver path's Arrow batches
-#: then held the daemon's Python process at 830 MiB (4 tables) where the system allocator gives it
-#: back: 378 MiB, lag unchanged (docs/BENCHMARKS.md, "Memory"). A user's own setting wins.
+#: Arrow's default allocator keeps the memory it frees for reuse, so the driver path's Arrow batches
+#: kept the daemon's Python process at its largest batch's size; the system allocator gives freed
+#: memory back, at no cost in lag (``make bench ONLY=steady`` reports the daemon's peak resident
+#: memory). A user's own setting wins.
 ARROW_POOL_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "system"}
 
 

@@ -31,6 +31,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Self, Sequence, TextIO
 
+from lakemirror.checkpoints import layout
 from lakemirror.checkpoints.audit import AuditLog, DeltaAuditLog
 from lakemirror.checkpoints.lease import LeaseLost, LeaseRecord
 from lakemirror.checkpoints.lease_store import generation_of
@@ -44,7 +45,7 @@ from lakemirror.daemon.databricks_pipelines import DatabricksPipelines
 from lakemirror.daemon.dead_letter_api import DeadLetterApi
 from lakemirror.daemon.http import ControlServer
 from lakemirror.daemon.jars import JarsMissing
-from lakemirror.daemon.lease import LEASE_DIR, pipeline_lease
+from lakemirror.daemon.lease import pipeline_lease
 from lakemirror.daemon.metrics import Metrics
 from lakemirror.daemon.pipelines import PipelineHandle, PipelineRegistry
 from lakemirror.daemon.settings import PostgresDestination, RuntimeSettings, Settings
@@ -211,7 +212,7 @@ class GlobalContext:
     def incremental_sweep(self, checkpoint_volume: str, namespace: str) -> IncrementalSweep:
         """Incremental sweeps keeping state under ``<checkpoint_volume>/<namespace>/incremental``;
         ``namespace`` is also part of their transaction ids."""
-        states = FileStateStore(Path(checkpoint_volume) / namespace / "incremental")
+        states = FileStateStore(layout.incremental_dir(checkpoint_volume, namespace))
         return IncrementalSweep(self.spark, self.catalog, states, checkpoint_volume, namespace)
 
     def batch_runner(self, operations: Operations, run_id: str, max_workers: int,
@@ -308,7 +309,7 @@ class DaemonContext(GlobalContext):
 
     @cached_property
     def pipeline_dir(self) -> Path:
-        return Path(self.settings.checkpoint_volume) / self.spec.pipeline_id
+        return layout.pipeline_dir(self.settings.checkpoint_volume, self.spec.pipeline_id)
 
     @cached_property
     def states(self) -> FileStateStore:
@@ -377,7 +378,7 @@ class DaemonContext(GlobalContext):
         recorded = lambda: {  # noqa: E731 (no Spark: shown while the JVM starts; streamed tables only)
             name: known for name, known in read_pipeline(
                 spec, locate=self.catalog.locate, states=FileStateStore(self.pipeline_dir),
-                state_dir=self.pipeline_dir / "state", checkpoint_table=checkpoint_table).items()
+                state_dir=layout.state_dir(self.pipeline_dir), checkpoint_table=checkpoint_table).items()
             if mode_of(s, name) == "continuous"}
         return Supervisor(
             runner_factory=lambda table: TableRunner(table, self.runner_context),
@@ -396,7 +397,7 @@ class DaemonContext(GlobalContext):
         if source is None:
             raise ValueError("the settings name no event source")
         stream = event_stream_spec(source, self.settings)
-        folder = Path(spec.checkpoint_root) / spec.pipeline_id / "events" / source.name
+        folder = layout.event_source_dir(layout.pipeline_dir(spec.checkpoint_root, spec.pipeline_id), source.name)
         destination = (spec.destination_catalog, spec.destination_schema)
         recorded = lambda: {RUNNER_PREFIX + source.name: recorded_entry(  # noqa: E731 (listed while the JVM starts)
             folder, source.name, source.kind, self.states.load(state_slug(source.name)).paused)}
@@ -475,7 +476,7 @@ class DaemonContext(GlobalContext):
         if not isinstance(d, PostgresDestination) or not d.cycled_modes() or self.postgres is None:
             return None
         return SparkCycles(self.spark, self.catalog, self.postgres, self.spec, self.states,
-                           FileStateStore(self.pipeline_dir / "cycles"), d.snapshot_above_fraction)
+                           FileStateStore(layout.cycles_dir(self.pipeline_dir)), d.snapshot_above_fraction)
 
     def tables_of(self, task: Any) -> Callable[[], list[str]]:
         """The tables a sub-task without its own list takes: the streamed ones, or for a cycle
@@ -608,7 +609,7 @@ class DaemonContext(GlobalContext):
             start_pipeline=self.start_pipeline, cdf_check=self.check_cdf, databricks=databricks,
             recovery_point=lambda at, anchor, only: cut_json(self, at, anchor, only),
             databricks_as=databricks_as,
-            default_checkpoint_volume=self.settings.checkpoint_volume.rstrip("/") + "/api", daemon=self.settings,
+            default_checkpoint_volume=layout.api_checkpoint_volume(self.settings.checkpoint_volume), daemon=self.settings,
             drain_timeout_seconds=self.settings.drain_timeout_seconds)
 
     @cached_property
@@ -661,14 +662,14 @@ class DaemonContext(GlobalContext):
         if self.settings.http.auth_token is None and self.http_token is not None:
             token_file = str(http_token.write(self.pipeline_dir, self.http_token))
             log.info("control API: its bearer token is in %s (readable by this user only)", token_file)
-        tmp = self.pipeline_dir / f".daemon.json.{os.getpid()}.tmp"
+        tmp = layout.daemon_file_tmp(self.pipeline_dir, os.getpid())
         tmp.write_text(json.dumps({"url": self.server.url, "pid": os.getpid(), "started_at": time.time(),
                                    "token_file": token_file, "lease": self.lease.me.token}))
-        os.replace(tmp, self.pipeline_dir / "daemon.json")
+        os.replace(tmp, layout.daemon_file(self.pipeline_dir))
 
     def remove_endpoint_file(self) -> None:
         """Remove ``daemon.json`` if it is this daemon's (never another's, whatever happened to the lease)."""
-        path = self.pipeline_dir / "daemon.json"
+        path = layout.daemon_file(self.pipeline_dir)
         try:
             mine = json.loads(path.read_text()).get("lease") == self.lease.me.token
         except (OSError, ValueError, AttributeError):
@@ -728,7 +729,7 @@ class DaemonContext(GlobalContext):
             server = self.bind()
         except BaseException:
             lease.release()
-            _remove_lease_if_released(self.pipeline_dir / LEASE_DIR, created, lease.me.token)
+            _remove_lease_if_released(layout.lease_dir(self.pipeline_dir), created, lease.me.token)
             _remove_if_empty(self.pipeline_dir, created)
             raise
         started = False
@@ -749,7 +750,7 @@ class DaemonContext(GlobalContext):
                 server.close()
                 self.remove_endpoint_file()
                 lease.release()
-                _remove_lease_if_released(self.pipeline_dir / LEASE_DIR, created, lease.me.token)
+                _remove_lease_if_released(layout.lease_dir(self.pipeline_dir), created, lease.me.token)
                 _remove_if_empty(self.pipeline_dir, created)
         try:
             while not stop.is_set() and not self.lease_lost.is_set():

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import logging
 from contextlib import nullcontext
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ContextManager, Sequence
 
-from lakemirror.daemon.settings.runtime_spec import REPLICATE_NAMESPACE, shared_catalogs
+from lakemirror.checkpoints import layout
+from lakemirror.daemon.settings.runtime_spec import shared_catalogs
 from lakemirror.object_store import S3A_CONF_PREFIX, session_s3a_conf
 from lakemirror.sinks.batch.operations import Operations
 from lakemirror.sinks.batch.routing import ByOperation
@@ -68,7 +68,7 @@ def disaster_recovery_operations(context: Any, base: Operations, checkpoint_volu
 
     routes: dict[str, Operations] = {}
     if checkpoint_volume is not None:
-        root = str(Path(checkpoint_volume) / REPLICATE_NAMESPACE)
+        root = str(layout.replicate_dir(checkpoint_volume))
         routes[VOLUME_FILES] = VolumeOperations(root, lambda: s3a_settings(context), clock=context.clock,
                                                 sleep=context.sleep)
     ws = context.config.workspaces

@@ -205,7 +205,8 @@ class ControlServer:
 
     def start(self) -> None:
         # serve_forever notices shutdown() between waits for a connection: a short wait makes
-        # close() (the daemon's drain, every test's teardown) take at most 0.05 s instead of 0.5 s.
+        # close() (the daemon's drain, every test's teardown) take at most SHUTDOWN_POLL_SECONDS,
+        # not serve_forever's default half second.
         self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": SHUTDOWN_POLL_SECONDS},
                                         name="http", daemon=True)
         self._thread.start()

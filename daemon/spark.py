@@ -72,9 +72,8 @@ def session_jars(rt: RuntimeSettings, s3a: bool | None = None) -> list[str]:
     bundle when ``s3a`` (default: when the warehouse is ``s3a://`` or a conf sets
     ``spark.hadoop.fs.s3a.*``).
 
-    Only then: the bundle is about 690 MB, and a session that loads it took 30.4 s instead of
-    22.3 s to start and run its first job (medians of 5 alternating runs each, on the 2-core
-    machine under other load; ``scripts/measure-s3-costs.py start``)."""
+    Only then: the bundle is about 690 MB, and loading it lengthens every session's start
+    (``scripts/measure-s3-costs.py start`` times a session's start with and without it)."""
     paths = jar_paths(rt.jars_dir)
     if s3a if s3a is not None else needs_s3a([rt.warehouse], rt.spark_conf):
         paths += jar_paths(rt.jars_dir, group="s3")

@@ -97,7 +97,7 @@ def pg_text(db) -> dict[int, dict[str, dict[str, str | None]]]:
 def main() -> int:
     from kafka import KafkaConsumer
 
-    from lakemirror.daemon.debezium_stack import DebeziumStack
+    from lakemirror.tools.debezium_stack import DebeziumStack
 
     folder = Path(tempfile.mkdtemp(prefix="lakemirror-edges-"))
     folder.chmod(0o755)

@@ -76,12 +76,11 @@ def table_id(spark: "SparkSession", loc: TableLocation) -> str | None:
 
     A path-based table's id comes from Delta Kernel's snapshot of its log, read in the driver, or
     else from Delta's own snapshot, brought up to date: a Spark job over the commits since the
-    last checkpoint where the writer left no checksum files, about 0.25 JVM CPU-s a batch where
-    the stream does not keep that snapshot up to date itself (the Kernel-based source does not;
-    docs/BENCHMARKS.md, "Diagnosis as it stands"). ``DESCRIBE DETAIL`` (the way for tables known by name,
-    and without a JVM) also counts the table's files, a log replay of its own: about a second
-    after each commit of a table written without checksum files (docs/BENCHMARKS.md, "What was tried
-    and what it gained").
+    last checkpoint where the writer left no checksum files, paid on every batch where the stream
+    does not keep that snapshot up to date itself (the Kernel-based source does not).
+    ``DESCRIBE DETAIL`` (the way for tables known by name, and without a JVM) also counts the
+    table's files, a log replay of its own after each commit of a table written without checksum
+    files.
     """
     if loc.path is not None:
         found = _kernel_table_id(spark, loc.path) or _logged_table_id(spark, loc.path)

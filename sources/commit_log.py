@@ -1,8 +1,8 @@
 """A lag probe that reads the source's commit files directly: no Spark job.
 
 Reading a table's history through Delta (``DeltaTable.history``) updates its snapshot, a Spark
-job per probe whenever the table has new commits: in a profiled 4-table steady run those probes
-took 36 s of Spark job time in 2 minutes (docs/BENCHMARKS.md). Lag only needs the newest version
+job per probe whenever the table has new commits, for every table at every probe interval. Lag
+only needs the newest version
 and the commit time of the oldest unapplied one. For a path-based table both come from the
 ``_delta_log`` directory itself, through Hadoop's FileSystem: whether ``<version>.json`` exists
 and when it was written (a commit file is written once, at its commit: its modification time is
@@ -85,10 +85,9 @@ class LocalCommitLog:
     """Commit files of a table on the driver's own file system, stat'ed in this process.
 
     The embedded default's lag probe and turn checks run every second per table; through py4j
-    each check was a round trip into the JVM (and a missing file a Java exception carried back):
-    8% of the daemon's Python samples (py-spy on the daemon over the steady-cost workload;
-    docs/BENCHMARKS.md, "What was tried and what it gained"). The times are Hadoop's: the file's
-    modification time in whole milliseconds.
+    each check was a round trip into the JVM (and a missing file a Java exception carried back),
+    for a question the operating system answers directly with one ``stat``. The times are
+    Hadoop's: the file's modification time in whole milliseconds.
     """
 
     def __init__(self, log_dir: Path) -> None:

@@ -1,10 +1,10 @@
-"""Debezium envelopes and the seed's simple events, decoded into the change contract.
+"""Debezium envelopes and simple CDC events, decoded into the change contract.
 
 Pure: no pyspark import. One message in, one :data:`~lakemirror.sources.change_event.Decoded` out;
 nothing here raises on bad input (a bad message is a :class:`DeadLetter` with the reason).
 
 Debezium (JSON converter, with or without an embedded ``schema``/``payload``), as Debezium 3.7
-emits it from Postgres (RUNTIME_FACTS.md, Kafka):
+emits it from Postgres through Kafka Connect's JSON converter:
 
 - ``op``: ``c`` create, ``u`` update, ``r`` snapshot read (upserts), ``d`` delete, ``t`` truncate
   (NULL key: the whole table); ``m`` (a logical-decoding message) is skipped;
@@ -13,12 +13,12 @@ emits it from Postgres (RUNTIME_FACTS.md, Kafka):
 - a null value is the tombstone Kafka needs for compaction after a delete: skipped, not applied;
 - a primary-key UPDATE arrives as ``d`` under the old key then ``c`` under the new key, with one
   lsn: two keys, each with its own change, so no rank between them is needed;
-- the position (CDC_SEMANTICS.md §5): Postgres ``source.lsn`` (an integer), then ``txId``, then the
+- the position, which orders a key's changes as the database committed them: Postgres ``source.lsn`` (an integer), then ``txId``, then the
   in-transaction order (``transaction.total_order`` when transaction metadata is on); MySQL binlog
   file index, ``pos``, ``row``; ``ts_ms`` only when the source gives neither (the basis says so);
   snapshot reads (``op: r``) are in phase :data:`SNAPSHOT`, older than any streamed change.
 
-The simple form (the seed's streaming CDC recipe): ``table_name``, ``operation``
+The simple form (the CDC event of Delta Lake's Streaming CDC Pipeline recipe): ``table_name``, ``operation``
 (INSERT/UPDATE/DELETE, also READ and TRUNCATE), ``before``/``after``/``primary_key`` as JSON strings
 (objects are accepted too), ``timestamp`` (ISO 8601, or epoch milliseconds), ``transaction_id``.
 It has no log position: it is ordered by timestamp, then by the digits of ``transaction_id``.
@@ -54,8 +54,8 @@ def _last_digits(text: str) -> str | None:
     r"""The last run of decimal digits in ``text`` (``mysql-bin.000042`` -> ``000042``), or None.
 
     A scan from the end, not ``re.search(r"(\d+)\D*$")``: that expression restarts at every digit
-    of a long run followed by a non-digit and a digit, quadratic in the run's length (a
-    20,000-digit value took 7 s of the stream's thread)."""
+    of a long run followed by a non-digit and a digit, quadratic in the run's length, so one long
+    value could hold the stream's thread for seconds."""
     end = len(text)
     while end and not text[end - 1].isdecimal():
         end -= 1
@@ -318,7 +318,7 @@ def _decode_simple_change(doc: Mapping[str, Any], table: str, key_columns: KeyCo
 
 
 def decode_simple(line: str, *, key_columns: KeyColumns | None = None) -> Decoded:
-    """Decode one event of the seed's simple form."""
+    """Decode one event of the simple form."""
     try:
         return _decode_simple(line, key_columns or {})
     except _Bad as bad:

@@ -1,8 +1,8 @@
 """A change-feed batch read on the driver by delta-rs: whole source versions, as Arrow.
 
 Spark's read of a batch and its transfer to Python cost the driver path most of a large batch's
-time (1.0 s of a 1.1M-row catch-up, against 0.11 s for delta-rs's ``load_cdf``; docs/BENCHMARKS.md).
-When the stream's offsets show that a batch holds whole versions (:mod:`lakemirror.sources.feed_range`),
+time, where delta-rs's ``load_cdf`` reads the same change data straight into Arrow (``make bench
+ONLY=catch_up`` drains a backlog of large batches). When the stream's offsets show that a batch holds whole versions (:mod:`lakemirror.sources.feed_range`),
 the same rows can be read here instead: the change data of those versions, which delta-rs reads
 from the same files as Spark (``cdc`` files, or the added and removed files of a commit without
 them).

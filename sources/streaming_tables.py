@@ -46,7 +46,7 @@ class UnsupportedObject(TerminalError):
 
 
 MATERIALIZED_VIEW = "MATERIALIZED_VIEW"
-#: Why a materialized view is not copied (the seed's "unsupported object types").
+#: Why a materialized view is not copied (an unsupported object type).
 MATERIALIZED_VIEW_REASON = ("a materialized view is the result of its query, kept by its pipeline: a copy of its "
                             "backing table would be a table no pipeline refreshes, and it cannot be shared or cloned "
                             "as a materialized view. Recreate it on the target from its definition, over the "

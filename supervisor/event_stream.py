@@ -1,6 +1,6 @@
 """One Structured Streaming query per event source, fanned out to one guarded MERGE per replica.
 
-An event source (JSON-lines files or Kafka topics carrying Debezium or the seed's simple events)
+An event source (JSON-lines files or Kafka topics carrying Debezium envelopes or simple CDC events)
 holds the changes of many tables in one stream. The runner reads it only through its
 :class:`~lakemirror.sources.event_source.EventSource` (the stream, a batch's rows as raw events, the
 decoder, the broker's offsets), which :func:`~lakemirror.sources.event_source.event_source_for`
@@ -17,7 +17,8 @@ picks from the spec. Each micro-batch:
 
 The epoch is a random id kept beside the query's checkpoint and renewed whenever the checkpoint
 starts empty: a reset checkpoint (batch ids from 0 again) gets new transaction ids instead of
-having every write skipped as a replay (CDC_SEMANTICS.md §2).
+having every write skipped as a replay (Delta skips a write whose version is not above the one
+recorded for its app id, and batch ids starting again from 0 would be below it: silent loss).
 
 :class:`EventStreamRunner` runs the query under the supervisor like a table runner (one entry per
 source, named ``events:<name>``); the per-replica counts are in :attr:`EventStreamRunner.replicas`.
@@ -35,6 +36,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
+from lakemirror.checkpoints import layout
 from lakemirror.checkpoints import stream_dir
 from lakemirror.checkpoints.state import InMemoryStateStore, StateStore
 from lakemirror.identifiers import TableName
@@ -159,8 +161,8 @@ def checkpoint_epoch(folder: Path) -> str:
     """The transaction-id epoch of the query checkpointed in ``folder / 'checkpoint'``: kept while the
     checkpoint has offsets, renewed when it starts empty (a new or reset checkpoint)."""
     folder.mkdir(parents=True, exist_ok=True)
-    marker = folder / "epoch"
-    offsets = folder / "checkpoint" / "offsets"
+    marker = layout.event_epoch_file(folder)
+    offsets = layout.event_checkpoint(folder) / "offsets"
     if marker.is_file() and offsets.is_dir() and any(p.name.isdigit() for p in offsets.iterdir()):
         return marker.read_text().strip()
     epoch = uuid.uuid4().hex[:12]
@@ -245,7 +247,7 @@ class EventStreamRunner:
     def _checkpoint(self) -> str:
         """The query's checkpoint, cleared of the partial offset and commit writes of a query stopped
         or killed while writing them (a leftover in ``offsets`` makes Spark refuse to start at batch 0)."""
-        checkpoint = str(self.folder / "checkpoint")
+        checkpoint = str(layout.event_checkpoint(self.folder))
         for path in stream_dir.remove_interrupted_writes(self.spark, checkpoint):
             log.info("%s: removed an interrupted checkpoint write: %s", self.table, path)
         return checkpoint
@@ -357,7 +359,7 @@ class EventStreamRunner:
             except Exception as exc:  # a stopping query: keep what is known
                 log.debug("%s: reading progress: %s", self.table, exc)
         if not applied and not self._applied_offsets:
-            applied = checkpoint_end_offsets(self.folder / "checkpoint")
+            applied = checkpoint_end_offsets(layout.event_checkpoint(self.folder))
         if applied:
             self._applied_offsets = {**self._applied_offsets, **applied}
         return self._applied_offsets
@@ -468,16 +470,16 @@ class EventStreamRunner:
         Refused, when a Kafka topic no longer holds events the replicas never took (retention
         removed them): a replay could not make the replicas exact. The next launch then puts the
         source in ``failed`` with :func:`resync_refusal`'s message instead of starting."""
-        checkpoint = self.folder / "checkpoint"
+        checkpoint = layout.event_checkpoint(self.folder)
         refusal = self._resync_refusal(checkpoint)
         if refusal is not None:
             log.warning("%s", refusal)
             self._resync_refused = refusal
             return
         if checkpoint.exists():
-            retired = self.folder / f"checkpoint.retired-{uuid.uuid4().hex[:8]}"
+            retired = layout.retired_event_checkpoint(self.folder, uuid.uuid4().hex[:8])
             checkpoint.rename(retired)
-        for old in self.folder.glob("checkpoint.retired-*"):
+        for old in self.folder.glob(layout.RETIRED_CHECKPOINT_PREFIX + "*"):
             shutil.rmtree(old, ignore_errors=True)
         self.applied_through = None
         self.last_lag = None

@@ -23,6 +23,7 @@ import json
 import logging
 from dataclasses import dataclass
 
+from lakemirror.checkpoints import layout
 from lakemirror.checkpoints import stream_dir
 from lakemirror.checkpoints.state import TableProgress
 from lakemirror.sinks.memory import ApplyCounts
@@ -37,9 +38,7 @@ log = logging.getLogger(__name__)
 READ_NOTHING, WRITE_NOTHING = "none", "replay-skipped"
 
 
-def stream_checkpoint(checkpoint_root: str, pipeline_id: str, table_slug: str, epoch: int) -> str:
-    """The stream checkpoint folder of a table's epoch."""
-    return f"{checkpoint_root.rstrip('/')}/{pipeline_id}/{table_slug}/e{epoch}"
+stream_checkpoint = layout.stream_checkpoint  # the stream checkpoint folder of a table's epoch
 
 
 def replica_txn_version(replica_path: str | None, app_id: str) -> int | None:

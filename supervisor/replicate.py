@@ -39,7 +39,8 @@ from lakemirror.supervisor.state import RestartPolicy
 
 log = logging.getLogger(__name__)
 
-#: The seed's operation_type for each operation.
+#: The audit log's operation_type for each operation: one of the Data Replication System for
+#: Databricks' values (backup, replication, uc_replication, reconciliation).
 OPERATION_TYPE = {"clone": "replication", "incremental": "replication", "reconcile": "reconciliation",
                   "metadata": "uc_replication", "postgres_triggered": "replication",
                   "postgres_snapshot": "replication", "volume_files": "replication",

@@ -33,8 +33,8 @@ log = logging.getLogger(__name__)
 GATE_POLL_SECONDS = 0.02
 #: The longest a turn waits for its batch to begin once Spark has committed the batch before it,
 #: while Spark has not said whether its next trigger found new data (it lists the source and plans
-#: the batch meanwhile: about 0.1 s on the driver's disk, 1-3 s for a source on object storage,
-#: whose snapshot Delta rebuilds with Spark jobs). Only a stuck trigger reaches it.
+#: the batch meanwhile: far longer for a source on object storage, whose snapshot Delta rebuilds
+#: with Spark jobs, than on the driver's disk). Only a stuck trigger reaches it.
 GATE_PLAN_TIMEOUT_SECONDS = 30.0
 #: How long a turn waits, once Spark has committed the batch before it, for Spark to start its
 #: next trigger at all (a query behind its trigger schedule starts it at once).

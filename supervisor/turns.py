@@ -1,13 +1,14 @@
 """Tables take turns on a few apply workers instead of each running an always-on query.
 
 One always-on streaming query per table lets every table start a MERGE whenever its trigger
-fires. On a small driver that is contention, not parallelism: one warm MERGE of a 100k-row table
-already keeps two cores busy (docs/BENCHMARKS.md), and 64 tables on two cores starved one another
-into minutes of lag. With turns, ``apply_workers`` threads each take the table that has waited
-longest among those with something to apply, and apply everything the table's change feed holds
-at the start of the turn (:meth:`TurnTaker.take_turn`: an always-on query's batch let through its
-gate, :mod:`lakemirror.supervisor.turn_gate`, or under Spark Connect the query run once): what
-the table accumulated while it waited is applied in one batch, so the MERGE's fixed cost is paid
+fires. On a small driver that is contention, not parallelism: one warm MERGE already runs its
+tasks on every core, so concurrent MERGEs only divide the cores between them and many tables
+starve one another (``make bench ONLY=scale`` runs 64 tables on one driver). With turns,
+``apply_workers`` threads each take the table that has waited longest among those with something
+to apply, and apply everything the table's change feed holds at the start of the turn
+(:meth:`TurnTaker.take_turn`: an always-on query's batch let through its gate,
+:mod:`lakemirror.supervisor.turn_gate`, or under Spark Connect the query run once): what the table
+accumulated while it waited is applied in one batch, so the MERGE's fixed cost is paid
 once per turn, not once per commit, and a table with nothing new costs a file-existence check
 (and an empty turn every ``IDLE_RECHECK_SECONDS``).
 
@@ -40,10 +41,9 @@ def one_batch_turn(*, rate_limited: bool, proven: bool, small_backlog: bool | No
     Both apply everything the change feed holds when the turn begins. ``availableNow`` first works
     out where to stop (one more snapshot and change listing of the source), then splits the work
     by the source's admission limits (Delta's 1,000 files a batch by default); ``once`` takes it as
-    one batch: 0.15 s less per turn of a nearly caught-up table (0.825 against 0.680 s a bare turn;
-    docs/BENCHMARKS.md, "What was tried and what it gained"). So ``once`` only where the split cannot
-    matter: a table that has run a turn since
-    its launch, has no rate limits of its own, and is known to be fewer than
+    one batch and skips that snapshot and listing, a cost paid on every turn of a nearly caught-up
+    table. So ``once`` only where the split cannot matter: a table that has run a turn since its
+    launch, has no rate limits of its own, and is known to be fewer than
     ``ONE_BATCH_VERSIONS`` versions behind; a backlog (a restart after downtime) keeps the split.
     """
     return proven and not rate_limited and small_backlog is True

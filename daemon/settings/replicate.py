@@ -1,6 +1,6 @@
 """Configuration of ``lakemirror replicate``: batch clone, reconciliation and metadata sync.
 
-Hierarchical, as the seed ("Data Replication System") describes: the settings of
+Hierarchical, as in the Data Replication System for Databricks: the settings of
 :class:`ObjectSettings` may be written at the file's top level, in a catalog entry, a schema entry
 or a table entry; each level inherits its parent's values and may override them. Mappings
 (``retry``, ``reconcile``, ``metadata``, ``clone``) merge key by key; lists replace. Command-line

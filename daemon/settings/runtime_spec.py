@@ -16,6 +16,7 @@ from lakemirror.sinks.postgres.modes import Mode
 from lakemirror.sinks.postgres.waits import ServerWait
 from lakemirror.identifiers import TableName
 from lakemirror.sources.catalog import Discovery, volume_path
+from lakemirror.checkpoints import layout
 from lakemirror.checkpoints.state import StateStore
 from lakemirror.supervisor.cycle_views import CycleTables
 from lakemirror.supervisor.event_stream import EventStreamSpec
@@ -30,7 +31,7 @@ from lakemirror.supervisor.subtasks import Subtask
 
 #: Where ``lakemirror replicate`` keeps incremental sweeps under ``checkpoint_volume`` (a daemon
 #: uses its pipeline id instead), and part of their transaction ids.
-REPLICATE_NAMESPACE = "replicate"
+REPLICATE_NAMESPACE = layout.REPLICATE_DIR
 
 
 def pipeline_spec(s: Settings) -> PipelineSpec:

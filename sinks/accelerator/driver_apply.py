@@ -7,8 +7,8 @@ join). The winning change per key is picked there (:mod:`lakemirror.sinks.accele
 one delta-rs MERGE writes them; into a replica with deletion vectors on, which delta-rs does not
 write, :mod:`lakemirror.sinks.accelerator.dv_merge` marks the changed rows deleted and appends the new ones.
 Spark's Delta writer
-costs about a second a commit on two cores, whatever the batch (docs/BENCHMARKS.md); this path
-runs no Spark job for the write.
+has a fixed cost per commit (planning, jobs, the log) whatever the batch; this path runs no Spark
+job for the write (``make bench ONLY=apply_cost`` times both).
 
 Exactly-once rests on the same Delta transaction id as Spark's paths: the commit carries a ``txn``
 action (app id, batch id) and the batch's tag as ``userMetadata``, so Spark's MERGE (when the
@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 ChangeReader = Callable[[Sequence[str], int], "pa.Table | None"]
 
 #: The memory delta-rs's MERGE may hold before it spills to disk (DataFusion's pool; its default has no
-#: bound). A MERGE into a 10M-row replica took about 260 MiB (docs/BENCHMARKS.md, "Diagnosis as it stands").
+#: bound, so one large batch could take the driver's memory).
 DRIVER_MERGE_MEMORY_BYTES = 1024 * 1024 * 1024
 
 #: How many of the replica's newest commits are searched for a replayed batch's tag before all.

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, Mapping
 
 from lakemirror import tables
+from lakemirror.checkpoints import layout
 from lakemirror.checkpoints.bootstrap_state import BootstrapStore
 from lakemirror.errors import PinnedVersionAged
 from lakemirror.sinks.batch import snapshot_copy
@@ -315,7 +316,7 @@ class ChunkedCopy:
         log.info("table %s: bootstrapping from source version %d (epoch %d)", self.label, version, epoch)
         job = BootstrapJob(self.spark, self.label, self.slug, self.source, self.replica, plan, epoch, version,
                            txn_app_id(self.pipeline_id, self.slug, epoch),
-                           f"{self.checkpoint_root.rstrip('/')}/{self.pipeline_id}/{self.slug}/e{epoch}-touched",
+                           layout.touched_keys_table(self.checkpoint_root, self.pipeline_id, self.slug, epoch),
                            source_properties)
         self._running = ChunkedBootstrap(job, policy=self.policy, store=self.store, slots=self.slots,
                                          clock=self.clock, fault=self.fault, on_progress=self.on_progress,

@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
+from lakemirror.checkpoints import layout
 from lakemirror.checkpoints.file_manifest import Manifest, ManifestEntry
 from lakemirror.errors import TransientError
 from lakemirror.file_store import FileInfo, FileStore, digest
@@ -363,11 +364,9 @@ class VolumeOperations:
         self._lock = threading.Lock()
 
     def manifest_of(self, job: Any) -> Manifest:
-        from pathlib import Path
-
         from lakemirror.checkpoints.file_manifest import FileManifest
 
-        return FileManifest(Path(self.manifest_root) / "volumes" / job.target.slug)
+        return FileManifest(layout.volume_manifest_dir(self.manifest_root, job.target.slug))
 
     def run(self, operation: str, job: Any, tag: str) -> Mapping[str, Any]:
         opts = dict(job.settings.options.get("volume_files", {}))

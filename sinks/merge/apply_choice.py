@@ -8,8 +8,7 @@ the chooser decides; the executors are :mod:`lakemirror.sinks.merge.delta_merge`
 A Delta MERGE makes two passes over the replica: one join finds the files that hold a changed key,
 a second join rewrites those files. On a small replica with changes spread over its keys every
 file holds one, so both passes read all of it. A rewrite reads it once and replaces it in one
-commit. ``make bench`` (apply cost) measured 1.56 s against 2.05 s per warm batch on a 100k-row
-replica (docs/BENCHMARKS.md).
+commit, which is why small replicas are rewritten (``make bench ONLY=apply_cost`` times both paths).
 
 A rewrite is chosen only when it gives the same replica and history a reader can rely on:
 
@@ -26,14 +25,14 @@ A rewrite is chosen only when it gives the same replica and history a reader can
 A replica on the driver's own file system is applied on the driver (``driver_apply``, on by
 default): the batch is planned by the table's Structured Streaming query (and read by delta-rs
 when it holds whole source versions), and its winning changes reach the replica through one
-delta-rs MERGE under the same Delta transaction id, with no Spark job for the write. A warm turn of
-a 100k-row table took 1.3 s against 4.0 s for the rewrite (a throwaway A/B; ``make bench ONLY=apply_cost``: 0.22 s
-against 1.35 s an apply):
-Spark's Delta writer costs about a second a commit on two cores whatever the batch. delta-rs's
-MERGE streams the replica, so the driver path takes replicas up to ``driver_apply_below_bytes``
-(4 GiB by default), past ``rewrite_below_bytes``: a 1% change into a 10M-row replica cost 0.46
-times a Spark overwrite's CPU, against 1.76 times for Spark's MERGE (``make bench ONLY=steady_cost``). A large
-replica delta-rs refuses goes to Spark's MERGE, a small one to the rewrite. A replica with
+delta-rs MERGE under the same Delta transaction id, with no Spark job for the write. Spark's Delta
+writer has a fixed cost per commit (planning, jobs, the commit itself) whatever the batch, which
+dominates a small batch; the driver path has none of it (``make bench ONLY=apply_cost`` times each
+path). delta-rs's MERGE streams the replica, so the driver path takes replicas up to
+``driver_apply_below_bytes`` (4 GiB by default), past ``rewrite_below_bytes``: it rewrites only the
+files holding a changed key, where Spark's MERGE also pays its two joins
+(``make bench ONLY=steady_cost`` compares a cycle's CPU with a full refresh's). A large replica
+delta-rs refuses goes to Spark's MERGE, a small one to the rewrite. A replica with
 deletion vectors on (which delta-rs does not write) is taken by :mod:`lakemirror.sinks.accelerator.dv_merge`
 instead, which marks changed rows deleted in place; it falls back to Spark's MERGE. On top of the
 rewrite's conditions (but its size) the driver path needs:
@@ -73,8 +72,8 @@ DRIVER_BATCH_MAX_ROWS = 5_000_000
 REWRITE_FILE_BYTES = 16 * 1024 * 1024
 DEFAULT_REWRITE_BELOW_BYTES = 64 * 1024 * 1024
 #: Replicas up to this size (on disk) are MERGEd on the driver when it can take them, whatever
-#: ``rewrite_below_bytes``: delta-rs's MERGE streams the replica (a 10M-row, 131 MB replica peaked at
-#: about 260 MiB more resident memory), and its memory is bounded by :data:`DRIVER_MERGE_MEMORY_BYTES`.
+#: ``rewrite_below_bytes``: delta-rs's MERGE streams the replica rather than loading it whole, and its
+#: memory is bounded by :data:`DRIVER_MERGE_MEMORY_BYTES`.
 DEFAULT_DRIVER_APPLY_BELOW_BYTES = 4 * 1024 * 1024 * 1024
 CDF_PROPERTY = "delta.enableChangeDataFeed"
 DELETION_VECTORS_PROPERTY = "delta.enableDeletionVectors"

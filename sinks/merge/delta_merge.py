@@ -22,7 +22,8 @@ A change-feed micro-batch is *stable*: it reads immutable files at fixed version
 twice gives the same rows. For such a batch (``stable_source=True``) the MERGE reads it directly
 (Delta does not copy it first), its statistics are observed while the MERGE runs instead of by an
 action of their own, and adaptive execution is off for the MERGE (on two partitions it only
-splits the MERGE into more jobs). ``make bench`` measures the difference; docs/BENCHMARKS.md.
+splits the MERGE into more jobs). ``make bench ONLY=apply_cost`` times a stable batch against a
+materialized one.
 """
 
 from __future__ import annotations
@@ -130,7 +131,9 @@ class DeltaMergeSink:
         SQL text over a temp view of the batch (:func:`~lakemirror.sinks.merge.connect_apply.merge_sql`,
         the plan's own clauses), not Delta's ``DeltaTable`` API: the same statement runs in a
         session with its own JVM and over Spark Connect, where ``DeltaTable`` needs Delta's Connect
-        plugin (RUNTIME_FACTS.md). Both plan the same ``MergeIntoCommand``."""
+        server plugin (``delta-connect-server``, which Maven Central does not serve for Spark 4.2,
+        so a server without it fails ``DeltaTable`` actions with
+        ``CONNECT_INVALID_PLAN.NO_HANDLER_FOR_EXTENSION``). Both plan the same ``MergeIntoCommand``."""
         view = f"lakemirror_merge_{uuid.uuid4().hex}"
         batch.createOrReplaceTempView(view)
         try:

@@ -1,6 +1,6 @@
-"""The installed package is the tree: every product folder with an ``__init__.py`` is listed in
-pyproject.toml (so ``pip install .`` and the image carry it, not only an editable install), each
-maps to its own folder, and the image copies every top-level product folder."""
+"""The installed package is the tree: every installed folder with an ``__init__.py`` (the product's
+layers and ``tools/``) is listed in pyproject.toml (so ``pip install .`` and the image carry it, not
+only an editable install), each maps to its own folder, and the image copies every top-level one."""
 
 from __future__ import annotations
 
@@ -12,6 +12,10 @@ from tests.unit.test_dockerfile import STAGES
 ROOT = Path(__file__).resolve().parents[2]
 #: The top-level folders that install as ``lakemirror.<name>`` (``lakemirror`` itself is the root).
 PRODUCT_FOLDERS = ("lakemirror", "daemon", "supervisor", "sources", "sinks", "checkpoints")
+#: Installed beside the product as ``lakemirror.tools`` (the demos, the local Debezium stack), never
+#: imported by it (tests/unit/test_layering.py).
+TOOL_FOLDERS = ("tools",)
+INSTALLED_FOLDERS = PRODUCT_FOLDERS + TOOL_FOLDERS
 
 
 def package_name(root: Path, folder: Path) -> str:
@@ -21,7 +25,7 @@ def package_name(root: Path, folder: Path) -> str:
 
 def packages_in_tree(root: Path = ROOT) -> dict[str, Path]:
     found = {}
-    for top in PRODUCT_FOLDERS:
+    for top in INSTALLED_FOLDERS:
         for init in (root / top).rglob("__init__.py"):
             found[package_name(root, init.parent)] = init.parent
     return found
@@ -45,10 +49,12 @@ def test_every_listed_package_maps_to_its_own_folder() -> None:
         assert (ROOT / mapping[name]).resolve() == folder.resolve(), f"{name} maps to {mapping[name]}"
 
 
-def test_the_image_copies_every_product_folder() -> None:
+def test_the_image_copies_every_installed_folder() -> None:
+    """``pip install .`` in the image builds pyproject.toml's package list: a folder it lists and the
+    build does not copy fails the build, one it does not list is missing from the image."""
     build = STAGES[0]
     copied = {ins.args.split()[0].rstrip("/") for ins in build if ins.keyword == "COPY" and "--from" not in ins.args}
-    assert sorted(set(PRODUCT_FOLDERS) - copied) == [], "folders the image build does not copy"
+    assert sorted(set(INSTALLED_FOLDERS) - copied) == [], "folders the image build does not copy"
 
 
 def test_a_new_sub_package_would_be_caught(tmp_path: Path) -> None:
