@@ -78,9 +78,9 @@ def next_capture(policy: BootstrapPolicy, *, now: float, window_seconds: float, 
 def needed_window_seconds(policy: BootstrapPolicy, oldest_age_seconds: float) -> float:
     """The change window a bootstrap needs when changes have been up to ``oldest_age_seconds`` old
     by the time their capture began: ``safety_factor`` times that, rounded up to what a person
-    would write (10 s steps up to two minutes, whole minutes above)."""
+    would write (10 s steps up to two minutes, whole minutes up to two hours, whole hours above)."""
     need = policy.safety_factor * max(0.0, oldest_age_seconds)
-    step = 10.0 if need <= 120 else 60.0
+    step = 10.0 if need <= 120 else 60.0 if need <= 7200 else 3600.0
     return max(step, math.ceil(need / step) * step)
 
 
@@ -95,11 +95,16 @@ def copy_budget_used(policy: BootstrapPolicy, *, now: float, since: float) -> bo
     return policy.chunk_budget_seconds is not None and now - since >= policy.chunk_budget_seconds
 
 
+def duration_text(seconds: float) -> str:
+    """``90 seconds``, ``3 minutes``, ``5 hours``: a duration in its largest whole unit."""
+    whole = int(math.ceil(seconds))
+    for unit, size in (("hour", 3600), ("minute", 60)):
+        if whole and whole % size == 0:
+            n = whole // size
+            return f"{n} {unit}{'' if n == 1 else 's'}"
+    return f"{whole} second{'' if whole == 1 else 's'}"
+
+
 def interval_text(seconds: float) -> str:
     """A Delta interval for a table property (``interval 2 minutes``)."""
-    whole = int(math.ceil(seconds))
-    if whole % 3600 == 0:
-        return f"interval {whole // 3600} hours"
-    if whole % 60 == 0:
-        return f"interval {whole // 60} minutes"
-    return f"interval {whole} seconds"
+    return f"interval {duration_text(seconds)}"

@@ -31,8 +31,8 @@ from lakemirror import tables
 from lakemirror.errors import BootstrapCannotConverge, ChangeWindowExpired
 from lakemirror.sinks.batch import snapshot_copy
 from lakemirror.sinks.batch.bootstrap_plan import BootstrapPolicy, CaptureRound, PlanKeeper
-from lakemirror.sinks.batch.capture_policy import (interval_text, needed_window_seconds, next_capture,
-                                                   poll_seconds, window_at_risk)
+from lakemirror.sinks.batch.capture_policy import (duration_text, interval_text, needed_window_seconds,
+                                                   next_capture, poll_seconds, window_at_risk)
 from lakemirror.sinks.merge.planner import CDF_COLUMNS, MergePlan
 from lakemirror.sinks.txn import TxnId
 from lakemirror.sources.commit_log import HeadReader
@@ -75,8 +75,8 @@ class ChangeCapture:
     # -- lifecycle --------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Open the session, redo the rounds a crash left unfinished, then start capturing."""
-        self._session = tables.own_session(self.spark)
+        """Redo the rounds a crash left unfinished, then start capturing. The session of its own is
+        made when first needed: a bootstrap that ends before the window asks for a capture makes none."""
         self.redo_unfinished()
         self._thread = threading.Thread(target=self._loop, name=f"capture:{self.name}", daemon=True)
         self._thread.start()
@@ -96,19 +96,24 @@ class ChangeCapture:
 
     def close(self) -> None:
         self.stop()
-        if self._session is not None:
-            tables.release_session(self._session, self.spark)
-            self._session = None
+        with self._lock:
+            session, self._session = self._session, None
+        if session is not None:
+            tables.release_session(session, self.spark)
 
     def _heads(self) -> HeadReader:
-        """The source's head reader (used under the capture lock)."""
+        """The source's head reader (used under the capture lock): its commit files, read by this
+        process where it can; else its history, through the bootstrap's session."""
         if self._head_reader is None:
-            self._head_reader = HeadReader(self.session, self.source)
+            self._head_reader = HeadReader(self.spark, self.source)
         return self._head_reader
 
     @property
     def session(self) -> "SparkSession":
-        return self._session if self._session is not None else self.spark
+        """The capture's own session (used under the capture lock)."""
+        if self._session is None:
+            self._session = tables.own_session(self.spark)
+        return self._session
 
     # -- capturing ----------------------------------------------------------------------------------
 
@@ -204,9 +209,10 @@ class ChangeCapture:
             return
         self._warned = True
         need = needed_window_seconds(self.policy, self._oldest_age)
-        self.note = (f"the source's change window ({self.window.seconds:.0f}s, {self.window.limiting_property}) is "
-                     f"at risk: changes waited up to {self._oldest_age:.0f}s for their capture; this bootstrap is "
-                     f"safe with a window of at least {need:.0f}s ({self._advice(need)})")
+        self.note = (f"the source's change window ({duration_text(self.window.seconds)}, "
+                     f"{self.window.limiting_property}) is at risk: changes waited up to {self._oldest_age:.0f}s for "
+                     f"their capture; this bootstrap is safe with a window of at least {duration_text(need)} "
+                     f"({self._advice(need)})")
         log.warning("table %s: bootstrap: %s", self.name, self.note)
 
     def _advice(self, need: float) -> str:
@@ -219,11 +225,11 @@ class ChangeCapture:
         if not self._seen_open:
             return ChangeWindowExpired(
                 f"{self.name}: change window expired: the source's change feed from version {version}{aged} is "
-                f"older than its retention ({self.window.seconds:.0f}s, {self.window.limiting_property}); it "
-                f"closed while this bootstrap was stopped", table=self.name)
+                f"older than its retention ({duration_text(self.window.seconds)}, {self.window.limiting_property}); "
+                f"it closed while this bootstrap was stopped", table=self.name)
         need = needed_window_seconds(self.policy, max(self._oldest_age, age or 0.0, self.window.seconds))
         return BootstrapCannotConverge(
             f"{self.name}: the bootstrap cannot keep up with the source's change window: Delta refused the change "
-            f"feed from version {version}{aged} because the source keeps it for only {self.window.seconds:.0f}s "
-            f"({self.window.limiting_property}). This bootstrap needs a change window of at least {need:.0f}s: "
-            f"{self._advice(need)}.", table=self.name)
+            f"feed from version {version}{aged} because the source keeps it for only "
+            f"{duration_text(self.window.seconds)} ({self.window.limiting_property}). This bootstrap needs a change "
+            f"window of at least {duration_text(need)}: {self._advice(need)}.", table=self.name)

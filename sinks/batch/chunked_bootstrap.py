@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, Mapping
 
 from lakemirror import tables
@@ -214,10 +214,8 @@ class ChunkedBootstrap:
                    if n not in plan.reads or plan.reads[n].rows is None}
         if unknown:
             rows = snapshot_copy.committed_rows(self.job.spark, self.job.replica, set(unknown.values()))
-            for n, tag in unknown.items():
-                if tag in rows:
-                    read = ChunkRead(plan.floor(n), rows[tag])
-                    self.keeper.update(lambda p, n=n, read=read: p.with_read(n, read))  # type: ignore[misc]
+            known = {n: ChunkRead(plan.floor(n), rows[tag]) for n, tag in unknown.items() if tag in rows}
+            self.keeper.update(lambda p: replace(p, reads={**p.reads, **known}))
         return done
 
     # -- copying ---------------------------------------------------------------------------------

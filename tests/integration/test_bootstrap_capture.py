@@ -93,7 +93,8 @@ def test_a_bootstrap_the_window_outruns_fails_once_saying_the_retention_it_needs
 
     def inside_the_first_chunk() -> None:
         p.sql("late", "UPDATE {t} SET v = 'u' WHERE id = 3")
-        age_commits(p, "late", 2 * 3600)
+        age_commits(p, "late", 2 * 3600)  # past the window ...
+        p.sql("late", "INSERT INTO {t} VALUES (100, 'new')")  # ... and no longer the latest: refused
 
     faults = with_faults(p)
     faults.at("bootstrap_inside_chunk", 1, inside_the_first_chunk)

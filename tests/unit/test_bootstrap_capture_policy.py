@@ -15,7 +15,7 @@ import pytest
 
 from lakemirror.sinks.batch.bootstrap_plan import BootstrapPolicy
 from lakemirror.sinks.batch.capture_policy import (
-    copy_budget_used, interval_text, needed_window_seconds, next_capture, poll_seconds, window_at_risk,
+    copy_budget_used, duration_text, interval_text, needed_window_seconds, next_capture, poll_seconds, window_at_risk,
 )
 
 POLICY = BootstrapPolicy()  # a quarter of the window, safety factor 2
@@ -60,10 +60,11 @@ def test_the_retention_a_bootstrap_needs_is_measured_and_rounded_for_a_person():
     assert window_at_risk(POLICY, 60.0, 40.0)
     assert needed_window_seconds(POLICY, 40.0) == 80.0
     assert needed_window_seconds(POLICY, 41.0) == 90.0   # 10 s steps up to two minutes
-    assert needed_window_seconds(POLICY, 61.0) == 180.0  # whole minutes above
+    assert needed_window_seconds(POLICY, 61.0) == 180.0  # whole minutes up to two hours
+    assert needed_window_seconds(POLICY, 7225.0) == 5 * 3600.0  # whole hours above
     assert needed_window_seconds(POLICY, 0.0) == 10.0
     assert interval_text(180.0) == "interval 3 minutes" and interval_text(90.0) == "interval 90 seconds"
-    assert interval_text(7200.0) == "interval 2 hours"
+    assert interval_text(7200.0) == "interval 2 hours" and duration_text(60.0) == "1 minute"
 
 
 def test_a_copying_budget_adds_captures_between_chunks_only_when_set():
