@@ -48,9 +48,9 @@ log = logging.getLogger(__name__)
 class ChangeCapture:
     """Keeps a bootstrapping table's change feed in its change log (see the module docstring).
 
-    Lifecycle: :meth:`start` (the thread and its session), :meth:`check` (raise what the thread
-    failed with), :meth:`capture` (a round on the caller's thread), :meth:`stop` (end the thread),
-    :meth:`close` (stop, then give back the session)."""
+    Lifecycle: :meth:`start` (redo what a crash left unfinished, start the thread), :meth:`check`
+    (raise what the thread failed with), :meth:`capture` (a round on the caller's thread),
+    :meth:`stop` (end the thread), :meth:`close` (stop, then give back the session, if one was made)."""
 
     def __init__(self, spark: "SparkSession", *, name: str, source: TableLocation, changes: TableLocation,
                  plan: MergePlan, app: str, keeper: PlanKeeper, policy: BootstrapPolicy, window: RetentionWindow,
