@@ -10,6 +10,8 @@ with an injected clock in tests/unit/test_bootstrap_capture_policy.py.
 
 from __future__ import annotations
 
+import logging
+import re
 import threading
 import time
 from pathlib import Path
@@ -172,21 +174,22 @@ def test_the_final_merge_reads_only_the_chunks_its_changes_fall_in(spark: Any, t
 
 
 @pytest.mark.slow
-def test_a_source_with_a_60s_window_written_every_2s_bootstraps_in_one_epoch(make_pipeline: Any) -> None:
+def test_a_source_with_a_60s_window_written_every_2s_bootstraps_in_one_epoch(make_pipeline: Any, caplog: Any) -> None:
     """Against the clock, the numbers that used to loop: a source keeping its change feed for 60 s,
-    written every 2 s, whose planning and first chunk together take longer than that (the first
-    chunk is held for 65 s). The bootstrap converges in its first epoch, the replica equals the
-    source, and nothing says the window is at risk."""
+    written every 2 s (or as fast as a loaded machine lets it), whose planning and first chunk
+    together take longer than that (the first chunk is held for 65 s). The bootstrap converges in
+    its first epoch and the replica equals the source."""
+    caplog.set_level(logging.INFO, logger="lakemirror")
     p = make_pipeline(bootstrap=CHUNKS)
     make_source(p, "live", appends=4, props="'delta.deletedFileRetentionDuration' = 'interval 60 seconds'")
     stop = threading.Event()
-    writes: list[int] = []
+    writes: list[float] = []
 
     def writer() -> None:
         n = 0
         while not stop.wait(2.0):
             p.sql("live", f"UPDATE {{t}} SET v = 'w{n}' WHERE id = {n % 40}")
-            writes.append(n)
+            writes.append(time.time())
             n += 1
 
     thread = threading.Thread(target=writer, daemon=True)
@@ -196,10 +199,14 @@ def test_a_source_with_a_60s_window_written_every_2s_bootstraps_in_one_epoch(mak
     try:
         p.start()
         p.tick_until(lambda: p.views()["live"].state == "running", 1200, "the bootstrap to end")
+        ended = time.time()
     finally:
         stop.set()
         thread.join(120)
     wait_caught_up(p, "live")
     p.assert_replica_equals_source("live")
     assert p.app.states.load(p.runner("live").slug).epoch == 1, "converged without a resync"
-    assert len(writes) >= 30, "the source was written all along"
+    # The premise: the first change after the pin was older than the window when the bootstrap
+    # ended, so copying first and catching up afterwards would have been refused.
+    assert writes and ended - writes[0] > 60, (writes[:1], ended)
+    assert len(re.findall(r"bootstrap capture \d+ copied", caplog.text)) >= 2, "captured while copying"
