@@ -16,8 +16,8 @@ pace the window sets rather than between chunks:
 - otherwise look again after the poll interval (``capture_poll_seconds``; by default an eighth of
   the window, between 0.5 s and 60 s), or when the oldest pending change becomes due.
 
-A capture costs what its changes cost (they are appended to the change log; the replica is not
-touched), so it keeps up with any source whose changes can be read faster than they are made. What
+A capture costs what its changes cost (they are appended to the change log; the replica is left
+alone), so it keeps up with any source whose changes can be read faster than they are made. What
 a bootstrap needs of the window is measured, not guessed: the oldest a change has been when its
 capture began. A window shorter than ``safety_factor`` times that is at risk, and the bootstrap says
 so, once, with the retention it needs (:func:`window_at_risk`, :func:`needed_window_seconds`).
