@@ -49,8 +49,10 @@ def failed_event(error: LakemirrorError, *, table: str, allow_schema_evolution: 
     if too_short:
         # Not resynced by itself, whatever change_window_policy says: a new bootstrap would lose the
         # window the same way. Said once, in the table's state.
-        message += (f" The table stays failed: raise the retention, then run `lakemirror resync CONFIG {table}` "
-                    f"(or POST /tables/{table}/resync).")
+        message += (f" The table stays failed: raise the retention, then run `lakemirror resume CONFIG {table}` to "
+                    f"continue this bootstrap where it stopped (while the source still holds the changes it needs; "
+                    f"if not, the change window policy applies), or `lakemirror resync CONFIG {table}` to start it "
+                    f"again.")
     elif window_lost:
         message += (" The table was resynced (new bootstrap epoch)." if resync else
                     f" Policy change_window_policy=fail: the table stays failed; run `lakemirror resync CONFIG "
