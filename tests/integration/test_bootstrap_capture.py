@@ -110,6 +110,12 @@ def test_a_bootstrap_the_window_outruns_fails_once_saying_the_retention_it_needs
         p.app.supervisor.tick()
     assert p.views()["late"].state == "failed" and p.views()["late"].last_error == error
     assert p.app.states.load(p.runner("late").slug).epoch == 1, "not resynced into the same loss"
+    # The advice works: with the retention raised, resume continues the bootstrap from its chunks.
+    p.sql("late", "ALTER TABLE {t} SET TBLPROPERTIES ('delta.deletedFileRetentionDuration' = 'interval 1 days')")
+    p.app.supervisor.resume("late")
+    wait_caught_up(p, "late")
+    p.assert_replica_equals_source("late")
+    assert p.app.states.load(p.runner("late").slug).epoch == 1
 
 
 def test_a_catch_up_costs_what_its_changes_cost(make_pipeline: Any) -> None:
