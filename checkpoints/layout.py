@@ -15,7 +15,7 @@ replicate`` keeps its state under ``<checkpoint_volume>/replicate/``::
     │   ├── bootstrap/<table>.json         a chunked bootstrap's plan and the chunks it committed
     │   ├── <table>/                       a change-feed table's Spark state, one set per bootstrap epoch:
     │   │   ├── e<epoch>/                  the Structured Streaming checkpoint of the table's query
-    │   │   └── e<epoch>-touched/          the chunked bootstrap's touched-keys Delta table
+    │   │   └── e<epoch>-changes/          the chunked bootstrap's change log: the feed captured beside the copy
     │   ├── events/<source>/               an event source's one query:
     │   │   ├── status.json                its last batch, offsets and lag, for status while it is down
     │   │   ├── epoch                      the epoch in its transaction ids, renewed with its checkpoint
@@ -36,7 +36,7 @@ replicate`` keeps its state under ``<checkpoint_volume>/replicate/``::
 Every file is written whole to a temporary file beside it (a name starting with a dot, or
 ``epoch.tmp``) and renamed over it.
 
-Folders that Spark reads or writes (stream checkpoints, the touched-keys table) are joined as
+Folders that Spark reads or writes (stream checkpoints, a bootstrap's change log) are joined as
 strings, since the volume may be a URI (``dbfs:/…``); the daemon's own files as :class:`Path`.
 """
 
@@ -141,9 +141,10 @@ def stream_checkpoint(checkpoint_root: str, pipeline_id: str, table_slug: str, e
     return _join(checkpoint_root, pipeline_id, table_slug, f"e{epoch}")
 
 
-def touched_keys_table(checkpoint_root: str, pipeline_id: str, table_slug: str, epoch: int) -> str:
-    """The Delta table of the keys a chunked bootstrap's catch-up rounds touched, in that epoch."""
-    return _join(checkpoint_root, pipeline_id, table_slug, f"e{epoch}-touched")
+def change_log_table(checkpoint_root: str, pipeline_id: str, table_slug: str, epoch: int) -> str:
+    """The Delta table into which a chunked bootstrap captures the source's change feed after its
+    pinned version (its *change log*), in that epoch."""
+    return _join(checkpoint_root, pipeline_id, table_slug, f"e{epoch}-changes")
 
 
 def incremental_dir(checkpoint_volume: str | os.PathLike[str], namespace: str) -> Path:

@@ -103,9 +103,9 @@ class Metrics:
                                       "committed to the replica (equal to the total once it has ended).", t, registry=r)
         self.boot_chunks_total = Gauge("lakemirror_bootstrap_chunks_total", "Chunks the table's running (or last) "
                                        "bootstrap copies its snapshot in.", t, registry=r)
-        self.boot_rows = Counter("lakemirror_bootstrap_rows_copied_total", "Snapshot rows copied by bootstrap chunks, "
-                                 "as the chunk plan counts them (the planning aggregate, or the files' statistics "
-                                 "on the internal file reads; rows dropped because the change feed had touched their key included).", t, registry=r)
+        self.boot_rows = Counter("lakemirror_bootstrap_rows_copied_total", "Snapshot rows this process's bootstrap "
+                                 "chunks wrote to the replica (each chunk commit's numOutputRows; the planned rows "
+                                 "when a commit does not say).", t, registry=r)
         self._boot_rows_seen: dict[str, int] = {}
         self.build = Info("lakemirror_build", "Versions of lakemirror, Spark and Delta.", registry=r)
         self.build.info({"version": __version__, "spark": SPARK_VERSION, "delta": DELTA_VERSION})
@@ -193,9 +193,11 @@ class Metrics:
         lab = self._l(table)
         self.boot_chunks_done.labels(**lab).set(progress.chunks_done)
         self.boot_chunks_total.labels(**lab).set(progress.chunks_total)
+        # This process's rows: a resumed bootstrap's earlier runs counted in their own processes.
+        copied = progress.rows_copied_this_run
         seen = self._boot_rows_seen.get(table, 0)
-        added = progress.rows_copied - seen if progress.rows_copied >= seen else progress.rows_copied
-        self._boot_rows_seen[table] = progress.rows_copied
+        added = copied - seen if copied >= seen else copied
+        self._boot_rows_seen[table] = copied
         if added > 0:
             self.boot_rows.labels(**lab).inc(added)
 

@@ -130,7 +130,7 @@ def document() -> dict[str, Any]:
                     "rows_applied": {"type": "integer"}, "last_error": {"type": "string", "nullable": True},
                     "bootstrap": {"type": "object", "nullable": True, "description": "A running bootstrap: "
                                   "chunks_done, chunks_total, rows_copied, rows_total, rows_per_second, eta_seconds, "
-                                  "applied_through, catch_ups, note."}}},
+                                  "captured_through, captures, note."}}},
                 "Pipeline": {"type": "object", "properties": {
                     "job_id": {"oneOf": [{"type": "string"}, {"type": "integer"}]},
                     "origin": {"type": "string", "enum": ["config", "api", "databricks"]},

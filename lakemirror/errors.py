@@ -111,6 +111,25 @@ class PinnedVersionAged(Exception):
         self.version = version
 
 
+class BootstrapPlanOutdated(PinnedVersionAged):
+    """A bootstrap's saved plan was made under rules this lakemirror no longer resumes (catch-up
+    rounds that wrote to the replica between chunks): the bootstrap starts again at a new pin,
+    which replaces the replica's partial copy; the plan's error is the cause."""
+
+    def __init__(self, table: str, version: int, reason: str) -> None:
+        Exception.__init__(self, f"{table}: {reason}; this lakemirror copies chunks at their own versions and "
+                                 f"captures the change feed instead, so the bootstrap starts again")
+        self.version = version
+
+
+class BootstrapCannotConverge(TerminalError):
+    """A bootstrap could not capture the source's change feed before the source's retention let it
+    go: the change window is too short for this bootstrap. The message says which retention it
+    needs; resyncing without raising it would lose the window again."""
+
+    code = "window_too_short"
+
+
 class SourceReplaced(TerminalError):
     """The source table was dropped and recreated (new table id) since the replica was built."""
 

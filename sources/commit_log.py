@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
+from lakemirror.sources import change_feed
 from lakemirror.sources.change_feed import SourceHead
 from lakemirror.tables import LOG_DIR, TableLocation, commit_file_name, has_own_jvm, is_local_table, local_dir
 
@@ -65,6 +66,33 @@ def probe_head(commit_time: CommitTime, *, applied_through: int, known_latest: i
     for old in [v for v in cache if v < applied_through]:
         del cache[old]
     return SourceHead(latest, times)
+
+
+class HeadReader:
+    """A table's head, read from its commit files when this process can (:func:`probe_head`, no
+    Spark job), else from its history (:func:`~lakemirror.sources.change_feed.source_head`). It
+    remembers the newest version seen (the walk starts there) but no commit time: each head's
+    times are read afresh. One per thread."""
+
+    def __init__(self, spark: "SparkSession", loc: TableLocation) -> None:
+        self.spark, self.loc = spark, loc
+        self._log: CommitLog | None = None
+        self._opened = False
+        self._known: int | None = None
+
+    def head(self, since_version: int) -> SourceHead:
+        """The newest version, and the commit time of ``since_version + 1`` when it is committed
+        and still in the log (``since_version`` must be a committed version)."""
+        if not self._opened:
+            self._log, self._opened = commit_log_for(self.spark, self.loc), True
+        found = None
+        if self._log is not None:
+            found = probe_head(self._log.commit_time, applied_through=since_version, known_latest=self._known,
+                               cache={})
+        if found is None:
+            found = change_feed.source_head(self.spark, self.loc, since_version=since_version, window=1)
+        self._known = found.latest_version
+        return found
 
 
 class CommitLog(Protocol):

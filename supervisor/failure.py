@@ -13,8 +13,8 @@ retries.
 from __future__ import annotations
 
 from lakemirror.errors import (
-    ChangeFeedDisabled, ChangeWindowExpired, ConfigError, DestinationConflict, LakemirrorError, NoUsableKey,
-    SchemaChangeRestart, SourceReplaced, UnsupportedColumnType,
+    BootstrapCannotConverge, ChangeFeedDisabled, ChangeWindowExpired, ConfigError, DestinationConflict,
+    LakemirrorError, NoUsableKey, SchemaChangeRestart, SourceReplaced, UnsupportedColumnType,
 )
 from lakemirror.sources.catalog import TableMissing
 from lakemirror.supervisor import state as sm
@@ -44,8 +44,16 @@ def failed_event(error: LakemirrorError, *, table: str, allow_schema_evolution: 
     window_lost = isinstance(error, (ChangeWindowExpired, SourceReplaced))
     resync = window_lost and change_window_policy == "resync"
     configuration = is_configuration_error(error)
+    too_short = isinstance(error, BootstrapCannotConverge)
     message = str(error)
-    if window_lost:
+    if too_short:
+        # Not resynced by itself, whatever change_window_policy says: a new bootstrap would lose the
+        # window the same way. Said once, in the table's state.
+        message += (f" The table stays failed: raise the retention, then run `lakemirror resume CONFIG {table}` to "
+                    f"continue this bootstrap where it stopped (while the source still holds the changes it needs; "
+                    f"if not, the change window policy applies), or `lakemirror resync CONFIG {table}` to start it "
+                    f"again.")
+    elif window_lost:
         message += (" The table was resynced (new bootstrap epoch)." if resync else
                     f" Policy change_window_policy=fail: the table stays failed; run `lakemirror resync CONFIG "
                     f"{table}` (or POST /tables/{table}/resync), or set change_window_policy: resync.")
@@ -56,4 +64,4 @@ def failed_event(error: LakemirrorError, *, table: str, allow_schema_evolution: 
         message += (f" This is a configuration error, not retried: fix it and restart the daemon, or run "
                     f"`lakemirror resume CONFIG {table}` once the table is fixed.")
     return sm.Failed(error=message, code=failure_code(error), restart_now=restart, rand=rand,
-                     fatal=(window_lost and not resync) or configuration, resync=resync)
+                     fatal=(window_lost and not resync) or configuration or too_short, resync=resync)

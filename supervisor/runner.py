@@ -109,7 +109,7 @@ FAULT_POINTS = (
     "bootstrap_before_snapshot",   # the new epoch is saved, the snapshot not yet written
     "bootstrap_inside_chunk",      # a chunk's rows are read, its commit not yet written
     "bootstrap_between_chunks",    # a chunk is committed, the next not yet begun
-    "bootstrap_after_catch_up",    # a catch-up's MERGE is committed, its touched keys are not
+    "bootstrap_after_capture",     # a capture's change rows are committed, the bootstrap's plan does not say so
     "bootstrap_after_snapshot",    # the snapshot is committed, the state does not say so yet
     "schema_change",               # the replica gained columns, the stream not restarted yet
     "before_merge",                # a micro-batch is planned (offsets logged), nothing written

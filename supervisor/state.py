@@ -188,8 +188,10 @@ def step(status: TableStatus, event: Event, now: float,
             return status, ()
         return _enter(status, TableState.PAUSED, now, next_retry_at=None), (Action.HALT,)
     if isinstance(event, Resync):
+        # The old epoch's error goes with it: the new bootstrap has none yet.
         return (_enter(status, TableState.STARTING, now, failures=0, quick_restarts=0, next_retry_at=None,
-                       resync_on_retry=False), (Action.HALT, Action.RESYNC, Action.LAUNCH))
+                       resync_on_retry=False, last_error=None, error_code=None),
+                (Action.HALT, Action.RESYNC, Action.LAUNCH))
     if s in (TableState.PAUSED, TableState.FAILED):
         if isinstance(event, Resume):
             return _enter(status, TableState.STARTING, now, failures=0, quick_restarts=0), (Action.LAUNCH,)

@@ -191,6 +191,8 @@ class Supervisor:
                     entry.bootstrap = item if item.chunks_done < item.chunks_total else None
                     self.observer.bootstrap_progressed(name, item)
                 else:
+                    if isinstance(item, sm.BootstrapStarted):  # a new bootstrap: no figures until it reports
+                        entry.bootstrap = None
                     self._dispatch(name, item, now)
             self._dispatch(name, sm.Tick(), now)
         if now >= self._next_lag:
@@ -327,6 +329,7 @@ class Supervisor:
                 entry.runner.halt(halt_timeout)
             elif action == sm.Action.RESYNC:
                 entry.runner.resync(reason or after.last_error or "resync")
+                entry.bootstrap = None  # the old epoch's figures: the new bootstrap reports its own
             elif action == sm.Action.LAUNCH:
                 entry.runner.launch()
 

@@ -40,7 +40,7 @@ def test_a_pipelines_files_and_folders() -> None:
 
 def test_spark_locations_are_joined_as_strings_so_a_uri_keeps_its_scheme() -> None:
     assert layout.stream_checkpoint("dbfs:/Volumes/c/s/v/", "p", "c__s__t", 3) == "dbfs:/Volumes/c/s/v/p/c__s__t/e3"
-    assert layout.touched_keys_table("/vol", "p", "c__s__t", 3) == "/vol/p/c__s__t/e3-touched"
+    assert layout.change_log_table("/vol", "p", "c__s__t", 3) == "/vol/p/c__s__t/e3-changes"
     assert layout.incremental_checkpoint("/vol/", "replicate", "c__s__t", 2) == "/vol/replicate/incremental/c__s__t/e2"
     assert layout.api_checkpoint_volume("/vol/") == "/vol/api"
     assert layout.replicate_dir("/vol") == Path("/vol/replicate")
