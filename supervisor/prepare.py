@@ -79,9 +79,12 @@ class Preparation:
     fault: Callable[[str], None]
     #: ``enable_change_data_feed``: turn a source's change data feed on instead of refusing it.
     enable_change_feed: bool = False
+    #: Called with each step's name as it ends (``describe``, ``bootstrap``, ``replica``): the launch's timing.
+    mark: Callable[[str], None] = lambda step: None
 
     def run(self) -> Prepared:
         info = self.source.describe()
+        self.mark("describe")
         opts = self.options
         key = choose_key(self.label, info.columns, configured=opts.keys, declared=info.declared_key)
         plan = plan_merge(info.columns, key.columns, ColumnSelection(opts.include_columns, opts.exclude_columns))
@@ -94,7 +97,9 @@ class Preparation:
                 table=self.label)
         if not progress.bootstrapped:
             progress = self.bootstrap.run(progress, info.table_id, plan, info.properties)
+            self.mark("bootstrap")
         if self.replica.prepare(plan, self.allow_schema_evolution):
             self.fault("schema_change")
+        self.mark("replica")
         log.info("table %s: key %s", self.label, key.describe())
         return Prepared(key, plan, progress, RetentionWindow.from_properties(info.properties))

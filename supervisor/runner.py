@@ -56,6 +56,7 @@ from lakemirror.supervisor.destination_wait import WaitReport
 from lakemirror.supervisor.failure import failed_event
 from lakemirror.supervisor.lag import LagReading
 from lakemirror.supervisor.lag_probe import LagProbe
+from lakemirror.supervisor.launch_timing import LaunchTimer, first_batch_line
 from lakemirror.supervisor.prepare import Preparation, Prepared
 from lakemirror.supervisor.spec import PipelineSpec
 from lakemirror.supervisor.stream_wiring import wire_stream
@@ -154,6 +155,10 @@ class TableRunner:
         self._resync_reason: str | None = None
         self._resynced_from_table_id: str | None = None
         self.prepared: Prepared | None = None
+        #: The latest launch's timing (logged once its stream starts, and with its first batch).
+        self._timer: LaunchTimer | None = None
+        self._stream_started_at: float | None = None
+        self._first_batch_logged = False
         self.rows = RowWriter(ctx.spec.pipeline_id, str(self.source), str(self.destination), ctx.checkpoints,
                               ctx.clock, lambda: self.session)
         self.apply_batch = BatchApply(
@@ -317,7 +322,20 @@ class TableRunner:
             self._collect_connect_batches(query)
         if self.waits is not None:
             self.waits.check()
-        return live.take_events()
+        events = live.take_events()
+        if not self._first_batch_logged:
+            self._log_first_batch(events)
+        return events
+
+    def _log_first_batch(self, events: list["sm.Event | BatchReport | BootstrapProgress"]) -> None:
+        """Say how long after its launch began the table applied its first batch (once a launch)."""
+        report = next((e for e in events if isinstance(e, BatchReport)), None)
+        if report is None or self._timer is None:
+            return
+        self._first_batch_logged = True
+        log.info(first_batch_line(str(self.source), report.batch_id, launch_began=self._timer.started,
+                                  stream_started=self._stream_started_at,
+                                  apply_began=report.ended_at - report.duration_seconds, ended=report.ended_at))
 
     def _failed(self, error: LakemirrorError) -> sm.Failed:
         spec = self.ctx.spec
@@ -385,9 +403,12 @@ class TableRunner:
             self.live.advance(record.applied_through)
 
     def _launch(self) -> None:
+        timer = self._timer = LaunchTimer(self.ctx.clock)
+        self._stream_started_at, self._first_batch_logged = None, False
         try:
             self._adopt_record()
-            prepared = self.prepare()
+            timer.mark("record")
+            prepared = self.prepare(timer.mark)
             if self.live.draining:
                 return
             self.prepared = prepared
@@ -398,6 +419,9 @@ class TableRunner:
             if self.live.applied_through is None:
                 self.live.applied_through = prepared.progress.bootstrap_version
             self._start_stream(prepared)
+            timer.mark("stream")
+            self._stream_started_at = timer.last_mark
+            log.info("table %s: stream started %s after the launch began", self.source, timer.describe())
             self.live.emit(sm.StreamStarted())
         except BootstrapInterrupted as exc:  # a drain stopped the bootstrap between chunks: not a failure
             log.info("table %s: %s", self.source, exc)
@@ -420,14 +444,15 @@ class TableRunner:
             return f" The source was dropped and recreated (table id {before} is now {after})."
         return ""
 
-    def prepare(self) -> Prepared:
-        """Key, plan, checks, bootstrap and schema of the table (:mod:`.prepare`)."""
+    def prepare(self, mark: Callable[[str], None] = lambda step: None) -> Prepared:
+        """Key, plan, checks, bootstrap and schema of the table (:mod:`.prepare`); ``mark`` is told
+        as each step ends."""
         ctx, label = self.ctx, str(self.source)
         bootstrap = Bootstrap(self.change_source, self.replica, ctx.states, self.slug, label, str(self.destination),
                               ctx.fault, self.live.emit, self._chunked_copy())
         return Preparation(self.change_source, self.replica, ctx.states, self.slug, label,
                            ctx.spec.options_for(self.table), ctx.spec.allow_schema_evolution, bootstrap,
-                           ctx.fault, ctx.spec.enable_change_data_feed).run()
+                           ctx.fault, ctx.spec.enable_change_data_feed, mark).run()
 
     def _chunked_copy(self) -> ChunkedCopy | None:
         """A Delta replica bootstraps in chunks (one when the table is small); other replicas
