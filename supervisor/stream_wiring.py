@@ -93,6 +93,12 @@ def wire_stream(session: "SparkSession", spec: PipelineSpec, slug: str, source: 
         return wiring
 
     sink = replica.batch_sink(prepared.plan, progress.epoch)
+    # The apply path is chosen here, on the launch's thread, beside the other tables' launches: left
+    # to the first batch, its Spark jobs on the replica would take turn time the tables share.
+    from lakemirror.sinks.merge.delta_merge import DeltaMergeSink
+
+    if isinstance(sink, DeltaMergeSink):
+        sink.ensure_chosen()
     gate = TurnGate() if spec.apply_workers > 0 else None
     feed = BatchFeed.for_stream(checkpoint, source.location, progress.bootstrap_version)
 
