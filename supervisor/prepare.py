@@ -81,9 +81,12 @@ class Preparation:
     enable_change_feed: bool = False
     #: Called with each step's name as it ends (``describe``, ``bootstrap``, ``replica``): the launch's timing.
     mark: Callable[[str], None] = lambda step: None
+    #: How the source is described (default: :meth:`~lakemirror.sources.contract.ChangeSource.describe`;
+    #: the runner's reuses what an earlier launch read while it still holds, :mod:`.description`).
+    describe: Callable[[], TableInfo] | None = None
 
     def run(self) -> Prepared:
-        info = self.source.describe()
+        info = self.describe() if self.describe is not None else self.source.describe()
         self.mark("describe")
         opts = self.options
         key = choose_key(self.label, info.columns, configured=opts.keys, declared=info.declared_key)

@@ -29,10 +29,12 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from functools import cached_property
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from lakemirror import tables
 from lakemirror.checkpoints.bootstrap_state import BootstrapStore, bootstrap_store_for
+from lakemirror.checkpoints.descriptions import DescriptionStore, FileDescriptionStore
 from lakemirror.checkpoints.records import CheckpointStore
 from lakemirror.checkpoints.state import StateStore, TableProgress
 from lakemirror.errors import LakemirrorError
@@ -46,12 +48,14 @@ from lakemirror.sinks.postgres.spark_batches import PostgresTable
 from lakemirror.sinks.postgres.waits import ServerCalls
 from lakemirror.sources.catalog import Catalog
 from lakemirror.sources.delta_source import DeltaChangeFeed
+from lakemirror.sources.described import LocalCommitFiles
 from lakemirror.sources.feed_range import applied_through_from_offset
 from lakemirror.supervisor import replica_record
 from lakemirror.supervisor import state as sm
 from lakemirror.supervisor.batch_apply import BatchApply, Drained, RowWriter
 from lakemirror.supervisor.bootstrap import Bootstrap
 from lakemirror.supervisor.classify import classify
+from lakemirror.supervisor.description import SourceDescription
 from lakemirror.supervisor.destination_wait import WaitReport
 from lakemirror.supervisor.failure import failed_event
 from lakemirror.supervisor.lag import LagReading
@@ -62,7 +66,7 @@ from lakemirror.supervisor.spec import PipelineSpec
 from lakemirror.supervisor.stream_wiring import wire_stream
 from lakemirror.supervisor.table_live import BatchReport, StreamLatency, TableLive
 from lakemirror.supervisor.table_turns import TableTurns
-from lakemirror.tables import own_session
+from lakemirror.tables import is_local_path, own_session
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -93,6 +97,9 @@ class RunnerContext:
     #: chunked bootstrap keeps its plan (default: beside ``states``); both made from the spec if None.
     bootstrap_slots: threading.Semaphore | None = None
     bootstraps: BootstrapStore | None = None
+    #: Where each table's source description is kept between runs (default: in the pipeline's
+    #: checkpoint folder when it is on the driver's file system; None: every launch describes by Spark).
+    descriptions: DescriptionStore | None = None
 
     #: The Postgres server the replicas go to (``destination.kind: postgres``); None: Delta replicas.
     postgres: "Connector | None" = None
@@ -102,6 +109,8 @@ class RunnerContext:
             self.bootstrap_slots = threading.BoundedSemaphore(max(1, self.spec.bootstrap.parallel_chunks))
         if self.bootstraps is None:
             self.bootstraps = bootstrap_store_for(self.states)
+        if self.descriptions is None and is_local_path(self.spec.checkpoint_root):
+            self.descriptions = FileDescriptionStore(Path(self.spec.checkpoint_root) / self.spec.pipeline_id)
 
 
 #: Where the torture harness may kill the daemon (tests/torture): each is a moment at which a
@@ -159,6 +168,7 @@ class TableRunner:
         self._timer: LaunchTimer | None = None
         self._stream_started_at: float | None = None
         self._first_batch_logged = False
+        self._launches = 0
         self.rows = RowWriter(ctx.spec.pipeline_id, str(self.source), str(self.destination), ctx.checkpoints,
                               ctx.clock, lambda: self.session)
         self.apply_batch = BatchApply(
@@ -191,6 +201,13 @@ class TableRunner:
         return DeltaReplica(self.session, self.ctx.catalog, self.destination, str(self.source), spec.pipeline_id,
                             ApplyLimits(spec.rewrite_below_bytes, spec.driver_apply, spec.driver_apply_below_bytes),
                             spec.replica_properties)
+
+    @cached_property
+    def description(self) -> SourceDescription:
+        """The source's description for a launch, reused from an earlier one while it holds."""
+        location = self.ctx.catalog.locate(self.source)
+        return SourceDescription(self.change_source, location, LocalCommitFiles.for_table(location),
+                                 self.ctx.descriptions, self.slug, str(self.source))
 
     @cached_property
     def lag(self) -> LagProbe:
@@ -403,6 +420,7 @@ class TableRunner:
             self.live.advance(record.applied_through)
 
     def _launch(self) -> None:
+        self._launches += 1
         timer = self._timer = LaunchTimer(self.ctx.clock)
         self._stream_started_at, self._first_batch_logged = None, False
         try:
@@ -450,9 +468,11 @@ class TableRunner:
         ctx, label = self.ctx, str(self.source)
         bootstrap = Bootstrap(self.change_source, self.replica, ctx.states, self.slug, label, str(self.destination),
                               ctx.fault, self.live.emit, self._chunked_copy())
+        reuse = self._launches == 1  # a relaunch (a retry, a resume, a resync) describes the table afresh
         return Preparation(self.change_source, self.replica, ctx.states, self.slug, label,
                            ctx.spec.options_for(self.table), ctx.spec.allow_schema_evolution, bootstrap,
-                           ctx.fault, ctx.spec.enable_change_data_feed, mark).run()
+                           ctx.fault, ctx.spec.enable_change_data_feed, mark,
+                           lambda: self.description.describe(reuse)).run()
 
     def _chunked_copy(self) -> ChunkedCopy | None:
         """A Delta replica bootstraps in chunks (one when the table is small); other replicas
