@@ -10,8 +10,9 @@ source's columns. What it found comes back as :class:`Prepared`.
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, ContextManager, Protocol
 
 from lakemirror.checkpoints.state import StateStore, TableProgress
 from lakemirror.errors import ChangeFeedDisabled, SourceReplaced
@@ -84,6 +85,8 @@ class Preparation:
     #: How the source is described (default: :meth:`~lakemirror.sources.contract.ChangeSource.describe`;
     #: the runner's reuses what an earlier launch read while it still holds, :mod:`.description`).
     describe: Callable[[], TableInfo] | None = None
+    #: Wraps the bootstrap: the runner gives its launch slot back while the snapshot is copied.
+    while_bootstrapping: Callable[[], ContextManager[None]] = nullcontext
 
     def run(self) -> Prepared:
         info = self.describe() if self.describe is not None else self.source.describe()
@@ -99,7 +102,8 @@ class Preparation:
                 f"is now {info.table_id}); the replica no longer follows it. Resync the table.",
                 table=self.label)
         if not progress.bootstrapped:
-            progress = self.bootstrap.run(progress, info.table_id, plan, info.properties)
+            with self.while_bootstrapping():
+                progress = self.bootstrap.run(progress, info.table_id, plan, info.properties)
             self.mark("bootstrap")
         if self.replica.prepare(plan, self.allow_schema_evolution):
             self.fault("schema_change")

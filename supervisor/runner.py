@@ -27,10 +27,11 @@ import logging
 import random
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
 from lakemirror import tables
 from lakemirror.checkpoints.bootstrap_state import BootstrapStore, bootstrap_store_for
@@ -60,6 +61,7 @@ from lakemirror.supervisor.destination_wait import WaitReport
 from lakemirror.supervisor.failure import failed_event
 from lakemirror.supervisor.lag import LagReading
 from lakemirror.supervisor.lag_probe import LagProbe
+from lakemirror.supervisor.launch_slots import LaunchSlots, default_launch_slots
 from lakemirror.supervisor.launch_timing import LaunchTimer, first_batch_line
 from lakemirror.supervisor.prepare import Preparation, Prepared
 from lakemirror.supervisor.spec import PipelineSpec
@@ -100,6 +102,8 @@ class RunnerContext:
     #: Where each table's source description is kept between runs (default: in the pipeline's
     #: checkpoint folder when it is on the driver's file system; None: every launch describes by Spark).
     descriptions: DescriptionStore | None = None
+    #: How many tables launch at once (default: :func:`~.launch_slots.default_launch_slots`).
+    launch_slots: LaunchSlots | None = None
 
     #: The Postgres server the replicas go to (``destination.kind: postgres``); None: Delta replicas.
     postgres: "Connector | None" = None
@@ -109,6 +113,8 @@ class RunnerContext:
             self.bootstrap_slots = threading.BoundedSemaphore(max(1, self.spec.bootstrap.parallel_chunks))
         if self.bootstraps is None:
             self.bootstraps = bootstrap_store_for(self.states)
+        if self.launch_slots is None:
+            self.launch_slots = LaunchSlots(default_launch_slots())
         if self.descriptions is None and is_local_path(self.spec.checkpoint_root):
             self.descriptions = FileDescriptionStore(Path(self.spec.checkpoint_root) / self.spec.pipeline_id)
 
@@ -423,21 +429,27 @@ class TableRunner:
         self._launches += 1
         timer = self._timer = LaunchTimer(self.ctx.clock)
         self._stream_started_at, self._first_batch_logged = None, False
+        slots = self.ctx.launch_slots
+        assert slots is not None
         try:
             self._adopt_record()
             timer.mark("record")
-            prepared = self.prepare(timer.mark)
-            if self.live.draining:
-                return
-            self.prepared = prepared
-            if self._resync_reason is not None:
-                self._record_event(f"resync: {self._resync_reason}{self._replacement_note(prepared.progress)}",
-                                   prepared.progress, degraded=False)
-                self._resync_reason = None
-            if self.live.applied_through is None:
-                self.live.applied_through = prepared.progress.bootstrap_version
-            self._start_stream(prepared)
-            timer.mark("stream")
+            with slots.held():
+                timer.mark("slot")
+                if self.live.draining:
+                    return
+                prepared = self.prepare(timer.mark, slots.given_back)
+                if self.live.draining:
+                    return
+                self.prepared = prepared
+                if self._resync_reason is not None:
+                    self._record_event(f"resync: {self._resync_reason}{self._replacement_note(prepared.progress)}",
+                                       prepared.progress, degraded=False)
+                    self._resync_reason = None
+                if self.live.applied_through is None:
+                    self.live.applied_through = prepared.progress.bootstrap_version
+                self._start_stream(prepared)
+                timer.mark("stream")
             self._stream_started_at = timer.last_mark
             log.info("table %s: stream started %s after the launch began", self.source, timer.describe())
             self.live.emit(sm.StreamStarted())
@@ -462,9 +474,10 @@ class TableRunner:
             return f" The source was dropped and recreated (table id {before} is now {after})."
         return ""
 
-    def prepare(self, mark: Callable[[str], None] = lambda step: None) -> Prepared:
+    def prepare(self, mark: Callable[[str], None] = lambda step: None,
+                while_bootstrapping: Callable[[], ContextManager[None]] = nullcontext) -> Prepared:
         """Key, plan, checks, bootstrap and schema of the table (:mod:`.prepare`); ``mark`` is told
-        as each step ends."""
+        as each step ends, ``while_bootstrapping`` wraps the bootstrap."""
         ctx, label = self.ctx, str(self.source)
         bootstrap = Bootstrap(self.change_source, self.replica, ctx.states, self.slug, label, str(self.destination),
                               ctx.fault, self.live.emit, self._chunked_copy())
@@ -472,7 +485,7 @@ class TableRunner:
         return Preparation(self.change_source, self.replica, ctx.states, self.slug, label,
                            ctx.spec.options_for(self.table), ctx.spec.allow_schema_evolution, bootstrap,
                            ctx.fault, ctx.spec.enable_change_data_feed, mark,
-                           lambda: self.description.describe(reuse)).run()
+                           lambda: self.description.describe(reuse), while_bootstrapping).run()
 
     def _chunked_copy(self) -> ChunkedCopy | None:
         """A Delta replica bootstraps in chunks (one when the table is small); other replicas
