@@ -14,7 +14,7 @@ on) and the real daemon (`lakemirror run`, :class:`bench.systems.LakemirrorDaemo
 say where each table's time went (:func:`phases`): the HTTP endpoint (imports, settings, the lease),
 the Spark session, the checkpoint table, each table's launch step by step (the replica's record,
 the wait for a launch slot, the source's description, the bootstrap, the replica's schema, the
-stream's start), and its first
+choice of its apply path, the stream's start), and its first
 batch (from the stream's start to the apply: Spark's plan and the wait for a turn; then the apply).
 Peak resident memory of the daemon's Python process and its JVM (``/proc``'s VmHWM) is read once
 every table is ready. The import of the daemon's modules is timed apart, in a fresh interpreter.
@@ -244,7 +244,7 @@ def render(results: list[dict[str, Any]], when: Any) -> list[str]:
 
 
 #: The launch steps the runner logs (:mod:`lakemirror.supervisor.launch_timing`), in order.
-STEP_NAMES = ("record", "slot", "describe", "bootstrap", "replica", "stream")
+STEP_NAMES = ("record", "slot", "describe", "bootstrap", "replica", "choose", "stream")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -448,7 +448,7 @@ class TableRunner:
                     self._resync_reason = None
                 if self.live.applied_through is None:
                     self.live.applied_through = prepared.progress.bootstrap_version
-                self._start_stream(prepared)
+                self._start_stream(prepared, timer.mark)
                 timer.mark("stream")
             self._stream_started_at = timer.last_mark
             log.info("table %s: stream started %s after the launch began", self.source, timer.describe())
@@ -504,10 +504,10 @@ class TableRunner:
             slots=ctx.bootstrap_slots, clock=ctx.clock, fault=ctx.fault, on_progress=self.live.emit,
             stopping=lambda: self.live.draining)
 
-    def _start_stream(self, prepared: Prepared) -> None:
+    def _start_stream(self, prepared: Prepared, mark: Callable[[str], None] = lambda step: None) -> None:
         wiring = wire_stream(self.session, self.ctx.spec, self.slug, self.change_source, self.replica,
                              self.ctx.catalog.locate(self.destination), prepared, self.apply_batch,
-                             getattr(self.ctx.checkpoints, "location", None))
+                             getattr(self.ctx.checkpoints, "location", None), mark)
         self._connect, self._connect_progress_id = wiring.connect, None
         self.batch_feed, self.stream_session = wiring.batch_feed, wiring.stream_session
         self.turns.gate, self.turns.turn_query = wiring.gate, wiring.turn_query

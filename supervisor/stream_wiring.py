@@ -72,8 +72,10 @@ def stream_options(spec: PipelineSpec) -> dict[str, Any]:
 
 def wire_stream(session: "SparkSession", spec: PipelineSpec, slug: str, source: DeltaChangeFeed,
                 replica: TableReplica[Any], destination: TableLocation, prepared: Prepared,
-                apply_batch: ApplyBatch, checkpoint_table: TableLocation | None) -> Wiring:
-    """Start the table's query for the epoch ``prepared`` names (see the module docstring)."""
+                apply_batch: ApplyBatch, checkpoint_table: TableLocation | None,
+                mark: Callable[[str], None] = lambda step: None) -> Wiring:
+    """Start the table's query for the epoch ``prepared`` names (see the module docstring); ``mark``
+    is told when the apply path is chosen (``choose``)."""
     progress = prepared.progress
     assert progress.bootstrap_version is not None
     stream = source.changes(progress.bootstrap_version, stream_options(spec))
@@ -99,6 +101,7 @@ def wire_stream(session: "SparkSession", spec: PipelineSpec, slug: str, source: 
 
     if isinstance(sink, DeltaMergeSink):
         sink.ensure_chosen()
+        mark("choose")
     gate = TurnGate() if spec.apply_workers > 0 else None
     feed = BatchFeed.for_stream(checkpoint, source.location, progress.bootstrap_version)
 
