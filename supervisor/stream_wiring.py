@@ -98,8 +98,9 @@ def wire_stream(session: "SparkSession", spec: PipelineSpec, slug: str, source: 
     # The apply path is chosen here, on the launch's thread, beside the other tables' launches: left
     # to the first batch, its Spark jobs on the replica would take turn time the tables share.
     from lakemirror.sinks.merge.delta_merge import DeltaMergeSink
+    from lakemirror.sinks.merge.row_isolation import IsolatingMergeSink
 
-    if isinstance(sink, DeltaMergeSink):
+    if isinstance(sink, (DeltaMergeSink, IsolatingMergeSink)):
         sink.ensure_chosen()
         mark("choose")
     gate = TurnGate() if spec.apply_workers > 0 else None

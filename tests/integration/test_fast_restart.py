@@ -4,6 +4,7 @@ change, or that it is not the table described (recreated), and a relaunch always
 
 from __future__ import annotations
 
+import logging
 import shutil
 from typing import Any
 
@@ -45,14 +46,19 @@ def _caught_up(p: Any, table: str) -> None:
     p.wait_caught_up(table)
 
 
-def test_a_restart_reuses_the_description_while_only_data_changed(pipeline: Any) -> None:
+def test_a_restart_reuses_the_description_while_only_data_changed(pipeline: Any, caplog: Any) -> None:
     p = pipeline
     _caught_up(p, "t")
+    caplog.set_level(logging.INFO, logger="lakemirror")
     catalog = _restart(p)
     p.sql("t", "UPDATE {t} SET v = 'b2' WHERE id = 2")  # data only: the description still holds
     p.wait_caught_up("t")
     assert catalog.described == [], "no commit since the last start changed the table's metadata"
     p.assert_replica_equals_source("t")
+    said = [r.getMessage() for r in caplog.records]
+    chosen = next(i for i, m in enumerate(said) if m.startswith("table src.sales.t: applies "))
+    started = next(i for i, m in enumerate(said) if m.startswith("table src.sales.t: stream started "))
+    assert chosen < started, "the apply path is chosen by the launch, before the stream starts"
     # A relaunch in the same process (here a pause and a resume) never reuses a description.
     p.app.supervisor.pause("t")
     p.tick_until(lambda: p.views()["t"].state == "paused", what="the pause")
