@@ -14,7 +14,8 @@ on) and the real daemon (`lakemirror run`, :class:`bench.systems.LakemirrorDaemo
 say where each table's time went (:func:`phases`): the HTTP endpoint (imports, settings, the lease),
 the Spark session, the checkpoint table, each table's launch step by step (the replica's record,
 the wait for a launch slot, the source's description, the bootstrap, the replica's schema, the
-choice of its apply path, the stream's start), and its first
+change stream's making (Delta's snapshot of the source), the choice of the apply path, the query's
+start), and its first
 batch (from the stream's start to the apply: Spark's plan and the wait for a turn; then the apply).
 Peak resident memory of the daemon's Python process and its JVM (``/proc``'s VmHWM) is read once
 every table is ready. The import of the daemon's modules is timed apart, in a fresh interpreter.
@@ -137,8 +138,8 @@ def import_seconds() -> float:
 
 
 def timed_start(daemon: LakemirrorDaemon, targets: Mapping[str, int], kind: str) -> dict[str, Any]:
-    """Start ``daemon`` and wait until every table of ``targets`` runs with its replica at (or past)
-    the version given; the start's figures (see the module docstring)."""
+    """Start ``daemon``, wait until every table of ``targets`` runs with its replica at (or past) the
+    version given, and stop it; the start's figures (see the module docstring)."""
     log_file = daemon.workdir / "daemon.log"
     offset = log_file.stat().st_size if log_file.is_file() else 0
     load = list(os.getloadavg())
@@ -161,6 +162,7 @@ def timed_start(daemon: LakemirrorDaemon, targets: Mapping[str, int], kind: str)
                 ready[name] = round(now - started, 2)
         time.sleep(0.1)
     memory = peak_resident_mib(daemon.proc.pid)
+    daemon.stop()  # drained: every line about this start is in the log (the last table's may lag /status)
     with log_file.open("rb") as fh:
         fh.seek(offset)
         text = fh.read().decode(errors="replace")
@@ -184,7 +186,6 @@ def startup(counts: Iterable[int], rows: int, trigger: float, seed: int) -> list
         try:
             print(f"startup, {n} tables: first start ...", flush=True)
             first = timed_start(daemon, {t: s.version() for t, s in sources.items()}, "first start")
-            daemon.stop()
             rng = random.Random(seed)
             for stamp, source in enumerate(sources.values(), start=1):
                 source.change(rng, 0.01, stamp)
@@ -244,7 +245,7 @@ def render(results: list[dict[str, Any]], when: Any) -> list[str]:
 
 
 #: The launch steps the runner logs (:mod:`lakemirror.supervisor.launch_timing`), in order.
-STEP_NAMES = ("record", "slot", "describe", "bootstrap", "replica", "choose", "stream")
+STEP_NAMES = ("record", "slot", "describe", "bootstrap", "replica", "source", "choose", "stream")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -75,10 +75,11 @@ def wire_stream(session: "SparkSession", spec: PipelineSpec, slug: str, source: 
                 apply_batch: ApplyBatch, checkpoint_table: TableLocation | None,
                 mark: Callable[[str], None] = lambda step: None) -> Wiring:
     """Start the table's query for the epoch ``prepared`` names (see the module docstring); ``mark``
-    is told when the apply path is chosen (``choose``)."""
+    is told when the change stream is made (``source``) and the apply path chosen (``choose``)."""
     progress = prepared.progress
     assert progress.bootstrap_version is not None
     stream = source.changes(progress.bootstrap_version, stream_options(spec))
+    mark("source")  # Delta's streaming source reads the source's snapshot here
     app_id = txn_app_id(spec.pipeline_id, slug, progress.epoch)
     checkpoint = replica_record.stream_checkpoint(spec.checkpoint_root, spec.pipeline_id, slug, progress.epoch)
     stream_session = stream.sparkSession
