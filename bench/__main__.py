@@ -188,7 +188,7 @@ def catch_up(system: str, rows: int, commits: int, fraction: float, seed: int) -
 
 WORKLOADS = ("steady", "scale", "catch_up", "steady_cost", "bootstrap", "apply_cost", "key_lookup", "postgres",
              "production", "kafka_postgres_latency", "bootstrap_chunked", "postgres_modes", "debezium_events",
-             "debezium_events_s3")
+             "debezium_events_s3", "startup")
 
 
 def _mem(r: dict[str, Any]) -> str:
@@ -288,6 +288,10 @@ def sections(results: dict[str, Any]) -> list[Section]:
             f"## Scale: {r['tables']} tables on one driver", "",
             f"lakemirror alone, {r['tables']} tables of {r['rows_per_table']:,} rows, the same writer for "
             f"{r['seconds']:.0f} s.", "", *_steady_table(results["scale"]), *_memory(results)]))
+    if results.get("startup"):
+        from bench.startup import render as render_startup
+
+        out.append(Section("startup", "startup", results["startup"], render_startup(results["startup"])))
     if results.get("catch_up"):
         r0 = results["catch_up"][0]
         lines = ["## Catch-up", "",
@@ -485,7 +489,9 @@ def parameters(quick: bool) -> dict[str, Any]:
             "modes_rows": 20_000 if quick else 200_000,
             # Debezium events over 8 partitions into 4 tables (the benchmark), offsets per batch
             "debezium_events": 20_000 if quick else 1_000_000, "debezium_events_s3": 20_000 if quick else 200_000, "debezium_steady_seconds": 15.0 if quick else 60.0, "debezium_max_offsets": 5_000 if quick else 50_000,
-            "production": production_parameters(quick)}
+            "production": production_parameters(quick),
+            # start and restart: small tables, from process start to every table's first applied batch
+            "startup_tables": [1, 4] if quick else [1, 16, 64], "startup_rows": 1_000}
 
 
 def run_workload(name: str, p: dict[str, Any], seed: int) -> list[dict[str, Any]]:
@@ -506,6 +512,10 @@ def run_workload(name: str, p: dict[str, Any], seed: int) -> list[dict[str, Any]
         out.append(steady_lag("lakemirror", p["scale_tables"], p["scale_rows"], p["steady_seconds"], p["fraction"],
                               p["trigger"], seed, p["steady_warmup"]))
         print(f"  {out[-1]['lag']} {out[-1].get('peak_resident_mib')}", flush=True)
+    elif name == "startup":
+        from bench.startup import startup
+
+        out = startup(p["startup_tables"], p["startup_rows"], p["trigger"], seed)
     elif name == "catch_up":
         for system in ("lakemirror", "lakemirror, Spark rewrite", "delta-rs"):
             print(f"catch-up: {system} ...", flush=True)

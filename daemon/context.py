@@ -318,7 +318,9 @@ class DaemonContext(GlobalContext):
     @cached_property
     def checkpoints(self) -> CheckpointStore:
         store = DeltaCheckpointStore(self.spark, self.located(self.settings.effective_checkpoint_table))
+        started = time.monotonic()
         store.ensure()
+        log.info("checkpoint table %s ready in %.1fs", store.location.name, time.monotonic() - started)
         return store
 
     @cached_property

@@ -8,12 +8,13 @@
 
 from __future__ import annotations
 
+import logging
 import os
-import sys
-
 import re
 import shutil
 import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,8 @@ from lakemirror.object_store import needs_s3a
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
 
 LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 
@@ -159,8 +162,13 @@ def databricks_session() -> "SparkSession":
 
 
 def create_session(rt: RuntimeSettings, python_workers_stop: bool = False) -> "SparkSession":
+    """The session of ``rt``'s mode; how long it took to start is logged (a daemon's start waits for it)."""
+    started = time.monotonic()
     if rt.mode == "local":
-        return local_session(rt, python_workers_stop=python_workers_stop)
-    if rt.mode == "connect":
-        return connect_session(rt)
-    return databricks_session()
+        session = local_session(rt, python_workers_stop=python_workers_stop)
+    elif rt.mode == "connect":
+        session = connect_session(rt)
+    else:
+        session = databricks_session()
+    log.info("Spark session (%s mode) ready in %.1fs", rt.mode, time.monotonic() - started)
+    return session

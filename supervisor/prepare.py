@@ -10,8 +10,9 @@ source's columns. What it found comes back as :class:`Prepared`.
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, ContextManager, Protocol
 
 from lakemirror.checkpoints.state import StateStore, TableProgress
 from lakemirror.errors import ChangeFeedDisabled, SourceReplaced
@@ -79,9 +80,17 @@ class Preparation:
     fault: Callable[[str], None]
     #: ``enable_change_data_feed``: turn a source's change data feed on instead of refusing it.
     enable_change_feed: bool = False
+    #: Called with each step's name as it ends (``describe``, ``bootstrap``, ``replica``): the launch's timing.
+    mark: Callable[[str], None] = lambda step: None
+    #: How the source is described (default: :meth:`~lakemirror.sources.contract.ChangeSource.describe`;
+    #: the runner's reuses what an earlier launch read while it still holds, :mod:`.description`).
+    describe: Callable[[], TableInfo] | None = None
+    #: Wraps the bootstrap: the runner gives its launch slot back while the snapshot is copied.
+    while_bootstrapping: Callable[[], ContextManager[None]] = nullcontext
 
     def run(self) -> Prepared:
-        info = self.source.describe()
+        info = self.describe() if self.describe is not None else self.source.describe()
+        self.mark("describe")
         opts = self.options
         key = choose_key(self.label, info.columns, configured=opts.keys, declared=info.declared_key)
         plan = plan_merge(info.columns, key.columns, ColumnSelection(opts.include_columns, opts.exclude_columns))
@@ -93,8 +102,11 @@ class Preparation:
                 f"is now {info.table_id}); the replica no longer follows it. Resync the table.",
                 table=self.label)
         if not progress.bootstrapped:
-            progress = self.bootstrap.run(progress, info.table_id, plan, info.properties)
+            with self.while_bootstrapping():
+                progress = self.bootstrap.run(progress, info.table_id, plan, info.properties)
+            self.mark("bootstrap")
         if self.replica.prepare(plan, self.allow_schema_evolution):
             self.fault("schema_change")
+        self.mark("replica")
         log.info("table %s: key %s", self.label, key.describe())
         return Prepared(key, plan, progress, RetentionWindow.from_properties(info.properties))

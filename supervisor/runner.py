@@ -27,12 +27,15 @@ import logging
 import random
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
 from lakemirror import tables
 from lakemirror.checkpoints.bootstrap_state import BootstrapStore, bootstrap_store_for
+from lakemirror.checkpoints.descriptions import DescriptionStore, FileDescriptionStore
 from lakemirror.checkpoints.records import CheckpointStore
 from lakemirror.checkpoints.state import StateStore, TableProgress
 from lakemirror.errors import LakemirrorError
@@ -46,22 +49,26 @@ from lakemirror.sinks.postgres.spark_batches import PostgresTable
 from lakemirror.sinks.postgres.waits import ServerCalls
 from lakemirror.sources.catalog import Catalog
 from lakemirror.sources.delta_source import DeltaChangeFeed
+from lakemirror.sources.described import LocalCommitFiles
 from lakemirror.sources.feed_range import applied_through_from_offset
 from lakemirror.supervisor import replica_record
 from lakemirror.supervisor import state as sm
 from lakemirror.supervisor.batch_apply import BatchApply, Drained, RowWriter
 from lakemirror.supervisor.bootstrap import Bootstrap
 from lakemirror.supervisor.classify import classify
+from lakemirror.supervisor.description import SourceDescription
 from lakemirror.supervisor.destination_wait import WaitReport
 from lakemirror.supervisor.failure import failed_event
 from lakemirror.supervisor.lag import LagReading
 from lakemirror.supervisor.lag_probe import LagProbe
+from lakemirror.supervisor.launch_slots import LaunchSlots, default_launch_slots
+from lakemirror.supervisor.launch_timing import LaunchTimer, first_batch_line
 from lakemirror.supervisor.prepare import Preparation, Prepared
 from lakemirror.supervisor.spec import PipelineSpec
 from lakemirror.supervisor.stream_wiring import wire_stream
 from lakemirror.supervisor.table_live import BatchReport, StreamLatency, TableLive
 from lakemirror.supervisor.table_turns import TableTurns
-from lakemirror.tables import own_session
+from lakemirror.tables import is_local_path, own_session
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -92,6 +99,11 @@ class RunnerContext:
     #: chunked bootstrap keeps its plan (default: beside ``states``); both made from the spec if None.
     bootstrap_slots: threading.Semaphore | None = None
     bootstraps: BootstrapStore | None = None
+    #: Where each table's source description is kept between runs (default: in the pipeline's
+    #: checkpoint folder when it is on the driver's file system; None: every launch describes by Spark).
+    descriptions: DescriptionStore | None = None
+    #: How many tables launch at once (default: :func:`~.launch_slots.default_launch_slots`).
+    launch_slots: LaunchSlots | None = None
 
     #: The Postgres server the replicas go to (``destination.kind: postgres``); None: Delta replicas.
     postgres: "Connector | None" = None
@@ -101,6 +113,10 @@ class RunnerContext:
             self.bootstrap_slots = threading.BoundedSemaphore(max(1, self.spec.bootstrap.parallel_chunks))
         if self.bootstraps is None:
             self.bootstraps = bootstrap_store_for(self.states)
+        if self.launch_slots is None:
+            self.launch_slots = LaunchSlots(default_launch_slots())
+        if self.descriptions is None and is_local_path(self.spec.checkpoint_root):
+            self.descriptions = FileDescriptionStore(Path(self.spec.checkpoint_root) / self.spec.pipeline_id)
 
 
 #: Where the torture harness may kill the daemon (tests/torture): each is a moment at which a
@@ -154,6 +170,11 @@ class TableRunner:
         self._resync_reason: str | None = None
         self._resynced_from_table_id: str | None = None
         self.prepared: Prepared | None = None
+        #: The latest launch's timing (logged once its stream starts, and with its first batch).
+        self._timer: LaunchTimer | None = None
+        self._stream_started_at: float | None = None
+        self._first_batch_logged = False
+        self._launches = 0
         self.rows = RowWriter(ctx.spec.pipeline_id, str(self.source), str(self.destination), ctx.checkpoints,
                               ctx.clock, lambda: self.session)
         self.apply_batch = BatchApply(
@@ -186,6 +207,13 @@ class TableRunner:
         return DeltaReplica(self.session, self.ctx.catalog, self.destination, str(self.source), spec.pipeline_id,
                             ApplyLimits(spec.rewrite_below_bytes, spec.driver_apply, spec.driver_apply_below_bytes),
                             spec.replica_properties)
+
+    @cached_property
+    def description(self) -> SourceDescription:
+        """The source's description for a launch, reused from an earlier one while it holds."""
+        location = self.ctx.catalog.locate(self.source)
+        return SourceDescription(self.change_source, location, LocalCommitFiles.for_table(location),
+                                 self.ctx.descriptions, self.slug, str(self.source))
 
     @cached_property
     def lag(self) -> LagProbe:
@@ -317,7 +345,20 @@ class TableRunner:
             self._collect_connect_batches(query)
         if self.waits is not None:
             self.waits.check()
-        return live.take_events()
+        events = live.take_events()
+        if not self._first_batch_logged:
+            self._log_first_batch(events)
+        return events
+
+    def _log_first_batch(self, events: list["sm.Event | BatchReport | BootstrapProgress"]) -> None:
+        """Say how long after its launch began the table applied its first batch (once a launch)."""
+        report = next((e for e in events if isinstance(e, BatchReport)), None)
+        if report is None or self._timer is None:
+            return
+        self._first_batch_logged = True
+        log.info(first_batch_line(str(self.source), report.batch_id, launch_began=self._timer.started,
+                                  stream_started=self._stream_started_at,
+                                  apply_began=report.ended_at - report.duration_seconds, ended=report.ended_at))
 
     def _failed(self, error: LakemirrorError) -> sm.Failed:
         spec = self.ctx.spec
@@ -385,19 +426,32 @@ class TableRunner:
             self.live.advance(record.applied_through)
 
     def _launch(self) -> None:
+        self._launches += 1
+        timer = self._timer = LaunchTimer(self.ctx.clock)
+        self._stream_started_at, self._first_batch_logged = None, False
+        slots = self.ctx.launch_slots
+        assert slots is not None
         try:
             self._adopt_record()
-            prepared = self.prepare()
-            if self.live.draining:
-                return
-            self.prepared = prepared
-            if self._resync_reason is not None:
-                self._record_event(f"resync: {self._resync_reason}{self._replacement_note(prepared.progress)}",
-                                   prepared.progress, degraded=False)
-                self._resync_reason = None
-            if self.live.applied_through is None:
-                self.live.applied_through = prepared.progress.bootstrap_version
-            self._start_stream(prepared)
+            timer.mark("record")
+            with slots.held():
+                timer.mark("slot")
+                if self.live.draining:
+                    return
+                prepared = self.prepare(timer.mark, slots.given_back)
+                if self.live.draining:
+                    return
+                self.prepared = prepared
+                if self._resync_reason is not None:
+                    self._record_event(f"resync: {self._resync_reason}{self._replacement_note(prepared.progress)}",
+                                       prepared.progress, degraded=False)
+                    self._resync_reason = None
+                if self.live.applied_through is None:
+                    self.live.applied_through = prepared.progress.bootstrap_version
+                self._start_stream(prepared, timer.mark)
+                timer.mark("stream")
+            self._stream_started_at = timer.last_mark
+            log.info("table %s: stream started %s after the launch began", self.source, timer.describe())
             self.live.emit(sm.StreamStarted())
         except BootstrapInterrupted as exc:  # a drain stopped the bootstrap between chunks: not a failure
             log.info("table %s: %s", self.source, exc)
@@ -420,14 +474,18 @@ class TableRunner:
             return f" The source was dropped and recreated (table id {before} is now {after})."
         return ""
 
-    def prepare(self) -> Prepared:
-        """Key, plan, checks, bootstrap and schema of the table (:mod:`.prepare`)."""
+    def prepare(self, mark: Callable[[str], None] = lambda step: None,
+                while_bootstrapping: Callable[[], ContextManager[None]] = nullcontext) -> Prepared:
+        """Key, plan, checks, bootstrap and schema of the table (:mod:`.prepare`); ``mark`` is told
+        as each step ends, ``while_bootstrapping`` wraps the bootstrap."""
         ctx, label = self.ctx, str(self.source)
         bootstrap = Bootstrap(self.change_source, self.replica, ctx.states, self.slug, label, str(self.destination),
                               ctx.fault, self.live.emit, self._chunked_copy())
+        reuse = self._launches == 1  # a relaunch (a retry, a resume, a resync) describes the table afresh
         return Preparation(self.change_source, self.replica, ctx.states, self.slug, label,
                            ctx.spec.options_for(self.table), ctx.spec.allow_schema_evolution, bootstrap,
-                           ctx.fault, ctx.spec.enable_change_data_feed).run()
+                           ctx.fault, ctx.spec.enable_change_data_feed, mark,
+                           lambda: self.description.describe(reuse), while_bootstrapping).run()
 
     def _chunked_copy(self) -> ChunkedCopy | None:
         """A Delta replica bootstraps in chunks (one when the table is small); other replicas
@@ -446,10 +504,10 @@ class TableRunner:
             slots=ctx.bootstrap_slots, clock=ctx.clock, fault=ctx.fault, on_progress=self.live.emit,
             stopping=lambda: self.live.draining)
 
-    def _start_stream(self, prepared: Prepared) -> None:
+    def _start_stream(self, prepared: Prepared, mark: Callable[[str], None] = lambda step: None) -> None:
         wiring = wire_stream(self.session, self.ctx.spec, self.slug, self.change_source, self.replica,
                              self.ctx.catalog.locate(self.destination), prepared, self.apply_batch,
-                             getattr(self.ctx.checkpoints, "location", None))
+                             getattr(self.ctx.checkpoints, "location", None), mark)
         self._connect, self._connect_progress_id = wiring.connect, None
         self.batch_feed, self.stream_session = wiring.batch_feed, wiring.stream_session
         self.turns.gate, self.turns.turn_query = wiring.gate, wiring.turn_query

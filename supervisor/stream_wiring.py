@@ -72,11 +72,14 @@ def stream_options(spec: PipelineSpec) -> dict[str, Any]:
 
 def wire_stream(session: "SparkSession", spec: PipelineSpec, slug: str, source: DeltaChangeFeed,
                 replica: TableReplica[Any], destination: TableLocation, prepared: Prepared,
-                apply_batch: ApplyBatch, checkpoint_table: TableLocation | None) -> Wiring:
-    """Start the table's query for the epoch ``prepared`` names (see the module docstring)."""
+                apply_batch: ApplyBatch, checkpoint_table: TableLocation | None,
+                mark: Callable[[str], None] = lambda step: None) -> Wiring:
+    """Start the table's query for the epoch ``prepared`` names (see the module docstring); ``mark``
+    is told when the change stream is made (``source``) and the apply path chosen (``choose``)."""
     progress = prepared.progress
     assert progress.bootstrap_version is not None
     stream = source.changes(progress.bootstrap_version, stream_options(spec))
+    mark("source")  # Delta's streaming source reads the source's snapshot here
     app_id = txn_app_id(spec.pipeline_id, slug, progress.epoch)
     checkpoint = replica_record.stream_checkpoint(spec.checkpoint_root, spec.pipeline_id, slug, progress.epoch)
     stream_session = stream.sparkSession
@@ -93,6 +96,14 @@ def wire_stream(session: "SparkSession", spec: PipelineSpec, slug: str, source: 
         return wiring
 
     sink = replica.batch_sink(prepared.plan, progress.epoch)
+    # The apply path is chosen here, on the launch's thread, beside the other tables' launches: left
+    # to the first batch, its Spark jobs on the replica would take turn time the tables share.
+    from lakemirror.sinks.merge.delta_merge import DeltaMergeSink
+    from lakemirror.sinks.merge.row_isolation import IsolatingMergeSink
+
+    if isinstance(sink, (DeltaMergeSink, IsolatingMergeSink)):
+        sink.ensure_chosen()
+        mark("choose")
     gate = TurnGate() if spec.apply_workers > 0 else None
     feed = BatchFeed.for_stream(checkpoint, source.location, progress.bootstrap_version)
 

@@ -177,9 +177,7 @@ class DeltaMergeSink:
         session = batch.sparkSession
         observation = Observation(f"lakemirror_batch_{next(_observation_ids)}")
         watched = batch.observe(observation, *self._stats_columns())
-        if self._choose is not None:
-            self._use(*self._choose())
-            self._choose = None
+        self.ensure_chosen()
         if self.driver is not None:
             outcome = self._drive(self.driver, batch, txn, read)
             if outcome is not None:
@@ -191,6 +189,12 @@ class DeltaMergeSink:
         observed = observed_metrics(observation)
         stats = _stats_from(observed) if observed is not None else self.stats(batch)
         return self._outcome(session, txn, stats, answer)
+
+    def ensure_chosen(self) -> None:
+        """Choose the apply path now, if no batch has chosen it yet (a stable source only)."""
+        if self._choose is not None:
+            self._use(*self._choose())
+            self._choose = None
 
     def _rewrite_stable(self, batch: "DataFrame", watched: "DataFrame", observation: Any, txn: TxnId,
                         choice: ApplyChoice) -> MergeOutcome:

@@ -4,8 +4,9 @@ The bootstrap writes the snapshot in one commit that also stamps the replica wit
 source, epoch and bootstrap version (:mod:`lakemirror.sinks.batch.snapshot_copy`); preparing adds the
 source's new columns when the pipeline allows it (:func:`evolution`, pure); each epoch's batches go
 through one :class:`~lakemirror.sinks.merge.delta_merge.DeltaMergeSink`, whose path (MERGE, rewrite of a
-small replica, or the driver's delta-rs MERGE) the first batch chooses
-(:func:`~lakemirror.sinks.merge.apply_choice.choose_apply`).
+small replica, or the driver's delta-rs MERGE) is chosen as the stream starts
+(:func:`~lakemirror.sinks.merge.apply_choice.choose_apply`). A replica on the driver's file system
+has its columns and facts read from its log by delta-rs (:mod:`.local_replica`), with no Spark job.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from lakemirror.schema import Column
 from lakemirror.sinks.batch import snapshot_copy
 from lakemirror.sinks.merge.apply_choice import ApplyChoice, choose_apply
 from lakemirror.sinks.merge.delta_merge import DeltaMergeSink
+from lakemirror.sinks.merge.local_replica import LocalReplica
 from lakemirror.sinks.merge.row_isolation import FEED_DEAD_LETTERS, FeedDeadLetters, IsolatingMergeSink
 from lakemirror.sinks.merge.planner import MergePlan, diff_schema
 from lakemirror.sources.catalog import Catalog
@@ -119,6 +121,9 @@ class DeltaReplica:
 
     def prepare(self, plan: MergePlan, allow_evolution: bool) -> bool:
         dst = self.catalog.locate(self.name)
+        local = LocalReplica.open(dst.path)
+        if local is not None and diff_schema(plan.columns, local.columns()).is_empty:
+            return False  # the replica's log, read on the driver, has the plan's columns: nothing to add
         added = evolution(self.source, plan, snapshot_copy.replica_columns(self.spark, dst), allow_evolution)
         if not added:
             return False
@@ -137,9 +142,13 @@ class DeltaReplica:
                                   letters, self.source, time.time)
 
     def choose_apply(self, plan: MergePlan) -> tuple[ApplyChoice, int]:
-        """MERGE, rewrite or the driver's MERGE, asked by the first batch: two Spark jobs on the
-        replica that need not delay the table's start."""
-        facts = snapshot_copy.replica_facts(self.spark, self.catalog.locate(self.name))
+        """MERGE, rewrite or the driver's MERGE, chosen from the replica's facts: read from its log on
+        the driver where it can (:mod:`.local_replica`), else by two Spark jobs on the replica."""
+        target = self.catalog.locate(self.name)
+        local = LocalReplica.open(target.path)
+        facts = local.facts(observable=hasattr(self.spark, "_jsparkSession")) if local is not None else None
+        if facts is None:
+            facts = snapshot_copy.replica_facts(self.spark, target)
         choice = choose_apply(facts, plan.column_names, self.limits.rewrite_below_bytes,
                               driver_apply=self.limits.driver_apply,
                               driver_apply_below_bytes=self.limits.driver_apply_below_bytes,

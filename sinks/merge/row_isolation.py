@@ -118,6 +118,10 @@ class IsolatingMergeSink:
         self.table = table
         self.clock = clock
 
+    def ensure_chosen(self) -> None:
+        """Choose the replica's apply path now (:meth:`DeltaMergeSink.ensure_chosen`)."""
+        self.inner.ensure_chosen()
+
     def apply(self, batch: "DataFrame", txn: TxnId, read: Any = None) -> MergeOutcome:
         try:
             return self.inner.apply(batch, txn, read)
