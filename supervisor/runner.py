@@ -114,6 +114,7 @@ FAULT_POINTS = (
     "schema_change",               # the replica gained columns, the stream not restarted yet
     "before_merge",                # a micro-batch is planned (offsets logged), nothing written
     "after_merge",                 # the MERGE is committed, its checkpoint row is not
+    "after_driver_commit",         # the driver's delta-rs commit (local or on S3) is durable, nothing after it
     "before_commit_log",           # the checkpoint row is written, Spark's commit log is not
     # A Postgres replica's batch (sinks/postgres/executor.py), inside its one transaction:
     "postgres_after_copy",         # the winners are COPYed into staging, nothing upserted
@@ -185,7 +186,7 @@ class TableRunner:
         spec = self.ctx.spec
         return DeltaReplica(self.session, self.ctx.catalog, self.destination, str(self.source), spec.pipeline_id,
                             ApplyLimits(spec.rewrite_below_bytes, spec.driver_apply, spec.driver_apply_below_bytes),
-                            spec.replica_properties)
+                            spec.replica_properties, fault=self.ctx.fault)
 
     @cached_property
     def lag(self) -> LagProbe:
