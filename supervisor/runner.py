@@ -58,7 +58,7 @@ from lakemirror.supervisor.lag import LagReading
 from lakemirror.supervisor.lag_probe import LagProbe
 from lakemirror.supervisor.prepare import Preparation, Prepared
 from lakemirror.supervisor.spec import PipelineSpec
-from lakemirror.supervisor.stream_wiring import wire_stream
+from lakemirror.supervisor.stream_wiring import apply_detail, wire_stream
 from lakemirror.supervisor.table_live import BatchReport, StreamLatency, TableLive
 from lakemirror.supervisor.table_turns import TableTurns
 from lakemirror.tables import own_session
@@ -144,6 +144,8 @@ class TableRunner:
         self._healthy_query: "StreamingQuery | None" = None
         #: The driver path's delta-rs read of this launch's batches (None: Spark reads every batch).
         self.batch_feed: BatchFeed | None = None
+        #: The batch sink of this launch's query (its apply path, for status); None over Spark Connect.
+        self._sink: Any = None
         #: Spark Connect: the batches the server-side batch function recorded (None: a local session).
         self._connect: ConnectBatches | None = None
         self._connect_progress_id: int | None = None
@@ -228,6 +230,11 @@ class TableRunner:
         """Whether the table's always-on query is up (observability and tests)."""
         query = self.live.query
         return query is not None and bool(query.isActive)
+
+    def describe(self) -> dict[str, Any] | None:
+        """The table's own status (``detail`` of ``/status``): how its batches reach the replica."""
+        detail = apply_detail(self._sink, self.batch_feed)
+        return None if detail is None else {"apply": detail}
 
     def _lag_seconds(self) -> float | None:
         last = self.last_lag
@@ -374,10 +381,11 @@ class TableRunner:
         that fails to start reports what its replica holds, not its epoch's bootstrap version."""
         spec = self.ctx.spec
         try:
+            replica = self.ctx.catalog.locate(self.destination).path
             record = replica_record.read_record(
                 self.ctx.states.load(self.slug), checkpoint_root=spec.checkpoint_root, pipeline_id=spec.pipeline_id,
-                table_slug=self.slug, replica_path=self.ctx.catalog.locate(self.destination).path,
-                source_path=self.ctx.catalog.locate(self.source).path)
+                table_slug=self.slug, replica_path=replica, source_path=self.ctx.catalog.locate(self.source).path,
+                replica_target=replica_record.remote_target(self.session, replica) if self.pg is None else None)
         except Exception as exc:  # noqa: BLE001 (the stream's own progress remains)
             log.info("table %s: cannot read the replica's transaction record: %s", self.source, exc)
             record = None
@@ -452,7 +460,7 @@ class TableRunner:
                              self.ctx.catalog.locate(self.destination), prepared, self.apply_batch,
                              getattr(self.ctx.checkpoints, "location", None))
         self._connect, self._connect_progress_id = wiring.connect, None
-        self.batch_feed, self.stream_session = wiring.batch_feed, wiring.stream_session
+        self.batch_feed, self.stream_session, self._sink = wiring.batch_feed, wiring.stream_session, wiring.sink
         self.turns.gate, self.turns.turn_query = wiring.gate, wiring.turn_query
         self.live.query = wiring.query
 

@@ -58,6 +58,8 @@ class Wiring:
     batch_feed: BatchFeed | None = None
     #: The session the query is started in.
     stream_session: "SparkSession | None" = None
+    #: The batch sink the batch function applies through (None over Spark Connect: it runs on the server).
+    sink: Any = None
 
 
 def stream_options(spec: PipelineSpec) -> dict[str, Any]:
@@ -108,7 +110,24 @@ def wire_stream(session: "SparkSession", spec: PipelineSpec, slug: str, source: 
             gate.pass_batch(apply, batch_id)
 
     query = writer.foreachBatch(batch_function).trigger(processingTime=f"{spec.trigger_interval_seconds} seconds").start()
-    return Wiring(query=query, gate=gate, batch_feed=feed, stream_session=stream_session)
+    return Wiring(query=query, gate=gate, batch_feed=feed, stream_session=stream_session, sink=sink)
+
+
+def apply_detail(sink: Any, feed: BatchFeed | None) -> dict[str, Any] | None:
+    """How a table's batches reach its replica, for ``/status`` (``detail.apply``): the path its sink
+    takes and why (:mod:`lakemirror.sinks.merge.apply_choice`), why the latest batch took another one
+    if it did, and how many batches delta-rs read instead of Spark. None before the first batch chose."""
+    choice = getattr(sink, "choice", None)
+    if choice is None:
+        return None
+    out: dict[str, Any] = {"path": choice.path, "reason": choice.reason}
+    note = getattr(sink, "batch_note", None)
+    if note:
+        out["latest_batch"] = note
+    if feed is not None:
+        out["batches_read_by_delta_rs"] = feed.read_by_delta_rs
+        out["batches_read_by_spark"] = feed.read_by_spark
+    return out
 
 
 def _connect_query(session: "SparkSession", spec: PipelineSpec, source: DeltaChangeFeed, destination: TableLocation,

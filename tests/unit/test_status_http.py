@@ -72,3 +72,24 @@ def test_not_ready_reasons() -> None:
         "customers is degraded: ConcurrentAppendException",
         "new is starting",
     ]
+
+
+def test_status_names_each_tables_apply_path_and_why_a_batch_took_another() -> None:
+    from types import SimpleNamespace
+
+    from lakemirror.daemon.status import render_apply_paths
+    from lakemirror.sinks.merge.apply_choice import DRIVER, ApplyChoice
+    from lakemirror.supervisor.stream_wiring import apply_detail
+
+    sink = SimpleNamespace(choice=ApplyChoice(DRIVER, "applies on the driver by a delta-rs MERGE on object storage"),
+                           batch_note="batch 7 had more change rows than the driver takes (10000): Spark applied it")
+    detail = apply_detail(sink, None)
+    assert detail == {"path": "driver", "reason": "applies on the driver by a delta-rs MERGE on object storage",
+                      "latest_batch": "batch 7 had more change rows than the driver takes (10000): Spark applied it"}
+    assert apply_detail(SimpleNamespace(choice=None), None) is None, "nothing chosen before the first batch"
+    text = render_apply_paths([{"table": "orders", "detail": {"apply": detail}}, {"table": "idle", "detail": None}])
+    assert text.splitlines() == [
+        "apply paths:",
+        "  orders: driver: applies on the driver by a delta-rs MERGE on object storage (latest batch: batch 7 had "
+        "more change rows than the driver takes (10000): Spark applied it)"]
+    assert render_apply_paths([{"table": "idle"}]) == ""
