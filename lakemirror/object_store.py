@@ -185,3 +185,18 @@ def delta_rs_target(spark: "SparkSession", path: str) -> "tuple[str, dict[str, s
     if delta_rs_unreachable(path, hadoop, own_jvm=has_own_jvm(spark)) is not None:
         return None
     return delta_rs_uri(path), delta_rs_storage_options(hadoop)
+
+
+def delta_rs_reader(spark: "SparkSession", path: str | None) -> "tuple[str, dict[str, str]] | None":
+    """How delta-rs reads the path-based table at ``path`` (it writes nothing there, so the store's
+    conditional writes do not matter): a local path, or ``s3a://`` through the session's s3a
+    settings; None elsewhere (a table known by name, another store, Spark Connect)."""
+    from lakemirror.tables import has_own_jvm, is_local_path
+
+    if path is None:
+        return None
+    if is_local_path(path):
+        return path, {}
+    if not is_s3a(path) or not has_own_jvm(spark):
+        return None
+    return delta_rs_uri(path), delta_rs_storage_options(session_s3a_conf(spark))

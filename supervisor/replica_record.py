@@ -32,6 +32,7 @@ from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.txn import BatchStats, MergeOutcome, txn_app_id
 from lakemirror.sources.feed_range import applied_through_from_offset
 from lakemirror.sources.feed_range import LocalCommitActions
+from lakemirror.sources.log_reader import StoreCommitActions
 from lakemirror.tables import is_local_table, local_dir
 
 log = logging.getLogger(__name__)
@@ -70,19 +71,21 @@ def replica_txn_version(replica_path: str | None, app_id: str,
 
 
 def remote_target(spark: Any, path: str | None) -> "tuple[str, dict[str, str]] | None":
-    """How delta-rs reads the replica at ``path`` when it is on S3 (its URI and storage options, from
+    """How delta-rs reads the table at ``path`` when it is on S3 (its URI and storage options, from
     the session's s3a settings); None for any other location."""
-    from lakemirror.object_store import delta_rs_target, is_s3a
+    from lakemirror.object_store import delta_rs_reader, is_s3a
 
     if path is None or not is_s3a(path):
         return None
-    return delta_rs_target(spark, path)
+    return delta_rs_reader(spark, path)
 
 
-def applied_through_after_batch(checkpoint: str, batch_id: int, source_path: str | None = None) -> int | None:
+def applied_through_after_batch(checkpoint: str, batch_id: int, source_path: str | None = None,
+                                source_target: "tuple[str, dict[str, str]] | None" = None) -> int | None:
     """The last source version fully applied once batch ``batch_id`` of ``checkpoint`` is applied
     (from the end offset Spark logged for the batch before running it, and, for a source on the
-    driver's file system, the number of files of the offset's version)."""
+    driver's file system or one delta-rs reads in S3 (``source_target``: its URI and storage
+    options), the number of files of the offset's version)."""
     folder = local_dir(checkpoint)
     if folder is None:
         return None
@@ -91,8 +94,10 @@ def applied_through_after_batch(checkpoint: str, batch_id: int, source_path: str
         files = None
         source_dir = local_dir(source_path) if source_path is not None and is_local_table(source_path) else None
         parsed = json.loads(offset) if offset is not None else None
-        if source_dir is not None and isinstance(parsed, dict) and "reservoirVersion" in parsed:
-            shape = LocalCommitActions(str(source_dir)).shape(int(parsed["reservoirVersion"]))
+        if isinstance(parsed, dict) and "reservoirVersion" in parsed:
+            version = int(parsed["reservoirVersion"])
+            shape = (LocalCommitActions(str(source_dir)).shape(version) if source_dir is not None else
+                     StoreCommitActions(*source_target).shape(version) if source_target is not None else None)
             files = shape.files if shape is not None else None
         return applied_through_from_offset(offset, files)
     except (OSError, UnicodeDecodeError, KeyError, ValueError, TypeError):
@@ -108,10 +113,11 @@ class ReplicaRecord:
 
 def read_record(progress: TableProgress, *, checkpoint_root: str, pipeline_id: str, table_slug: str,
                 replica_path: str | None, source_path: str | None = None,
-                replica_target: "tuple[str, dict[str, str]] | None" = None) -> ReplicaRecord | None:
+                replica_target: "tuple[str, dict[str, str]] | None" = None,
+                source_target: "tuple[str, dict[str, str]] | None" = None) -> ReplicaRecord | None:
     """The replica's record for the table's current epoch; None when it cannot be read here.
-    ``replica_target``: how delta-rs reaches a replica that is not on the driver's file system (its
-    URI and storage options)."""
+    ``replica_target`` / ``source_target``: how delta-rs reaches a replica or a source that is not on
+    the driver's file system (its URI and storage options)."""
     if not progress.bootstrapped or progress.bootstrap_version is None:
         return None
     app_id = txn_app_id(pipeline_id, table_slug, progress.epoch)
@@ -124,7 +130,7 @@ def read_record(progress: TableProgress, *, checkpoint_root: str, pipeline_id: s
     if txn is None:
         return ReplicaRecord(app_id, None, progress.bootstrap_version)
     checkpoint = stream_checkpoint(checkpoint_root, pipeline_id, table_slug, progress.epoch)
-    through = applied_through_after_batch(checkpoint, txn, source_path)
+    through = applied_through_after_batch(checkpoint, txn, source_path, source_target)
     return ReplicaRecord(app_id, txn, through)
 
 

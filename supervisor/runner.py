@@ -233,7 +233,7 @@ class TableRunner:
 
     def describe(self) -> dict[str, Any] | None:
         """The table's own status (``detail`` of ``/status``): how its batches reach the replica."""
-        detail = apply_detail(self._sink, self.batch_feed)
+        detail = apply_detail(self._sink, self.batch_feed, self.turns.feed)
         return None if detail is None else {"apply": detail}
 
     def _lag_seconds(self) -> float | None:
@@ -381,11 +381,12 @@ class TableRunner:
         that fails to start reports what its replica holds, not its epoch's bootstrap version."""
         spec = self.ctx.spec
         try:
-            replica = self.ctx.catalog.locate(self.destination).path
+            replica, source = self.ctx.catalog.locate(self.destination).path, self.ctx.catalog.locate(self.source).path
             record = replica_record.read_record(
                 self.ctx.states.load(self.slug), checkpoint_root=spec.checkpoint_root, pipeline_id=spec.pipeline_id,
-                table_slug=self.slug, replica_path=replica, source_path=self.ctx.catalog.locate(self.source).path,
-                replica_target=replica_record.remote_target(self.session, replica) if self.pg is None else None)
+                table_slug=self.slug, replica_path=replica, source_path=source,
+                replica_target=replica_record.remote_target(self.session, replica) if self.pg is None else None,
+                source_target=replica_record.remote_target(self.session, source))
         except Exception as exc:  # noqa: BLE001 (the stream's own progress remains)
             log.info("table %s: cannot read the replica's transaction record: %s", self.source, exc)
             record = None
@@ -461,7 +462,7 @@ class TableRunner:
                              getattr(self.ctx.checkpoints, "location", None))
         self._connect, self._connect_progress_id = wiring.connect, None
         self.batch_feed, self.stream_session, self._sink = wiring.batch_feed, wiring.stream_session, wiring.sink
-        self.turns.gate, self.turns.turn_query = wiring.gate, wiring.turn_query
+        self.turns.gate, self.turns.turn_query, self.turns.feed = wiring.gate, wiring.turn_query, wiring.feed_batches
         self.live.query = wiring.query
 
     # -- turns (apply_workers > 0) --------------------------------------------------------------

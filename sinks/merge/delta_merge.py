@@ -48,6 +48,7 @@ from lakemirror.tables import TableLocation
 from lakemirror.sql_exec import run_sql
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
 _observation_ids = itertools.count()
@@ -195,9 +196,7 @@ class DeltaMergeSink:
         session = batch.sparkSession
         observation = Observation(f"lakemirror_batch_{next(_observation_ids)}")
         watched = batch.observe(observation, *self._stats_columns())
-        if self._choose is not None:
-            self._use(*self._choose())
-            self._choose = None
+        self.ensure_chosen()
         if self.driver is not None:
             outcome = self._drive(self.driver, batch, txn, read)
             if outcome is not None:
@@ -209,6 +208,27 @@ class DeltaMergeSink:
         observed = observed_metrics(observation)
         stats = _stats_from(observed) if observed is not None else self.stats(batch)
         return self._outcome(session, txn, stats, answer)
+
+    def ensure_chosen(self) -> None:
+        """Choose the apply path now, if no batch has chosen it yet (a stable source only)."""
+        if self._choose is not None:
+            self._use(*self._choose())
+            self._choose = None
+
+    def apply_changes(self, changes: "pa.Table", txn: TxnId, recount: Callable[[], ApplyCounts]) -> MergeOutcome | None:
+        """A batch's change rows read by delta-rs (``DriverApply.wanted_columns``, preimages left out),
+        applied on the driver under ``txn``; None when the driver does not take it and nothing was
+        written (no driver path, a batch too large, or one delta-rs refused): Spark is to apply it."""
+        self.ensure_chosen()
+        driver = self.driver
+        if driver is None:
+            return None
+        try:
+            outcome = driver.apply_changes(changes, txn, recount)
+        except DriverUnfit as exc:
+            self.refused(exc)
+            return None
+        return self.driven(driver, outcome, txn)
 
     def _rewrite_stable(self, batch: "DataFrame", watched: "DataFrame", observation: Any, txn: TxnId,
                         choice: ApplyChoice) -> MergeOutcome:
