@@ -87,6 +87,9 @@ class FeedBatches:
     def take(self) -> str | None:
         """Apply the table's next batch from the commit files: None when done (a batch applied, or the
         source has nothing new), else why Spark is to plan the turn's batch."""
+        self.sink.ensure_chosen()
+        if self.sink.driver is None:  # delta-rs refused a batch, or the replica outgrew the driver's limit
+            return self._to_spark("the replica is no longer applied on the driver")
         latest, table_id = self._source()
         plan = plan_feed_batch(latest_offsets=self.log.latest_offsets(), latest_commit=self.log.latest_commit(),
                                offset_of=self.log.source_offset, latest_version=latest,
