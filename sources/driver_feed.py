@@ -94,17 +94,17 @@ class DriverFeed:
         """Why this source's batches are left to Spark's read; None when they need not be."""
         return readable_by_delta_rs(self._source())
 
-    def _checked_source(self) -> Any:
-        """The source, brought up to date, checked again each time: a property change (column
-        mapping turned on, say) need not restart the stream."""
-        source = self._source()
+    def _checked_source(self, update: bool = True) -> Any:
+        """The source, brought up to date (unless ``update`` is false: it was just now), checked again
+        each time: a property change (column mapping turned on, say) need not restart the stream."""
+        source = self._source() if update or self._table is None else self._table
         why = readable_by_delta_rs(source)
         if why is not None:
             raise FeedUnfit(why)
         return source
 
     def read(self, versions: VersionRange, columns: Sequence[str], max_rows: int,
-             table_id: str | None = None) -> "pa.Table":
+             table_id: str | None = None, update: bool = True) -> "pa.Table":
         """The change rows (preimages left out) of ``versions``: ``columns``, which must include the
         three change-feed columns. Raises :class:`FeedTooLarge` past ``max_rows`` rows, and
         :class:`ValueError` when the table at the path is not ``table_id`` (recreated since Spark
@@ -114,7 +114,7 @@ class DriverFeed:
         wanted = list(columns)
         if versions.empty:
             return self._normalised(pa.table({c: pa.array([], pa.null()) for c in wanted}), wanted, empty=True)
-        source = self._checked_source()
+        source = self._checked_source(update)
         if table_id is not None and source.metadata().id != table_id:
             raise ValueError(f"the table at {self.path} is now {source.metadata().id}, not {table_id}")
         reader = pa.RecordBatchReader.from_stream(source.load_cdf(

@@ -104,7 +104,7 @@ class FeedBatches:
         changes: "pa.Table | None" = None
         if not batch.versions.empty and (recorded is None or batch.batch_id > recorded):
             try:
-                changes = self.feed.read(batch.versions, self.sink_columns(), self.max_rows(), table_id)
+                changes = self.feed.read(batch.versions, self.sink_columns(), self.max_rows(), table_id, update=False)
             except FeedTooLarge:
                 return self._to_spark(f"versions {batch.versions.first}-{batch.versions.last} hold more change rows "
                                       f"than the driver takes ({self.max_rows()})")
