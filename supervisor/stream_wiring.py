@@ -162,6 +162,8 @@ def feed_mode(spec: PipelineSpec, sink: Any, source: TableLocation, remote: "tup
     source under test)."""
     from lakemirror.sinks.merge.delta_merge import DeltaMergeSink
 
+    if not spec.commit_file_batches:
+        return "commit_file_batches is off"
     if spec.apply_workers <= 0:
         return "the tables do not take turns (apply_workers: 0)"
     if spec.kernel_change_feed:

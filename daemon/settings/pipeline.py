@@ -330,6 +330,13 @@ class Settings(BaseSettings):
         "by delta-rs on the driver even when larger than rewrite_below_bytes: its MERGE streams the replica, so "
         "its memory does not grow with it (a 10M-row replica: about 260 MiB; it spills past 1 GiB). Larger "
         "replicas take Spark's MERGE.")
+    commit_file_batches: bool = Field(
+        True, description="With turns (apply_workers >= 1) and driver_apply, a table whose source delta-rs reads "
+        "(a local path, or s3a:// with the session's fs.s3a settings) plans each batch of up to 32 plain source "
+        "versions from the source's commit files and reads it with delta-rs, without Delta's streaming source and "
+        "its two snapshots of the source a batch; the epoch's first batch, a backlog, a schema change and other "
+        "commits delta-rs may read differently are planned by Spark (docs/how-it-works.md#stream). false: Spark's "
+        "streaming source plans every batch, each table's query stays up and its batches wait for their turns.")
     kernel_change_feed: bool = Field(
         False, description="Opt-in, for testing only: sources at a path (the embedded lakehouse) have their change "
         "feed streamed by Delta's Kernel-based streaming source, reached only through Delta 4.4's "
