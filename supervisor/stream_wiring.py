@@ -117,9 +117,10 @@ def wire_stream(session: "SparkSession", spec: PipelineSpec, slug: str, source: 
     else:
         from lakemirror.sinks.merge.delta_merge import DeltaMergeSink
 
-        assert isinstance(apply_batch, BatchApply) and isinstance(sink, DeltaMergeSink)
+        merge_sink = delta_merge_sink(sink)
+        assert isinstance(apply_batch, BatchApply) and isinstance(merge_sink, DeltaMergeSink)
         feed_batches = FeedBatches(
-            label=str(source.name), checkpoint=checkpoint, source=reach, sink=sink, apply_batch=apply_batch,
+            label=str(source.name), checkpoint=checkpoint, source=reach, sink=merge_sink, apply_batch=apply_batch,
             app_id=app_id, epoch=progress.epoch, after_version=progress.bootstrap_version,
             source_table_id=progress.source_table_id, live=apply_batch.live, session=session,
             read_range=lambda versions: tables.read(session, source.location, readChangeFeed="true",
@@ -160,8 +161,6 @@ def feed_mode(spec: PipelineSpec, sink: Any, source: TableLocation, remote: "tup
     system, or S3 through the session's s3a settings), a local checkpoint, no rate limits of the
     table's own (Spark splits batches by them) and Delta's ``DeltaSource`` (not the Kernel-based
     source under test)."""
-    from lakemirror.sinks.merge.delta_merge import DeltaMergeSink
-
     if not spec.commit_file_batches:
         return "commit_file_batches is off"
     if spec.apply_workers <= 0:
@@ -170,7 +169,8 @@ def feed_mode(spec: PipelineSpec, sink: Any, source: TableLocation, remote: "tup
         return "kernel_change_feed streams the source"
     if spec.max_files_per_trigger or spec.max_bytes_per_trigger:
         return "the table has rate limits of its own (max_files_per_trigger, max_bytes_per_trigger)"
-    if not isinstance(sink, DeltaMergeSink) or not isinstance(apply_batch, BatchApply):
+    merge_sink = delta_merge_sink(sink)
+    if merge_sink is None or not isinstance(apply_batch, BatchApply):
         return "the replica is not a Delta table"
     if not is_local_path(checkpoint):
         return "the stream's checkpoint is not on the driver's file system"
@@ -180,10 +180,21 @@ def feed_mode(spec: PipelineSpec, sink: Any, source: TableLocation, remote: "tup
         target = (str(local_dir(source.path)), {})
     else:
         return "the source is neither on the driver's file system nor in S3 through the session's s3a settings"
-    sink.ensure_chosen()
-    if sink.driver is None:
+    merge_sink.ensure_chosen()
+    if merge_sink.driver is None:
         return "the replica is not applied on the driver"
     return target
+
+
+def delta_merge_sink(sink: Any) -> Any:
+    """The :class:`~lakemirror.sinks.merge.delta_merge.DeltaMergeSink` a batch sink is or wraps (the row
+    isolation of :mod:`lakemirror.sinks.merge.row_isolation`); None for any other sink."""
+    from lakemirror.sinks.merge.delta_merge import DeltaMergeSink
+
+    for candidate in (sink, getattr(sink, "inner", None)):
+        if isinstance(candidate, DeltaMergeSink):
+            return candidate
+    return None
 
 
 def apply_detail(sink: Any, feed: BatchFeed | None, planned: FeedBatches | None = None) -> dict[str, Any] | None:
@@ -191,11 +202,12 @@ def apply_detail(sink: Any, feed: BatchFeed | None, planned: FeedBatches | None 
     takes and why (:mod:`lakemirror.sinks.merge.apply_choice`), why the latest batch took another one
     if it did, how many batches delta-rs read instead of Spark, and how many the daemon planned from
     the source's commit files (and why Spark planned the latest other). None before a path is chosen."""
-    choice = getattr(sink, "choice", None)
+    merge_sink = delta_merge_sink(sink)
+    choice = merge_sink.choice if merge_sink is not None else None
     if choice is None:
         return None
     out: dict[str, Any] = {"path": choice.path, "reason": choice.reason}
-    note = getattr(sink, "batch_note", None)
+    note = merge_sink.batch_note
     if note:
         out["latest_batch"] = note
     if feed is not None:
