@@ -71,6 +71,20 @@ def render_subtasks(rows: Iterable[Mapping[str, Any]], now: float | None = None)
     return "\n".join("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(line)).rstrip() for line in lines)
 
 
+def render_apply_paths(rows: Iterable[Mapping[str, Any]]) -> str:
+    """How each change-feed table's batches reach its replica (``detail.apply`` of ``/status``): the
+    path and its reason, and why the latest batch took another path if it did; empty when none is known."""
+    lines = []
+    for r in rows:
+        d = r.get("detail")
+        apply = d.get("apply") if isinstance(d, Mapping) else None
+        if not isinstance(apply, Mapping):
+            continue
+        note = f" (latest batch: {apply['latest_batch']})" if apply.get("latest_batch") else ""
+        lines.append(f"{r.get('table')}: {apply.get('path')}: {apply.get('reason')}{note}")
+    return "apply paths:\n" + "\n".join(f"  {line}" for line in lines) if lines else ""
+
+
 def render_event_sources(rows: Iterable[Mapping[str, Any]]) -> str:
     """Each event source's replicas (rows by operation, guard drops, event-time lag), dead letters and
     Kafka offsets behind per topic-partition; empty string when the pipeline has no event source."""

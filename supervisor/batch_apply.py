@@ -52,6 +52,10 @@ class Drained(Exception):
     """Raised inside a batch that begins after a drain was requested: nothing was applied."""
 
 
+class HandOver(Exception):
+    """Raised by a batch's apply that wrote nothing and leaves the batch to Spark (the message says why)."""
+
+
 @dataclass(frozen=True)
 class RowWriter:
     """Builds and appends one table's checkpoint rows (batches, failures, resyncs)."""
@@ -122,20 +126,26 @@ class BatchApply:
 
     def __call__(self, sink: BatchSink[Any], txn: TxnId, batch: Any, epoch: int,
                  source_table_id: str | None = None, read: Any = None) -> None:
+        self.run(txn, epoch, lambda: sink.apply(batch, txn, read),
+                 lambda: self.check_same_source(source_table_id, batch), getattr(batch, "sparkSession", None))
+
+    def run(self, txn: TxnId, epoch: int, apply: Callable[[], MergeOutcome], check_source: Callable[[], None],
+            spark: Any = None) -> MergeOutcome:
+        """Apply one batch (``apply``, after ``check_source``) under ``txn`` and record it (see the module
+        docstring); a :class:`HandOver` raised by ``apply`` (nothing written) passes through unrecorded."""
         label = self.rows.source
         with self.lock:
             if self.live.draining:
                 raise Drained(f"{label}: draining; batch {txn.version} left for the next run")
             started = self.clock()
-            spark = getattr(batch, "sparkSession", None)
             try:
-                self.check_same_source(source_table_id, batch)
+                check_source()
                 self.fault("before_merge")
                 if self.recorded_txn is not None and txn.version <= self.recorded_txn:
                     # The replica's log holds this batch: nothing to read (its change files may be gone).
                     outcome = replica_record.replayed_outcome()
                 else:
-                    outcome = sink.apply(batch, txn, read)
+                    outcome = apply()
                 if outcome.replayed:
                     log.info("table %s: batch %d of %s was already committed to the replica (a restart "
                              "replays it); %s", label, txn.version, txn.app_id, replay_note(outcome.write))
@@ -145,6 +155,8 @@ class BatchApply:
                     self.rows.checkpoints.append(self.rows.batch_row(txn, epoch, outcome, started, self.lag_seconds()),
                                                  spark, known_new=not outcome.replayed)
                     self.fault("before_commit_log")
+            except HandOver:
+                raise
             except Exception as exc:
                 self.live.batch_error = classify(exc, table=label)
                 self.rows.record_event(str(self.live.batch_error), self.load_progress(), degraded=True,
@@ -152,8 +164,10 @@ class BatchApply:
                                        batch_id=txn.version, txn_app_id=txn.app_id)
                 raise
             self.live.batch_done(txn.version, outcome, started, self.clock())
+            return outcome
 
-    def check_same_source(self, expected: str | None, batch: Any) -> None:
+    def check_same_source(self, expected: str | None, batch: Any,
+                          current: Callable[[], str | None] | None = None) -> None:
         """Refuse a batch read from a different table than the replica mirrors.
 
         A source dropped and recreated under its name while the stream runs has new version
@@ -163,12 +177,12 @@ class BatchApply:
         """
         if expected is None:
             return
-        current = self.settled_identity(batch)
-        if current != expected:
+        found = current() if current is not None else self.settled_identity(batch)
+        if found != expected:
             label = self.rows.source
             raise SourceReplaced(
                 f"{label}: the source was dropped and recreated while streaming (table id {expected} "
-                f"is now {current}); the batch was refused and the replica no longer follows it. "
+                f"is now {found}); the batch was refused and the replica no longer follows it. "
                 f"Resync the table.", table=label)
 
     def settled_identity(self, batch: Any) -> str | None:

@@ -65,7 +65,7 @@ from lakemirror.supervisor.launch_slots import LaunchSlots, default_launch_slots
 from lakemirror.supervisor.launch_timing import LaunchTimer, first_batch_line
 from lakemirror.supervisor.prepare import Preparation, Prepared
 from lakemirror.supervisor.spec import PipelineSpec
-from lakemirror.supervisor.stream_wiring import wire_stream
+from lakemirror.supervisor.stream_wiring import apply_detail, wire_stream
 from lakemirror.supervisor.table_live import BatchReport, StreamLatency, TableLive
 from lakemirror.supervisor.table_turns import TableTurns
 from lakemirror.tables import is_local_path, own_session
@@ -130,6 +130,7 @@ FAULT_POINTS = (
     "schema_change",               # the replica gained columns, the stream not restarted yet
     "before_merge",                # a micro-batch is planned (offsets logged), nothing written
     "after_merge",                 # the MERGE is committed, its checkpoint row is not
+    "after_driver_commit",         # the driver's delta-rs commit (local or on S3) is durable, nothing after it
     "before_commit_log",           # the checkpoint row is written, Spark's commit log is not
     # A Postgres replica's batch (sinks/postgres/executor.py), inside its one transaction:
     "postgres_after_copy",         # the winners are COPYed into staging, nothing upserted
@@ -159,6 +160,8 @@ class TableRunner:
         self._healthy_query: "StreamingQuery | None" = None
         #: The driver path's delta-rs read of this launch's batches (None: Spark reads every batch).
         self.batch_feed: BatchFeed | None = None
+        #: The batch sink of this launch's query (its apply path, for status); None over Spark Connect.
+        self._sink: Any = None
         #: Spark Connect: the batches the server-side batch function recorded (None: a local session).
         self._connect: ConnectBatches | None = None
         self._connect_progress_id: int | None = None
@@ -206,7 +209,7 @@ class TableRunner:
         spec = self.ctx.spec
         return DeltaReplica(self.session, self.ctx.catalog, self.destination, str(self.source), spec.pipeline_id,
                             ApplyLimits(spec.rewrite_below_bytes, spec.driver_apply, spec.driver_apply_below_bytes),
-                            spec.replica_properties)
+                            spec.replica_properties, fault=self.ctx.fault)
 
     @cached_property
     def description(self) -> SourceDescription:
@@ -255,6 +258,11 @@ class TableRunner:
         """Whether the table's always-on query is up (observability and tests)."""
         query = self.live.query
         return query is not None and bool(query.isActive)
+
+    def describe(self) -> dict[str, Any] | None:
+        """The table's own status (``detail`` of ``/status``): how its batches reach the replica."""
+        detail = apply_detail(self._sink, self.batch_feed, self.turns.feed)
+        return None if detail is None else {"apply": detail}
 
     def _lag_seconds(self) -> float | None:
         last = self.last_lag
@@ -414,10 +422,12 @@ class TableRunner:
         that fails to start reports what its replica holds, not its epoch's bootstrap version."""
         spec = self.ctx.spec
         try:
+            replica, source = self.ctx.catalog.locate(self.destination).path, self.ctx.catalog.locate(self.source).path
             record = replica_record.read_record(
                 self.ctx.states.load(self.slug), checkpoint_root=spec.checkpoint_root, pipeline_id=spec.pipeline_id,
-                table_slug=self.slug, replica_path=self.ctx.catalog.locate(self.destination).path,
-                source_path=self.ctx.catalog.locate(self.source).path)
+                table_slug=self.slug, replica_path=replica, source_path=source,
+                replica_target=replica_record.remote_target(self.session, replica) if self.pg is None else None,
+                source_target=replica_record.remote_target(self.session, source))
         except Exception as exc:  # noqa: BLE001 (the stream's own progress remains)
             log.info("table %s: cannot read the replica's transaction record: %s", self.source, exc)
             record = None
@@ -509,8 +519,8 @@ class TableRunner:
                              self.ctx.catalog.locate(self.destination), prepared, self.apply_batch,
                              getattr(self.ctx.checkpoints, "location", None), mark)
         self._connect, self._connect_progress_id = wiring.connect, None
-        self.batch_feed, self.stream_session = wiring.batch_feed, wiring.stream_session
-        self.turns.gate, self.turns.turn_query = wiring.gate, wiring.turn_query
+        self.batch_feed, self.stream_session, self._sink = wiring.batch_feed, wiring.stream_session, wiring.sink
+        self.turns.gate, self.turns.turn_query, self.turns.feed = wiring.gate, wiring.turn_query, wiring.feed_batches
         self.live.query = wiring.query
 
     # -- turns (apply_workers > 0) --------------------------------------------------------------

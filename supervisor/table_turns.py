@@ -3,8 +3,11 @@
 With a session of its own JVM the table's query stays up and each batch waits for its turn at the
 table's gate (:mod:`.turn_gate`): a turn lets the held or waiting batch go and waits until it is
 applied. Through Spark Connect a turn starts the query with a ``once`` or ``availableNow`` trigger
-(:func:`~lakemirror.supervisor.turns.one_batch_turn` chooses) and waits for its end. Either way a
-failure is reported through the runner's poll like a failed always-on query.
+(:func:`~lakemirror.supervisor.turns.one_batch_turn` chooses) and waits for its end. A table whose
+batches the daemon plans from its source's commit files
+(:class:`~lakemirror.supervisor.feed_batches.FeedBatches`) applies its next batch that way first, and
+starts its query as Connect does only for a batch Spark is to plan. Either way a failure is reported
+through the runner's poll like a failed always-on query.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from lakemirror.sinks.merge.connect_batches import server_batch_cause
 from lakemirror.sources.commit_log import CommitLog
 from lakemirror.supervisor import state as sm
 from lakemirror.supervisor import turns
+from lakemirror.supervisor.batch_apply import Drained
 from lakemirror.supervisor.classify import classify
 from lakemirror.supervisor.spec import PipelineSpec
 from lakemirror.supervisor.table_live import TableLive
@@ -26,6 +30,8 @@ from lakemirror.supervisor.turn_gate import TurnGate
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
+
+    from lakemirror.supervisor.feed_batches import FeedBatches
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +70,12 @@ class TableTurns:
         self.gate: TurnGate | None = None
         #: Starts the table's query (True: a ``once`` trigger); set while ready for a turn.
         self.turn_query: Callable[[bool], "StreamingQuery"] | None = None
-        self.last_trigger: str | None = None  # how its latest turn ran: gated, once or availableNow
+        self.last_trigger: str | None = None  # how its latest turn ran: gated, commit files, once or availableNow
+        #: The batches the daemon plans from the source's commit files (set with ``turn_query``).
+        self.feed: "FeedBatches | None" = None
 
     def reset(self) -> None:
-        self.turn_query, self.gate = None, None
+        self.turn_query, self.gate, self.feed = None, None, None
 
     def wait_idle(self, timeout: float) -> None:
         """Wait (at most ``timeout``) for a turn in flight to end."""
@@ -122,6 +130,8 @@ class TableTurns:
             start = self.turn_query
             if start is None or live.draining:
                 return
+            if self.feed is not None and self._take_from_commit_files(self.feed):
+                return
             spec = self.spec
             once = turns.one_batch_turn(rate_limited=bool(spec.max_files_per_trigger or spec.max_bytes_per_trigger),
                                         proven=live.turn_proven, small_backlog=self.small_backlog())
@@ -143,6 +153,28 @@ class TableTurns:
                 live.turn_proven = True  # a turn that ran to its end (even with nothing new) proves the table
                 live.emit(sm.BatchApplied())
             self.track(query)
+
+    def _take_from_commit_files(self, feed: "FeedBatches") -> bool:
+        """The table's next batch planned from its source's commit files and applied; False when Spark
+        is to plan this turn's batch (nothing was applied, or a logged batch is left for Spark to re-run)."""
+        live = self.live
+        try:
+            handed_over = feed.take()
+        except Drained:
+            return True
+        except Exception as exc:
+            if live.draining:
+                return True
+            self.turn_query = None
+            live.emit(self.failed(live.batch_error or classify(exc, table=self.label)))
+            return True
+        if handed_over is not None:
+            return False
+        self.last_trigger = "commit files"
+        if not live.turn_proven:
+            live.turn_proven = True  # a turn that ran to its end (even with nothing new) proves the table
+            live.emit(sm.BatchApplied())
+        return True
 
     def _take_gated(self, gate: TurnGate, query: "StreamingQuery") -> None:
         """Let the table's held or waiting batch go, and wait until the turn's batch is applied.

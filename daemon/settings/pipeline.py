@@ -317,19 +317,28 @@ class Settings(BaseSettings):
         "on small tables; make bench ONLY=apply_cost). Never for replicas with a change data feed or deletion vectors of "
         "their own. 0: always MERGE.")
     driver_apply: bool = Field(
-        True, description="Small replicas (see rewrite_below_bytes) at a path on the driver's own file system "
-        "take each batch by one delta-rs MERGE on the driver, under the same Delta transaction id, instead of a "
-        "Spark write, whose fixed cost per commit dominates a small batch (make bench ONLY=apply_cost). The change feed is "
-        "still read by the table's Structured Streaming query. Event sources' Delta replicas at such a path, or "
-        "at s3a:// locations reached with the session's fs.s3a settings, take their guarded batches the same way "
-        "(docs/event-sources.md#the-sequence-guard). Needs the deltalake "
-        "package; replicas whose protocol features delta-rs does not write stay with Spark. false: Spark writes every "
-        "batch.")
+        True, description="Replicas (up to driver_apply_below_bytes) at a path on the driver's own file system, or "
+        "at s3a:// locations reached with the session's fs.s3a settings on a store with conditional writes, take "
+        "each batch by one delta-rs MERGE on the driver, under the same Delta transaction id, instead of a Spark "
+        "write: about three times less work per batch on two cores (make bench ONLY=apply_cost). With turns "
+        "(apply_workers >= 1), a table's batches of a few plain source versions are then planned from the source's "
+        "commit files and read by delta-rs, without Delta's streaming source (docs/how-it-works.md#stream). Event "
+        "sources' Delta replicas at such locations take their guarded batches the same way "
+        "(docs/event-sources.md#the-sequence-guard). Needs the deltalake package; catalog-managed replicas (Unity "
+        "Catalog), Spark Connect and replicas whose protocol features delta-rs does not write stay with Spark. "
+        "false: Spark plans and writes every batch.")
     driver_apply_below_bytes: int = Field(
         DEFAULT_DRIVER_APPLY_BELOW_BYTES, ge=0, description="With driver_apply, replicas up to this size are MERGEd "
         "by delta-rs on the driver even when larger than rewrite_below_bytes: its MERGE streams the replica, so "
         "its memory does not grow with it (it spills to disk past 1 GiB). Larger "
         "replicas take Spark's MERGE.")
+    commit_file_batches: bool = Field(
+        True, description="With turns (apply_workers >= 1) and driver_apply, a table whose source delta-rs reads "
+        "(a local path, or s3a:// with the session's fs.s3a settings) plans each batch of up to 32 plain source "
+        "versions from the source's commit files and reads it with delta-rs, without Delta's streaming source and "
+        "its two snapshots of the source a batch; the epoch's first batch, a backlog, a schema change and other "
+        "commits delta-rs may read differently are planned by Spark (docs/how-it-works.md#stream). false: Spark's "
+        "streaming source plans every batch, each table's query stays up and its batches wait for their turns.")
     kernel_change_feed: bool = Field(
         False, description="Opt-in, for testing only: sources at a path (the embedded lakehouse) have their change "
         "feed streamed by Delta's Kernel-based streaming source, reached only through Delta 4.4's "

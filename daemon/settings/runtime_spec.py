@@ -52,7 +52,8 @@ def pipeline_spec(s: Settings) -> PipelineSpec:
         change_window_policy=s.change_window_policy, retention_warning_seconds=s.retention_warning_seconds,
         rewrite_below_bytes=s.rewrite_below_bytes, driver_apply=s.driver_apply,
         driver_apply_below_bytes=s.driver_apply_below_bytes, kernel_change_feed=s.kernel_change_feed,
-        enable_change_data_feed=s.enable_change_data_feed, bootstrap=s.bootstrap.policy())
+        enable_change_data_feed=s.enable_change_data_feed, commit_file_batches=s.commit_file_batches,
+        bootstrap=s.bootstrap.policy())
 
 
 def event_stream_spec(source: EventSourceSettings, settings: Settings) -> EventStreamSpec:

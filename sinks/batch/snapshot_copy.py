@@ -71,16 +71,26 @@ def replica_properties(spark: "SparkSession", target: TableLocation) -> dict[str
 
 def replica_facts(spark: "SparkSession", target: TableLocation) -> ReplicaFacts:
     """What choosing how batches reach a replica needs to know of it (one DESCRIBE DETAIL and a
-    row count, which Delta answers from file statistics)."""
+    row count, which Delta answers from file statistics), and whether the driver's delta-rs reaches
+    it (:func:`lakemirror.object_store.delta_rs_unreachable`)."""
     import importlib.util
+
+    from lakemirror.object_store import delta_rs_unreachable, is_s3a, session_s3a_conf
 
     detail = run_sql(spark, f"DESCRIBE DETAIL {target.sql}").collect()[0].asDict()
     replica = tables.read(spark, target)
     features = detail.get("tableFeatures")
+    local = target.path is not None and tables.is_local_table(str(detail.get("location") or ""))
+    on_s3 = target.path is not None and is_s3a(target.path)
+    hadoop = session_s3a_conf(spark) if on_s3 else {}
+    unreachable = None if local else delta_rs_unreachable(target.path, hadoop, own_jvm=tables.has_own_jvm(spark))
+    if not local and unreachable is None and not on_s3:
+        unreachable = "the replica is not a directory of the driver's file system"
     return ReplicaFacts(size_bytes=int(detail["sizeInBytes"] or 0), rows=replica.count(),
                         columns=tuple(replica.columns), properties=dict(detail["properties"] or {}),
                         observable=hasattr(spark, "_jsparkSession"),  # classic PySpark, not Spark Connect
-                        local=target.path is not None and tables.is_local_table(str(detail.get("location") or "")),
+                        local=local, object_store=not local and unreachable is None,
+                        unreachable=unreachable or "",
                         features=tuple(features) if features is not None else None,
                         driver_engine=importlib.util.find_spec("deltalake") is not None)
 

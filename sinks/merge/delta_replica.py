@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from lakemirror import tables
 from lakemirror.errors import DestinationConflict, SchemaIncompatible
@@ -83,6 +83,8 @@ class DeltaReplica:
     pipeline_id: str
     limits: ApplyLimits
     replica_properties: Mapping[str, str] = field(default_factory=dict)
+    #: The crash-test hook (``supervisor/runner.py``, ``FAULT_POINTS``); a no-op unless armed.
+    fault: Callable[[str], None] = lambda point: None
 
     def claim(self, epoch: int) -> None:
         dst = self.catalog.locate(self.name)
@@ -132,13 +134,19 @@ class DeltaReplica:
         return True
 
     def batch_sink(self, plan: MergePlan, epoch: int) -> IsolatingMergeSink:
-        """Each batch through one MERGE (or the path the first batch chooses); a batch the replica
-        refuses because of a row's value is applied without that row, which is dead-lettered in
-        ``_lakemirror_dead_letters`` beside the replica (:mod:`~lakemirror.sinks.merge.row_isolation`)."""
+        """Each batch through one MERGE (or the path the first batch chooses, which for a replica the
+        driver's delta-rs reaches may be its MERGE on the driver); a batch the replica refuses because of
+        a row's value is applied without that row, which is dead-lettered in ``_lakemirror_dead_letters``
+        beside the replica (:mod:`~lakemirror.sinks.merge.row_isolation`)."""
+        from lakemirror.object_store import delta_rs_target
+
         letters = FeedDeadLetters(self.catalog.locate(TableName(self.name.catalog, self.name.schema, FEED_DEAD_LETTERS)),
                                   self.pipeline_id)
-        return IsolatingMergeSink(DeltaMergeSink(self.catalog.locate(self.name), plan, stable_source=True,
-                                                 choose=lambda: self.choose_apply(plan)),
+        target = self.catalog.locate(self.name)
+        return IsolatingMergeSink(DeltaMergeSink(target, plan, stable_source=True, choose=lambda: self.choose_apply(plan),
+                                                 driver_target=lambda: (delta_rs_target(self.spark, target.path)
+                                                                        if target.path is not None else None),
+                                                 fault=self.fault),
                                   letters, self.source, time.time)
 
     def choose_apply(self, plan: MergePlan) -> tuple[ApplyChoice, int]:
