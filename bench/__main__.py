@@ -13,6 +13,7 @@ import platform
 import random
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,11 +26,14 @@ from bench.big import WARMUP_COMMITS, bootstrap, peak_resident_mib, steady_cost
 from bench.debezium_events import debezium_events, render as render_debezium_events
 from bench.kafka_postgres_latency import kafka_postgres_latency, render as render_kafka_postgres
 from bench.key_lookup import key_lookup
-from bench.measure import summarize_runs
+from bench.measure import percentile, sampled_lag, summarize_runs
 from bench.postgres_modes import postgres_modes, render as render_postgres_modes
 from bench.postgres_sink import postgres_throughput, render as render_postgres
-from bench.production import parameters as production_parameters, production, render as render_production
+from bench.production import DEFAULT_ROWS, ROWS as PRODUCTION_ROWS, merge_runs, parameters as production_parameters, plan, production
+from bench.spark_writer import WRITERS
+from bench.production_report import render as render_production
 from bench.report import Section, assemble, kept_blocks
+from bench.soak import parameters as soak_parameters, render as render_soak, soak
 from bench.systems import VARIANTS, DeltaRsLoop, FullRefresh, LakemirrorDaemon, LocalSite
 from bench.workload import SourceTable, same_rows, table_path
 
@@ -49,7 +53,8 @@ def machine() -> dict[str, Any]:
 # -- steady lag ---------------------------------------------------------------------------------
 
 def steady_lag(system: str, tables: int, rows: int, seconds: float, fraction: float, trigger: float,
-               seed: int, warmup: float = 0.0, site: Any = None, drain_seconds: float | None = None) -> dict[str, Any]:
+               seed: int, warmup: float = 0.0, site: Any = None, drain_seconds: float | None = None,
+               monitor: Any = None) -> dict[str, Any]:
     """Lag of every source commit while a writer changes every table once a second.
 
     The writer runs ``warmup`` seconds before the measured ``seconds``: a long-running daemon's
@@ -57,9 +62,12 @@ def steady_lag(system: str, tables: int, rows: int, seconds: float, fraction: fl
     compiler takes about half the CPU for the first minutes). Commits of the warm-up are
     reported apart, never mixed into the steady figures.
 
-    ``site`` keeps the tables and builds lakemirror's daemon: the driver's local disk
+    ``site`` keeps the tables, writes the sources and builds the systems that run as processes of
+    their own (lakemirror's daemon; on S3 also the user's recipe): the driver's local disk
     (``LocalSite``, the default) or an S3 server (bench/production.py). ``drain_seconds``: how
-    long the system may take after the writer stops (default ``DRAIN_SECONDS``).
+    long the system may take after the writer stops (default ``DRAIN_SECONDS``). ``monitor``
+    (bench/soak.py): started once every replica is ready (``start(runner, replicas)``), finished
+    before the system stops (``finish(runner)``, whose answer is the result's ``monitor``).
     """
     site = site or LocalSite()
     drain = DRAIN_SECONDS if drain_seconds is None else drain_seconds
@@ -67,18 +75,19 @@ def steady_lag(system: str, tables: int, rows: int, seconds: float, fraction: fl
     warehouse = site.warehouse(workdir)
     options = site.storage_options
     names = [f"t{i:02d}" for i in range(tables)]
-    sources = {t: SourceTable(site.uri(warehouse, "src", t), rows, storage_options=options,
-                              properties=site.source_properties) for t in names}
+    sources = {t: site.source(warehouse, t, rows) for t in names}
     for s in sources.values():
         s.create()
     replicas = {t: site.uri(warehouse, "dst", t) for t in names}
     runner: Any
     lakemirror = system.startswith("lakemirror")
-    if lakemirror:
+    own_process = site.own_process(system)  # lakemirror's daemon, the user's recipe: a process and JVM each
+    if own_process:
         runner = site.daemon(system, workdir, warehouse, names, trigger)
         runner.start()
         ready = runner.wait_through({t: s.version() for t, s in sources.items()}, timeout=600)
-        runner.scrape_lag()
+        if lakemirror:
+            runner.scrape_lag()
     else:
         runner = (DeltaRsLoop if system == "delta-rs" else FullRefresh)(
             {t: s.path for t, s in sources.items()}, replicas, trigger if system == "delta-rs" else 0.0, options)
@@ -86,6 +95,8 @@ def steady_lag(system: str, tables: int, rows: int, seconds: float, fraction: fl
         runner.bootstrap()
         ready = time.time() - t0
         runner.start()
+    if monitor is not None:
+        monitor.start(runner, replicas)
     rng = random.Random(seed)
     started = time.time()
     stamp = 0
@@ -97,9 +108,11 @@ def steady_lag(system: str, tables: int, rows: int, seconds: float, fraction: fl
         for s in sources.values():
             change_rows += s.change(rng, fraction, stamp)
         time.sleep(max(0.0, 1.0 - (time.time() - tick)))
+    writer_stopped = time.time()
     finals = {t: s.version() for t, s in sources.items()}
     drained = True
-    if lakemirror:
+    extra: dict[str, Any] = {}
+    if own_process:
         try:
             runner.wait_through(finals, timeout=drain)
         except TimeoutError:
@@ -107,6 +120,10 @@ def steady_lag(system: str, tables: int, rows: int, seconds: float, fraction: fl
         runner.peak_memory = peak_resident_mib(runner.proc.pid)
         for name, mib in peak_resident_mib(runner.server_pid).items() if runner.server_pid else ():
             runner.peak_memory[f"server {name}"] = mib  # a Spark Connect server's JVM and Python workers
+        if lakemirror:
+            extra["apply_paths"] = runner.apply_paths()  # how each table's batches reached its replica
+        if monitor is not None:
+            extra["monitor"] = monitor.finish(runner)
     else:
         deadline = time.time() + drain
         while time.time() < deadline and any(runner.applied[t] < v for t, v in finals.items()):
@@ -122,18 +139,28 @@ def steady_lag(system: str, tables: int, rows: int, seconds: float, fraction: fl
         "source_commits": sum(len(s.commits) for s in sources.values()), "change_rows_written": change_rows,
         "ready_seconds": round(ready, 2), "lag": summary.as_dict(), "replicas_equal_sources": exact,
         "warmup_seconds": warmup, "drained_within_seconds": drain if drained else None, "drain_seconds": drain,
+        "measured_from": measured_from, "writer_started": started, "writer_stopped": writer_stopped, **extra,
         "warmup_lag": summarize_runs((window(sources[t].commits, False), runner.applies(t)) for t in names).as_dict()
         if warmup else None,
         "series": sorted((t_made - started, lag) for t in names
                          for v, t_made in sources[t].commits.items()
                          for lag in [_lag_of(v, t_made, runner.applies(t))] if lag is not None),
     }
-    if lakemirror:
+    if own_process:
         result["batches"] = runner.batches(since=measured_from)
         result["peak_resident_mib"] = runner.peak_memory
-        metric = [v for at, v in runner.metric_lag if at >= measured_from]
+    if lakemirror:
+        scrapes = [(at, v) for at, v in runner.metric_lag if at >= measured_from]
+        metric = [v for _, v in scrapes]
+        # The same statistic from outside, at the moments of the scrapes: the oldest commit not yet on
+        # the replica, of every commit made (the warm-up's too, as the daemon counts them).
+        outside = sampled_lag(((sources[t].commits, runner.applies(t)) for t in names), [at for at, _ in scrapes])
         result["daemon_metric_lag"] = {"samples": len(metric), "max": max(metric) if metric else None,
-                                       "mean": sum(metric) / len(metric) if metric else None}
+                                       "mean": sum(metric) / len(metric) if metric else None,
+                                       "p50": percentile(metric, 50) if metric else None,
+                                       "outside_max": max(outside) if outside else None,
+                                       "outside_mean": sum(outside) / len(outside) if outside else None,
+                                       "outside_p50": percentile(outside, 50) if outside else None}
     shutil.rmtree(workdir, ignore_errors=True)
     return result
 
@@ -188,7 +215,7 @@ def catch_up(system: str, rows: int, commits: int, fraction: float, seed: int) -
 
 WORKLOADS = ("steady", "scale", "catch_up", "steady_cost", "bootstrap", "apply_cost", "key_lookup", "postgres",
              "production", "kafka_postgres_latency", "bootstrap_chunked", "postgres_modes", "debezium_events",
-             "debezium_events_s3", "startup")
+             "debezium_events_s3", "startup", "soak")
 
 
 def _mem(r: dict[str, Any]) -> str:
@@ -229,6 +256,12 @@ def _steady_table(runs: list[dict[str, Any]], base_system: str = "lakemirror") -
     for r in runs:
         b = r.get("batches") or {}
         if b.get("batches"):
+            if b.get("measured_as"):  # the user's recipe: told from its query's checkpoint
+                lines += ["", f"{r['system']}'s batches in the measured window (from its query's checkpoint): "
+                              f"{b['batches']}, each {b['seconds_p50']:.1f} s at the median ({b['seconds_p90']:.1f} s "
+                              f"p90) from its {b['measured_as']}, carrying {b['versions_p50']} source versions at "
+                              f"the median."]
+                continue
             lines += ["", f"{r['system']}'s batches in the measured window (from its checkpoint rows): {b['batches']}, "
                           f"each {b['seconds_p50']:.1f} s at the median ({b['seconds_p90']:.1f} s p90) from the apply's start (whichever path) to "
                           f"checkpoint row, carrying {b['versions_p50']} source versions and {b['change_rows_p50']:,} change "
@@ -236,9 +269,14 @@ def _steady_table(runs: list[dict[str, Any]], base_system: str = "lakemirror") -
     for r in runs:
         if "daemon_metric_lag" in r:
             d = r["daemon_metric_lag"]
+            same = (f"; the same statistic from outside at the moments of the scrapes (the oldest source commit "
+                    f"not yet on the replica, max over tables): p50 {d['outside_p50']:.2f} s, mean "
+                    f"{d['outside_mean']:.2f} s, max {d['outside_max']:.2f} s" if d.get("outside_p50") is not None
+                    else "")
             lines += ["", f"lakemirror's own `lakemirror_lag_seconds` (scraped every second, max over tables): "
-                          f"mean {d['mean']:.2f} s, max {d['max']:.2f} s over {d['samples']} scrapes; outside "
-                          f"measure: mean {r['lag']['mean']:.2f} s, max {r['lag']['max']:.2f} s. "
+                          f"p50 {d.get('p50') or float('nan'):.2f} s, mean {d['mean']:.2f} s, max {d['max']:.2f} s "
+                          f"over {d['samples']} scrapes{same}; each commit's own lag (the tables above): "
+                          f"mean {r['lag']['mean']:.2f} s, max {r['lag']['max']:.2f} s. "
                           f"Time from daemon start to every replica bootstrapped and running: {r['ready_seconds']} s."]
     return lines
 
@@ -370,6 +408,8 @@ def sections(results: dict[str, Any]) -> list[Section]:
                          f"{r['lookup_cpu_ms']} | {r['row_by_row_cpu_ms']} | {r['speedup']}x | {r['rows_found']:,} | "
                          f"{'yes' if r['same_rows_as_row_by_row'] else 'NO'} |")
         out.append(Section("key_lookup", "key_lookup", results["key_lookup"], lines))
+    if results.get("soak"):
+        out.append(Section("soak", "soak", results["soak"], render_soak(results["soak"])))
     return out
 
 
@@ -489,12 +529,14 @@ def parameters(quick: bool) -> dict[str, Any]:
             "modes_rows": 20_000 if quick else 200_000,
             # Debezium events over 8 partitions into 4 tables (the issue's benchmark), offsets per batch
             "debezium_events": 20_000 if quick else 1_000_000, "debezium_events_s3": 20_000 if quick else 200_000, "debezium_steady_seconds": 15.0 if quick else 60.0, "debezium_max_offsets": 5_000 if quick else 50_000,
-            "production": production_parameters(quick),
+            "production": production_parameters(quick), "soak": soak_parameters(quick),
             # start and restart: small tables, from process start to every table's first applied batch
             "startup_tables": [1, 4] if quick else [1, 16, 64], "startup_rows": 1_000}
 
 
-def run_workload(name: str, p: dict[str, Any], seed: int) -> list[dict[str, Any]]:
+def run_workload(name: str, p: dict[str, Any], seed: int, only: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """One workload's runs. ``only``: the production workload's part to run (``systems``,
+    ``writers``, ``tables``; bench/production.py's :func:`~bench.production.plan`)."""
     out: list[dict[str, Any]] = []
     if name == "steady":
         for n in p["steady_tables"]:
@@ -561,7 +603,9 @@ def run_workload(name: str, p: dict[str, Any], seed: int) -> list[dict[str, Any]
         out = key_lookup(p["lookup_rows"], 5, seed)
         print(f"  {out}", flush=True)
     elif name == "production":
-        out = production(p["production"], seed)
+        out = production(p["production"], seed, **(only or {}))
+    elif name == "soak":
+        out = soak(p["soak"], seed)
     elif name == "apply_cost":
         print("apply cost ...", flush=True)
         out = apply_cost(p["steady_rows"], p["fraction"], 6 if p["steady_rows"] < 100_000 else 10, seed)
@@ -576,32 +620,68 @@ def main(argv: list[str] | None = None) -> int:
                         "the other sections are kept from the last docs/bench/results.json")
     parser.add_argument("--out", type=Path, default=ROOT / "docs")
     parser.add_argument("--seed", type=int, default=42)
+    part = parser.add_argument_group("a part of the production workload (with --only production; the other rows "
+                                     "are kept from the last docs/bench/results.json)")
+    part.add_argument("--rows", default="", help=f"comma-separated rows ({', '.join(PRODUCTION_ROWS)}; the default "
+                      f"run has {', '.join(DEFAULT_ROWS)})")
+    part.add_argument("--writers", default="", help=f"comma-separated writers of the sources ({', '.join(WRITERS)})")
+    part.add_argument("--tables", default="", help="comma-separated table counts (of the workload's: "
+                      "4 and 16; 2 with --quick)")
+    soak_args = parser.add_argument_group("the soak (--only soak)")
+    soak_args.add_argument("--soak-minutes", type=float, help="minutes measured (default 60; 3 with --quick)")
+    soak_args.add_argument("--soak-row", choices=[k for k, r in PRODUCTION_ROWS.items() if r.kind == "lakemirror"],
+                           help="the lakemirror row soaked (default spark: the Spark-only path)")
+    soak_args.add_argument("--soak-writer", choices=WRITERS, help="who writes the sources (default delta-rs)")
     args = parser.parse_args(argv)
-    only = [w for w in args.only.split(",") if w] or list(WORKLOADS)
+    named = [w for w in args.only.split(",") if w]
+    # The soak (70 minutes) runs only when asked for by name.
+    only = named or [w for w in WORKLOADS if w != "soak"]
     unknown = sorted(set(only) - set(WORKLOADS))
     if unknown:
         parser.error(f"unknown workload(s) {unknown}; choose from {', '.join(WORKLOADS)}")
     p = parameters(args.quick)
+    part_of: dict[str, Any] = {}
+    for flag, value, cast in (("systems", args.rows, str), ("writers", args.writers, str), ("tables", args.tables, int)):
+        if value:
+            try:
+                part_of[flag] = [cast(v.strip()) for v in value.split(",") if v.strip()]
+            except ValueError:
+                parser.error(f"--{'rows' if flag == 'systems' else flag}: not a list of {cast.__name__}: {value!r}")
+    if part_of:
+        if "production" not in named:
+            parser.error("--rows, --writers and --tables choose a part of the production workload: add --only production")
+        try:
+            plan(p["production"], **part_of)
+        except ValueError as exc:
+            parser.error(str(exc))
+    for key, value in (("minutes", args.soak_minutes), ("row", args.soak_row), ("writer", args.soak_writer)):
+        if value is not None:
+            p["soak"][key] = value
+    if p["soak"]["minutes"] < 2 * p["soak"]["window_minutes"]:
+        parser.error(f"--soak-minutes: at least {2 * p['soak']['window_minutes']:g}, the first and the last "
+                     f"window of {p['soak']['window_minutes']:g} minute(s) each")
     raw = args.out / "bench" / "results.json"
     previous: dict[str, Any] = json.loads(raw.read_text()) if raw.is_file() else {}
     if previous.get("quick", "--quick" in previous.get("command", "")) != args.quick:
         previous = {}  # never mix a smoke run's figures with a full run's
     # a full run measures every workload again; the opt-ins it does not measure are kept either way
     kept = previous if args.only else {"opt_in": previous.get("opt_in", {})}
+    extra = " ".join(argv if argv is not None else sys.argv[1:])
     command = ("make bench" + (" QUICK=1" if args.quick else "") + (f" ONLY={args.only}" if args.only else "")
-               + "  # python -m bench" + (" --quick" if args.quick else "") + (f" --only {args.only}" if args.only else ""))
+               + "  # python -m bench" + (f" {extra}" if extra else ""))
     results = fresh_results(kept, command, args.quick, machine(), p)
     run = run_provenance(results["command"], results["machine"])
     for name in only:
         load = list(os.getloadavg())
         started = time.time()
-        section = run_workload(name, p, args.seed)
+        section = run_workload(name, p, args.seed, part_of if name == "production" else None)
         for r in section:
             r.setdefault("measured_at", started)
             r.setdefault("load_average_at_start", load)
             for key, value in run.items():
                 r.setdefault(key, value)
-        results[name] = section
+        # a part of the production workload replaces its own rows and keeps the others
+        results[name] = merge_runs(results.get(name) or [], section) if name == "production" and part_of else section
         write_report(results, args.out)  # after every workload: a run stopped half-way keeps what it measured
     return 0
 
