@@ -39,9 +39,9 @@ def _tier(nodeid: str) -> str:
     return parts[1] if len(parts) > 2 and parts[0] == "tests" else "other"
 
 
-#: ``LAKEMIRROR_TEST_CPU=1``: also measure each test's CPU seconds (pytest, the JVM and every other
+#: ``TEST_CPU_SECONDS=1``: also measure each test's CPU seconds (pytest, the JVM and every other
 #: process under it), which a loaded machine inflates far less than wall time.
-_CPU = os.environ.get("LAKEMIRROR_TEST_CPU") == "1"
+_CPU = os.environ.get("TEST_CPU_SECONDS") == "1"
 _CPU_SECONDS: dict[str, float] = {}
 
 
