@@ -118,6 +118,8 @@ class BatchApply:
         #: The last batch of the epoch the replica's own log records at launch: a replay of it or
         #: an earlier batch is skipped unread (:mod:`lakemirror.supervisor.replica_record`).
         self.recorded_txn: int | None = None
+        #: The last source version the replica holds, by its record at launch (batch ``recorded_txn``'s end).
+        self.recorded_through: int | None = None
 
     def wait_idle(self, timeout: float) -> None:
         """Wait (at most ``timeout``) for the batch in flight; the lock is not kept."""
@@ -143,7 +145,8 @@ class BatchApply:
                 self.fault("before_merge")
                 if self.recorded_txn is not None and txn.version <= self.recorded_txn:
                     # The replica's log holds this batch: nothing to read (its change files may be gone).
-                    outcome = replica_record.replayed_outcome()
+                    outcome = replica_record.replayed_outcome(
+                        self.recorded_through if txn.version == self.recorded_txn else None)
                 else:
                     outcome = apply()
                 if outcome.replayed:
@@ -155,6 +158,11 @@ class BatchApply:
                     self.rows.checkpoints.append(self.rows.batch_row(txn, epoch, outcome, started, self.lag_seconds()),
                                                  spark, known_new=not outcome.replayed)
                     self.fault("before_commit_log")
+                elif outcome.replayed and outcome.stats.last_version is not None:
+                    # The replica's last batch, skipped unread: the crash that replays it may have come
+                    # before its checkpoint row was appended; the row is appended unless it is there.
+                    self.rows.checkpoints.append(self.rows.batch_row(txn, epoch, outcome, started, self.lag_seconds()),
+                                                 spark, known_new=False)
             except HandOver:
                 raise
             except Exception as exc:

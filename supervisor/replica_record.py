@@ -133,7 +133,8 @@ def read_record(progress: TableProgress, *, checkpoint_root: str, pipeline_id: s
     return ReplicaRecord(app_id, txn, through)
 
 
-def replayed_outcome() -> MergeOutcome:
-    """The outcome of a replayed batch the replica already holds, skipped without reading it."""
-    return MergeOutcome(BatchStats(0, None, None, None), ApplyCounts(), replayed=True, read=READ_NOTHING,
+def replayed_outcome(applied_through: int | None = None) -> MergeOutcome:
+    """The outcome of a replayed batch the replica already holds, skipped without reading it;
+    ``applied_through``: the last source version it brought, where the replica's record tells it."""
+    return MergeOutcome(BatchStats(0, None, applied_through, None), ApplyCounts(), replayed=True, read=READ_NOTHING,
                         write=WRITE_NOTHING)
