@@ -44,5 +44,7 @@ def test_an_idle_table_starts_no_spark_job_in_many_triggers(make_pipeline: Any, 
     started = _idle_for(p, 5.0)  # ten triggers, ten lag probes
     assert started == 0, f"{started} Spark jobs for an idle table in 5 s"
     runner = p.runner("t")
-    assert runner.query_running, "the table's query stays up while idle"
+    # Always-on queries stay up while idle; with turns a table's batches are planned from its commit
+    # files and its query runs only while Spark plans one.
+    assert runner.query_running == (apply_workers == 0)
     assert p.views()["t"].lag_seconds == 0.0
