@@ -22,7 +22,9 @@ from lakemirror.daemon.context import KILL_AT_ENV
 from lakemirror.identifiers import TableName
 from lakemirror.sources.catalog import LocalCatalog
 
-pytestmark = pytest.mark.e2e
+#: In the slow tier: the default tier resumes a crashed chunked bootstrap in-process
+#: (tests/integration/test_chunked_bootstrap.py), and SIGKILLs a daemon per sink kind (the crash-torture smokes).
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 CHUNKS = 8
 
