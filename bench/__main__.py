@@ -24,7 +24,7 @@ from bench.big import WARMUP_COMMITS, bootstrap, peak_resident_mib, steady_cost
 from bench.debezium_events import debezium_events, render as render_debezium_events
 from bench.kafka_postgres_latency import kafka_postgres_latency, render as render_kafka_postgres
 from bench.key_lookup import key_lookup
-from bench.measure import summarize_runs
+from bench.measure import percentile, sampled_lag, summarize_runs
 from bench.postgres_modes import postgres_modes, render as render_postgres_modes
 from bench.postgres_sink import postgres_throughput, render as render_postgres
 from bench.production import parameters as production_parameters, production, render as render_production
@@ -131,9 +131,17 @@ def steady_lag(system: str, tables: int, rows: int, seconds: float, fraction: fl
     if lakemirror:
         result["batches"] = runner.batches(since=measured_from)
         result["peak_resident_mib"] = runner.peak_memory
-        metric = [v for at, v in runner.metric_lag if at >= measured_from]
+        scrapes = [(at, v) for at, v in runner.metric_lag if at >= measured_from]
+        metric = [v for _, v in scrapes]
+        # The same statistic from outside, at the moments of the scrapes: the oldest commit not yet on
+        # the replica, of every commit made (the warm-up's too, as the daemon counts them).
+        outside = sampled_lag(((sources[t].commits, runner.applies(t)) for t in names), [at for at, _ in scrapes])
         result["daemon_metric_lag"] = {"samples": len(metric), "max": max(metric) if metric else None,
-                                       "mean": sum(metric) / len(metric) if metric else None}
+                                       "mean": sum(metric) / len(metric) if metric else None,
+                                       "p50": percentile(metric, 50) if metric else None,
+                                       "outside_max": max(outside) if outside else None,
+                                       "outside_mean": sum(outside) / len(outside) if outside else None,
+                                       "outside_p50": percentile(outside, 50) if outside else None}
     shutil.rmtree(workdir, ignore_errors=True)
     return result
 
@@ -243,9 +251,14 @@ def _steady_table(runs: list[dict[str, Any]], base_system: str = "lakemirror") -
     for r in runs:
         if "daemon_metric_lag" in r:
             d = r["daemon_metric_lag"]
+            same = (f"; the same statistic from outside at the moments of the scrapes (the oldest source commit "
+                    f"not yet on the replica, max over tables): p50 {d['outside_p50']:.2f} s, mean "
+                    f"{d['outside_mean']:.2f} s, max {d['outside_max']:.2f} s" if d.get("outside_p50") is not None
+                    else "")
             lines += ["", f"lakemirror's own `lakemirror_lag_seconds` (scraped every second, max over tables): "
-                          f"mean {d['mean']:.2f} s, max {d['max']:.2f} s over {d['samples']} scrapes; outside "
-                          f"measure: mean {r['lag']['mean']:.2f} s, max {r['lag']['max']:.2f} s. "
+                          f"p50 {d.get('p50') or float('nan'):.2f} s, mean {d['mean']:.2f} s, max {d['max']:.2f} s "
+                          f"over {d['samples']} scrapes{same}; each commit's own lag (the tables above): "
+                          f"mean {r['lag']['mean']:.2f} s, max {r['lag']['max']:.2f} s. "
                           f"Time from daemon start to every replica bootstrapped and running: {r['ready_seconds']} s."]
     return lines
 

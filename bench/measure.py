@@ -76,3 +76,20 @@ def summarize_runs(runs: Iterable[tuple[dict[int, float], list[Apply]]]) -> LagS
         return LagSummary(commits, unapplied, math.nan, math.nan, math.nan, math.nan, math.nan)
     return LagSummary(commits, unapplied, percentile(values, 50), percentile(values, 95), percentile(values, 99),
                       max(values), sum(values) / len(values))
+
+
+def lag_at(commits: dict[int, float], applies: Iterable[Apply], at: float) -> float:
+    """The lag ``lakemirror_lag_seconds`` stands for, from the outside, at the moment ``at``: ``at``
+    minus the time of the oldest source commit made by then and not yet reflected by an apply at or
+    before it; 0 when there is none. The per-commit figures (:func:`lags`) answer another question
+    (how long each commit waited), so a scrape of the metric is compared with this, at its moment."""
+    reflected = max((a.through for a in applies if a.at <= at), default=-1)
+    pending = [made for version, made in commits.items() if version > reflected and made <= at]
+    return at - min(pending) if pending else 0.0
+
+
+def sampled_lag(tables: Iterable[tuple[dict[int, float], list[Apply]]], moments: Sequence[float]) -> list[float]:
+    """At each of ``moments``, the largest outside lag over the tables (:func:`lag_at`): what a scrape
+    of the metric that takes the largest value over the tables should read then."""
+    runs = list(tables)
+    return [max((lag_at(commits, applies, at) for commits, applies in runs), default=0.0) for at in moments]

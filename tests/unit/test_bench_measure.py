@@ -44,3 +44,17 @@ def test_summary_over_tables_pools_their_commits() -> None:
 
     s = summarize_runs([({1: 0.0}, [Apply(1.0, 1)]), ({1: 0.0, 2: 5.0}, [Apply(3.0, 1)])])
     assert (s.commits, s.unapplied, s.max) == (3, 1, 3.0)
+
+
+def test_the_outside_lag_at_a_moment_is_the_age_of_the_oldest_commit_not_yet_applied() -> None:
+    from bench.measure import lag_at, sampled_lag
+
+    commits = {1: 10.0, 2: 11.0, 3: 12.0}
+    applies = [Apply(15.0, 2), Apply(20.0, 3)]
+    assert lag_at(commits, applies, 9.0) == 0.0       # nothing made yet
+    assert lag_at(commits, applies, 14.0) == 4.0      # 1, 2, 3 pending: 1 is the oldest
+    assert lag_at(commits, applies, 16.0) == 4.0      # 1 and 2 applied at 15: 3, made at 12
+    assert lag_at(commits, applies, 20.0) == 0.0      # all applied
+    # A sawtooth: each commit's own lag averages 3.5 s here, the largest over two tables at a moment more.
+    other = ({1: 13.0}, [Apply(19.0, 1)])
+    assert sampled_lag([(commits, applies), other], [14.0, 16.0, 18.0]) == [4.0, 4.0, 6.0]
