@@ -39,7 +39,7 @@ from lakemirror.supervisor.state import RestartPolicy
 #: The seed's operation_type for each operation.
 OPERATION_TYPE = {"clone": "replication", "incremental": "replication", "reconcile": "reconciliation",
                   "metadata": "uc_replication", "postgres_triggered": "replication",
-                  "postgres_snapshot": "replication"}
+                  "postgres_snapshot": "replication", "vacuum": "maintenance"}
 
 
 @dataclass(frozen=True)

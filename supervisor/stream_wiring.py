@@ -8,9 +8,10 @@ version from a checkpoint of the epoch's own, and calls the batch function with 
   on an always-on query; with ``apply_workers > 0`` each batch first waits for the table's turn
   inside the batch function (:class:`~lakemirror.supervisor.turn_gate.TurnGate`);
 - through Spark Connect, a SQL-only batch function that runs on the server
-  (:mod:`lakemirror.sinks.merge.connect_apply`) and records each batch's checkpoint row for the runner to
-  read back (:class:`~lakemirror.sinks.merge.connect_batches.ConnectBatches`); with ``apply_workers > 0``
-  each turn starts the query with a ``once`` or ``availableNow`` trigger.
+  (:mod:`lakemirror.sinks.merge.connect_apply`) and writes each batch's outcome beside the query's
+  checkpoint for the runner to read (:class:`~lakemirror.sinks.merge.connect_batches.ConnectBatches`),
+  which records the rows; with ``apply_workers > 0`` each turn starts the query with a ``once`` or
+  ``availableNow`` trigger.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from lakemirror.supervisor import replica_record
 from lakemirror.supervisor.prepare import Prepared
 from lakemirror.supervisor.spec import PipelineSpec
 from lakemirror.supervisor.turn_gate import TurnGate
-from lakemirror.tables import TableLocation, has_own_jvm
+from lakemirror.tables import TableLocation, has_own_jvm, is_local_path
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -72,7 +73,9 @@ def stream_options(spec: PipelineSpec) -> dict[str, Any]:
 
 def wire_stream(session: "SparkSession", spec: PipelineSpec, slug: str, source: DeltaChangeFeed,
                 replica: TableReplica[Any], destination: TableLocation, prepared: Prepared,
-                apply_batch: ApplyBatch, checkpoint_table: TableLocation | None) -> Wiring:
+                apply_batch: ApplyBatch, recorded: Callable[[str], "int | None"]) -> Wiring:
+    """``recorded``: the last batch of a transaction app id the checkpoint table holds (Spark
+    Connect: the batches after it have outcome files whose rows are to be recorded)."""
     """Start the table's query for the epoch ``prepared`` names (see the module docstring)."""
     progress = prepared.progress
     assert progress.bootstrap_version is not None
@@ -88,7 +91,7 @@ def wire_stream(session: "SparkSession", spec: PipelineSpec, slug: str, source: 
     writer = (stream.writeStream.queryName(f"lakemirror:{spec.pipeline_id}:{source.name}")
               .option("checkpointLocation", checkpoint))
     if not has_own_jvm(session):
-        wiring = _connect_query(session, spec, source, destination, prepared, app_id, writer, checkpoint_table)
+        wiring = _connect_query(spec, source, destination, prepared, app_id, writer, checkpoint, recorded)
         wiring.stream_session = stream_session
         return wiring
 
@@ -111,16 +114,17 @@ def wire_stream(session: "SparkSession", spec: PipelineSpec, slug: str, source: 
     return Wiring(query=query, gate=gate, batch_feed=feed, stream_session=stream_session)
 
 
-def _connect_query(session: "SparkSession", spec: PipelineSpec, source: DeltaChangeFeed, destination: TableLocation,
-                   prepared: Prepared, app_id: str, writer: "DataStreamWriter",
-                   checkpoint_table: TableLocation | None) -> Wiring:
-    """Spark Connect: the batch function runs on the server, in SQL only, and records each batch's
-    checkpoint row; the runner reads those rows back."""
-    job = batch_job(target=destination, plan=prepared.plan, app_id=app_id, epoch=prepared.progress.epoch,
-                    pipeline_id=spec.pipeline_id, source_fqn=str(source.name), dest_fqn=str(destination.name),
-                    checkpoint_table=checkpoint_table)
+def _connect_query(spec: PipelineSpec, source: DeltaChangeFeed, destination: TableLocation, prepared: Prepared,
+                   app_id: str, writer: "DataStreamWriter", checkpoint: str,
+                   recorded: Callable[[str], "int | None"]) -> Wiring:
+    """Spark Connect: the batch function runs on the server, in SQL only, and writes each batch's
+    outcome beside the query's checkpoint; the runner reads those files and records the rows."""
+    if not is_local_path(checkpoint):
+        raise ValueError(f"runtime.mode connect needs checkpoint_volume on a file system the daemon and the server "
+                         f"share at the same path (each batch's outcome is written there); got {checkpoint}")
+    job = batch_job(target=destination, plan=prepared.plan, app_id=app_id, checkpoint=checkpoint)
     batches = ConnectBatches(job)
-    batches.skip_recorded(session)
+    batches.start_after(recorded(app_id))
     writer = writer.foreachBatch(job.bound())
     if spec.apply_workers == 0:
         return Wiring(query=writer.trigger(processingTime=f"{spec.trigger_interval_seconds} seconds").start(),
