@@ -57,9 +57,13 @@ class ReplicaMaintenance(BaseModel):
         "creates: how long commit files (and DESCRIBE HISTORY) are kept. At least deleted_file_retention_hours. "
         "null: Delta's default (30 days).")
     checkpoint_interval: int | None = Field(
-        20, ge=1, le=10_000, description="delta.checkpointInterval of the replicas lakemirror creates: a checkpoint "
-        "every this many commits. Each batch's snapshot of the replica reads the last checkpoint and the commits "
-        "after it; each checkpoint rewrites the replica's whole file list. null: Delta's default (10).")
+        10, ge=1, le=10_000, description="delta.checkpointInterval of the replicas lakemirror creates: a checkpoint "
+        "every this many commits. Each batch's snapshot of the replica reads the last checkpoint and every commit "
+        "after it (on object storage a request each), and each checkpoint rewrites the replica's whole file list, "
+        "remove actions within the retention included; with the retention above the list stays small, so "
+        "checkpoints are kept frequent. Set here so that a session default "
+        "(spark.databricks.delta.properties.defaults.checkpointInterval) does not change it. null: the session's "
+        "or Delta's default.")
     vacuum_every_seconds: float | None = Field(
         21600.0, gt=0, le=limits.YEAR, description="How often the sub-task replica-vacuum runs VACUUM on every "
         "replica of the pipeline (Delta replicas only), with each replica's own retention: files replaced more than "

@@ -265,7 +265,10 @@ class Torture:
 
     def __init__(self, spark: Any, workdir: Path, seed: int = 7, writer_interval: float = 0.7,
                  replica_properties: dict[str, str] | None = None,
-                 postgres: dict[str, Any] | None = None, connect: Any = None) -> None:
+                 postgres: dict[str, Any] | None = None, connect: Any = None,
+                 runtime: dict[str, Any] | None = None) -> None:
+        """``runtime``: more ``runtime`` settings of the daemon (e.g. ``mode: connect`` and its
+        ``spark_remote``: the batches are then applied on that server, the writer still writes here)."""
         self.spark = spark
         self.workdir = workdir
         self.seed = seed
@@ -282,7 +285,7 @@ class Torture:
             "pipeline_id": "torture", "source_catalog": "src", "destination_catalog": "dst",
             "schema_name": "torture", "checkpoint_volume": str(workdir / "ck"),
             "trigger_interval_seconds": 0.5, "lag_interval_seconds": 1, "discover_interval_seconds": 5,
-            "runtime": {"warehouse": str(workdir / "lakehouse"), "shuffle_partitions": 2},
+            "runtime": {"warehouse": str(workdir / "lakehouse"), "shuffle_partitions": 2, **(runtime or {})},
             "http": {"port": 0}, "restart": {"base_delay_seconds": 0.5, "max_delay_seconds": 4},
             **({"replica_properties": replica_properties} if replica_properties else {}),
             **({"destination": postgres} if postgres else {})}))

@@ -25,7 +25,7 @@ def test_replicas_get_a_short_retention_a_longer_log_and_a_checkpoint_interval_b
     spec = pipeline_spec(settings(tmp_path))
     assert spec.replica_properties == {"delta.deletedFileRetentionDuration": "interval 24 hours",
                                        "delta.logRetentionDuration": "interval 168 hours",
-                                       "delta.checkpointInterval": "20"}
+                                       "delta.checkpointInterval": "10"}
 
 
 def test_replica_properties_win_and_null_keeps_deltas_default(tmp_path: Path) -> None:
