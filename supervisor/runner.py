@@ -324,7 +324,12 @@ class TableRunner:
             live.emit(self._failed(error))
         elif query is not None and (gate is None or not live.turn_proven):
             self._track_progress(query)
-            self._collect_connect_batches(query)
+        if self._connect is not None:
+            # Spark Connect: the batches the server applied (their outcome files; a folder listing).
+            heartbeat = getattr(gate, "heartbeat", None)
+            if heartbeat is not None:
+                heartbeat()  # the server's waiting batch functions see the daemon alive
+            self._collect_connect_batches()
         return live.take_events()
 
     def _failed(self, error: LakemirrorError) -> sm.Failed:

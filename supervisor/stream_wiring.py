@@ -10,26 +10,27 @@ version from a checkpoint of the epoch's own, and calls the batch function with 
 - through Spark Connect, a SQL-only batch function that runs on the server
   (:mod:`lakemirror.sinks.merge.connect_apply`) and writes each batch's outcome beside the query's
   checkpoint for the runner to read (:class:`~lakemirror.sinks.merge.connect_batches.ConnectBatches`),
-  which records the rows; with ``apply_workers > 0`` each turn starts the query with a ``once`` or
-  ``availableNow`` trigger.
+  which records the rows; with ``apply_workers > 0`` it waits for the table's turns at a gate of
+  files beside the checkpoint (:mod:`lakemirror.sinks.merge.connect_gate`), as in classic mode.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from lakemirror.checkpoints import stream_dir
 from lakemirror.sinks.accelerator.batch_feed import BatchFeed
 from lakemirror.sinks.merge.connect_batches import ConnectBatches, batch_job
+from lakemirror.sinks.merge.connect_gate import FileTurnGate, gate_folder
 from lakemirror.sinks.contract import TableReplica
 from lakemirror.sinks.txn import TxnId, txn_app_id
 from lakemirror.sources.delta_source import DeltaChangeFeed
 from lakemirror.supervisor import replica_record
 from lakemirror.supervisor.prepare import Prepared
 from lakemirror.supervisor.spec import PipelineSpec
-from lakemirror.supervisor.turn_gate import TurnGate
+from lakemirror.supervisor.turn_gate import Gate, TurnGate
 from lakemirror.tables import TableLocation, has_own_jvm, is_local_path
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ class Wiring:
     #: The always-on query (None: queries are started per turn).
     query: "StreamingQuery | None" = None
     #: Where the always-on query's batches wait for their turns (None: no turns, or Connect).
-    gate: TurnGate | None = None
+    gate: Gate | None = None
     #: Starts the query for one turn (True: a ``once`` trigger); Connect with turns only.
     turn_query: "Callable[[bool], StreamingQuery] | None" = None
     #: The batches the server-side batch function recorded (Spark Connect only).
@@ -125,11 +126,11 @@ def _connect_query(spec: PipelineSpec, source: DeltaChangeFeed, destination: Tab
     job = batch_job(target=destination, plan=prepared.plan, app_id=app_id, checkpoint=checkpoint)
     batches = ConnectBatches(job)
     batches.start_after(recorded(app_id))
-    writer = writer.foreachBatch(job.bound())
-    if spec.apply_workers == 0:
-        return Wiring(query=writer.trigger(processingTime=f"{spec.trigger_interval_seconds} seconds").start(),
-                      connect=batches)
-    # A DataStreamWriter can start a query again once its last one has ended.
-    return Wiring(turn_query=lambda once: (writer.trigger(once=True) if once
-                                           else writer.trigger(availableNow=True)).start(),
-                  connect=batches)
+    gate: FileTurnGate | None = None
+    if spec.apply_workers > 0:
+        # Turns as in classic mode: the batch function waits at a gate of files beside the checkpoint.
+        # Owned before the query starts, so that a query an earlier daemon left on the server stops.
+        gate = FileTurnGate(gate_folder(checkpoint))
+        job = replace(job, gate_dir=str(gate.folder), gate_generation=gate.take_over())
+    query = writer.foreachBatch(job.bound()).trigger(processingTime=f"{spec.trigger_interval_seconds} seconds").start()
+    return Wiring(query=query, gate=gate, connect=batches)

@@ -22,7 +22,7 @@ from lakemirror.supervisor import turns
 from lakemirror.supervisor.classify import classify
 from lakemirror.supervisor.spec import PipelineSpec
 from lakemirror.supervisor.table_live import TableLive
-from lakemirror.supervisor.turn_gate import TurnGate
+from lakemirror.supervisor.turn_gate import Gate
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
@@ -56,7 +56,7 @@ class TableTurns:
         self.collect = collect
         self.track = track
         self.lock = threading.Lock()
-        self.gate: TurnGate | None = None
+        self.gate: Gate | None = None
         #: Starts the table's query (True: a ``once`` trigger); set while ready for a turn.
         self.turn_query: Callable[[bool], "StreamingQuery"] | None = None
         self.last_trigger: str | None = None  # how its latest turn ran: gated, once or availableNow
@@ -139,7 +139,7 @@ class TableTurns:
                 live.emit(sm.BatchApplied())
             self.track(query)
 
-    def _take_gated(self, gate: TurnGate, query: "StreamingQuery") -> None:
+    def _take_gated(self, gate: Gate, query: "StreamingQuery") -> None:
         """Let the table's held or waiting batch go, and wait until the turn's batch is applied.
 
         A query that failed meanwhile ends the turn; the runner's poll reports it. A turn in which
@@ -153,8 +153,9 @@ class TableTurns:
         held = gate.held_batch
         since = gate.grant()
         committed_at: float | None = None if held is not None else time.monotonic()
+        poll = getattr(gate, "poll_seconds", GATE_POLL_SECONDS)  # a gate of files is looked at less often
         try:
-            while not gate.wait_ended(since, GATE_POLL_SECONDS):
+            while not gate.wait_ended(since, poll):
                 if gate.applying:
                     continue  # a batch ends by leaving the gate, even when it fails
                 if self.live.draining or not query.isActive:

@@ -250,15 +250,14 @@ def driver_cores(master: str, machine_cores: int) -> int:
 
 def default_apply_workers(mode: str, cores: int = 2) -> int:
     """Tables applied at once when ``apply_workers`` is unset: one turn for every two of the driver's
-    ``cores`` (at least one) where the daemon runs the batch function itself (its query waits at a
-    gate between turns, :mod:`lakemirror.supervisor.turn_gate`); always-on queries (0) over Spark
-    Connect. One warm Spark MERGE keeps about two cores busy, so more turns than half the cores only
-    queue for them (and 2 workers on 2 cores starved the benchmark's writer: docs/BENCHMARKS.md). Over
-    Connect the batch function runs in the server's Python worker, out of the gate's reach, so each
-    turn would start the table's query, its snapshots of the source and that worker anew; always-on
-    queries keep them up, and the server's scheduler shares its cores among the tables' MERGEs."""
+    ``cores`` (at least one), each table's query waiting at a gate between its turns
+    (:mod:`lakemirror.supervisor.turn_gate`). One warm Spark MERGE keeps about two cores busy, so more
+    turns than half the cores only queue for them (and 2 workers on 2 cores starved the benchmark's
+    writer: docs/BENCHMARKS.md). Over Spark Connect the MERGEs run on the server, whose cores the
+    daemon does not know: one turn at a time, the batch functions waiting at a gate of files
+    (:mod:`lakemirror.sinks.merge.connect_gate`)."""
     if mode == "connect":
-        return 0
+        return 1
     return max(1, cores // 2)
 
 
@@ -292,9 +291,9 @@ class Settings(BaseSettings):
         "batch of its query, which stays up between turns). 0: one always-on streaming query per table instead "
         "(for drivers with a core or more per table). Unset: in local and databricks mode one for every two of "
         "the driver's cores, at least 1 (the N of runtime.master local[N] in local mode; the machine's cores "
-        "otherwise): a warm Spark MERGE keeps about two cores busy. 0 over Spark "
-        "Connect, where the batch function runs on the server and a turn would start and stop the table's query "
-        "(make bench ONLY=production). With replicas on object storage a turn mostly waits for the store: 2 "
+        "otherwise): a warm Spark MERGE keeps about two cores busy. 1 over Spark Connect, where the MERGEs run "
+        "on the server and each query's batch function waits for its turns at a gate of files beside its "
+        "checkpoint. With replicas on object storage a turn mostly waits for the store: 2 "
         "overlaps two tables' waits (make bench ONLY=production, 4 tables on two cores).")
     allow_schema_evolution: bool = Field(True, description="New source columns reach the replica without a restart by hand.")
     table_overrides: dict[str, TableOverride] = Field(default_factory=dict, description="Per-table keys/columns.")

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Callable
 
 from lakemirror.identifiers import quote
 from lakemirror.sinks.memory import ApplyCounts
+from lakemirror.sinks.merge.connect_gate import ServerGate
 from lakemirror.sinks.merge.connect_outcomes import BatchOutcome, write_outcome
 from lakemirror.sinks.merge.planner import (COMMIT_TIMESTAMP, COMMIT_VERSION, LATEST_COLUMN, SOURCE_ALIAS, TARGET_ALIAS,
                                       MergePlan)
@@ -70,6 +71,10 @@ class ConnectBatchJob:
     app_id: str
     #: Where the batch function writes each batch's outcome (the query's checkpoint's outcome folder).
     outcome_dir: str
+    #: The query's turn gate (:mod:`lakemirror.sinks.merge.connect_gate`) and the daemon run that owns
+    #: it; None: no turns, every batch is applied as Spark plans it.
+    gate_dir: str | None = None
+    gate_generation: str = ""
 
     @property
     def view(self) -> str:
@@ -81,17 +86,27 @@ class ConnectBatchJob:
 
 
 def apply_batch(job: ConnectBatchJob, batch: "DataFrame", batch_id: int) -> None:
-    """Apply one micro-batch and write its outcome for the daemon (runs on the Connect server).
+    """Apply one micro-batch in the table's turn and write its outcome for the daemon (runs on the
+    Connect server); then hold the query until the table's next turn.
 
     A batch with no change rows writes nothing: it has no checkpoint row (as on every path)."""
-    started = time.time()
-    outcome = merge_batch(job, batch, TxnId(job.app_id, batch_id))
-    if outcome.stats.rows_read:
-        stats, counts = outcome.stats, outcome.counts
-        write_outcome(job.outcome_dir, BatchOutcome(
-            batch_id=batch_id, txn_app_id=job.app_id, rows_read=stats.rows_read, first_version=stats.first_version,
-            last_version=stats.last_version, inserted=counts.inserted, updated=counts.updated, deleted=counts.deleted,
-            replayed=outcome.replayed, started_at=started, ended_at=time.time()))
+    gate = ServerGate(job.gate_dir, job.gate_generation) if job.gate_dir else None
+    turn = gate.enter(batch_id) if gate is not None else None
+    try:
+        started = time.time()
+        outcome = merge_batch(job, batch, TxnId(job.app_id, batch_id))
+        if outcome.stats.rows_read:
+            stats, counts = outcome.stats, outcome.counts
+            write_outcome(job.outcome_dir, BatchOutcome(
+                batch_id=batch_id, txn_app_id=job.app_id, rows_read=stats.rows_read,
+                first_version=stats.first_version, last_version=stats.last_version, inserted=counts.inserted,
+                updated=counts.updated, deleted=counts.deleted, replayed=outcome.replayed, started_at=started,
+                ended_at=time.time()))
+    finally:
+        if gate is not None and turn is not None:
+            gate.leave(turn)
+    if gate is not None and turn is not None:
+        gate.hold(batch_id, turn)
 
 
 def merge_batch(job: ConnectBatchJob, batch: "DataFrame", txn: TxnId) -> MergeOutcome:

@@ -99,12 +99,11 @@ def test_connect_mode_with_a_remote_is_valid(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("mode, configured, effective", [
-    ("local", None, 1), ("databricks", None, max(1, (os.cpu_count() or 1) // 2)), ("connect", None, 0),
-    ("connect", 2, 2), ("local", 0, 0)])
-def test_apply_workers_default_to_turns_except_over_connect(tmp_path: Path, mode: str, configured: int | None,
+    ("local", None, 1), ("databricks", None, max(1, (os.cpu_count() or 1) // 2)), ("connect", None, 1),
+    ("connect", 2, 2), ("connect", 0, 0), ("local", 0, 0)])
+def test_apply_workers_default_to_turns(tmp_path: Path, mode: str, configured: int | None,
                                                             effective: int) -> None:
-    """Over Connect the batch function runs on the server, out of a turn gate's reach: always-on
-    queries unless apply_workers is set."""
+    """Turns everywhere by default; over Connect the batch functions wait at a gate of files."""
     from lakemirror.daemon.settings.runtime_spec import pipeline_spec
 
     runtime = {"mode": mode, **({"spark_remote": "sc://spark:15002"} if mode == "connect" else {})}
@@ -121,7 +120,7 @@ def test_apply_workers_default_from_the_drivers_cores(master: str, machine: int,
 
     assert driver_cores(master, machine) == cores
     assert default_apply_workers("local", cores) == workers
-    assert default_apply_workers("connect", cores) == 0
+    assert default_apply_workers("connect", cores) == 1
 
 
 def test_a_local_masters_threads_set_the_default_apply_workers(tmp_path: Path) -> None:
