@@ -135,7 +135,8 @@ def test_a_crash_inside_a_round_loses_no_row_and_doubles_none(tmp_path: Path, ki
     reports = [e for e in first.poll() if isinstance(e, BatchReport)]
     assert [r.batch_id for r in reports] == [0, 1] and first.live.applied_through == 4
     assert first.crashed.wait(10)  # the writer thread died at the point (the process, in a real crash)
-    assert [r.batch_id for r in store.rows] == ([] if kill_at == "connect_before_rows" else [0, 1])
+    written = [r.batch_id for r in store.rows]  # the first round: both rows, or the first alone
+    assert written == [] if kill_at == "connect_before_rows" else written in ([0], [0, 1])
     assert batch_ids(folder) == [0, 1]  # the files stay until their rows are durable and forgotten
     # While the daemon was down the server applied batch 2 and replayed batch 1 (Spark had not
     # committed it): its MERGE skipped by the transaction id, its file written again.
