@@ -9,7 +9,8 @@ Spark's MERGE (``driver_apply: false``, ``rewrite_below_bytes: 0``: no driver-si
 rewrite of small replicas); one more run at 4 tables keeps ``rewrite_below_bytes`` at its default,
 where Spark rewrites each small replica whole instead of MERGEing into it. The same daemon also
 runs over Spark Connect (a server started by scripts/connect-server.sh with hadoop-aws and the same
-s3a settings), where each table's query is always on and each batch is MERGEd in SQL on the server
+s3a settings), where each table's query stays up and waits for its turns at a gate of files, each
+batch is MERGEd in SQL on the server and reported to the daemon by a file
 (sinks/merge/connect_apply.py). The sources are checkpointed every 10 commits
 (:data:`PRODUCTION_SOURCE_PROPERTIES`), as production writers leave them.
 
@@ -289,7 +290,7 @@ def render(runs: list[dict[str, Any]], p: dict[str, Any], steady_table: Any) -> 
              "`rewrite_below_bytes` at its default (64 MiB), so that each 100,000-row replica is rewritten whole in one "
              "pass instead, as a user who keeps the defaults gets. Over Spark Connect: the same "
              "settings through a server started by scripts/connect-server.sh (hadoop-aws and the same s3a settings), "
-             "each table's query always on (the default over Connect), each batch MERGEd in SQL on the server. The delta-rs CDF loop reads and writes the same bucket. "
+             "each table's query up and taking turns at a gate of files (the default over Connect), each batch MERGEd in SQL on the server and reported to the daemon by a file, whose checkpoint rows the daemon appends a round at a time. The delta-rs CDF loop reads and writes the same bucket. "
              f"{r0['rows_per_table']:,} rows a table, the steady workload's writer (a delta-rs MERGE per table a "
              f"second touching {p.get('fraction', 0.01):.0%} of its rows), trigger {p.get('trigger', 1.0)} s, "
              f"lakemirror measured {r0['seconds']:.0f} s after {p.get('warmup', 0):.0f} s of warm-up, the loop "
