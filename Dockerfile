@@ -20,6 +20,10 @@ COPY supervisor ./supervisor
 COPY sources ./sources
 COPY sinks ./sinks
 COPY checkpoints ./checkpoints
+# tools/ (the demos, the local Debezium stack) is not the daemon's, but `pip install .` installs the one
+# package list of pyproject.toml: leaving it out would take a second list for the image, the drift
+# tests/unit/test_packaging.py guards against. Nothing `lakemirror run` loads imports it.
+COPY tools ./tools
 RUN python -m venv /opt/lakemirror/venv \
  && /opt/lakemirror/venv/bin/pip install --no-cache-dir . \
  && /opt/lakemirror/venv/bin/lakemirror fetch-jars --dest /opt/lakemirror/jars

@@ -8,8 +8,9 @@ PYTEST := $(VENV)/python -m pytest
 setup:
 	@scripts/setup.sh
 
+# PORT=…: the port of the demo's status page and /metrics (default 9464; 0: any free port).
 demo: setup
-	$(VENV)/lakemirror demo
+	$(VENV)/lakemirror demo $(if $(PORT),--port $(PORT),)
 
 run: setup
 	$(VENV)/lakemirror run $(CONFIG)
@@ -42,10 +43,12 @@ torture: setup
 
 # lakemirror against its baselines (delta-rs CDF loop, full refresh, copy floor); docs/BENCHMARKS.md.
 # QUICK=1: a smoke run. ONLY=steady,scale,...: rerun some workloads, keep the other figures (ONLY=production:
-# replicas and sources on a local S3 server, Spark MERGE, beside the delta-rs loop, and over Spark Connect).
+# on a local S3 server, the user's recipe, lakemirror's S3 driver, Spark-only and Connect paths and the delta-rs
+# loop, sources written by delta-rs and by Spark; ONLY=soak: one lakemirror path for an hour, not in the default
+# run). ARGS=...: more options of `python -m bench` (e.g. ARGS="--rows recipe,spark --writers spark --tables 4").
 bench: setup
 	$(VENV)/python -m pip install --quiet -e '.[bench]'
-	$(VENV)/python -m bench $(if $(QUICK),--quick,) $(if $(ONLY),--only $(ONLY),)
+	$(VENV)/python -m bench $(if $(QUICK),--quick,) $(if $(ONLY),--only $(ONLY),) $(ARGS)
 
 clean:
 	rm -rf .lakemirror-demo .pytest_cache build dist *.egg-info

@@ -12,6 +12,8 @@ import os
 import platform
 import random
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -27,13 +29,15 @@ from bench.key_lookup import key_lookup
 from bench.measure import percentile, sampled_lag, summarize_runs
 from bench.postgres_modes import postgres_modes, render as render_postgres_modes
 from bench.postgres_sink import postgres_throughput, render as render_postgres
-from bench.production import parameters as production_parameters, production, render as render_production
+from bench.production import DEFAULT_ROWS, ROWS as PRODUCTION_ROWS, merge_runs, parameters as production_parameters, plan, production
+from bench.spark_writer import WRITERS
+from bench.production_report import render as render_production
+from bench.report import Section, assemble, kept_blocks
+from bench.soak import parameters as soak_parameters, render as render_soak, soak
 from bench.systems import VARIANTS, DeltaRsLoop, FullRefresh, LakemirrorDaemon, LocalSite
 from bench.workload import SourceTable, same_rows, table_path
 
 ROOT = Path(__file__).resolve().parent.parent
-#: What follows this marker in docs/BENCHMARKS.md is written by hand (diagnosis, optimisations) and kept.
-ANALYSIS = "<!-- analysis: kept across runs -->"
 
 
 def machine() -> dict[str, Any]:
@@ -49,7 +53,8 @@ def machine() -> dict[str, Any]:
 # -- steady lag ---------------------------------------------------------------------------------
 
 def steady_lag(system: str, tables: int, rows: int, seconds: float, fraction: float, trigger: float,
-               seed: int, warmup: float = 0.0, site: Any = None, drain_seconds: float | None = None) -> dict[str, Any]:
+               seed: int, warmup: float = 0.0, site: Any = None, drain_seconds: float | None = None,
+               monitor: Any = None) -> dict[str, Any]:
     """Lag of every source commit while a writer changes every table once a second.
 
     The writer runs ``warmup`` seconds before the measured ``seconds``: a long-running daemon's
@@ -57,9 +62,12 @@ def steady_lag(system: str, tables: int, rows: int, seconds: float, fraction: fl
     compiler takes about half the CPU for the first minutes). Commits of the warm-up are
     reported apart, never mixed into the steady figures.
 
-    ``site`` keeps the tables and builds lakemirror's daemon: the driver's local disk
+    ``site`` keeps the tables, writes the sources and builds the systems that run as processes of
+    their own (lakemirror's daemon; on S3 also the user's recipe): the driver's local disk
     (``LocalSite``, the default) or an S3 server (bench/production.py). ``drain_seconds``: how
-    long the system may take after the writer stops (default ``DRAIN_SECONDS``).
+    long the system may take after the writer stops (default ``DRAIN_SECONDS``). ``monitor``
+    (bench/soak.py): started once every replica is ready (``start(runner, replicas)``), finished
+    before the system stops (``finish(runner)``, whose answer is the result's ``monitor``).
     """
     site = site or LocalSite()
     drain = DRAIN_SECONDS if drain_seconds is None else drain_seconds
@@ -67,18 +75,19 @@ def steady_lag(system: str, tables: int, rows: int, seconds: float, fraction: fl
     warehouse = site.warehouse(workdir)
     options = site.storage_options
     names = [f"t{i:02d}" for i in range(tables)]
-    sources = {t: SourceTable(site.uri(warehouse, "src", t), rows, storage_options=options,
-                              properties=site.source_properties) for t in names}
+    sources = {t: site.source(warehouse, t, rows) for t in names}
     for s in sources.values():
         s.create()
     replicas = {t: site.uri(warehouse, "dst", t) for t in names}
     runner: Any
     lakemirror = system.startswith("lakemirror")
-    if lakemirror:
+    own_process = site.own_process(system)  # lakemirror's daemon, the user's recipe: a process and JVM each
+    if own_process:
         runner = site.daemon(system, workdir, warehouse, names, trigger)
         runner.start()
         ready = runner.wait_through({t: s.version() for t, s in sources.items()}, timeout=600)
-        runner.scrape_lag()
+        if lakemirror:
+            runner.scrape_lag()
     else:
         runner = (DeltaRsLoop if system == "delta-rs" else FullRefresh)(
             {t: s.path for t, s in sources.items()}, replicas, trigger if system == "delta-rs" else 0.0, options)
@@ -86,6 +95,8 @@ def steady_lag(system: str, tables: int, rows: int, seconds: float, fraction: fl
         runner.bootstrap()
         ready = time.time() - t0
         runner.start()
+    if monitor is not None:
+        monitor.start(runner, replicas)
     rng = random.Random(seed)
     started = time.time()
     stamp = 0
@@ -97,9 +108,11 @@ def steady_lag(system: str, tables: int, rows: int, seconds: float, fraction: fl
         for s in sources.values():
             change_rows += s.change(rng, fraction, stamp)
         time.sleep(max(0.0, 1.0 - (time.time() - tick)))
+    writer_stopped = time.time()
     finals = {t: s.version() for t, s in sources.items()}
     drained = True
-    if lakemirror:
+    extra: dict[str, Any] = {}
+    if own_process:
         try:
             runner.wait_through(finals, timeout=drain)
         except TimeoutError:
@@ -107,6 +120,10 @@ def steady_lag(system: str, tables: int, rows: int, seconds: float, fraction: fl
         runner.peak_memory = peak_resident_mib(runner.proc.pid)
         for name, mib in peak_resident_mib(runner.server_pid).items() if runner.server_pid else ():
             runner.peak_memory[f"server {name}"] = mib  # a Spark Connect server's JVM and Python workers
+        if lakemirror:
+            extra["apply_paths"] = runner.apply_paths()  # how each table's batches reached its replica
+        if monitor is not None:
+            extra["monitor"] = monitor.finish(runner)
     else:
         deadline = time.time() + drain
         while time.time() < deadline and any(runner.applied[t] < v for t, v in finals.items()):
@@ -122,15 +139,17 @@ def steady_lag(system: str, tables: int, rows: int, seconds: float, fraction: fl
         "source_commits": sum(len(s.commits) for s in sources.values()), "change_rows_written": change_rows,
         "ready_seconds": round(ready, 2), "lag": summary.as_dict(), "replicas_equal_sources": exact,
         "warmup_seconds": warmup, "drained_within_seconds": drain if drained else None, "drain_seconds": drain,
+        "measured_from": measured_from, "writer_started": started, "writer_stopped": writer_stopped, **extra,
         "warmup_lag": summarize_runs((window(sources[t].commits, False), runner.applies(t)) for t in names).as_dict()
         if warmup else None,
         "series": sorted((t_made - started, lag) for t in names
                          for v, t_made in sources[t].commits.items()
                          for lag in [_lag_of(v, t_made, runner.applies(t))] if lag is not None),
     }
-    if lakemirror:
+    if own_process:
         result["batches"] = runner.batches(since=measured_from)
         result["peak_resident_mib"] = runner.peak_memory
+    if lakemirror:
         scrapes = [(at, v) for at, v in runner.metric_lag if at >= measured_from]
         metric = [v for _, v in scrapes]
         # The same statistic from outside, at the moments of the scrapes: the oldest commit not yet on
@@ -196,14 +215,7 @@ def catch_up(system: str, rows: int, commits: int, fraction: float, seed: int) -
 
 WORKLOADS = ("steady", "scale", "catch_up", "steady_cost", "bootstrap", "apply_cost", "key_lookup", "postgres",
              "production", "kafka_postgres_latency", "bootstrap_chunked", "postgres_modes", "debezium_events",
-             "debezium_events_s3")
-
-
-def _when(section: dict[str, Any]) -> str:
-    at = section.get("measured_at")
-    load = section.get("load_average_at_start")
-    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(at)) if at else "?"
-    return f"Measured {when}" + (f", load average at start {load[0]:.2f}." if load else ".")
+             "debezium_events_s3", "startup", "soak")
 
 
 def _mem(r: dict[str, Any]) -> str:
@@ -244,6 +256,12 @@ def _steady_table(runs: list[dict[str, Any]], base_system: str = "lakemirror") -
     for r in runs:
         b = r.get("batches") or {}
         if b.get("batches"):
+            if b.get("measured_as"):  # the user's recipe: told from its query's checkpoint
+                lines += ["", f"{r['system']}'s batches in the measured window (from its query's checkpoint): "
+                              f"{b['batches']}, each {b['seconds_p50']:.1f} s at the median ({b['seconds_p90']:.1f} s "
+                              f"p90) from its {b['measured_as']}, carrying {b['versions_p50']} source versions at "
+                              f"the median."]
+                continue
             lines += ["", f"{r['system']}'s batches in the measured window (from its checkpoint rows): {b['batches']}, "
                           f"each {b['seconds_p50']:.1f} s at the median ({b['seconds_p90']:.1f} s p90) from the apply's start (whichever path) to "
                           f"checkpoint row, carrying {b['versions_p50']} source versions and {b['change_rows_p50']:,} change "
@@ -263,148 +281,179 @@ def _steady_table(runs: list[dict[str, Any]], base_system: str = "lakemirror") -
     return lines
 
 
-def render(results: dict[str, Any]) -> str:
-    m = results["machine"]
+def _steady_intro(n: int, r0: dict[str, Any], p: dict[str, Any]) -> str:
+    return (f"{n} tables of {r0['rows_per_table']:,} rows; a writer (delta-rs, in the benchmark process) "
+            f"commits one MERGE per table every second (or as fast as it can when that takes longer) touching "
+            f"{p['fraction']:.0%} of its rows (updates, deletes, inserts) for {r0['seconds']:.0f} s measured "
+            + (f"(lakemirror: after {r0['warmup_seconds']:.0f} s of warm-up with the same writer, reported "
+               f"below; the baselines from their first commit). " if r0.get("warmup_seconds") else
+               "(no warm-up: this run predates it). ") + "Lag of a "
+            f"source commit = from the moment its commit returned to the moment the replica's commit covering "
+            f"it appeared (lakemirror: the replica's Delta log file time joined with the checkpoint rows; the "
+            f"baselines record it as they commit). Trigger interval {p['trigger']} s for lakemirror and the "
+            f"delta-rs loop; the full refresh loops without pause.")
+
+
+def _memory(results: dict[str, Any]) -> list[str]:
+    mem = sorted(((r["tables"], r["system"], r["peak_resident_mib"])
+                  for r in [*results.get("steady", []), *results.get("scale", [])] if r.get("peak_resident_mib")),
+                 key=lambda x: (x[0], x[1]))
+    if not mem:
+        return []
+    return ["", "Driver memory by number of tables (peak resident MiB of the daemon's Python process and its "
+                "JVM, from `/proc/<pid>/status` VmHWM): " +
+            "; ".join(f"{n} tables{'' if system == 'lakemirror' else f' ({system})'}: "
+                      f"{m.get('python', 0):.0f} + {m.get('jvm', 0):.0f}" for n, system, m in mem) + "."]
+
+
+def _no_date(section: dict[str, Any]) -> str:
+    return ""  # each section's provenance line says when, where and by what it was measured
+
+
+def sections(results: dict[str, Any]) -> list[Section]:
+    """The report's section of every workload ``results`` holds, in the report's order."""
     p = results["parameters"]
-    lines = ["# Benchmarks", "",
-             f"Command: `{results['command']}`.  ",
-             f"Machine: {m['cores']} cores, {m['memory_gib']} GiB, Python {m['python']}, PySpark {m['pyspark']}, "
-             f"deltalake {m['deltalake']}, kernel {m['kernel']}. Each section says when it was measured "
-             f"(`--only` reruns some sections and keeps the others).  ",
-             "Raw figures: [bench/results.json](bench/results.json); lag over time: [bench/lag.png](bench/lag.png).",
-             "", DEFAULTS]
+    out: list[Section] = []
     by_tables: dict[int, list[dict[str, Any]]] = {}
     for r in results.get("steady", []):
         by_tables.setdefault(r["tables"], []).append(r)
     for n, runs in sorted(by_tables.items()):
-        r0 = runs[0]
-        lines += ["", f"## Steady lag, {n} tables", "", _when(r0) + " "
-                  f"{n} tables of {r0['rows_per_table']:,} rows; a writer (delta-rs, in the benchmark process) "
-                  f"commits one MERGE per table every second (or as fast as it can when that takes longer) touching "
-                  f"{p['fraction']:.0%} of its rows (updates, deletes, inserts) for {r0['seconds']:.0f} s measured "
-                  + (f"(lakemirror: after {r0['warmup_seconds']:.0f} s of warm-up with the same writer, reported "
-                     f"below; the baselines from their first commit). " if r0.get("warmup_seconds") else
-                     "(no warm-up: this run predates it). ") + "Lag of a "
-                  f"source commit = from the moment its commit returned to the moment the replica's commit covering "
-                  f"it appeared (lakemirror: the replica's Delta log file time joined with the checkpoint rows; the "
-                  f"baselines record it as they commit). Trigger interval {p['trigger']} s for lakemirror and the "
-                  f"delta-rs loop; the full refresh loops without pause.", "", *_steady_table(runs)]
+        out.append(Section(f"steady_{n}", "steady", runs, [f"## Steady lag, {n} tables", "",
+                                                           _steady_intro(n, runs[0], p), "", *_steady_table(runs)]))
     if results.get("scale"):
         r = results["scale"][0]
-        lines += ["", f"## Scale: {r['tables']} tables on one driver", "", _when(r) + " "
-                  f"lakemirror alone, {r['tables']} tables of {r['rows_per_table']:,} rows, the same writer for "
-                  f"{r['seconds']:.0f} s.", "", *_steady_table(results["scale"])]
-    mem = sorted(((r["tables"], r["system"], r["peak_resident_mib"])
-                  for r in [*results.get("steady", []), *results.get("scale", [])] if r.get("peak_resident_mib")),
-                 key=lambda x: (x[0], x[1]))
-    if mem:
-        lines += ["", "Driver memory by number of tables (peak resident MiB of the daemon's Python process and its "
-                      "JVM, from `/proc/<pid>/status` VmHWM): " +
-                  "; ".join(f"{n} tables{'' if system == 'lakemirror' else f' ({system})'}: "
-                            f"{m.get('python', 0):.0f} + {m.get('jvm', 0):.0f}" for n, system, m in mem) + "."]
+        out.append(Section("scale", "scale", results["scale"], [
+            f"## Scale: {r['tables']} tables on one driver", "",
+            f"lakemirror alone, {r['tables']} tables of {r['rows_per_table']:,} rows, the same writer for "
+            f"{r['seconds']:.0f} s.", "", *_steady_table(results["scale"]), *_memory(results)]))
+    if results.get("startup"):
+        from bench.startup import render as render_startup
+
+        out.append(Section("startup", "startup", results["startup"], render_startup(results["startup"])))
     if results.get("catch_up"):
         r0 = results["catch_up"][0]
-        lines += ["", "## Catch-up", "", _when(r0) + " "
-                  f"A {r0['rows']:,}-row table, a backlog of {r0['backlog_commits']} MERGE commits written while "
-                  f"the replicator was stopped; time to drain it.", "",
-                  "| system | change rows | drain s | change rows / s | batches | wall incl. process start s | replica exact |",
-                  "|---|---|---|---|---|---|---|"]
+        lines = ["## Catch-up", "",
+                 f"A {r0['rows']:,}-row table, a backlog of {r0['backlog_commits']} MERGE commits written while "
+                 f"the replicator was stopped; time to drain it.", "",
+                 "| system | change rows | drain s | change rows / s | batches | wall incl. process start s | replica exact |",
+                 "|---|---|---|---|---|---|---|"]
         for r in results["catch_up"]:
             lines.append(f"| {r['system']} | {r['change_rows']:,} | {r['drain_seconds']} | {r['rows_per_second']:,.0f} | "
                          f"{r['batches']} | {r.get('seconds_including_process_start', '-')} | "
                          f"{'yes' if r['replicas_equal_sources'] else 'NO'} |")
+        out.append(Section("catch_up", "catch_up", results["catch_up"], lines))
     if results.get("steady_cost"):
-        r0 = results["steady_cost"][0]
-        refresh = next((r for r in results["steady_cost"] if r["system"].startswith("full refresh (Spark")), None)
-        warm = r0.get("warmup_commits")
-        spark_warm = refresh.get("warmup_refreshes", 0) if refresh else 0
-        lines += ["", "## Steady cost of one cycle", "", _when(r0) + " "
-                  f"A {r0['rows']:,}-row table; one cycle = one source MERGE changing about "
-                  f"{r0['change_rows_per_cycle']:,} rows, then the replica brought up to date. lakemirror: wall "
-                  f"from the moment the source commit returned to the replica reflecting it, CPU of the daemon's "
-                  f"processes (Python and JVM) from before the source commit began until then (its idle polling "
-                  f"during the writer's commit included). Full refresh: overwrite the replica from the whole source, "
-                  f"with Spark (a warm session in its own process, its process and JVM's CPU) and with delta-rs. "
-                  f"{r0['cycles']} cycles each, measured twice: just after the start (after one uncounted cycle) "
-                  f"and warm: lakemirror after {warm} more batches (small appends: the JVM's JIT compiler is still "
-                  f"compiling Spark's planning code for about a hundred batches after a start), the Spark refresh "
-                  f"after {spark_warm} more refreshes.", "",
-                  "| system | warm: wall s (median, min-max) | warm: CPU s (median, min-max) | warm: CPU / Spark "
-                  "full refresh's (goal <= 0.10) | just started: CPU s (median, min-max) | just started: CPU / "
-                  "Spark's | replica exact |",
-                  "|---|---|---|---|---|---|---|"]
-        for r in results["steady_cost"]:
-            def ratio(key: str, r: dict[str, Any] = r) -> str:
-                if not refresh or r is refresh or key not in r or key not in refresh:
-                    return "-"
-                return f"{r[key]['median'] / refresh[key]['median']:.2f}"
-            started = r.get("started_cpu_s")
-            started_text = f"{started['median']} ({started['min']}-{started['max']})" if started else "-"
-            lines.append(f"| {r['system']} | {r['wall_s']['median']} ({r['wall_s']['min']}-{r['wall_s']['max']}) | "
-                         f"{r['cpu_s']['median']} ({r['cpu_s']['min']}-{r['cpu_s']['max']}) | {ratio('cpu_s')} | "
-                         f"{started_text} | {ratio('started_cpu_s')} | "
-                         f"{'yes' if r['replica_equal_source'] else 'NO'} |")
+        out.append(Section("steady_cost", "steady_cost", results["steady_cost"], _steady_cost_lines(results["steady_cost"])))
     if results.get("bootstrap"):
         r0 = results["bootstrap"][0]
         floor = r0["seconds_to_replica"]
-        lines += ["", "## Bootstrap", "", _when(r0) + " "
-                  f"A {r0['rows']:,}-row table. Both sides start their own process and JVM (`local[2]`); the copy "
-                  f"alone is the copy floor's write, and lakemirror's bootstrap step from its log (key settled to "
-                  f"bootstrap done). {r0.get('repeats', 1)} runs of each, alternating; medians, with the range of "
-                  f"the start-to-replica times.", "",
-                  "| system | start to replica s (median, min-max) | vs copy floor | copy alone s | replica exact |",
-                  "|---|---|---|---|---|"]
+        lines = ["## Bootstrap", "",
+                 f"A {r0['rows']:,}-row table. Both sides start their own process and JVM (`local[2]`); the copy "
+                 f"alone is the copy floor's write, and lakemirror's bootstrap step from its log (key settled to "
+                 f"bootstrap done). {r0.get('repeats', 1)} runs of each, alternating; medians, with the range of "
+                 f"the start-to-replica times.", "",
+                 "| system | start to replica s (median, min-max) | vs copy floor | copy alone s | replica exact |",
+                 "|---|---|---|---|---|"]
         for r in results["bootstrap"]:
             spread = "-".join(str(x) for x in r.get("seconds_to_replica_range", []))
             lines.append(f"| {r['system']} | {r['seconds_to_replica']}{f' ({spread})' if spread else ''} | "
                          f"{r['seconds_to_replica'] / floor:.2f}x | "
                          f"{r.get('copy_seconds', '-')} | {'yes' if r['replica_equal_source'] else 'NO'} |")
+        out.append(Section("bootstrap", "bootstrap", results["bootstrap"], lines))
     if results.get("bootstrap_chunked"):
         from bench.chunked import render as render_chunked
 
-        lines += ["", *render_chunked(results["bootstrap_chunked"], _when)]
+        out.append(Section("bootstrap_chunked", "bootstrap_chunked", results["bootstrap_chunked"],
+                           render_chunked(results["bootstrap_chunked"], _no_date)))
+    if results.get("production"):
+        out.append(Section("production", "production", results["production"],
+                           render_production(results["production"], p.get("production") or {}, _steady_table)))
+    for name in ("debezium_events", "debezium_events_s3"):
+        if results.get(name):
+            out.append(Section(name, name, results[name], render_debezium_events(results[name])))
+    if results.get("postgres"):
+        out.append(Section("postgres", "postgres", results["postgres"], render_postgres(results["postgres"])))
+    if results.get("postgres_modes"):
+        out.append(Section("postgres_modes", "postgres_modes", results["postgres_modes"],
+                           render_postgres_modes(results["postgres_modes"])))
+    if results.get("kafka_postgres_latency"):
+        out.append(Section("kafka_postgres_latency", "kafka_postgres_latency", results["kafka_postgres_latency"],
+                           render_kafka_postgres(results["kafka_postgres_latency"])))
     if results.get("apply_cost"):
-        r0 = results["apply_cost"][0]
-        lines += ["", "## Where lakemirror's time goes: one micro-batch apply", "", _when(r0) + " "
-                  "lakemirror's own sink on a warm local Spark (`local[2]`, 2 shuffle partitions), one source commit "
-                  "per apply; medians after two warm-up applies.", "",
-                  "| apply path | replica deletion vectors | rows | change rows / apply | source table id s | batch stats alone s | "
-                  "sink.apply (stats, the apply path's write, replay check) s | checkpoint row s | checkpoint row with writer txn id "
-                  "(before) s | per batch (id check + apply + row) s | exact |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines = ["## Where lakemirror's time goes: one micro-batch apply", "",
+                 "lakemirror's own sink on a warm local Spark (`local[2]`, 2 shuffle partitions), one source commit "
+                 "per apply; medians after two warm-up applies.", "",
+                 "| apply path | replica deletion vectors | rows | change rows / apply | source table id s | batch stats alone s | "
+                 "sink.apply (stats, the apply path's write, replay check) s | checkpoint row s | checkpoint row with writer txn id "
+                 "(before) s | per batch (id check + apply + row) s | exact |",
+                 "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in results["apply_cost"]:
             lines.append(f"| {r.get('apply_path', 'materialized')} | {'on' if r['deletion_vectors'] else 'off'} | {r['rows']:,} | {r['change_rows_per_apply']:,} | "
                          f"{r['median_source_table_id_s']} | {r['median_batch_stats_s']} | "
                          f"{r['median_sink_apply_s']} | {r['median_checkpoint_row_s']} | "
                          f"{r['median_checkpoint_row_txn_s']} | {r['median_whole_apply_s']} | "
                          f"{'yes' if r['exact'] else 'NO'} |")
+        out.append(Section("apply_cost", "apply_cost", results["apply_cost"], lines))
     if results.get("key_lookup"):
         r0 = results["key_lookup"][0]
-        lines += ["", "## Finding a batch's keys in one replica file", "", _when(r0) + " "
-                  f"The deletion-vector apply's lookup (`bench/key_lookup.py`, no Spark): a file of {r0['rows']:,} rows, "
-                  f"a batch of {r0['batch_keys']:,} distinct keys, half of them in the file; the file's keys kept as "
-                  "the apply keeps them, against the row-by-row lookup they replaced (a hash-set probe per row of the "
-                  "file, every batch). CPU, medians; each lookup starts from the batch's raw keys.", "",
-                  "| key | kept as | built once, CPU s | kept MB (row by row) | lookup CPU ms | row by row CPU ms | "
-                  "faster | rows found | same rows |", "|---|---|---|---|---|---|---|---|---|"]
+        lines = ["## Finding a batch's keys in one replica file", "",
+                 f"The deletion-vector apply's lookup (`bench/key_lookup.py`, no Spark): a file of {r0['rows']:,} rows, "
+                 f"a batch of {r0['batch_keys']:,} distinct keys, half of them in the file; the file's keys kept as "
+                 "the apply keeps them, against the row-by-row lookup they replaced (a hash-set probe per row of the "
+                 "file, every batch). CPU, medians; each lookup starts from the batch's raw keys.", "",
+                 "| key | kept as | built once, CPU s | kept MB (row by row) | lookup CPU ms | row by row CPU ms | "
+                 "faster | rows found | same rows |", "|---|---|---|---|---|---|---|---|---|"]
         for r in results["key_lookup"]:
             lines.append(f"| {r['kind']} | {r['layout']} | {r['build_cpu_s']} | {r['kept_mb']} ({r['row_by_row_kept_mb']}) | "
                          f"{r['lookup_cpu_ms']} | {r['row_by_row_cpu_ms']} | {r['speedup']}x | {r['rows_found']:,} | "
                          f"{'yes' if r['same_rows_as_row_by_row'] else 'NO'} |")
-    if results.get("postgres"):
-        lines += ["", *render_postgres(results["postgres"])]
-    if results.get("postgres_modes"):
-        lines += ["", *render_postgres_modes(results["postgres_modes"])]
-    if results.get("production"):
-        lines += ["", *render_production(results["production"], p.get("production") or {}, _steady_table)]
-    if results.get("kafka_postgres_latency"):
-        lines += ["", *render_kafka_postgres(results["kafka_postgres_latency"])]
-    if results.get("debezium_events"):
-        lines += ["", *render_debezium_events(results["debezium_events"])]
-    if results.get("debezium_events_s3"):
-        lines += ["", *render_debezium_events(results["debezium_events_s3"])]
-    lines += ["", "## Notes", "", *results.get("notes", [])]
-    return "\n".join(lines) + "\n"
+        out.append(Section("key_lookup", "key_lookup", results["key_lookup"], lines))
+    if results.get("soak"):
+        out.append(Section("soak", "soak", results["soak"], render_soak(results["soak"])))
+    return out
+
+
+def _steady_cost_lines(runs: list[dict[str, Any]]) -> list[str]:
+    r0 = runs[0]
+    refresh = next((r for r in runs if r["system"].startswith("full refresh (Spark")), None)
+    warm = r0.get("warmup_commits")
+    spark_warm = refresh.get("warmup_refreshes", 0) if refresh else 0
+    lines = ["## Steady cost of one cycle", "",
+             f"A {r0['rows']:,}-row table; one cycle = one source MERGE changing about "
+             f"{r0['change_rows_per_cycle']:,} rows, then the replica brought up to date. lakemirror: wall "
+             f"from the moment the source commit returned to the replica reflecting it, CPU of the daemon's "
+             f"processes (Python and JVM) from before the source commit began until then (its idle polling "
+             f"during the writer's commit included). Full refresh: overwrite the replica from the whole source, "
+             f"with Spark (a warm session in its own process, its process and JVM's CPU) and with delta-rs. "
+             f"{r0['cycles']} cycles each, measured twice: just after the start (after one uncounted cycle) "
+             f"and warm: lakemirror after {warm} more batches (small appends: the JVM's JIT compiler is still "
+             f"compiling Spark's planning code for about a hundred batches after a start), the Spark refresh "
+             f"after {spark_warm} more refreshes.", "",
+             "| system | warm: wall s (median, min-max) | warm: CPU s (median, min-max) | warm: CPU / Spark "
+             "full refresh's (goal <= 0.10) | just started: CPU s (median, min-max) | just started: CPU / "
+             "Spark's | replica exact |",
+             "|---|---|---|---|---|---|---|"]
+    for r in runs:
+        def ratio(key: str, r: dict[str, Any] = r) -> str:
+            if not refresh or r is refresh or key not in r or key not in refresh:
+                return "-"
+            return f"{r[key]['median'] / refresh[key]['median']:.2f}"
+        started = r.get("started_cpu_s")
+        started_text = f"{started['median']} ({started['min']}-{started['max']})" if started else "-"
+        lines.append(f"| {r['system']} | {r['wall_s']['median']} ({r['wall_s']['min']}-{r['wall_s']['max']}) | "
+                     f"{r['cpu_s']['median']} ({r['cpu_s']['min']}-{r['cpu_s']['max']}) | {ratio('cpu_s')} | "
+                     f"{started_text} | {ratio('started_cpu_s')} | "
+                     f"{'yes' if r['replica_equal_source'] else 'NO'} |")
+    return lines
+
+
+def render(results: dict[str, Any], kept: dict[str, str] | None = None) -> str:
+    """docs/BENCHMARKS.md from ``results`` (docs/bench/results.json) and the hand-written ``kept``
+    blocks of the report it replaces (:func:`bench.report.kept_blocks`)."""
+    p = results["parameters"]
+    opt_ins = {name: sections({**section_results, "parameters": p})
+               for name, section_results in (results.get("opt_in") or {}).items()}
+    return assemble(results, sections(results), opt_ins, kept or {}, INTRO, NOTES)
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
@@ -432,25 +481,29 @@ def plot(results: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-#: Printed under the header: which change-feed source the daemon's default settings read with. A
-#: section's own commit and source are listed by hand after ``ANALYSIS``, since a ``--only`` run keeps
-#: the sections it does not rerun.
-DEFAULTS = ("**Defaults.** `make bench` runs the daemon with its default settings. `kernel_change_feed` "
-            "(Delta's Kernel-based change-feed source, reached only through "
-            "`spark.databricks.delta.v2.enableMode=STRICT`, which Delta 4.4 documents as for testing only) is an "
-            "opt-in, off by default: the default path reads the change feed with Delta's `DeltaSource`. Which "
-            "source each section below measured, and the default path's own figures where a section was "
-            "measured with the opt-in on, are listed at the start of the diagnosis (\"Which change-feed source "
-            "each section measured\").")
+#: Under the report's title: what it holds and how to read it.
+INTRO = [
+    "lakemirror against its baselines on the same data, one section per workload. Every figure comes from "
+    "`make bench` (`python -m bench`: `ONLY=<workload>` runs some workloads and keeps the other sections, "
+    "`QUICK=1` is a smoke run never mixed with these), so each section opens with the command that measured it, "
+    "when, at which commit and on which machine.",
+    "",
+    "Each section measures the daemon with its default settings, beside the settings it names; opt-ins, off by "
+    "default, come after the default's sections. Raw figures: [bench/results.json](bench/results.json); the lag "
+    "of every source commit in the steady and scale runs: [bench/lag.png](bench/lag.png). Earlier figures, and "
+    "what was tried between runs, are in the history of these files (`git log -p docs/BENCHMARKS.md`).",
+]
 
 NOTES = [
     "- The writer and both delta-rs baselines run in the benchmark's Python process; lakemirror runs as its "
     "own daemon process with its own JVM (`local[2]`), as a user would run it. All of them share the machine's "
     "two cores, so a run's figures include the writer's own load.",
+    "- Figures compare within one run: the writer's commits per run vary with its share of the cores, and "
+    "Spark's own figures move between days with the same code and packages.",
     "- The full refresh rewrites each replica whenever its source has a new version, without pause: its "
     "most favourable schedule. At 100k rows a rewrite costs tens of milliseconds with delta-rs.",
     "- The 64-table scale run uses smaller tables than the steady runs, to keep `make bench` within an hour "
-    "on two cores; the issue gives no size for it.",
+    "on two cores.",
 ]
 
 
@@ -476,10 +529,14 @@ def parameters(quick: bool) -> dict[str, Any]:
             "modes_rows": 20_000 if quick else 200_000,
             # Debezium events over 8 partitions into 4 tables (the issue's benchmark), offsets per batch
             "debezium_events": 20_000 if quick else 1_000_000, "debezium_events_s3": 20_000 if quick else 200_000, "debezium_steady_seconds": 15.0 if quick else 60.0, "debezium_max_offsets": 5_000 if quick else 50_000,
-            "production": production_parameters(quick)}
+            "production": production_parameters(quick), "soak": soak_parameters(quick),
+            # start and restart: small tables, from process start to every table's first applied batch
+            "startup_tables": [1, 4] if quick else [1, 16, 64], "startup_rows": 1_000}
 
 
-def run_workload(name: str, p: dict[str, Any], seed: int) -> list[dict[str, Any]]:
+def run_workload(name: str, p: dict[str, Any], seed: int, only: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """One workload's runs. ``only``: the production workload's part to run (``systems``,
+    ``writers``, ``tables``; bench/production.py's :func:`~bench.production.plan`)."""
     out: list[dict[str, Any]] = []
     if name == "steady":
         for n in p["steady_tables"]:
@@ -497,6 +554,10 @@ def run_workload(name: str, p: dict[str, Any], seed: int) -> list[dict[str, Any]
         out.append(steady_lag("lakemirror", p["scale_tables"], p["scale_rows"], p["steady_seconds"], p["fraction"],
                               p["trigger"], seed, p["steady_warmup"]))
         print(f"  {out[-1]['lag']} {out[-1].get('peak_resident_mib')}", flush=True)
+    elif name == "startup":
+        from bench.startup import startup
+
+        out = startup(p["startup_tables"], p["startup_rows"], p["trigger"], seed)
     elif name == "catch_up":
         for system in ("lakemirror", "lakemirror, Spark rewrite", "delta-rs"):
             print(f"catch-up: {system} ...", flush=True)
@@ -542,7 +603,9 @@ def run_workload(name: str, p: dict[str, Any], seed: int) -> list[dict[str, Any]
         out = key_lookup(p["lookup_rows"], 5, seed)
         print(f"  {out}", flush=True)
     elif name == "production":
-        out = production(p["production"], seed)
+        out = production(p["production"], seed, **(only or {}))
+    elif name == "soak":
+        out = soak(p["soak"], seed)
     elif name == "apply_cost":
         print("apply cost ...", flush=True)
         out = apply_cost(p["steady_rows"], p["fraction"], 6 if p["steady_rows"] < 100_000 else 10, seed)
@@ -557,31 +620,98 @@ def main(argv: list[str] | None = None) -> int:
                         "the other sections are kept from the last docs/bench/results.json")
     parser.add_argument("--out", type=Path, default=ROOT / "docs")
     parser.add_argument("--seed", type=int, default=42)
+    part = parser.add_argument_group("a part of the production workload (with --only production; the other rows "
+                                     "are kept from the last docs/bench/results.json)")
+    part.add_argument("--rows", default="", help=f"comma-separated rows ({', '.join(PRODUCTION_ROWS)}; the default "
+                      f"run has {', '.join(DEFAULT_ROWS)})")
+    part.add_argument("--writers", default="", help=f"comma-separated writers of the sources ({', '.join(WRITERS)})")
+    part.add_argument("--tables", default="", help="comma-separated table counts (of the workload's: "
+                      "4 and 16; 2 with --quick)")
+    soak_args = parser.add_argument_group("the soak (--only soak)")
+    soak_args.add_argument("--soak-minutes", type=float, help="minutes measured (default 60; 3 with --quick)")
+    soak_args.add_argument("--soak-row", choices=[k for k, r in PRODUCTION_ROWS.items() if r.kind == "lakemirror"],
+                           help="the lakemirror row soaked (default spark: the Spark-only path)")
+    soak_args.add_argument("--soak-writer", choices=WRITERS, help="who writes the sources (default delta-rs)")
     args = parser.parse_args(argv)
-    only = [w for w in args.only.split(",") if w] or list(WORKLOADS)
+    named = [w for w in args.only.split(",") if w]
+    # The soak (70 minutes) runs only when asked for by name.
+    only = named or [w for w in WORKLOADS if w != "soak"]
     unknown = sorted(set(only) - set(WORKLOADS))
     if unknown:
         parser.error(f"unknown workload(s) {unknown}; choose from {', '.join(WORKLOADS)}")
     p = parameters(args.quick)
+    part_of: dict[str, Any] = {}
+    for flag, value, cast in (("systems", args.rows, str), ("writers", args.writers, str), ("tables", args.tables, int)):
+        if value:
+            try:
+                part_of[flag] = [cast(v.strip()) for v in value.split(",") if v.strip()]
+            except ValueError:
+                parser.error(f"--{'rows' if flag == 'systems' else flag}: not a list of {cast.__name__}: {value!r}")
+    if part_of:
+        if "production" not in named:
+            parser.error("--rows, --writers and --tables choose a part of the production workload: add --only production")
+        try:
+            plan(p["production"], **part_of)
+        except ValueError as exc:
+            parser.error(str(exc))
+    for key, value in (("minutes", args.soak_minutes), ("row", args.soak_row), ("writer", args.soak_writer)):
+        if value is not None:
+            p["soak"][key] = value
+    if p["soak"]["minutes"] < 2 * p["soak"]["window_minutes"]:
+        parser.error(f"--soak-minutes: at least {2 * p['soak']['window_minutes']:g}, the first and the last "
+                     f"window of {p['soak']['window_minutes']:g} minute(s) each")
     raw = args.out / "bench" / "results.json"
-    kept: dict[str, Any] = json.loads(raw.read_text()) if args.only and raw.is_file() else {}
-    if kept and kept.get("quick", "--quick" in kept.get("command", "")) != args.quick:
-        kept = {}  # never mix a smoke run's figures with a full run's
-    results: dict[str, Any] = {
-        "command": "make bench" + (" QUICK=1" if args.quick else "") + (f" ONLY={args.only}" if args.only else "")
-                   + "  # python -m bench" + (" --quick" if args.quick else "") + (f" --only {args.only}" if args.only else ""),
-        "quick": args.quick, "machine": machine(), "parameters": p, "notes": NOTES,
-        **{w: kept.get(w, []) for w in WORKLOADS}}
+    previous: dict[str, Any] = json.loads(raw.read_text()) if raw.is_file() else {}
+    if previous.get("quick", "--quick" in previous.get("command", "")) != args.quick:
+        previous = {}  # never mix a smoke run's figures with a full run's
+    # a full run measures every workload again; the opt-ins it does not measure are kept either way
+    kept = previous if args.only else {"opt_in": previous.get("opt_in", {})}
+    extra = " ".join(argv if argv is not None else sys.argv[1:])
+    command = ("make bench" + (" QUICK=1" if args.quick else "") + (f" ONLY={args.only}" if args.only else "")
+               + "  # python -m bench" + (f" {extra}" if extra else ""))
+    results = fresh_results(kept, command, args.quick, machine(), p)
+    run = run_provenance(results["command"], results["machine"])
     for name in only:
         load = list(os.getloadavg())
         started = time.time()
-        section = run_workload(name, p, args.seed)
+        section = run_workload(name, p, args.seed, part_of if name == "production" else None)
         for r in section:
             r.setdefault("measured_at", started)
             r.setdefault("load_average_at_start", load)
-        results[name] = section
+            for key, value in run.items():
+                r.setdefault(key, value)
+        # a part of the production workload replaces its own rows and keeps the others
+        results[name] = merge_runs(results.get(name) or [], section) if name == "production" and part_of else section
         write_report(results, args.out)  # after every workload: a run stopped half-way keeps what it measured
     return 0
+
+
+def fresh_results(kept: dict[str, Any], command: str, quick: bool, machine_now: dict[str, Any],
+                  p: dict[str, Any]) -> dict[str, Any]:
+    """A run's results before it measures anything: the sections of ``kept`` (of the last results.json:
+    every one for an ``--only`` run, the opt-ins' for a full run), each replaced as this run measures it."""
+    return {"command": command, "quick": quick, "machine": machine_now, "parameters": p, "notes": NOTES,
+            **{w: kept.get(w, []) for w in WORKLOADS}, "opt_in": kept.get("opt_in", {})}
+
+
+def head_commit() -> str | None:
+    """The checked-out commit, with ``+changes`` when tracked files outside docs/ differ from it (the
+    run itself rewrites docs/); None outside a git checkout."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+changes" if changed else "")
+
+
+def run_provenance(command: str, machine_now: dict[str, Any]) -> dict[str, Any]:
+    """What every record of a run carries into the report: the command (its `make` form), the commit it
+    measured and the machine (without the load, which each record has at its own start)."""
+    return {"command": command.split("  #")[0], "commit": head_commit(),
+            "machine": {k: v for k, v in machine_now.items() if k != "load_average_at_start"}}
 
 
 def write_report(results: dict[str, Any], out: Path) -> None:
@@ -590,9 +720,8 @@ def write_report(results: dict[str, Any], out: Path) -> None:
     (out / "bench" / "results.json").write_text(json.dumps(results, indent=2, default=str))
     plot(results, out / "bench" / "lag.png")
     target = out / "BENCHMARKS.md"
-    text = target.read_text() if target.is_file() else ""
-    analysis = text.split(ANALYSIS, 1)[1] if ANALYSIS in text else ""
-    target.write_text(render(results) + (f"\n{ANALYSIS}{analysis}" if analysis else ""))
+    kept = kept_blocks(target.read_text()) if target.is_file() else {}
+    target.write_text(render(results, kept))
     print(f"written: {target}", flush=True)
 
 

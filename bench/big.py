@@ -84,9 +84,8 @@ def _summary(values: list[float]) -> dict[str, float]:
 
 #: Small append commits the daemon applies, one batch each, between the cycles measured just after
 #: its start and those measured warm. The JVM's JIT compiler goes on compiling Spark's planning code
-#: for about a hundred micro-batches after a start: on a 1M-row table the JVM's CPU per batch fell
-#: from 1.30 s (batches 1-20) to 0.53 s (batches 101-120) with no change to the work (docs/BENCHMARKS.md,
-#: "Diagnosis as it stands"). A long-running daemon is past that; a writer's MERGE into 10M rows
+#: for about a hundred micro-batches after a start, and the JVM's CPU per batch falls with no change
+#: to the work. A long-running daemon is past that; a writer's MERGE into 10M rows
 #: takes about four seconds, so the warm-up uses appends (one small file each; they also let the
 #: replica's compaction run as it would over time).
 WARMUP_COMMITS = 100

@@ -302,6 +302,10 @@ class _Watch:
 
 # -- the report ------------------------------------------------------------------------------------
 
+def _lead(when: str) -> str:
+    return when + " " if when else ""
+
+
 def render(rows: list[dict[str, Any]], when: Callable[[dict[str, Any]], str]) -> list[str]:
     """docs/BENCHMARKS.md's "Chunked bootstrap" section; ``when`` says when a row was measured."""
     copies = [r for r in rows if r.get("kind") != "retention"]
@@ -310,7 +314,7 @@ def render(rows: list[dict[str, Any]], when: Callable[[dict[str, Any]], str]) ->
         r0 = copies[0]
         written = (f" (written in {r0['source_write_seconds']} s)" if r0.get("source_write_seconds") is not None
                    else "")
-        lines += ["", when(r0) + " "
+        lines += ["", _lead(when(r0)) +
                   f"A {r0['rows']:,}-row table written in {r0['files']} appends (one file each, by delta-rs){written}, "
                   f"copied by lakemirror: once with the default settings (what a user gets: "
                   f"`bootstrap.chunk_bytes` {DEFAULT_CHUNK_BYTES // 2**20} MiB), then in one chunk per file "
@@ -335,7 +339,7 @@ def render_retention(r: dict[str, Any], when: Callable[[dict[str, Any]], str]) -
     """The retention run's paragraph and table (bench/retention.py's figures)."""
     w, b = r.get("writer") or WRITER, r.get("bootstrap") or RETENTION_BOOTSTRAP
     hours = r["retain_hours"]
-    lines = ["### Retention shorter than the bootstrap", "", when(r) + " "
+    lines = ["### Retention shorter than the bootstrap", "", _lead(when(r)) +
              f"A second {r['rows']:,}-row source of {r['files']} files, with deletion vectors on from its creation "
              f"(so the snapshot's own files stay readable after a VACUUM), bootstrapped by lakemirror one chunk per "
              f"file, {b['parallel_chunks']} at a time, with `bootstrap.chunk_budget_seconds: {b['chunk_budget_seconds']}` "

@@ -1,4 +1,4 @@
-"""Debezium events from Kafka into Delta: lakemirror's event source against the seed recipe.
+"""Debezium events from Kafka into Delta: lakemirror's event source against the Streaming CDC recipe.
 
     .venv/bin/python -m bench.debezium_events --events 200000 [--out docs/bench/debezium_events.json]
     make bench ONLY=debezium_events      # a section of docs/BENCHMARKS.md: 1,000,000 events (20,000 with QUICK=1)
@@ -16,7 +16,7 @@ Both consumers read the same topics from the beginning with Spark's Kafka source
 
 - lakemirror: :class:`lakemirror.supervisor.event_stream.EventStreamRunner` (decode, per-key fold by
   log position, one guarded MERGE per replica under a transaction id, tombstones);
-- the seed recipe (shared/seeds, file 002): parse the JSON, per table keep each key's latest event
+- the Streaming CDC recipe (Delta Lake's "Streaming CDC Pipeline" code recipe): parse the JSON, per table keep each key's latest event
   by timestamp (``row_number`` over ``ts_ms`` descending), one ``DeltaTable`` MERGE (delete, update
   all, insert), no guard.
 
@@ -52,6 +52,8 @@ PARTITIONS = 2
 #: Events each system drains from topics of their own before the measured run, in the same JVM: Spark's
 #: and Delta's first queries (class loading, JIT) are then paid by neither measured run.
 WARM_UP_EVENTS = 2_000
+#: The baseline's name in the report: Delta Lake's Streaming CDC Pipeline code recipe, as written there.
+RECIPE = "Streaming CDC recipe"
 
 
 def free_port() -> int:
@@ -246,7 +248,7 @@ RECIPE_SCHEMA = ("before STRUCT<id: BIGINT>, after STRUCT<id: BIGINT, v: BIGINT,
 
 def run_recipe(spark: Any, servers: str, root: Path, total: int, max_offsets: int,
                prefix: str = "bench", on_start: Callable[[], Any] | None = None, *, tables_at: str) -> dict[str, Any]:
-    """The seed recipe's approach: foreachBatch, latest per key by timestamp, one DeltaTable MERGE, no guard."""
+    """The Streaming CDC recipe's approach: foreachBatch, latest per key by timestamp, one DeltaTable MERGE, no guard."""
     from delta.tables import DeltaTable
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -345,7 +347,7 @@ def debezium_events(events: int, max_offsets: int, seed: int, steady_seconds: fl
         systems: list[tuple[str, Callable[..., dict[str, Any]]]] = [("lakemirror", run_lakemirror)]
         if store == "s3":
             systems.append(("lakemirror, Spark MERGE", partial(run_lakemirror, driver_apply=False)))
-        systems.append(("seed recipe", run_recipe))
+        systems.append((RECIPE, run_recipe))
 
         def at(kind: str, name: str) -> tuple[Path, str]:
             slug = kind + name.replace(" ", "_").replace(",", "")
@@ -400,15 +402,15 @@ def _intro(r0: dict[str, Any]) -> tuple[str, str]:
                 "S3 server on loopback (scripts/s3-server.sh): `s3a://` for Spark, `s3://` for delta-rs with storage "
                 "options from the session's `fs.s3a.*` settings. lakemirror with its defaults (the driver's delta-rs "
                 "MERGE under the sequence guard) and with `driver_apply: false` (Spark's MERGE with the tombstone "
-                "anti-joins: the path of catalog tables and Spark Connect); the seed recipe with `DeltaTable` MERGEs. "
+                "anti-joins: the path of catalog tables and Spark Connect); the Streaming CDC recipe with `DeltaTable` MERGEs. "
                 "The machine's two cores also run the S3 server.")
     return ("## Debezium events from Kafka into Delta",
             f"`bench/debezium_events.py`: {r0['events']:,} Debezium change events ({r0['messages']:,} messages with "
             f"the tombstones after deletes and the ranges delivered again) over {r0['partitions']} partitions into "
             f"{r0['tables']} tables, produced before either consumer starts; both read the topics from the beginning "
             f"with Spark's Kafka source and `foreachBatch`, at most {r0['max_offsets_per_trigger']:,} offsets a batch. "
-            "lakemirror: the event source (fold by log position, one guarded MERGE per replica, tombstones); the seed "
-            "recipe: latest event per key by `ts_ms`, one `DeltaTable` MERGE per table, no guard. *Wrong keys* "
+            "lakemirror: the event source (fold by log position, one guarded MERGE per replica, tombstones); the "
+            "Streaming CDC recipe (Delta Lake's Streaming CDC Pipeline code recipe): latest event per key by `ts_ms`, one `DeltaTable` MERGE per table, no guard. *Wrong keys* "
             "counts the keys whose replica row differs from the fold of the distinct events by log position (what "
             "the source database holds). Event-time lag: after the drain, each system reads topics of its own "
             f"while a producer sends {r0.get('steady_rate', 0):,.0f} events a second for "

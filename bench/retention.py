@@ -2,15 +2,15 @@
 
 A writer (bench/retention_writer.py) changes the source while lakemirror bootstraps it, and
 VACUUMs it with a retention shorter than the whole bootstrap. Here: which keys each of its
-commits changes (:func:`plan_step`), what the daemon's log says of its catch-up rounds
+commits changes (:func:`plan_step`), what the daemon's log says of its change-feed capture rounds
 (:func:`catch_ups`), and the figures the report gives (:func:`summarize`).
 
 The changed keys lie in two hot ranges of the source's ids: its first ``hot`` ids, which the
-bootstrap's first chunk copies (so catch-ups MERGE onto rows already copied), and its last ``hot``
-ids, which the last chunk copies (so that chunk must drop the rows the catch-ups changed), plus new
-ids above them. Keeping the changes in two key ranges keeps each writer MERGE and each catch-up
-to a few of the source's files, so a catch-up round stays well within the retention: the run
-measures whether changes are lost, not how a MERGE scales with scattered keys.
+bootstrap's first chunk copies (so the captured changes are MERGEd onto rows already copied), and
+its last ``hot`` ids, which the last chunk copies (reading them at its own, later version, so the
+changes captured before it must not be applied again), plus new ids above them. Keeping the changes
+in two key ranges keeps each writer MERGE to a few of the source's files: the run measures whether
+changes are lost, not how a MERGE scales with scattered keys.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from typing import Any, Iterable
 #: One change of a writer step: (id, op), op one of "u" (update), "d" (delete), "i" (insert).
 Change = tuple[int, str]
 
-_CATCH_UP = re.compile(r"bootstrap catch-up (\d+) applied source versions (\d+)\.\.(\d+) \((\d+) change rows")
+_CAPTURE = re.compile(r"bootstrap capture (\d+) copied source versions (\d+)\.\.(\d+) of the change feed "
+                      r"\((\d+|\?) change rows")
 
 
 @dataclass(frozen=True)
@@ -83,9 +84,10 @@ def plan_step(rng: random.Random, keys: HotKeys, sizes: StepSizes = StepSizes())
 
 
 def catch_ups(log_text: str) -> list[dict[str, int]]:
-    """The catch-up rounds a daemon's log reports: round number, source versions applied, change rows."""
+    """The change-feed capture rounds a daemon's log reports (the bootstrap keeps its change window
+    with them): round number, source versions captured, change rows (0 when the log says ``?``)."""
     return [{"round": int(m.group(1)), "first_version": int(m.group(2)), "last_version": int(m.group(3)),
-             "change_rows": int(m.group(4))} for m in _CATCH_UP.finditer(log_text)]
+             "change_rows": int(m.group(4)) if m.group(4).isdigit() else 0} for m in _CAPTURE.finditer(log_text)]
 
 
 @dataclass

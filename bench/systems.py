@@ -28,6 +28,7 @@ import yaml
 from deltalake import DeltaTable, write_deltalake
 
 from bench.measure import Apply
+from bench.workload import SourceTable
 
 RANK = {"delete": 1, "insert": 2, "update_postimage": 2}
 
@@ -39,7 +40,7 @@ RANK = {"delete": 1, "insert": 2, "update_postimage": 2}
 #: design before the driver path); ``rewrite_below_bytes`` 0 applies every batch by Spark's MERGE
 #: (the design before small replicas were rewritten); ``apply_workers`` 2 runs two turns at once.
 #: ``apply_workers`` 0 (one always-on query per table, the design before turns) is still a setting,
-#: no longer run: it measured behind turns (docs/BENCHMARKS.md, "What was tried and what it gained").
+#: no longer run: it measured behind turns (the history of docs/BENCHMARKS.md has the runs).
 VARIANTS: dict[str, dict[str, Any]] = {"lakemirror, Spark rewrite": {"driver_apply": False},
                                        "lakemirror, MERGE only": {"rewrite_below_bytes": 0},
                                        "lakemirror, 2 apply workers": {"apply_workers": 2}}
@@ -136,6 +137,23 @@ class LakemirrorDaemon:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
 
+    def apply_paths(self) -> dict[str, dict[str, Any]]:
+        """How each table's batches reach its replica, while the daemon runs: ``detail.apply`` of its
+        ``/status`` where the daemon reports it, else the last apply path its log names for the table
+        ("table src.bench.<t>: applies …", the chooser's reason)."""
+        status = self.status()
+        logged = logged_apply_reasons(self.workdir / "daemon.log")
+        out: dict[str, dict[str, Any]] = {}
+        for table in self.tables:
+            detail = (status.get(table) or {}).get("detail") or {}
+            apply = detail.get("apply") if isinstance(detail, dict) else None
+            if isinstance(apply, dict) and apply.get("reason"):
+                out[table] = {"path": apply_path_of(str(apply["reason"])), "reason": apply["reason"],
+                              "from": "status", **{k: v for k, v in apply.items() if k not in ("path", "reason")}}
+            elif table in logged:
+                out[table] = {"path": apply_path_of(logged[table]), "reason": logged[table], "from": "log"}
+        return out
+
     def replica_path(self, table: str) -> Path:
         return self.warehouse / self.destination_catalog / "bench" / table
 
@@ -198,6 +216,39 @@ class LakemirrorDaemon:
         return out
 
 
+#: The apply paths a replica's batches take, as the chooser's reason names them
+#: (lakemirror.sinks.merge.apply_choice): the driver's delta-rs MERGE, Spark's rewrite, Spark's MERGE.
+DRIVER_PATH, SPARK_REWRITE, SPARK_MERGE = "driver (delta-rs MERGE)", "Spark rewrite", "Spark MERGE"
+
+
+def apply_path_of(reason: str) -> str:
+    """The apply path a chooser's reason names (e.g. "applies on the driver by a delta-rs MERGE …")."""
+    if "on the driver by a delta-rs MERGE" in reason:
+        return DRIVER_PATH
+    if "rewriting the replica with Spark" in reason:
+        return SPARK_REWRITE
+    if "MERGE" in reason:
+        return SPARK_MERGE
+    return "unknown"
+
+
+def logged_apply_reasons(log: Path) -> dict[str, str]:
+    """Each table's last apply-path line in a daemon log: ``table src.bench.<t>: applies …``."""
+    out: dict[str, str] = {}
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return out
+    for line in text.splitlines():
+        marker = line.find("table src.bench.")
+        if marker < 0:
+            continue
+        table, _, reason = line[marker + len("table src.bench."):].partition(": ")
+        if reason.startswith("applies "):
+            out[table] = reason.strip()
+    return out
+
+
 def batch_summary(checkpoint_table: Path | str, since: float,
                   storage_options: dict[str, str] | None = None) -> dict[str, Any]:
     """What lakemirror's batches started at or after ``since`` cost, from its checkpoint rows:
@@ -230,6 +281,15 @@ class LocalSite:
     def uri(self, warehouse: Any, catalog: str, table: str) -> Path:
         """Where delta-rs finds ``catalog.bench.table``."""
         return Path(warehouse) / catalog / "bench" / table
+
+    def source(self, warehouse: Any, table: str, rows: int) -> SourceTable:
+        """The source ``src.bench.<table>``, written by delta-rs."""
+        return SourceTable(self.uri(warehouse, "src", table), rows, storage_options=self.storage_options,
+                           properties=self.source_properties)
+
+    def own_process(self, system: str) -> bool:
+        """Whether ``system`` runs as a process of its own (built by :meth:`daemon`)."""
+        return system.startswith("lakemirror")
 
     def daemon(self, system: str, workdir: Path, warehouse: Any, tables: list[str],
                trigger: float) -> LakemirrorDaemon:

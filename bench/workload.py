@@ -50,10 +50,13 @@ class SourceTable:
     def table(self) -> DeltaTable:
         return DeltaTable(str(self.path), storage_options=self.storage_options)
 
-    def create(self) -> None:
+    def initial_rows(self) -> pa.Table:
         ids = pa.array(range(self.rows), pa.int64())
-        write_deltalake(str(self.path), pa.table({"id": ids, "v": ids, "payload": pa.array([f"p{i}" for i in range(self.rows)])}),
-                        configuration={**CDF, **self.properties}, storage_options=self.storage_options)
+        return pa.table({"id": ids, "v": ids, "payload": pa.array([f"p{i}" for i in range(self.rows)])})
+
+    def create(self) -> None:
+        write_deltalake(str(self.path), self.initial_rows(), configuration={**CDF, **self.properties},
+                        storage_options=self.storage_options)
         self.next_id = self.rows
         self.live = list(range(self.rows))
 
@@ -71,7 +74,10 @@ class SourceTable:
         self.live.extend(ids)  # new ids are above every live one: still sorted
 
     def change(self, rng: random.Random, fraction: float, stamp: int) -> int:
-        """One MERGE changing about ``fraction`` of the rows; returns the number of change rows."""
+        """One MERGE changing about ``fraction`` of the rows; returns the number of change rows.
+
+        The changes are drawn the same way whichever engine writes them (:meth:`merge`), so a
+        Spark-written source (bench/spark_writer.py) gets the same changes as this one."""
         n = max(3, int(self.rows * fraction))
         touched = rng.sample(self.live, min(len(self.live), n))
         deletes = set(touched[: n // 10])
@@ -82,13 +88,18 @@ class SourceTable:
         ops = ["d"] * len(deletes) + ["u"] * len(updates) + ["i"] * len(inserts)
         source = pa.table({"id": pa.array(ids, pa.int64()), "v": pa.array([stamp] * len(ids), pa.int64()),
                            "payload": pa.array([f"s{stamp}"] * len(ids)), "op": pa.array(ops)})
+        self.merge(source)
+        returned = time.time()  # the commit's time: when the writer's MERGE returned
+        self.commits[self.version()] = returned
+        live = set(self.live) - deletes
+        live.update(inserts)
+        self.live = sorted(live)
+        return len(ids)
+
+    def merge(self, source: pa.Table) -> None:
+        """One commit applying ``source`` (``id``, ``v``, ``payload``, ``op`` of d/u/i), by delta-rs."""
         (self.table().merge(source, "t.id = s.id", source_alias="s", target_alias="t")
          .when_matched_delete(predicate="s.op = 'd'")
          .when_matched_update(updates={"v": "s.v", "payload": "s.payload"}, predicate="s.op = 'u'")
          .when_not_matched_insert(updates={"id": "s.id", "v": "s.v", "payload": "s.payload"}, predicate="s.op = 'i'")
          .execute())
-        self.commits[self.version()] = time.time()
-        live = set(self.live) - deletes
-        live.update(inserts)
-        self.live = sorted(live)
-        return len(ids)

@@ -1,6 +1,7 @@
 """The audit log: one row per object per attempt of a batch operation (clone, reconcile, metadata).
 
-Exactly the seed's columns ("Data Replication System", audit log table schema), in its order:
+Exactly the columns of the Data Replication System for Databricks's audit log table, in its order, so that one table
+and the queries over it serve both:
 run_id, logging_time, operation_type, catalog_name, schema_name, object_name, object_type,
 status, start_time, end_time, duration_seconds, error_message, details, attempt_number,
 max_attempts, config_details, execution_user. ``config_details`` is JSON with every secret
@@ -53,7 +54,7 @@ class AuditRecord:
         return [f.name for f in fields(cls)]
 
 
-#: Spark DDL of the audit table, in the seed's column order.
+#: Spark DDL of the audit table, in that column order.
 AUDIT_DDL = ", ".join([
     "run_id STRING", "logging_time TIMESTAMP", "operation_type STRING", "catalog_name STRING",
     "schema_name STRING", "object_name STRING", "object_type STRING", "status STRING",

@@ -1,11 +1,14 @@
-"""The durable plan of a table's chunked bootstrap: the chunk list and the catch-up rounds.
+"""The durable plan of a table's chunked bootstrap: the chunks, what each was read at, and the
+change-feed capture rounds.
 
 Which chunks are *committed* is not kept here: the replica's own Delta transaction records say so
-(:func:`lakemirror.sinks.batch.snapshot_copy.committed_chunks`), so progress and data cannot disagree.
-What is kept is what a restart must reuse exactly: the chunks (a restart never re-plans), and each
-catch-up round's version range, saved before the round writes anything, so a round redone after a
-crash reads the same range under the same transaction version (and Delta skips what it committed).
-A small JSON document per table and epoch (the plan's own form:
+(:func:`lakemirror.sinks.batch.snapshot_copy.recorded_transactions`), so progress and data cannot
+disagree. What is kept is what a restart must reuse exactly: the chunks (a restart never re-plans),
+the source version each chunk was read at (saved before its commit: the changes it still needs
+start after it) and the rows its commit wrote, each capture round's version range (saved before
+the round reads anything, so a round redone after a crash reads the same range under the same
+transaction version, and Delta skips what it committed), and the bootstrap's final version. A small
+JSON document per table and epoch (the plan's own form:
 :class:`lakemirror.sinks.batch.bootstrap_plan.BootstrapPlan`), written atomically; with an in-memory twin.
 """
 
@@ -17,6 +20,8 @@ import tempfile
 import threading
 from pathlib import Path
 from typing import Any, Protocol
+
+from lakemirror.checkpoints import layout
 
 
 
@@ -86,5 +91,5 @@ def bootstrap_store_for(states: object) -> BootstrapStore:
     """The bootstrap store beside a state store: files beside a file store's state files, else in memory."""
     directory = getattr(states, "dir", None)
     if isinstance(directory, Path):
-        return FileBootstrapStore(directory.parent / "bootstrap")
+        return FileBootstrapStore(layout.bootstrap_dir(directory))
     return InMemoryBootstrapStore()

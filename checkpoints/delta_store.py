@@ -5,18 +5,21 @@ batch's MERGE, so when that MERGE was fresh (Delta did not skip it as a replay) 
 can have written the row, and it is a plain blind append: one small commit, no read. Only a
 replayed batch (a restart after a crash) asks the table whether its row is already there. This
 replaced Delta writer transaction ids on every append, which made each append reconstruct the
-table's transaction state (1.48 s a row against 0.56 s blind in `make bench` on the 2-core machine;
-docs/BENCHMARKS.md).
+table's transaction state, a Spark job of its own (``make bench ONLY=apply_cost`` times both kinds
+of append).
 
 Rows handed in at the same time by several tables' streams are written together, in one Delta
 commit (group commit, :mod:`lakemirror.checkpoints.group_commit`), on the store's own session: a
 session no batch ever sets Delta transaction confs on. A checkpoint table on the driver's own file
 system (embedded mode), or on S3 (``s3a://``, as ``s3://`` with the storage options of the
 session's s3a settings), is appended to by delta-rs instead, with no Spark job: a Spark commit
-costs about a third of a second on two cores, in every table's turn (docs/BENCHMARKS.md); on the
-local S3 server a one-row append took a median 6.0 s by Spark against 0.12 s by delta-rs, on the
-2-core machine under other load (``scripts/measure-s3-costs.py append``). Reads stay with Spark
-either way.
+plans and runs jobs whatever its size, in every table's turn, and on object storage it also reads
+the table's log through the store, where delta-rs writes the one commit file
+(``scripts/measure-s3-costs.py append`` times both on an S3 server). Reads stay with Spark either
+way.
+
+A table written before a column was added to :class:`~lakemirror.checkpoints.records.CheckpointRow`
+gains it with the first append (schema merge); its older rows read the column as NULL.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from lakemirror.object_store import delta_rs_storage_options, delta_rs_target, d
 from lakemirror.tables import TableLocation, delta_rs_can_write, has_own_jvm, is_local_path, own_session
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import pyarrow as pa
     from pyspark.sql import SparkSession
 
@@ -43,6 +48,13 @@ def arrow_rows(rows: list[CheckpointRow]) -> "pa.Table":
                   "BOOLEAN": pa.bool_(), "TIMESTAMP": pa.timestamp("us", tz="UTC")}
     schema = pa.schema([(col, arrow_type[kind]) for col, kind in (c.split() for c in CHECKPOINT_DDL.split(", "))])
     return pa.Table.from_pylist([r.as_dict() for r in rows], schema=schema)
+
+
+def _has_commits(folder: "Path") -> bool:
+    """Whether the local Delta table at ``folder`` has a log: its first commit, or a checkpoint
+    (which log cleanup leaves once the first commits are gone)."""
+    log_dir = folder / tables.LOG_DIR
+    return (log_dir / tables.commit_file_name(0)).is_file() or (log_dir / "_last_checkpoint").is_file()
 
 
 class DeltaCheckpointStore:
@@ -59,7 +71,15 @@ class DeltaCheckpointStore:
         self._group: GroupCommit[CheckpointRow] = GroupCommit(self._write)
 
     def ensure(self) -> None:
-        """Create the table if it does not exist (idempotent)."""
+        """Create the table if it does not exist (idempotent).
+
+        A table on the driver's own file system is looked for in its log folder and created by
+        delta-rs, with no Spark job: a daemon's start waits for this before any table launches, and
+        through the JVM it was the first Delta command of the process (8.4 s of a restart's 63 s to
+        the first table's launch, 69.6 s of a first start's 132 s, on the loaded 2-core machine;
+        ``make bench ONLY=startup``)."""
+        if self._ensure_on_driver():
+            return
         if tables.exists(self.spark, self.location):
             return
         empty = self.spark.createDataFrame([], CHECKPOINT_DDL)
@@ -68,6 +88,29 @@ class DeltaCheckpointStore:
         except Exception:  # a concurrent creator won the race: fine if the table now exists
             if not tables.exists(self.spark, self.location):
                 raise
+
+    def _ensure_on_driver(self) -> bool:
+        """Whether the table is on the driver's file system and now exists (found, or created by
+        delta-rs); False: Spark is to look (another file system, Spark Connect, no delta-rs)."""
+        import importlib.util
+
+        path = self.location.path
+        if path is None or not has_own_jvm(self.spark) or not tables.is_local_path(path):
+            return False
+        folder = tables.local_dir(path)
+        assert folder is not None  # a local path
+        if _has_commits(folder):
+            return True
+        if (folder / tables.LOG_DIR).exists() or importlib.util.find_spec("deltalake") is None:
+            return False  # a log without its first commit or a checkpoint: Spark reads what it holds
+        from deltalake import write_deltalake
+
+        try:
+            write_deltalake(str(folder), arrow_rows([]), mode="append")
+        except Exception:  # a concurrent creator won the race: fine if the table now exists
+            if not _has_commits(folder):
+                raise
+        return True
 
     def append(self, row: CheckpointRow, spark: "SparkSession | None" = None, *, known_new: bool = False) -> None:
         """Append ``row``; idempotent per (txn_app_id, batch_id) for batch rows.
@@ -105,12 +148,13 @@ class DeltaCheckpointStore:
 
             assert self._delta_rs is not None
             uri, storage_options = self._delta_rs  # credentials: never logged
-            write_deltalake(uri, arrow_rows(rows), mode="append", storage_options=storage_options or None)
+            write_deltalake(uri, arrow_rows(rows), mode="append", schema_mode="merge",
+                            storage_options=storage_options or None)
             return
         if self._writer_session is None:
             self._writer_session = own_session(self.spark)
         df = self._writer_session.createDataFrame([tuple(r.as_dict().values()) for r in rows], CHECKPOINT_DDL)
-        tables.write(df, self.location, "append")
+        tables.write(df, self.location, "append", mergeSchema="true")
 
     def _delta_rs_target(self) -> tuple[str, dict[str, str]] | None:
         """How delta-rs reaches the table, or None (Spark appends). Over Spark Connect the daemon is

@@ -1,7 +1,7 @@
 """Checkpoint rows: one durable record per applied micro-batch.
 
-The seed's columns (pipeline_id, source_fqn, dest_fqn, last_committed_version, lag_seconds,
-rows_merged, error, degraded) plus what makes a batch auditable: the batch id and the exact
+The columns of a Continuous Sync checkpoint row in the Data Replication System for Databricks (pipeline_id,
+source_fqn, dest_fqn, last_committed_version, lag_seconds, rows_merged, error, degraded) plus what makes a batch auditable: the batch id and the exact
 source version range applied, per-operation counts, transaction id and timings.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import asdict, dataclass, fields
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, Protocol
 
 
@@ -34,6 +34,12 @@ class CheckpointRow:
     degraded: bool
     started_at: datetime
     ended_at: datetime
+    #: Source commit times of ``first_version`` and ``last_version``: the replica's commit of this batch
+    #: reflects the source as it was at ``last_version_at`` (for consistent recovery points across
+    #: tables, :mod:`lakemirror.supervisor.recovery_point`). None in rows of event sources and in rows
+    #: written before these columns existed.
+    first_version_at: datetime | None = None
+    last_version_at: datetime | None = None
 
     @classmethod
     def column_names(cls) -> list[str]:
@@ -55,7 +61,13 @@ CHECKPOINT_DDL = ", ".join([
     "last_committed_version BIGINT", "rows_read BIGINT", "rows_merged BIGINT",
     "rows_inserted BIGINT", "rows_updated BIGINT", "rows_deleted BIGINT", "lag_seconds DOUBLE",
     "error STRING", "degraded BOOLEAN", "started_at TIMESTAMP", "ended_at TIMESTAMP",
+    "first_version_at TIMESTAMP", "last_version_at TIMESTAMP",
 ])
+
+
+def commit_time(seconds: float | None) -> datetime | None:
+    """A commit time in seconds since the epoch as a checkpoint row holds it (UTC), or None."""
+    return None if seconds is None else datetime.fromtimestamp(seconds, tz=timezone.utc)
 
 
 class CheckpointStore(Protocol):

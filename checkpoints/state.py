@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
+from lakemirror.checkpoints import layout
+
 
 @dataclass(frozen=True)
 class TableProgress:
@@ -51,7 +53,7 @@ class FileStateStore:
     """JSON files under ``<root>/state/``; each save is an atomic replace."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
-        self.dir = Path(root) / "state"
+        self.dir = layout.state_dir(root)
         self._lock = threading.Lock()
 
     def _path(self, table_slug: str) -> Path:

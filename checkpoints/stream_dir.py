@@ -69,10 +69,10 @@ def use_file_system_manager(spark: "SparkSession", checkpoint: str) -> str | Non
     chosen, or None (left to Spark) for a checkpoint elsewhere, a manager the user configured, or
     no JVM (Spark Connect: the server owns the checkpoint).
 
-    Spark's default for local paths (FileContext) took about 45 ms per offset and per commit file
-    on the benchmark machine, the FileSystem one about 10 ms: 70 ms of every turn
-    (docs/BENCHMARKS.md, "What was tried and what it gained"). Both write a hidden temporary file
-    and rename it into place; a rename on a local POSIX file system is atomic, which is all the log needs.
+    Spark's default for local paths (FileContext) is several times slower per file than the
+    FileSystem API, and every turn writes an offset file and a commit file (``make bench
+    ONLY=steady`` measures whole turns). Both write a hidden temporary file and rename it into
+    place; a rename on a local POSIX file system is atomic, which is all the log needs.
     """
     jvm = getattr(spark, "_jvm", None)
     if jvm is None or not is_local_path(checkpoint) or spark.conf.get(FILE_MANAGER_CONF, None):

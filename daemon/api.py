@@ -25,12 +25,13 @@ from pydantic import ValidationError
 from lakemirror.daemon.settings import Settings, local_path_problem, object_storage_problem
 from lakemirror.daemon.databricks_pipelines import DatabricksNotConfigured, DatabricksPipelines
 from lakemirror.daemon.settings.pipeline import DAEMON_ONLY_KEYS, checkpoint_problem
+from lakemirror.checkpoints import layout
 from lakemirror.checkpoints.lease import LeaseHeld
 from lakemirror.daemon.pipelines import (FoldersOverlap, PipelineExists, PipelineHandle, PipelineRegistry,
                                          checkpoint_dir_to_delete, claim_folder, inside, release_folder)
 from lakemirror.daemon.routes import Match
 from lakemirror.daemon.worker import CommandWorker, WorkerClosed, WorkerTimeout
-from lakemirror.errors import excerpt
+from lakemirror.errors import ConfigError, excerpt
 from lakemirror.secrets import redact
 from lakemirror.sources.cdf_check import Readiness
 from lakemirror.supervisor.supervisor import Draining
@@ -40,8 +41,8 @@ log = logging.getLogger(__name__)
 Reply = tuple[int, Any]
 _NAME = re.compile(r"^[^\x00-\x1f`]{1,255}$")
 
-#: The request headers of the seed's REST example that name the workspace (and its token) a
-#: pipeline is submitted to in databricks mode. The token is never logged nor echoed.
+#: The request headers that name the workspace (and its token) a pipeline is submitted to in
+#: databricks mode, as Continuous Sync's REST API takes them. The token is never logged nor echoed.
 HOST_HEADER, TOKEN_HEADER = "X-Databricks-Host", "X-Databricks-Token"
 
 
@@ -94,7 +95,7 @@ def settings_from_body(body: Any, mode: str, default_checkpoint_volume: str | No
 
     A body without ``checkpoint_volume`` gets ``default_checkpoint_volume`` (the daemon's own
     ``<checkpoint_volume>/api``, so the pipeline's folder is ``<checkpoint_volume>/api/<pipeline_id>``):
-    the seed's REST example names no folder. The YAML pipeline still has to name one.
+    a Continuous Sync REST request names no folder. The YAML pipeline still has to name one.
 
     With ``daemon`` (the daemon's own settings), the pipeline runs with the daemon's ``runtime``,
     ``http`` and ``databricks`` blocks, and outside databricks mode its ``checkpoint_volume`` must
@@ -126,7 +127,7 @@ def settings_from_body(body: Any, mode: str, default_checkpoint_volume: str | No
         problem = local_path_problem(settings.checkpoint_volume)
         if problem is None and daemon is not None:
             root = daemon.checkpoint_volume
-            folder = Path(settings.checkpoint_volume) / settings.effective_pipeline_id
+            folder = layout.pipeline_dir(settings.checkpoint_volume, settings.effective_pipeline_id)
             if object_storage_problem("checkpoint_volume", settings.checkpoint_volume) is not None \
                     or not inside(folder, root) or inside(root, folder):
                 problem = (f"the pipeline's folder {folder} is not inside {root}, the daemon's checkpoint_volume: "
@@ -157,6 +158,7 @@ class ContinuousSyncApi:
     def __init__(self, *, mode: str, registry: PipelineRegistry, worker: CommandWorker,
                  start_pipeline: Callable[[Settings], PipelineHandle],
                  cdf_check: Callable[[str, str], list[Readiness]],
+                 recovery_point: Callable[[float | None, str | None, list[str] | None], dict[str, Any]] | None = None,
                  databricks: Callable[[], DatabricksPipelines] | None = None,
                  databricks_as: Callable[[str, str], DatabricksPipelines] | None = None,
                  default_checkpoint_volume: str | None = None, daemon: Settings | None = None,
@@ -166,6 +168,7 @@ class ContinuousSyncApi:
         self.worker = worker
         self.start_pipeline = start_pipeline   # runs on the worker: builds, registers, starts
         self.cdf_check_fn = cdf_check          # runs on the worker
+        self.recovery_point_fn = recovery_point  # runs on the worker
         self.databricks_ambient = databricks   # databricks mode only; built lazily by the root
         self.databricks_as = databricks_as     # (host, token) of the request's X-Databricks-* headers
         self.default_checkpoint_volume = default_checkpoint_volume
@@ -233,7 +236,7 @@ class ContinuousSyncApi:
         if self.registry.get(pid) is not None:
             return 409, {"error": f"pipeline {pid!r} already runs in this daemon (DELETE it first, or set "
                                   f"another pipeline_id)"}
-        folder = Path(parsed.checkpoint_volume).expanduser() / pid
+        folder = layout.pipeline_dir(Path(parsed.checkpoint_volume).expanduser(), pid)
         clash = self.registry.overlapping(folder)
         if clash is not None:
             return 409, {"error": str(FoldersOverlap(folder, clash.pipeline_id, clash.directory))}
@@ -377,3 +380,34 @@ class ContinuousSyncApi:
                                     lambda: self.cdf_check_fn(catalog, schema), self.timeout)
         return 200, {"catalog": catalog, "schema": schema, "ready": all(v.ready for v in verdicts),
                      "tables": [readiness_json(v) for v in verdicts]}
+
+    # -- recovery points --------------------------------------------------------------------------
+
+    def _recovery_point(self, m: Match, body: Any) -> Reply:
+        from lakemirror.daemon.recovery import parse_instant, parse_tables
+        from lakemirror.supervisor.recovery_point import NoRecoveryPoint
+
+        if self.recovery_point_fn is None:
+            return 404, {"error": "recovery points are not served by this endpoint"}
+        problems: list[dict[str, str]] = []
+        at: float | None = None
+        only: list[str] | None = None
+        try:
+            at = parse_instant(m.arg("at") or "", "at") if m.arg("at") is not None else None
+        except ConfigError as exc:
+            problems += [{"field": "at", "message": msg} for _, msg in exc.problems]
+        try:
+            only = parse_tables(m.arg("tables"), "tables")
+        except ConfigError as exc:
+            problems += [{"field": "tables", "message": msg} for _, msg in exc.problems]
+        anchor = m.arg("anchor")
+        if anchor is not None and (not anchor or "." in anchor or "\x00" in anchor):
+            problems.append({"field": "anchor", "message": "a table name of the pipeline (no catalog or schema)"})
+        if problems:
+            return 422, {"error": "invalid query", "problems": problems}
+        fn = self.recovery_point_fn
+        try:
+            cut = self.worker.call("recovery-point", lambda: fn(at, anchor, only), self.timeout)
+        except NoRecoveryPoint as exc:
+            return 409, {"error": str(exc), "reasons": exc.reasons}
+        return 200, cut

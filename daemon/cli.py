@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 from lakemirror import __version__
 from lakemirror.checkpoints.lease import LeaseHeld, LeaseLost
+from lakemirror.daemon import dead_letters_cli
 from lakemirror.daemon.jars import JarsMissing
 from lakemirror.daemon.preflight import StartupError
 from lakemirror.daemon.spark import JavaMissing
@@ -21,6 +22,8 @@ from lakemirror.errors import ConfigError
 from lakemirror.secrets import redact
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
+#: The demo's HTTP port unless ``--port`` says otherwise.
+DEMO_PORT = 9464
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -83,7 +86,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _daemon_url(settings: Any) -> str | None:
     """The running daemon's endpoint, as it recorded it in its pipeline folder."""
-    endpoint = Path(settings.checkpoint_volume).expanduser() / settings.effective_pipeline_id / "daemon.json"
+    from lakemirror.checkpoints import layout
+
+    endpoint = layout.daemon_file(layout.pipeline_dir(Path(settings.checkpoint_volume).expanduser(),
+                                                      settings.effective_pipeline_id))
     try:
         url = json.loads(endpoint.read_text())["url"] if endpoint.is_file() else None
     except (OSError, ValueError, KeyError, TypeError):
@@ -94,13 +100,15 @@ def _daemon_url(settings: Any) -> str | None:
 def _control_token(settings: Any) -> str | None:
     """The bearer token for the daemon's control routes: ``http.auth_token``, else the one the running
     daemon generated (:mod:`lakemirror.daemon.http_token`); TokenUnreadable when that file is not ours."""
+    from lakemirror.checkpoints import layout
     from lakemirror.daemon import http_token
 
     if settings.http.auth_token is not None:
         return str(settings.http.auth_token.get_secret_value())
     if settings.http.auth == "none":
         return None
-    return http_token.read(Path(settings.checkpoint_volume).expanduser() / settings.effective_pipeline_id)
+    return http_token.read(layout.pipeline_dir(Path(settings.checkpoint_volume).expanduser(),
+                                               settings.effective_pipeline_id))
 
 
 def cmd_control(args: argparse.Namespace) -> int:
@@ -170,12 +178,13 @@ def _print_status(payload: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps(payload, indent=2, default=str))
         return
-    from lakemirror.daemon.status import render_event_sources, render_subtasks, render_table
+    from lakemirror.daemon.status import render_apply_paths, render_event_sources, render_subtasks, render_table
 
     subtasks = render_subtasks(payload.get("subtasks", []))
     events = render_event_sources(payload["tables"])
-    print(render_table(payload["tables"]) + (f"\n\n{events}" if events else "")
-          + (f"\n\n{subtasks}" if subtasks else ""))
+    paths = render_apply_paths(payload["tables"])
+    print(render_table(payload["tables"]) + (f"\n\n{paths}" if paths else "")
+          + (f"\n\n{events}" if events else "") + (f"\n\n{subtasks}" if subtasks else ""))
 
 
 def _status_from_records(settings: Any) -> dict[str, Any]:
@@ -237,11 +246,12 @@ def cmd_fetch_jars(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    """The live demo: development tools (``lakemirror.tools``), imported only by this command."""
     if args.source == "debezium":
-        from lakemirror.daemon.demo_debezium import run_debezium_demo
+        from lakemirror.tools.demo_debezium import run_debezium_demo
 
         return run_debezium_demo(workdir=Path(args.workdir), duration=args.duration, http_port=args.http_port)
-    from lakemirror.daemon.demo import run_demo
+    from lakemirror.tools.demo import run_demo
 
     return run_demo(workdir=Path(args.workdir), duration=args.duration, http_port=args.http_port)
 
@@ -266,22 +276,43 @@ def cmd_replicate(args: argparse.Namespace) -> int:
     return EXIT_OK if summary.ok else EXIT_FAILED
 
 
+def cmd_recovery_point(args: argparse.Namespace) -> int:
+    """A recovery point consistent across the pipeline's tables (see lakemirror.daemon.recovery)."""
+    from lakemirror.daemon.recovery import run
+
+    return run(_load(args), at=args.at, anchor=args.anchor, tables=args.tables, pin_schema=args.pin_schema,
+               use_source=not args.source_unreachable, as_json=args.json)
+
+
 def _add_config_flags(p: argparse.ArgumentParser, required: bool = True) -> None:
+    """The pipeline file, and ``--set`` (every command that reads the file may need to override it)."""
     p.add_argument("config", nargs=None if required else "?", help="pipeline YAML file")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override any setting, e.g. runtime.master=local[4]")
-    p.add_argument("--trigger-interval-seconds", type=float)
-    p.add_argument("--spark-remote", metavar="sc://HOST:PORT", help="run through a Spark Connect server")
-    p.add_argument("--warehouse", help="local mode: the lakehouse directory")
-    p.add_argument("--http-port", type=int)
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a setting of the file, e.g. runtime.master=local[4] (repeatable; environment "
+                        "variables LAKEMIRROR_<FIELD> work too)")
+
+
+def _add_run_flags(p: argparse.ArgumentParser) -> None:
+    """Shortcuts for settings a daemon run often overrides (``run`` only)."""
+    p.add_argument("--trigger-interval-seconds", type=float, metavar="SECONDS",
+                   help="how often each table's query looks for new source commits (trigger_interval_seconds)")
+    p.add_argument("--spark-remote", metavar="sc://HOST:PORT",
+                   help="run through a Spark Connect server (runtime.mode connect, runtime.spark_remote)")
+    p.add_argument("--warehouse", metavar="DIR", help="local mode: the lakehouse directory (runtime.warehouse)")
+    p.add_argument("--http-port", type=int, metavar="PORT",
+                   help="port of /metrics, /status and the status page (http.port; 0: any free port)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lakemirror", description="Live, exact replicas of Delta tables.")
     parser.add_argument("--version", action="version", version=f"lakemirror {__version__}")
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                        help="the least severe log records written to stderr (default INFO)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                help="what to do (`lakemirror COMMAND --help` says more)")
     p = sub.add_parser("run", help="run the replication daemon until SIGTERM")
     _add_config_flags(p)
+    _add_run_flags(p)
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("validate", help="check a config file; exit 2 listing every problem")
     _add_config_flags(p)
@@ -289,7 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="per-table state and lag, from the daemon or its checkpoint table")
     _add_config_flags(p, required=False)
     p.add_argument("--url", help="the daemon's HTTP endpoint, e.g. http://127.0.0.1:9464")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the status as JSON instead of a table")
     p.set_defaults(func=cmd_status)
     for verb, what in (("pause", "stop replicating a table (kept across restarts)"),
                        ("resume", "resume a paused or failed table"),
@@ -299,22 +330,41 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("table", help="the table's name in the source schema")
         p.add_argument("--url", help="the daemon's HTTP endpoint (default: the one it recorded)")
         p.set_defaults(func=cmd_control)
+    dead_letters_cli.add_parser(sub)
     p = sub.add_parser("demo", help="a live demo on the embedded lakehouse (until Ctrl-C)")
-    p.add_argument("--workdir", default=".lakemirror-demo")
-    p.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
-    p.add_argument("--http-port", type=int, default=9464)
+    p.add_argument("--workdir", default=".lakemirror-demo", metavar="DIR",
+                   help="where the demo's lakehouse, checkpoints and logs go (default .lakemirror-demo)")
+    p.add_argument("--duration", type=float, default=None, metavar="SECONDS", help="stop after this many seconds")
+    p.add_argument("--port", "--http-port", dest="http_port", type=int, default=DEMO_PORT, metavar="PORT",
+                   help=f"port of the demo daemon's status page and /metrics (default {DEMO_PORT}; 0: any free "
+                        f"port). `make demo PORT=…` passes it")
     p.add_argument("--source", choices=["delta", "debezium"], default="delta",
                    help="delta: Delta tables' change feed (default); debezium: a PostgreSQL database through "
                         "Debezium and Kafka, all started on loopback by the project's scripts")
     p.set_defaults(func=cmd_demo)
-    p = sub.add_parser("replicate", help="batch clone, reconciliation or metadata sync (one shot)")
+    p = sub.add_parser("replicate", help="batch clone, reconciliation, metadata sync and disaster recovery (one shot)")
     p.add_argument("config", help="replication YAML file")
     p.add_argument("--validate-only", action="store_true", help="check the config; exit 2 listing every problem")
     p.add_argument("--target-catalog", help="only the catalog entry replicating into this catalog")
     p.add_argument("--target-schemas", metavar="A,B", help="only these schemas (replaces include_schemas)")
     p.add_argument("--uc-object-types", metavar="T,…", help="metadata object types, e.g. table_tag,column_comment")
-    p.add_argument("--operation", metavar="OP[,OP]", help="clone, incremental, reconcile and/or metadata (overrides the file)")
+    p.add_argument("--operation", metavar="OP[,OP]", help="clone, incremental, reconcile, metadata, volume_files, "
+                                                          "backup and/or uc_objects (overrides the file)")
     p.set_defaults(func=cmd_replicate)
+    p = sub.add_parser("recovery-point", help="per table, the replica version showing its source as of one "
+                                              "instant, the same for every table (for a consistent failover)")
+    _add_config_flags(p)
+    p.add_argument("--at", metavar="TIME", help="the instant (ISO 8601, UTC if no offset, or epoch seconds); "
+                                                "default: the newest instant every replica has reached")
+    p.add_argument("--anchor", metavar="TABLE", help="only instants at which this table committed (the table "
+                                                     "each step of the writers commits last)")
+    p.add_argument("--tables", metavar="A,B", help="only these tables (default: every table with applied batches)")
+    p.add_argument("--pin-schema", metavar="SCHEMA", help="also pin the cut: a shallow clone of each replica at "
+                                                          "its version, in this schema of the replica's catalog")
+    p.add_argument("--source-unreachable", action="store_true",
+                   help="do not read the sources (they are lost): use what the replicas' side recorded")
+    p.add_argument("--json", action="store_true", help="print the recovery point as JSON instead of a table")
+    p.set_defaults(func=cmd_recovery_point)
     p = sub.add_parser("fetch-jars", help="resolve Delta's jars (and hadoop-aws for s3a://) from Maven Central into the local cache")
     p.add_argument("--dest", help="target folder (default ~/.cache/lakemirror/jars-…)")
     p.add_argument("--check", action="store_true", help="only check that the jars are cached")
@@ -336,9 +386,10 @@ class DrainRefusals(logging.Filter):
         return not (record.exc_info and isinstance(record.exc_info[1], Drained))
 
 
-#: Arrow's default allocator keeps the memory it frees for reuse; the driver path's Arrow batches
-#: then held the daemon's Python process at 830 MiB (4 tables) where the system allocator gives it
-#: back: 378 MiB, lag unchanged (docs/BENCHMARKS.md, "Memory"). A user's own setting wins.
+#: Arrow's default allocator keeps the memory it frees for reuse, so the driver path's Arrow batches
+#: kept the daemon's Python process at its largest batch's size; the system allocator gives freed
+#: memory back, at no cost in lag (``make bench ONLY=steady`` reports the daemon's peak resident
+#: memory). A user's own setting wins.
 ARROW_POOL_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "system"}
 
 

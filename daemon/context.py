@@ -31,6 +31,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Self, Sequence, TextIO
 
+from lakemirror.checkpoints import layout
 from lakemirror.checkpoints.audit import AuditLog, DeltaAuditLog
 from lakemirror.checkpoints.lease import LeaseLost, LeaseRecord
 from lakemirror.checkpoints.lease_store import generation_of
@@ -41,18 +42,21 @@ from lakemirror.checkpoints.state import FileStateStore
 from lakemirror.daemon import http_token, preflight
 from lakemirror.daemon.api import ContinuousSyncApi
 from lakemirror.daemon.databricks_pipelines import DatabricksPipelines
+from lakemirror.daemon.dead_letter_api import DeadLetterApi
 from lakemirror.daemon.http import ControlServer
 from lakemirror.daemon.jars import JarsMissing
-from lakemirror.daemon.lease import LEASE_DIR, pipeline_lease
+from lakemirror.daemon.lease import pipeline_lease
 from lakemirror.daemon.metrics import Metrics
 from lakemirror.daemon.pipelines import PipelineHandle, PipelineRegistry
 from lakemirror.daemon.settings import PostgresDestination, RuntimeSettings, Settings
 from lakemirror.daemon.settings.replicate import ReplicateConfig
 from lakemirror.daemon.settings.real_time import real_time_spark_conf
 from lakemirror.daemon.settings.runtime_spec import (
-    REPLICATE_NAMESPACE, cycle_mode, event_stream_spec, jobs_for, maintenance_subtasks, mode_of, pipeline_spec, plan,
-    postgres_subtasks, subtask_of,
+    REPLICATE_NAMESPACE, cycle_mode, cycle_tables, event_stream_spec, jobs_for, maintenance_subtasks, mode_of,
+    pipeline_spec, plan, postgres_subtasks, shared_catalogs, subtask_of,
 )
+from lakemirror.daemon.dr_context import disaster_recovery_operations, logged_run, run_in_phases
+from lakemirror.daemon.recovery import cut_json, recovery_points_of
 from lakemirror.daemon.spark import JavaMissing
 from lakemirror.daemon.status import status_info
 from lakemirror.daemon.worker import CommandWorker
@@ -64,6 +68,7 @@ from lakemirror.sinks.batch.operations import Operations, SparkOperations
 from lakemirror.sinks.batch.reconcile import DeltaReconciliationStore
 from lakemirror.sinks.choose import choose_sink
 from lakemirror.sinks.postgres.executor import Connector
+from lakemirror.sinks.postgres.waits import ServerWait
 from lakemirror.sources import cdf_check
 from lakemirror.sources.catalog import Catalog, Discovery, LocalCatalog, SparkDiscovery, UnityCatalog
 from lakemirror.supervisor.event_postgres import PostgresEventStreamRunner, RealTimeSpec
@@ -78,8 +83,10 @@ from lakemirror.supervisor.replicate import (
 from lakemirror.supervisor.runner import FAULT_POINTS, RunnerContext, TableRunner
 from lakemirror.supervisor.spec import PipelineSpec
 from lakemirror.supervisor.state import RestartPolicy
+from lakemirror.supervisor.cycle_views import CycleTables
 from lakemirror.supervisor.subtasks import SubtaskRun, SubtaskService
-from lakemirror.supervisor.supervisor import Runner, Supervisor
+from lakemirror.supervisor.supervisor import Runner, Supervisor, TableView
+from lakemirror.sql_exec import run_sql
 
 if TYPE_CHECKING:
     from databricks.sdk import WorkspaceClient
@@ -130,6 +137,11 @@ class GlobalContext:
     def runtime(self) -> RuntimeSettings:
         raise NotImplementedError
 
+    @property
+    def python_workers_stop(self) -> bool:
+        """Whether queries with tasks in Python workers are stopped while they run (Real-Time Mode)."""
+        return False
+
     def replace(self, **parts: Any) -> Self:
         """Use ``parts`` instead of building them (tests): each name is one of this context's
         factories; an unknown name raises, so a misspelt override cannot be silently ignored."""
@@ -143,7 +155,7 @@ class GlobalContext:
     def spark(self) -> "SparkSession":
         from lakemirror.daemon.spark import create_session
 
-        return create_session(self.runtime)
+        return create_session(self.runtime, python_workers_stop=self.python_workers_stop)
 
     @property
     def unity_catalog(self) -> bool:
@@ -166,7 +178,7 @@ class GlobalContext:
     def execution_user(self) -> str:
         """Who the audit rows name: the workspace user on Databricks, the OS user elsewhere."""
         if self.unity_catalog:
-            return str(self.spark.sql("SELECT current_user()").collect()[0][0])
+            return str(run_sql(self.spark, "SELECT current_user()").collect()[0][0])
         return getpass.getuser()
 
     def located(self, fqn: str) -> Any:
@@ -200,7 +212,7 @@ class GlobalContext:
     def incremental_sweep(self, checkpoint_volume: str, namespace: str) -> IncrementalSweep:
         """Incremental sweeps keeping state under ``<checkpoint_volume>/<namespace>/incremental``;
         ``namespace`` is also part of their transaction ids."""
-        states = FileStateStore(Path(checkpoint_volume) / namespace / "incremental")
+        states = FileStateStore(layout.incremental_dir(checkpoint_volume, namespace))
         return IncrementalSweep(self.spark, self.catalog, states, checkpoint_volume, namespace)
 
     def batch_runner(self, operations: Operations, run_id: str, max_workers: int,
@@ -239,22 +251,21 @@ class ReplicateContext(GlobalContext):
     @cached_property
     def operations(self) -> Operations:
         ops: Operations = self.spark_operations(self.run_id)
-        if self.config.checkpoint_volume is None:
-            return ops
-        sweep = self.incremental_sweep(self.config.checkpoint_volume, REPLICATE_NAMESPACE)
-        return WithIncremental(ops, IncrementalOperations(sweep))
+        if self.config.checkpoint_volume is not None:
+            sweep = self.incremental_sweep(self.config.checkpoint_volume, REPLICATE_NAMESPACE)
+            ops = WithIncremental(ops, IncrementalOperations(sweep))
+        return disaster_recovery_operations(self, ops, self.config.checkpoint_volume)
 
     @cached_property
     def progress(self) -> Progress:
         return TextProgress(self.out)
 
     def plan(self) -> list[TableJob]:
-        return plan(self.config, self.discovery)
+        return plan(self.config, self.discovery, shared_catalogs(self.config))
 
     def run(self) -> RunSummary:
-        jobs = self.plan()
-        log.info("replicate run %s: %d tables", self.run_id, len(jobs))
-        return self.batch_runner(self.operations, self.run_id, self.config.max_workers, self.progress).run(jobs)
+        with logged_run(self.config.execution_log, self.run_id):
+            return run_in_phases(self)
 
 
 class DaemonContext(GlobalContext):
@@ -269,9 +280,14 @@ class DaemonContext(GlobalContext):
     @property
     def runtime(self) -> RuntimeSettings:
         rt = self.settings.runtime
-        if self.settings.source is not None and self.settings.source.real_time is not None:
+        if self.python_workers_stop:
             return rt.model_copy(update={"spark_conf": real_time_spark_conf(rt.spark_conf)})
         return rt
+
+    @property
+    def python_workers_stop(self) -> bool:
+        """Real-Time Mode: its ``foreach`` writers run in Python workers (:mod:`lakemirror.daemon.jvm_stderr`)."""
+        return self.settings.source is not None and self.settings.source.real_time is not None
 
     @property
     def audit_catalog(self) -> str:
@@ -293,7 +309,7 @@ class DaemonContext(GlobalContext):
 
     @cached_property
     def pipeline_dir(self) -> Path:
-        return Path(self.settings.checkpoint_volume) / self.spec.pipeline_id
+        return layout.pipeline_dir(self.settings.checkpoint_volume, self.spec.pipeline_id)
 
     @cached_property
     def states(self) -> FileStateStore:
@@ -306,8 +322,15 @@ class DaemonContext(GlobalContext):
         s3a = {k[len("spark.hadoop."):]: v for k, v in self.settings.runtime.spark_conf.items()
                if k.startswith("spark.hadoop.fs.s3a.")}
         store = DeltaCheckpointStore(self.spark, self.located(self.settings.effective_checkpoint_table), hadoop_conf=s3a)
+        started = time.monotonic()
         store.ensure()
+        log.info("checkpoint table %s ready in %.1fs", store.location.name, time.monotonic() - started)
         return store
+
+    @cached_property
+    def recovery_points(self) -> Any:
+        """Recovery points across the pipeline's tables (lakemirror.daemon.recovery)."""
+        return recovery_points_of(self)
 
     @cached_property
     def metrics(self) -> Metrics:
@@ -361,7 +384,7 @@ class DaemonContext(GlobalContext):
         recorded = lambda: {  # noqa: E731 (no Spark: shown while the JVM starts; streamed tables only)
             name: known for name, known in read_pipeline(
                 spec, locate=self.catalog.locate, states=FileStateStore(self.pipeline_dir),
-                state_dir=self.pipeline_dir / "state", checkpoint_table=checkpoint_table).items()
+                state_dir=layout.state_dir(self.pipeline_dir), checkpoint_table=checkpoint_table).items()
             if mode_of(s, name) == "continuous"}
         return Supervisor(
             runner_factory=lambda table: TableRunner(table, self.runner_context),
@@ -380,7 +403,7 @@ class DaemonContext(GlobalContext):
         if source is None:
             raise ValueError("the settings name no event source")
         stream = event_stream_spec(source, self.settings)
-        folder = Path(spec.checkpoint_root) / spec.pipeline_id / "events" / source.name
+        folder = layout.event_source_dir(layout.pipeline_dir(spec.checkpoint_root, spec.pipeline_id), source.name)
         destination = (spec.destination_catalog, spec.destination_schema)
         recorded = lambda: {RUNNER_PREFIX + source.name: recorded_entry(  # noqa: E731 (listed while the JVM starts)
             folder, source.name, source.kind, self.states.load(state_slug(source.name)).paused)}
@@ -459,7 +482,7 @@ class DaemonContext(GlobalContext):
         if not isinstance(d, PostgresDestination) or not d.cycled_modes() or self.postgres is None:
             return None
         return SparkCycles(self.spark, self.catalog, self.postgres, self.spec, self.states,
-                           FileStateStore(self.pipeline_dir / "cycles"), d.snapshot_above_fraction)
+                           FileStateStore(layout.cycles_dir(self.pipeline_dir)), d.snapshot_above_fraction)
 
     def tables_of(self, task: Any) -> Callable[[], list[str]]:
         """The tables a sub-task without its own list takes: the streamed ones, or for a cycle
@@ -477,7 +500,21 @@ class DaemonContext(GlobalContext):
         tasks += postgres_subtasks(self.settings)
         tasks += maintenance_subtasks(self.settings)
         return SubtaskService(tasks, jobs=lambda t: jobs_for(t, self.spec, self.tables_of(t)),
-                              run=self.run_subtask, observer=self.metrics, clock=self.clock, spawn=self.spawn)
+                              run=self.run_subtask, observer=self.metrics, clock=self.clock, spawn=self.spawn,
+                              on_run=self.cycle_tables.record_run)
+
+    @cached_property
+    def cycle_tables(self) -> CycleTables:
+        """The triggered and snapshot PostgreSQL replicas, as tables of ``/status``."""
+        def waits(table: str) -> ServerWait | None:
+            cycles = self.__dict__.get("cycles")  # built by the first cycle run; no wait before it
+            return cycles.wait_of(table) if cycles is not None else None
+
+        return cycle_tables(self.settings, self.spec, lambda: self.subtasks.views(), self.states, self.clock, waits)
+
+    def table_views(self) -> list[TableView]:
+        """Every table of ``/status``: the streamed ones (the supervisor's), then the cycled ones."""
+        return [*self.supervisor.views(), *self.cycle_tables.views()]
 
     # -- the control API: more pipelines in this daemon, or Databricks jobs ---------------------
 
@@ -577,18 +614,26 @@ class DaemonContext(GlobalContext):
         return ContinuousSyncApi(
             mode=self.settings.runtime.mode, registry=self.pipelines, worker=self.worker,
             start_pipeline=self.start_pipeline, cdf_check=self.check_cdf, databricks=databricks,
+            recovery_point=lambda at, anchor, only: cut_json(self, at, anchor, only),
             databricks_as=databricks_as,
-            default_checkpoint_volume=self.settings.checkpoint_volume.rstrip("/") + "/api", daemon=self.settings,
+            default_checkpoint_volume=layout.api_checkpoint_volume(self.settings.checkpoint_volume), daemon=self.settings,
             drain_timeout_seconds=self.settings.drain_timeout_seconds)
 
     @cached_property
     def server(self) -> ControlServer:
         h = self.settings.http
         info = status_info(self.spec)
-        return ControlServer(h.host, h.port, self.metrics.registry, self.supervisor.views, info,
+
+        def event_source(name: str) -> EventStreamRunner | None:
+            runner = self.supervisor.runner_of(RUNNER_PREFIX + name)
+            return runner if isinstance(runner, EventStreamRunner) else None
+
+        letters = DeadLetterApi(event_source)
+        return ControlServer(h.host, h.port, self.metrics.registry, self.table_views, info,
                              lag_slo_seconds=self.settings.lag_slo_seconds,
                              commands=self.supervisor.command, auth_token=self.http_token, api=self.api,
-                             subtasks=self.subtasks.status, allowed_hosts=h.allowed_hosts)
+                             subtasks=self.subtasks.status, allowed_hosts=h.allowed_hosts,
+                             dead_letters=letters.handle)
 
     @cached_property
     def http_token(self) -> str | None:
@@ -624,14 +669,14 @@ class DaemonContext(GlobalContext):
         if self.settings.http.auth_token is None and self.http_token is not None:
             token_file = str(http_token.write(self.pipeline_dir, self.http_token))
             log.info("control API: its bearer token is in %s (readable by this user only)", token_file)
-        tmp = self.pipeline_dir / f".daemon.json.{os.getpid()}.tmp"
+        tmp = layout.daemon_file_tmp(self.pipeline_dir, os.getpid())
         tmp.write_text(json.dumps({"url": self.server.url, "pid": os.getpid(), "started_at": time.time(),
                                    "token_file": token_file, "lease": self.lease.me.token}))
-        os.replace(tmp, self.pipeline_dir / "daemon.json")
+        os.replace(tmp, layout.daemon_file(self.pipeline_dir))
 
     def remove_endpoint_file(self) -> None:
         """Remove ``daemon.json`` if it is this daemon's (never another's, whatever happened to the lease)."""
-        path = self.pipeline_dir / "daemon.json"
+        path = layout.daemon_file(self.pipeline_dir)
         try:
             mine = json.loads(path.read_text()).get("lease") == self.lease.me.token
         except (OSError, ValueError, AttributeError):
@@ -645,13 +690,14 @@ class DaemonContext(GlobalContext):
         raise :class:`StartupError` (one line: the cause and the fix)."""
         self.mode_check(self.settings.runtime)
 
-    def bind(self) -> ControlServer:
-        """Bind the HTTP port (the first thing that can clash with another process)."""
+    def bind(self, port_setting: str | None = None) -> ControlServer:
+        """Bind the HTTP port (the first thing that can clash with another process); a failure names
+        how to choose another port (``port_setting``; default the ``http.port`` setting)."""
         h = self.settings.http
         try:
             return self.server
         except OSError as exc:
-            raise preflight.bind_failure(h.host, h.port, exc) from None
+            raise preflight.bind_failure(h.host, h.port, exc, port_setting or preflight.PORT_SETTING) from None
 
     def start_spark(self) -> None:
         """Start the session and open the checkpoint table if the supervisor's start did not need them
@@ -690,7 +736,7 @@ class DaemonContext(GlobalContext):
             server = self.bind()
         except BaseException:
             lease.release()
-            _remove_lease_if_released(self.pipeline_dir / LEASE_DIR, created, lease.me.token)
+            _remove_lease_if_released(layout.lease_dir(self.pipeline_dir), created, lease.me.token)
             _remove_if_empty(self.pipeline_dir, created)
             raise
         started = False
@@ -711,7 +757,7 @@ class DaemonContext(GlobalContext):
                 server.close()
                 self.remove_endpoint_file()
                 lease.release()
-                _remove_lease_if_released(self.pipeline_dir / LEASE_DIR, created, lease.me.token)
+                _remove_lease_if_released(layout.lease_dir(self.pipeline_dir), created, lease.me.token)
                 _remove_if_empty(self.pipeline_dir, created)
         try:
             while not stop.is_set() and not self.lease_lost.is_set():

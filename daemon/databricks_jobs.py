@@ -18,13 +18,14 @@ from __future__ import annotations
 import dataclasses
 import enum
 from dataclasses import dataclass
-from typing import Any, Iterator
-
-from databricks.sdk import WorkspaceClient
-from databricks.sdk.service import compute, jobs
+from typing import TYPE_CHECKING, Any, Iterator
 
 from lakemirror import __version__
 from lakemirror.daemon.settings import Settings
+
+if TYPE_CHECKING:  # the SDK is imported where a job is built or read: it takes seconds to import
+    from databricks.sdk import WorkspaceClient
+    from databricks.sdk.service import jobs
 
 CREATED_BY = "lakemirror"
 TASK_KEY = "lakemirror"
@@ -115,6 +116,8 @@ def build_job_settings(settings: Settings, target: JobTarget) -> jobs.JobSetting
     an incremental job carries the cron schedule. ``settings`` names the job and fills the tags;
     ``target`` says which wheel, config file and compute the task uses.
     """
+    from databricks.sdk.service import compute, jobs
+
     tags = {**job_tags(settings, target.kind), **dict(target.extra_tags)}
     pause = jobs.PauseStatus.PAUSED if target.start_paused else jobs.PauseStatus.UNPAUSED
     task = jobs.Task(
@@ -202,6 +205,8 @@ def stop_job(ws: WorkspaceClient, job_id: int, *, delete: bool = False) -> None:
     job as soon as its run is cancelled. The daemon in the cancelled run drains on the signal it
     receives; its checkpoints stay where they are (resuming continues from them).
     """
+    from databricks.sdk.service import jobs
+
     job = ws.jobs.get(job_id)
     current = job.settings or jobs.JobSettings()
     update = jobs.JobSettings()
@@ -220,5 +225,7 @@ def stop_job(ws: WorkspaceClient, job_id: int, *, delete: bool = False) -> None:
 
 def resume_job(ws: WorkspaceClient, job_id: int) -> None:
     """Unpause a continuous job's trigger: the Jobs service starts a run, which resumes from the checkpoints."""
+    from databricks.sdk.service import jobs
+
     ws.jobs.update(job_id, new_settings=jobs.JobSettings(continuous=jobs.Continuous(
         pause_status=jobs.PauseStatus.UNPAUSED)))

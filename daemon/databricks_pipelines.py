@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import io
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
-from databricks.sdk import WorkspaceClient
-from databricks.sdk.errors import NotFound
-from databricks.sdk.service import jobs
 
 from lakemirror.daemon import databricks_jobs as dj
 from lakemirror.daemon.settings import DatabricksSettings, Settings
 from lakemirror.daemon.settings.pipeline import DAEMON_ONLY_KEYS
+
+if TYPE_CHECKING:  # the SDK is imported when a workspace is called: it takes seconds to import
+    from databricks.sdk import WorkspaceClient
+    from databricks.sdk.service import jobs
 
 class DatabricksNotConfigured(Exception):
     pass
@@ -63,6 +64,8 @@ class DatabricksPipelines:
 
     def _owned(self, job_id: int) -> jobs.Job:
         """The job, or KeyError when it does not exist or is not a lakemirror job."""
+        from databricks.sdk.errors import NotFound
+
         try:
             job = self.ws.jobs.get(job_id)
         except NotFound as exc:

@@ -169,6 +169,7 @@ class ControlServer:
                  commands: Callable[[str, str], bool] | None = None, auth_token: str | None = None,
                  api: "ContinuousSyncApi | None" = None,
                  subtasks: Callable[[], list[dict[str, Any]]] | None = None,
+                 dead_letters: Callable[[routes.Match, Any], tuple[int, Any]] | None = None,
                  read_timeout_seconds: float = 10.0, max_connections: int = 32,
                  lag_sample_seconds: float = 5.0, lag_samples: int = 120,
                  allowed_hosts: Sequence[str] = ()) -> None:
@@ -188,6 +189,7 @@ class ControlServer:
         self.info = info
         self.lag_slo = lag_slo_seconds
         self.api = api
+        self.dead_letters = dead_letters  # the event sources' dead-letter routes
         handler = self._handler()
         self.server = _Server((host, port), handler, max_connections)
         self._thread: threading.Thread | None = None
@@ -203,7 +205,8 @@ class ControlServer:
 
     def start(self) -> None:
         # serve_forever notices shutdown() between waits for a connection: a short wait makes
-        # close() (the daemon's drain, every test's teardown) take at most 0.05 s instead of 0.5 s.
+        # close() (the daemon's drain, every test's teardown) take at most SHUTDOWN_POLL_SECONDS,
+        # not serve_forever's default half second.
         self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": SHUTDOWN_POLL_SECONDS},
                                         name="http", daemon=True)
         self._thread.start()
@@ -270,6 +273,10 @@ class ControlServer:
                 return 404, {"error": f"no table {table!r} in this pipeline"}
             log.info("control: %s %s (queued)", verb, table)
             return 202, {"accepted": verb, "table": table}
+        if name.startswith("dead_letters"):
+            if self.dead_letters is None:
+                return 404, {"error": "this pipeline has no event source"}
+            return self.dead_letters(m, body)
         if self.api is None:
             return 404, {"error": "the control API is not enabled on this endpoint"}
         return self.api.handle(m, body, headers)

@@ -14,7 +14,9 @@ import os
 import secrets
 from pathlib import Path
 
-TOKEN_FILE = "daemon.token"
+from lakemirror.checkpoints import layout
+
+TOKEN_FILE = layout.TOKEN_FILE
 
 
 class TokenUnreadable(Exception):
@@ -29,7 +31,7 @@ def generate() -> str:
 def write(folder: Path, token: str) -> Path:
     """Write ``token`` to ``folder/daemon.token`` with mode 0600, atomically; return its path."""
     folder.mkdir(parents=True, exist_ok=True)
-    path, tmp = folder / TOKEN_FILE, folder / f".{TOKEN_FILE}.{os.getpid()}.tmp"
+    path, tmp = layout.token_file(folder), layout.token_file_tmp(folder, os.getpid())
     tmp.unlink(missing_ok=True)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
     try:
@@ -45,7 +47,7 @@ def write(folder: Path, token: str) -> Path:
 def read(folder: Path) -> str | None:
     """The token in ``folder/daemon.token`` (line break dropped), None when there is no such file;
     :class:`TokenUnreadable` when it cannot be read. Never quotes the content."""
-    path = folder / TOKEN_FILE
+    path = layout.token_file(folder)
     try:
         text = path.read_text(encoding="ascii")
     except FileNotFoundError:
@@ -63,4 +65,4 @@ def read(folder: Path) -> str | None:
 
 
 def remove(folder: Path) -> None:
-    (folder / TOKEN_FILE).unlink(missing_ok=True)
+    layout.token_file(folder).unlink(missing_ok=True)

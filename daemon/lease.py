@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import urlparse
 
+from lakemirror.checkpoints import layout
 from lakemirror.checkpoints.lease import Holder
 from lakemirror.checkpoints.lease_store import FileLeaseStore, LeaseStore
 from lakemirror.checkpoints.pipeline_lease import PipelineLease
 from lakemirror.object_store import boto3_client_options, is_s3a
 
 #: The folder of the lease under a pipeline's folder.
-LEASE_DIR = "lease"
+LEASE_DIR = layout.LEASE_DIR
 #: Where the object-store copy of the lease lives, under the warehouse.
 OBJECT_STORE_LEASES = ".lakemirror/leases"
 
@@ -88,7 +89,7 @@ def process_alive(holder: Holder) -> bool | None:
 def lease_stores(settings: Any, pipeline_dir: Path, s3_client: Callable[[dict[str, str]], Any] | None = None
                  ) -> list[LeaseStore]:
     """The pipeline's folder, plus the object store's copy when the warehouse is on S3."""
-    stores: list[LeaseStore] = [FileLeaseStore(pipeline_dir / LEASE_DIR)]
+    stores: list[LeaseStore] = [FileLeaseStore(layout.lease_dir(pipeline_dir))]
     warehouse = str(settings.runtime.warehouse)
     if settings.runtime.mode == "local" and is_s3a(warehouse):
         from lakemirror.checkpoints.lease_s3 import S3LeaseStore

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from lakemirror import __version__
 from lakemirror.daemon.jars import DELTA_VERSION, SPARK_VERSION
 from lakemirror.sinks.batch.bootstrap_plan import BootstrapProgress
-from lakemirror.supervisor.event_stream import RUNNER_PREFIX, EventBatchReport, EventLagReading
+from lakemirror.supervisor.event_stream import RUNNER_PREFIX, DeadLetterTally, EventBatchReport, EventLagReading
 from lakemirror.supervisor.lag import LagReading
 from lakemirror.supervisor.runner import BatchReport
 from lakemirror.supervisor.state import TableState, TableStatus
@@ -92,8 +92,14 @@ class Metrics:
         self.event_batch_lag = Gauge("lakemirror_event_batch_lag_seconds", "The last batch's oldest change: seconds "
                                      "from its source commit to its replica commit.", e, registry=r)
         self.dead_letters = Counter("lakemirror_dead_letters_total", "Events an event source put in its dead-letter "
-                                    "table (undecodable, no key, or not fitting the replica).", ["pipeline", "source"],
+                                    "table (undecodable, no key, not fitting the replica, or refused by it) since the "
+                                    "daemon started (a redelivered message counts once).", ["pipeline", "source"],
                                     registry=r)
+        self.dead_letters_pending = Gauge("lakemirror_dead_letters_pending", "Dead letters of an event source waiting "
+                                          "for the operator (neither skipped nor replayed), per table, as its "
+                                          "dead-letter table holds them (carried over restarts).",
+                                          ["pipeline", "source", "table"], registry=r)
+        self._pending_tables: dict[str, set[str]] = {}
         self.offsets_behind = Gauge("lakemirror_kafka_offsets_behind", "Kafka messages not yet applied, per "
                                     "topic-partition: the broker's end offset minus the last applied batch's end "
                                     "offset.", ["pipeline", "source", "topic", "partition"], registry=r)
@@ -101,9 +107,9 @@ class Metrics:
                                       "committed to the replica (equal to the total once it has ended).", t, registry=r)
         self.boot_chunks_total = Gauge("lakemirror_bootstrap_chunks_total", "Chunks the table's running (or last) "
                                        "bootstrap copies its snapshot in.", t, registry=r)
-        self.boot_rows = Counter("lakemirror_bootstrap_rows_copied_total", "Snapshot rows copied by bootstrap chunks, "
-                                 "as the chunk plan counts them (the planning aggregate, or the files' statistics "
-                                 "on the internal file reads; rows dropped because the change feed had touched their key included).", t, registry=r)
+        self.boot_rows = Counter("lakemirror_bootstrap_rows_copied_total", "Snapshot rows this process's bootstrap "
+                                 "chunks wrote to the replica (each chunk commit's numOutputRows; the planned rows "
+                                 "when a commit does not say).", t, registry=r)
         self._boot_rows_seen: dict[str, int] = {}
         self.build = Info("lakemirror_build", "Versions of lakemirror, Spark and Delta.", registry=r)
         self.build.info({"version": __version__, "spark": SPARK_VERSION, "delta": DELTA_VERSION})
@@ -120,6 +126,9 @@ class Metrics:
         self.next_retry.labels(**self._l(table)).set(status.next_retry_at or 0)
 
     def batch_applied(self, table: str, report: BatchReport) -> None:
+        if isinstance(report, DeadLetterTally):  # not a batch: the dead-letter counts alone
+            self._pending(report)
+            return
         lab = self._l(table)
         counts = report.outcome.counts
         for op, n in (("insert", counts.inserted), ("update", counts.updated), ("delete", counts.deleted)):
@@ -142,9 +151,18 @@ class Metrics:
         if isinstance(report, EventBatchReport):
             self._event_batch(report)
 
+    def _pending(self, report: EventBatchReport) -> None:
+        """The pending dead letters per table; a table whose letters were all resolved goes to 0."""
+        seen = self._pending_tables.setdefault(report.source, set())
+        for table in seen | set(report.pending):
+            self.dead_letters_pending.labels(pipeline=self.pipeline, source=report.source,
+                                             table=table).set(report.pending.get(table, 0))
+        seen.update(report.pending)
+
     def _event_batch(self, report: EventBatchReport) -> None:
         if report.dead_letters:
             self.dead_letters.labels(pipeline=self.pipeline, source=report.source).inc(report.dead_letters)
+        self._pending(report)
         for table, done in report.replicas.items():
             lab = {"pipeline": self.pipeline, "source": report.source, "table": table}
             for op, n in (("insert", done.inserted), ("update", done.updated), ("delete", done.deleted)):
@@ -183,9 +201,11 @@ class Metrics:
         lab = self._l(table)
         self.boot_chunks_done.labels(**lab).set(progress.chunks_done)
         self.boot_chunks_total.labels(**lab).set(progress.chunks_total)
+        # This process's rows: a resumed bootstrap's earlier runs counted in their own processes.
+        copied = progress.rows_copied_this_run
         seen = self._boot_rows_seen.get(table, 0)
-        added = progress.rows_copied - seen if progress.rows_copied >= seen else progress.rows_copied
-        self._boot_rows_seen[table] = progress.rows_copied
+        added = copied - seen if copied >= seen else copied
+        self._boot_rows_seen[table] = copied
         if added > 0:
             self.boot_rows.labels(**lab).inc(added)
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
+from lakemirror.checkpoints import layout
 from lakemirror.checkpoints.state import FileStateStore
 from lakemirror.daemon.settings.runtime_spec import pipeline_spec
 from lakemirror.daemon.status import status_info
@@ -50,11 +50,11 @@ def offline_status(settings: Any, now: float | None = None) -> dict[str, Any] | 
     """The pipeline's status from its records, or None when they are not on this machine."""
     now = time.time() if now is None else now
     spec = pipeline_spec(settings)
-    folder = Path(settings.checkpoint_volume) / spec.pipeline_id
+    folder = layout.pipeline_dir(settings.checkpoint_volume, spec.pipeline_id)
     states = FileStateStore(folder)
     source = settings.source
     if source is not None:
-        entry = recorded_entry(folder / "events" / source.name, source.name, source.kind,
+        entry = recorded_entry(layout.event_source_dir(folder, source.name), source.name, source.kind,
                                states.load(state_slug(source.name)).paused)
         return payload(settings, [offline_view(entry, now)])
     if settings.runtime.mode == "databricks" and folder.exists():
@@ -64,6 +64,6 @@ def offline_status(settings: Any, now: float | None = None) -> dict[str, Any] | 
     local = checkpoint_table.path is not None and local_dir(checkpoint_table.path) is not None
     if not local and folder.exists():
         return None  # a pipeline that ran, its checkpoint rows on object storage
-    recorded = read_pipeline(spec, locate=catalog.locate, states=states, state_dir=folder / "state",
+    recorded = read_pipeline(spec, locate=catalog.locate, states=states, state_dir=layout.state_dir(folder),
                              checkpoint_table=checkpoint_table)
     return payload(settings, [offline_view(t, now) for t in recorded.values()])

@@ -72,6 +72,28 @@ def _table_command(verb: str) -> dict[str, Any]:
                params=[TABLE], secured=True)
 
 
+SOURCE = _param("source", "path", "The event source's name (source.name).")
+_LETTER_IDS = {"type": "object", "properties": {
+    "ids": {"type": "array", "items": {"type": "string"}, "description": "The letters' ids (from the list)."},
+    "all_pending": {"type": "boolean", "description": "Every pending letter instead (of `table` if given)."},
+    "table": {"type": "string", "description": "With all_pending: only this table's letters."}}}
+
+
+def _letters_command(verb: str, summary: str) -> dict[str, Any]:
+    return _op(summary, {
+        "200": _json({"type": "object", "properties": {
+            "verb": {"const": verb}, "unknown": {"type": "array", "items": {"type": "string"}},
+            "letters": {"type": "array", "items": {"type": "object", "properties": {
+                "id": {"type": "string"}, "status": {"type": "string"}, "resolution": {"type": "string"}}}}}},
+            "What became of each letter, and the ids not found."),
+        "202": _json({"type": "object"}, "Still working after the API timeout: list the letters to see the outcome."),
+        **_body_errors(),
+        "404": _json(_ERR, "No such event source in this pipeline."),
+        "409": _json(_ERR, "The source's replicas are PostgreSQL tables."),
+        "422": _json(_PROBLEMS, "Neither ids nor all_pending, or both.")},
+        params=[SOURCE], secured=True, body=_LETTER_IDS)
+
+
 def document() -> dict[str, Any]:
     """The whole document (a new dict each call)."""
     text = {"text/plain": {"schema": {"type": "string"}}}
@@ -87,6 +109,11 @@ def document() -> dict[str, Any]:
                                            "(owner-readable); with http.auth none, none (loopback only)."}},
             "schemas": {
                 "Error": {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]},
+                "DeadLetter": {"type": "object", "properties": {k: {"type": t} for k, t in (
+                    ("id", "string"), ("table", "string"), ("origin", "string"), ("partition", "integer"),
+                    ("offset", "integer"), ("key", "string"), ("position", "string"), ("reason", "string"),
+                    ("status", "string"), ("batch_id", "integer"), ("recorded_at", "string"),
+                    ("resolved_at", "string"), ("resolution", "string"))}},
                 "Problems": {"type": "object", "required": ["error", "problems"], "properties": {
                     "error": {"type": "string"},
                     "problems": {"type": "array", "items": {"type": "object", "properties": {
@@ -103,7 +130,7 @@ def document() -> dict[str, Any]:
                     "rows_applied": {"type": "integer"}, "last_error": {"type": "string", "nullable": True},
                     "bootstrap": {"type": "object", "nullable": True, "description": "A running bootstrap: "
                                   "chunks_done, chunks_total, rows_copied, rows_total, rows_per_second, eta_seconds, "
-                                  "applied_through, catch_ups, note."}}},
+                                  "captured_through, captures, note."}}},
                 "Pipeline": {"type": "object", "properties": {
                     "job_id": {"oneOf": [{"type": "string"}, {"type": "integer"}]},
                     "origin": {"type": "string", "enum": ["config", "api", "databricks"]},
@@ -183,6 +210,48 @@ def document() -> dict[str, Any]:
                     "422": _json(_PROBLEMS, "Missing or invalid catalog or schema."),
                     "504": _json(_ERR, "The tables were not described within the API timeout.")},
                 params=[_param("catalog", "query", "Source catalog."), _param("schema", "query", "Schema.")],
+                secured=True)},
+            "/api/events/{source}/dead-letters": {"get": _op(
+                "The dead letters of an event source (Delta replicas): table, decoded key, source position, "
+                "reason, status (pending, skipped, replayed); the raw message stays in the table.", {
+                    "200": _json({"type": "object", "properties": {
+                        "source": {"type": "string"},
+                        "letters": {"type": "array", "items": {"$ref": "#/components/schemas/DeadLetter"}}}},
+                        "The letters, oldest first."),
+                    "404": _json(_ERR, "No such event source in this pipeline."),
+                    "409": _json(_ERR, "The source's replicas are PostgreSQL tables: their dead letters are in "
+                                       "lakemirror_event_dead_letters."),
+                    "422": _json(_PROBLEMS, "Invalid query."),
+                    "504": _json(_ERR, "The dead-letter table was not read within the API timeout.")},
+                params=[SOURCE, _param("status", "query", "Only letters of this status: pending, skipped or "
+                                                          "replayed.", required=False),
+                        _param("table", "query", "Only this table's letters.", required=False),
+                        _param("limit", "query", "At most this many (the newest; default 500).",
+                               {"type": "integer"}, required=False)],
+                secured=True)},
+            "/api/events/{source}/dead-letters/skip": {"post": _letters_command("skip", (
+                "Mark dead letters skipped: nothing is written to a replica."))},
+            "/api/events/{source}/dead-letters/replay": {"post": _letters_command("replay", (
+                "Decode each dead letter's message again and apply it under the sequence guard (it cannot "
+                "move a row backwards: a change older than the replica's row counts as stale); a letter "
+                "still refused stays pending with the new reason."))},
+            "/api/recovery-point": {"get": _op(
+                "Per table of the configured pipeline, the replica version showing its source as of one instant, "
+                "the same instant for every table (a consistent failover point).", {
+                    "200": _json({"type": "object", "properties": {
+                        "as_of": {"type": "string"}, "as_of_epoch_seconds": {"type": "number"},
+                        "valid_until": {"type": "string", "nullable": True},
+                        "tables": {"type": "array", "items": {"type": "object"}},
+                        "notes": {"type": "object"}}}, "The recovery point."),
+                    "409": _json({"type": "object"}, "No replica version of some table shows its source as of that "
+                                                     "instant; the reasons, per table."),
+                    "422": _json(_PROBLEMS, "An invalid at, anchor or tables."),
+                    "504": _json(_ERR, "The replicas' histories were not read within the API timeout.")},
+                params=[_param("at", "query", "The instant: ISO 8601 (UTC without an offset) or epoch seconds; "
+                                              "default the newest instant every replica has reached.", required=False),
+                        _param("anchor", "query", "Only instants at which this table committed.", required=False),
+                        _param("tables", "query", "Comma-separated tables (default: all with applied batches).",
+                               required=False)],
                 secured=True)},
         },
     }

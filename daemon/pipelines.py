@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Literal
 
+from lakemirror.checkpoints import layout
 from lakemirror.daemon.settings import Settings
 from lakemirror.supervisor.supervisor import Supervisor, TableView
 
@@ -150,7 +151,7 @@ class PipelineRegistry:
 
 #: The file lakemirror writes into a pipeline folder it creates for a pipeline posted to the API:
 #: only a folder holding it, naming that pipeline, is ever deleted through the API.
-OWNER_MARKER = ".lakemirror-pipeline"
+OWNER_MARKER = layout.OWNER_MARKER
 
 
 def inside(path: str | Path, root: str | Path) -> bool:
@@ -168,7 +169,7 @@ def claim_folder(folder: Path, pipeline_id: str) -> bool:
         folder.mkdir()
     except FileExistsError:
         return False
-    marker = folder / OWNER_MARKER
+    marker = layout.owner_marker(folder)
     fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
     with os.fdopen(fd, "w", encoding="utf-8") as out:
         json.dump({"pipeline_id": pipeline_id, "created_by": "lakemirror", "created_at": time.time()}, out)
@@ -180,7 +181,7 @@ def release_folder(folder: Path) -> None:
     nothing but the marker."""
     try:
         if sorted(os.listdir(folder)) == [OWNER_MARKER]:
-            (folder / OWNER_MARKER).unlink()
+            layout.owner_marker(folder).unlink()
             folder.rmdir()
     except OSError as exc:
         log.warning("could not remove %s, made for a pipeline that did not start: %s", folder, exc)
@@ -189,7 +190,7 @@ def release_folder(folder: Path) -> None:
 def marked_for(folder: Path, pipeline_id: str) -> bool:
     """Whether ``folder`` holds lakemirror's :data:`OWNER_MARKER` (a regular file, not a link) naming
     ``pipeline_id``."""
-    marker = folder / OWNER_MARKER
+    marker = layout.owner_marker(folder)
     try:
         if marker.is_symlink() or not marker.is_file() or marker.stat().st_size > 4096:
             return False

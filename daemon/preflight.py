@@ -128,14 +128,20 @@ def check_connect(spark_remote: str, import_module: Callable[[str], Any] = impor
                            f"({reason}): start it, or point runtime.spark_remote at a running one") from None
 
 
-def bind_failure(host: str, port: int, exc: OSError) -> StartupError:
-    """One line for an HTTP port that cannot be bound, naming the setting to change."""
+#: How a daemon's HTTP port is chosen (a bind failure names it).
+PORT_SETTING = "http.port (or --http-port)"
+#: How the demo's is.
+DEMO_PORT_SETTING = "the demo's port (`make demo PORT=…` or `lakemirror demo --port …`; 0: any free port)"
+
+
+def bind_failure(host: str, port: int, exc: OSError, setting: str = PORT_SETTING) -> StartupError:
+    """One line for an HTTP port that cannot be bound, naming how to choose another (``setting``)."""
     if exc.errno == errno.EADDRINUSE:
-        return StartupError(f"port {port} on {host} is in use: set http.port (or --http-port) to a free port, "
+        return StartupError(f"port {port} on {host} is in use: set {setting} to a free port, "
                             f"or stop the other process")
     if exc.errno == errno.EACCES:
-        return StartupError(f"port {port} on {host} needs privileges this user lacks: set http.port "
-                            f"(or --http-port) to a port above 1023")
+        return StartupError(f"port {port} on {host} needs privileges this user lacks: set {setting} "
+                            f"to a port above 1023")
     if exc.errno == errno.EADDRNOTAVAIL or isinstance(exc, socket.gaierror):
         return StartupError(f"cannot listen on {host!r}: it is not an address of this machine "
                             f"({exc.strerror or exc}); set http.host, e.g. 127.0.0.1 or 0.0.0.0")

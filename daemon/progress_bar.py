@@ -32,10 +32,10 @@ def describe(table: str, p: BootstrapProgress, width: int = 20) -> str:
     """One table's bar: ``orders [#####...] 3/20 chunks, 1.2M/20.0M rows, 310.0k rows/s, ETA 40s``."""
     done = p.chunks_done / p.chunks_total if p.chunks_total else 0.0
     if p.rows_total:
-        done = min(1.0, p.rows_done_estimate / p.rows_total)
+        done = min(1.0, p.rows_copied / p.rows_total)
     filled = int(width * done)
     rate, eta = p.rows_per_second, p.eta_seconds
-    rows = _count(p.rows_done_estimate) + (f"/{_count(p.rows_total)}" if p.rows_total is not None else "")
+    rows = _count(p.rows_copied) + (f"/{_count(p.rows_total)}" if p.rows_total is not None else "")
     return (f"{table} [{'#' * filled}{'.' * (width - filled)}] {p.chunks_done}/{p.chunks_total} chunks, {rows} rows"
             + (f", {_count(rate)} rows/s" if rate else "") + (f", ETA {eta:.0f}s" if eta is not None else ""))
 

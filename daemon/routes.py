@@ -42,6 +42,10 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/api/continuous-sync/{job_id}/resume", "resume", mutating=True, api=True),
     Route("POST", "/api/continuous-sync/{job_id}/resync/{table}", "resync", mutating=True, api=True),
     Route("GET", "/api/incremental/cdf-check", "cdf_check", api=True),
+    Route("GET", "/api/events/{source}/dead-letters", "dead_letters", api=True),
+    Route("POST", "/api/events/{source}/dead-letters/skip", "dead_letters_skip", mutating=True, api=True),
+    Route("POST", "/api/events/{source}/dead-letters/replay", "dead_letters_replay", mutating=True, api=True),
+    Route("GET", "/api/recovery-point", "recovery_point", api=True),
 )
 
 

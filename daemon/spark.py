@@ -8,12 +8,13 @@
 
 from __future__ import annotations
 
+import logging
 import os
-import sys
-
 import re
 import shutil
 import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,8 @@ from lakemirror.object_store import needs_s3a
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
 
 LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 
@@ -72,9 +75,8 @@ def session_jars(rt: RuntimeSettings, s3a: bool | None = None) -> list[str]:
     bundle when ``s3a`` (default: when the warehouse is ``s3a://`` or a conf sets
     ``spark.hadoop.fs.s3a.*``).
 
-    Only then: the bundle is about 690 MB, and a session that loads it took 30.4 s instead of
-    22.3 s to start and run its first job (medians of 5 alternating runs each, on the 2-core
-    machine under other load; ``scripts/measure-s3-costs.py start``)."""
+    Only then: the bundle is about 690 MB, and loading it lengthens every session's start
+    (``scripts/measure-s3-costs.py start`` times a session's start with and without it)."""
     paths = jar_paths(rt.jars_dir)
     if s3a if s3a is not None else needs_s3a([rt.warehouse], rt.spark_conf):
         paths += jar_paths(rt.jars_dir, group="s3")
@@ -101,7 +103,11 @@ def session_confs(rt: RuntimeSettings, s3a: bool | None = None) -> dict[str, str
     return spark_conf_rules.merge(ours, rt.spark_conf)
 
 
-def local_session(rt: RuntimeSettings, app_name: str = "lakemirror", s3a: bool | None = None) -> "SparkSession":
+def local_session(rt: RuntimeSettings, app_name: str = "lakemirror", s3a: bool | None = None,
+                  python_workers_stop: bool = False) -> "SparkSession":
+    """The embedded session. ``python_workers_stop``: queries whose tasks run in Python workers
+    (Real-Time Mode's ``foreach`` writer) are stopped while they run; the JVM's standard error then
+    leaves out PySpark's tracebacks of those workers' interrupted protocol (:mod:`.jvm_stderr`)."""
     from pyspark.sql import SparkSession
 
     check_java()
@@ -116,7 +122,29 @@ def local_session(rt: RuntimeSettings, app_name: str = "lakemirror", s3a: bool |
     for k, v in public.items():
         builder = builder.config(k, v)
     with secret_properties_file(secret):
+        if python_workers_stop and _no_context():
+            _start_context(rt.master, app_name, public)
         return builder.getOrCreate()
+
+
+def _no_context() -> bool:
+    from pyspark import SparkContext
+
+    return SparkContext._active_spark_context is None  # noqa: SLF001 (getOrCreate's own test)
+
+
+def _start_context(master: str, app_name: str, options: dict[str, str]) -> None:
+    """Start the JVM and the SparkContext (which ``getOrCreate`` then takes) with the JVM's standard
+    error read through :func:`~.jvm_stderr.pump` instead of inherited."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    from lakemirror.daemon.jvm_stderr import pump
+
+    conf = SparkConf().setAll([(k, str(v)) for k, v in options.items()]).setMaster(master).setAppName(app_name)
+    gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})  # type: ignore[no-untyped-call]
+    pump(iter(gateway.proc.stderr.readline, b""), sys.stderr)
+    SparkContext(conf=conf, gateway=gateway)
 
 
 def connect_session(rt: RuntimeSettings) -> "SparkSession":
@@ -133,9 +161,14 @@ def databricks_session() -> "SparkSession":
     return active if active is not None else SparkSession.builder.getOrCreate()
 
 
-def create_session(rt: RuntimeSettings) -> "SparkSession":
+def create_session(rt: RuntimeSettings, python_workers_stop: bool = False) -> "SparkSession":
+    """The session of ``rt``'s mode; how long it took to start is logged (a daemon's start waits for it)."""
+    started = time.monotonic()
     if rt.mode == "local":
-        return local_session(rt)
-    if rt.mode == "connect":
-        return connect_session(rt)
-    return databricks_session()
+        session = local_session(rt, python_workers_stop=python_workers_stop)
+    elif rt.mode == "connect":
+        session = connect_session(rt)
+    else:
+        session = databricks_session()
+    log.info("Spark session (%s mode) ready in %.1fs", rt.mode, time.monotonic() - started)
+    return session

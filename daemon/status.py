@@ -71,6 +71,20 @@ def render_subtasks(rows: Iterable[Mapping[str, Any]], now: float | None = None)
     return "\n".join("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(line)).rstrip() for line in lines)
 
 
+def render_apply_paths(rows: Iterable[Mapping[str, Any]]) -> str:
+    """How each change-feed table's batches reach its replica (``detail.apply`` of ``/status``): the
+    path and its reason, and why the latest batch took another path if it did; empty when none is known."""
+    lines = []
+    for r in rows:
+        d = r.get("detail")
+        apply = d.get("apply") if isinstance(d, Mapping) else None
+        if not isinstance(apply, Mapping):
+            continue
+        note = f" (latest batch: {apply['latest_batch']})" if apply.get("latest_batch") else ""
+        lines.append(f"{r.get('table')}: {apply.get('path')}: {apply.get('reason')}{note}")
+    return "apply paths:\n" + "\n".join(f"  {line}" for line in lines) if lines else ""
+
+
 def render_event_sources(rows: Iterable[Mapping[str, Any]]) -> str:
     """Each event source's replicas (rows by operation, guard drops, event-time lag), dead letters and
     Kafka offsets behind per topic-partition; empty string when the pipeline has no event source."""
@@ -88,6 +102,11 @@ def render_event_sources(rows: Iterable[Mapping[str, Any]]) -> str:
         widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
         table_text = "\n".join("  ".join(c.ljust(widths[i]) for i, c in enumerate(line)).rstrip() for line in lines)
         behind = ", ".join(f"{o['topic']}[{o['partition']}] {o['behind']}" for o in d.get("offsets_behind") or ())
-        blocks.append(f"event source {d.get('source')} ({d.get('kind')}): dead letters {d.get('dead_letters', 0)}; "
+        pending = d.get("dead_letters_pending") or {}
+        waiting = sum(pending.values()) if isinstance(pending, Mapping) else 0
+        letters = f"dead letters {d.get('dead_letters', 0)}" + (
+            f" ({waiting} pending: " + ", ".join(f"{t or '?'} {n}" for t, n in sorted(pending.items())) + ")"
+            if waiting else "")
+        blocks.append(f"event source {d.get('source')} ({d.get('kind')}): {letters}; "
                       f"offsets behind: {behind or '-'}\n{table_text}")
     return "\n\n".join(blocks)

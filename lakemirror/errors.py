@@ -81,6 +81,18 @@ class NoUsableKey(TerminalError):
     code = "no_key"
 
 
+class ChangeFeedDisabled(TerminalError):
+    """The source's Change Data Feed is off, and the replica reads it: turn it on (or let lakemirror)."""
+
+    code = "cdf_disabled"
+
+
+class UnsupportedColumnType(TerminalError):
+    """A source column of a type the replica cannot hold: exclude it, or cast it on the source."""
+
+    code = "unsupported_type"
+
+
 class ChangeWindowExpired(TerminalError):
     """A source version the replica still needs is no longer in the change feed."""
 
@@ -97,6 +109,25 @@ class PinnedVersionAged(Exception):
         super().__init__(f"{table}: the pinned source version {version} is no longer the latest and is older "
                          f"than the source's delta.deletedFileRetentionDuration, so Delta refuses to read it")
         self.version = version
+
+
+class BootstrapPlanOutdated(PinnedVersionAged):
+    """A bootstrap's saved plan was made under rules this lakemirror no longer resumes (catch-up
+    rounds that wrote to the replica between chunks): the bootstrap starts again at a new pin,
+    which replaces the replica's partial copy; the plan's error is the cause."""
+
+    def __init__(self, table: str, version: int, reason: str) -> None:
+        Exception.__init__(self, f"{table}: {reason}; this lakemirror copies chunks at their own versions and "
+                                 f"captures the change feed instead, so the bootstrap starts again")
+        self.version = version
+
+
+class BootstrapCannotConverge(TerminalError):
+    """A bootstrap could not capture the source's change feed before the source's retention let it
+    go: the change window is too short for this bootstrap. The message says which retention it
+    needs; resyncing without raising it would lose the window again."""
+
+    code = "window_too_short"
 
 
 class SourceReplaced(TerminalError):

@@ -8,9 +8,16 @@ the endpoint and credentials once (``runtime.spark_conf``: ``spark.hadoop.fs.s3a
 options hold credentials: callers pass them to delta-rs and never log them (their keys are
 masked by :func:`lakemirror.secrets.mask_secrets`).
 
-S3 has no atomic put-if-absent in Hadoop's default log store: Delta's S3 single-driver log store
-and delta-rs with ``AWS_S3_ALLOW_UNSAFE_RENAME`` are safe only with one writer per table
-(docs/deployment.md, "Object storage").
+delta-rs commits on S3 by a conditional put: the commit file of version ``n`` is written with
+``If-None-Match: *``, so the store refuses it when another writer created that version first, and
+delta-rs checks the winner's changes for conflicts and retries at the next version or fails. AWS
+S3 honours the header since 2024, as do MinIO, Cloudflare R2 and moto's server (tests). A store that
+rejects it is declared with Hadoop's own switch for the same header,
+``fs.s3a.create.conditional.enabled=false``: delta-rs cannot commit there at all, so nothing is
+written by delta-rs on such a store (:func:`delta_rs_unreachable`). A store that silently ignores
+the header makes a concurrent commit of the same version replace the other: there, as with Delta's
+S3 single-driver log store, one writer per table is the only safe set-up (docs/deployment.md,
+"Object storage").
 """
 
 from __future__ import annotations
@@ -25,6 +32,10 @@ if TYPE_CHECKING:
 S3A_SCHEMES = ("s3a",)
 #: Hadoop settings a session built by lakemirror carries when it talks to S3.
 S3A_CONF_PREFIX = "fs.s3a."
+#: Hadoop's switch (hadoop-aws 3.5, default true) for stores that honour ``If-None-Match`` on PUT.
+CONDITIONAL_CREATE = "fs.s3a.create.conditional.enabled"
+#: What delta-rs's S3 store is told about conditional puts: ``If-None-Match`` / ``If-Match`` headers.
+CONDITIONAL_PUT_OPTION, CONDITIONAL_PUT_ETAG = "AWS_CONDITIONAL_PUT", "etag"
 
 
 def scheme(location: str) -> str:
@@ -47,16 +58,22 @@ def delta_rs_uri(location: str) -> str:
     return "s3" + location[len("s3a"):] if is_s3a(location) else location
 
 
+def conditional_writes(hadoop: Mapping[str, str]) -> bool:
+    """Whether the store of ``hadoop``'s s3a settings honours ``If-None-Match`` on PUT (unless
+    :data:`CONDITIONAL_CREATE` says it does not). Pure."""
+    return hadoop.get(CONDITIONAL_CREATE, "true").strip().lower() != "false"
+
+
 def delta_rs_storage_options(hadoop: Mapping[str, str]) -> dict[str, str]:
     """delta-rs storage options equivalent to the ``fs.s3a.*`` entries of ``hadoop`` (keys
     without the ``spark.hadoop.`` prefix). Pure.
 
     Endpoint (with ``http://`` when ``fs.s3a.connection.ssl.enabled`` is false and none is
-    given), region, path-style addressing and static credentials carry over. Renames are
-    allowed unsafely (``AWS_S3_ALLOW_UNSAFE_RENAME``): delta-rs has no other way to commit on
-    plain S3, and it is safe only with a single writer per table, as is Delta's own S3 log store.
+    given), region, path-style addressing and static credentials carry over. Commits are
+    conditional puts (``AWS_CONDITIONAL_PUT=etag``: each commit file is written with
+    ``If-None-Match: *``), set explicitly so that no change of delta-rs's default can turn them off.
     """
-    opts: dict[str, str] = {"AWS_S3_ALLOW_UNSAFE_RENAME": "true"}
+    opts: dict[str, str] = {CONDITIONAL_PUT_OPTION: CONDITIONAL_PUT_ETAG}
     ssl = hadoop.get("fs.s3a.connection.ssl.enabled", "true").strip().lower() != "false"
     endpoint = hadoop.get("fs.s3a.endpoint", "").strip()
     if endpoint:
@@ -113,7 +130,7 @@ def session_s3a_conf(spark: "SparkSession") -> dict[str, str]:
     found: dict[str, str] = {}
     for key in ("fs.s3a.endpoint", "fs.s3a.endpoint.region", "fs.s3a.region", "fs.s3a.path.style.access",
                 "fs.s3a.connection.ssl.enabled", "fs.s3a.access.key", "fs.s3a.secret.key",
-                "fs.s3a.session.token"):
+                "fs.s3a.session.token", CONDITIONAL_CREATE):
         value = conf.get(key)
         if value is not None:
             found[key] = str(value)
@@ -131,14 +148,55 @@ def list_folders(spark: "SparkSession", location: str) -> list[str]:
     return sorted(str(s.getPath().getName()) for s in fs.listStatus(path) if s.isDirectory())
 
 
+def delta_rs_unreachable(location: str | None, hadoop: Mapping[str, str], *, own_jvm: bool = True) -> str | None:
+    """Why delta-rs on the driver cannot write the Delta table at ``location`` (None: it can). Pure.
+
+    It can write a path on the driver's file system, and an ``s3a://`` location through the
+    session's s3a settings (``hadoop``) on a store with conditional writes. A table known only by
+    name (``location`` None: managed by a catalog such as Unity Catalog, which hands credentials to
+    its own engines), another store, or a session without a JVM of its own (Spark Connect, whose s3a
+    settings are the server's) stays with Spark."""
+    from lakemirror.tables import is_local_path
+
+    if location is None:
+        return "the table is managed by its catalog (known by name, as Unity Catalog's tables are), whose " \
+               "credentials the driver's delta-rs is not given"
+    if is_local_path(location):
+        return None
+    if not is_s3a(location):
+        return f"the table is on {scheme(location)}:// storage, which the driver's delta-rs is not configured for"
+    if not own_jvm:
+        return "the session is remote (Spark Connect): the s3a settings are the server's"
+    if not conditional_writes(hadoop):
+        return f"the store has no conditional writes ({CONDITIONAL_CREATE}=false), without which a delta-rs " \
+               "commit could replace another writer's"
+    return None
+
+
 def delta_rs_target(spark: "SparkSession", path: str) -> "tuple[str, dict[str, str]] | None":
     """How delta-rs reaches the path-based table at ``path``: the URI and storage options (with
     credentials: never log them), from the session's s3a settings for an ``s3a://`` table; None
-    for a table on another remote file system."""
-    from lakemirror.tables import is_local_path
+    where it cannot (:func:`delta_rs_unreachable` says why)."""
+    from lakemirror.tables import has_own_jvm, is_local_path
 
     if is_local_path(path):
         return path, {}
-    if is_s3a(path):
-        return delta_rs_uri(path), delta_rs_storage_options(session_s3a_conf(spark))
-    return None
+    hadoop = session_s3a_conf(spark) if is_s3a(path) else {}
+    if delta_rs_unreachable(path, hadoop, own_jvm=has_own_jvm(spark)) is not None:
+        return None
+    return delta_rs_uri(path), delta_rs_storage_options(hadoop)
+
+
+def delta_rs_reader(spark: "SparkSession", path: str | None) -> "tuple[str, dict[str, str]] | None":
+    """How delta-rs reads the path-based table at ``path`` (it writes nothing there, so the store's
+    conditional writes do not matter): a local path, or ``s3a://`` through the session's s3a
+    settings; None elsewhere (a table known by name, another store, Spark Connect)."""
+    from lakemirror.tables import has_own_jvm, is_local_path
+
+    if path is None:
+        return None
+    if is_local_path(path):
+        return path, {}
+    if not is_s3a(path) or not has_own_jvm(spark):
+        return None
+    return delta_rs_uri(path), delta_rs_storage_options(session_s3a_conf(spark))

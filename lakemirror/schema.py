@@ -22,3 +22,32 @@ def columns_from_struct(schema: Any) -> tuple[Column, ...]:
 
 def names(columns: Sequence[Column]) -> list[str]:
     return [c.name for c in columns]
+
+
+#: Delta's names of primitive types (a log's ``schemaString``) where Spark's ``simpleString`` differs.
+_SPARK_NAMES = {"long": "bigint", "integer": "int", "short": "smallint", "byte": "tinyint"}
+
+
+def spark_type_name(kind: Any) -> str:
+    """A type of a Delta log's schema (``metaData.schemaString``: Spark's own JSON form) as Spark's
+    ``DataType.simpleString`` names it (``long`` is ``bigint``, ``array<int>``, ``struct<a:int>``)."""
+    if isinstance(kind, str):
+        return _SPARK_NAMES.get(kind, kind)
+    if not isinstance(kind, dict):
+        raise ValueError(f"not a Delta schema type: {kind!r}")
+    shape = kind.get("type")
+    if shape == "array":
+        return f"array<{spark_type_name(kind['elementType'])}>"
+    if shape == "map":
+        return f"map<{spark_type_name(kind['keyType'])},{spark_type_name(kind['valueType'])}>"
+    if shape == "struct":
+        return "struct<" + ",".join(f"{f['name']}:{spark_type_name(f['type'])}" for f in kind["fields"]) + ">"
+    raise ValueError(f"not a Delta schema type: {kind!r}")
+
+
+def columns_from_delta_schema(schema: Any) -> tuple[Column, ...]:
+    """The columns of a Delta log's schema (the parsed ``schemaString`` of its ``metaData``), typed as
+    :func:`columns_from_struct` types the schema Spark reads (:func:`spark_type_name`)."""
+    if not isinstance(schema, dict) or schema.get("type") != "struct":
+        raise ValueError("a Delta table's schema is a struct")
+    return tuple(Column(f["name"], spark_type_name(f["type"]), bool(f.get("nullable", True))) for f in schema["fields"])

@@ -64,7 +64,7 @@ def _url_passwords(text: str) -> str:
 
     A scan from each ``://`` instead of a regular expression: one anchored at the scheme
     (``[a-z][a-z0-9+.-]*://``) restarts at every letter of a long word and takes time quadratic in
-    its length (an 80 KB name took two minutes). Each ``://`` is looked at once, backwards over its
+    its length, so one long name in a message could hold the thread for minutes. Each ``://`` is looked at once, backwards over its
     scheme and forwards over its user and password, and each scan stops at the next ``/``: linear."""
     out, start, find = [], 0, text.find("://")
     while find != -1:

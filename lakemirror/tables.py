@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from lakemirror.identifiers import TableName, quote
+from lakemirror.sql_exec import run_sql
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -98,7 +99,7 @@ def exists(spark: "SparkSession", loc: TableLocation) -> bool:
     Python API needs the Connect plugin that Maven Central does not serve) a path is asked by SQL."""
     if loc.path and not has_own_jvm(spark):
         try:
-            spark.sql(f"DESCRIBE DETAIL {loc.sql}").collect()
+            run_sql(spark, f"DESCRIBE DETAIL {loc.sql}").collect()
         except Exception as exc:  # noqa: BLE001 (only "no Delta table there" means False)
             text = str(exc)
             if any(m in text for m in ("DELTA_MISSING_DELTA_TABLE", "DELTA_TABLE_NOT_FOUND", "PATH_NOT_FOUND",
@@ -119,7 +120,7 @@ def history(spark: "SparkSession", loc: TableLocation, limit: int | None = None)
     if has_own_jvm(spark):
         table = delta_table(spark, loc)
         return table.history(limit) if limit is not None else table.history()
-    return spark.sql(f"DESCRIBE HISTORY {loc.sql}" + (f" LIMIT {int(limit)}" if limit is not None else ""))
+    return run_sql(spark, f"DESCRIBE HISTORY {loc.sql}" + (f" LIMIT {int(limit)}" if limit is not None else ""))
 
 
 def latest_version(spark: "SparkSession", loc: TableLocation) -> int:

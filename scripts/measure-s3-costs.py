@@ -2,12 +2,16 @@
 
   .venv/bin/python scripts/measure-s3-costs.py start [RUNS]    session start with and without hadoop-aws
   .venv/bin/python scripts/measure-s3-costs.py append [RUNS]   a checkpoint-table append on S3: Spark, delta-rs
-  .venv/bin/python scripts/measure-s3-costs.py batch [CYCLES]  one production batch on S3: S3 requests, Spark jobs
+  .venv/bin/python scripts/measure-s3-costs.py batch [CYCLES] [spark|driver|both]
+                                                             one batch on S3: S3 requests, Spark jobs, commit to replica
 
 ``start`` launches RUNS pairs of fresh Python processes, alternating, each timing a local session's start
 to the end of its first job, with Delta's jars only or with the s3 group too. ``append`` starts the
 local S3 server (scripts/s3-server.sh) and times RUNS one-row appends to a checkpoint table in it, by
 Spark and by delta-rs (the storage options derived from the session's s3a settings). Medians printed.
+``batch`` runs one table with the production settings (``spark``: Spark's MERGE, DeltaSource plans each
+batch) and/or the driver path (``driver``: the defaults, a delta-rs MERGE on the driver and batches
+planned from the source's commit files), each on a table of its own on the same S3 server.
 """
 
 from __future__ import annotations
@@ -126,15 +130,21 @@ def _requests(lines: list[str]) -> "Counter[str]":
     return out
 
 
-def measure_batch(cycles: int, rows: int = 100_000, connect: bool = False) -> None:
-    """One table on the S3 server with the production settings (bench/production.py): the moto
-    request log's lines counted for the writer's commits alone, the daemon idle, and each cycle
-    from the writer's commit returning to the replica reflecting it (the idle rate taken off);
-    Spark's event log gives the jobs of each micro-batch (by ``streaming.sql.batchId``)."""
-    import json
+#: ``batch``'s apply paths: the settings each runs with (on top of bench/production.py's PRODUCTION).
+BATCH_PATHS: dict[str, dict[str, object]] = {
+    "spark": {},
+    "driver": {"driver_apply": True, "rewrite_below_bytes": 64 * 1024 * 1024},
+}
+
+
+def measure_batch(cycles: int, paths: tuple[str, ...] = ("spark",), rows: int = 100_000) -> None:
+    """One table on the S3 server per apply path: the moto request log's lines counted for the
+    writer's commits alone, the daemon idle, and each cycle from the writer's commit returning to the
+    replica reflecting it (the idle rate taken off); Spark's event log gives the jobs of each
+    micro-batch (by ``streaming.sql.batchId``)."""
     import random
     import tempfile
-    from collections import Counter, defaultdict
+    from collections import Counter
 
     sys.path.insert(0, str(REPO))
     from bench.production import S3Daemon, S3Server, S3Site
@@ -143,10 +153,7 @@ def measure_batch(cycles: int, rows: int = 100_000, connect: bool = False) -> No
     s3 = S3Server(port=int(PORT) + 1)
     s3.start()
     log = s3.run_dir / f"moto-{s3.port}.log"
-    events = Path(tempfile.mkdtemp(prefix="bench-events-"))
-    workdir = Path(tempfile.mkdtemp(prefix="bench-batch-"))
     site = S3Site(s3)
-    warehouse = site.warehouse(workdir)
 
     def mark() -> int:
         return len(log.read_text(errors="replace").splitlines())
@@ -154,55 +161,63 @@ def measure_batch(cycles: int, rows: int = 100_000, connect: bool = False) -> No
     def since(n: int) -> "Counter[str]":
         return _requests(log.read_text(errors="replace").splitlines()[n:])
 
+    results = []
     try:
-        src = SourceTable(site.uri(warehouse, "src", "t00"), rows, storage_options=s3.storage_options)
-        src.create()
-        rng = random.Random(1)
-        stamp = 0
-        n0 = mark()
-        for _ in range(3):
-            stamp += 1
-            src.change(rng, 0.01, stamp)
-        writer = since(n0)
-        daemon = S3Daemon(s3, workdir, warehouse, ["t00"], 1.0, "lakemirror, S3, Spark MERGE",
-                          extra_conf={"spark.eventLog.enabled": "true", "spark.eventLog.dir": f"file://{events}",
-                                      "spark.eventLog.compress": "false"})
-        daemon.start()
-        daemon.wait_through({"t00": src.version()}, timeout=900)
-        time.sleep(5)
-        n1, t1 = mark(), time.time()
-        time.sleep(20)
-        idle_seconds = time.time() - t1
-        idle = since(n1)
-        per_cycle: list[Counter[str]] = []
-        walls = []
-        for _ in range(cycles):
-            stamp += 1
-            src.change(rng, 0.01, stamp)
-            n2, t2 = mark(), time.time()
-            daemon.wait_through({"t00": src.version()}, timeout=600)
-            walls.append(time.time() - t2)
-            per_cycle.append(since(n2))
-            time.sleep(3)
-        daemon.stop()
+        for path in paths:
+            events = Path(tempfile.mkdtemp(prefix="bench-events-"))
+            workdir = Path(tempfile.mkdtemp(prefix="bench-batch-"))
+            warehouse = site.warehouse(workdir)
+            src = SourceTable(site.uri(warehouse, "src", "t00"), rows, storage_options=s3.storage_options)
+            src.create()
+            rng = random.Random(1)
+            stamp = 0
+            n0 = mark()
+            for _ in range(3):
+                stamp += 1
+                src.change(rng, 0.01, stamp)
+            writer = since(n0)
+            daemon = S3Daemon(s3, workdir, warehouse, ["t00"], 1.0, f"lakemirror, S3, {path}",
+                              extra_conf={"spark.eventLog.enabled": "true", "spark.eventLog.dir": f"file://{events}",
+                                          "spark.eventLog.compress": "false"}, settings=BATCH_PATHS[path])
+            daemon.start()
+            daemon.wait_through({"t00": src.version()}, timeout=900)
+            time.sleep(5)
+            n1, t1 = mark(), time.time()
+            time.sleep(20)
+            idle_seconds = time.time() - t1
+            idle = since(n1)
+            per_cycle: list[Counter[str]] = []
+            walls = []
+            for _ in range(cycles):
+                stamp += 1
+                src.change(rng, 0.01, stamp)
+                n2, t2 = mark(), time.time()
+                daemon.wait_through({"t00": src.version()}, timeout=600)
+                walls.append(time.time() - t2)
+                per_cycle.append(since(n2))
+                time.sleep(3)
+            daemon.stop()
+            results.append((path, writer, idle, idle_seconds, per_cycle, walls, events))
     finally:
         s3.stop()
-    print(f"S3 requests of the writer (delta-rs MERGE of 1% into {rows:,} rows), per commit:")
-    for k, v in sorted(writer.items()):
-        print(f"  {k:40} {v / 3:7.1f}")
-    print(f"S3 requests of the idle daemon, per second ({idle_seconds:.0f} s):")
-    for k, v in sorted(idle.items()):
-        print(f"  {k:40} {v / idle_seconds:7.2f}")
-    total: Counter[str] = Counter()
-    for c in per_cycle:
-        total.update(c)
-    wall = statistics.median(walls)
-    print(f"S3 requests from a commit to its replica commit, per cycle ({cycles} cycles, median wall {wall:.2f} s, "
-          f"walls {', '.join(f'{w:.1f}' for w in walls)}), the idle rate over that time shown apart:")
-    for k, v in sorted(total.items()):
-        print(f"  {k:40} {v / cycles:7.1f}   (idle: {idle.get(k, 0) / idle_seconds * wall:5.1f})")
-    print(f"  {'all':40} {sum(total.values()) / cycles:7.1f}   (idle: {sum(idle.values()) / idle_seconds * wall:5.1f})")
-    print_jobs(events, cycles)
+    for path, writer, idle, idle_seconds, per_cycle, walls, events in results:
+        print(f"== {path} ({BATCH_PATHS[path] or 'the production settings'})")
+        print(f"S3 requests of the writer (delta-rs MERGE of 1% into {rows:,} rows), per commit:")
+        for k, v in sorted(writer.items()):
+            print(f"  {k:40} {v / 3:7.1f}")
+        print(f"S3 requests of the idle daemon, per second ({idle_seconds:.0f} s):")
+        for k, v in sorted(idle.items()):
+            print(f"  {k:40} {v / idle_seconds:7.2f}")
+        total: Counter[str] = Counter()
+        for c in per_cycle:
+            total.update(c)
+        wall = statistics.median(walls)
+        print(f"S3 requests from a commit to its replica commit, per cycle ({cycles} cycles, median wall {wall:.2f} s, "
+              f"walls {', '.join(f'{w:.1f}' for w in walls)}), the idle rate over that time shown apart:")
+        for k, v in sorted(total.items()):
+            print(f"  {k:40} {v / cycles:7.1f}   (idle: {idle.get(k, 0) / idle_seconds * wall:5.1f})")
+        print(f"  {'all':40} {sum(total.values()) / cycles:7.1f}   (idle: {sum(idle.values()) / idle_seconds * wall:5.1f})")
+        print_jobs(events, cycles)
 
 
 def print_jobs(events: Path, cycles: int) -> None:
@@ -249,6 +264,9 @@ if __name__ == "__main__":
     elif what == "append":
         measure_append(count)
     elif what == "batch":
-        measure_batch(count)
+        choice = sys.argv[3] if len(sys.argv) > 3 else "spark"
+        if choice not in (*BATCH_PATHS, "both"):
+            sys.exit(f"batch: the path is spark, driver or both, not {choice!r}")
+        measure_batch(count, tuple(BATCH_PATHS) if choice == "both" else (choice,))
     else:
         sys.exit(__doc__)

@@ -7,14 +7,13 @@ queries from canned rows, so unit tests check the exact SQL without a workspace.
 
 from __future__ import annotations
 
-import logging
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
+from lakemirror.sql_exec import run_sql
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-log = logging.getLogger(__name__)
 
 Row = dict[str, Any]
 
@@ -26,14 +25,13 @@ class SqlExecutor(Protocol):
 
 
 class SparkSql:
-    """Statements on a Spark session; every statement is logged at DEBUG (as the seed does)."""
+    """Statements on a Spark session; every statement is logged at DEBUG (:mod:`lakemirror.sql_exec`)."""
 
     def __init__(self, spark: "SparkSession") -> None:
         self.spark = spark
 
     def sql(self, statement: str) -> list[Row]:
-        log.debug("SQL: %s", statement)
-        return [r.asDict(recursive=True) for r in self.spark.sql(statement).collect()]
+        return [r.asDict(recursive=True) for r in run_sql(self.spark, statement).collect()]
 
 
 class RecordingSql:

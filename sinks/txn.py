@@ -97,6 +97,8 @@ class BatchStats:
     first_version: int | None
     last_version: int | None
     max_commit_time: float | None
+    #: The commit time of ``first_version`` (None where the path does not read it).
+    min_commit_time: float | None = None
 
 
 #: Which engine read a batch's change rows, and which applied them (``MergeOutcome.read`` / ``.write``).

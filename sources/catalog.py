@@ -28,11 +28,17 @@ from lakemirror.schema import Column, columns_from_struct
 from lakemirror.sources.keys import PRIMARY_KEY_PROPERTY, parse_declared
 from lakemirror.sources.streaming_tables import SqlRunner, resolve_backing_table
 from lakemirror.tables import LOG_DIR, TableLocation
+from lakemirror.sql_exec import run_sql
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 CDF_PROPERTY = "delta.enableChangeDataFeed"
+
+
+def enable_change_feed_sql(location: TableLocation) -> str:
+    """The statement that turns a table's change data feed on (what a refusal tells a person to run)."""
+    return f"ALTER TABLE {location.sql} SET TBLPROPERTIES ('{CDF_PROPERTY}' = 'true')"
 
 
 @dataclass(frozen=True)
@@ -60,7 +66,7 @@ class Catalog(Protocol):
 
 
 def _detail(spark: "SparkSession", loc: TableLocation) -> tuple[str | None, dict[str, str]]:
-    row = spark.sql(f"DESCRIBE DETAIL {loc.sql}").collect()[0]
+    row = run_sql(spark, f"DESCRIBE DETAIL {loc.sql}").collect()[0]
     return row["id"], dict(row["properties"] or {})
 
 
@@ -70,12 +76,11 @@ def table_id(spark: "SparkSession", loc: TableLocation) -> str | None:
 
     A path-based table's id comes from Delta Kernel's snapshot of its log, read in the driver, or
     else from Delta's own snapshot, brought up to date: a Spark job over the commits since the
-    last checkpoint where the writer left no checksum files, about 0.25 JVM CPU-s a batch where
-    the stream does not keep that snapshot up to date itself (the Kernel-based source does not;
-    docs/BENCHMARKS.md, "Diagnosis as it stands"). ``DESCRIBE DETAIL`` (the way for tables known by name,
-    and without a JVM) also counts the table's files, a log replay of its own: about a second
-    after each commit of a table written without checksum files (docs/BENCHMARKS.md, "What was tried
-    and what it gained").
+    last checkpoint where the writer left no checksum files, paid on every batch where the stream
+    does not keep that snapshot up to date itself (the Kernel-based source does not).
+    ``DESCRIBE DETAIL`` (the way for tables known by name, and without a JVM) also counts the
+    table's files, a log replay of its own after each commit of a table written without checksum
+    files.
     """
     if loc.path is not None:
         found = _kernel_table_id(spark, loc.path) or _logged_table_id(spark, loc.path)
@@ -175,12 +180,12 @@ class UnityCatalog:
         return TableLocation(name, None)
 
     def list_tables(self, spark: "SparkSession", catalog: str, schema: str) -> list[TableName]:
-        rows = spark.sql(f"SHOW TABLES IN {quote(catalog)}.{quote(schema)}").collect()
+        rows = run_sql(spark, f"SHOW TABLES IN {quote(catalog)}.{quote(schema)}").collect()
         return sorted(TableName(catalog, schema, r["tableName"]) for r in rows if not r["isTemporary"])
 
     def declared_key(self, spark: "SparkSession", name: TableName) -> tuple[str, ...]:
         info = f"{quote(name.catalog)}.information_schema"
-        rows = spark.sql(
+        rows = run_sql(spark, 
             f"SELECT k.column_name FROM {info}.table_constraints c "
             f"JOIN {info}.key_column_usage k ON c.constraint_catalog = k.constraint_catalog "
             f"AND c.constraint_schema = k.constraint_schema AND c.constraint_name = k.constraint_name "
@@ -199,7 +204,7 @@ class UnityCatalog:
         return TableInfo(loc, table_id, columns, props, declared)
 
     def ensure_schema(self, spark: "SparkSession", catalog: str, schema: str) -> None:
-        spark.sql(f"CREATE SCHEMA IF NOT EXISTS {quote(catalog)}.{quote(schema)}")
+        run_sql(spark, f"CREATE SCHEMA IF NOT EXISTS {quote(catalog)}.{quote(schema)}")
 
     @staticmethod
     def backing_table(sql: "SqlRunner", name: TableName) -> TableName:
@@ -214,11 +219,21 @@ class Discovery(Protocol):
     def list_tables(self, catalog: str, schema: str) -> list[str]: ...
 
 
-class InMemoryDiscovery:
-    """The twin: ``{catalog: {schema: [tables]}}``."""
+def volume_path(name: TableName) -> str:
+    """Where Databricks compute reads and writes the files of the Unity Catalog volume ``name``."""
+    return f"/Volumes/{name.catalog}/{name.schema}/{name.table}"
 
-    def __init__(self, tree: Mapping[str, Mapping[str, Sequence[str]]]) -> None:
+
+class InMemoryDiscovery:
+    """The twin: ``{catalog: {schema: [tables]}}``, and ``volumes`` the same way."""
+
+    def __init__(self, tree: Mapping[str, Mapping[str, Sequence[str]]],
+                 volumes: Mapping[str, Mapping[str, Sequence[str]]] | None = None) -> None:
         self.tree = tree
+        self.volumes = volumes or {}
+
+    def list_volumes(self, catalog: str, schema: str) -> list[str]:
+        return sorted(self.volumes.get(catalog, {}).get(schema, ()))
 
     def list_schemas(self, catalog: str) -> list[str]:
         return sorted(self.tree.get(catalog, {}))
@@ -237,8 +252,16 @@ class SparkDiscovery:
     def list_schemas(self, catalog: str) -> list[str]:
         if isinstance(self.catalog, LocalCatalog):
             return self.catalog.list_folders(self.spark, catalog)
-        rows = self.spark.sql(f"SHOW SCHEMAS IN {quote(catalog)}").collect()
+        rows = run_sql(self.spark, f"SHOW SCHEMAS IN {quote(catalog)}").collect()
         return sorted(r[0] for r in rows)
 
     def list_tables(self, catalog: str, schema: str) -> list[str]:
         return [t.table for t in self.catalog.list_tables(self.spark, catalog, schema)]
+
+    def list_volumes(self, catalog: str, schema: str) -> list[str]:
+        """The Unity Catalog volumes of a schema; none in a local lakehouse (its directories are
+        copied as ``volumes`` entries of the file instead)."""
+        if isinstance(self.catalog, LocalCatalog):
+            return []
+        rows = run_sql(self.spark, f"SHOW VOLUMES IN {quote(catalog)}.{quote(schema)}").collect()
+        return sorted(str(r["volume_name"]) for r in rows)

@@ -1,7 +1,7 @@
 """The normalised change contract of event sources: keys, an orderable position, an operation, columns.
 
-Pure: no pyspark import. Every event-stream decoder (:mod:`lakemirror.sources.debezium`, the seed's
-simple form) turns one raw message into exactly one :class:`Decoded` outcome:
+Pure: no pyspark import. Every event-stream decoder (:mod:`lakemirror.sources.debezium`: Debezium
+envelopes and the simple form) turns one raw message into exactly one :class:`Decoded` outcome:
 
 - :class:`ChangeEvent`: a change to apply (an upsert, a delete or a truncate of one table);
 - :class:`Skipped`: a message that carries no change by design (a Kafka tombstone after a delete,

@@ -60,9 +60,8 @@ def kernel_stream(spark: "SparkSession", path: str, options: Mapping[str, str]) 
 
     Delta's ``DeltaSource`` builds two snapshots of the source per micro-batch (the latest, and
     the batch's start version, rebuilt from scratch), each a Spark job over the commits since the
-    last checkpoint where the writer left no checksum files (delta-rs leaves none): about 0.45
-    JVM CPU-s a batch of a 1M-row source, against 0.13 for the Kernel-based source, which reads
-    the log in the driver with no Spark job (docs/BENCHMARKS.md, "Diagnosis as it stands"). That source
+    last checkpoint where the writer left no checksum files (delta-rs leaves none); the
+    Kernel-based source reads the log in the driver with no Spark job. That source
     reads tables known to the catalog only, and only in a session whose :data:`KERNEL_MODE` is
     ``STRICT``, which also sends that session's batch reads and writes of Delta tables to it.
     So the path is named in the session catalog (:func:`feed_table`), and the stream is read in

@@ -22,8 +22,9 @@ from typing import Any, Iterable, Sequence
 
 from lakemirror.sources.key_ranges import KeyRange
 
-#: Default byte target of one chunk: large enough that a chunk's commit and job overheads (a few
-#: hundred ms on two cores) stay small against its copy, small enough that a crash redoes little.
+#: Default byte target of one chunk: large enough that a chunk's fixed overheads (its commit and its
+#: Spark jobs) stay small against its copy, small enough that a crash redoes little
+#: (``make bench ONLY=bootstrap_chunked`` bootstraps with it and with the smallest chunks).
 DEFAULT_CHUNK_BYTES = 256 * 1024 * 1024
 
 

@@ -1,8 +1,8 @@
 """A lag probe that reads the source's commit files directly: no Spark job.
 
 Reading a table's history through Delta (``DeltaTable.history``) updates its snapshot, a Spark
-job per probe whenever the table has new commits: in a profiled 4-table steady run those probes
-took 36 s of Spark job time in 2 minutes (docs/BENCHMARKS.md). Lag only needs the newest version
+job per probe whenever the table has new commits, for every table at every probe interval. Lag
+only needs the newest version
 and the commit time of the oldest unapplied one. For a path-based table both come from the
 ``_delta_log`` directory itself, through Hadoop's FileSystem: whether ``<version>.json`` exists
 and when it was written (a commit file is written once, at its commit: its modification time is
@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
+from lakemirror.sources import change_feed
 from lakemirror.sources.change_feed import SourceHead
 from lakemirror.tables import LOG_DIR, TableLocation, commit_file_name, has_own_jvm, is_local_table, local_dir
 
@@ -67,6 +68,33 @@ def probe_head(commit_time: CommitTime, *, applied_through: int, known_latest: i
     return SourceHead(latest, times)
 
 
+class HeadReader:
+    """A table's head, read from its commit files when this process can (:func:`probe_head`, no
+    Spark job), else from its history (:func:`~lakemirror.sources.change_feed.source_head`). It
+    remembers the newest version seen (the walk starts there) but no commit time: each head's
+    times are read afresh. One per thread."""
+
+    def __init__(self, spark: "SparkSession", loc: TableLocation) -> None:
+        self.spark, self.loc = spark, loc
+        self._log: CommitLog | None = None
+        self._opened = False
+        self._known: int | None = None
+
+    def head(self, since_version: int) -> SourceHead:
+        """The newest version, and the commit time of ``since_version + 1`` when it is committed
+        and still in the log (``since_version`` must be a committed version)."""
+        if not self._opened:
+            self._log, self._opened = commit_log_for(self.spark, self.loc), True
+        found = None
+        if self._log is not None:
+            found = probe_head(self._log.commit_time, applied_through=since_version, known_latest=self._known,
+                               cache={})
+        if found is None:
+            found = change_feed.source_head(self.spark, self.loc, since_version=since_version, window=1)
+        self._known = found.latest_version
+        return found
+
+
 class CommitLog(Protocol):
     """A table's commit files, checked one version at a time."""
 
@@ -85,10 +113,9 @@ class LocalCommitLog:
     """Commit files of a table on the driver's own file system, stat'ed in this process.
 
     The embedded default's lag probe and turn checks run every second per table; through py4j
-    each check was a round trip into the JVM (and a missing file a Java exception carried back):
-    8% of the daemon's Python samples (py-spy on the daemon over the steady-cost workload;
-    docs/BENCHMARKS.md, "What was tried and what it gained"). The times are Hadoop's: the file's
-    modification time in whole milliseconds.
+    each check was a round trip into the JVM (and a missing file a Java exception carried back),
+    for a question the operating system answers directly with one ``stat``. The times are
+    Hadoop's: the file's modification time in whole milliseconds.
     """
 
     def __init__(self, log_dir: Path) -> None:

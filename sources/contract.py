@@ -77,6 +77,11 @@ class ChangeSource(Protocol[Frame]):
         """The source's commit files for cheap head checks, or None where they cannot be read directly."""
         ...
 
+    def enable_change_feed(self) -> None:
+        """Turn the table's change data feed on (one commit on the source: a table property); asked
+        for by ``enable_change_data_feed: true`` only."""
+        ...
+
 
 def change_from_cdf_row(table: str, row: Mapping[str, Any], keys: Sequence[str]) -> ChangeEvent | None:
     """One Delta change-feed row as the change contract; None for an ``update_preimage`` row.

@@ -1,10 +1,10 @@
-"""Debezium envelopes and the seed's simple events, decoded into the change contract.
+"""Debezium envelopes and simple CDC events, decoded into the change contract.
 
 Pure: no pyspark import. One message in, one :data:`~lakemirror.sources.change_event.Decoded` out;
 nothing here raises on bad input (a bad message is a :class:`DeadLetter` with the reason).
 
 Debezium (JSON converter, with or without an embedded ``schema``/``payload``), as Debezium 3.7
-emits it from Postgres (RUNTIME_FACTS.md, Kafka):
+emits it from Postgres through Kafka Connect's JSON converter:
 
 - ``op``: ``c`` create, ``u`` update, ``r`` snapshot read (upserts), ``d`` delete, ``t`` truncate
   (NULL key: the whole table); ``m`` (a logical-decoding message) is skipped;
@@ -13,12 +13,12 @@ emits it from Postgres (RUNTIME_FACTS.md, Kafka):
 - a null value is the tombstone Kafka needs for compaction after a delete: skipped, not applied;
 - a primary-key UPDATE arrives as ``d`` under the old key then ``c`` under the new key, with one
   lsn: two keys, each with its own change, so no rank between them is needed;
-- the position (CDC_SEMANTICS.md §5): Postgres ``source.lsn`` (an integer), then ``txId``, then the
+- the position, which orders a key's changes as the database committed them: Postgres ``source.lsn`` (an integer), then ``txId``, then the
   in-transaction order (``transaction.total_order`` when transaction metadata is on); MySQL binlog
   file index, ``pos``, ``row``; ``ts_ms`` only when the source gives neither (the basis says so);
   snapshot reads (``op: r``) are in phase :data:`SNAPSHOT`, older than any streamed change.
 
-The simple form (the seed's streaming CDC recipe): ``table_name``, ``operation``
+The simple form (the CDC event of Delta Lake's Streaming CDC Pipeline recipe): ``table_name``, ``operation``
 (INSERT/UPDATE/DELETE, also READ and TRUNCATE), ``before``/``after``/``primary_key`` as JSON strings
 (objects are accepted too), ``timestamp`` (ISO 8601, or epoch milliseconds), ``transaction_id``.
 It has no log position: it is ordered by timestamp, then by the digits of ``transaction_id``.
@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
+from decimal import Decimal
 from typing import Any, Final, Mapping, Sequence
 
-from lakemirror.sources.connect_types import BadValue, column_codecs, decode_row, envelope_field
+from lakemirror.sources.connect_types import BadValue, NeedsExactNumbers, column_codecs, decode_row, envelope_field
 from lakemirror.sources.change_event import (
     BASIS_MYSQL_BINLOG, BASIS_POSTGRES_LSN, BASIS_SIMPLE_TIMESTAMP, BASIS_TS_MS, DELETE, SNAPSHOT, STREAM,
     TRUNCATE, UPSERT, ChangeEvent, DeadLetter, Decoded, Position, Skipped,
@@ -53,8 +54,8 @@ def _last_digits(text: str) -> str | None:
     r"""The last run of decimal digits in ``text`` (``mysql-bin.000042`` -> ``000042``), or None.
 
     A scan from the end, not ``re.search(r"(\d+)\D*$")``: that expression restarts at every digit
-    of a long run followed by a non-digit and a digit, quadratic in the run's length (a
-    20,000-digit value took 7 s of the stream's thread)."""
+    of a long run followed by a non-digit and a digit, quadratic in the run's length, so one long
+    value could hold the stream's thread for seconds."""
     end = len(text)
     while end and not text[end - 1].isdecimal():
         end -= 1
@@ -68,7 +69,11 @@ _INT64_MAX = 2**63 - 1
 
 
 class _Bad(Exception):
-    """Internal: the reason a message is a dead letter."""
+    """Internal: the reason a message is a dead letter (and its table, once known)."""
+
+    def __init__(self, reason: str, table: str | None = None) -> None:
+        super().__init__(reason)
+        self.table = table
 
 
 def _int(value: Any, what: str) -> int:
@@ -83,9 +88,10 @@ def _int(value: Any, what: str) -> int:
     return out
 
 
-def _json(text: str, what: str) -> Any:
+def _json(text: str, what: str, exact: bool = False) -> Any:
+    """``text`` parsed; with ``exact``, its numbers with a fraction or exponent as :class:`Decimal`."""
     try:
-        return json.loads(text)
+        return json.loads(text, parse_float=Decimal) if exact else json.loads(text)
     except (TypeError, ValueError) as exc:
         raise _Bad(f"{what} is not JSON ({exc})") from None
 
@@ -101,18 +107,20 @@ def _unwrap(doc: Any) -> Any:
     return _split(doc)[0]
 
 
-def _typed(row: Mapping[str, Any], schema: Any) -> tuple[dict[str, Any], dict[str, str]]:
-    """A row image decoded through its Connect schema (decimals, dates, timestamps …), with its types."""
+def _typed(row: Mapping[str, Any], schema: Any, only: tuple[str, ...] | None = None,
+           ) -> tuple[dict[str, Any], dict[str, str]]:
+    """A row image decoded through its Connect schema (decimals, dates, timestamps …), with its types;
+    with ``only``, just those columns."""
     try:
-        return decode_row(row, column_codecs(schema))
+        return decode_row(row, column_codecs(schema), only)
     except BadValue as exc:
-        raise _Bad(f"a value does not match its schema: {exc}") from None
+        raise _Bad(f"a value does not match its schema or the replica's types: {exc}") from None
 
 
-def _key_from_message(key: str | None) -> tuple[tuple[tuple[str, Any], ...], dict[str, str]] | None:
+def _key_from_message(key: str | None, exact: bool = False) -> tuple[tuple[tuple[str, Any], ...], dict[str, str]] | None:
     if key is None:
         return None
-    doc, schema = _split(_json(key, "the message key"))
+    doc, schema = _split(_json(key, "the message key", exact))
     if doc is None:
         return None
     if not isinstance(doc, dict) or not doc:
@@ -162,8 +170,20 @@ def _table_of(source: Mapping[str, Any], topic: str | None) -> str:
     raise _Bad("no table: source.table is missing and no topic names one")
 
 
-def _decode_envelope(value: str, key: str | None, key_columns: KeyColumns, topic: str | None) -> Decoded:
-    payload, schema = _split(_json(value, "the message value"))
+def _decode_envelope(value: str, key: str | None, key_columns: KeyColumns, topic: str | None,
+                     exact: bool = False) -> Decoded:
+    payload, schema = _split(_json(value, "the message value", exact))
+    source = payload.get("source") if isinstance(payload, dict) else None
+    named = source.get("table") if isinstance(source, dict) else None
+    try:
+        return _decode_payload(payload, schema, key, key_columns, topic, exact)
+    except _Bad as bad:
+        bad.table = bad.table or (named if isinstance(named, str) and named else None)
+        raise
+
+
+def _decode_payload(payload: Any, schema: Any, key: str | None, key_columns: KeyColumns, topic: str | None,
+                    exact: bool) -> Decoded:
     if payload is None:
         return Skipped("tombstone (a null value after a delete)")
     if not isinstance(payload, dict):
@@ -179,6 +199,15 @@ def _decode_envelope(value: str, key: str | None, key_columns: KeyColumns, topic
     if not isinstance(source, dict):
         raise _Bad("the envelope has no source block")
     table = _table_of(source, topic)
+    try:
+        return _decode_change(payload, schema, table, op, source, key, key_columns, exact)
+    except _Bad as bad:
+        bad.table = table
+        raise
+
+
+def _decode_change(payload: Mapping[str, Any], schema: Any, table: str, op: str, source: Mapping[str, Any],
+                   key: str | None, key_columns: KeyColumns, exact: bool) -> Decoded:
     position, basis = _debezium_position(payload, source, snapshot=op == "r")
     ts = source.get("ts_ms", payload.get("ts_ms"))
     ts_ms = ts if isinstance(ts, int) and not isinstance(ts, bool) else None
@@ -188,18 +217,20 @@ def _decode_envelope(value: str, key: str | None, key_columns: KeyColumns, topic
     before, after = payload.get("before"), payload.get("after")
     types: dict[str, str] = {}
     columns: dict[str, Any] = {}  # an upsert's decoded 'after' image; a delete carries no columns
-    image: dict[str, Any] | None = None  # the decoded image a key is read from when the message has none
+    from_key = _key_from_message(key, exact)
     if kind == UPSERT:
         if not isinstance(after, dict):
             raise _Bad(f"op {op!r} without an 'after' row image")
         columns, types = _typed(after, envelope_field(schema, "after"))
-        image = columns
-    elif before is not None:
-        if not isinstance(before, dict):
-            raise _Bad("the row image is not a JSON object")
-        image, _ = _typed(before, envelope_field(schema, "before"))
-    from_key = _key_from_message(key)
     if from_key is None:
+        # No message key: the key columns' values are read in the decoded image (a delete's
+        # 'before': only its key columns are decoded, so a value elsewhere in it that the
+        # replica could not hold never stops the delete).
+        image: Mapping[str, Any] | None = columns if kind == UPSERT else None
+        if kind == DELETE and before is not None:
+            if not isinstance(before, dict):
+                raise _Bad("the row image is not a JSON object")
+            image, _ = _typed(before, envelope_field(schema, "before"), tuple(key_columns.get(table) or ()))
         keys = _key_from_row(table, image, key_columns)
     else:
         keys, key_types = from_key
@@ -215,9 +246,17 @@ def decode_debezium(value: str | None, key: str | None = None, *, key_columns: K
     if value is None:
         return Skipped("tombstone (a null value after a delete)")
     try:
-        return _decode_envelope(value, key, key_columns or {}, topic)
+        try:
+            return _decode_envelope(value, key, key_columns or {}, topic)
+        except NeedsExactNumbers:  # decimals as JSON numbers: parsed again, every number exact
+            return _decode_envelope(value, key, key_columns or {}, topic, exact=True)
     except _Bad as bad:
-        return DeadLetter(str(bad), raw=value, key=key)
+        return DeadLetter(str(bad), raw=value, key=key, table=bad.table or _topic_table(topic))
+
+
+def _topic_table(topic: str | None) -> str | None:
+    """The table a Debezium topic names (``<prefix>.<schema>.<table>``), for a message that names none."""
+    return topic.rsplit(".", 1)[-1] if topic else None
 
 
 def _timestamp_micros(value: Any) -> int:
@@ -251,6 +290,14 @@ def _decode_simple(line: str, key_columns: KeyColumns) -> Decoded:
     table = doc.get("table_name")
     if not isinstance(table, str) or not table:
         raise _Bad("no table_name")
+    try:
+        return _decode_simple_change(doc, table, key_columns)
+    except _Bad as bad:
+        bad.table = table
+        raise
+
+
+def _decode_simple_change(doc: Mapping[str, Any], table: str, key_columns: KeyColumns) -> Decoded:
     operation = str(doc.get("operation") or "").lower()
     if operation not in _SIMPLE_OPS:
         raise _Bad(f"unknown operation {doc.get('operation')!r}; expected INSERT, UPDATE, DELETE, READ or TRUNCATE")
@@ -271,11 +318,11 @@ def _decode_simple(line: str, key_columns: KeyColumns) -> Decoded:
 
 
 def decode_simple(line: str, *, key_columns: KeyColumns | None = None) -> Decoded:
-    """Decode one event of the seed's simple form."""
+    """Decode one event of the simple form."""
     try:
         return _decode_simple(line, key_columns or {})
     except _Bad as bad:
-        return DeadLetter(str(bad), raw=line)
+        return DeadLetter(str(bad), raw=line, table=bad.table)
 
 
 def decode_line(line: str, fmt: str, *, key_columns: KeyColumns | None = None) -> Decoded:
@@ -291,7 +338,7 @@ def decode_line(line: str, fmt: str, *, key_columns: KeyColumns | None = None) -
     try:
         doc = _json(line, "the line")
     except _Bad as bad:
-        return DeadLetter(str(bad), raw=line)
+        return DeadLetter(str(bad), raw=line, table=bad.table)
     if isinstance(doc, dict) and "value" in doc and not ({"op", "payload", "schema"} & set(doc)):
         def text(part: Any) -> str | None:
             return part if part is None or isinstance(part, str) else json.dumps(part)

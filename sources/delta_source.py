@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from lakemirror.identifiers import TableName
 from lakemirror.sources import change_feed
-from lakemirror.sources.catalog import Catalog, TableInfo, table_id
+from lakemirror.sources.catalog import Catalog, TableInfo, enable_change_feed_sql, table_id
 from lakemirror.sources.change_feed import SourceHead
 from lakemirror.sources.commit_log import CommitLog, commit_log_for
+from lakemirror.sql_exec import run_sql
 from lakemirror.tables import TableLocation
 
 if TYPE_CHECKING:
@@ -40,6 +41,9 @@ class DeltaChangeFeed:
 
     def describe(self) -> TableInfo:
         return self.catalog.describe(self.spark, self.name)
+
+    def enable_change_feed(self) -> None:
+        run_sql(self.spark, enable_change_feed_sql(self.location))
 
     def head(self, since_version: int, window: int = 32) -> SourceHead:
         return change_feed.source_head(self.spark, self.location, since_version, window=window)

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Sequence
 
 from lakemirror import tables
 from lakemirror.identifiers import TableName, quote
-from lakemirror.sources.catalog import Catalog, TableInfo
+from lakemirror.sources.catalog import Catalog, TableInfo, enable_change_feed_sql
 from lakemirror.sources.contract import CDF_CHANGE_TYPE, CDF_COMMIT_TIMESTAMP, CDF_COMMIT_VERSION, CDF_PREIMAGE
+from lakemirror.sql_exec import run_sql
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -31,6 +32,9 @@ class DeltaVersions:
 
     def describe(self) -> TableInfo:
         return self.catalog.describe(self.spark, self.name)
+
+    def enable_change_feed(self) -> None:
+        run_sql(self.spark, enable_change_feed_sql(self.catalog.locate(self.name)))
 
     def latest_version(self) -> int:
         loc = self.catalog.locate(self.name)

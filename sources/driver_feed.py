@@ -1,14 +1,15 @@
 """A change-feed batch read on the driver by delta-rs: whole source versions, as Arrow.
 
 Spark's read of a batch and its transfer to Python cost the driver path most of a large batch's
-time (1.0 s of a 1.1M-row catch-up, against 0.11 s for delta-rs's ``load_cdf``; docs/BENCHMARKS.md).
-When the stream's offsets show that a batch holds whole versions (:mod:`lakemirror.sources.feed_range`),
+time, where delta-rs's ``load_cdf`` reads the same change data straight into Arrow (``make bench
+ONLY=catch_up`` drains a backlog of large batches). When the stream's offsets show that a batch holds whole versions (:mod:`lakemirror.sources.feed_range`),
 the same rows can be read here instead: the change data of those versions, which delta-rs reads
 from the same files as Spark (``cdc`` files, or the added and removed files of a commit without
 them).
 
-Only a local source delta-rs reads as Spark does: no column mapping (its files name columns by
-physical ids), and reader features among :data:`READABLE_FEATURES`. Anything else, and any error,
+Only a source delta-rs reads as Spark does: no column mapping (its files name columns by physical
+ids), and reader features among :data:`READABLE_FEATURES`; on the driver's file system, or in S3
+through the storage options derived from the session's s3a settings. Anything else, and any error,
 leaves the batch to Spark's read: this path may make a batch faster, never different.
 
 The rows come back as the Spark read brings them: ``update_preimage`` rows left out (they are never
@@ -63,36 +64,47 @@ def readable_by_delta_rs(table: Any) -> str | None:
 
 
 class DriverFeed:
-    """Reads whole versions of the change feed of the local Delta table at ``path``."""
+    """Reads whole versions of the change feed of the Delta table at ``path`` (a local path, or a
+    delta-rs URI such as ``s3://…`` with its storage ``options``)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, options: dict[str, str] | None = None) -> None:
         self.path = path
+        self.options = options or None
         self._table: Any = None
 
     def _source(self) -> Any:
         from deltalake import DeltaTable
 
         if self._table is None:
-            self._table = DeltaTable(self.path)
+            self._table = DeltaTable(self.path, storage_options=self.options)
         else:
             self._table.update_incremental()
         return self._table
+
+    def reload(self) -> None:
+        """Load the source afresh next time (its whole log state, not only the commits since)."""
+        self._table = None
+
+    def latest(self) -> tuple[int, str]:
+        """The source's newest version and its table id (its log read since the last look)."""
+        source = self._source()
+        return int(source.version()), str(source.metadata().id)
 
     def unfit(self) -> str | None:
         """Why this source's batches are left to Spark's read; None when they need not be."""
         return readable_by_delta_rs(self._source())
 
-    def _checked_source(self) -> Any:
-        """The source, brought up to date, checked again each time: a property change (column
-        mapping turned on, say) need not restart the stream."""
-        source = self._source()
+    def _checked_source(self, update: bool = True) -> Any:
+        """The source, brought up to date (unless ``update`` is false: it was just now), checked again
+        each time: a property change (column mapping turned on, say) need not restart the stream."""
+        source = self._source() if update or self._table is None else self._table
         why = readable_by_delta_rs(source)
         if why is not None:
             raise FeedUnfit(why)
         return source
 
     def read(self, versions: VersionRange, columns: Sequence[str], max_rows: int,
-             table_id: str | None = None) -> "pa.Table":
+             table_id: str | None = None, update: bool = True) -> "pa.Table":
         """The change rows (preimages left out) of ``versions``: ``columns``, which must include the
         three change-feed columns. Raises :class:`FeedTooLarge` past ``max_rows`` rows, and
         :class:`ValueError` when the table at the path is not ``table_id`` (recreated since Spark
@@ -102,7 +114,7 @@ class DriverFeed:
         wanted = list(columns)
         if versions.empty:
             return self._normalised(pa.table({c: pa.array([], pa.null()) for c in wanted}), wanted, empty=True)
-        source = self._checked_source()
+        source = self._checked_source(update)
         if table_id is not None and source.metadata().id != table_id:
             raise ValueError(f"the table at {self.path} is now {source.metadata().id}, not {table_id}")
         reader = pa.RecordBatchReader.from_stream(source.load_cdf(

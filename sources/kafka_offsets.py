@@ -1,7 +1,8 @@
 """How far an event stream is behind its Kafka topics, per topic-partition.
 
 Spark keeps its Kafka offsets in the query's checkpoint and never commits them to a consumer
-group, so no external lag exporter can see them (RUNTIME_FACTS.md). Offsets behind are computed
+group, so no external lag exporter (one that reads a group's committed offsets) can see them.
+Offsets behind are computed
 here from the two ends:
 
 - applied: the end offsets of the last batch the query completed (``endOffset`` of the Kafka

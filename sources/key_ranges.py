@@ -70,9 +70,10 @@ class KeyRange:
     lower: str | None
     upper: str | None
 
-    def predicate(self) -> str | None:
-        """The Spark SQL filter of the range; None when it is the whole table."""
-        col = quote(self.column)
+    def predicate(self, qualifier: str | None = None) -> str | None:
+        """The Spark SQL filter of the range; None when it is the whole table. ``qualifier``: the
+        alias the column is qualified with (a MERGE's target), none by default."""
+        col = quote(self.column) if qualifier is None else f"{qualifier}.{quote(self.column)}"
         parts = []
         if self.lower is not None:
             parts.append(f"{col} >= {self._literal(self.lower)}")
@@ -80,6 +81,10 @@ class KeyRange:
             below = f"{col} < {self._literal(self.upper)}"
             parts.append(f"({col} IS NULL OR {below})" if self.lower is None else below)
         return " AND ".join(parts) if parts else None
+
+    def spanning(self, other: "KeyRange") -> "KeyRange":
+        """The range from this one's lower bound to ``other``'s upper bound (``other`` follows it)."""
+        return KeyRange(self.column, self.sql_type, self.lower, other.upper)
 
     def _literal(self, text: str) -> str:
         return f"CAST({sql_string(text)} AS {self.sql_type.upper()})"

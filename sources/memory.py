@@ -57,6 +57,11 @@ class MemoryChangeSource:
     def describe(self) -> TableInfo:
         return TableInfo(self.location, self.table_id, self.columns, dict(self.properties), self.key)
 
+    def enable_change_feed(self) -> None:
+        self.properties[CDF_PROPERTY] = "true"
+        self.commits.append([])  # a table property change is a commit of its own, without rows
+        self.times.append(float(len(self.times)))
+
     def head(self, since_version: int, window: int = 32) -> SourceHead:
         latest = len(self.commits) - 1
         wanted = set(range(max(0, latest - window + 1), latest + 1)) | set(range(since_version + 1, latest + 1))

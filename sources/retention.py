@@ -72,6 +72,14 @@ class RetentionWindow:
     def seconds(self) -> float:
         return min(self.deleted_file_retention_seconds, self.log_retention_seconds)
 
+    @property
+    def limiting_property(self) -> str:
+        """The table property that sets :attr:`seconds` (the deleted-file retention on a tie: Delta
+        refuses reads past it)."""
+        if self.log_retention_seconds < self.deleted_file_retention_seconds:
+            return LOG_RETENTION
+        return DELETED_FILE_RETENTION
+
 
 def headroom_seconds(*, applied_through: int, latest_version: int, commit_times: Mapping[int, float],
                      window: RetentionWindow, now: float) -> float:

@@ -1,10 +1,11 @@
 """Reading a bootstrap chunk: one interface, two implementations, chosen by one pure function.
 
 - :class:`KeyRangeReads` (the default; public API only): a chunk is a range of the first key
-  column (:mod:`lakemirror.sources.key_ranges`), read as ``VERSION AS OF V`` with the range as a
-  filter. Delta's data skipping prunes the scan to the files whose min/max statistics overlap the
-  range (a filter on ``_metadata.file_path`` would not: Delta 4.4 still reads every file for it).
-  The plan costs one aggregate over the key column at V (each file's smallest and largest key).
+  column (:mod:`lakemirror.sources.key_ranges`), read as ``VERSION AS OF`` a version with the range
+  as a filter. Delta's data skipping prunes the scan to the files whose min/max statistics overlap
+  the range (a filter on ``_metadata.file_path`` would not: Delta 4.4 still reads every file for it).
+  The plan costs one aggregate over the key column at the version it is made at (each file's
+  smallest and largest key); the ranges cover the whole key domain, so they hold at any version.
   Works on any session, Spark Connect included.
 - :class:`DeltaLogFileReads` (opt-in, ``bootstrap.internal_file_reads``): a chunk is a group of the
   source's data files, read through Delta's INTERNAL ``DeltaLog.createDataFrame(snapshot, files)``
@@ -26,6 +27,7 @@ from lakemirror import tables
 from lakemirror.sources.chunks import Chunk, SourceFile, plan_chunks
 from lakemirror.sources.key_ranges import FileKeys, KeyRange, plan_key_ranges, range_type
 from lakemirror.tables import TableLocation
+from lakemirror.sql_exec import run_sql
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -56,26 +58,26 @@ class ChunkReads(Protocol):
     """Plans a snapshot's chunks and reads one; a chunk of one kind is read only by its own kind."""
 
     def plan(self, target_bytes: int) -> tuple[Chunk, ...]:
-        """The chunks of the snapshot at V (one whole-table chunk when it fits ``target_bytes``)."""
+        """The chunks of the snapshot at the reads' version (one whole-table chunk when it fits
+        ``target_bytes``)."""
         ...
 
     def read(self, chunk: Chunk, version: int | None = None) -> "DataFrame":
-        """The rows of ``chunk`` at V, or, for a key-range chunk, at a later ``version`` through
-        which the bootstrap has applied the change feed (the same rows for every key no change
-        touched since V; the touched keys are the catch-up rounds' to write)."""
+        """The rows of ``chunk`` at V, or, for a key range or the whole table, at ``version`` (the
+        bootstrap reads those at the source's latest version; a group of files is V's alone)."""
         ...
 
 
 def _table_path(spark: "SparkSession", loc: TableLocation) -> str:
     if loc.path is not None:
         return loc.path
-    return str(spark.sql(f"DESCRIBE DETAIL {loc.sql}").collect()[0]["location"])
+    return str(run_sql(spark, f"DESCRIBE DETAIL {loc.sql}").collect()[0]["location"])
 
 
 def _size_now(spark: "SparkSession", loc: TableLocation) -> int:
     """The table's bytes at its latest version (``DESCRIBE DETAIL``): only decides whether planning
-    is worth a scan; the plan itself is made at V."""
-    return int(spark.sql(f"DESCRIBE DETAIL {loc.sql}").collect()[0]["sizeInBytes"] or 0)
+    is worth a scan; the plan itself is made at the reads' version."""
+    return int(run_sql(spark, f"DESCRIBE DETAIL {loc.sql}").collect()[0]["sizeInBytes"] or 0)
 
 
 WHOLE = Chunk(0, (), 0, None)
@@ -93,7 +95,8 @@ class KeyRangeReads:
         return tables.read(self.spark, self.loc, versionAsOf=self.version if version is None else version)
 
     def file_keys(self, column: str) -> list[FileKeys]:
-        """Each file's size, live rows and key range at V: one aggregate over the key column."""
+        """Each file's size, live rows and key range at the reads' version: one aggregate over the
+        key column."""
         from pyspark.sql import functions as F
 
         key = F.col(column)
@@ -123,7 +126,7 @@ class KeyRangeReads:
             raise ValueError(f"{self.loc}: chunk {chunk.number} is a group of files (planned with "
                              f"bootstrap.internal_file_reads); resync the table or turn that option back on")
         predicate = chunk.key_range.predicate() if chunk.key_range is not None else None
-        df = self.snapshot(version if chunk.key_range is not None else None)
+        df = self.snapshot(version)
         return df if predicate is None else df.where(predicate)
 
 
@@ -168,7 +171,7 @@ class DeltaLogFileReads:
         if chunk.key_range is not None:
             return KeyRangeReads(self.spark, self.loc, self.version, (chunk.key_range.column,)).read(chunk, version)
         if chunk.whole_table:
-            return tables.read(self.spark, self.loc, versionAsOf=self.version)
+            return tables.read(self.spark, self.loc, versionAsOf=self.version if version is None else version)
         missing = [p for p in chunk.paths if p not in self._adds]
         if missing:
             raise FileNotFoundError(f"{self.loc}: {len(missing)} of the chunk's files are not in version "

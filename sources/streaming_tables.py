@@ -39,6 +39,34 @@ class BackingTableMissing(TerminalError):
     code = "backing_table_missing"
 
 
+class UnsupportedObject(TerminalError):
+    """An object replication refuses by name, with the reason (materialized views, streaming checkpoints)."""
+
+    code = "unsupported_object"
+
+
+MATERIALIZED_VIEW = "MATERIALIZED_VIEW"
+#: Why a materialized view is not copied (an unsupported object type).
+MATERIALIZED_VIEW_REASON = ("a materialized view is the result of its query, kept by its pipeline: a copy of its "
+                            "backing table would be a table no pipeline refreshes, and it cannot be shared or cloned "
+                            "as a materialized view. Recreate it on the target from its definition, over the "
+                            "replicated tables")
+#: Why streaming checkpoints are not copied.
+CHECKPOINT_REASON = ("a streaming checkpoint records one query's progress through its own source (offsets, "
+                     "state, batch ids); on the target the source's log positions differ, so a copied checkpoint "
+                     "would resume at the wrong place or fail. Restart the streams on the target from the "
+                     "replicated tables")
+
+
+def table_type(sql: SqlRunner, name: TableName) -> str | None:
+    """The ``Type`` row of ``DESCRIBE TABLE EXTENDED`` (``MANAGED``, ``STREAMING_TABLE``,
+    ``MATERIALIZED_VIEW``, ``VIEW``…), upper-cased; None if it does not say."""
+    for row in sql.sql(f"DESCRIBE TABLE EXTENDED {name.sql}"):
+        if str(row.get("col_name") or "").strip() == "Type":
+            return str(row.get("data_type") or "").strip().upper() or None
+    return None
+
+
 def backing_schema(pipeline_id: str) -> str:
     return SCHEMA_PREFIX + pipeline_id.replace("-", "_")
 
@@ -57,11 +85,15 @@ def pipeline_id_of(properties: dict[str, Any] | None) -> str | None:
 
 
 def resolve_backing_table(sql: SqlRunner, name: TableName) -> TableName:
-    """``name`` itself for an ordinary table; the backing table for a pipeline-managed one."""
+    """``name`` itself for an ordinary table; the backing table for a Streaming Table. A materialized
+    view is refused (:class:`UnsupportedObject`, with the reason)."""
     detail = sql.sql(f"DESCRIBE DETAIL {name.sql}")
     pid = pipeline_id_of(detail[0].get("properties") if detail else None)
     if pid is None:
         return name
+    if table_type(sql, name) == MATERIALIZED_VIEW:
+        raise UnsupportedObject(f"{name} is a materialized view and is not replicated: {MATERIALIZED_VIEW_REASON}",
+                                table=str(name))
     candidates = backing_candidates(name, pid)
     schema = f"{quote(INTERNAL_CATALOG)}.{quote(backing_schema(pid))}"
     present = {str(r.get("tableName")) for r in sql.sql(f"SHOW TABLES IN {schema}")}

@@ -23,10 +23,11 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable
 
-from lakemirror.checkpoints.records import CheckpointRow, CheckpointStore
+from lakemirror.checkpoints.records import CheckpointRow, CheckpointStore, commit_time
 from lakemirror.checkpoints.state import TableProgress
 from lakemirror.errors import SourceReplaced
 from lakemirror.sinks.contract import BatchSink
+from lakemirror.sinks.postgres.spark_batches import WRITE_POSTGRES
 from lakemirror.sinks.txn import MergeOutcome, TxnId
 from lakemirror.supervisor import replica_record
 from lakemirror.supervisor.classify import classify
@@ -38,8 +39,21 @@ log = logging.getLogger(__name__)
 SOURCE_ID_RETRY_DELAYS = (0.5, 1.0, 2.0, 4.0)
 
 
+def replay_note(write: str) -> str:
+    """How a replayed batch was found already written, by the apply path that found it."""
+    if write == WRITE_POSTGRES:
+        return "its progress row in PostgreSQL, committed with the data, made it a no-op"
+    if write == replica_record.WRITE_NOTHING:
+        return "the replica's Delta log records it, so it was skipped unread"
+    return "Delta skipped the write (its transaction id was committed)"
+
+
 class Drained(Exception):
     """Raised inside a batch that begins after a drain was requested: nothing was applied."""
+
+
+class HandOver(Exception):
+    """Raised by a batch's apply that wrote nothing and leaves the batch to Spark (the message says why)."""
 
 
 @dataclass(frozen=True)
@@ -65,7 +79,9 @@ class RowWriter:
             rows_updated=outcome.counts.updated, rows_deleted=outcome.counts.deleted,
             lag_seconds=lag_seconds, error=None, degraded=False,
             started_at=datetime.fromtimestamp(started, tz=timezone.utc),
-            ended_at=datetime.fromtimestamp(self.clock() if ended is None else ended, tz=timezone.utc))
+            ended_at=datetime.fromtimestamp(self.clock() if ended is None else ended, tz=timezone.utc),
+            first_version_at=commit_time(outcome.stats.min_commit_time),
+            last_version_at=commit_time(outcome.stats.max_commit_time))
 
     def record_event(self, error: str, progress: TableProgress, *, degraded: bool, applied_through: int | None,
                      lag_seconds: float | None, batch_id: int = -1, txn_app_id: str = "") -> None:
@@ -110,29 +126,37 @@ class BatchApply:
 
     def __call__(self, sink: BatchSink[Any], txn: TxnId, batch: Any, epoch: int,
                  source_table_id: str | None = None, read: Any = None) -> None:
+        self.run(txn, epoch, lambda: sink.apply(batch, txn, read),
+                 lambda: self.check_same_source(source_table_id, batch), getattr(batch, "sparkSession", None))
+
+    def run(self, txn: TxnId, epoch: int, apply: Callable[[], MergeOutcome], check_source: Callable[[], None],
+            spark: Any = None) -> MergeOutcome:
+        """Apply one batch (``apply``, after ``check_source``) under ``txn`` and record it (see the module
+        docstring); a :class:`HandOver` raised by ``apply`` (nothing written) passes through unrecorded."""
         label = self.rows.source
         with self.lock:
             if self.live.draining:
                 raise Drained(f"{label}: draining; batch {txn.version} left for the next run")
             started = self.clock()
-            spark = getattr(batch, "sparkSession", None)
             try:
-                self.check_same_source(source_table_id, batch)
+                check_source()
                 self.fault("before_merge")
                 if self.recorded_txn is not None and txn.version <= self.recorded_txn:
                     # The replica's log holds this batch: nothing to read (its change files may be gone).
                     outcome = replica_record.replayed_outcome()
                 else:
-                    outcome = sink.apply(batch, txn, read)
+                    outcome = apply()
                 if outcome.replayed:
                     log.info("table %s: batch %d of %s was already committed to the replica (a restart "
-                             "replays it); Delta skipped the write", label, txn.version, txn.app_id)
+                             "replays it); %s", label, txn.version, txn.app_id, replay_note(outcome.write))
                 if outcome.stats.rows_read:
                     self.fault("after_merge")
                     # After a fresh MERGE no earlier attempt can have written this batch's row.
                     self.rows.checkpoints.append(self.rows.batch_row(txn, epoch, outcome, started, self.lag_seconds()),
                                                  spark, known_new=not outcome.replayed)
                     self.fault("before_commit_log")
+            except HandOver:
+                raise
             except Exception as exc:
                 self.live.batch_error = classify(exc, table=label)
                 self.rows.record_event(str(self.live.batch_error), self.load_progress(), degraded=True,
@@ -140,8 +164,10 @@ class BatchApply:
                                        batch_id=txn.version, txn_app_id=txn.app_id)
                 raise
             self.live.batch_done(txn.version, outcome, started, self.clock())
+            return outcome
 
-    def check_same_source(self, expected: str | None, batch: Any) -> None:
+    def check_same_source(self, expected: str | None, batch: Any,
+                          current: Callable[[], str | None] | None = None) -> None:
         """Refuse a batch read from a different table than the replica mirrors.
 
         A source dropped and recreated under its name while the stream runs has new version
@@ -151,12 +177,12 @@ class BatchApply:
         """
         if expected is None:
             return
-        current = self.settled_identity(batch)
-        if current != expected:
+        found = current() if current is not None else self.settled_identity(batch)
+        if found != expected:
             label = self.rows.source
             raise SourceReplaced(
                 f"{label}: the source was dropped and recreated while streaming (table id {expected} "
-                f"is now {current}); the batch was refused and the replica no longer follows it. "
+                f"is now {found}); the batch was refused and the replica no longer follows it. "
                 f"Resync the table.", table=label)
 
     def settled_identity(self, batch: Any) -> str | None:

@@ -65,7 +65,9 @@ class Bootstrap:
         A pinned version Delta refuses to read before anything was written (it is no longer the
         source's latest, and its commit is older than the source's deleted-file retention: a
         table idle for longer than that, written to just after the pin) is pinned anew, at most
-        ``REPINS`` times: nothing of the refused epoch reached the replica."""
+        ``REPINS`` times: nothing of the refused epoch reached the replica. (A chunked copy reads
+        the source's latest version and is not refused so; it pins anew when its saved plan is
+        one it cannot resume, :class:`~lakemirror.errors.BootstrapPlanOutdated`.)"""
         self.replica.claim(progress.epoch)
         self.emit(sm.BootstrapStarted())
         repin = progress.bootstrap_version is None or progress.epoch == 0

@@ -13,6 +13,7 @@ from lakemirror.errors import (
     TransientError,
 )
 from lakemirror.secrets import redact
+from lakemirror.sinks.isolate import refused_by_value
 
 _WINDOW = ("DELTA_MISSING_FILES_UNEXPECTED_VERSION", "DELTA_MISSING_CHANGE_DATA",
            "DELTA_FILE_NOT_FOUND_DETAILED", "VersionNotFoundException", "DELTA_VERSION_NOT_FOUND",
@@ -86,6 +87,57 @@ def first_line(text: str, limit: int = 500) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
+_TRACEBACK = "Traceback (most recent call last):"
+_RAISED = re.compile(r"^([A-Za-z_][\w.]*)(?::\s?(.*))?$")
+#: Where lakemirror's own errors live: a Python worker's traceback names them in full.
+_OWN_ERRORS = "lakemirror."
+#: Spark's report of an exception raised in a Python worker.
+_FROM_PYTHON_WORKER = re.compile(r"PYTHON_EXCEPTION|PythonException")
+
+
+def python_worker_error(text: str) -> str | None:
+    """The error a Python traceback inside ``text`` ends with, or None when there is none.
+
+    Spark reports an exception raised in a Python worker (a ``foreach`` writer on an executor) as
+    ``[PYTHON_EXCEPTION] An exception was thrown from the Python worker … Traceback (most recent
+    call last): File … <the error>``, wrapped in the JVM's own errors: the first line of that says
+    nothing. The telling line is the last traceback's final one (``module.Class: message``, after
+    its frames); a lakemirror error is given as its message alone (it names the table and what to
+    do), any other as ``Class: message``."""
+    found: tuple[str, str] | None = None
+    in_traceback = False
+    for line in text.splitlines():
+        if line.strip().endswith(_TRACEBACK):
+            in_traceback = True
+            continue
+        if not in_traceback or not line.strip() or line[:1].isspace():
+            continue  # outside a traceback, or one of its frames (indented)
+        raised = _RAISED.match(line.strip())
+        if raised is not None:
+            found = (raised.group(1), (raised.group(2) or "").strip())
+        in_traceback = False
+    if found is None:
+        return None
+    name, message = found
+    if name.endswith("Py4JJavaError"):
+        return None  # a JVM error seen from Python: its own lines (first_line) tell more
+    if name.startswith(_OWN_ERRORS) and message:
+        return message
+    short = name.rsplit(".", 1)[-1]
+    return f"{short}: {message}" if message else short
+
+
+def stream_error(label: str, exc: BaseException | None) -> str:
+    """One line saying why a streaming query stopped: the error a Python worker raised (a
+    ``foreach`` writer's), else the most telling line of the JVM's report; credentials redacted."""
+    if exc is None:
+        return f"{label}: the stream stopped"
+    text = redact(f"{type(exc).__name__}: {exc}")
+    line = (python_worker_error(text) if _FROM_PYTHON_WORKER.search(text) else None) or first_line(text)
+    named = (label, label.split(":", 1)[-1])  # an event source's writers name it without its prefix
+    return line if any(line.startswith(f"{n}:") for n in named) else f"{label}: {line}"
+
+
 def _causes(exc: BaseException) -> list[str]:
     """The texts of ``exc``'s causes, outermost first: Python's chain, pyspark's converted cause, and
     the Java cause chain of a Py4J error (its text holds only what the JVM printed)."""
@@ -113,13 +165,22 @@ def _causes(exc: BaseException) -> list[str]:
     return out
 
 
+def value_refusal(exc: BaseException) -> str | None:
+    """The engine's reason when ``exc`` is a write refused because of a value it was given
+    (:data:`lakemirror.sinks.isolate.VALUE_REFUSALS`), else None: the error is not one that a single item of the batch causes."""
+    if isinstance(exc, LakemirrorError):
+        return None
+    text = redact("\n".join([f"{type(exc).__name__}: {exc}", *_causes(exc)]))
+    return first_line(text) if refused_by_value(text) else None
+
+
 def classify(exc: BaseException, *, table: str | None = None) -> LakemirrorError:
     """Return a lakemirror error for ``exc`` (unchanged if it already is one)."""
     if isinstance(exc, LakemirrorError):
         return exc
     # Spark quotes URLs and options, credentials included
     text = redact("\n".join([f"{type(exc).__name__}: {exc}", *_causes(exc)]))
-    summary = first_line(text)
+    summary = (python_worker_error(text) if _FROM_PYTHON_WORKER.search(text) else None) or first_line(text)
     who = f"{table}: " if table else ""
     if any(code in text for code in _BREAKING):
         return SchemaIncompatible(

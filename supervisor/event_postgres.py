@@ -18,6 +18,7 @@ the writers added to an accumulator.
 from __future__ import annotations
 
 import re
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,13 +28,16 @@ from lakemirror.checkpoints.state import StateStore
 from lakemirror.identifiers import TableName
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.postgres.events import FlushResult, PostgresEventSink
-from lakemirror.sinks.postgres.executor import PostgresTarget
+from lakemirror.sinks.postgres.executor import Connector, PostgresTarget
 from lakemirror.sinks.postgres.foreach import EventSinkFactory, PostgresForeachWriter
 from lakemirror.sinks.postgres.modes import connection_budget
+from lakemirror.sinks.postgres.waits import ServerCalls
 from lakemirror.sinks.txn import BatchStats, MergeOutcome
 from lakemirror.sources.event_source import KIND_KAFKA, EventSource
 from lakemirror.supervisor import state as sm
+from lakemirror.supervisor.destination_wait import WaitReport
 from lakemirror.supervisor.event_stream import EventStreamRunner, EventStreamSpec, ReplicaStatus
+from lakemirror.supervisor.real_time_stall import RealTimeStall
 from lakemirror.supervisor.runner import BatchReport, StreamLatency
 from lakemirror.tables import TableLocation
 
@@ -43,6 +47,8 @@ if TYPE_CHECKING:
 WRITE_POSTGRES_EVENTS = "postgres-guarded-upsert"
 WRITE_POSTGRES_FOREACH = "postgres-foreach"
 READ_DRIVER, READ_EXECUTORS = "driver", "executors"
+
+log = logging.getLogger(__name__)
 
 
 #: Spark's floor on the duration of a real-time batch (``trigger(realTime=…)``), a duration string.
@@ -131,6 +137,35 @@ class PostgresEventStreamRunner(EventStreamRunner):
         self._flush_times: FlushTimes | None = None
         self._reported_batch = -1
         self._last_purge_at = clock()
+        # Waits on the server show as the source's state: the driver's flushes (micro-batch), or
+        # real-time batches that stop finishing while the writers wait on the executors.
+        lookups = Connector(target)
+        self.calls = ServerCalls(self.table, retry_seconds=target.retry_seconds,
+                                 statement_timeout_seconds=target.statement_timeout_seconds, clock=clock)
+        self.stall = (RealTimeStall(self.table, real_time.checkpoint_interval_seconds, lookups.check_server,
+                                    retry_seconds=target.retry_seconds,
+                                    statement_timeout_seconds=target.statement_timeout_seconds, clock=clock)
+                      if real_time is not None else None)
+        self.waits = WaitReport(self.stall if self.stall is not None else self.calls, self._emit, lookups.lock_wait)
+        self._letters_recorded: int | None = None   # read from the dead-letter table (None: not yet)
+        self._letters_here = 0                      # letters this process recorded before that read
+
+    #: Its dead letters are rows of lakemirror_event_dead_letters in PostgreSQL, not of a Delta table.
+    keeps_dead_letters_in_delta = False
+
+    @property
+    def dead_letter_count(self) -> int:
+        """Dead letters the source's Postgres table holds: counted there at launch and after each batch
+        that recorded some (a redelivered poison message is recorded once)."""
+        return self._letters_recorded if self._letters_recorded is not None else self._letters_here
+
+    def _count_letters(self) -> None:
+        try:
+            if self._sink is None:
+                self._sink = self.factory()
+            self._letters_recorded = self._sink.dead_letter_count()
+        except Exception as exc:  # noqa: BLE001 (counted again after the next batch with letters)
+            log.warning("%s: could not count the dead letters: %s", self.table, str(exc).splitlines()[0] if str(exc) else exc)
 
     # -- the query ---------------------------------------------------------------------------------
 
@@ -159,6 +194,7 @@ class PostgresEventStreamRunner(EventStreamRunner):
 
     def _launch(self) -> None:
         try:
+            self._count_letters()
             rt = self.real_time
             if rt is not None:
                 self._check_partitions(rt)
@@ -177,6 +213,8 @@ class PostgresEventStreamRunner(EventStreamRunner):
                 stream = stream.foreachBatch(self._batch).trigger(
                     processingTime=f"{self.spec.trigger_interval_seconds} seconds")
             self._query = stream.start()
+            if self.stall is not None:
+                self.stall.started()
             self._emit(sm.StreamStarted())
         except Exception as exc:  # a failure to start is a visible state, never a dead thread
             self._emit(sm.Failed(error=f"{self.table}: {exc}".splitlines()[0]))
@@ -199,7 +237,7 @@ class PostgresEventStreamRunner(EventStreamRunner):
                 rows = batch.collect()
                 raws = self.source.raw_events(rows)
                 if self._sink is None:
-                    self._sink = self.factory()
+                    self._sink = self.factory(self.calls)
                 result = self._sink.apply(raws)
                 self._purge_when_due()
             except Exception as exc:
@@ -216,7 +254,9 @@ class PostgresEventStreamRunner(EventStreamRunner):
             self._emit(sm.BatchApplied())
 
     def _record(self, result: FlushResult) -> None:
-        self.dead_letter_count += result.dead_letters
+        if result.dead_letters:
+            self._letters_here += result.dead_letters
+            self._count_letters()
         for table, counts in result.tables.items():
             status = self.replicas.setdefault(table, ReplicaStatus())
             status.batches += 1
@@ -232,6 +272,8 @@ class PostgresEventStreamRunner(EventStreamRunner):
         self._sink.purge(self.spec.tombstone_horizon_seconds)
 
     def halt(self, timeout: float = 60.0) -> None:
+        if self.stall is not None:
+            self.stall.stopped()
         super().halt(timeout)
         if self._sink is not None:
             self._sink.close()
@@ -242,6 +284,8 @@ class PostgresEventStreamRunner(EventStreamRunner):
     def poll(self) -> list["sm.Event | BatchReport"]:
         if self.real_time is not None:
             self._report_progress()
+        if self._query is not None:
+            self.waits.check()
         return super().poll()
 
     def _report_progress(self) -> None:
@@ -256,6 +300,8 @@ class PostgresEventStreamRunner(EventStreamRunner):
             return
         batch_id = int(progress["batchId"])
         self._reported_batch = batch_id
+        if self.stall is not None:
+            self.stall.batch_finished()
         rows = int(progress.get("numInputRows") or 0)
         duration = float((progress.get("durationMs") or {}).get("triggerExecution") or 0) / 1000
         flushes = self._flush_times.new() if self._flush_times is not None else []

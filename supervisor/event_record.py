@@ -23,12 +23,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lakemirror.checkpoints import layout
+
 if TYPE_CHECKING:
     from lakemirror.supervisor.recorded import RecordedTable
 
 log = logging.getLogger(__name__)
 
-RECORD_FILE = "status.json"
+RECORD_FILE = layout.EVENT_RECORD_FILE
 
 #: The least time between two writes of the record that only move ``caught_up_at`` forward.
 CAUGHT_UP_WRITE_SECONDS = 10.0

@@ -1,6 +1,6 @@
 """One Structured Streaming query per event source, fanned out to one guarded MERGE per replica.
 
-An event source (JSON-lines files or Kafka topics carrying Debezium or the seed's simple events)
+An event source (JSON-lines files or Kafka topics carrying Debezium envelopes or simple CDC events)
 holds the changes of many tables in one stream. The runner reads it only through its
 :class:`~lakemirror.sources.event_source.EventSource` (the stream, a batch's rows as raw events, the
 decoder, the broker's offsets), which :func:`~lakemirror.sources.event_source.event_source_for`
@@ -17,7 +17,8 @@ picks from the spec. Each micro-batch:
 
 The epoch is a random id kept beside the query's checkpoint and renewed whenever the checkpoint
 starts empty: a reset checkpoint (batch ids from 0 again) gets new transaction ids instead of
-having every write skipped as a replay (CDC_SEMANTICS.md §2).
+having every write skipped as a replay (Delta skips a write whose version is not above the one
+recorded for its app id, and batch ids starting again from 0 would be below it: silent loss).
 
 :class:`EventStreamRunner` runs the query under the supervisor like a table runner (one entry per
 source, named ``events:<name>``); the per-replica counts are in :attr:`EventStreamRunner.replicas`.
@@ -35,10 +36,11 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Sequence
 
+from lakemirror.checkpoints import layout
 from lakemirror.checkpoints import stream_dir
 from lakemirror.checkpoints.state import InMemoryStateStore, StateStore
 from lakemirror.identifiers import TableName
-from lakemirror.sinks.events.dead_letters import DeadLetterRow, DeadLetterTable
+from lakemirror.sinks.events.dead_letters import DeadLetterRow, DeadLetterStore, DeadLetterTable
 from lakemirror.sinks.events.guard_merge import GuardedDeltaSink, GuardOutcome
 from lakemirror.sinks.events.guard_plan import TablePlan, plan_batch
 from lakemirror.sinks.events.history_merge import HistoryDeltaSink
@@ -54,6 +56,16 @@ from lakemirror.supervisor import state as sm
 from lakemirror.supervisor.event_record import (
     CAUGHT_UP_WRITE_SECONDS, backlog_since, load_record, save_record, state_slug,
 )
+from lakemirror.supervisor.classify import stream_error
+# Importable from here as before (the runners' callers use them).
+from lakemirror.supervisor.event_batch import EventBatchApplier as EventBatchApplier
+from lakemirror.supervisor.event_batch import EventBatchResult as EventBatchResult
+from lakemirror.supervisor.event_batch import EventStreamSpec as EventStreamSpec
+from lakemirror.supervisor.event_batch import ReplicaBatch as ReplicaBatch
+from lakemirror.supervisor.event_batch import ReplicaStatus as ReplicaStatus
+from lakemirror.supervisor.event_batch import TableJob as TableJob
+from lakemirror.supervisor.event_batch import event_lags as event_lags
+from lakemirror.supervisor.event_letters import LetterIndex, LetterReport, resolve_letters
 from lakemirror.supervisor.lag import LagReading
 from lakemirror.supervisor.runner import BatchReport
 from lakemirror.tables import TableLocation
@@ -79,199 +91,22 @@ EVENT_FAULT_POINTS = (
 
 
 @dataclass(frozen=True)
-class EventStreamSpec:
-    """Everything one event source's query needs (built from the YAML's ``source`` block)."""
-
-    name: str
-    kind: str                                   # files | kafka
-    format: str = FORMAT_DEBEZIUM               # debezium | simple
-    path: str | None = None                     # files: the directory of JSON-lines files
-    bootstrap_servers: str | None = None        # kafka
-    topics: str | None = None                   # kafka: comma-separated topics
-    topic_pattern: str | None = None            # kafka: or a pattern
-    tables: tuple[str, ...] | None = None       # event tables replicated; None: every table seen
-    key_columns: dict[str, tuple[str, ...]] = field(default_factory=dict)  # for events without a key
-    tombstone_horizon_seconds: float = 7 * 86400.0
-    purge_interval_seconds: float = 3600.0
-    allow_schema_evolution: bool = True
-    trigger_interval_seconds: float = 5.0
-    max_per_trigger: int | None = None          # files or offsets per micro-batch
-    history: str = "current"                    # current | scd2 (one row per key version: sinks.events.history_plan)
-    table_workers: int = 2                      # tables of one batch applied at the same time
-    driver_apply: bool = True                   # local replicas may take a delta-rs MERGE on the driver
-
-
-@dataclass
-class ReplicaStatus:
-    """What one replica of an event source has taken so far (status and tests)."""
-
-    batches: int = 0
-    inserted: int = 0
-    updated: int = 0
-    deleted: int = 0
-    stale: int = 0
-    replays: int = 0
-    position_basis: str = ""
-    last_ts_ms: int | None = None
-    last_event_lag_seconds: float | None = None   # the last batch's oldest change: source commit → replica commit
-
-
-@dataclass(frozen=True)
-class ReplicaBatch:
-    """What one batch did to one replica (for metrics): rows by operation, guard drops, event-time lags."""
-
-    inserted: int
-    updated: int
-    deleted: int
-    stale: int
-    event_lags_seconds: tuple[float, ...]   # per change with a source ts_ms: replica commit time minus ts_ms
-
-
-@dataclass(frozen=True)
-class EventBatchResult:
-    events: int
-    skipped: int
-    dead_letters: int
-    outcomes: dict[str, GuardOutcome]
-    replicas: dict[str, ReplicaBatch] = field(default_factory=dict)
-
-    @property
-    def counts(self) -> ApplyCounts:
-        return ApplyCounts(sum(o.counts.inserted for o in self.outcomes.values()),
-                           sum(o.counts.updated for o in self.outcomes.values()),
-                           sum(o.counts.deleted for o in self.outcomes.values()))
-
-
-class EventBatchApplier:
-    """The batch function's body: decode, route, fold, one guarded MERGE per replica, dead letters."""
-
-    def __init__(self, spec: EventStreamSpec, decoder: Callable[[RawEvent], Decoded], pipeline_id: str,
-                 locate: Callable[[str], TableLocation], dead_letters: DeadLetterTable,
-                 session_for: Callable[[str], "SparkSession"], clock: Callable[[], float] = time.time,
-                 fault: Callable[[str], None] = lambda point: None) -> None:
-        self.spec = spec
-        self.decoder = decoder
-        self.pipeline_id = pipeline_id
-        self.locate = locate
-        self.dead_letters = dead_letters
-        self.session_for = session_for
-        self.clock = clock
-        #: The crash-test hook (EVENT_FAULT_POINTS); a no-op unless the torture harness arms it.
-        self.fault = fault
-        self.sinks: dict[str, GuardedDeltaSink] = {}
-        self.replicas: dict[str, ReplicaStatus] = {}
-        self._last_purge = clock()
-        self._pool: ThreadPoolExecutor | None = None
-
-    def apply(self, raws: Iterable[RawEvent], batch_id: int, epoch: str) -> EventBatchResult:
-        decoded = decode_batch(raws, self.decoder, self.spec.tables)
-        changes, raw_of = decoded.changes, decoded.raw_of
-        letters = [DeadLetterRow(raw, letter.reason, letter.table) for raw, letter in decoded.dead_letters]
-        scd2 = self.spec.history == HISTORY_SCD2
-        plans: dict[str, TablePlan | HistoryTablePlan]
-        plans, refused = plan_history_batch(changes) if scd2 else plan_batch(changes)  # type: ignore[assignment]
-        letters += [DeadLetterRow(raw_of(e), reason, e.table) for e, reason in refused]
-        self.fault("events_before_merge")
-        jobs: list[tuple[str, TablePlan | HistoryTablePlan, GuardedDeltaSink, TxnId]] = []
-        for table, plan in sorted(plans.items()):
-            sink = self.sinks.get(table)
-            if sink is None:
-                try:
-                    location = self.locate(table)
-                except ValueError as exc:  # a table name the destination cannot hold
-                    letters += [DeadLetterRow(raw_of(e), f"no replica for table {table!r}: {exc}", table)
-                                for e in changes if e.table == table]
-                    continue
-                sink = self.sinks[table] = (HistoryDeltaSink if scd2 else GuardedDeltaSink)(
-                    location, self.spec.allow_schema_evolution, clock=self.clock, fault=self.fault,
-                    driver_apply=self.spec.driver_apply)
-            jobs.append((table, plan, sink, TxnId(f"lakemirror/{self.pipeline_id}/{self.spec.name}/{table}/{epoch}",
-                                                  batch_id)))
-        by_table: dict[str, list[ChangeEvent]] = {}
-        for e in changes:
-            by_table.setdefault(e.table, []).append(e)
-        outcomes: dict[str, GuardOutcome] = {}
-        replicas: dict[str, ReplicaBatch] = {}
-        for (table, plan, _, _), (outcome, committed) in zip(jobs, self._apply_tables(jobs)):
-            outcomes[table] = outcome
-            letters += [DeadLetterRow(raw_of(e), reason, table) for e, reason in outcome.rejected]
-            lags = event_lags(by_table.get(table, ()), committed)
-            replicas[table] = ReplicaBatch(outcome.counts.inserted, outcome.counts.updated, outcome.counts.deleted,
-                                           outcome.stale, lags)
-            self._record(table, plan.winners, outcome, lags)
-        self.fault("events_before_dead_letters")
-        self.dead_letters.append(self.session_for("__dead_letters"), letters,
-                                 TxnId(f"lakemirror/{self.pipeline_id}/{self.spec.name}/dead-letters/{epoch}", batch_id),
-                                 self.clock())
-        self.fault("events_after_dead_letters")
-        self._purge_when_due()
-        return EventBatchResult(decoded.events, decoded.skipped, len(letters), outcomes, replicas)
-
-    def _apply_tables(self, jobs: Sequence[tuple[str, TablePlan | HistoryTablePlan, GuardedDeltaSink, TxnId]]
-                      ) -> list[tuple[GuardOutcome, float]]:
-        """Each table's plan applied to its replica (a MERGE under the table's own transaction id, on the
-        table's own Spark session), up to ``spec.table_workers`` tables at a time; (outcome, commit time)
-        per job, in order. Every table's apply runs to its end before the first error is raised, so a
-        replayed batch finds each committed table's transaction id and skips it."""
-        sessions = [self.session_for(table) for table, _, _, _ in jobs]  # made here: session_for is not thread-safe
-
-        def one(i: int) -> tuple[GuardOutcome, float]:
-            _, plan, sink, txn = jobs[i]
-            outcome = sink.apply(sessions[i], plan, txn)  # type: ignore[arg-type]
-            return outcome, self.clock()
-
-        if self.spec.table_workers <= 1 or len(jobs) <= 1:
-            return [one(i) for i in range(len(jobs))]
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.spec.table_workers, thread_name_prefix=f"events:{self.spec.name}")
-        futures = [self._pool.submit(one, i) for i in range(len(jobs))]
-        wait(futures)
-        return [f.result() for f in futures]
-
-    def close(self) -> None:
-        """Stop the threads that apply tables side by side (the runner's halt)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
-
-    def _record(self, table: str, winners: Iterable[ChangeEvent], outcome: GuardOutcome,
-                lags: tuple[float, ...] = ()) -> None:
-        status = self.replicas.setdefault(table, ReplicaStatus())
-        if lags:
-            status.last_event_lag_seconds = max(lags)
-        status.batches += 1
-        status.inserted += outcome.counts.inserted
-        status.updated += outcome.counts.updated
-        status.deleted += outcome.counts.deleted
-        status.stale += outcome.stale
-        status.replays += outcome.replayed
-        for w in winners:
-            if w.basis and w.basis != status.position_basis:
-                if "last resort" in w.basis:
-                    log.warning("%s: events carry no log position; ordered by %s", table, w.basis)
-                status.position_basis = w.basis
-            if w.ts_ms is not None:
-                status.last_ts_ms = max(status.last_ts_ms or 0, w.ts_ms)
-
-    def _purge_when_due(self) -> None:
-        now = self.clock()
-        if now - self._last_purge < self.spec.purge_interval_seconds:
-            return
-        self._last_purge = now
-        for table, sink in self.sinks.items():
-            purged = sink.purge(self.session_for(table), self.spec.tombstone_horizon_seconds)
-            if purged:
-                log.info("%s: purged %d tombstones older than %.0f s", table, purged,
-                         self.spec.tombstone_horizon_seconds)
-
-
-@dataclass(frozen=True)
 class EventBatchReport(BatchReport):
-    """A batch report of an event source, with what each replica took (the metrics' per-table view)."""
+    """A batch report of an event source, with what each replica took (the metrics' per-table view),
+    the dead letters it added and those pending per table."""
 
     source: str = ""
     replicas: dict[str, ReplicaBatch] = field(default_factory=dict)
-    dead_letters: int = 0
+    dead_letters: int = 0                                   # new letters of this batch
+    pending: dict[str, int] = field(default_factory=dict)   # pending letters per table, after the batch
+    total: int = 0                                          # letters the table holds
+
+
+@dataclass(frozen=True)
+class DeadLetterTally(EventBatchReport):
+    """Not a batch: the source's dead-letter counts, reported when they change outside a batch (read
+    from the table at launch, after an operator's skip or replay) so that the metrics carry them over
+    restarts. Its ``batch_id`` is -1 and it applied nothing."""
 
 
 @dataclass(frozen=True)
@@ -324,18 +159,12 @@ def resync_refusal(source: str, applied: Offsets, beginning: Offsets, checkpoint
             f"starts again from the earliest offsets under a new epoch")
 
 
-def event_lags(changes: Iterable[ChangeEvent], committed_at: float) -> tuple[float, ...]:
-    """Event-time lag of each change that carries its source commit time (``ts_ms``): how long after
-    its commit at the source it was committed to the replica (never negative: clocks may differ)."""
-    return tuple(max(0.0, committed_at - e.ts_ms / 1000.0) for e in changes if e.ts_ms is not None)
-
-
 def checkpoint_epoch(folder: Path) -> str:
     """The transaction-id epoch of the query checkpointed in ``folder / 'checkpoint'``: kept while the
     checkpoint has offsets, renewed when it starts empty (a new or reset checkpoint)."""
     folder.mkdir(parents=True, exist_ok=True)
-    marker = folder / "epoch"
-    offsets = folder / "checkpoint" / "offsets"
+    marker = layout.event_epoch_file(folder)
+    offsets = layout.event_checkpoint(folder) / "offsets"
     if marker.is_file() and offsets.is_dir() and any(p.name.isdigit() for p in offsets.iterdir()):
         return marker.read_text().strip()
     epoch = uuid.uuid4().hex[:12]
@@ -365,7 +194,9 @@ class EventStreamRunner:
         self._sessions: dict[str, "SparkSession"] = {}
         self.applier = EventBatchApplier(spec, self.source.decoder, pipeline_id, locate, DeadLetterTable(dead_letters),
                                          self._session, clock, fault)
-        self.dead_letter_count = 0
+        #: The source's dead letters by id and status (seeded from the table at launch: counts carry over restarts).
+        self.letters = LetterIndex()
+        self._letter_worker: ThreadPoolExecutor | None = None
         self.applied_through: int | None = None
         self.last_batch_at: float | None = None
         self.last_lag: LagReading | None = None
@@ -418,13 +249,36 @@ class EventStreamRunner:
     def _checkpoint(self) -> str:
         """The query's checkpoint, cleared of the partial offset and commit writes of a query stopped
         or killed while writing them (a leftover in ``offsets`` makes Spark refuse to start at batch 0)."""
-        checkpoint = str(self.folder / "checkpoint")
+        checkpoint = str(layout.event_checkpoint(self.folder))
         for path in stream_dir.remove_interrupted_writes(self.spark, checkpoint):
             log.info("%s: removed an interrupted checkpoint write: %s", self.table, path)
         return checkpoint
 
+    @property
+    def dead_letter_count(self) -> int:
+        """Dead letters the source's table holds (pending and resolved)."""
+        return self.letters.total
+
+    def _seed_letters(self) -> None:
+        """Read the dead-letter table's ids and statuses once (a restarted daemon counts what it holds)."""
+        if self.letters.seeded:
+            return
+        try:
+            self.letters.seed(self.applier.dead_letters.letters(self._session("__dead_letters"), messages=False))
+        except Exception as exc:  # noqa: BLE001 (the counts start from this process's letters)
+            log.warning("%s: could not read the dead-letter table to count its letters: %s", self.table,
+                        str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            return
+        self._emit(self._tally())
+
+    def _tally(self) -> "DeadLetterTally":
+        return DeadLetterTally(self.table, -1, MergeOutcome(BatchStats(0, None, None, None), ApplyCounts(), replayed=False), 0.0,
+                               self.clock(), source=self.spec.name, pending=self.letters.pending(),
+                               total=self.letters.total)
+
     def _launch(self) -> None:
         try:
+            self._seed_letters()
             checkpoint = self._checkpoint()
             self._epoch = checkpoint_epoch(self.folder)
             query = (self.source.stream(self.spark).writeStream.foreachBatch(self._batch)
@@ -451,14 +305,19 @@ class EventStreamRunner:
                 self._batch_error = f"{self.table}: batch {batch_id} failed: {type(exc).__name__}: " + \
                     (str(exc).strip().splitlines() or [""])[0]
                 raise
-            self.dead_letter_count += result.dead_letters
+            new_letters = self.letters.add(result.letters)
+            if new_letters:
+                log.warning("%s: batch %d: %d new dead letter(s) (%s); `lakemirror dead-letters` lists, skips and "
+                            "replays them", self.table, batch_id, new_letters,
+                            "; ".join(f"{d.table}: {d.reason}"[:300] for d in result.letters[:3]))
             ended = self.clock()
             self.applied_through, self.last_batch_at = batch_id, ended
             self._save_record(batch_id=batch_id, last_batch_at=ended)
             stats = BatchStats(result.events, batch_id, batch_id, None)
             outcome = MergeOutcome(stats, result.counts, replayed=any(o.replayed for o in result.outcomes.values()))
             self._emit(EventBatchReport(self.table, batch_id, outcome, ended - started, ended, source=self.spec.name,
-                                        replicas=result.replicas, dead_letters=result.dead_letters))
+                                        replicas=result.replicas, dead_letters=new_letters,
+                                        pending=self.letters.pending(), total=self.letters.total))
             self._emit(sm.BatchApplied())
 
     def halt(self, timeout: float = 60.0) -> None:
@@ -477,13 +336,16 @@ class EventStreamRunner:
                 self._query = None
         self.source.close()
         self.applier.close()
+        if self._letter_worker is not None:
+            self._letter_worker.shutdown(wait=True)
+            self._letter_worker = None
 
     def poll(self) -> list["sm.Event | BatchReport"]:
         query = self._query
         if query is not None and not query.isActive and not self._draining:
             self._query = None
             exc = query.exception()
-            self._emit(sm.Failed(error=self._batch_error or f"{self.table}: {exc or 'the stream stopped'}".splitlines()[0]))
+            self._emit(sm.Failed(error=self._batch_error or stream_error(self.table, exc)))
             self._batch_error = None
         with self._lock:
             out, self._events = self._events, []
@@ -499,7 +361,7 @@ class EventStreamRunner:
             except Exception as exc:  # a stopping query: keep what is known
                 log.debug("%s: reading progress: %s", self.table, exc)
         if not applied and not self._applied_offsets:
-            applied = checkpoint_end_offsets(self.folder / "checkpoint")
+            applied = checkpoint_end_offsets(layout.event_checkpoint(self.folder))
         if applied:
             self._applied_offsets = {**self._applied_offsets, **applied}
         return self._applied_offsets
@@ -546,12 +408,45 @@ class EventStreamRunner:
         """The source's own status (``/status`` and ``lakemirror status``): replicas, offsets, dead letters."""
         return {
             "source": self.spec.name, "kind": self.spec.kind, "dead_letters": self.dead_letter_count,
+            "dead_letters_pending": self.letters.pending(),
             "offsets_behind": [{"topic": t, "partition": p, "behind": n} for (t, p), n in sorted(self._behind.items())],
             "replicas": {table: {"inserted": r.inserted, "updated": r.updated, "deleted": r.deleted, "stale": r.stale,
                                  "batches": r.batches, "event_lag_seconds": r.last_event_lag_seconds,
                                  "position_basis": r.position_basis}
                          for table, r in sorted(self.replicas.items())},
         }
+
+    # -- dead letters: the operator's list, skip and replay --------------------------------------
+
+    #: The letters are rows of a Delta table this runner writes (a PostgreSQL runner keeps its own).
+    keeps_dead_letters_in_delta = True
+
+    def _on_letter_worker(self, what: Callable[[], Any], timeout: float) -> Any:
+        """Run ``what`` (Spark work) on the source's own letter thread, never the caller's (an HTTP
+        thread); wait at most ``timeout`` seconds: then :class:`TimeoutError`, the work going on."""
+        if self._letter_worker is None:
+            self._letter_worker = ThreadPoolExecutor(1, thread_name_prefix=f"letters:{self.spec.name}")
+        return self._letter_worker.submit(what).result(timeout)
+
+    def dead_letters(self, status: str | None = None, table: str | None = None, limit: int = 500,
+                     timeout: float = 30.0) -> list[dict[str, Any]]:
+        """The recorded letters (newest last), of ``status`` and ``table`` when given, at most ``limit``."""
+        def read() -> list[dict[str, Any]]:
+            found = self.applier.dead_letters.letters(self._session("__dead_letters"), messages=False)
+            chosen = [f for f in found if (status is None or f.status == status) and (table is None or f.table == table)]
+            return [f.as_json() for f in chosen[-limit:]]
+        return list(self._on_letter_worker(read, timeout))
+
+    def resolve_dead_letters(self, verb: str, ids: Sequence[str] | None, table: str | None = None,
+                             timeout: float = 30.0) -> LetterReport:
+        """Skip or replay letters (:func:`resolve_letters`) between two batches of the source."""
+        def resolve() -> LetterReport:
+            with self._batch_lock:  # no batch writes the replicas meanwhile
+                report = resolve_letters(self.applier, verb, ids, table)
+            self.letters.resolved(report.resolutions)
+            self._emit(self._tally())
+            return report
+        return self._on_letter_worker(resolve, timeout)  # type: ignore[no-any-return]
 
     def persisted_pause(self) -> bool:
         return self.states.load(self.state_slug).paused
@@ -577,16 +472,16 @@ class EventStreamRunner:
         Refused, when a Kafka topic no longer holds events the replicas never took (retention
         removed them): a replay could not make the replicas exact. The next launch then puts the
         source in ``failed`` with :func:`resync_refusal`'s message instead of starting."""
-        checkpoint = self.folder / "checkpoint"
+        checkpoint = layout.event_checkpoint(self.folder)
         refusal = self._resync_refusal(checkpoint)
         if refusal is not None:
             log.warning("%s", refusal)
             self._resync_refused = refusal
             return
         if checkpoint.exists():
-            retired = self.folder / f"checkpoint.retired-{uuid.uuid4().hex[:8]}"
+            retired = layout.retired_event_checkpoint(self.folder, uuid.uuid4().hex[:8])
             checkpoint.rename(retired)
-        for old in self.folder.glob("checkpoint.retired-*"):
+        for old in self.folder.glob(layout.RETIRED_CHECKPOINT_PREFIX + "*"):
             shutil.rmtree(old, ignore_errors=True)
         self.applied_through = None
         self.last_lag = None

@@ -31,17 +31,20 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
 from lakemirror.checkpoints.state import StateStore, TableProgress
-from lakemirror.errors import LakemirrorError, SchemaIncompatible
+from lakemirror.errors import SchemaIncompatible
 from lakemirror.sinks.batch.operations import BatchJob, Operations, TaggedSessions
 from lakemirror.sinks.merge.planner import ColumnSelection, MergePlan, plan_merge
 from lakemirror.sinks.postgres.modes import CycleChoice, Mode, change_fraction, choose_cycle, cycle_batch_id
 from lakemirror.sinks.postgres.protocol import SinkResult
+from lakemirror.sinks.postgres.waits import ServerCalls, ServerWait
 from lakemirror.sources.catalog import Catalog, TableInfo
 from lakemirror.sources.keys import choose_key
+from lakemirror.supervisor.prepare import require_change_feed
 from lakemirror.supervisor.spec import PipelineSpec, TableOptions
 
 if TYPE_CHECKING:
@@ -64,6 +67,7 @@ class CycleSource(Protocol):
     """What a cycle reads of its source table (:class:`~lakemirror.sources.delta_versions.DeltaVersions`)."""
 
     def describe(self) -> TableInfo: ...
+    def enable_change_feed(self) -> None: ...
     def latest_version(self) -> int: ...
     def row_count(self, version: int) -> int: ...
     def change_count(self, after: int, through: int) -> int: ...
@@ -117,17 +121,17 @@ class PostgresCycle:
     allow_evolution: bool = True
     #: Whether a stream checkpoint exists for an epoch of this table (a stream ran in it).
     stream_ran: Callable[[int], bool] = lambda epoch: False
+    #: ``enable_change_data_feed``: turn a triggered table's change data feed on instead of refusing it.
+    enable_change_feed: bool = False
 
     def run(self) -> CycleResult:
         info = self.source.describe()
         opts = self.options
         key = choose_key(self.label, info.columns, configured=opts.keys, declared=info.declared_key)
         plan = plan_merge(info.columns, key.columns, ColumnSelection(opts.include_columns, opts.exclude_columns))
-        if self.mode == "triggered" and not info.cdf_enabled:
-            raise LakemirrorError(
-                f"{self.label}: a triggered replica reads the Change Data Feed, which is not enabled. Run: ALTER "
-                f"TABLE {info.location.sql} SET TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true'), or use "
-                f"mode snapshot", table=self.label, code="cdf_disabled")
+        if self.mode == "triggered":
+            info = require_change_feed(self.source, info, self.label, enable=self.enable_change_feed,
+                                       otherwise="; or keep the table in mode snapshot, which reads no change feed")
         replica = self.replica_for(plan)
         head = self.source.latest_version()
         progress = self.states.load(self.slug)
@@ -259,6 +263,23 @@ class SparkCycles:
         self.cycle_states = cycle_states
         self.snapshot_above = snapshot_above
         self.sessions = TaggedSessions(spark)
+        #: Each table's call to the server in flight, for its waits in ``/status`` (:meth:`wait_of`).
+        self._calls: dict[str, ServerCalls] = {}
+        self._calls_lock = threading.Lock()
+
+    def calls_of(self, table: str, label: str) -> ServerCalls:
+        with self._calls_lock:
+            if table not in self._calls:
+                target = self.connector.target
+                self._calls[table] = ServerCalls(label, retry_seconds=target.retry_seconds,
+                                                 statement_timeout_seconds=target.statement_timeout_seconds)
+            return self._calls[table]
+
+    def wait_of(self, table: str) -> ServerWait | None:
+        """What the table's cycle waits on in the server now (an outage, a lock), or None."""
+        with self._calls_lock:
+            calls = self._calls.get(table)
+        return calls.wait(self.connector.lock_wait) if calls is not None else None
 
     def cycle(self, job: BatchJob, mode: Mode, session: "SparkSession") -> PostgresCycle:
         from lakemirror.sinks.postgres.spark_batches import PostgresTable
@@ -266,11 +287,12 @@ class SparkCycles:
 
         spec, table, label = self.spec, job.source.table, str(job.source)
         slug = spec.source(table).slug
-        pg = PostgresTable(self.connector, spec.pipeline_id, table, label)
+        pg = PostgresTable(self.connector, spec.pipeline_id, table, label, calls=self.calls_of(table, label))
         return PostgresCycle(DeltaVersions(session, self.catalog, job.source), pg.replica, self.states,
                              self.cycle_states, slug, label, mode, spec.options_for(table), self.snapshot_above,
                              spec.allow_schema_evolution,
-                             stream_checkpoint_exists(spec.checkpoint_root, spec.pipeline_id, slug))
+                             stream_checkpoint_exists(spec.checkpoint_root, spec.pipeline_id, slug),
+                             spec.enable_change_data_feed)
 
     def run(self, operation: str, job: BatchJob, tag: str) -> Mapping[str, Any]:
         mode = OPERATIONS.get(operation)

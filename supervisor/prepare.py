@@ -10,13 +10,15 @@ source's columns. What it found comes back as :class:`Prepared`.
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager, Protocol
 
 from lakemirror.checkpoints.state import StateStore, TableProgress
-from lakemirror.errors import LakemirrorError, SourceReplaced
+from lakemirror.errors import ChangeFeedDisabled, SourceReplaced
 from lakemirror.sinks.contract import TableReplica
 from lakemirror.sinks.merge.planner import ColumnSelection, MergePlan, plan_merge
+from lakemirror.sources.catalog import TableInfo, enable_change_feed_sql
 from lakemirror.sources.contract import ChangeSource
 from lakemirror.sources.keys import KeyChoice, choose_key
 from lakemirror.sources.retention import RetentionWindow
@@ -24,6 +26,35 @@ from lakemirror.supervisor.bootstrap import Bootstrap
 from lakemirror.supervisor.spec import TableOptions
 
 log = logging.getLogger(__name__)
+
+
+class ChangeFeedSource(Protocol):
+    def describe(self) -> TableInfo: ...
+    def enable_change_feed(self) -> None: ...
+
+
+def require_change_feed(source: ChangeFeedSource, info: TableInfo, label: str, *, enable: bool,
+                        otherwise: str = "") -> TableInfo:
+    """``info`` of a source whose change data feed is on. Off, it is turned on when the pipeline
+    opts in (``enable_change_data_feed: true``; one table-property commit on the source, logged),
+    else refused as a configuration error naming both fixes (and ``otherwise``, another way out)."""
+    if info.cdf_enabled:
+        return info
+    statement = enable_change_feed_sql(info.location)
+    if not enable:
+        raise ChangeFeedDisabled(
+            f"{label}: the source's Change Data Feed is not enabled, and the replica is kept from it. Run: "
+            f"{statement}; or set enable_change_data_feed: true to let lakemirror run it{otherwise}.", table=label)
+    try:
+        source.enable_change_feed()
+    except Exception as exc:  # noqa: BLE001 (a permission, a read-only table: the person must do it)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        raise ChangeFeedDisabled(
+            f"{label}: the source's Change Data Feed is not enabled, and turning it on (enable_change_data_feed) "
+            f"failed: {first}. Run {statement} as a user allowed to alter the table{otherwise}.", table=label) from exc
+    log.warning("table %s: the source's Change Data Feed was off; turned on (enable_change_data_feed: true): %s",
+                label, statement)
+    return source.describe()
 
 
 @dataclass(frozen=True)
@@ -47,17 +78,23 @@ class Preparation:
     allow_schema_evolution: bool
     bootstrap: Bootstrap
     fault: Callable[[str], None]
+    #: ``enable_change_data_feed``: turn a source's change data feed on instead of refusing it.
+    enable_change_feed: bool = False
+    #: Called with each step's name as it ends (``describe``, ``bootstrap``, ``replica``): the launch's timing.
+    mark: Callable[[str], None] = lambda step: None
+    #: How the source is described (default: :meth:`~lakemirror.sources.contract.ChangeSource.describe`;
+    #: the runner's reuses what an earlier launch read while it still holds, :mod:`.description`).
+    describe: Callable[[], TableInfo] | None = None
+    #: Wraps the bootstrap: the runner gives its launch slot back while the snapshot is copied.
+    while_bootstrapping: Callable[[], ContextManager[None]] = nullcontext
 
     def run(self) -> Prepared:
-        info = self.source.describe()
+        info = self.describe() if self.describe is not None else self.source.describe()
+        self.mark("describe")
         opts = self.options
         key = choose_key(self.label, info.columns, configured=opts.keys, declared=info.declared_key)
         plan = plan_merge(info.columns, key.columns, ColumnSelection(opts.include_columns, opts.exclude_columns))
-        if not info.cdf_enabled:
-            raise LakemirrorError(
-                f"{self.label}: Change Data Feed is not enabled. Run: ALTER TABLE {info.location.sql} "
-                f"SET TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')", table=self.label,
-                code="cdf_disabled")
+        info = require_change_feed(self.source, info, self.label, enable=self.enable_change_feed)
         progress = self.states.load(self.slug)
         if progress.source_table_id and info.table_id and progress.source_table_id != info.table_id:
             raise SourceReplaced(
@@ -65,8 +102,11 @@ class Preparation:
                 f"is now {info.table_id}); the replica no longer follows it. Resync the table.",
                 table=self.label)
         if not progress.bootstrapped:
-            progress = self.bootstrap.run(progress, info.table_id, plan, info.properties)
+            with self.while_bootstrapping():
+                progress = self.bootstrap.run(progress, info.table_id, plan, info.properties)
+            self.mark("bootstrap")
         if self.replica.prepare(plan, self.allow_schema_evolution):
             self.fault("schema_change")
+        self.mark("replica")
         log.info("table %s: key %s", self.label, key.describe())
         return Prepared(key, plan, progress, RetentionWindow.from_properties(info.properties))

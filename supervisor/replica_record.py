@@ -13,8 +13,10 @@ A batch the replica's log already records needs nothing from the source: a resta
 it (Spark had not committed it) skips it without reading its change files, which may have been
 vacuumed since (:func:`replayed_outcome`).
 
-Read with delta-rs and plain file reads, for replicas and checkpoints on the driver's file system;
-elsewhere the record is unknown (None) and the runner learns the applied version from its stream.
+Read with delta-rs and plain file reads, for replicas on the driver's file system or, given their
+storage options, on S3 (:func:`lakemirror.object_store.delta_rs_target`), and checkpoints on the
+driver's file system; elsewhere the record is unknown (None) and the runner learns the applied
+version from its stream.
 """
 
 from __future__ import annotations
@@ -22,13 +24,16 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
+from typing import Any, Mapping
 
+from lakemirror.checkpoints import layout
 from lakemirror.checkpoints import stream_dir
 from lakemirror.checkpoints.state import TableProgress
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.txn import BatchStats, MergeOutcome, txn_app_id
 from lakemirror.sources.feed_range import applied_through_from_offset
 from lakemirror.sources.feed_range import LocalCommitActions
+from lakemirror.sources.log_reader import StoreCommitActions
 from lakemirror.tables import is_local_table, local_dir
 
 log = logging.getLogger(__name__)
@@ -37,27 +42,49 @@ log = logging.getLogger(__name__)
 READ_NOTHING, WRITE_NOTHING = "none", "replay-skipped"
 
 
-def stream_checkpoint(checkpoint_root: str, pipeline_id: str, table_slug: str, epoch: int) -> str:
-    """The stream checkpoint folder of a table's epoch."""
-    return f"{checkpoint_root.rstrip('/')}/{pipeline_id}/{table_slug}/e{epoch}"
+stream_checkpoint = layout.stream_checkpoint  # the stream checkpoint folder of a table's epoch
 
 
-def replica_txn_version(replica_path: str | None, app_id: str) -> int | None:
+def replica_txn_version(replica_path: str | None, app_id: str,
+                        storage_options: Mapping[str, str] | None = None) -> int | None:
     """The last batch of ``app_id`` the replica's log records; None when it records none, or the
-    replica is not a Delta table on the driver's file system (then it cannot be told here)."""
-    if replica_path is None or not is_local_table(replica_path):
+    replica is neither a Delta table on the driver's file system nor reached through
+    ``storage_options`` (its delta-rs URI, such as ``s3://…``): then it cannot be told here."""
+    if replica_path is None:
         return None
     from deltalake import DeltaTable
 
-    folder = local_dir(replica_path)
-    version = DeltaTable(str(folder)).transaction_version(app_id)
+    if storage_options is None:
+        if not is_local_table(replica_path):
+            return None
+        folder = local_dir(replica_path)
+        version = DeltaTable(str(folder)).transaction_version(app_id)
+    else:
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            version = DeltaTable(replica_path, storage_options=dict(storage_options) or None).transaction_version(app_id)
+        except TableNotFoundError:
+            return None
     return None if version is None else int(version)
 
 
-def applied_through_after_batch(checkpoint: str, batch_id: int, source_path: str | None = None) -> int | None:
+def remote_target(spark: Any, path: str | None) -> "tuple[str, dict[str, str]] | None":
+    """How delta-rs reads the table at ``path`` when it is on S3 (its URI and storage options, from
+    the session's s3a settings); None for any other location."""
+    from lakemirror.object_store import delta_rs_reader, is_s3a
+
+    if path is None or not is_s3a(path):
+        return None
+    return delta_rs_reader(spark, path)
+
+
+def applied_through_after_batch(checkpoint: str, batch_id: int, source_path: str | None = None,
+                                source_target: "tuple[str, dict[str, str]] | None" = None) -> int | None:
     """The last source version fully applied once batch ``batch_id`` of ``checkpoint`` is applied
     (from the end offset Spark logged for the batch before running it, and, for a source on the
-    driver's file system, the number of files of the offset's version)."""
+    driver's file system or one delta-rs reads in S3 (``source_target``: its URI and storage
+    options), the number of files of the offset's version)."""
     folder = local_dir(checkpoint)
     if folder is None:
         return None
@@ -66,8 +93,10 @@ def applied_through_after_batch(checkpoint: str, batch_id: int, source_path: str
         files = None
         source_dir = local_dir(source_path) if source_path is not None and is_local_table(source_path) else None
         parsed = json.loads(offset) if offset is not None else None
-        if source_dir is not None and isinstance(parsed, dict) and "reservoirVersion" in parsed:
-            shape = LocalCommitActions(str(source_dir)).shape(int(parsed["reservoirVersion"]))
+        if isinstance(parsed, dict) and "reservoirVersion" in parsed:
+            version = int(parsed["reservoirVersion"])
+            shape = (LocalCommitActions(str(source_dir)).shape(version) if source_dir is not None else
+                     StoreCommitActions(*source_target).shape(version) if source_target is not None else None)
             files = shape.files if shape is not None else None
         return applied_through_from_offset(offset, files)
     except (OSError, UnicodeDecodeError, KeyError, ValueError, TypeError):
@@ -82,18 +111,25 @@ class ReplicaRecord:
 
 
 def read_record(progress: TableProgress, *, checkpoint_root: str, pipeline_id: str, table_slug: str,
-                replica_path: str | None, source_path: str | None = None) -> ReplicaRecord | None:
-    """The replica's record for the table's current epoch; None when it cannot be read here."""
+                replica_path: str | None, source_path: str | None = None,
+                replica_target: "tuple[str, dict[str, str]] | None" = None,
+                source_target: "tuple[str, dict[str, str]] | None" = None) -> ReplicaRecord | None:
+    """The replica's record for the table's current epoch; None when it cannot be read here.
+    ``replica_target`` / ``source_target``: how delta-rs reaches a replica or a source that is not on
+    the driver's file system (its URI and storage options)."""
     if not progress.bootstrapped or progress.bootstrap_version is None:
         return None
     app_id = txn_app_id(pipeline_id, table_slug, progress.epoch)
-    if replica_path is None or not is_local_table(replica_path):
+    if replica_target is not None and replica_target[1]:
+        txn = replica_txn_version(replica_target[0], app_id, replica_target[1])
+    elif replica_path is None or not is_local_table(replica_path):
         return None
-    txn = replica_txn_version(replica_path, app_id)
+    else:
+        txn = replica_txn_version(replica_path, app_id)
     if txn is None:
         return ReplicaRecord(app_id, None, progress.bootstrap_version)
     checkpoint = stream_checkpoint(checkpoint_root, pipeline_id, table_slug, progress.epoch)
-    through = applied_through_after_batch(checkpoint, txn, source_path)
+    through = applied_through_after_batch(checkpoint, txn, source_path, source_target)
     return ReplicaRecord(app_id, txn, through)
 
 

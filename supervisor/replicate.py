@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import logging
 import random
 import threading
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any, Callable, Mapping, Protocol, Sequence, TextIO
 
@@ -36,10 +37,24 @@ from lakemirror.sources.catalog import Discovery
 from lakemirror.supervisor.classify import classify
 from lakemirror.supervisor.state import RestartPolicy
 
-#: The seed's operation_type for each operation.
+log = logging.getLogger(__name__)
+
+#: The audit log's operation_type for each operation: one of the Data Replication System for
+#: Databricks' values (backup, replication, uc_replication, reconciliation), or maintenance for a
+#: replica's VACUUM, which that system does not run.
 OPERATION_TYPE = {"clone": "replication", "incremental": "replication", "reconcile": "reconciliation",
                   "metadata": "uc_replication", "postgres_triggered": "replication",
-                  "postgres_snapshot": "replication", "vacuum": "maintenance"}
+                  "postgres_snapshot": "replication", "volume_files": "replication",
+                  "delta_sharing": "replication", "backup": "backup", "backup_share": "backup",
+                  "vacuum": "maintenance",
+                  **{f"uc_{kind}": "uc_replication" for kind in (
+                      "storage_credential", "external_location", "catalog", "schema", "volume", "view",
+                      "table_grants")}}
+#: The operation that copies a volume's files.
+VOLUME_FILES = "volume_files"
+#: Operations planned per catalog rather than per table (the Unity Catalog objects, in phases).
+UC_OBJECTS = "uc_objects"
+NOT_PER_TABLE = frozenset({VOLUME_FILES, UC_OBJECTS})
 
 
 @dataclass(frozen=True)
@@ -73,9 +88,13 @@ class CatalogSelection:
 
 @dataclass(frozen=True)
 class TableJob:
+    """One object's work: a table (its operations in order), or another object of the run (a volume's
+    ``volume_files``, a Delta Sharing set-up, a Unity Catalog object), named by ``object_type``."""
+
     source: TableName
     target: TableName
     settings: TaskSettings
+    object_type: str = "table"
 
 
 def selected(name: str, include: Sequence[str] | None, exclude: Sequence[str]) -> bool:
@@ -86,13 +105,19 @@ def selected(name: str, include: Sequence[str] | None, exclude: Sequence[str]) -
 
 
 SettingsFor = Callable[[CatalogSelection, str, str], TaskSettings]  # (catalog, schema, table) -> settings
+#: (catalog, schema, source volume, target volume) -> the volume's settings, its operation's options
+#: naming the directories copied; None: the schema does not copy its volumes.
+VolumeSettingsFor = Callable[[CatalogSelection, str, TableName, TableName], "TaskSettings | None"]
 
 
 def plan_work(catalogs: Sequence[CatalogSelection], discovery: Discovery, settings_for: SettingsFor,
-              *, only_schemas: Sequence[str] | None = None) -> list[TableJob]:
-    """Every table to process, in a stable order. ``only_schemas`` (the CLI's ``--target-schemas``)
-    replaces the file's schema include list."""
+              *, only_schemas: Sequence[str] | None = None,
+              volume_settings_for: VolumeSettingsFor | None = None) -> list[TableJob]:
+    """Every table (and, where ``volume_settings_for`` says so, every volume) to process, in a stable
+    order. ``only_schemas`` (the CLI's ``--target-schemas``) replaces the file's schema include list.
+    A table's jobs leave out ``volume_files``; a volume's run only it."""
     jobs: list[TableJob] = []
+    list_volumes = getattr(discovery, "list_volumes", None)
     for cat in catalogs:
         include = tuple(only_schemas) if only_schemas is not None else cat.include_schemas
         for schema in discovery.list_schemas(cat.source):
@@ -107,7 +132,18 @@ def plan_work(catalogs: Sequence[CatalogSelection], discovery: Discovery, settin
                 if source == target:
                     raise TerminalError(f"{source}: the source and the target are the same table; "
                                         f"set a different target_catalog or target_schema")
-                jobs.append(TableJob(source, target, settings_for(cat, schema, table)))
+                settings = settings_for(cat, schema, table)
+                operations = tuple(op for op in settings.operations if op not in NOT_PER_TABLE)
+                if operations:
+                    jobs.append(TableJob(source, target, replace(settings, operations=operations)))
+            if volume_settings_for is None or list_volumes is None:
+                continue
+            for volume in list_volumes(cat.source, schema):
+                source = TableName(cat.source, schema, volume)
+                target = TableName(cat.target, sel.target_schema or schema, volume)
+                vs = volume_settings_for(cat, schema, source, target)
+                if vs is not None and source != target:
+                    jobs.append(TableJob(source, target, vs, object_type="volume"))
     return jobs
 
 
@@ -127,7 +163,8 @@ class TextProgress:
         self._lock = threading.Lock()
 
     def started(self, total: int) -> None:
-        self.total = total
+        """``total`` more operations to run (a run in phases starts one batch of them per phase)."""
+        self.total += total
         if not self.tty:
             self.stream.write(f"{total} operation{'s' if total != 1 else ''} to run\n")
             self.stream.flush()
@@ -225,6 +262,9 @@ class BatchRunner:
                 error = err.message
                 details = {"error_code": err.code, **getattr(exc, "details", {}), "trace": _trace(exc)}
                 again = retryable(exc) and attempt < s.max_attempts
+                log.warning("run %s: %s %s -> %s: attempt %d of %d failed%s: %s", self.run_id, operation, job.source,
+                            job.target, attempt, s.max_attempts, " (will retry)" if again else "", redact(err.message))
+                log.debug("run %s: %s %s: the failure's trace", self.run_id, operation, job.source, exc_info=exc)
             end = self.clock()
             status = SUCCESS if error is None else FAILED
             self._audit(job, operation, status, start, end, error, details, attempt)
@@ -266,7 +306,7 @@ class BatchRunner:
         self.audit.append(AuditRecord(
             run_id=self.run_id, logging_time=ts(self.clock()), operation_type=OPERATION_TYPE.get(operation, operation),
             catalog_name=job.target.catalog, schema_name=job.target.schema, object_name=job.target.table,
-            object_type="table", status=status, start_time=ts(start), end_time=ts(end),
+            object_type=job.object_type, status=status, start_time=ts(start), end_time=ts(end),
             duration_seconds=round(end - start, 6), error_message=redact(error) if error else error,
             details=json.dumps({"operation": operation, "source": str(job.source), **details}, default=str,
                                sort_keys=True),

@@ -27,12 +27,15 @@ import logging
 import random
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
 from lakemirror import tables
 from lakemirror.checkpoints.bootstrap_state import BootstrapStore, bootstrap_store_for
+from lakemirror.checkpoints.descriptions import DescriptionStore, FileDescriptionStore
 from lakemirror.checkpoints.records import CheckpointStore
 from lakemirror.checkpoints.round_rows import RoundRows
 from lakemirror.checkpoints.state import StateStore, TableProgress
@@ -44,8 +47,10 @@ from lakemirror.sinks.merge.connect_batches import ConnectBatches, server_batch_
 from lakemirror.sinks.contract import TableReplica
 from lakemirror.sinks.merge.delta_replica import ApplyLimits, DeltaReplica
 from lakemirror.sinks.postgres.spark_batches import PostgresTable
+from lakemirror.sinks.postgres.waits import ServerCalls
 from lakemirror.sources.catalog import Catalog
 from lakemirror.sources.delta_source import DeltaChangeFeed
+from lakemirror.sources.described import LocalCommitFiles
 from lakemirror.sources.feed_range import applied_through_from_offset
 from lakemirror.supervisor import replica_record
 from lakemirror.supervisor import state as sm
@@ -53,15 +58,19 @@ from lakemirror.supervisor.batch_apply import BatchApply, Drained, RowWriter
 from lakemirror.supervisor.bootstrap import Bootstrap
 from lakemirror.supervisor.classify import classify
 from lakemirror.supervisor.connect_report import report_server_batches
+from lakemirror.supervisor.description import SourceDescription
+from lakemirror.supervisor.destination_wait import WaitReport
 from lakemirror.supervisor.failure import failed_event
 from lakemirror.supervisor.lag import LagReading
 from lakemirror.supervisor.lag_probe import LagProbe
+from lakemirror.supervisor.launch_slots import LaunchSlots, default_launch_slots
+from lakemirror.supervisor.launch_timing import LaunchTimer, first_batch_line
 from lakemirror.supervisor.prepare import Preparation, Prepared
 from lakemirror.supervisor.spec import PipelineSpec
-from lakemirror.supervisor.stream_wiring import wire_stream
+from lakemirror.supervisor.stream_wiring import apply_detail, wire_stream
 from lakemirror.supervisor.table_live import BatchReport, StreamLatency, TableLive
 from lakemirror.supervisor.table_turns import TableTurns
-from lakemirror.tables import own_session
+from lakemirror.tables import is_local_path, own_session
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -92,6 +101,11 @@ class RunnerContext:
     #: chunked bootstrap keeps its plan (default: beside ``states``); both made from the spec if None.
     bootstrap_slots: threading.Semaphore | None = None
     bootstraps: BootstrapStore | None = None
+    #: Where each table's source description is kept between runs (default: in the pipeline's
+    #: checkpoint folder when it is on the driver's file system; None: every launch describes by Spark).
+    descriptions: DescriptionStore | None = None
+    #: How many tables launch at once (default: :func:`~.launch_slots.default_launch_slots`).
+    launch_slots: LaunchSlots | None = None
 
     #: The Postgres server the replicas go to (``destination.kind: postgres``); None: Delta replicas.
     postgres: "Connector | None" = None
@@ -106,6 +120,10 @@ class RunnerContext:
             self.bootstrap_slots = threading.BoundedSemaphore(max(1, self.spec.bootstrap.parallel_chunks))
         if self.bootstraps is None:
             self.bootstraps = bootstrap_store_for(self.states)
+        if self.launch_slots is None:
+            self.launch_slots = LaunchSlots(default_launch_slots())
+        if self.descriptions is None and is_local_path(self.spec.checkpoint_root):
+            self.descriptions = FileDescriptionStore(Path(self.spec.checkpoint_root) / self.spec.pipeline_id)
 
 
 #: Where the torture harness may kill the daemon (tests/torture): each is a moment at which a
@@ -114,11 +132,12 @@ FAULT_POINTS = (
     "bootstrap_before_snapshot",   # the new epoch is saved, the snapshot not yet written
     "bootstrap_inside_chunk",      # a chunk's rows are read, its commit not yet written
     "bootstrap_between_chunks",    # a chunk is committed, the next not yet begun
-    "bootstrap_after_catch_up",    # a catch-up's MERGE is committed, its touched keys are not
+    "bootstrap_after_capture",     # a capture's change rows are committed, the bootstrap's plan does not say so
     "bootstrap_after_snapshot",    # the snapshot is committed, the state does not say so yet
     "schema_change",               # the replica gained columns, the stream not restarted yet
     "before_merge",                # a micro-batch is planned (offsets logged), nothing written
     "after_merge",                 # the MERGE is committed, its checkpoint row is not
+    "after_driver_commit",         # the driver's delta-rs commit (local or on S3) is durable, nothing after it
     "before_commit_log",           # the checkpoint row is written, Spark's commit log is not
     # Spark Connect (checkpoints/round_rows.py): batches the server applied and reported in outcome files,
     "connect_before_rows",         # ... reported by the daemon, their rows not yet appended
@@ -139,12 +158,20 @@ class TableRunner:
         self.destination = ctx.spec.destination(table)
         self.slug = self.source.slug
         #: The table's Postgres replica, when the pipeline writes to Postgres (sinks/choose.py).
-        self.pg = (PostgresTable(ctx.postgres, ctx.spec.pipeline_id, table, str(self.source), fault=ctx.fault)
+        self.pg = (PostgresTable(ctx.postgres, ctx.spec.pipeline_id, table, str(self.source), fault=ctx.fault,
+                                 calls=ServerCalls(str(self.source), retry_seconds=ctx.postgres.target.retry_seconds,
+                                                   statement_timeout_seconds=ctx.postgres.target.statement_timeout_seconds,
+                                                   clock=ctx.clock))
                    if ctx.postgres is not None else None)
         self.live = TableLive(table)
+        #: The replica's waits on its server, shown as the table's state (a Postgres replica only).
+        self.waits = (WaitReport(self.pg.calls, self.live.emit, ctx.postgres.lock_wait)
+                      if self.pg is not None and ctx.postgres is not None else None)
         self._healthy_query: "StreamingQuery | None" = None
         #: The driver path's delta-rs read of this launch's batches (None: Spark reads every batch).
         self.batch_feed: BatchFeed | None = None
+        #: The batch sink of this launch's query (its apply path, for status); None over Spark Connect.
+        self._sink: Any = None
         #: Spark Connect: the batches the server-side batch function recorded (None: a local session).
         self._connect: ConnectBatches | None = None
         self._connect_epoch = 0
@@ -156,6 +183,11 @@ class TableRunner:
         self._resync_reason: str | None = None
         self._resynced_from_table_id: str | None = None
         self.prepared: Prepared | None = None
+        #: The latest launch's timing (logged once its stream starts, and with its first batch).
+        self._timer: LaunchTimer | None = None
+        self._stream_started_at: float | None = None
+        self._first_batch_logged = False
+        self._launches = 0
         self.rows = RowWriter(ctx.spec.pipeline_id, str(self.source), str(self.destination), ctx.checkpoints,
                               ctx.clock, lambda: self.session)
         self.apply_batch = BatchApply(
@@ -163,7 +195,8 @@ class TableRunner:
             load_progress=lambda: ctx.states.load(self.slug), lag_seconds=self._lag_seconds,
             clock=ctx.clock, sleep=ctx.sleep, fault=ctx.fault)
         self.turns = TableTurns(self.live, ctx.spec, str(self.source), commit_files=lambda: self.lag.commit_files(),
-                                failed=self._failed, collect=self._collect_connect_batches, track=self._track_progress)
+                                failed=self._failed, collect=self._collect_connect_batches, track=self._track_progress,
+                                on_server=self.pg.calls.in_call if self.pg is not None else None)
 
     # -- the parts that need the table's session, made on first use --------------------------------
 
@@ -186,7 +219,14 @@ class TableRunner:
         spec = self.ctx.spec
         return DeltaReplica(self.session, self.ctx.catalog, self.destination, str(self.source), spec.pipeline_id,
                             ApplyLimits(spec.rewrite_below_bytes, spec.driver_apply, spec.driver_apply_below_bytes),
-                            spec.replica_properties)
+                            spec.replica_properties, fault=self.ctx.fault)
+
+    @cached_property
+    def description(self) -> SourceDescription:
+        """The source's description for a launch, reused from an earlier one while it holds."""
+        location = self.ctx.catalog.locate(self.source)
+        return SourceDescription(self.change_source, location, LocalCommitFiles.for_table(location),
+                                 self.ctx.descriptions, self.slug, str(self.source))
 
     @cached_property
     def lag(self) -> LagProbe:
@@ -228,6 +268,11 @@ class TableRunner:
         """Whether the table's always-on query is up (observability and tests)."""
         query = self.live.query
         return query is not None and bool(query.isActive)
+
+    def describe(self) -> dict[str, Any] | None:
+        """The table's own status (``detail`` of ``/status``): how its batches reach the replica."""
+        detail = apply_detail(self._sink, self.batch_feed, self.turns.feed)
+        return None if detail is None else {"apply": detail}
 
     def _lag_seconds(self) -> float | None:
         last = self.last_lag
@@ -330,7 +375,22 @@ class TableRunner:
             if heartbeat is not None:
                 heartbeat()  # the server's waiting batch functions see the daemon alive
             self._collect_connect_batches()
-        return live.take_events()
+        if self.waits is not None:
+            self.waits.check()
+        events = live.take_events()
+        if not self._first_batch_logged:
+            self._log_first_batch(events)
+        return events
+
+    def _log_first_batch(self, events: list["sm.Event | BatchReport | BootstrapProgress"]) -> None:
+        """Say how long after its launch began the table applied its first batch (once a launch)."""
+        report = next((e for e in events if isinstance(e, BatchReport)), None)
+        if report is None or self._timer is None:
+            return
+        self._first_batch_logged = True
+        log.info(first_batch_line(str(self.source), report.batch_id, launch_began=self._timer.started,
+                                  stream_started=self._stream_started_at,
+                                  apply_began=report.ended_at - report.duration_seconds, ended=report.ended_at))
 
     def _failed(self, error: LakemirrorError) -> sm.Failed:
         spec = self.ctx.spec
@@ -379,10 +439,12 @@ class TableRunner:
         that fails to start reports what its replica holds, not its epoch's bootstrap version."""
         spec = self.ctx.spec
         try:
+            replica, source = self.ctx.catalog.locate(self.destination).path, self.ctx.catalog.locate(self.source).path
             record = replica_record.read_record(
                 self.ctx.states.load(self.slug), checkpoint_root=spec.checkpoint_root, pipeline_id=spec.pipeline_id,
-                table_slug=self.slug, replica_path=self.ctx.catalog.locate(self.destination).path,
-                source_path=self.ctx.catalog.locate(self.source).path)
+                table_slug=self.slug, replica_path=replica, source_path=source,
+                replica_target=replica_record.remote_target(self.session, replica) if self.pg is None else None,
+                source_target=replica_record.remote_target(self.session, source))
         except Exception as exc:  # noqa: BLE001 (the stream's own progress remains)
             log.info("table %s: cannot read the replica's transaction record: %s", self.source, exc)
             record = None
@@ -391,19 +453,32 @@ class TableRunner:
             self.live.advance(record.applied_through)
 
     def _launch(self) -> None:
+        self._launches += 1
+        timer = self._timer = LaunchTimer(self.ctx.clock)
+        self._stream_started_at, self._first_batch_logged = None, False
+        slots = self.ctx.launch_slots
+        assert slots is not None
         try:
             self._adopt_record()
-            prepared = self.prepare()
-            if self.live.draining:
-                return
-            self.prepared = prepared
-            if self._resync_reason is not None:
-                self._record_event(f"resync: {self._resync_reason}{self._replacement_note(prepared.progress)}",
-                                   prepared.progress, degraded=False)
-                self._resync_reason = None
-            if self.live.applied_through is None:
-                self.live.applied_through = prepared.progress.bootstrap_version
-            self._start_stream(prepared)
+            timer.mark("record")
+            with slots.held():
+                timer.mark("slot")
+                if self.live.draining:
+                    return
+                prepared = self.prepare(timer.mark, slots.given_back)
+                if self.live.draining:
+                    return
+                self.prepared = prepared
+                if self._resync_reason is not None:
+                    self._record_event(f"resync: {self._resync_reason}{self._replacement_note(prepared.progress)}",
+                                       prepared.progress, degraded=False)
+                    self._resync_reason = None
+                if self.live.applied_through is None:
+                    self.live.applied_through = prepared.progress.bootstrap_version
+                self._start_stream(prepared, timer.mark)
+                timer.mark("stream")
+            self._stream_started_at = timer.last_mark
+            log.info("table %s: stream started %s after the launch began", self.source, timer.describe())
             self.live.emit(sm.StreamStarted())
         except BootstrapInterrupted as exc:  # a drain stopped the bootstrap between chunks: not a failure
             log.info("table %s: %s", self.source, exc)
@@ -426,14 +501,18 @@ class TableRunner:
             return f" The source was dropped and recreated (table id {before} is now {after})."
         return ""
 
-    def prepare(self) -> Prepared:
-        """Key, plan, checks, bootstrap and schema of the table (:mod:`.prepare`)."""
+    def prepare(self, mark: Callable[[str], None] = lambda step: None,
+                while_bootstrapping: Callable[[], ContextManager[None]] = nullcontext) -> Prepared:
+        """Key, plan, checks, bootstrap and schema of the table (:mod:`.prepare`); ``mark`` is told
+        as each step ends, ``while_bootstrapping`` wraps the bootstrap."""
         ctx, label = self.ctx, str(self.source)
         bootstrap = Bootstrap(self.change_source, self.replica, ctx.states, self.slug, label, str(self.destination),
                               ctx.fault, self.live.emit, self._chunked_copy())
+        reuse = self._launches == 1  # a relaunch (a retry, a resume, a resync) describes the table afresh
         return Preparation(self.change_source, self.replica, ctx.states, self.slug, label,
                            ctx.spec.options_for(self.table), ctx.spec.allow_schema_evolution, bootstrap,
-                           ctx.fault).run()
+                           ctx.fault, ctx.spec.enable_change_data_feed, mark,
+                           lambda: self.description.describe(reuse), while_bootstrapping).run()
 
     def _chunked_copy(self) -> ChunkedCopy | None:
         """A Delta replica bootstraps in chunks (one when the table is small); other replicas
@@ -452,13 +531,13 @@ class TableRunner:
             slots=ctx.bootstrap_slots, clock=ctx.clock, fault=ctx.fault, on_progress=self.live.emit,
             stopping=lambda: self.live.draining)
 
-    def _start_stream(self, prepared: Prepared) -> None:
+    def _start_stream(self, prepared: Prepared, mark: Callable[[str], None] = lambda step: None) -> None:
         wiring = wire_stream(self.session, self.ctx.spec, self.slug, self.change_source, self.replica,
                              self.ctx.catalog.locate(self.destination), prepared, self.apply_batch,
-                             self.ctx.checkpoints.last_batch)
+                             self.ctx.checkpoints.last_batch, mark)
         self._connect, self._connect_epoch = wiring.connect, prepared.progress.epoch
-        self.batch_feed, self.stream_session = wiring.batch_feed, wiring.stream_session
-        self.turns.gate, self.turns.turn_query = wiring.gate, wiring.turn_query
+        self.batch_feed, self.stream_session, self._sink = wiring.batch_feed, wiring.stream_session, wiring.sink
+        self.turns.gate, self.turns.turn_query, self.turns.feed = wiring.gate, wiring.turn_query, wiring.feed_batches
         self.live.query = wiring.query
 
     # -- turns (apply_workers > 0) --------------------------------------------------------------

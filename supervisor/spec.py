@@ -41,6 +41,8 @@ class PipelineSpec:
     driver_apply: bool = True                   # ... or, at a local path, MERGEd by delta-rs on the driver
     driver_apply_below_bytes: int = DEFAULT_DRIVER_APPLY_BELOW_BYTES  # ... as are local replicas up to this size
     kernel_change_feed: bool = False            # opt-in (Delta: testing only): Kernel-based change-feed source
+    enable_change_data_feed: bool = False       # opt-in: turn a source's change data feed on instead of refusing it
+    commit_file_batches: bool = True            # small batches planned from the source's commit files (turns, driver)
     bootstrap: BootstrapPolicy = field(default_factory=BootstrapPolicy)  # chunked, time-boxed bootstraps
 
     def source(self, table: str) -> TableName:

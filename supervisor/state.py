@@ -5,6 +5,8 @@ States::
     STARTING ──bootstrap──▶ BOOTSTRAPPING ──▶ RUNNING
         ▲  │                                     │
         │  └────────────── failure ──────────────┴──▶ DEGRADED ──retry due──▶ STARTING
+        │  STARTING, BOOTSTRAPPING, RUNNING ──waiting──▶ DEGRADED (no retry: the work goes on)
+        │                   ◀──wait over / a batch applied──┘
         │                  fatal failure (e.g. change window expired, policy `fail`) ──▶ FAILED
         └── resync (new bootstrap epoch), from any state but STOPPED; resume also leaves FAILED
     PAUSED ◀── pause (from any state but STOPPED); resume ──▶ STARTING
@@ -69,6 +71,9 @@ class TableStatus:
     quick_restarts: int = 0            # immediate restarts (additive schema change) without progress
     resync_on_retry: bool = False      # the retry that is due must start a new bootstrap epoch
     since: float = 0.0                 # when the state was entered
+    #: Degraded by a wait (the destination does not answer, a lock): the state the table returns
+    #: to when the wait is over. None: not waiting.
+    waiting_from: TableState | None = None
 
 
 # Events -------------------------------------------------------------------------------------
@@ -104,6 +109,21 @@ class Failed:
 
 
 @dataclass(frozen=True)
+class Waiting:
+    """The table's work is held back by a wait it cannot end itself (the destination unreachable
+    and retried, a lock another session holds): the table shows ``degraded`` with ``error`` while
+    the work goes on; nothing is halted or retried by the supervisor."""
+
+    error: str
+    code: str = "waiting"
+
+
+@dataclass(frozen=True)
+class WaitOver:
+    """The wait that :class:`Waiting` reported has ended (the work goes on, or failed)."""
+
+
+@dataclass(frozen=True)
 class Tick:
     """Time passed; a degraded table whose retry is due is relaunched."""
 
@@ -129,20 +149,36 @@ class Resync:
 
 
 Event = (Launch | BootstrapStarted | StreamStarted | BatchApplied | Failed | Tick | Pause | Resume | Stop
-         | Resync)
+         | Resync | Waiting | WaitOver)
 
 #: An immediate restart that recurs this often without a good batch in between falls back to backoff.
 MAX_QUICK_RESTARTS = 2
 
 
 def _enter(status: TableStatus, state: TableState, now: float, **changes: object) -> TableStatus:
-    return replace(status, state=state, since=now if state != status.state else status.since, **changes)  # type: ignore[arg-type]
+    ends_wait = status.waiting_from is not None and "waiting_from" not in changes
+    if ends_wait:
+        # Any other transition ends the wait's degraded state, and the wait's error with it.
+        changes = {"last_error": None, "error_code": None, **changes, "waiting_from": None}
+    since = now if state != status.state or ends_wait else status.since
+    return replace(status, state=state, since=since, **changes)  # type: ignore[arg-type]
 
 
 def step(status: TableStatus, event: Event, now: float,
          policy: RestartPolicy) -> tuple[TableStatus, tuple[Action, ...]]:
     """Return the table's next status and the actions to carry out."""
     s = status.state
+    if isinstance(event, Waiting):
+        if status.waiting_from is not None:  # still waiting: a newer account of the same wait
+            return replace(status, last_error=event.error, error_code=event.code), ()
+        if s in (TableState.STARTING, TableState.BOOTSTRAPPING, TableState.RUNNING):
+            return _enter(status, TableState.DEGRADED, now, last_error=event.error, error_code=event.code,
+                          next_retry_at=None, waiting_from=s), ()
+        return status, ()
+    if isinstance(event, WaitOver):
+        if status.waiting_from is None:
+            return status, ()
+        return _enter(status, status.waiting_from, now, last_error=None, error_code=None, waiting_from=None), ()
     if s == TableState.STOPPED:
         return status, ()
     if isinstance(event, Stop):
@@ -152,14 +188,16 @@ def step(status: TableStatus, event: Event, now: float,
             return status, ()
         return _enter(status, TableState.PAUSED, now, next_retry_at=None), (Action.HALT,)
     if isinstance(event, Resync):
+        # The old epoch's error goes with it: the new bootstrap has none yet.
         return (_enter(status, TableState.STARTING, now, failures=0, quick_restarts=0, next_retry_at=None,
-                       resync_on_retry=False), (Action.HALT, Action.RESYNC, Action.LAUNCH))
+                       resync_on_retry=False, last_error=None, error_code=None),
+                (Action.HALT, Action.RESYNC, Action.LAUNCH))
     if s in (TableState.PAUSED, TableState.FAILED):
         if isinstance(event, Resume):
             return _enter(status, TableState.STARTING, now, failures=0, quick_restarts=0), (Action.LAUNCH,)
         return status, ()
     if isinstance(event, Launch):
-        if s in (TableState.STARTING, TableState.DEGRADED):
+        if s in (TableState.STARTING, TableState.DEGRADED) and status.waiting_from is None:
             return _enter(status, TableState.STARTING, now, next_retry_at=None), (Action.LAUNCH,)
         return status, ()
     if isinstance(event, BootstrapStarted):
@@ -167,6 +205,8 @@ def step(status: TableStatus, event: Event, now: float,
     if isinstance(event, StreamStarted):
         # A table retrying after failures is not "running" until a batch (or an empty trigger)
         # succeeds: otherwise a table that fails every retry would flap running/degraded.
+        if status.waiting_from is not None and status.failures == 0:  # it started after its wait
+            return _enter(status, TableState.RUNNING, now), ()
         if s in (TableState.STARTING, TableState.BOOTSTRAPPING) and status.failures == 0:
             return _enter(status, TableState.RUNNING, now), ()
         if s == TableState.BOOTSTRAPPING:

@@ -80,9 +80,12 @@ class SubtaskService:
     def __init__(self, subtasks: Sequence[Subtask], *, jobs: JobsFn, run: RunFn,
                  observer: SubtaskObserver | None = None, clock: Callable[[], float] = time.time,
                  new_run_id: Callable[[], str] = lambda: uuid.uuid4().hex,
-                 spawn: Callable[[Callable[[], None], str], threading.Thread] = _daemon_thread) -> None:
+                 spawn: Callable[[Callable[[], None], str], threading.Thread] = _daemon_thread,
+                 on_run: Callable[[Subtask, SubtaskRun], None] | None = None) -> None:
         self.subtasks = {s.name: s for s in subtasks}
         self._jobs, self._run = jobs, run
+        #: Told of each run's result (its per-table outcomes), e.g. for the cycled tables' status.
+        self.on_run = on_run
         self.observer = observer or NoopSubtaskObserver()
         self.clock = clock
         self.new_run_id = new_run_id
@@ -115,6 +118,8 @@ class SubtaskService:
         error: str | None = None
         try:
             result = self._run(run_id, self._jobs(task))
+            if self.on_run is not None:
+                self.on_run(task, result)
             for table, rec in result.reconciled.items():
                 self.observer.reconcile_measured(table, rec.metric_samples())
             failed = result.summary.failed

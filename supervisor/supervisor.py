@@ -147,6 +147,11 @@ class Supervisor:
         with self._view_lock:
             return table in self._tables or table in self._recorded
 
+    def runner_of(self, table: str) -> Runner | None:
+        """The runner of ``table`` (None when the pipeline has no such table)."""
+        entry = self._tables.get(table)
+        return entry.runner if entry is not None else None
+
     def command(self, verb: str, table: str) -> bool:
         """Queue ``verb`` (pause, resume, resync) for ``table``; False if the pipeline has no such table,
         :class:`Draining` once the shutdown has begun."""
@@ -188,6 +193,8 @@ class Supervisor:
                     entry.bootstrap = item if item.chunks_done < item.chunks_total else None
                     self.observer.bootstrap_progressed(name, item)
                 else:
+                    if isinstance(item, sm.BootstrapStarted):  # a new bootstrap: no figures until it reports
+                        entry.bootstrap = None
                     self._dispatch(name, item, now)
             self._dispatch(name, sm.Tick(), now)
             self._reprice(name, entry)
@@ -325,6 +332,7 @@ class Supervisor:
                 entry.runner.halt(halt_timeout)
             elif action == sm.Action.RESYNC:
                 entry.runner.resync(reason or after.last_error or "resync")
+                entry.bootstrap = None  # the old epoch's figures: the new bootstrap reports its own
             elif action == sm.Action.LAUNCH:
                 entry.runner.launch()
 

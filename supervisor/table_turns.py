@@ -1,10 +1,15 @@
 """One table's side of the turn pool (:mod:`.turns`): is it ready, has it work, take a turn.
 
-With a session of its own JVM the table's query stays up and each batch waits for its turn at the
-table's gate (:mod:`.turn_gate`): a turn lets the held or waiting batch go and waits until it is
-applied. Through Spark Connect a turn starts the query with a ``once`` or ``availableNow`` trigger
-(:func:`~lakemirror.supervisor.turns.one_batch_turn` chooses) and waits for its end. Either way a
-failure is reported through the runner's poll like a failed always-on query.
+The table's query stays up and each batch waits for its turn at the table's gate: a turn lets the
+held or waiting batch go and waits until it is applied. With a session of its own JVM the gate is
+in the daemon (:mod:`.turn_gate`); through Spark Connect, where the batch function runs on the
+server, it is a folder of files beside the query's checkpoint
+(:mod:`lakemirror.sinks.merge.connect_gate`), taken the same way. A table whose batches the daemon
+plans from its source's commit files (:class:`~lakemirror.supervisor.feed_batches.FeedBatches`)
+applies its next batch that way first, and starts its query with a ``once`` or ``availableNow``
+trigger (:func:`~lakemirror.supervisor.turns.one_batch_turn` chooses) only for a batch Spark is to
+plan, waiting for its end. Either way a failure is reported through the runner's poll like a
+failed always-on query.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from lakemirror.sinks.merge.connect_batches import server_batch_cause
 from lakemirror.sources.commit_log import CommitLog
 from lakemirror.supervisor import state as sm
 from lakemirror.supervisor import turns
+from lakemirror.supervisor.batch_apply import Drained
 from lakemirror.supervisor.classify import classify
 from lakemirror.supervisor.spec import PipelineSpec
 from lakemirror.supervisor.table_live import TableLive
@@ -27,14 +33,16 @@ from lakemirror.supervisor.turn_gate import Gate
 if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
 
+    from lakemirror.supervisor.feed_batches import FeedBatches
+
 log = logging.getLogger(__name__)
 
 #: How often a turn's worker looks at the query while it waits for the turn's batch to begin.
 GATE_POLL_SECONDS = 0.02
 #: The longest a turn waits for its batch to begin once Spark has committed the batch before it,
 #: while Spark has not said whether its next trigger found new data (it lists the source and plans
-#: the batch meanwhile: about 0.1 s on the driver's disk, 1-3 s for a source on object storage,
-#: whose snapshot Delta rebuilds with Spark jobs). Only a stuck trigger reaches it.
+#: the batch meanwhile: far longer for a source on object storage, whose snapshot Delta rebuilds
+#: with Spark jobs, than on the driver's disk). Only a stuck trigger reaches it.
 GATE_PLAN_TIMEOUT_SECONDS = 30.0
 #: How long a turn waits, once Spark has committed the batch before it, for Spark to start its
 #: next trigger at all (a query behind its trigger schedule starts it at once).
@@ -47,7 +55,8 @@ class TableTurns:
     def __init__(self, live: TableLive, spec: PipelineSpec, label: str, *,
                  commit_files: Callable[[], CommitLog | None],
                  failed: Callable[[LakemirrorError], sm.Failed],
-                 collect: Callable[[], None], track: Callable[["StreamingQuery"], None]) -> None:
+                 collect: Callable[[], None], track: Callable[["StreamingQuery"], None],
+                 on_server: Callable[[], bool] | None = None) -> None:
         self.live = live
         self.spec = spec
         self.label = label
@@ -55,14 +64,20 @@ class TableTurns:
         self.failed = failed
         self.collect = collect
         self.track = track
+        #: Whether the batch being applied is past its Spark and driver work, on its destination's
+        #: server (a PostgreSQL replica's transaction): the turn's worker is then free (see
+        #: :meth:`_take_gated`). None: the whole apply is Spark's work (a Delta replica).
+        self.on_server = on_server
         self.lock = threading.Lock()
         self.gate: Gate | None = None
         #: Starts the table's query (True: a ``once`` trigger); set while ready for a turn.
         self.turn_query: Callable[[bool], "StreamingQuery"] | None = None
-        self.last_trigger: str | None = None  # how its latest turn ran: gated, once or availableNow
+        self.last_trigger: str | None = None  # how its latest turn ran: gated, commit files, once or availableNow
+        #: The batches the daemon plans from the source's commit files (set with ``turn_query``).
+        self.feed: "FeedBatches | None" = None
 
     def reset(self) -> None:
-        self.turn_query, self.gate = None, None
+        self.turn_query, self.gate, self.feed = None, None, None
 
     def wait_idle(self, timeout: float) -> None:
         """Wait (at most ``timeout``) for a turn in flight to end."""
@@ -117,6 +132,8 @@ class TableTurns:
             start = self.turn_query
             if start is None or live.draining:
                 return
+            if self.feed is not None and self._take_from_commit_files(self.feed):
+                return
             spec = self.spec
             once = turns.one_batch_turn(rate_limited=bool(spec.max_files_per_trigger or spec.max_bytes_per_trigger),
                                         proven=live.turn_proven, small_backlog=self.small_backlog())
@@ -139,6 +156,28 @@ class TableTurns:
                 live.emit(sm.BatchApplied())
             self.track(query)
 
+    def _take_from_commit_files(self, feed: "FeedBatches") -> bool:
+        """The table's next batch planned from its source's commit files and applied; False when Spark
+        is to plan this turn's batch (nothing was applied, or a logged batch is left for Spark to re-run)."""
+        live = self.live
+        try:
+            handed_over = feed.take()
+        except Drained:
+            return True
+        except Exception as exc:
+            if live.draining:
+                return True
+            self.turn_query = None
+            live.emit(self.failed(live.batch_error or classify(exc, table=self.label)))
+            return True
+        if handed_over is not None:
+            return False
+        self.last_trigger = "commit files"
+        if not live.turn_proven:
+            live.turn_proven = True  # a turn that ran to its end (even with nothing new) proves the table
+            live.emit(sm.BatchApplied())
+        return True
+
     def _take_gated(self, gate: Gate, query: "StreamingQuery") -> None:
         """Let the table's held or waiting batch go, and wait until the turn's batch is applied.
 
@@ -157,6 +196,11 @@ class TableTurns:
         try:
             while not gate.wait_ended(since, poll):
                 if gate.applying:
+                    if self.on_server is not None and self.on_server():
+                        # The rest of the batch is the server's work, and may wait there (a lock,
+                        # a server that does not answer): free the worker for the other tables.
+                        # The table's next turn comes once its batch has left the gate.
+                        return
                     continue  # a batch ends by leaving the gate, even when it fails
                 if self.live.draining or not query.isActive:
                     gate.withdraw()

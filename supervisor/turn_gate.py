@@ -2,7 +2,7 @@
 
 A turn that starts the table's query and lets it run to its end pays, every turn, for the query's
 start and stop, and for the snapshots of the source that Delta builds at every start (each one a
-Spark job on a source without ``.crc`` files; docs/BENCHMARKS.md, "Diagnosis as it stands"). Instead the
+Spark job on a source without ``.crc`` files, which is how delta-rs leaves a table). Instead the
 query stays up, and its batch function waits at this gate twice:
 
 - **before applying** a batch, until the table is granted a turn (a batch Spark planned on its

@@ -1,13 +1,14 @@
 """Tables take turns on a few apply workers instead of each running an always-on query.
 
 One always-on streaming query per table lets every table start a MERGE whenever its trigger
-fires. On a small driver that is contention, not parallelism: one warm MERGE of a 100k-row table
-already keeps two cores busy (docs/BENCHMARKS.md), and 64 tables on two cores starved one another
-into minutes of lag. With turns, ``apply_workers`` threads each take the table that has waited
-longest among those with something to apply, and apply everything the table's change feed holds
-at the start of the turn (:meth:`TurnTaker.take_turn`: an always-on query's batch let through its
-gate, :mod:`lakemirror.supervisor.turn_gate`, or under Spark Connect the query run once): what
-the table accumulated while it waited is applied in one batch, so the MERGE's fixed cost is paid
+fires. On a small driver that is contention, not parallelism: one warm MERGE already runs its
+tasks on every core, so concurrent MERGEs only divide the cores between them and many tables
+starve one another (``make bench ONLY=scale`` runs 64 tables on one driver). With turns,
+``apply_workers`` threads each take the table that has waited longest among those with something
+to apply, and apply everything the table's change feed holds at the start of the turn
+(:meth:`TurnTaker.take_turn`: an always-on query's batch let through its gate,
+:mod:`lakemirror.supervisor.turn_gate`, or under Spark Connect the query run once): what the table
+accumulated while it waited is applied in one batch, so the MERGE's fixed cost is paid
 once per turn, not once per commit, and a table with nothing new costs a file-existence check
 (and an empty turn every ``IDLE_RECHECK_SECONDS``).
 
@@ -32,6 +33,12 @@ IDLE_RECHECK_SECONDS = 30.0
 #: A table with fewer unapplied source versions than this takes its turn as one micro-batch.
 ONE_BATCH_VERSIONS = 32
 
+#: How many times a turn interval an idle table's log is looked at, at most. The workers look for a
+#: turn to take several times a second; asking each idle table's log each time cost one file status
+#: (on object storage one request) per table every quarter of a second. Once a look found nothing,
+#: the answer stands for a quarter of the interval: a new commit is seen that much later at most.
+PENDING_CHECKS_PER_INTERVAL = 4
+
 
 def one_batch_turn(*, rate_limited: bool, proven: bool, small_backlog: bool | None) -> bool:
     """Whether a turn that starts its query (Spark Connect) runs it with a ``once`` trigger (one
@@ -40,10 +47,9 @@ def one_batch_turn(*, rate_limited: bool, proven: bool, small_backlog: bool | No
     Both apply everything the change feed holds when the turn begins. ``availableNow`` first works
     out where to stop (one more snapshot and change listing of the source), then splits the work
     by the source's admission limits (Delta's 1,000 files a batch by default); ``once`` takes it as
-    one batch: 0.15 s less per turn of a nearly caught-up table (0.825 against 0.680 s a bare turn;
-    docs/BENCHMARKS.md, "What was tried and what it gained"). So ``once`` only where the split cannot
-    matter: a table that has run a turn since
-    its launch, has no rate limits of its own, and is known to be fewer than
+    one batch and skips that snapshot and listing, a cost paid on every turn of a nearly caught-up
+    table. So ``once`` only where the split cannot matter: a table that has run a turn since its
+    launch, has no rate limits of its own, and is known to be fewer than
     ``ONE_BATCH_VERSIONS`` versions behind; a backlog (a restart after downtime) keeps the split.
     """
     return proven and not rate_limited and small_backlog is True
@@ -98,6 +104,7 @@ class _Served:
     started: float | None = None
     ended: float | None = None
     pending_seen: bool = False  # seen with unapplied commits since its last turn began: no need to look again
+    idle_seen: float | None = None  # when a look last found nothing to apply (it stands for a while)
 
 
 class TurnPool:
@@ -114,6 +121,8 @@ class TurnPool:
         # How long an idle worker waits before looking again: a quarter of the trigger interval
         # (bounded), which is what a table with new commits may wait on top of its turn.
         self._idle_wait = idle_wait if idle_wait is not None else min(0.25, max(0.02, min_interval / 4))
+        #: How long a look that found nothing to apply stands (:data:`PENDING_CHECKS_PER_INTERVAL`).
+        self._idle_stands = max(self._idle_wait, min_interval / PENDING_CHECKS_PER_INTERVAL)
         self._lock = threading.Lock()
         self._busy: set[str] = set()
         self._served: dict[str, _Served] = {}
@@ -138,13 +147,15 @@ class TurnPool:
             by_name = {}
             candidates = []
             for runner in self._runners():
-                if runner.table in self._busy or not runner.ready_for_turn():
+                if runner.table in self._busy:
                     continue
                 served = self._served.setdefault(runner.table, _Served())
+                if not runner.ready_for_turn():
+                    served.idle_seen = None  # what it holds when ready again is looked at afresh
+                    continue
                 if served.started is not None and now - served.started < self._min_interval:
                     continue  # not due, whatever its log says: spare the check
-                pending = True if served.pending_seen else self._pending(runner)
-                served.pending_seen = pending is True
+                pending = self._pending_since_look(runner, served, now)
                 by_name[runner.table] = runner
                 candidates.append(Candidate(runner.table, pending, served.started, served.ended))
             chosen = next_turn(candidates, now, self._min_interval)
@@ -152,8 +163,20 @@ class TurnPool:
                 return None
             self._busy.add(chosen)
             served = self._served[chosen]
-            served.started, served.pending_seen = now, False
+            served.started, served.pending_seen, served.idle_seen = now, False, None
             return by_name[chosen]
+
+    def _pending_since_look(self, runner: TurnTaker, served: _Served, now: float) -> bool | None:
+        """Whether ``runner`` has something to apply: known since a look that found it, assumed not
+        for a while after a look that found nothing, else looked for now."""
+        if served.pending_seen:
+            return True
+        if served.idle_seen is not None and now - served.idle_seen < self._idle_stands:
+            return False
+        pending = self._pending(runner)
+        served.pending_seen = pending is True
+        served.idle_seen = now if pending is False else None
+        return pending
 
     @staticmethod
     def _pending(runner: TurnTaker) -> bool | None:

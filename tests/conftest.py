@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import time
@@ -38,6 +39,50 @@ def _tier(nodeid: str) -> str:
     return parts[1] if len(parts) > 2 and parts[0] == "tests" else "other"
 
 
+#: ``LAKEMIRROR_TEST_CPU=1``: also measure each test's CPU seconds (pytest, the JVM and every other
+#: process under it), which a loaded machine inflates far less than wall time.
+_CPU = os.environ.get("LAKEMIRROR_TEST_CPU") == "1"
+_CPU_SECONDS: dict[str, float] = {}
+
+
+def _tree_cpu_seconds() -> float:
+    """CPU seconds of this process, its reaped children and every live descendant."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    used: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(entry)] = int(fields[1])
+        used[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    me = os.getpid()
+    below = {me}
+    grew = True
+    while grew:
+        grew = False
+        for pid, parent in parents.items():
+            if parent in below and pid not in below:
+                below.add(pid)
+                grew = True
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system + sum(used[p] for p in below if p != me)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    if not _CPU:
+        yield
+        return
+    before = _tree_cpu_seconds()
+    yield
+    _CPU_SECONDS[item.nodeid] = _tree_cpu_seconds() - before
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """Adds each phase's time (fixture set-up, the test, tear-down) to its tier's total."""
     _TIER_SECONDS[_tier(report.nodeid)] += report.duration
@@ -54,6 +99,10 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.write_line(f"{tier:<12} {_TIER_TESTS[tier]:>5} tests {_TIER_SECONDS[tier]:>8.1f} s")
     terminalreporter.write_line(f"{'wall':<12} {sum(_TIER_TESTS.values()):>5} tests "
                                 f"{time.monotonic() - _STARTED:>8.1f} s")
+    if _CPU_SECONDS:
+        terminalreporter.write_sep("=", f"CPU seconds by test (sum {sum(_CPU_SECONDS.values()):.0f} s; top 60)")
+        for nodeid, cpu in sorted(_CPU_SECONDS.items(), key=lambda kv: -kv[1])[:60]:
+            terminalreporter.write_line(f"{cpu:8.1f}  {nodeid}")
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,9 @@
 """The ``bootstrap:`` block of a pipeline's configuration: how new replicas are copied.
 
-A new replica is copied from the source's snapshot at a pinned version in chunks (groups of the
-source's data files), one replica commit each, interleaved with the change feed so a copy longer
-than the source's retention loses no change (:mod:`lakemirror.sinks.batch.chunked_bootstrap`).
+A new replica is copied from the source in chunks (key ranges, or groups of the source's data
+files), one replica commit each, while the source's change feed after the pinned version is
+captured beside the copy, so a copy longer than the source's retention loses no change
+(:mod:`lakemirror.sinks.batch.chunked_bootstrap`).
 """
 
 from __future__ import annotations
@@ -26,15 +27,21 @@ class BootstrapSettings(BaseModel):
         2, ge=1, le=64, description="Chunks copied at the same time, over all tables of the pipeline. Keep it at "
         "about the cores Spark has: each chunk is a Spark job.")
     chunk_budget_seconds: float | None = Field(
-        None, gt=0, le=limits.YEAR, description="Copying time after which a bootstrapping table applies its change "
-        "feed (from the last applied version through the source's latest) before copying more, so the change "
-        "window cannot expire under a long copy. Default: headroom_fraction of the source's retention headroom.")
+        None, gt=0, le=limits.YEAR, description="Also capture the source's change feed between chunks after this much copying "
+        "time. Unset: the change feed is captured beside the copy at the pace the source's change window sets "
+        "(headroom_fraction, capture_poll_seconds), which is all a bootstrap needs.")
     headroom_fraction: float = Field(
-        0.25, gt=0, le=1, description="Without chunk_budget_seconds: the copying budget as a fraction of the time "
-        "left until the oldest unapplied source version may be vacuumed or log-cleaned.")
+        0.25, gt=0, le=0.5, description="A bootstrapping table captures its source's change feed once the oldest "
+        "change not yet captured has used this share of the source's change window (the shorter of "
+        "delta.deletedFileRetentionDuration and delta.logRetentionDuration).")
     safety_factor: float = Field(
-        2.0, ge=1, le=1000, description="A bootstrapping table applies its change feed at once (and logs a "
-        "warning) when the change window would close within this many times the next chunk's expected time.")
+        2.0, ge=1, le=1000, description="The change window must outlast this many times the age a change has reached when "
+        "its capture begins: a capture is started at once when the window would close within this many times a "
+        "capture's time, and a window shorter than this many times the ages measured is reported in status and "
+        "the log, once, with the retention the bootstrap needs.")
+    capture_poll_seconds: float | None = Field(
+        None, gt=0, le=limits.DAY, description="How often a bootstrapping table looks at its source's log for changes to "
+        "capture. Unset: an eighth of the source's change window, between 0.5 and 60 seconds.")
     internal_file_reads: bool = Field(
         False, description="Read chunks as groups of the source's data files through Delta's INTERNAL Scala API "
         "(DeltaLog.createDataFrame over py4j), which may change in any Delta release. It needs no planning scan and "
@@ -48,4 +55,5 @@ class BootstrapSettings(BaseModel):
         return BootstrapPolicy(chunk_bytes=self.chunk_bytes, parallel_chunks=self.parallel_chunks,
                                chunk_budget_seconds=self.chunk_budget_seconds,
                                headroom_fraction=self.headroom_fraction, safety_factor=self.safety_factor,
+                               capture_poll_seconds=self.capture_poll_seconds,
                                internal_file_reads=self.internal_file_reads)

@@ -140,9 +140,13 @@ def rows(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, str, s
     """(path, type, default, help) for every field of ``model``, nested models flattened; the
     fields of each variant of a tagged union are listed under the variant's ``kind``."""
     for name, info in model.model_fields.items():
-        path = f"{prefix}{name}"
+        # A field is written under its alias in the YAML (``schema``, whose attribute is
+        # ``target_schema``); the attribute's name is accepted too.
+        path = f"{prefix}{info.alias or name}"
         sub, joint = _model_of(info.annotation)
         help_text = " ".join((info.description or "").split())
+        if info.alias and info.alias != name:
+            help_text = f"{help_text} Also accepted as `{name}`.".strip()
         variants = _variants(info.annotation)
         if variants:
             kinds = " \\| ".join(f"`kind: {_kind(v)}`" for v in variants)

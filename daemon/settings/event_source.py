@@ -8,7 +8,7 @@ micro-batch out to one replica per table, in ``destination_catalog.destination_s
     source:
       kind: files              # JSON-lines files in a directory (development), or: kafka
       path: /data/cdc-events
-      format: debezium         # Debezium envelopes, or: simple (the seed recipe's events)
+      format: debezium         # Debezium envelopes, or: simple (table_name, operation, before/after)
       tables: [customers, orders]
       key_columns: {orders: [order_id, line]}   # for events that carry no key of their own
       tombstone_horizon_seconds: 604800
@@ -44,7 +44,8 @@ class EventSourceSettings(BaseModel):
                                             "(_lakemirror_dead_letters_<name> in the destination schema).")
     format: Literal["debezium", "simple"] = Field(
         FORMAT_DEBEZIUM, description="debezium: Debezium envelopes (JSON converter, with or without schemas); "
-                                     "simple: the seed recipe's events (table_name, operation, before/after as JSON).")
+                                     "simple: the CDC events of Delta Lake's Streaming CDC Pipeline recipe (table_name, operation, "
+                                     "before/after as JSON).")
     path: str | None = Field(None, description="kind files: the directory new event files are moved into.")
     bootstrap_servers: str | None = Field(None, description="kind kafka: host:port[,host:port].")
     topics: list[str] = Field(default_factory=list, description="kind kafka: topics to read.")

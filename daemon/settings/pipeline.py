@@ -262,7 +262,8 @@ def default_apply_workers(mode: str, cores: int = 2) -> int:
 
 
 class Settings(BaseSettings):
-    """A Continuous Sync pipeline: the daemon's YAML. Field names follow the seed's YAML."""
+    """A Continuous Sync pipeline: the daemon's YAML. Field names follow Continuous Sync's pipeline YAML
+    in the Data Replication System for Databricks."""
 
     model_config = SettingsConfigDict(env_prefix="LAKEMIRROR_", env_nested_delimiter="__",
                                       extra="forbid", frozen=True, allow_inf_nan=False)
@@ -296,6 +297,12 @@ class Settings(BaseSettings):
         "checkpoint. With replicas on object storage a turn mostly waits for the store: 2 "
         "overlaps two tables' waits (make bench ONLY=production, 4 tables on two cores).")
     allow_schema_evolution: bool = Field(True, description="New source columns reach the replica without a restart by hand.")
+    enable_change_data_feed: bool = Field(
+        False, description="Opt-in: a source table whose Change Data Feed is off has it turned on by lakemirror "
+        "(ALTER TABLE … SET TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true'): one commit on the source, "
+        "logged) when its replica starts, instead of being refused. Changes are recorded from that commit on; "
+        "the bootstrap's snapshot is taken after it. false (default): such a table is failed at once (a "
+        "configuration error, not retried) with the statement to run.")
     table_overrides: dict[str, TableOverride] = Field(default_factory=dict, description="Per-table keys/columns.")
     audit_catalog: str | None = Field(None, description="Catalog of the checkpoint table (default: destination_catalog).")
     checkpoint_table: str | None = Field(None, description="Full name of the checkpoint table "
@@ -320,34 +327,44 @@ class Settings(BaseSettings):
     replica_properties: dict[str, str] = Field(
         default_factory=dict, description="Delta table properties set on every streamed replica at bootstrap, "
         "e.g. {'delta.enableDeletionVectors': 'true'}: a MERGE then writes only the changed rows instead of "
-        "every file they are in (not faster for uniformly random changes here: docs/BENCHMARKS.md).")
+        "every file they are in; a local replica's batches then mark changed rows deleted in place on the driver "
+        "(make bench ONLY=steady_cost measures a cycle with them and without).")
     rewrite_below_bytes: int = Field(
         DEFAULT_REWRITE_BELOW_BYTES, ge=0, description="Replicas no larger than this apply a batch by rewriting "
         "the replica whole in one pass instead of a MERGE's two (faster when changes touch every file, as they do "
-        "on small tables; docs/BENCHMARKS.md). Never for replicas with a change data feed or deletion vectors of "
+        "on small tables; make bench ONLY=apply_cost). Never for replicas with a change data feed or deletion vectors of "
         "their own. 0: always MERGE.")
     driver_apply: bool = Field(
-        True, description="Small replicas (see rewrite_below_bytes) at a path on the driver's own file system "
-        "take each batch by one delta-rs MERGE on the driver, under the same Delta transaction id, instead of a "
-        "Spark write: about three times less work per batch on two cores (docs/BENCHMARKS.md). The change feed is "
-        "still read by the table's Structured Streaming query. Event sources' Delta replicas at such a path, or "
-        "at s3a:// locations reached with the session's fs.s3a settings, take their guarded batches the same way "
-        "(docs/event-sources.md#the-sequence-guard). Needs the deltalake "
-        "package; replicas whose protocol features delta-rs does not write stay with Spark. false: Spark writes every "
-        "batch.")
+        True, description="Replicas (up to driver_apply_below_bytes) at a path on the driver's own file system, or "
+        "at s3a:// locations reached with the session's fs.s3a settings on a store with conditional writes, take "
+        "each batch by one delta-rs MERGE on the driver, under the same Delta transaction id, instead of a Spark "
+        "write: about three times less work per batch on two cores (make bench ONLY=apply_cost). With turns "
+        "(apply_workers >= 1), a table's batches of a few plain source versions are then planned from the source's "
+        "commit files and read by delta-rs, without Delta's streaming source (docs/how-it-works.md#stream). Event "
+        "sources' Delta replicas at such locations take their guarded batches the same way "
+        "(docs/event-sources.md#the-sequence-guard). Needs the deltalake package; catalog-managed replicas (Unity "
+        "Catalog), Spark Connect and replicas whose protocol features delta-rs does not write stay with Spark. "
+        "false: Spark plans and writes every batch.")
     driver_apply_below_bytes: int = Field(
         DEFAULT_DRIVER_APPLY_BELOW_BYTES, ge=0, description="With driver_apply, replicas up to this size are MERGEd "
         "by delta-rs on the driver even when larger than rewrite_below_bytes: its MERGE streams the replica, so "
-        "its memory does not grow with it (a 10M-row replica: about 260 MiB; it spills past 1 GiB). Larger "
+        "its memory does not grow with it (it spills to disk past 1 GiB). Larger "
         "replicas take Spark's MERGE.")
+    commit_file_batches: bool = Field(
+        True, description="With turns (apply_workers >= 1) and driver_apply, a table whose source delta-rs reads "
+        "(a local path, or s3a:// with the session's fs.s3a settings) plans each batch of up to 32 plain source "
+        "versions from the source's commit files and reads it with delta-rs, without Delta's streaming source and "
+        "its two snapshots of the source a batch; the epoch's first batch, a backlog, a schema change and other "
+        "commits delta-rs may read differently are planned by Spark (docs/how-it-works.md#stream). false: Spark's "
+        "streaming source plans every batch, each table's query stays up and its batches wait for their turns.")
     kernel_change_feed: bool = Field(
         False, description="Opt-in, for testing only: sources at a path (the embedded lakehouse) have their change "
         "feed streamed by Delta's Kernel-based streaming source, reached only through Delta 4.4's "
         "spark.databricks.delta.v2.enableMode=STRICT, which Delta documents as 'should ONLY be enabled for "
         "testing' (set in a session of the table's own). It reads the source's log on the driver instead of "
         "DeltaSource's Spark jobs that rebuild two snapshots of the source every micro-batch when its writer "
-        "leaves no checksum files (delta-rs leaves none): 0.13 against 0.46 JVM CPU-s a batch for a 1M-row "
-        "source (docs/BENCHMARKS.md). Tables known by name (Unity Catalog) always use DeltaSource. "
+        "leaves no checksum files (delta-rs leaves none; docs/BENCHMARKS.md, 'Opt-in: the Kernel-based change "
+        "feed'). Tables known by name (Unity Catalog) always use DeltaSource. "
         "false (default): DeltaSource everywhere.")
     destination: Destination = Field(default_factory=DeltaDestination, description="Where replicas go: "
                                      "{kind: delta} (default) or {kind: postgres, host, …}; the fields of each kind follow; docs/postgres.md.")

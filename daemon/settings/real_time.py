@@ -26,9 +26,9 @@ from pydantic import BaseModel, ConfigDict, Field
 #: Spark's buffer between the JVM and a Python worker, in bytes, for a daemon running Real-Time Mode.
 #: Records reach the ``foreach`` writer's Python worker through a buffered stream that is written
 #: out when full (64 KiB by default): at 20 records a second that held records for seconds, and
-#: the writer's ``max_dwell_ms`` could not help. Measured with
-#: ``bench.kafka_postgres_latency``'s real-time mode at 20 rows/s, 300 rows, on the quiet 2-core
-#: machine: p50 2.86 s / p99 5.32 s with 65536, 0.78 s / 2.21 s with 512, 0.78 s / 2.30 s with 64.
+#: the writer's ``max_dwell_ms`` could not help. A buffer of a few small records passes each one on
+#: promptly; a smaller buffer gains nothing more (``make bench ONLY=kafka_postgres_latency``
+#: measures the latency this gives).
 REAL_TIME_BUFFER_BYTES = 512
 BUFFER_CONF = "spark.buffer.size"
 
@@ -47,8 +47,8 @@ class RealTimeSettings(BaseModel):
         1.0, ge=1, le=3600, description="The realTime trigger's duration: how long each real-time batch runs before "
         "its offsets are checkpointed; a restart replays at most this much. It bounds latency too: within a batch "
         "Spark hands records to the Python writer in pickled groups that double in size (1, 2, 4, ... records), so "
-        "a record waits longer the later it comes in its batch (bench.kafka_postgres_latency at 20 rows/s: p99 "
-        "0.54 s at 1 s, 0.88 s at 2 s, 3.1 s at 5 s). Below 5 s the source lowers Spark's "
+        "a record waits longer the later it comes in its batch, and a shorter batch bounds that wait (make bench "
+        "ONLY=kafka_postgres_latency measures it at the default). Below 5 s the source lowers Spark's "
         "spark.sql.streaming.realTimeMode.minBatchDuration (5 s by default) to match.")
     max_dwell_ms: int = Field(100, ge=1, le=60000, description="Each foreach writer commits a record to Postgres at "
                               "most this long after it arrived (a timer flushes during lulls).")

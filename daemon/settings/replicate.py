@@ -1,6 +1,6 @@
 """Configuration of ``lakemirror replicate``: batch clone, reconciliation and metadata sync.
 
-Hierarchical, as the seed ("Data Replication System") describes: the settings of
+Hierarchical, as in the Data Replication System for Databricks: the settings of
 :class:`ObjectSettings` may be written at the file's top level, in a catalog entry, a schema entry
 or a table entry; each level inherits its parent's values and may override them. Mappings
 (``retry``, ``reconcile``, ``metadata``, ``clone``) merge key by key; lists replace. Command-line
@@ -43,9 +43,14 @@ from lakemirror.daemon.settings import limits
 from lakemirror.daemon.settings.pipeline import RuntimeSettings, read_yaml
 from lakemirror.errors import ConfigError
 from lakemirror.daemon.settings.task_options import CloneOptions, MetadataSettings, ReconcileSettings, RetrySettings
+from lakemirror.daemon.settings.volumes import VolumeEntry, VolumeFilesSettings
+from lakemirror.daemon.settings.workspaces import (
+    SDK_OBJECT_TYPES, BackupSettings, DeltaSharingSettings, UcObjectsSettings, WorkspacesSettings,
+)
 
-Operation = Literal["clone", "reconcile", "metadata", "incremental"]
-OPERATIONS: tuple[str, ...] = ("clone", "reconcile", "metadata", "incremental")
+Operation = Literal["clone", "reconcile", "metadata", "incremental", "volume_files", "backup", "uc_objects"]
+OPERATIONS: tuple[str, ...] = ("clone", "reconcile", "metadata", "incremental", "volume_files", "backup",
+                               "uc_objects")
 
 
 class Strict(BaseModel):
@@ -63,6 +68,7 @@ class ObjectSettings(Strict):
     clone: CloneOptions = Field(default_factory=CloneOptions)
     reconcile: ReconcileSettings = Field(default_factory=ReconcileSettings)
     metadata: MetadataSettings = Field(default_factory=MetadataSettings)
+    volume_files: VolumeFilesSettings = Field(default_factory=VolumeFilesSettings)
 
 
 TUNABLE = frozenset(ObjectSettings.model_fields)
@@ -160,6 +166,24 @@ class CatalogEntry(_Level):
         return _check_name(v, "catalog name")
 
 
+class ExecutionLogSettings(Strict):
+    """Where and how each run's detailed execution log is written (lakemirror.daemon.execution_log)."""
+
+    folder: str = Field(description="Local directory (a volume's /Volumes/... path on Databricks) of the files.")
+    formats: list[Literal["json", "text"]] = Field(default_factory=lambda: list[Literal["json", "text"]](
+                                                       ["json", "text"]), min_length=1,
+                                                   description="json: one JSON object a line (.jsonl); text: .log.")
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "DEBUG", description="Lowest level written (DEBUG: every SQL statement too), whatever the console shows.")
+
+    @field_validator("folder")
+    @classmethod
+    def _folder(cls, v: str) -> str:
+        if not v.strip() or "://" in v or "\x00" in v:
+            raise ValueError("a local directory path (not a URI)")
+        return v
+
+
 class CliOverrides(Strict):
     """What the command line says; it wins over every level of the file."""
 
@@ -194,11 +218,32 @@ class ReplicateConfig(_Level):
         None, description="Default <audit_catalog>.continuous_sync.reconciliation.")
     checkpoint_volume: str | None = Field(
         None, description="Root of the incremental sweeps' checkpoints and state (needed by `incremental`).")
+    workspaces: WorkspacesSettings = Field(default_factory=WorkspacesSettings, description="The source and target "
+                                           "workspaces (databricks-sdk) of Delta Sharing, backup and UC objects.")
+    delta_sharing: DeltaSharingSettings | None = Field(None, description="Replicate across metastores through Delta "
+                                                       "Sharing: set-up made or checked first, tables read from the "
+                                                       "shared catalogs.")
+    uc_objects: UcObjectsSettings = Field(default_factory=UcObjectsSettings, description="The uc_objects operation: "
+                                          "Unity Catalog objects and grants.")
+    backup: BackupSettings = Field(default_factory=BackupSettings, description="The backup operation's catalog and "
+                                   "share (run in the source workspace).")
+    execution_log: ExecutionLogSettings | None = Field(
+        None, description="Write each run's detailed log as files (JSON lines and/or text), the run id on every line.")
+    volumes: list[VolumeEntry] = Field(default_factory=list, description="Directories copied by the "
+                                       "volume_files operation, beyond the volumes of the catalogs.")
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
     cli: CliOverrides = Field(default_factory=CliOverrides)
 
     @model_validator(mode="after")
     def _check(self) -> "ReplicateConfig":
+        targets = [str(v.target_name) for v in self.volumes]
+        repeated = sorted({t for t in targets if targets.count(t) > 1})
+        if repeated:
+            raise ValueError(f"volumes: the names {repeated} repeat; each copy needs a name of its own "
+                             f"(it names the copy's manifest)")
+        if self.delta_sharing is not None and self.runtime.mode != "databricks":
+            raise ValueError("delta_sharing: the shared catalogs are read in a Databricks workspace; set runtime.mode: "
+                             "databricks (and run where the target workspace's Spark is)")
         names = [c.name for c in self.catalogs]
         pairs = [(c.name, c.target_catalog) for c in self.catalogs]
         if len(set(pairs)) != len(pairs):
@@ -214,6 +259,20 @@ class ReplicateConfig(_Level):
         return self
 
     # -- derived ----------------------------------------------------------------------------
+
+    def runs_uc_objects(self) -> bool:
+        """Whether some selected catalog's operations include uc_objects."""
+        return any("uc_objects" in self.resolve(c).operations for c in self.selected_catalogs())
+
+    def runs_volumes(self) -> bool:
+        """Whether the ``volumes`` entries are copied: always, unless ``--operation`` leaves out volume_files."""
+        return bool(self.volumes) and (not self.cli.operations or "volume_files" in self.cli.operations)
+
+    def volume_settings(self, entry: VolumeEntry) -> ObjectSettings:
+        """A ``volumes`` entry's settings: the file's top level, its own ``volume_files`` on top, CLI last."""
+        own = {"volume_files": entry.volume_files.model_dump(exclude_unset=True)} if entry.volume_files else {}
+        return ObjectSettings.model_validate(deep_merge(deep_merge(dict(self.level_settings), own),
+                                                        self.cli.as_settings()))
 
     def selected_catalogs(self) -> list[CatalogEntry]:
         want = self.cli.target_catalog
@@ -285,12 +344,27 @@ def load_replicate_config(path: str | Path | None, cli: CliOverrides | None = No
                 if ident not in seen:
                     seen.add(ident)
                     problems += _problems([err], where, origin)
+    if not problems and cfg.runtime.mode != "databricks":
+        for where, c, s, t in cfg.levels():
+            if "backup" in cfg.resolve(c, s, t).operations:
+                problems.append((f"{origin}: {where}: operations",
+                                 "operation backup deep clones Streaming Tables and shares schemas in a Databricks "
+                                 "workspace: set runtime.mode: databricks (and run it in the source workspace)"))
+                break
+    if not problems and cfg.runtime.mode != "databricks" and cfg.runs_uc_objects():
+        sdk_kinds = [k for k in cfg.uc_objects.object_types if k in SDK_OBJECT_TYPES]
+        if sdk_kinds:
+            problems.append((f"{origin}: uc_objects.object_types", f"{', '.join(sdk_kinds)} live in Unity Catalog: "
+                             f"set runtime.mode: databricks, or keep only view outside it"))
     if cfg.checkpoint_volume is None and not problems:
         for where, c, s, t in cfg.levels():
             if "incremental" in cfg.resolve(c, s, t).operations:
                 problems.append((f"{origin}: checkpoint_volume", f"operation incremental ({where}) keeps its "
                                  f"stream checkpoints there; set checkpoint_volume"))
                 break
+        if cfg.runs_volumes() or any("volume_files" in cfg.resolve(c, s, t).operations for _, c, s, t in cfg.levels()):
+            problems.append((f"{origin}: checkpoint_volume", "operation volume_files keeps the manifest of the "
+                             "files it copied there; set checkpoint_volume"))
     if problems:
         raise ConfigError(problems)
     return cfg

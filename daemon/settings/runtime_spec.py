@@ -5,28 +5,34 @@ field; the layers below never import pydantic models."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, Mapping, Sequence
 
 from lakemirror.daemon.settings.destination import PostgresDestination
 from lakemirror.daemon.settings.event_source import EventSourceSettings
 from lakemirror.daemon.settings.maintenance import VACUUM_TASK
 from lakemirror.daemon.settings.pipeline import Settings
-from lakemirror.daemon.settings.replicate import CatalogEntry, ReplicateConfig
+from lakemirror.daemon.settings.replicate import CatalogEntry, ObjectSettings, ReplicateConfig
 from lakemirror.daemon.settings.schedule import ScheduleSettings
 from lakemirror.sinks.postgres.modes import Mode
-from lakemirror.sources.catalog import Discovery
+from lakemirror.sinks.postgres.waits import ServerWait
+from lakemirror.identifiers import TableName
+from lakemirror.sources.catalog import Discovery, volume_path
+from lakemirror.checkpoints import layout
+from lakemirror.checkpoints.state import StateStore
+from lakemirror.supervisor.cycle_views import CycleTables
 from lakemirror.supervisor.event_stream import EventStreamSpec
 from lakemirror.supervisor.pg_cycles import OPERATIONS, operation_of
 from lakemirror.supervisor.replicate import (
-    CatalogSelection, SchemaSelection, TableJob, TaskSettings, plan_work,
+    VOLUME_FILES, CatalogSelection, OperationOutcome, SchemaSelection, TableJob, TaskSettings, plan_work,
 )
 from lakemirror.supervisor.spec import PipelineSpec, TableOptions
 from lakemirror.supervisor.state import RestartPolicy
+from lakemirror.supervisor.scheduler import TaskView
 from lakemirror.supervisor.subtasks import Subtask
 
 #: Where ``lakemirror replicate`` keeps incremental sweeps under ``checkpoint_volume`` (a daemon
 #: uses its pipeline id instead), and part of their transaction ids.
-REPLICATE_NAMESPACE = "replicate"
+REPLICATE_NAMESPACE = layout.REPLICATE_DIR
 
 
 def pipeline_spec(s: Settings) -> PipelineSpec:
@@ -47,6 +53,7 @@ def pipeline_spec(s: Settings) -> PipelineSpec:
         change_window_policy=s.change_window_policy, retention_warning_seconds=s.retention_warning_seconds,
         rewrite_below_bytes=s.rewrite_below_bytes, driver_apply=s.driver_apply,
         driver_apply_below_bytes=s.driver_apply_below_bytes, kernel_change_feed=s.kernel_change_feed,
+        enable_change_data_feed=s.enable_change_data_feed, commit_file_batches=s.commit_file_batches,
         bootstrap=s.bootstrap.policy())
 
 
@@ -113,6 +120,27 @@ def postgres_subtasks(s: Settings) -> list[Subtask]:
     return out
 
 
+def cycle_tables(s: Settings, spec: PipelineSpec, task_views: Callable[[], list[TaskView]], states: StateStore,
+                 clock: Callable[[], float],
+                 waits: Callable[[str], ServerWait | None] = lambda table: None) -> CycleTables:
+    """The triggered and snapshot replicas as tables of ``/status`` (:mod:`lakemirror.supervisor.cycle_views`):
+    the tables the configuration names in those modes (more are found by their cycles)."""
+    tasks = {cycle_mode(t): t.name for t in postgres_subtasks(s)}
+    d = s.destination
+    named = spec.tables if spec.tables is not None else tuple(d.table_modes) if isinstance(d, PostgresDestination) else ()
+    tables = {t: mode_of(s, t) for t in sorted(named) if t not in spec.exclude_tables and mode_of(s, t) in tasks}
+
+    def next_run(task: str) -> float | None:
+        return next((v.next_run_at for v in task_views() if v.task == task), None)
+
+    def holds(table: str) -> int | None:
+        progress = states.load(spec.source(table).slug)
+        return progress.bootstrap_version if progress.bootstrapped else None
+
+    return CycleTables(tables, {m: name for m, name in tasks.items() if m is not None}, next_run=next_run,
+                       holds=holds, waits=waits, clock=clock)
+
+
 def cycle_mode(task: Subtask) -> Mode | None:
     """The destination mode whose cycles ``task`` runs (None: a sub-task of ``schedules``)."""
     ops = task.settings.operations
@@ -140,9 +168,11 @@ def jobs_for(task: Subtask, spec: PipelineSpec, list_tables: Callable[[], list[s
 
 # -- lakemirror replicate ------------------------------------------------------------------------
 
-def selections(cfg: ReplicateConfig) -> list[CatalogSelection]:
+def selections(cfg: ReplicateConfig, read_from: Mapping[str, str] | None = None) -> list[CatalogSelection]:
+    """The selected catalog entries; ``read_from`` maps a source catalog to the catalog its tables are
+    read from (the catalog made from its Delta share, in cross-metastore replication)."""
     return [CatalogSelection(
-        source=c.name, target=c.target_catalog,
+        source=(read_from or {}).get(c.name, c.name), target=c.target_catalog,
         include_schemas=tuple(c.include_schemas) if c.include_schemas is not None else None,
         exclude_schemas=tuple(c.exclude_schemas),
         schemas={s.name: SchemaSelection(s.target_schema,
@@ -151,23 +181,136 @@ def selections(cfg: ReplicateConfig) -> list[CatalogSelection]:
     ) for c in cfg.selected_catalogs()]
 
 
-def task_settings(cfg: ReplicateConfig, catalog: CatalogEntry | None, schema: str, table: str) -> TaskSettings:
-    """Resolve one table's settings through the hierarchy (see :mod:`lakemirror.daemon.settings.replicate`)."""
-    s_entry = next((s for s in catalog.schemas if s.name == schema), None) if catalog else None
-    t_entry = next((t for t in s_entry.tables if t.name == table), None) if s_entry else None
-    s = cfg.resolve(catalog, s_entry, t_entry)
+def _task_settings(cfg: ReplicateConfig, s: ObjectSettings) -> TaskSettings:
     r = s.retry
     return TaskSettings(
         operations=tuple(s.operations), timeout_seconds=s.timeout_seconds, keys=tuple(s.keys),
         max_attempts=r.max_attempts,
         backoff=RestartPolicy(r.base_delay_seconds, r.max_delay_seconds, r.multiplier, r.jitter),
         options={"clone": s.clone.model_dump(), "reconcile": s.reconcile.model_dump(),
-                 "metadata": s.metadata.model_dump()},
+                 "metadata": s.metadata.model_dump(), "volume_files": s.volume_files.model_dump(),
+                 "backup": {"catalog": cfg.backup.catalog}},
         config={"runtime": cfg.runtime.model_dump(), **s.model_dump()})
 
 
-def plan(cfg: ReplicateConfig, discovery: Discovery) -> list[TableJob]:
-    entries = {(c.name, c.target_catalog): c for c in cfg.catalogs}
-    return plan_work(selections(cfg), discovery,
+def task_settings(cfg: ReplicateConfig, catalog: CatalogEntry | None, schema: str, table: str) -> TaskSettings:
+    """Resolve one table's settings through the hierarchy (see :mod:`lakemirror.daemon.settings.replicate`)."""
+    s_entry = next((s for s in catalog.schemas if s.name == schema), None) if catalog else None
+    t_entry = next((t for t in s_entry.tables if t.name == table), None) if s_entry else None
+    return _task_settings(cfg, cfg.resolve(catalog, s_entry, t_entry))
+
+
+def volume_job_settings(base: TaskSettings, source_path: str, target_path: str) -> TaskSettings:
+    """A volume's settings: only ``volume_files``, its options naming the two directories."""
+    options = {**base.options, "volume_files": {**base.options.get("volume_files", {}),
+                                                "source_path": source_path, "target_path": target_path}}
+    return replace(base, operations=(VOLUME_FILES,), options=options)
+
+
+def _catalog_volume(cfg: ReplicateConfig, catalog: CatalogEntry, schema: str, source: TableName,
+                    target: TableName) -> TaskSettings | None:
+    s_entry = next((s for s in catalog.schemas if s.name == schema), None)
+    base = _task_settings(cfg, cfg.resolve(catalog, s_entry, None))
+    if VOLUME_FILES not in base.operations:
+        return None
+    return volume_job_settings(base, volume_path(source), volume_path(target))
+
+
+def volume_jobs(cfg: ReplicateConfig) -> list[TableJob]:
+    """The ``volumes`` entries of the file, unless ``--operation`` leaves out volume_files."""
+    if not cfg.runs_volumes():
+        return []
+    return [TableJob(v.source_name, v.target_name,
+                     volume_job_settings(_task_settings(cfg, cfg.volume_settings(v)), v.source, v.target),
+                     object_type="volume") for v in cfg.volumes]
+
+
+def plan(cfg: ReplicateConfig, discovery: Discovery, read_from: Mapping[str, str] | None = None) -> list[TableJob]:
+    """Every object's jobs; ``read_from``: see :func:`selections`."""
+    entries = {((read_from or {}).get(c.name, c.name), c.target_catalog): c for c in cfg.catalogs}
+    return plan_work(selections(cfg, read_from), discovery,
                      lambda sel, schema, table: task_settings(cfg, entries[(sel.source, sel.target)], schema, table),
-                     only_schemas=cfg.cli.target_schemas)
+                     only_schemas=cfg.cli.target_schemas,
+                     volume_settings_for=lambda sel, schema, src, dst: _catalog_volume(
+                         cfg, entries[(sel.source, sel.target)], schema, src, dst)) + volume_jobs(cfg)
+
+
+#: Operations that copy data: a run with any of them makes (or checks) the Delta Sharing set-up first.
+DATA_OPERATIONS = ("clone", "incremental", "volume_files")
+
+
+def shared_catalogs(cfg: ReplicateConfig) -> dict[str, str]:
+    """Source catalog -> the catalog made from its share on the target (empty without delta_sharing)."""
+    ds = cfg.delta_sharing
+    if ds is None or not copies_data(cfg):
+        return {}
+    return {c.name: ds.shared_catalog.format(catalog=c.name) for c in cfg.selected_catalogs()}
+
+
+def copies_data(cfg: ReplicateConfig) -> bool:
+    """Whether the run copies data (so reads the shared catalogs): ``--operation`` names none of
+    :data:`DATA_OPERATIONS` only when it leaves them all out."""
+    return not cfg.cli.operations or bool(set(cfg.cli.operations) & set(DATA_OPERATIONS))
+
+
+def sharing_jobs(cfg: ReplicateConfig) -> list[TableJob]:
+    """One Delta Sharing set-up per selected catalog (object_type ``share``), run before the tables."""
+    ds = cfg.delta_sharing
+    if ds is None or not copies_data(cfg):
+        return []
+    jobs = []
+    for c in cfg.selected_catalogs():
+        share, shared = ds.share.format(catalog=c.name), ds.shared_catalog.format(catalog=c.name)
+        include = cfg.cli.target_schemas if cfg.cli.target_schemas is not None else c.include_schemas
+        base = _task_settings(cfg, cfg.resolve(c))
+        settings = replace(base, operations=("delta_sharing",), options={"delta_sharing": {
+            "source_catalog": c.name, "recipient": ds.recipient, "share": share, "shared_catalog": shared,
+            "provider": ds.provider, "mode": ds.mode, "history": ds.history,
+            "include": list(include) if include is not None else None, "exclude": list(c.exclude_schemas)}},
+            config={**base.config, "delta_sharing": ds.model_dump()})
+        jobs.append(TableJob(TableName(c.name, "*", share), TableName(shared, "*", share), settings,
+                             object_type="share"))
+    return jobs
+
+
+def backup_share_of(cfg: ReplicateConfig, catalog: str) -> str:
+    """The share the backup adds schemas to, for a source catalog."""
+    template = cfg.backup.share or (cfg.delta_sharing.share if cfg.delta_sharing else "lakemirror_{catalog}")
+    return template.format(catalog=catalog)
+
+
+def backup_share_jobs(cfg: ReplicateConfig, outcomes: Sequence[OperationOutcome]) -> list[TableJob]:
+    """After the backups: per source catalog, one job adding the schemas of what was backed up (tables
+    and volumes) to the share."""
+    by_catalog: dict[str, set[str]] = {}
+    for o in outcomes:
+        if o.status != "success":
+            continue
+        if o.operation == "backup" and o.details.get("share_schema"):
+            by_catalog.setdefault(o.job.source.catalog, set()).add(str(o.details["share_schema"]))
+        elif o.job.object_type == "volume" and "backup" in _catalog_operations(cfg, o.job.source.catalog):
+            by_catalog.setdefault(o.job.source.catalog, set()).add(f"{o.job.source.catalog}.{o.job.source.schema}")
+    jobs = []
+    entries = {c.name: c for c in cfg.selected_catalogs()}
+    for catalog, schemas in sorted(by_catalog.items()):
+        entry = entries.get(catalog)
+        if entry is None:
+            continue
+        share = backup_share_of(cfg, catalog)
+        base = _task_settings(cfg, cfg.resolve(entry))
+        settings = replace(base, operations=("backup_share",), options={"backup_share": {
+            "share": share, "schemas": sorted(schemas), "history": cfg.backup.history}})
+        jobs.append(TableJob(TableName(catalog, "*", share), TableName(catalog, "*", share), settings,
+                             object_type="share"))
+    return jobs
+
+
+def _catalog_operations(cfg: ReplicateConfig, catalog: str) -> tuple[str, ...]:
+    entry = next((c for c in cfg.catalogs if c.name == catalog), None)
+    return tuple(cfg.resolve(entry).operations) if entry is not None else ()
+
+
+def level_task_settings(cfg: ReplicateConfig, catalog: CatalogEntry, schema: str | None = None) -> TaskSettings:
+    """The resolved settings of a catalog (or one of its schemas) as a level, for per-catalog jobs."""
+    s_entry = next((s for s in catalog.schemas if s.name == schema), None) if schema is not None else None
+    return _task_settings(cfg, cfg.resolve(catalog, s_entry))

@@ -40,9 +40,11 @@ def batch_stats(changes: "pa.Table", preimages_dropped: bool = False) -> BatchSt
     if preimages_dropped:
         rows += pc.sum(pc.equal(changes[CHANGE_TYPE], UPDATE_POST)).as_py() or 0
     versions = pc.min_max(changes[COMMIT_VERSION]).as_py()
-    newest = pc.max(changes[COMMIT_TIMESTAMP]).as_py()
+    times = pc.min_max(changes[COMMIT_TIMESTAMP]).as_py()
+    newest, oldest = times["max"], times["min"]
     return BatchStats(rows, versions["min"], versions["max"],
-                      newest.timestamp() if newest is not None else None)
+                      newest.timestamp() if newest is not None else None,
+                      oldest.timestamp() if oldest is not None else None)
 
 
 def winning_changes(changes: "pa.Table", keys: Sequence[str], columns: Sequence[str]) -> "pa.Table":

@@ -3,10 +3,10 @@
 A table's query plans each batch between two offsets it writes to its checkpoint before calling
 the batch function. :class:`BatchFeed` turns those into the source versions the batch holds
 (:func:`lakemirror.sources.feed_range.batch_versions`) and reads their change rows with delta-rs
-(:class:`lakemirror.sources.driver_feed.DriverFeed`). Where that cannot be told exactly (a version
-a rate limit split, a commit delta-rs might read differently, a checkpoint or source off the
-driver's file system), the reader answers None and the driver path reads the batch with Spark as
-before. Each batch is decided alone, from Spark's own offsets, so a batch read one way never
+(:class:`lakemirror.sources.driver_feed.DriverFeed`), from a source on the driver's file system or
+in S3 (through the session's s3a settings). Where that cannot be told exactly (a version a rate
+limit split, a commit delta-rs might read differently, a checkpoint off the driver's file system),
+the reader answers None and the driver path reads the batch with Spark as before. Each batch is decided alone, from Spark's own offsets, so a batch read one way never
 changes what the next one reads.
 """
 
@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Sequence
 from lakemirror.checkpoints import stream_dir
 from lakemirror.sinks.accelerator.driver_apply import ChangeReader
 from lakemirror.sources.driver_feed import DriverFeed, FeedTooLarge, FeedUnfit
-from lakemirror.sources.feed_range import LocalCommitActions, SourceOffset, batch_versions
+from lakemirror.sources.feed_range import SourceOffset, batch_versions
+from lakemirror.sources.log_reader import commit_actions_for
 from lakemirror.tables import TableLocation, is_local_path, is_local_table, local_dir
 
 if TYPE_CHECKING:
@@ -28,27 +29,34 @@ log = logging.getLogger(__name__)
 
 
 class BatchFeed:
-    """Reads the batches of one table's query (checkpoint ``checkpoint``) from its local source."""
+    """Reads the batches of one table's query (checkpoint ``checkpoint``) from its source at
+    ``source_path`` (a local path, or a delta-rs URI with its storage ``options``)."""
 
-    def __init__(self, checkpoint: str, source_path: str, after_version: int, table: str) -> None:
+    def __init__(self, checkpoint: str, source_path: str, after_version: int, table: str,
+                 options: dict[str, str] | None = None) -> None:
         self.checkpoint = checkpoint
         self.after_version = after_version
         self.table = table
-        self.commits = LocalCommitActions(source_path)
-        self.feed = DriverFeed(source_path)
+        self.commits = commit_actions_for(source_path, options)
+        self.feed = DriverFeed(source_path, options)
         self._unfit: str | None = None  # why the source was last found unfit (logged once per reason)
         #: Batches read here, and batches left to Spark's read (for status and tests).
         self.read_by_delta_rs = 0
         self.read_by_spark = 0
 
     @classmethod
-    def for_stream(cls, checkpoint: str, source: TableLocation, after_version: int) -> "BatchFeed | None":
-        """None when the source is not a table on the driver's file system, or delta-rs is missing."""
+    def for_stream(cls, checkpoint: str, source: TableLocation, after_version: int,
+                   remote: "tuple[str, dict[str, str]] | None" = None) -> "BatchFeed | None":
+        """None when the source is neither a table on the driver's file system nor one delta-rs reaches
+        in S3 (``remote``: its URI and storage options), the checkpoint is not local, or delta-rs is missing."""
         import importlib.util
 
+        if not is_local_path(checkpoint) or importlib.util.find_spec("deltalake") is None:
+            return None
+        if remote is not None and remote[1]:
+            return cls(checkpoint, remote[0], after_version, str(source), remote[1])
         folder = local_dir(source.path) if source.path is not None else None
-        if (folder is None or not is_local_table(str(folder)) or not is_local_path(checkpoint)
-                or importlib.util.find_spec("deltalake") is None):
+        if folder is None or not is_local_table(str(folder)):
             return None
         return cls(checkpoint, str(folder), after_version, str(source))
 

@@ -1,11 +1,11 @@
 """A replica file's key of several integer columns, kept as one integer per row.
 
-Row by row, a batch's keys cost a hash lookup per row of the file, every batch: 0.14 CPU-s for a
-5M-row file whose key is two integers (a throwaway micro-benchmark; ``make bench ONLY=key_lookup``
-measures 0.16), against about a millisecond for a key of one integer column, which
-:class:`~lakemirror.sinks.accelerator.key_match.FileKeys` keeps direct or sorted. Where every part of the key is an integer column without NULLs in the
-file (a date or timestamp counts as the integer underneath it: ``integer_type``), and the parts'
-ranges there multiply to at most :data:`CODE_LIMIT`, each row's key is encoded as one integer:
+Row by row, a batch's keys cost a hash lookup per row of the file, every batch, where a key of
+one integer column is found by index or binary search, as
+:class:`~lakemirror.sinks.accelerator.key_match.FileKeys` keeps it direct or sorted
+(``make bench ONLY=key_lookup`` compares the two for a key of two integers). Where every part of
+the key is an integer column without NULLs in the file (a date or timestamp counts as the integer
+underneath it: ``integer_type``), and the parts' ranges there multiply to at most :data:`CODE_LIMIT`, each row's key is encoded as one integer:
 its parts' offsets from their smallest values, in mixed radix. Two keys are equal exactly when
 their codes are (each part lies within its range), so the codes are kept as a ``FileKeys``, and a
 batch's keys are encoded with the file's ranges (a key outside them is in no row of the file) and

@@ -1,4 +1,8 @@
-"""The driver executor: applies one change batch to a small local replica with a delta-rs MERGE.
+"""The driver executor: applies one change batch to a replica with a delta-rs MERGE on the driver.
+
+The replica is at a path on the driver's file system, or on S3 through the session's s3a settings
+(:func:`lakemirror.object_store.delta_rs_target`), where each commit is a conditional put: a
+commit of a version another writer took first is refused by the store, never written over it.
 
 Chosen per table by :mod:`lakemirror.sinks.merge.apply_choice`; the MERGE executor dispatches here. The
 batch's rows come to the driver as Arrow: read by delta-rs when the stream's offsets show whole
@@ -7,8 +11,8 @@ join). The winning change per key is picked there (:mod:`lakemirror.sinks.accele
 one delta-rs MERGE writes them; into a replica with deletion vectors on, which delta-rs does not
 write, :mod:`lakemirror.sinks.accelerator.dv_merge` marks the changed rows deleted and appends the new ones.
 Spark's Delta writer
-costs about a second a commit on two cores, whatever the batch (docs/BENCHMARKS.md); this path
-runs no Spark job for the write.
+has a fixed cost per commit (planning, jobs, the log) whatever the batch; this path runs no Spark
+job for the write (``make bench ONLY=apply_cost`` times both).
 
 Exactly-once rests on the same Delta transaction id as Spark's paths: the commit carries a ``txn``
 action (app id, batch id) and the batch's tag as ``userMetadata``, so Spark's MERGE (when the
@@ -46,11 +50,19 @@ log = logging.getLogger(__name__)
 ChangeReader = Callable[[Sequence[str], int], "pa.Table | None"]
 
 #: The memory delta-rs's MERGE may hold before it spills to disk (DataFusion's pool; its default has no
-#: bound). A MERGE into a 10M-row replica took about 260 MiB (docs/BENCHMARKS.md, "Diagnosis as it stands").
+#: bound, so one large batch could take the driver's memory).
 DRIVER_MERGE_MEMORY_BYTES = 1024 * 1024 * 1024
 
 #: How many of the replica's newest commits are searched for a replayed batch's tag before all.
 RECENT_COMMITS = 100
+
+#: How delta-rs reaches a table: its URI and storage options (credentials: never logged), as
+#: :func:`lakemirror.object_store.delta_rs_target` answers.
+Target = tuple[str, dict[str, str]]
+
+#: The crash point right after the driver's commit of a batch is durable, before its checkpoint row
+#: (``supervisor/runner.py``, ``FAULT_POINTS``).
+AFTER_DRIVER_COMMIT = "after_driver_commit"
 
 
 def sql_name(name: str) -> str:
@@ -72,19 +84,24 @@ class DriverUnfit(Exception):
 
 
 class DriverApply:
-    """Change batches applied on the driver to the replica at ``path``: by delta-rs MERGEs, or by
-    deletion vectors (``deletion_vectors``)."""
+    """Change batches applied on the driver to the replica at ``target`` (a local path, or an S3
+    URI and its storage options): by delta-rs MERGEs, or by deletion vectors (``deletion_vectors``,
+    local replicas only). ``fault`` is the crash-test hook, called at :data:`AFTER_DRIVER_COMMIT`."""
 
-    def __init__(self, path: str, plan: MergePlan, max_rows: int, deletion_vectors: bool = False) -> None:
-        self.path = path
+    def __init__(self, target: "Target | str", plan: MergePlan, max_rows: int, deletion_vectors: bool = False,
+                 fault: Callable[[str], None] = lambda point: None) -> None:
+        self.path, self.options = (target, {}) if isinstance(target, str) else target
         self.plan = plan
         self.max_rows = max_rows
+        self.fault = fault
         #: Set when the replica has deletion vectors on: batches mark changed rows deleted instead.
         self.dv: Any = None
         if deletion_vectors:
             from lakemirror.sinks.accelerator.dv_merge import DeletionVectorMerge
 
-            self.dv = DeletionVectorMerge(path, plan.keys, plan.column_names)
+            if self.options:
+                raise ValueError(f"{self.path}: deletion vectors are written on the driver only for local replicas")
+            self.dv = DeletionVectorMerge(self.path, plan.keys, plan.column_names)
         #: The replica's delta-rs table, brought up to date before each batch (it reads only the
         #: commits since; a sink lives for one launch of the table's stream, as does this).
         self._table: Any = None
@@ -94,16 +111,20 @@ class DriverApply:
             f"({TARGET_ALIAS}.{sql_name(k)} {'IS NOT DISTINCT FROM' if by_name[k].nullable else '='} "
             f"{SOURCE_ALIAS}.{sql_name(k)})" for k in plan.keys)
 
+    @property
+    def wanted_columns(self) -> list[str]:
+        """The columns of a batch's change rows the driver needs: the replicated ones and the feed's own."""
+        return [*self.plan.column_names, *CDF_COLUMNS]
+
     def apply(self, batch: "DataFrame", txn: TxnId, recount: Callable[[], ApplyCounts],
               read: ChangeReader | None = None) -> MergeOutcome | None:
         """Apply ``batch`` (raw change-feed rows) under ``txn``; None if it is too large for the
         driver (nothing was written: apply it with Spark). ``recount`` gives a replayed batch's
         counts when the commit that applied it first records none (a Spark rewrite's). ``read``,
         when given, reads the batch's rows without Spark (or answers None: Spark reads them)."""
-        wanted = [*self.plan.column_names, *CDF_COLUMNS]
+        wanted = self.wanted_columns
         changes = read(wanted, self.max_rows) if read is not None else None
-        how = {"read": READ_BY_SPARK if changes is None else READ_BY_DELTA_RS,
-               "write": WRITE_DELTA_RS if self.dv is None else WRITE_DRIVER_DV}
+        read_by = READ_BY_SPARK if changes is None else READ_BY_DELTA_RS
         if changes is None:
             # Preimages are never applied: the plan's change filter (the Spark paths' own) leaves them
             # in Spark, saving their conversion to Arrow and their trip to the driver (a third of a
@@ -111,6 +132,13 @@ class DriverApply:
             changes = (batch.select(*[f"`{c.replace('`', '``')}`" for c in wanted])
                        .where(self.plan.change_filter)
                        .limit(self.max_rows + 1).toArrow())
+        return self.apply_changes(changes, txn, recount, read_by)
+
+    def apply_changes(self, changes: "pa.Table", txn: TxnId, recount: Callable[[], ApplyCounts],
+                      read_by: str = READ_BY_DELTA_RS) -> MergeOutcome | None:
+        """Apply a batch's change rows already on the driver (``wanted_columns``, preimages left out)
+        under ``txn``; None if there are more than the driver takes (nothing was written)."""
+        how = {"read": read_by, "write": WRITE_DELTA_RS if self.dv is None else WRITE_DRIVER_DV}
         if changes.num_rows > self.max_rows:
             log.info("%s: a batch of more than %d change rows is applied by Spark, not on the driver",
                      self.path, self.max_rows)
@@ -137,6 +165,7 @@ class DriverApply:
             raise DriverUnfit(f"{self.path}: delta-rs could not apply batch {txn.version}: {exc}") from exc
         if replica.version() == read_version:
             self._commit_empty(replica, txn)  # the MERGE changed no file, so delta-rs committed nothing
+        self.fault(AFTER_DRIVER_COMMIT)
         return MergeOutcome(stats, counts_from_metrics(metrics), replayed=False, **how)
 
     def _apply_dv(self, winners: "pa.Table", txn: TxnId, stats: BatchStats, how: dict[str, str],
@@ -157,6 +186,7 @@ class DriverApply:
         if counts is None:  # the replica holds the batch's transaction already
             replayed = self._replayed_counts(self._replica(), txn)
             return MergeOutcome(stats, replayed if replayed is not None else recount(), replayed=True, **how)
+        self.fault(AFTER_DRIVER_COMMIT)
         return MergeOutcome(stats, counts, replayed=False, **how)
 
     def _replica(self) -> Any:
@@ -168,13 +198,13 @@ class DriverApply:
                 return self._table
             except Exception:  # noqa: BLE001 (load it afresh)
                 self._table = None
-        self._table = DeltaTable(self.path)
+        self._table = DeltaTable(self.path, storage_options=self.options or None)
         return self._table
 
     def _committed(self, txn: TxnId) -> bool:
         from deltalake import DeltaTable
 
-        return DeltaTable(self.path).transaction_version(txn.app_id) == txn.version
+        return DeltaTable(self.path, storage_options=self.options or None).transaction_version(txn.app_id) == txn.version
 
     def _merge(self, replica: Any, winners: Any, txn: TxnId) -> dict[str, Any]:
         op = f"{SOURCE_ALIAS}.{sql_name(OP_COLUMN)}"

@@ -2,10 +2,11 @@
 they lie, and the batch's new row versions are appended, in one commit.
 
 A MERGE that rewrites files costs what the files hold, not what changed: a 1% change with random
-keys touches every file of a 10M-row replica, and rewriting them cost 0.46 times a full Spark
-overwrite (``make bench ONLY=steady_cost``). Spark's MERGE with deletion vectors writes only
-the changed rows, but its two joins over the replica cost 2.01 times the overwrite here, and
-delta-rs (1.6) does not write deletion vectors at all. This executor does what such a MERGE does,
+keys touches every file of a large replica, so its rewrite comes close to a full overwrite.
+Spark's MERGE with deletion vectors writes only the changed rows, but still runs its two joins
+over the whole replica, and delta-rs (1.6) does not write deletion vectors at all
+(``make bench ONLY=steady_cost`` measures a cycle with deletion vectors and without, against a
+full refresh). This executor does what such a MERGE does,
 reading only the replica's key columns:
 
 1. The replica's live files and their deletion vectors come from its log

@@ -18,7 +18,10 @@ for what this path does not take. The rules are the Spark path's, carried out wi
   by the replayed batch whichever engine replays it.
 
 A batch with a truncate (a new table-wide floor) goes to Spark: delta-rs cannot record the floor's
-``WHEN NOT MATCHED BY SOURCE`` condition in its commit (:class:`GuardedBatchUnfit`).
+``WHEN NOT MATCHED BY SOURCE`` condition in its commit (:class:`GuardedBatchUnfit`). A MERGE delta-rs
+refuses because of a row's value (a ``CHECK`` constraint: "rows failed validation check") is raised as
+it is, not as unfit: the replica stays on this path and the caller isolates the row
+(:mod:`lakemirror.supervisor.event_letters`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Sequence
 
 from lakemirror.sinks.accelerator.driver_apply import DRIVER_MERGE_MEMORY_BYTES, commit_properties, sql_name
+from lakemirror.sinks.isolate import refused_by_value
 from lakemirror.sinks.events.guard_plan import OP_COLUMN, POSITION_COLUMN, POSITION_FIELDS, SCOPE_COLUMN, SCOPE_KEY, SCOPE_TABLE
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.txn import TxnId, counts_from_metrics
@@ -184,6 +188,8 @@ class GuardedDriverMerge:
             self.forget()
             if self.committed(self.replica(), txn):
                 raise  # it landed after all: the replayed batch finds it
+            if refused_by_value(str(exc)):
+                raise  # a row the replica refuses (a CHECK constraint): the caller isolates it, on this path
             raise GuardedBatchUnfit(f"{self.replica_path}: delta-rs could not apply batch {txn.version}: {exc}") from exc
         if replica.version() == read_version:  # nothing changed a file, so delta-rs committed nothing
             replica.create_write_transaction([], "append", replica.schema(), commit_properties=commit_properties(txn))

@@ -1,9 +1,9 @@
 """A replica file's string keys (and keys of several columns that are not all integers, or have a
 NULL part), kept as a 64-bit hash per row beside the keys themselves.
 
-Row by row, a batch's keys cost a hash-set lookup per row of the file, every batch: 0.15-0.19
-CPU-s for a 5M-row file of UUID strings (``make bench ONLY=key_lookup``), where an integer
-key costs about a millisecond (:class:`~lakemirror.sinks.accelerator.key_match.FileKeys`). Here each row's
+Row by row, a batch's keys cost a hash-set lookup per row of the file, every batch, where an
+integer key is found by index or binary search (:class:`~lakemirror.sinks.accelerator.key_match.FileKeys`;
+``make bench ONLY=key_lookup`` compares the two for string keys). Here each row's
 :func:`~lakemirror.sinks.accelerator.key_match.key_probe` is hashed once, when the file is first read, and the
 hashes are kept sorted as a ``FileKeys``; a batch's probes are hashed once per batch, their
 hashes found in each file in one step, and every row found is then compared with the batch's key

@@ -81,8 +81,9 @@ DENSE_RANGE_PER_KEY = 64
 DENSE_RANGE_FLOOR = 1 << 24
 #: A file's integer keys are kept as a direct map from value to row (:class:`FileKeys`) while
 #: their range is under this many times the file's rows: at most 16 bytes a row, against 12
-#: sorted, for lookups about fifteen times faster. A bootstrap's files interleave ids over the
-#: table's whole range (two files of a 10M-row table: 2.1 and 2.3 times their rows).
+#: sorted, for a lookup by index instead of a binary search (``make bench ONLY=key_lookup``
+#: compares the layouts). A bootstrap's files interleave ids over the table's whole range, so a
+#: file's range is a small multiple of its rows.
 DIRECT_RANGE_PER_ROW = 4
 #: The direct map's mark for a value no row holds (also the bound on a file's rows for it).
 ABSENT = 0xFFFFFFFF
@@ -141,8 +142,8 @@ class FileKeys:
     """A replica file's keys, one per physical row, as kept between batches.
 
     Looked up row by row, a batch of a hundred thousand changes costs a probe of every row of a
-    10M-row replica, every batch (0.12 CPU-s, the driver's largest share of a steady cycle; throwaway
-    profile in docs/BENCHMARKS.md, "What was tried and what it gained"). A key that is one integer
+    10M-row replica, every batch: the driver's largest share of a steady cycle when done that way.
+    A key that is one integer
     column without NULLs in the file (the usual ``id``; a date or timestamp is matched as the
     integer underneath, :func:`integer_type`) is kept so that a batch costs about one step per
     changed key:

@@ -1,16 +1,21 @@
-"""A table's bootstrap as chunks interleaved with its change feed (Airbyte's WASS, for Delta).
+"""A table's bootstrap as chunks copied beside a capture of its change feed.
 
-The snapshot at a pinned version V is split into chunks of the source's data files at V
-(:mod:`lakemirror.sources.chunks`). Each chunk is one replica commit under a Delta transaction id of
-its own, so a killed bootstrap resumes at the chunks the replica's transaction records do not
-name, and no chunk is ever written twice. After a copying budget, or at once when the change
-window would close before the next chunk is expected to end (:mod:`lakemirror.sinks.batch.bootstrap_plan`),
-the table applies its change feed from the last applied version through the source's latest
-(a *catch-up round*: one MERGE, as a stream batch applies it) and records every key the round
-touched in a Delta table of its own. Later chunks drop rows whose key is touched: a snapshot row
-at V is older than any change after V, so a changed key is never overwritten by an older copy and
-a deleted one never comes back. When every chunk is committed, the replica holds the source as of
-the last round's end W, and the table's stream starts after W.
+The bootstrap pins the source's version V and, from then on, a capturer copies the change feed
+after V into a Delta table of the bootstrap's own, the *change log*
+(:mod:`lakemirror.sinks.batch.change_capture`), at the pace the source's retention sets
+(:mod:`lakemirror.sinks.batch.capture_policy`). Beside it, the snapshot is planned in chunks
+(:mod:`lakemirror.sources.chunks`, :mod:`lakemirror.sources.snapshot_files`) and copied, each chunk one
+replica commit under a Delta transaction id of its own, so a killed bootstrap resumes at the
+chunks the replica's transaction records do not name and no chunk is ever written twice.
+
+A key-range chunk is read at the source's latest version when it is copied, which Delta never
+refuses, and that version is saved in the plan before the chunk's commit
+(:mod:`lakemirror.sinks.batch.bootstrap_plan`). When every chunk is copied, one MERGE applies, for
+each key, the captured changes after its chunk's read version (:mod:`lakemirror.sinks.batch.bootstrap_apply`):
+the replica then holds the source as of the last captured version F, and the table's stream starts
+after F. Planning and copying thus take as long as they take: only the captures, which cost what
+their changes cost, must keep pace with the source's change window, and a window too short even for
+them is said, once, with the retention the bootstrap needs.
 
 A table of one chunk is copied as before: one snapshot read, one overwrite commit.
 """
@@ -24,18 +29,21 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, Mapping
 
 from lakemirror import tables
+from lakemirror.checkpoints import layout
 from lakemirror.checkpoints.bootstrap_state import BootstrapStore
-from lakemirror.errors import PinnedVersionAged
-from lakemirror.sinks.batch import snapshot_copy
+from lakemirror.errors import BootstrapPlanOutdated, PinnedVersionAged
+from lakemirror.sinks.batch import bootstrap_apply, snapshot_copy
 from lakemirror.sinks.batch.bootstrap_plan import (
-    CATCH_UP, BootstrapPlan, BootstrapPolicy, BootstrapProgress, CatchUpRound, Step, next_step,
+    BootstrapPlan, BootstrapPolicy, BootstrapProgress, ChunkRead, OutdatedPlan, PlanKeeper,
 )
-from lakemirror.sinks.merge.delta_merge import DeltaMergeSink
-from lakemirror.sinks.merge.planner import CHANGE_TYPE, UPDATE_PRE, MergePlan
+from lakemirror.sinks.batch.capture_policy import copy_budget_used
+from lakemirror.sinks.batch.change_capture import ChangeCapture
+from lakemirror.sinks.merge.planner import MergePlan
 from lakemirror.sinks.txn import TxnId, txn_app_id
-from lakemirror.sources import change_feed, snapshot_files
+from lakemirror.sources import snapshot_files
+from lakemirror.sources.commit_log import HeadReader
 from lakemirror.sources.chunks import Chunk, bootstrap_app_id, chunk_app_id, chunk_number
-from lakemirror.sources.retention import RetentionWindow, headroom_seconds, time_travel_refused
+from lakemirror.sources.retention import RetentionWindow, time_travel_refused
 from lakemirror.tables import TableLocation
 
 if TYPE_CHECKING:
@@ -43,9 +51,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Chunk waves in a row whose reads Delta may refuse (each followed by a catch-up round that moves
-#: the read version to the source's latest) before the bootstrap gives up.
-REFUSED_WAVES = 3
+#: A read at the source's latest version is refused only when the source commits between the look
+#: at its head and the read, after idling for longer than its retention: the read is tried again at
+#: the new head, this many times in all.
+READ_ATTEMPTS = 3
 
 
 @dataclass
@@ -59,9 +68,9 @@ class BootstrapJob:
     replica: TableLocation
     plan: MergePlan
     epoch: int
-    version: int                 # the pinned snapshot version V
+    version: int                 # the pinned version V: the change feed is captured after it
     stream_app_id: str           # the table epoch's stream app id (bootstrap ids derive from it)
-    touched_path: str            # the touched-keys Delta table of this epoch
+    changes_path: str            # the change log (a Delta table) of this epoch
     source_properties: Mapping[str, str]
 
 
@@ -86,208 +95,247 @@ class ChunkedBootstrap:
         self.on_progress = on_progress
         self.stopping = stopping
         self.app = bootstrap_app_id(job.stream_app_id)
-        self.retention = RetentionWindow.from_properties(dict(job.source_properties))
+        self.window = RetentionWindow.from_properties(dict(job.source_properties))
+        self.changes = TableLocation(job.replica.name, job.changes_path)
+        self.keeper = PlanKeeper(BootstrapPlan(job.epoch, job.version), self._save)
         self._lock = threading.Lock()
-        self._durations: list[float] = []
-        self._rows_copied = 0
-        self._rows_done = 0
-        self._note = ""
+        self._done: set[int] = set()
+        self._rows_this_run = 0
+        self._chunks_this_run = 0
+        self._started = clock()
+        self._capture: ChangeCapture | None = None
+        self._heads = HeadReader(job.spark, job.source)
+        self._head_lock = threading.Lock()
         self.choice = snapshot_files.choose_chunk_reads(internal_file_reads=policy.internal_file_reads,
                                                         own_jvm=tables.has_own_jvm(job.spark))
         self._reads: snapshot_files.ChunkReads | None = None
 
-    def _chunk_reads(self) -> snapshot_files.ChunkReads:
-        """The chunk reads :func:`~lakemirror.sources.snapshot_files.choose_chunk_reads` chose, made
-        once per run (the fast path lists the source's files at V once)."""
-        with self._lock:
-            if self._reads is None:
-                self._reads = snapshot_files.chunk_reads(self.job.spark, self.job.source, self.job.version,
-                                                         self.job.plan.keys, self.choice)
-            return self._reads
-
-    # -- the plan --------------------------------------------------------------------------------
-
-    def _load_or_plan(self) -> tuple[BootstrapPlan, bool]:
-        j = self.job
-        document = self.store.load(j.slug, j.epoch)
-        saved = None if document is None else BootstrapPlan.from_json(document)
-        if saved is not None and saved.version == j.version:
-            return saved, True
-        reads = self._chunk_reads()
-        chunks = reads.plan(self.policy.chunk_bytes)
-        log.info("table %s: bootstrap at version %d in %d chunk(s); %s", j.name, j.version, len(chunks),
-                 self.choice.reason)
-        note = getattr(reads, "note", None)
-        if note:
-            log.warning("table %s: bootstrap: %s", j.name, note)
-        plan = BootstrapPlan(j.epoch, j.version, chunks)
-        self.store.save(j.slug, plan.to_json())
-        return plan, False
-
-    def _committed(self, plan: BootstrapPlan) -> set[int]:
-        found = snapshot_copy.recorded_transactions(self.job.spark, self.job.replica,
-                                                    [chunk_app_id(self.app, c.number) for c in plan.chunks])
-        return {n for app in found if (n := chunk_number(self.app, app)) is not None}
+    def _save(self, document: dict[str, object]) -> None:
+        self.store.save(self.job.slug, document)
 
     # -- running ---------------------------------------------------------------------------------
 
     def run(self) -> int:
-        """Copy every chunk; the version the replica then holds.
-
-        Delta refuses to read a version that is no longer the source's latest and whose commit is
-        older than the source's ``delta.deletedFileRetentionDuration``
-        (:func:`~lakemirror.sources.retention.time_travel_refused`). A refused chunk read after the
-        replica exists is followed by a catch-up round, after which the chunks are read at the
-        version the round reached. A refused read before anything was written (the plan, the
-        first chunk) raises :class:`~lakemirror.errors.PinnedVersionAged`: the caller pins anew."""
+        """Capture the change feed while planning and copying every chunk, then apply what the
+        chunks still need; the version the replica then holds (see the module docstring)."""
         j = self.job
+        resumed = self._load()
+        capture = ChangeCapture(j.spark, name=j.name, source=j.source, changes=self.changes, plan=j.plan,
+                                app=self.app, keeper=self.keeper, policy=self.policy, window=self.window,
+                                clock=self.clock, fault=self.fault, resumed=resumed, on_captured=self._captured)
+        self._capture = capture
         try:
-            plan, resumed = self._load_or_plan()
-        except Exception as exc:
-            if time_travel_refused(exc):
-                raise PinnedVersionAged(j.name, j.version) from exc
-            raise
-        done = self._committed(plan) if resumed else set()
-        started = self.clock()
-        self._rows_done = sum(c.rows or 0 for c in plan.chunks if c.number in done)
-        if resumed:
-            log.info("table %s: resuming the bootstrap at version %d: %d of %d chunks already committed",
-                     j.name, j.version, len(done), len(plan.chunks))
-        for r in plan.rounds:
-            if not r.done:  # a round a crash interrupted: redone with the same range and ids
-                plan = self._catch_up(plan, r)
-        pending = [c for c in plan.chunks if c.number not in done]
-        copying_since = self.clock()
-        self._report(plan, done, started)
-        refused = 0  # chunk waves in a row whose reads Delta refused
-        catch_up_first = False  # the last wave was refused: the next step is a catch-up
-        while pending:
-            if self.stopping():
-                raise BootstrapInterrupted(f"{j.name}: stopping; the bootstrap resumes at chunk "
-                                           f"{pending[0].number} of {len(plan.chunks)} on the next start")
-            if 0 in {c.number for c in pending}:
-                wave = [pending[0]]  # the first chunk creates (replaces) the replica: alone
-            else:
-                step = (Step(CATCH_UP, f"Delta refused to read source version {plan.applied_through} (no longer the "
-                                       f"latest, and older than the source's deleted-file retention): applying the "
-                                       f"change feed first, then reading the chunks at the version it reaches",
-                             urgent=True)
-                        if catch_up_first else self._decide(plan, copying_since, len(pending)))
-                catch_up_first = False
-                if step.kind == CATCH_UP:
-                    (log.warning if step.urgent else log.info)("table %s: bootstrap: %s", j.name, step.reason)
-                    self._note = step.reason
-                    plan = self._catch_up(plan, None)
-                    copying_since = self.clock()
-                    self._report(plan, done, started)
-                    continue
-                wave = pending[:max(1, self.policy.parallel_chunks)]
+            capture.start()
+            plan = self._planned()
+            if resumed:
+                self._done = self._committed(plan)
+                log.info("table %s: resuming the bootstrap at version %d: %d of %d chunks already committed",
+                         j.name, j.version, len(self._done), len(plan.chunks or ()))
+            self._report()
+            self._copy_all(capture)
+            capture.stop()
+            capture.check()
+            return self._apply(capture)
+        finally:
+            capture.close()
+
+    def finish(self) -> None:
+        """After the runner has saved the table as bootstrapped: drop the change log and the plan."""
+        snapshot_copy.drop_path_table(self.job.spark, self.job.changes_path)
+        self.store.forget(self.job.slug)
+
+    def _load(self) -> bool:
+        """Take the saved plan of this epoch (True), or save a new one (False)."""
+        j = self.job
+        document = self.store.load(j.slug, j.epoch)
+        try:
+            saved = None if document is None else BootstrapPlan.from_json(document)
+        except OutdatedPlan as exc:
+            raise BootstrapPlanOutdated(j.name, j.version, str(exc)) from exc
+        if saved is not None and saved.version == j.version:
+            self.keeper = PlanKeeper(saved, self._save)
+            return True
+        self.keeper.update(lambda p: p)
+        return False
+
+    # -- the plan --------------------------------------------------------------------------------
+
+    def _latest(self) -> int:
+        """The source's latest version (from its commit files when this process can see them)."""
+        with self._head_lock:
+            return self._heads.head(self.job.version).latest_version
+
+    def _chunk_reads(self, version: int | None = None) -> snapshot_files.ChunkReads:
+        """The chunk reads :func:`~lakemirror.sources.snapshot_files.choose_chunk_reads` chose, made
+        once per run; ``version`` is where a plan is made (file groups are always V's)."""
+        with self._lock:
+            if self._reads is None:
+                at = self.job.version if version is None or self.choice.kind == snapshot_files.DELTA_LOG_FILES \
+                    else version
+                self._reads = snapshot_files.chunk_reads(self.job.spark, self.job.source, at, self.job.plan.keys,
+                                                         self.choice)
+            return self._reads
+
+    def _planned(self) -> BootstrapPlan:
+        """The plan's chunks, planned now (the capturer running meanwhile) unless saved.
+
+        Key ranges are planned at the source's latest version (the ranges cover the whole key
+        domain at any version); groups of files at V, whose files they are."""
+        plan = self.keeper.plan
+        if plan.chunks is not None:
+            return plan
+        j = self.job
+        for attempt in range(READ_ATTEMPTS):
+            at = j.version if self.choice.kind == snapshot_files.DELTA_LOG_FILES else self._latest()
             try:
-                self._copy_wave(plan, wave, done, started)
-                refused = 0
+                reads = self._chunk_reads(at)
+                chunks = reads.plan(self.policy.chunk_bytes)
+                break
             except Exception as exc:
                 if not time_travel_refused(exc):
                     raise
-                if 0 not in done:
-                    raise PinnedVersionAged(j.name, j.version) from exc
-                refused += 1
-                if refused > REFUSED_WAVES:
-                    raise
-                catch_up_first = True
-            pending = [c for c in pending if c.number not in done]
-        return plan.applied_through
+                self._reads = None
+                if self.choice.kind == snapshot_files.DELTA_LOG_FILES or attempt == READ_ATTEMPTS - 1:
+                    raise PinnedVersionAged(j.name, at) from exc
+        log.info("table %s: bootstrap from version %d in %d chunk(s) (planned at version %d); %s", j.name, j.version,
+                 len(chunks), at, self.choice.reason)
+        note = getattr(reads, "note", None)
+        if note:
+            log.warning("table %s: bootstrap: %s", j.name, note)
+        return self.keeper.update(lambda p: p.with_chunks(chunks))
 
-    def finish(self) -> None:
-        """After the runner has saved the table as bootstrapped: drop the touched keys and the plan."""
-        snapshot_copy.drop_path_table(self.job.spark, self.job.touched_path)
-        self.store.forget(self.job.slug)
+    def _committed(self, plan: BootstrapPlan) -> set[int]:
+        """The chunks the replica's transaction records name; the rows of those whose figures a
+        crash kept from the plan are taken from their commits."""
+        assert plan.chunks is not None
+        found = snapshot_copy.recorded_transactions(self.job.spark, self.job.replica,
+                                                    [chunk_app_id(self.app, c.number) for c in plan.chunks])
+        done = {n for app in found if (n := chunk_number(self.app, app)) is not None}
+        unknown = {n: TxnId(chunk_app_id(self.app, n), n).tag() for n in done
+                   if n not in plan.reads or plan.reads[n].rows is None}
+        if unknown:
+            rows = snapshot_copy.committed_rows(self.job.spark, self.job.replica, set(unknown.values()))
+            known = {n: ChunkRead(plan.floor(n), rows[tag]) for n, tag in unknown.items() if tag in rows}
+            self.keeper.update(lambda p: replace(p, reads={**p.reads, **known}))
+        return done
 
-    def _decide(self, plan: BootstrapPlan, copying_since: float, chunks_left: int) -> Step:
+    # -- copying ---------------------------------------------------------------------------------
+
+    def _copy_all(self, capture: ChangeCapture) -> None:
         j = self.job
-        through = plan.applied_through
-        head = change_feed.source_head(j.spark, j.source, since_version=through, window=1)
-        now = self.clock()
-        headroom = headroom_seconds(applied_through=through, latest_version=head.latest_version,
-                                    commit_times=head.commit_times, window=self.retention, now=now)
-        expected = max(self._durations[-3:]) if self._durations else 0.0
-        return next_step(self.policy, now=now, copying_since=copying_since, headroom_seconds=headroom,
-                         expected_chunk_seconds=expected, chunks_left=chunks_left,
-                         source_ahead=head.latest_version > through)
+        chunks = self.keeper.plan.chunks or ()
+        pending = [c for c in chunks if c.number not in self._done]
+        copying_since = self.clock()
+        while pending:
+            if self.stopping():
+                raise BootstrapInterrupted(f"{j.name}: stopping; the bootstrap resumes at chunk "
+                                           f"{pending[0].number} of {len(chunks)} on the next start")
+            capture.check()
+            if copy_budget_used(self.policy, now=self.clock(), since=copying_since):
+                capture.capture()
+                copying_since = self.clock()
+            if 0 in {c.number for c in pending}:
+                wave = [pending[0]]  # the first chunk creates (replaces) the replica: alone
+            else:
+                wave = pending[:max(1, self.policy.parallel_chunks)]
+            self._copy_wave(wave)
+            pending = [c for c in pending if c.number not in self._done]
 
-    def _copy_wave(self, plan: BootstrapPlan, wave: list[Chunk], done: set[int], started: float) -> None:
-        touched = self._touched() if plan.rounds else None
+    def _copy_wave(self, wave: list[Chunk]) -> None:
         if len(wave) == 1:
-            self._copy(plan, wave[0], touched, done, started)
+            self._copy(wave[0])
             return
         with ThreadPoolExecutor(max_workers=len(wave), thread_name_prefix=f"chunk:{self.job.slug}") as pool:
-            futures = [pool.submit(self._copy, plan, c, touched, done, started) for c in wave]
+            futures = [pool.submit(self._copy, c) for c in wave]
             errors = [f.exception() for f in futures]
         for error in errors:
             if error is not None:
                 raise error
 
-    def _copy(self, plan: BootstrapPlan, chunk: Chunk, touched: "DataFrame | None", done: set[int],
-              started: float) -> None:
+    def _read(self, chunk: Chunk) -> tuple[int, "DataFrame"]:
+        """The chunk's rows and the version they are read at: the source's latest for a key range
+        or the whole table, V for a group of V's files."""
+        reads = self._chunk_reads()
+        if chunk.paths:
+            return self.job.version, reads.read(chunk, self.job.version)
+        for attempt in range(READ_ATTEMPTS):
+            version = self._latest()
+            try:
+                return version, reads.read(chunk, version)
+            except Exception as exc:
+                if not time_travel_refused(exc) or attempt == READ_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _copy(self, chunk: Chunk) -> None:
         j = self.job
+        number = chunk.number
         with self.slots:
             t0 = self.clock()
-            # A key-range chunk is read at the version the catch-up rounds reached, not at V: Delta
-            # refuses to time-travel further back than the source's deletedFileRetentionDuration,
-            # which a bootstrap that outlives the retention would otherwise pass (its rows are V's
-            # for every key no round touched; the touched ones the chunk leaves to the rounds).
-            rows = (change_feed.snapshot(j.spark, j.source, j.version) if chunk.whole_table
-                    else self._chunk_reads().read(chunk, plan.applied_through))
+            version, rows = self._read(chunk)
+            self.keeper.update(lambda p: p.with_read(number, ChunkRead(version)))  # before the commit
             self.fault("bootstrap_inside_chunk")
-            snapshot_copy.write_chunk(rows, j.replica, j.plan.columns, TxnId(chunk_app_id(self.app, chunk.number),
-                                                                              chunk.number),
-                                      first=chunk.number == 0, touched=touched, keys=j.plan.keys,
-                                      source_properties=j.source_properties)
+            txn = TxnId(chunk_app_id(self.app, number), number)
+            written = snapshot_copy.write_chunk(rows, j.replica, j.plan.columns, txn, first=number == 0,
+                                                source_properties=j.source_properties)
+            if written is None:
+                written = snapshot_copy.committed_rows(j.spark, j.replica, {txn.tag()}, recent=8).get(txn.tag())
             seconds = self.clock() - t0
+        self.keeper.update(lambda p: p.with_read(number, ChunkRead(version, written)))
         with self._lock:
-            done.add(chunk.number)
-            self._durations.append(seconds)
-            self._rows_done += chunk.rows or 0
-            self._rows_copied += chunk.rows or 0
-            progress = self._report(plan, done, started)
-        log.info("table %s: bootstrap chunk %d committed (%s rows, %.1fs): %s", j.name, chunk.number,
-                 "?" if chunk.rows is None else chunk.rows, seconds, progress.describe())
+            self._done.add(number)
+            self._chunks_this_run += 1
+            self._rows_this_run += written if written is not None else chunk.rows or 0
+        progress = self._report()
+        log.info("table %s: bootstrap chunk %d committed (%s rows read at source version %d, %.1fs): %s", j.name,
+                 number, "?" if written is None else written, version, seconds,
+                 "" if progress is None else progress.describe())
         self.fault("bootstrap_between_chunks")
 
-    def _touched(self) -> "DataFrame":
-        return tables.read(self.job.spark, TableLocation(self.job.replica.name, self.job.touched_path))
+    # -- the end -----------------------------------------------------------------------------------
 
-    def _catch_up(self, plan: BootstrapPlan, redo: CatchUpRound | None) -> BootstrapPlan:
-        """Apply the change feed after the last applied version through the source's latest (or a
-        saved round's range again) and record the keys it touched."""
+    def _apply(self, capture: ChangeCapture) -> int:
+        """Capture through the newest chunk's version (from the oldest chunk's, at the least), fix
+        that end F in the plan, and MERGE what the chunks still need; F."""
         j = self.job
-        if redo is None:
-            latest = change_feed.source_head(j.spark, j.source, since_version=plan.applied_through,
-                                             window=1).latest_version
-            redo = CatchUpRound(len(plan.rounds), plan.applied_through, latest)
-            plan = plan.with_round(redo)
-            self.store.save(j.slug, plan.to_json())  # the range is fixed before anything is written
-        batch = (tables.read(j.spark, j.source, readChangeFeed="true", startingVersion=redo.after + 1,
-                             endingVersion=redo.through))
-        outcome = DeltaMergeSink(j.replica, j.plan).apply(batch, TxnId(f"{self.app}/catch-up", redo.number))
-        self.fault("bootstrap_after_catch_up")
-        keys = (batch.where(f"`{CHANGE_TYPE}` <> '{UPDATE_PRE}'")
-                .select(*[f"`{k.replace('`', '``')}`" for k in j.plan.keys]).distinct())
-        snapshot_copy.append_keys(keys, TableLocation(j.replica.name, j.touched_path),
-                                  TxnId(f"{self.app}/touched", redo.number))
-        plan = plan.with_round(replace(redo, done=True))
-        self.store.save(j.slug, plan.to_json())
-        log.info("table %s: bootstrap catch-up %d applied source versions %d..%d (%d change rows%s)", j.name,
-                 redo.number, redo.after + 1, redo.through, outcome.stats.rows_read,
-                 ", already committed" if outcome.replayed else "")
-        return plan
+        plan = self.keeper.plan
+        chunks = plan.chunks or ()
+        if plan.final_through is None:
+            floors = [plan.floor(c.number) for c in chunks]
+            target = max([plan.captured_through, *floors])
+            capture.capture(target, after=min(floors))
+            plan = self.keeper.update(lambda p: p.with_final(max(target, p.captured_through)))
+        through = plan.final_through
+        assert through is not None
+        applied = bootstrap_apply.apply_captured(j.spark, replica=j.replica, changes=self.changes, merge_plan=j.plan,
+                                                 plan=plan, through=through, txn=TxnId(f"{self.app}/apply", 0))
+        outcome = applied.outcome
+        if outcome is not None:
+            c = outcome.counts
+            log.info("table %s: bootstrap applied %d captured change rows through source version %d to %s (%d "
+                     "inserted, %d updated, %d deleted%s)", j.name, outcome.stats.rows_read, through,
+                     f"{len(applied.chunks)} of {len(chunks)} chunks" if applied.chunks else "the replica",
+                     c.inserted, c.updated, c.deleted, "; already committed" if outcome.replayed else "")
+        elif plan.captures:
+            log.info("table %s: bootstrap: no captured change was still needed through source version %d (each "
+                     "chunk read them)", j.name, through)
+        return through
 
-    def _report(self, plan: BootstrapPlan, done: set[int], started: float) -> BootstrapProgress:
+    def _captured(self) -> None:
+        self._report()
+
+    def _report(self) -> BootstrapProgress | None:
+        plan = self.keeper.plan
+        if plan.chunks is None:
+            return None
+        with self._lock:
+            done, rows_run, chunks_run = set(self._done), self._rows_this_run, self._chunks_this_run
         rows_total = None if any(c.rows is None for c in plan.chunks) else sum(c.rows or 0 for c in plan.chunks)
         progress = BootstrapProgress(
             version=plan.version, chunks_total=len(plan.chunks), chunks_done=len(done), rows_total=rows_total,
-            rows_copied=self._rows_copied, started_at=started, now=self.clock(), rows_done_estimate=self._rows_done,
-            chunks_copied=len(self._durations),
-            applied_through=plan.applied_through, catch_ups=sum(1 for r in plan.rounds if r.done), note=self._note)
+            rows_copied=plan.rows_copied(done), started_at=self._started, now=self.clock(),
+            rows_copied_this_run=rows_run, chunks_copied=chunks_run, captured_through=plan.captured_through,
+            captures=sum(1 for r in plan.captures if r.done), note=self._capture.note if self._capture else "")
         self.on_progress(progress)
         return progress
 
@@ -295,8 +343,8 @@ class ChunkedBootstrap:
 class ChunkedCopy:
     """A Delta replica's bootstrap copy as a :class:`ChunkedBootstrap`
     (:class:`lakemirror.supervisor.bootstrap.SnapshotCopier`): the replica's schema is made, the
-    chunks are copied with the change feed between them, and the replica's properties then name
-    the version it holds."""
+    chunks are copied beside the change capture, and the replica's properties then name the
+    version it holds."""
 
     def __init__(self, spark: "SparkSession", *, label: str, slug: str, source: TableLocation,
                  replica: TableLocation, ensure_schema: Callable[[], None], pipeline_id: str, checkpoint_root: str,
@@ -315,7 +363,7 @@ class ChunkedCopy:
         log.info("table %s: bootstrapping from source version %d (epoch %d)", self.label, version, epoch)
         job = BootstrapJob(self.spark, self.label, self.slug, self.source, self.replica, plan, epoch, version,
                            txn_app_id(self.pipeline_id, self.slug, epoch),
-                           f"{self.checkpoint_root.rstrip('/')}/{self.pipeline_id}/{self.slug}/e{epoch}-touched",
+                           layout.change_log_table(self.checkpoint_root, self.pipeline_id, self.slug, epoch),
                            source_properties)
         self._running = ChunkedBootstrap(job, policy=self.policy, store=self.store, slots=self.slots,
                                          clock=self.clock, fault=self.fault, on_progress=self.on_progress,

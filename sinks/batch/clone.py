@@ -37,6 +37,7 @@ from lakemirror.sinks.batch.snapshot_copy import set_properties, write_snapshot
 from lakemirror.sinks.sql import SqlExecutor
 from lakemirror.sinks.txn import TxnId
 from lakemirror.tables import TableLocation
+from lakemirror.sql_exec import run_sql
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -155,7 +156,7 @@ class DeltaCloner:
         """Clone ``source`` into ``target``; ``keys`` (chosen by the caller, e.g. with
         :func:`lakemirror.sources.keys.choose_key`) enable the incremental path, empty forces full."""
         spark = self.spark
-        detail = spark.sql(f"DESCRIBE DETAIL {source.sql}").collect()[0]
+        detail = run_sql(spark, f"DESCRIBE DETAIL {source.sql}").collect()[0]
         source_id, src_props = detail["id"], dict(detail["properties"] or {})
         version = tables.latest_version(spark, source)
         src_cols = columns_from_struct(tables.read(spark, source, versionAsOf=version).schema)
@@ -163,7 +164,7 @@ class DeltaCloner:
         state = CloneState(version, source_id, src_props.get(CDF_PROPERTY, "false").lower() == "true",
                            replica_exists=tables.exists(spark, target), has_key=bool(key))
         if state.replica_exists:
-            rep_props = dict(spark.sql(f"DESCRIBE DETAIL {target.sql}").collect()[0]["properties"] or {})
+            rep_props = dict(run_sql(spark, f"DESCRIBE DETAIL {target.sql}").collect()[0]["properties"] or {})
             rep_cols = columns_from_struct(tables.read(spark, target).schema)
             mirrored = rep_props.get(CLONE_VERSION_PROPERTY)
             state = CloneState(version, source_id, state.cdf_enabled, True,

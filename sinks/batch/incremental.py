@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
 
 from lakemirror import tables
+from lakemirror.checkpoints import layout
 from lakemirror.checkpoints.state import StateStore, TableProgress
 from lakemirror.errors import DestinationConflict, TerminalError
 from lakemirror.identifiers import TableName
@@ -205,7 +206,7 @@ class IncrementalSweep:
         src, dst = self.catalog.locate(source), self.catalog.locate(target)
         sink = DeltaMergeSink(dst, plan, stable_source=True)
         app_id = sweep_app_id(self.namespace, target.slug, progress.epoch, start)
-        checkpoint = f"{self.checkpoint_root}/{self.namespace}/incremental/{target.slug}/e{progress.epoch}"
+        checkpoint = layout.incremental_checkpoint(self.checkpoint_root, self.namespace, target.slug, progress.epoch)
         batches = SweepBatches(sink, app_id)
         # Over Spark Connect the batch function runs on the server: its outcomes are read back from
         # the replica's log after the query, and commits up to this version were there before it.

@@ -24,6 +24,7 @@ from lakemirror import tables
 from lakemirror.errors import TerminalError
 from lakemirror.sinks.batch.snapshot_copy import PIPELINE_PROPERTY, replica_properties
 from lakemirror.tables import TableLocation
+from lakemirror.sql_exec import run_sql
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -54,13 +55,13 @@ def vacuum_replica(spark: "SparkSession", target: TableLocation, pipeline_id: st
     retention = properties.get(RETENTION_PROPERTY, "interval 7 days (Delta's default)")
     mode = "lite"
     try:
-        spark.sql(f"VACUUM {target.sql} LITE").collect()
+        run_sql(spark, f"VACUUM {target.sql} LITE").collect()
     except Exception as exc:  # noqa: BLE001 (only Delta's "the log does not reach back" falls back)
         if LITE_NOT_ENOUGH_LOG not in str(exc):
             raise
         log.info("%s: the log does not reach back to every file to delete; a full VACUUM lists the table", target.name)
         mode = "full"
-        spark.sql(f"VACUUM {target.sql}").collect()
+        run_sql(spark, f"VACUUM {target.sql}").collect()
     return {"vacuumed": True, "mode": mode, "retention": retention, **_deleted(spark, target)}
 
 

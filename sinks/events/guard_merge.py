@@ -48,7 +48,7 @@ from lakemirror.object_store import delta_rs_target
 from lakemirror.sinks.accelerator.guarded_driver import GuardedBatchUnfit, GuardedDriverMerge
 from lakemirror.sinks.merge.apply_choice import choose_guarded_apply
 from lakemirror.sinks.merge.delta_merge import counts_from_answer
-from lakemirror.sinks.events.event_rows import convert, infer_type
+from lakemirror.sinks.events.event_rows import convert, convert_row, infer_type
 from lakemirror.sinks.events.guard_plan import (
     DELETED_AT_COLUMN, OP_COLUMN, POSITION_COLUMN, POSITION_FIELDS, RESERVED_COLUMNS, SCOPE_COLUMN, SCOPE_KEY, SCOPE_TABLE, TablePlan,
     row_order,
@@ -57,6 +57,7 @@ from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.txn import TxnId, transaction
 from lakemirror.sources.change_event import DELETE, ChangeEvent, Order
 from lakemirror.tables import TableLocation
+from lakemirror.sql_exec import run_sql
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -159,7 +160,7 @@ class GuardedDeltaSink:
             new = [c for c in wanted if c.lower() not in have]
             if new and self.allow_schema_evolution:
                 cols = ", ".join(f"{quote(c)} {typed(c)}" for c in new)
-                session.sql(f"ALTER TABLE {self.replica.sql} ADD COLUMNS ({cols})")
+                run_sql(session, f"ALTER TABLE {self.replica.sql} ADD COLUMNS ({cols})")
                 log.info("%s: new columns from the events: %s", self.replica, ", ".join(new))
                 added = tuple(new)
         schema = self._schema(session, self.replica)
@@ -230,12 +231,12 @@ class GuardedDeltaSink:
             stored_floor = self._stored_floor(session)
             new_floor = plan.truncate if stored_floor is None or plan.truncate > stored_floor else None
         rows, deletes, rejected = [], [], []
+        names = [f.name for f in data_fields]
         for w in plan.winners:
             try:
-                key = tuple(convert(dict(w.keys)[k], types[k]) for k in plan.key_columns)
-                values = [convert(w.columns.get(f.name), types[f.name]) if w.op != DELETE else
-                          (key[plan.key_columns.index(f.name)] if f.name in plan.key_columns else None)
-                          for f in data_fields]
+                typed_key = convert_row(dict(w.keys), types, plan.key_columns)
+                typed = convert_row(w.columns, types, names) if w.op != DELETE else typed_key
+                values = [typed.get(n) for n in names]
             except ValueError as exc:
                 rejected.append((w, f"does not fit the replica's schema: {exc}"))
                 continue
@@ -368,6 +369,6 @@ class GuardedDeltaSink:
         if not tables.exists(session, self.tombstones):
             return 0
         cutoff = round((self.clock() - horizon_seconds) * 1_000_000)
-        answer = session.sql(f"DELETE FROM {self.tombstones.sql} WHERE {SCOPE_COLUMN} = '{SCOPE_KEY}' "
-                             f"AND {DELETED_AT_COLUMN} < timestamp_micros({cutoff})").collect()
+        answer = run_sql(session, f"DELETE FROM {self.tombstones.sql} WHERE {SCOPE_COLUMN} = '{SCOPE_KEY}' "
+                                  f"AND {DELETED_AT_COLUMN} < timestamp_micros({cutoff})").collect()
         return int(answer[0][0]) if answer and answer[0][0] is not None else 0

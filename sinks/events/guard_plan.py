@@ -4,7 +4,8 @@ Pure: no pyspark import. The Delta executor (:mod:`lakemirror.sinks.events.guard
 :class:`GuardPlan` out with one MERGE per replica; the in-memory twin
 (:class:`GuardedMemoryReplica`) carries it out on dicts and is the oracle of the tests.
 
-The rules (CDC_SEMANTICS.md §3, §5), for events that may arrive in any order, any number of times:
+The rules (the semantics of Databricks' AUTO CDC / APPLY CHANGES, with each event's source log
+position as its sequence), for events that may arrive in any order, any number of times:
 
 - a change's order is its :class:`~lakemirror.sources.change_event.Position`, then its operation's
   rank (a delete before an upsert at one position); per key, the batch's winner is the highest

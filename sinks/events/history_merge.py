@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from lakemirror import tables
 from lakemirror.identifiers import quote
 from lakemirror.sinks.merge.delta_merge import counts_from_answer
-from lakemirror.sinks.events.event_rows import convert
+from lakemirror.sinks.events.event_rows import convert_row
 from lakemirror.sinks.events.guard_merge import S, T, GuardedDeltaSink, GuardOutcome, position_sql
 from lakemirror.sinks.events.guard_plan import (
     DELETED_AT_COLUMN, POSITION_COLUMN, POSITION_FIELDS, RESERVED_COLUMNS, SCOPE_COLUMN, SCOPE_KEY, SCOPE_TABLE, Key,
@@ -57,6 +57,7 @@ from lakemirror.sinks.events.history_plan import (
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.txn import TxnId, transaction
 from lakemirror.sources.change_event import UPSERT, ChangeEvent, Order
+from lakemirror.sql_exec import run_sql
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -97,11 +98,11 @@ class HistoryDeltaSink(GuardedDeltaSink):
                 raise HistoryReplicaMismatch(
                     f"{self.replica} holds current rows (no {IS_CURRENT} column), not history: history scd2 needs a "
                     f"replica of its own: give the pipeline another destination_schema")
-            session.sql(f"ALTER TABLE {self.replica.sql} ADD COLUMNS ({VALID_FROM} TIMESTAMP, {VALID_TO} TIMESTAMP, "
-                        f"{IS_CURRENT} BOOLEAN, {END_POSITION_COLUMN} {POSITION_TYPE})")
+            run_sql(session, f"ALTER TABLE {self.replica.sql} ADD COLUMNS ({VALID_FROM} TIMESTAMP, {VALID_TO} TIMESTAMP, "
+                             f"{IS_CURRENT} BOOLEAN, {END_POSITION_COLUMN} {POSITION_TYPE})")
         stones = self._schema(session, self.tombstones)
         if stones is not None and TS_MS_COLUMN not in {f.name for f in stones.fields}:
-            session.sql(f"ALTER TABLE {self.tombstones.sql} ADD COLUMNS ({TS_MS_COLUMN} BIGINT)")
+            run_sql(session, f"ALTER TABLE {self.tombstones.sql} ADD COLUMNS ({TS_MS_COLUMN} BIGINT)")
         widened = self._schema(session, self.replica)
         assert widened is not None
         self._ensured = widened  # what ensure() answers next: the replica with its history columns
@@ -167,7 +168,8 @@ class HistoryDeltaSink(GuardedDeltaSink):
         rejected: list[tuple[ChangeEvent, str]] = []
         for key, events in plan.changes.items():
             try:
-                typed_key = tuple(convert(v, types[k]) for k, v in zip(plan.key_columns, key))
+                typed = convert_row(dict(zip(plan.key_columns, key)), types, plan.key_columns)
+                typed_key = tuple(typed[k] for k in plan.key_columns)
             except ValueError as exc:
                 rejected += [(e, f"key does not fit the replica: {exc}") for e in events]
                 continue
@@ -175,7 +177,7 @@ class HistoryDeltaSink(GuardedDeltaSink):
             for e in events:
                 if e.op == UPSERT:
                     try:
-                        columns = {c: convert(e.columns.get(c), types[c]) for c in data}
+                        columns = convert_row(e.columns, types, data)
                     except ValueError as exc:
                         rejected.append((e, f"does not fit the replica's schema: {exc}"))
                         continue

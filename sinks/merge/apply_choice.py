@@ -8,8 +8,7 @@ the chooser decides; the executors are :mod:`lakemirror.sinks.merge.delta_merge`
 A Delta MERGE makes two passes over the replica: one join finds the files that hold a changed key,
 a second join rewrites those files. On a small replica with changes spread over its keys every
 file holds one, so both passes read all of it. A rewrite reads it once and replaces it in one
-commit. ``make bench`` (apply cost) measured 1.56 s against 2.05 s per warm batch on a 100k-row
-replica (docs/BENCHMARKS.md).
+commit, which is why small replicas are rewritten (``make bench ONLY=apply_cost`` times both paths).
 
 A rewrite is chosen only when it gives the same replica and history a reader can rely on:
 
@@ -26,21 +25,25 @@ A rewrite is chosen only when it gives the same replica and history a reader can
 A replica on the driver's own file system is applied on the driver (``driver_apply``, on by
 default): the batch is planned by the table's Structured Streaming query (and read by delta-rs
 when it holds whole source versions), and its winning changes reach the replica through one
-delta-rs MERGE under the same Delta transaction id, with no Spark job for the write. A warm turn of
-a 100k-row table took 1.3 s against 4.0 s for the rewrite (a throwaway A/B; ``make bench ONLY=apply_cost``: 0.22 s
-against 1.35 s an apply):
-Spark's Delta writer costs about a second a commit on two cores whatever the batch. delta-rs's
-MERGE streams the replica, so the driver path takes replicas up to ``driver_apply_below_bytes``
-(4 GiB by default), past ``rewrite_below_bytes``: a 1% change into a 10M-row replica cost 0.46
-times a Spark overwrite's CPU, against 1.76 times for Spark's MERGE (``make bench ONLY=steady_cost``). A large
-replica delta-rs refuses goes to Spark's MERGE, a small one to the rewrite. A replica with
+delta-rs MERGE under the same Delta transaction id, with no Spark job for the write. Spark's Delta
+writer has a fixed cost per commit (planning, jobs, the commit itself) whatever the batch, which
+dominates a small batch; the driver path has none of it (``make bench ONLY=apply_cost`` times each
+path). delta-rs's MERGE streams the replica, so the driver path takes replicas up to
+``driver_apply_below_bytes`` (4 GiB by default), past ``rewrite_below_bytes``: it rewrites only the
+files holding a changed key, where Spark's MERGE also pays its two joins
+(``make bench ONLY=steady_cost`` compares a cycle's CPU with a full refresh's). A large replica
+delta-rs refuses goes to Spark's MERGE, a small one to the rewrite. A replica with
 deletion vectors on (which delta-rs does not write) is taken by :mod:`lakemirror.sinks.accelerator.dv_merge`
-instead, which marks changed rows deleted in place; it falls back to Spark's MERGE. On top of the
+instead, which marks changed rows deleted in place (on the driver's file system only: it replays the
+replica's log from its files); it falls back to Spark's MERGE. On top of the
 rewrite's conditions (but its size) the driver path needs:
 
 - ``driver_apply`` on and the ``deltalake`` package importable;
-- the replica at a path on the driver's file system (not cloud storage, not a catalog-managed
-  table: delta-rs would need credentials the daemon does not hold);
+- the replica where the driver's delta-rs writes it (:func:`lakemirror.object_store.delta_rs_unreachable`):
+  at a path on the driver's file system, or on S3 (``s3a://``) through the session's own s3a settings,
+  on a store with conditional writes (each commit a put with ``If-None-Match``); not a
+  catalog-managed table (Unity Catalog hands credentials to its own engines only), another store,
+  or a remote session (Spark Connect);
 - only protocol features delta-rs writes (:data:`lakemirror.tables.DELTA_RS_WRITER_FEATURES`);
 - the replica's column names exactly the batch's (delta-rs matches names case-sensitively);
 - key columns of plain types (the winning change per key is picked with an Arrow group-by).
@@ -73,8 +76,8 @@ DRIVER_BATCH_MAX_ROWS = 5_000_000
 REWRITE_FILE_BYTES = 16 * 1024 * 1024
 DEFAULT_REWRITE_BELOW_BYTES = 64 * 1024 * 1024
 #: Replicas up to this size (on disk) are MERGEd on the driver when it can take them, whatever
-#: ``rewrite_below_bytes``: delta-rs's MERGE streams the replica (a 10M-row, 131 MB replica peaked at
-#: about 260 MiB more resident memory), and its memory is bounded by :data:`DRIVER_MERGE_MEMORY_BYTES`.
+#: ``rewrite_below_bytes``: delta-rs's MERGE streams the replica rather than loading it whole, and its
+#: memory is bounded by :data:`DRIVER_MERGE_MEMORY_BYTES`.
 DEFAULT_DRIVER_APPLY_BELOW_BYTES = 4 * 1024 * 1024 * 1024
 CDF_PROPERTY = "delta.enableChangeDataFeed"
 DELETION_VECTORS_PROPERTY = "delta.enableDeletionVectors"
@@ -88,6 +91,11 @@ class ReplicaFacts:
     properties: Mapping[str, str]
     observable: bool  # the session reports a write's observed metrics (classic PySpark)
     local: bool = False  # the replica is a path on the driver's file system
+    #: The replica is on object storage (S3) that the driver's delta-rs writes with the session's
+    #: settings, by conditional puts (:func:`lakemirror.object_store.delta_rs_unreachable` found nothing against it).
+    object_store: bool = False
+    #: Why the driver's delta-rs does not reach the replica, when it is neither local nor on such a store.
+    unreachable: str = "the replica is not a path on the driver's file system"
     #: Protocol features of the replica (reader and writer); None when unknown.
     features: tuple[str, ...] | None = None
     driver_engine: bool = False  # the deltalake package is importable
@@ -145,12 +153,16 @@ def _plain_type(type_name: str) -> bool:
 
 
 def _why_not_driver(facts: ReplicaFacts, batch_columns: Sequence[str], key_types: Sequence[str],
-                    writable: frozenset[str] = DELTA_RS_WRITER_FEATURES) -> str | None:
-    """Why the driver path cannot take this replica, or None when it can."""
+                    writable: frozenset[str] = DELTA_RS_WRITER_FEATURES, local_only: bool = False) -> str | None:
+    """Why the driver path cannot take this replica, or None when it can (``local_only``: only on the
+    driver's own file system)."""
     if not facts.driver_engine:
         return "the deltalake package is not installed"
-    if not facts.local:
-        return "the replica is not a path on the driver's file system"
+    if not facts.local and (local_only or not facts.object_store):
+        if facts.object_store:
+            return "the replica is on object storage, and deletion vectors are written on the driver only for " \
+                   "replicas on its file system"
+        return facts.unreachable
     if facts.features is None:
         return "the replica's protocol features are unknown"
     other = sorted(set(facts.features) - writable)
@@ -195,7 +207,7 @@ def choose_apply(facts: ReplicaFacts, batch_columns: Sequence[str], rewrite_belo
                                           "replica's rewrites) is unknown")
     per_row = facts.size_bytes / facts.rows
     if dv:
-        not_driver = _why_not_driver(facts, batch_columns, key_types, DV_WRITER_FEATURES)
+        not_driver = _why_not_driver(facts, batch_columns, key_types, DV_WRITER_FEATURES, local_only=True)
         if not_driver is not None:
             return ApplyChoice(MERGE, dv_merge + f", and {not_driver}")
         size = f"{_mib(facts.size_bytes)}, at most {_mib(limit)} (driver_apply_below_bytes)"
@@ -204,7 +216,8 @@ def choose_apply(facts: ReplicaFacts, batch_columns: Sequence[str], rewrite_belo
     not_driver = _why_not_driver(facts, batch_columns, key_types) if driver_apply else "driver_apply is off"
     if not_driver is None:
         size = f"{_mib(facts.size_bytes)}, at most {_mib(limit)} (driver_apply_below_bytes)"
-        return ApplyChoice(DRIVER, f"applies on the driver by a delta-rs MERGE: {size}", per_row, limit,
+        where = "" if facts.local else " on object storage, committed by conditional put (If-None-Match)"
+        return ApplyChoice(DRIVER, f"applies on the driver by a delta-rs MERGE{where}: {size}", per_row, limit,
                            rewrite_below_bytes)
     if facts.size_bytes > rewrite_below_bytes:
         return ApplyChoice(MERGE, merge + f"the replica ({_mib(facts.size_bytes)}) is larger than "
@@ -221,8 +234,8 @@ def choose_guarded_apply(*, driver_apply: bool, driver_engine: bool, reachable: 
     (:mod:`lakemirror.sinks.accelerator.guarded_driver`), with the reason in words.
 
     ``reachable``: delta-rs on the driver reaches both tables: paths on its file system, or ``s3a://``
-    locations through the session's s3a settings (:func:`lakemirror.object_store.delta_rs_target`;
-    a single writer per table, as Delta's own S3 log store assumes). ``writable``: delta-rs writes
+    locations through the session's s3a settings on a store with conditional writes
+    (:func:`lakemirror.object_store.delta_rs_target`). ``writable``: delta-rs writes
     both the replica and its tombstone table correctly (their protocol
     features, :func:`lakemirror.tables.delta_rs_can_write`). A batch with a truncate goes to Spark
     whichever path the replica takes; history (SCD type 2) replicas are always applied by Spark
@@ -234,8 +247,9 @@ def choose_guarded_apply(*, driver_apply: bool, driver_engine: bool, reachable: 
         return ApplyChoice(MERGE, merge + "the deltalake package is not installed")
     if not reachable:
         return ApplyChoice(MERGE, merge + "the driver's delta-rs does not reach the replica (neither a path on the "
-                                          "driver's file system nor s3a:// with the session's s3a settings: a "
-                                          "catalog table, another store, or Spark Connect)")
+                                          "driver's file system nor s3a:// with the session's s3a settings on a "
+                                          "store with conditional writes: a catalog table, another store, or "
+                                          "Spark Connect)")
     if not writable:
         return ApplyChoice(MERGE, merge + "the replica or its tombstone table uses protocol features the driver "
                                           "does not write")

@@ -37,6 +37,7 @@ from lakemirror.sinks.merge.planner import (COMMIT_TIMESTAMP, COMMIT_VERSION, LA
                                       MergePlan)
 from lakemirror.sinks.txn import (STABLE_SOURCE_CONFS, BatchStats, MergeOutcome, TxnId, counts_from_metrics,
                                   scoped_confs, transaction)
+from lakemirror.sql_exec import run_sql
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -101,7 +102,7 @@ def apply_batch(job: ConnectBatchJob, batch: "DataFrame", batch_id: int) -> None
                 batch_id=batch_id, txn_app_id=job.app_id, rows_read=stats.rows_read,
                 first_version=stats.first_version, last_version=stats.last_version, inserted=counts.inserted,
                 updated=counts.updated, deleted=counts.deleted, replayed=outcome.replayed, started_at=started,
-                ended_at=time.time()))
+                ended_at=time.time(), min_commit_time=stats.min_commit_time, max_commit_time=stats.max_commit_time))
     finally:
         if gate is not None and turn is not None:
             gate.leave(turn)
@@ -119,7 +120,7 @@ def merge_batch(job: ConnectBatchJob, batch: "DataFrame", txn: TxnId) -> MergeOu
             return MergeOutcome(stats, ApplyCounts(), replayed=False)
         # A change-feed batch is stable: the MERGE reads it in place, as the classic path's does.
         with scoped_confs(session, STABLE_SOURCE_CONFS), transaction(session, txn):
-            answer = session.sql(merge_sql(job.plan, job.target_sql, job.view)).collect()
+            answer = run_sql(session, merge_sql(job.plan, job.target_sql, job.view)).collect()
     finally:
         session.catalog.dropTempView(job.view)
     if answer:
@@ -131,15 +132,16 @@ def merge_batch(job: ConnectBatchJob, batch: "DataFrame", txn: TxnId) -> MergeOu
 
 
 def batch_stats(session: "SparkSession", view: str) -> BatchStats:
-    row = session.sql(f"SELECT count(*) AS n, min({quote(COMMIT_VERSION)}) AS lo, max({quote(COMMIT_VERSION)}) AS hi, "
-                      f"max({quote(COMMIT_TIMESTAMP)}) AS ts FROM {quote(view)}").collect()[0]
+    row = run_sql(session, f"SELECT count(*) AS n, min({quote(COMMIT_VERSION)}) AS lo, max({quote(COMMIT_VERSION)}) AS hi, "
+                           f"max({quote(COMMIT_TIMESTAMP)}) AS ts, min({quote(COMMIT_TIMESTAMP)}) AS ts0 FROM {quote(view)}").collect()[0]
     ts = row["ts"].timestamp() if row["ts"] is not None else None
-    return BatchStats(int(row["n"] or 0), row["lo"], row["hi"], ts)
+    ts0 = row["ts0"].timestamp() if row["ts0"] is not None else None
+    return BatchStats(int(row["n"] or 0), row["lo"], row["hi"], ts, ts0)
 
 
 def replayed_counts(session: "SparkSession", target_sql: str, txn: TxnId) -> ApplyCounts:
     """The counts of the earlier commit that applied ``txn`` (found by its ``userMetadata`` tag)."""
     tag = txn.tag().replace("'", "''")
-    rows = (session.sql(f"DESCRIBE HISTORY {target_sql}").where(f"userMetadata = '{tag}'")
+    rows = (run_sql(session, f"DESCRIBE HISTORY {target_sql}").where(f"userMetadata = '{tag}'")
             .select("operationMetrics").limit(1).collect())
     return counts_from_metrics(rows[0]["operationMetrics"]) if rows else ApplyCounts()

@@ -61,7 +61,8 @@ class ConnectBatches:
 
 def merge_outcome(outcome: BatchOutcome) -> MergeOutcome:
     """A batch's outcome as every apply path reports it."""
-    stats = BatchStats(outcome.rows_read, outcome.first_version, outcome.last_version, None)
+    stats = BatchStats(outcome.rows_read, outcome.first_version, outcome.last_version, outcome.max_commit_time,
+                       outcome.min_commit_time)
     return MergeOutcome(stats, ApplyCounts(outcome.inserted, outcome.updated, outcome.deleted),
                         replayed=outcome.replayed)
 

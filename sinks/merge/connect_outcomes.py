@@ -45,6 +45,10 @@ class BatchOutcome:
     replayed: bool
     started_at: float
     ended_at: float
+    #: The source commit times of ``first_version`` and ``last_version`` (the checkpoint row's
+    #: ``first_version_at`` and ``last_version_at``, from which recovery points are cut).
+    min_commit_time: float | None = None
+    max_commit_time: float | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -52,7 +56,7 @@ class BatchOutcome:
     @classmethod
     def from_json(cls, text: str) -> "BatchOutcome":
         data = json.loads(text)
-        return cls(**{name: data.get(name) for name in cls.__dataclass_fields__})
+        return cls(**{name: data[name] for name in cls.__dataclass_fields__ if name in data})
 
 
 def outcome_folder(checkpoint: str) -> str:

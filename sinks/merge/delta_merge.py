@@ -22,7 +22,8 @@ A change-feed micro-batch is *stable*: it reads immutable files at fixed version
 twice gives the same rows. For such a batch (``stable_source=True``) the MERGE reads it directly
 (Delta does not copy it first), its statistics are observed while the MERGE runs instead of by an
 action of their own, and adaptive execution is off for the MERGE (on two partitions it only
-splits the MERGE into more jobs). ``make bench`` measures the difference; docs/BENCHMARKS.md.
+splits the MERGE into more jobs). ``make bench ONLY=apply_cost`` times a stable batch against a
+materialized one.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from lakemirror import tables
 from lakemirror.sinks.merge.apply_choice import MERGE, ApplyChoice
 from lakemirror.sinks.merge.connect_apply import merge_sql
 from lakemirror.sinks.merge.delta_rewrite import ReplicaRewrite
-from lakemirror.sinks.accelerator.driver_apply import ChangeReader, DriverApply, DriverUnfit
+from lakemirror.sinks.accelerator.driver_apply import ChangeReader, DriverApply, DriverUnfit, Target
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.merge.planner import COMMIT_TIMESTAMP, COMMIT_VERSION, LATEST_COLUMN, MergePlan
 # The shared batch types, importable from here as before (the executors' callers use them).
@@ -45,8 +46,10 @@ from lakemirror.sinks.txn import (STABLE_SOURCE_CONFS, WRITE_SPARK_REWRITE, Batc
                                   MergeOutcome, TxnId, counts_from_metrics, is_txn_tag, scoped_confs,
                                   transaction, txn_app_id)
 from lakemirror.tables import TableLocation
+from lakemirror.sql_exec import run_sql
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
 _observation_ids = itertools.count()
@@ -63,9 +66,19 @@ class DeltaMergeSink:
 
     def __init__(self, target: TableLocation, plan: MergePlan, *, stable_source: bool = False,
                  choice: ApplyChoice | None = None, replica_rows: int = 0,
-                 choose: Callable[[], tuple[ApplyChoice, int]] | None = None) -> None:
+                 choose: Callable[[], tuple[ApplyChoice, int]] | None = None,
+                 driver_target: Callable[[], Target | None] | None = None,
+                 fault: Callable[[str], None] = lambda point: None) -> None:
         self.target = target
         self.plan = plan
+        #: How delta-rs reaches the replica (its URI and storage options), asked when the driver path is
+        #: chosen; by default the replica's own path (a local replica). None: it does not reach it.
+        self._driver_target = driver_target
+        self.fault = fault
+        #: The path batches take now, with its reason (shown by ``status``), and why the latest batch
+        #: took another one, if it did (a batch too large for the driver).
+        self.choice: ApplyChoice | None = choice
+        self.batch_note: str | None = None
         #: True when every batch reads immutable files at fixed versions (a change-feed batch);
         #: never for a source derived from the replica itself (reconcile's repair, clone's diff).
         self.stable_source = stable_source
@@ -81,14 +94,25 @@ class DeltaMergeSink:
 
     def _use(self, choice: ApplyChoice | None, replica_rows: int) -> None:
         small = choice if choice is not None and choice.path != MERGE and self.stable_source else None
-        if small is not None and small.driver and self.target.path is None:
-            small = small.without_driver(replica_rows)  # a table known only by name has no path to hand delta-rs
+        target: Target | None = None
+        if small is not None and small.driver:
+            target = self._reach()
+            if target is None:  # a table known only by name, or a store delta-rs is not given
+                small = small.without_driver(replica_rows)
+                choice = small or ApplyChoice(MERGE, "applies by MERGE: the driver's delta-rs does not reach the replica")
         self.small = small
         self.rewrite = small if small is not None and small.rewrite else None
-        self.driver = (DriverApply(str(self.target.path), self.plan, small.driver_batch_rows(),
-                                   deletion_vectors=small.deletion_vectors)
-                       if small is not None and small.driver else None)
+        self.driver = (DriverApply(target, self.plan, small.driver_batch_rows(), deletion_vectors=small.deletion_vectors,
+                                   fault=self.fault)
+                       if small is not None and small.driver and target is not None else None)
         self.replica_rows = replica_rows
+        if choice is not None:
+            self.choice = choice
+
+    def _reach(self) -> Target | None:
+        if self._driver_target is not None:
+            return self._driver_target()
+        return (str(self.target.path), {}) if self.target.path is not None else None
 
     def _track_size(self, rows: int) -> None:
         """Follow the replica's rows; past the small-replica limit, batches apply by MERGE."""
@@ -96,7 +120,7 @@ class DeltaMergeSink:
         if self.small is not None and not self.small.still_small(rows):
             log.info("%s: the replica has outgrown rewrite_below_bytes (%d rows, about %.0f bytes each); "
                      "its batches now apply by MERGE", self.target.name, rows, self.small.bytes_per_row)
-            self._use(None, rows)
+            self._use(ApplyChoice(MERGE, f"applies by MERGE: the replica has outgrown its limit ({rows} rows)"), rows)
 
     def latest_changes(self, batch: "DataFrame") -> "DataFrame":
         """One row per key: the winning change, with its operation in ``__lm_op``."""
@@ -112,11 +136,17 @@ class DeltaMergeSink:
         from pyspark.sql import functions as F
 
         return [F.count(F.lit(1)).alias("n"), F.min(COMMIT_VERSION).alias("lo"),
-                F.max(COMMIT_VERSION).alias("hi"), F.max(COMMIT_TIMESTAMP).alias("ts")]
+                F.max(COMMIT_VERSION).alias("hi"), F.max(COMMIT_TIMESTAMP).alias("ts"),
+                F.min(COMMIT_TIMESTAMP).alias("ts0")]
 
     @classmethod
     def stats(cls, batch: "DataFrame") -> BatchStats:
         return _stats_from(batch.agg(*cls._stats_columns()).collect()[0].asDict())
+
+    def merge_rows(self, session: "SparkSession", batch: "DataFrame") -> list[Any]:
+        """MERGE ``batch``'s winning changes, under the session's transaction confs: Delta's answer rows
+        (one row of counts; none for a transaction skipped as a replay)."""
+        return self._merge(session, batch)
 
     def _merge(self, session: "SparkSession", batch: "DataFrame") -> list[Any]:
         """MERGE ``batch``'s winning changes into the replica; Delta's answer rows (one row of
@@ -125,11 +155,13 @@ class DeltaMergeSink:
         SQL text over a temp view of the batch (:func:`~lakemirror.sinks.merge.connect_apply.merge_sql`,
         the plan's own clauses), not Delta's ``DeltaTable`` API: the same statement runs in a
         session with its own JVM and over Spark Connect, where ``DeltaTable`` needs Delta's Connect
-        plugin (RUNTIME_FACTS.md). Both plan the same ``MergeIntoCommand``."""
+        server plugin (``delta-connect-server``, which Maven Central does not serve for Spark 4.2,
+        so a server without it fails ``DeltaTable`` actions with
+        ``CONNECT_INVALID_PLAN.NO_HANDLER_FOR_EXTENSION``). Both plan the same ``MergeIntoCommand``."""
         view = f"lakemirror_merge_{uuid.uuid4().hex}"
         batch.createOrReplaceTempView(view)
         try:
-            return list(session.sql(merge_sql(self.plan, self.target.sql, view)).collect())
+            return list(run_sql(session, merge_sql(self.plan, self.target.sql, view)).collect())
         finally:
             session.catalog.dropTempView(view)
 
@@ -169,9 +201,7 @@ class DeltaMergeSink:
         session = batch.sparkSession
         observation = Observation(f"lakemirror_batch_{next(_observation_ids)}")
         watched = batch.observe(observation, *self._stats_columns())
-        if self._choose is not None:
-            self._use(*self._choose())
-            self._choose = None
+        self.ensure_chosen()
         if self.driver is not None:
             outcome = self._drive(self.driver, batch, txn, read)
             if outcome is not None:
@@ -187,6 +217,27 @@ class DeltaMergeSink:
         observed = observed_metrics(observation, wait_seconds=OBSERVED_WAIT_SECONDS if read_source else 1.0)
         stats = _stats_from(observed) if observed is not None else self.stats(batch)
         return self._outcome(session, txn, stats, answer)
+
+    def ensure_chosen(self) -> None:
+        """Choose the apply path now, if no batch has chosen it yet (a stable source only)."""
+        if self._choose is not None:
+            self._use(*self._choose())
+            self._choose = None
+
+    def apply_changes(self, changes: "pa.Table", txn: TxnId, recount: Callable[[], ApplyCounts]) -> MergeOutcome | None:
+        """A batch's change rows read by delta-rs (``DriverApply.wanted_columns``, preimages left out),
+        applied on the driver under ``txn``; None when the driver does not take it and nothing was
+        written (no driver path, a batch too large, or one delta-rs refused): Spark is to apply it."""
+        self.ensure_chosen()
+        driver = self.driver
+        if driver is None:
+            return None
+        try:
+            outcome = driver.apply_changes(changes, txn, recount)
+        except DriverUnfit as exc:
+            self.refused(exc)
+            return None
+        return self.driven(driver, outcome, txn)
 
     def _rewrite_stable(self, batch: "DataFrame", watched: "DataFrame", observation: Any, txn: TxnId,
                         choice: ApplyChoice) -> MergeOutcome:
@@ -218,11 +269,26 @@ class DeltaMergeSink:
         try:
             outcome = driver.apply(batch, txn, recount, read)
         except DriverUnfit as exc:
-            log.warning("%s; its batches are applied by Spark from now on", exc)
-            self._use(self.small.without_driver(self.replica_rows) if self.small is not None else None,
-                      self.replica_rows)
+            self.refused(exc)
             return None
-        if outcome is not None and not outcome.replayed:
+        return self.driven(driver, outcome, txn)
+
+    def refused(self, exc: DriverUnfit) -> None:
+        """delta-rs refused a batch without committing it: this table's batches go to Spark from now on."""
+        log.warning("%s; its batches are applied by Spark from now on", exc)
+        fallback = self.small.without_driver(self.replica_rows) if self.small is not None else None
+        self._use(fallback or ApplyChoice(MERGE, f"applies by MERGE: delta-rs refused a batch ({exc})"),
+                  self.replica_rows)
+        self.batch_note = None
+
+    def driven(self, driver: DriverApply, outcome: MergeOutcome | None, txn: TxnId) -> MergeOutcome | None:
+        """Follow a batch the driver applied (or left to Spark: ``outcome`` None, a batch too large)."""
+        if outcome is None:
+            self.batch_note = (f"batch {txn.version} had more change rows than the driver takes ({driver.max_rows}): "
+                               "Spark applied it")
+            return None
+        self.batch_note = None
+        if not outcome.replayed:
             self._track_size(self.replica_rows + outcome.counts.inserted - outcome.counts.deleted)
         return outcome
 
@@ -239,7 +305,8 @@ class DeltaMergeSink:
 
 def _stats_from(row: dict[str, Any]) -> BatchStats:
     ts = row["ts"].timestamp() if row.get("ts") is not None else None
-    return BatchStats(int(row.get("n") or 0), row.get("lo"), row.get("hi"), ts)
+    ts0 = row["ts0"].timestamp() if row.get("ts0") is not None else None
+    return BatchStats(int(row.get("n") or 0), row.get("lo"), row.get("hi"), ts, ts0)
 
 
 def observed_metrics(observation: Any, wait_seconds: float = 1.0, key: str = "n") -> dict[str, Any] | None:

@@ -4,15 +4,17 @@ The bootstrap writes the snapshot in one commit that also stamps the replica wit
 source, epoch and bootstrap version (:mod:`lakemirror.sinks.batch.snapshot_copy`); preparing adds the
 source's new columns when the pipeline allows it (:func:`evolution`, pure); each epoch's batches go
 through one :class:`~lakemirror.sinks.merge.delta_merge.DeltaMergeSink`, whose path (MERGE, rewrite of a
-small replica, or the driver's delta-rs MERGE) the first batch chooses
-(:func:`~lakemirror.sinks.merge.apply_choice.choose_apply`).
+small replica, or the driver's delta-rs MERGE) is chosen as the stream starts
+(:func:`~lakemirror.sinks.merge.apply_choice.choose_apply`). A replica on the driver's file system
+has its columns and facts read from its log by delta-rs (:mod:`.local_replica`), with no Spark job.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from lakemirror import tables
 from lakemirror.errors import DestinationConflict, SchemaIncompatible
@@ -21,6 +23,8 @@ from lakemirror.schema import Column
 from lakemirror.sinks.batch import snapshot_copy
 from lakemirror.sinks.merge.apply_choice import ApplyChoice, choose_apply
 from lakemirror.sinks.merge.delta_merge import DeltaMergeSink
+from lakemirror.sinks.merge.local_replica import LocalReplica
+from lakemirror.sinks.merge.row_isolation import FEED_DEAD_LETTERS, FeedDeadLetters, IsolatingMergeSink
 from lakemirror.sinks.merge.planner import MergePlan, diff_schema
 from lakemirror.sources.catalog import Catalog
 
@@ -79,6 +83,8 @@ class DeltaReplica:
     pipeline_id: str
     limits: ApplyLimits
     replica_properties: Mapping[str, str] = field(default_factory=dict)
+    #: The crash-test hook (``supervisor/runner.py``, ``FAULT_POINTS``); a no-op unless armed.
+    fault: Callable[[str], None] = lambda point: None
 
     def claim(self, epoch: int) -> None:
         dst = self.catalog.locate(self.name)
@@ -117,6 +123,9 @@ class DeltaReplica:
 
     def prepare(self, plan: MergePlan, allow_evolution: bool) -> bool:
         dst = self.catalog.locate(self.name)
+        local = LocalReplica.open(dst.path)
+        if local is not None and diff_schema(plan.columns, local.columns()).is_empty:
+            return False  # the replica's log, read on the driver, has the plan's columns: nothing to add
         added = evolution(self.source, plan, snapshot_copy.replica_columns(self.spark, dst), allow_evolution)
         if not added:
             return False
@@ -124,14 +133,30 @@ class DeltaReplica:
         log.info("table %s: added columns to %s: %s", self.source, self.name, ", ".join(c.name for c in added))
         return True
 
-    def batch_sink(self, plan: MergePlan, epoch: int) -> DeltaMergeSink:
-        return DeltaMergeSink(self.catalog.locate(self.name), plan, stable_source=True,
-                              choose=lambda: self.choose_apply(plan))
+    def batch_sink(self, plan: MergePlan, epoch: int) -> IsolatingMergeSink:
+        """Each batch through one MERGE (or the path the first batch chooses, which for a replica the
+        driver's delta-rs reaches may be its MERGE on the driver); a batch the replica refuses because of
+        a row's value is applied without that row, which is dead-lettered in ``_lakemirror_dead_letters``
+        beside the replica (:mod:`~lakemirror.sinks.merge.row_isolation`)."""
+        from lakemirror.object_store import delta_rs_target
+
+        letters = FeedDeadLetters(self.catalog.locate(TableName(self.name.catalog, self.name.schema, FEED_DEAD_LETTERS)),
+                                  self.pipeline_id)
+        target = self.catalog.locate(self.name)
+        return IsolatingMergeSink(DeltaMergeSink(target, plan, stable_source=True, choose=lambda: self.choose_apply(plan),
+                                                 driver_target=lambda: (delta_rs_target(self.spark, target.path)
+                                                                        if target.path is not None else None),
+                                                 fault=self.fault),
+                                  letters, self.source, time.time)
 
     def choose_apply(self, plan: MergePlan) -> tuple[ApplyChoice, int]:
-        """MERGE, rewrite or the driver's MERGE, asked by the first batch: two Spark jobs on the
-        replica that need not delay the table's start."""
-        facts = snapshot_copy.replica_facts(self.spark, self.catalog.locate(self.name))
+        """MERGE, rewrite or the driver's MERGE, chosen from the replica's facts: read from its log on
+        the driver where it can (:mod:`.local_replica`), else by two Spark jobs on the replica."""
+        target = self.catalog.locate(self.name)
+        local = LocalReplica.open(target.path)
+        facts = local.facts(observable=hasattr(self.spark, "_jsparkSession")) if local is not None else None
+        if facts is None:
+            facts = snapshot_copy.replica_facts(self.spark, target)
         choice = choose_apply(facts, plan.column_names, self.limits.rewrite_below_bytes,
                               driver_apply=self.limits.driver_apply,
                               driver_apply_below_bytes=self.limits.driver_apply_below_bytes,

@@ -37,12 +37,14 @@ from psycopg import sql
 
 from lakemirror.errors import SchemaIncompatible
 from lakemirror.schema import Column
-from lakemirror.sinks.events.event_rows import convert, infer_type
+from lakemirror.sinks.events.event_rows import convert_row, infer_type
 from lakemirror.sinks.events.guard_plan import TablePlan, plan_batch
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.postgres import statements as q
-from lakemirror.sinks.postgres.executor import ROW_ERRORS, Connector, PostgresTarget, _not_worth_retrying, _reason
+from lakemirror.sinks.postgres.executor import (ROW_ERRORS, Connector, PostgresTarget, _backend_pid,
+                                                _not_worth_retrying, _reason)
 from lakemirror.sinks.postgres.plan import POSITION, ReplicaTable, derived_name
+from lakemirror.sinks.postgres.waits import ServerCalls
 from lakemirror.sources.change_event import DELETE, ChangeEvent, Decoded, Order
 from lakemirror.sources.event_stream import RawEvent, decode_batch
 
@@ -107,7 +109,7 @@ class PostgresEventSink:
     def __init__(self, target: PostgresTarget, pipeline_id: str, source: str, decode: Callable[[RawEvent], Decoded],
                  *, tables: Sequence[str] | None = None, allow_evolution: bool = True,
                  connect: Callable[..., psycopg.Connection[Any]] = psycopg.connect,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, calls: ServerCalls | None = None) -> None:
         self.target = target
         self.pipeline_id = pipeline_id
         self.source = source
@@ -119,6 +121,9 @@ class PostgresEventSink:
         self._clock = clock
         self._conn: psycopg.Connection[Any] | None = None
         self._ready = False
+        #: Where the flush in flight is recorded, for the supervisor to see its waits (:mod:`.waits`).
+        self.calls = calls if calls is not None else ServerCalls(
+            source, retry_seconds=target.retry_seconds, statement_timeout_seconds=target.statement_timeout_seconds)
 
     # -- connection -----------------------------------------------------------------------------
 
@@ -156,15 +161,20 @@ class PostgresEventSink:
         plans, refused = plan_batch(decoded.changes)
         letters += [Letter(decoded.raw_of(e), reason, e.table) for e, reason in refused]
 
+        calls = self.calls
+
         def note(details: Any) -> None:
             self.close()
+            exc = details.get("exception")
             log.warning("%s: Postgres connection lost (%s); retry %d in %.1fs", self.source,
-                        str(details.get("exception")).strip().splitlines()[0], details["tries"], details["wait"])
+                        str(exc).strip().splitlines()[0], details["tries"], details["wait"])
+            calls.retrying(self._connector.unreachable(exc) if exc is not None else "the connection was lost")
 
         @backoff.on_exception(backoff.expo, psycopg.OperationalError, max_time=self.target.retry_seconds,
                               max_value=5, giveup=_not_worth_retrying, on_backoff=note, jitter=backoff.full_jitter)
         def attempt() -> tuple[dict[str, ApplyCounts], int, list[Letter]]:
             conn = self._connection()
+            calls.connected(_backend_pid(conn))
             tables: dict[str, ApplyCounts] = {}
             stale = 0
             dead = list(letters)
@@ -176,14 +186,16 @@ class PostgresEventSink:
                 self._dead_letters(conn, dead)
             return tables, stale, dead
 
+        calls.begin()
         try:
             tables, stale, dead = attempt()
-        except psycopg.OperationalError:
-            self.close()
-            raise
         except (psycopg.Error, OSError) as exc:
+            # Translated here, where it happens: on an executor (Real-Time Mode) only the message
+            # reaches the driver, inside Spark's report of the failed task.
             self.close()
             raise self._connector.translate(exc, self.source) from exc
+        finally:
+            calls.end()
         result.tables, result.stale, result.dead_letters = tables, stale, len(dead)
         result.counts = ApplyCounts(sum(c.inserted for c in tables.values()), sum(c.updated for c in tables.values()),
                                     sum(c.deleted for c in tables.values()))
@@ -258,7 +270,8 @@ class PostgresEventSink:
                 continue
             values = {**dict(winner.columns), **dict(winner.keys)} if winner.op != DELETE else dict(winner.keys)
             try:
-                row_values = tuple(convert(values.get(c), types[c]) for c in table.column_names)
+                typed = convert_row(values, types, table.column_names)
+                row_values = tuple(typed[c] for c in table.column_names)
             except ValueError as exc:
                 dead.append(Letter(raw, f"a value does not fit its column: {exc}", plan.table))
                 continue
@@ -321,6 +334,12 @@ class PostgresEventSink:
             ).format(sql.Identifier(self.target.schema, EVENT_DEAD_LETTERS)),
                 [(self.pipeline_id, self.source, d.raw.origin, -1 if d.raw.partition is None else d.raw.partition,
                   d.raw.offset, d.table, d.reason, _clean(d.raw.key), _clean(d.raw.value)) for d in letters])
+
+    def dead_letter_count(self) -> int:
+        """The dead letters this source has recorded (a restarted daemon counts them on from here)."""
+        row = self._connection().execute(sql.SQL("SELECT count(*) FROM {} WHERE pipeline_id = %s AND source = %s").format(
+            sql.Identifier(self.target.schema, EVENT_DEAD_LETTERS)), (self.pipeline_id, self.source)).fetchone()
+        return int(row[0]) if row else 0
 
     def purge(self, horizon_seconds: float) -> int:
         """Drop tombstones past the horizon in every replica this sink has written."""

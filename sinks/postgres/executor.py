@@ -33,6 +33,7 @@ from lakemirror.sinks.postgres import statements as q
 from lakemirror.sinks.postgres.plan import POSITION, BatchPlan, DeadRow, ReplicaTable, derived_name, diff_replica
 from lakemirror.sinks.postgres.plan import plan_batch, snapshot_rows
 from lakemirror.sinks.postgres.protocol import SinkResult, staged_row_json
+from lakemirror.sinks.postgres.waits import LockWait, ServerCalls, lock_wait_query, waiting_sessions_query
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+#: The ``application_name`` of every connection lakemirror opens (``pg_stat_activity`` shows it).
+APPLICATION_NAME = "lakemirror"
 #: Errors that concern a row's data, not the connection or the statement: the row is dead-lettered.
 ROW_ERRORS = (pg_errors.DataError, pg_errors.IntegrityError)
 
@@ -71,7 +74,7 @@ class PostgresTarget:
         timeout_ms = max(1, int(self.statement_timeout_seconds * 1000))
         return {"host": self.host, "port": self.port, "dbname": self.database, "user": self.user,
                 "password": self.password, "sslmode": self.sslmode, "connect_timeout": self.connect_timeout_seconds,
-                "application_name": "lakemirror", "autocommit": True,
+                "application_name": APPLICATION_NAME, "autocommit": True,
                 # Per connection: every statement of the sink is bounded; timestamps travel in UTC.
                 "options": f"-c statement_timeout={timeout_ms} -c TimeZone=UTC"}
 
@@ -94,12 +97,20 @@ class Connector:
             finally:
                 conn.close()
 
+    def _detail(self, exc: BaseException) -> str:
+        known = (self.target.password,) if self.target.password else ()
+        return redact(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__, known)
+
+    def unreachable(self, exc: BaseException) -> str:
+        """Why a connection failed, and what to check (a wait's reason, a failure's message)."""
+        return (f"cannot reach the server {self.target.describe()} ({self._detail(exc)}); check that it runs and "
+                f"that destination.host, port and database are right")
+
     def translate(self, exc: BaseException, table: str) -> LakemirrorError:
         """A lakemirror error for a psycopg one, saying what to do (credentials redacted)."""
         if isinstance(exc, LakemirrorError):
             return exc
-        known = (self.target.password,) if self.target.password else ()
-        detail = redact(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__, known)
+        detail = self._detail(exc)
         where = f"{table}: {self.target.describe()}"
         if isinstance(exc, pg_errors.InsufficientPrivilege):
             return TerminalError(f"{where}: permission denied ({detail}). Grant the user USAGE and CREATE on the "
@@ -109,20 +120,67 @@ class Connector:
                                   f"{self.target.statement_timeout_seconds:g} ({detail}); raise it or make batches "
                                   f"smaller (max_files_per_trigger).", table=table, code="postgres_timeout")
         if isinstance(exc, psycopg.OperationalError):
-            hint = ("check the user and password (password / password_env / password_file)"
-                    if "authentication" in detail or "password" in detail else
-                    "check that the server runs and that host, port and database are right")
-            return TransientError(f"{where}: cannot reach the server ({detail}); {hint}. Retrying.",
-                                  table=table, code="postgres_unavailable")
+            if "database" in detail and "does not exist" in detail:
+                return TerminalError(f"{where}: {detail}; check destination.database (the database must exist: "
+                                     f"lakemirror creates schemas and tables, not databases).", table=table,
+                                     code="postgres_login")
+            if refused_login(exc):
+                return TerminalError(f"{where}: the server refused the login ({detail}); check destination.user and "
+                                     f"the password it is given (destination.password, password_env or "
+                                     f"password_file).", table=table, code="postgres_login")
+            return TransientError(f"{table}: {self.unreachable(exc)}. Retried with backoff.", table=table,
+                                  code="postgres_unavailable")
         return TerminalError(f"{where}: {type(exc).__name__}: {detail}", table=table, code="postgres_error")
+
+    def check_server(self, application_name: str = APPLICATION_NAME) -> tuple[str | None, LockWait | None]:
+        """Whether the server answers (None, or why it does not: :meth:`unreachable`), and a lock
+        that one of lakemirror's sessions (``application_name``) waits for; (None, None) when no
+        connection slot is free to ask. For writers out of the daemon's sight (Real-Time Mode's)."""
+        if not self._slots.acquire(blocking=False):
+            return None, None
+        try:
+            kwargs = {**self.target.connect_kwargs(), "connect_timeout": 2,
+                      "options": "-c statement_timeout=2000 -c TimeZone=UTC"}
+            try:
+                conn = self._connect(**kwargs)
+            except psycopg.Error as exc:
+                return self.unreachable(exc), None
+            with conn:
+                pids = [int(r[0]) for r in conn.execute(waiting_sessions_query(application_name)).fetchall()]
+                row = conn.execute(lock_wait_query(pids[0])).fetchone() if pids else None
+        finally:
+            self._slots.release()
+        return None, (LockWait(row[0], tuple(str(h) for h in row[1] or ())) if row is not None else None)
+
+    def lock_wait(self, pid: int) -> LockWait | None:
+        """Whether server process ``pid`` waits for a lock, and who holds it (:mod:`.waits`); None
+        when it does not, or when no connection slot is free to ask (a look-up never waits for one)."""
+        if not self._slots.acquire(blocking=False):
+            return None
+        try:
+            kwargs = {**self.target.connect_kwargs(), "connect_timeout": 2,
+                      "options": "-c statement_timeout=2000 -c TimeZone=UTC"}
+            with self._connect(**kwargs) as conn:
+                row = conn.execute(lock_wait_query(pid)).fetchone()
+        finally:
+            self._slots.release()
+        if row is None:
+            return None
+        return LockWait(row[0], tuple(str(h) for h in row[1] or ()))
+
+
+def refused_login(exc: BaseException) -> bool:
+    """The server refused the login: a wrong password, an unknown user, no pg_hba.conf entry."""
+    text = str(exc)
+    return ("authentication failed" in text or "no pg_hba.conf entry" in text or "no password supplied" in text
+            or ("role" in text and "does not exist" in text))
 
 
 def _not_worth_retrying(exc: Exception) -> bool:
     """A timeout or a refused login: retrying at once would fail the same way."""
     if isinstance(exc, pg_errors.QueryCanceled):
         return True
-    text = str(exc)
-    return "authentication failed" in text or "does not exist" in text or "no pg_hba.conf entry" in text
+    return refused_login(exc) or "does not exist" in str(exc)
 
 
 def _owner(comment: str | None) -> str | None:
@@ -138,13 +196,16 @@ class PostgresReplica:
     """A replica table in Postgres (:class:`~.protocol.ReplicaSink`): COPY, then guarded SQL."""
 
     def __init__(self, connector: Connector, pipeline_id: str, table: ReplicaTable, *, label: str | None = None,
-                 on_retry: Callable[[str], None] | None = None,
+                 calls: ServerCalls | None = None,
                  fault: Callable[[str], None] = lambda point: None) -> None:
         self.connector = connector
         self.pipeline_id = pipeline_id
         self.table = table
         self.label = label or f"{table.schema}.{table.name}"
-        self._on_retry = on_retry
+        #: Where the call in flight is recorded, for the supervisor to see its waits (:mod:`.waits`).
+        self.calls = calls if calls is not None else ServerCalls(
+            self.label, retry_seconds=connector.target.retry_seconds,
+            statement_timeout_seconds=connector.target.statement_timeout_seconds)
         #: The crash-test hook (supervisor/runner.py: FAULT_POINTS), called inside a batch's
         #: transaction at ``postgres_after_copy`` and ``postgres_before_commit``, and inside a
         #: refresh's after the swap, before its COMMIT (``postgres_refresh_swapped``); a no-op unless armed.
@@ -158,23 +219,28 @@ class PostgresReplica:
 
     def _run(self, work: Callable[[psycopg.Connection[Any]], T]) -> T:
         """``work`` on a fresh connection; a lost connection retried with backoff; errors translated."""
+        calls = self.calls
+
         def note(details: Any) -> None:
             exc = details.get("exception")
             log.warning("%s: Postgres connection lost (%s); retry %d in %.1fs", self.label,
                         str(exc).strip().splitlines()[0] if exc else "?", details["tries"], details["wait"])
-            if self._on_retry is not None:
-                self._on_retry(str(exc))
+            calls.retrying(self.connector.unreachable(exc) if exc is not None else "the connection was lost")
 
         @backoff.on_exception(backoff.expo, psycopg.OperationalError, max_time=self.target.retry_seconds,
                               max_value=5, giveup=_not_worth_retrying, on_backoff=note, jitter=backoff.full_jitter)
         def attempt() -> T:
             with self.connector.connection() as conn:
+                calls.connected(_backend_pid(conn))
                 return work(conn)
 
+        calls.begin()
         try:
             return attempt()
         except (psycopg.Error, OSError) as exc:
             raise self.connector.translate(exc, self.label) from exc
+        finally:
+            calls.end()
 
     # -- ReplicaSink ----------------------------------------------------------------------------
 
@@ -354,6 +420,14 @@ class PostgresReplica:
         for d in dead:
             conn.execute(q.dead_letter(t.schema, self.pipeline_id, t.name, epoch, batch_id, d.commit_version, d.op,
                                        d.reason, d.row_json))
+
+
+def _backend_pid(conn: Any) -> int | None:
+    """The server process of ``conn`` (None for a stand-in connection without one)."""
+    try:
+        return int(conn.info.backend_pid)
+    except (AttributeError, TypeError, ValueError):
+        return None
 
 
 def _reason(exc: BaseException) -> str:

@@ -27,8 +27,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from lakemirror.errors import LakemirrorError
 from lakemirror.sinks.postgres.events import FlushResult, PostgresEventSink
 from lakemirror.sinks.postgres.executor import PostgresTarget
+from lakemirror.sinks.postgres.waits import ServerCalls
 from lakemirror.sources.change_event import Decoded
 from lakemirror.sources.event_stream import RawEvent, raw_event_from_kafka_row
 
@@ -44,9 +46,10 @@ class EventSinkFactory:
     tables: tuple[str, ...] | None = None
     allow_evolution: bool = True
 
-    def __call__(self) -> PostgresEventSink:
+    def __call__(self, calls: ServerCalls | None = None) -> PostgresEventSink:
+        """A sink; ``calls``: where its flushes are recorded (the driver's, for the supervisor's eyes)."""
         return PostgresEventSink(self.target, self.pipeline_id, self.source, self.decode, tables=self.tables,
-                                 allow_evolution=self.allow_evolution)
+                                 allow_evolution=self.allow_evolution, calls=calls)
 
 
 class PostgresForeachWriter:
@@ -145,4 +148,6 @@ class PostgresForeachWriter:
     def _raise_pending(self) -> None:
         if self._error is not None:
             error, self._error = self._error, None
+            if isinstance(error, LakemirrorError):  # already says what failed and what to check
+                raise error
             raise RuntimeError(f"a flush to Postgres failed: {type(error).__name__}: {error}") from error

@@ -11,7 +11,7 @@ that go with it. Pure: no connection, no Spark.
 
 :func:`choose_cycle` takes the measured change fraction (change rows since the last cycle over the
 source's rows) and the crossover above which loading a fresh copy beats applying the changes in
-place: :data:`DEFAULT_SNAPSHOT_ABOVE`, measured by ``bench/postgres_modes.py``.
+place: :data:`DEFAULT_SNAPSHOT_ABOVE`, measured by ``make bench ONLY=postgres_modes``.
 
 :func:`connection_budget` is the arithmetic of the connection cap: executors' tasks × connections
 per task + the daemon's own pool must fit ``max_connections``.
@@ -27,12 +27,13 @@ Mode = Literal["continuous", "triggered", "snapshot"]
 MODES: tuple[Mode, ...] = ("continuous", "triggered", "snapshot")
 CycleAction = Literal["nothing", "incremental", "snapshot"]
 
-#: The change fraction at which a triggered cycle loads a snapshot instead of applying the changes.
-#: Measured with ``make bench ONLY=postgres_modes`` (bench/postgres_modes.py; 2026-11-25, quiet
-#: 2-core machine, 200,000 rows, three repeats): a snapshot took 28x the incremental's time at 1%
-#: changed, 4.6x at 10%, 1.37x at 40%, 1.05x at 60% and 0.81x at 80%: the crossover is at 63.7%
-#: (docs/BENCHMARKS.md). Databricks advises about 10% for Lakebase; our Postgres side says much
-#: later. The Spark side of a cycle (reading the changes, or the whole table) is not in these times.
+#: The change fraction at which a triggered cycle loads a snapshot instead of applying the changes:
+#: the crossover ``make bench ONLY=postgres_modes`` finds between the two on the PostgreSQL side
+#: (docs/BENCHMARKS.md, "Snapshot or incremental into PostgreSQL, by change fraction"). A snapshot
+#: costs about the same whatever changed, the guarded upsert grows with the changes, so only a large
+#: fraction makes the reload cheaper. Databricks advises about 10% for Lakebase; our Postgres side
+#: crosses much later. The Spark side of a cycle (reading the changes, or the whole table) is not in
+#: that comparison.
 DEFAULT_SNAPSHOT_ABOVE = 0.64
 
 

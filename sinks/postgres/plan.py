@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 from lakemirror.schema import Column
 from lakemirror.sinks.accelerator.arrow_changes import batch_stats, winning_changes
 from lakemirror.sinks.merge.planner import COMMIT_VERSION, DELETE, OP_COLUMN, MergePlan, SchemaDiff
-from lakemirror.sinks.postgres.types import is_json, json_text, postgres_type
+from lakemirror.sinks.postgres.types import UnsupportedType, has_postgres_type, is_json, json_column, json_converter, json_text, postgres_type
 from lakemirror.sinks.txn import BatchStats
 
 if TYPE_CHECKING:
@@ -79,8 +79,14 @@ class ReplicaTable:
             raise ValueError(f"key column(s) {missing} are not among the replica's columns {names}")
         if POSITION in names:
             raise ValueError(f"the source has a column named {POSITION!r}, which the Postgres replica uses itself")
-        for c in self.columns:
-            postgres_type(c.type)  # raises UnsupportedType with what to do
+        unsupported = [c for c in self.columns if not has_postgres_type(c.type)]
+        if unsupported:
+            listed = ", ".join(f"{c.name!r} ({c.type})" for c in unsupported)
+            excluded = ", ".join(c.name for c in unsupported)
+            raise UnsupportedType(
+                f"column(s) {listed} of {self.name!r}: a type a PostgreSQL replica cannot hold. Exclude "
+                f"them (table_overrides: {{{self.name}: {{exclude_columns: [{excluded}]}}}}) or cast them to a "
+                f"supported type on the source (docs/postgres.md, \"Types\")", table=self.name)
 
     @classmethod
     def from_plan(cls, schema: str, name: str, plan: MergePlan) -> "ReplicaTable":
@@ -156,14 +162,11 @@ class BatchPlan:
         return self.stats.last_version
 
 
-def row_values(table: ReplicaTable, row: dict[str, Any]) -> tuple[Any, ...]:
-    """A row's values in column order, nested (jsonb) ones as JSON text."""
-    return tuple(json_text(row[name]) if nested and row[name] is not None else row[name]
-                 for name, nested in table.json_flags)
-
-
-def dead_row_json(table: ReplicaTable, row: dict[str, Any]) -> str:
-    return json_text({c: row.get(c) for c in table.column_names})
+def dead_row_json(table: ReplicaTable, row: dict[str, Any], types: dict[str, "pa.DataType"]) -> str:
+    """A row (as Arrow's ``to_pylist`` gives it) as the JSON a dead letter keeps, nested columns
+    shaped by their type (:func:`~.types.json_converter`)."""
+    return json_text({c: json_converter(types[c])(row.get(c)) if c in types else row.get(c)
+                      for c in table.column_names})
 
 
 def copy_values(column: "pa.ChunkedArray") -> list[Any]:
@@ -191,9 +194,10 @@ def plan_batch(changes: "pa.Table", table: ReplicaTable, *, preimages_dropped: b
     null_key = pc.is_null(winners[table.keys[0]])
     for k in table.keys[1:]:
         null_key = pc.or_(null_key, pc.is_null(winners[k]))
+    types = {f.name: f.type for f in winners.schema}
     dead = [DeadRow(int(row[COMMIT_VERSION]), DELETE if row[OP_COLUMN] == DELETE else UPSERT,
                     "NULL in key column(s) " + ", ".join(k for k in table.keys if row[k] is None)
-                    + ": a Postgres primary key cannot hold NULL", dead_row_json(table, row))
+                    + ": a Postgres primary key cannot hold NULL", dead_row_json(table, row, types))
             for row in winners.filter(null_key).to_pylist()]
     kept = winners.filter(pc.invert(null_key))
     deleted = pc.equal(kept[OP_COLUMN], DELETE)
@@ -201,8 +205,7 @@ def plan_batch(changes: "pa.Table", table: ReplicaTable, *, preimages_dropped: b
     positions = pc.add(pc.multiply(kept[COMMIT_VERSION].cast("int64"), 2),
                        pc.if_else(deleted, 0, 1).cast("int64")).to_pylist()
     ops = pc.if_else(deleted, DELETE, UPSERT).to_pylist()
-    values = [[None if v is None else json_text(v) for v in kept[name].to_pylist()] if nested
-              else copy_values(kept[name]) for name, nested in table.json_flags]
+    values = [json_column(kept[name]) if nested else copy_values(kept[name]) for name, nested in table.json_flags]
     staged = tuple(StagedRow(i, op, pos, vals)
                    for i, (op, pos, vals) in enumerate(zip(ops, positions, zip(*values) if values else ())))
     deletes = sum(1 for op in ops if op == DELETE)
@@ -211,18 +214,26 @@ def plan_batch(changes: "pa.Table", table: ReplicaTable, *, preimages_dropped: b
 
 def snapshot_rows(snapshot: "pa.Table", table: ReplicaTable, version: int) -> tuple[list[tuple[Any, ...]],
                                                                                     list[DeadRow]]:
-    """A bootstrap snapshot's rows as COPY tuples (values then position), and the rows with a NULL key."""
+    """A bootstrap snapshot's rows as COPY tuples (values then position), and the rows with a NULL key.
+
+    Column by column, as :func:`plan_batch` does: decimals as their exact text, nested values as
+    JSON shaped by their column's type."""
+    import pyarrow.compute as pc
+
     pos = snapshot_position(version)
-    rows: list[tuple[Any, ...]] = []
-    dead: list[DeadRow] = []
-    for row in snapshot.select(list(table.column_names)).to_pylist():
-        nulls = [k for k in table.keys if row[k] is None]
-        if nulls:
-            dead.append(DeadRow(version, UPSERT, f"NULL in key column(s) {', '.join(nulls)}: a Postgres primary "
-                                                 f"key cannot hold NULL", dead_row_json(table, row)))
-            continue
-        rows.append((*row_values(table, row), pos))
-    return rows, dead
+    columns = snapshot.select(list(table.column_names))
+    if columns.num_rows == 0:
+        return [], []
+    null_key = pc.is_null(columns[table.keys[0]])
+    for k in table.keys[1:]:
+        null_key = pc.or_(null_key, pc.is_null(columns[k]))
+    types = {f.name: f.type for f in columns.schema}
+    dead = [DeadRow(version, UPSERT, f"NULL in key column(s) {', '.join(k for k in table.keys if row[k] is None)}: "
+                                     f"a Postgres primary key cannot hold NULL", dead_row_json(table, row, types))
+            for row in columns.filter(null_key).to_pylist()]
+    kept = columns.filter(pc.invert(null_key)) if dead else columns
+    values = [json_column(kept[name]) if nested else copy_values(kept[name]) for name, nested in table.json_flags]
+    return [(*row, pos) for row in zip(*values)], dead
 
 
 def diff_replica(table: ReplicaTable, replica: Sequence[tuple[str, str]]) -> SchemaDiff:

@@ -20,6 +20,7 @@ from lakemirror.identifiers import quote
 from lakemirror.sinks.merge.planner import CDF_COLUMNS, CHANGE_TYPE, UPDATE_PRE, MergePlan
 from lakemirror.sinks.postgres.executor import Connector, PostgresReplica
 from lakemirror.sinks.postgres.plan import ReplicaTable
+from lakemirror.sinks.postgres.waits import ServerCalls
 from lakemirror.sinks.txn import READ_BY_SPARK, MergeOutcome, TxnId
 
 if TYPE_CHECKING:
@@ -53,16 +54,21 @@ class PostgresTable:
     (a :class:`~lakemirror.sinks.contract.TableReplica`)."""
 
     def __init__(self, connector: Connector, pipeline_id: str, name: str, label: str,
-                 fault: Callable[[str], None] = lambda point: None) -> None:
+                 fault: Callable[[str], None] = lambda point: None, calls: ServerCalls | None = None) -> None:
         self.connector = connector
         self.pipeline_id = pipeline_id
         self.name = name
         self.label = label
         self.fault = fault
+        target = connector.target
+        #: The replica's call in flight on the server, whatever part of the table makes it (:mod:`.waits`).
+        self.calls = calls if calls is not None else ServerCalls(
+            label, retry_seconds=target.retry_seconds, statement_timeout_seconds=target.statement_timeout_seconds)
 
     def replica(self, plan: MergePlan) -> PostgresReplica:
         table = ReplicaTable.from_plan(self.connector.target.schema, self.name, plan)
-        return PostgresReplica(self.connector, self.pipeline_id, table, label=self.label, fault=self.fault)
+        return PostgresReplica(self.connector, self.pipeline_id, table, label=self.label, calls=self.calls,
+                               fault=self.fault)
 
     def claim(self, epoch: int) -> None:
         """Nothing to check here: the replica's owner mark is checked by its bootstrap, in the

@@ -118,8 +118,9 @@ def test_an_accepted_run_writes_nothing_in_the_working_directory(spark: Any, tmp
 
 
 def test_the_demo_on_a_port_in_use_is_one_line(tmp_path: Path, busy_port: int) -> None:
-    done = subprocess.run([*LAKEMIRROR, "demo", "--workdir", str(tmp_path / "demo"), "--http-port", str(busy_port),
+    done = subprocess.run([*LAKEMIRROR, "demo", "--workdir", str(tmp_path / "demo"), "--port", str(busy_port),
                            "--duration", "1"], capture_output=True, text=True, timeout=180)
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
-    assert done.stderr.strip() == (f"lakemirror: cannot start: port {busy_port} on 127.0.0.1 is in use: set "
-                                   f"http.port (or --http-port) to a free port, or stop the other process")
+    assert done.stderr.strip() == (f"lakemirror: cannot start: port {busy_port} on 127.0.0.1 is in use: set the "
+                                   f"demo's port (`make demo PORT=…` or `lakemirror demo --port …`; 0: any free "
+                                   f"port) to a free port, or stop the other process")

@@ -119,3 +119,12 @@ def test_chromium_builds_the_dom_with_every_row_and_the_error_as_text(served: tu
     assert "hunter2" not in dom and '<script>alert("x")' not in dom
     assert dom.count("<polyline") == 2
     assert 'id="token"' in dom and json.dumps("Pause")[1:-1] in dom
+    # The buttons that fit each state: pause a running table, resume a paused or failed one, resync any.
+    buttons = re.findall(r'<button data-verb="(\w+)" data-table="([^"]*)">', dom)
+    assert buttons == [("pause", "orders"), ("resync", "orders"), ("resume", "customers"), ("resync", "customers"),
+                       ("resume", "events &lt;b&gt;"), ("resync", "events &lt;b&gt;")]
+    # Versions behind and the applied version beside the lag; each sparkline on a scale (peak, 0).
+    assert ">Versions behind</th>" in dom and ">Applied version</th>" in dom
+    assert '<td class="num behind">1</td><td class="num applied">7</td>' in dom
+    ticks = re.findall(r'<text class="tick"[^>]*>([^<]*)</text>', dom)
+    assert len(ticks) == 4 and ticks[1::2] == ["0", "0"] and all(t.endswith("s") for t in ticks[::2]), ticks

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.e2e
 
 def test_killed_after_the_merge_the_replayed_batch_is_skipped_and_the_replica_stays_exact(
         spark: Any, tmp_path: Path) -> None:
-    report = Torture(spark, tmp_path, seed=11).run(kills=1, points=("after_merge",))
+    report = Torture(spark, tmp_path, seed=11).run(kills=1, points=("after_merge",), point_timeout=600)
     assert [(k.point, k.reached) for k in report.kills] == [("after_merge", True)]
     assert len(report.checks) == 6, report.checks
     assert report.batches_replayed >= 1

@@ -22,7 +22,7 @@ from typing import Any, Iterator
 import pytest
 
 from lakemirror import tables
-from lakemirror.daemon.debezium_stack import DebeziumStack, StackError
+from lakemirror.tools.debezium_stack import DebeziumStack, StackError
 from lakemirror.identifiers import TableName
 from lakemirror.sinks.events.guard_plan import POSITION_COLUMN
 from lakemirror.supervisor import state as sm

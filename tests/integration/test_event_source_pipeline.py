@@ -51,3 +51,14 @@ def test_a_configured_files_source_replicates_through_the_supervisor(make_pipeli
     p.tick_until(lambda: rows() == {1: "a2"} and tables.exists(p.spark, letters)
                  and p.views()["events:crm"].batches >= 1, timeout=300, what="the second file")
     assert [r["value"] for r in tables.read(p.spark, letters).collect()] == ["poison"]
+    letter = tables.read(p.spark, letters).collect()[0]
+    assert letter["table"] is None and letter["status"] == "pending" and "not JSON" in letter["reason"]
+    # A restarted daemon counts the letters its table holds; the operator skips them through it.
+    p.restart()
+    p.tick_until(lambda: (p.views()["events:crm"].detail or {}).get("dead_letters") == 1, timeout=300,
+                 what="the dead letters counted after a restart")
+    assert p.views()["events:crm"].detail["dead_letters_pending"] == {"": 1}
+    report = p.runner("events:crm").resolve_dead_letters("skip", None, timeout=300)
+    assert [r.status for r in report.resolutions] == ["skipped"]
+    assert [r["status"] for r in tables.read(p.spark, letters).collect()] == ["skipped"]
+    p.tick_until(lambda: p.views()["events:crm"].detail["dead_letters_pending"] == {}, what="the pending count")

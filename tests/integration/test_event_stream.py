@@ -192,3 +192,42 @@ def test_a_stream_stopped_while_writing_its_first_offset_starts_again(spark: Any
     assert h.replica("customers", ("customer_id",)) == {("C1",): {"customer_id": "C1", "name": "Ada"}}
     assert (folder / "epoch").read_text() != "stale-epoch"
     assert not [p.name for p in offsets.iterdir() if p.name.endswith((".tmp", ".tmp.crc"))]
+
+
+def test_a_change_the_replica_refuses_is_dead_lettered_and_replayed_once_it_fits(spark: Any, tmp_path: Path) -> None:
+    """A CHECK constraint on the replica refuses one change: that change alone becomes a dead letter
+    (table, key, position, reason), the others apply (and the replica stays on the driver's executor).
+    The batch replayed applies and records nothing twice; the operator's replay, once the constraint
+    is gone, applies it through the sequence guard."""
+    from lakemirror.sinks.events.dead_letters import PENDING, REPLAYED, DeadLetterTable
+    from lakemirror.sources.event_stream import EventDecoder, RawEvent
+    from lakemirror.supervisor.event_batch import EventBatchApplier
+    from lakemirror.supervisor.event_letters import resolve_letters
+
+    spec = EventStreamSpec("shop", "files", format="simple", table_workers=1)
+    h = Harness(spark, tmp_path, spec)
+    applier = EventBatchApplier(spec, EventDecoder("files", "simple"), "test", h.locate,
+                                DeadLetterTable(h.locate("_dead_letters")), lambda name: spark)
+
+    def raws(*rows: tuple[int, int]) -> list[RawEvent]:
+        lines = [json.dumps({"table_name": "orders", "operation": "INSERT", "timestamp": 10 + key,
+                             "transaction_id": f"t{key}", "primary_key": {"id": key},
+                             "after": {"id": key, "amount": amount}}) for key, amount in rows]
+        return [RawEvent(line, None, "/in/f.json", None, n) for n, line in enumerate(lines, start=1)]
+
+    applier.apply(raws((1, 5)), 0, "e")
+    spark.sql(f"ALTER TABLE delta.`{h.locate('orders').path}` ADD CONSTRAINT positive CHECK (amount > 0)")
+    batch = raws((3, -1), (2, 7), (4, 9))
+    result = applier.apply(batch, 1, "e")
+    assert set(h.replica("orders", ("id",))) == {(1,), (2,), (4,)} and result.dead_letters == 1
+    [letter] = applier.dead_letters.letters(spark)
+    assert (letter.table, letter.change_key, letter.raw.offset, letter.status) == ("orders", '{"id": 3}', 1, PENDING)
+    assert letter.position and "timestamp_us=" in letter.position
+    again = applier.apply(batch, 1, "e")   # the batch replayed after a crash
+    assert again.counts.inserted == 0 and [d.raw.offset for d in again.letters] == [1]
+    assert len(applier.dead_letters.letters(spark)) == 1
+    spark.sql(f"ALTER TABLE delta.`{h.locate('orders').path}` DROP CONSTRAINT positive")
+    report = resolve_letters(applier, "replay", [letter.id])
+    assert [r.status for r in report.resolutions] == [REPLAYED]
+    assert h.replica("orders", ("id",))[(3,)]["amount"] == -1
+    assert applier.dead_letters.letters(spark)[0].status == REPLAYED

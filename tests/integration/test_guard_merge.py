@@ -3,6 +3,7 @@ redelivered, leave the replica equal to the ordered fold of the events, row for 
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 from typing import Any
@@ -196,3 +197,84 @@ def test_typed_values_and_positions_that_differ_past_the_first_field(spark: Any,
     row = tables.read(spark, loc).drop(POSITION_COLUMN).collect()[0].asDict()
     assert row == {"tenant": "a", "id": 1, "at": at.replace(tzinfo=None), "day": None, "amount": Decimal("7.00"),
                    "ratio": None, "ok": False}
+
+
+def test_decimals_of_38_digits_arrive_exactly_and_one_too_wide_is_refused_alone(spark: Any,
+                                                                                sink: GuardedDeltaSink) -> None:
+    """A value decimal(38,6) cannot hold fails Spark's whole MERGE (NUMERIC_VALUE_OUT_OF_RANGE) and
+    stalls every table of the source: it is refused before the write, naming the column."""
+    from decimal import Decimal
+
+    types = {"tenant": "string", "id": "bigint", "amount": "decimal(38,6)"}
+
+    def dec(i: int, lsn: int, amount: Decimal) -> ChangeEvent:
+        keys = (("tenant", "a"), ("id", i))
+        return ChangeEvent("items", UPSERT, keys, Position(STREAM, lsn, 1, 0), {**dict(keys), "amount": amount},
+                           types=types)
+
+    wanted = {1: Decimal("99999999999999999999999999999999.999999"),
+              2: Decimal("12345678901234567890123456789012.123456"), 4: Decimal("-0.000001")}
+    out = run(spark, sink, [[dec(1, 10, wanted[1]), dec(2, 11, wanted[2]),
+                             dec(3, 12, Decimal("100000000000000000000000000000000")), dec(4, 13, wanted[4])]])
+    assert [r[0].key for r in out[0].rejected] == [("a", 3)]
+    assert "column 'amount' (decimal(38,6))" in out[0].rejected[0][1] and out[0].counts.inserted == 3
+    rows = replica_rows(spark, sink.replica)
+    assert {k[1]: r["amount"] for k, r in rows.items()} == wanted
+    assert str(rows[("a", 1)]["amount"]) == "99999999999999999999999999999999.999999"
+
+
+@PATHS
+def test_every_captured_postgres_edge_value_lands_in_delta_as_postgres_holds_it(spark: Any, tmp_path: Path,
+                                                                                 on_driver: bool) -> None:
+    """The messages of a real PostgreSQL → Debezium run (tests/unit/data/debezium_postgres_edges.jsonl)
+    in one batch: each replica value read back from Delta equals PostgreSQL's own text of it; the rows
+    whose values Spark cannot hold are dead letters naming those columns, and the REPLICA IDENTITY FULL
+    deletes of rows holding 'infinity' and BC dates delete."""
+    from lakemirror.sinks.events.dead_letters import InMemoryDeadLetters
+    from lakemirror.sources.event_stream import EventDecoder, RawEvent
+    from lakemirror.supervisor.event_batch import EventBatchApplier, EventStreamSpec
+    from tests.unit.test_debezium_edges import NOT_CARRIED, REFUSED, expected, messages, same
+
+    spec = EventStreamSpec("pg", "kafka", table_workers=1, driver_apply=on_driver)
+    applier = EventBatchApplier(spec, EventDecoder("kafka"), "test",
+                                lambda t: TableLocation(TableName("dst", "s", t), str(tmp_path / t)),
+                                InMemoryDeadLetters(), lambda name: spark)
+    def landed(column: str, value: Any) -> Any:
+        """A value as Spark reads it back, in the decoder's terms: binary as bytes, a timestamp's
+        microseconds as an aware UTC datetime."""
+        from datetime import datetime, timedelta, timezone
+
+        if isinstance(value, bytearray):
+            return bytes(value)
+        if column == "tstz" and value is not None:
+            return datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(microseconds=value)
+        return value
+
+    captured = messages()
+    raws = [RawEvent(m["value"], m["key"], m["topic"], m["partition"], m["offset"]) for m in captured]
+    result = applier.apply(raws, 0, "e")
+    assert applier.sinks["edges"].applies_on_driver == on_driver
+    # tstz read as microseconds: PySpark turns a TIMESTAMP into the process's local time, which for
+    # 0001-01-01T00:00Z west of Greenwich is year 0 (a ValueError), though Delta holds it right.
+    frame = tables.read(spark, applier.sinks["edges"].replica).selectExpr("*", "unix_micros(tstz) AS tstz_us")
+    live = {r["id"]: {**r.asDict(), "tstz": r["tstz_us"]} for r in frame.drop("tstz").collect()}
+    last: dict[int, dict[str, Any]] = {}
+    for m in captured:  # the newest change per key: what the replica holds (or, refused, why not)
+        if m["value"] is not None:
+            op = json.loads(m["value"])["payload"]["op"]
+            last[json.loads(m["key"])["payload"]["id"]] = {"op": op, "pg": m["pg"]}
+    refused = {d.change.key[0] if d.change else json.loads(d.raw.key or "{}")["payload"]["id"] for d in result.letters}
+    for key, change in sorted(last.items()):
+        wants = {c: expected(c, pg, change["op"]) for c, pg in change["pg"].items()}
+        if change["op"] == "d":
+            assert key not in live, key                       # a delete needs only its key
+        elif any(w is REFUSED for w in wants.values()):
+            assert key not in live and key in refused, key    # never written with a value bent to fit
+        else:
+            for column, want in wants.items():
+                if want is not NOT_CARRIED and want is not None:
+                    got = landed(column, live[key][column])
+                    assert same(column, got, want), (key, column, got, want)
+                elif want is None:
+                    assert live[key][column] is None, (key, column)
+    assert {1, 2, 7, 8, 101, 102, 107, 108} <= set(live)

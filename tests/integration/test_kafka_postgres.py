@@ -142,3 +142,63 @@ def test_kafka_into_postgres_is_exact_under_disorder_duplicates_and_restarts(
     else:
         assert all(r.outcome.write == "postgres-guarded-upsert" for r in reports)
         assert any(r.latency is not None and r.latency.flush_seconds for r in reports)
+
+
+def test_real_time_mode_shows_a_server_outage_and_a_refused_login_clearly(
+        spark: Any, broker: str, postgres: Any, tmp_path: Path) -> None:  # noqa: F811
+    """Real-Time Mode's writers run on the executors, out of the daemon's sight: an outage shorter
+    than retry_seconds shows as a wait (the batches stop finishing) and ends by itself; a refused
+    login reaches the source's error as one line naming the settings, not a Python traceback."""
+    schema, topic = f"rt_{uuid.uuid4().hex[:8]}", f"shop.public.accounts_{uuid.uuid4().hex[:6]}"
+    source = Producer(broker, topic, 1)
+    acc = lambda lsn, i, bal: envelope("c", lsn, {"id": i}, {"balance": bal, "name": "n"}, "accounts")  # noqa: E731
+    source.send(0, {"id": 1}, acc(100, 1, 10))
+    spec = EventStreamSpec("shop", "kafka", "debezium", bootstrap_servers=broker, topics=topic)
+    real_time = RealTimeSpec(max_dwell_ms=50, max_rows=100)
+
+    refused = PostgresEventStreamRunner(spec, spark, "test", tmp_path / "refused", PostgresTarget(
+        postgres.host, postgres.port, postgres.database, schema, "no_such_role", "secret-pw"), real_time)
+    refused.launch()
+    deadline, failed = time.time() + 240, None
+    try:
+        while failed is None:
+            assert time.time() < deadline, "the refused login was never reported"
+            failed = next((e for e in refused.poll() if isinstance(e, sm.Failed)), None)
+            time.sleep(0.5)
+    finally:
+        refused.halt()
+    assert "refused the login" in failed.error and "destination.user" in failed.error, failed.error
+    assert "Traceback" not in failed.error and "PYTHON_EXCEPTION" not in failed.error
+    assert "secret-pw" not in failed.error and len(failed.error.splitlines()) == 1
+
+    if not postgres.restartable:
+        return  # the outage needs the script-managed server
+    target = PostgresTarget(postgres.host, postgres.port, postgres.database, schema, postgres.user,
+                            postgres.password, retry_seconds=180)
+    runner = PostgresEventStreamRunner(spec, spark, "test", tmp_path / "events", target, real_time)
+    runner.launch()
+    seen: list[Any] = []
+
+    def poll_until(done: Any, what: str, timeout: float = 240) -> None:
+        deadline = time.time() + timeout
+        while not done():
+            assert time.time() < deadline, f"timed out waiting for {what}; events: {seen[-5:]}"
+            events = runner.poll()
+            assert not any(isinstance(e, sm.Failed) for e in events), events
+            seen.extend(events)
+            time.sleep(0.5)
+
+    try:
+        poll_until(lambda: replica(postgres, schema, "accounts") == source.expected("accounts"), "the first row")
+        postgres.stop()
+        try:
+            source.send(0, {"id": 2}, acc(200, 2, 20))
+            poll_until(lambda: any(isinstance(e, sm.Waiting) for e in seen), "the outage to show")
+        finally:
+            postgres.start()
+        waiting = next(e for e in seen if isinstance(e, sm.Waiting))
+        assert "no real-time batch has finished" in waiting.error and "cannot reach PostgreSQL" in waiting.error
+        poll_until(lambda: replica(postgres, schema, "accounts") == source.expected("accounts")
+                   and any(isinstance(e, sm.WaitOver) for e in seen), "the writers to go on after the outage")
+    finally:
+        runner.halt()

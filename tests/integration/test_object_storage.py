@@ -13,15 +13,17 @@ import pytest
 
 from lakemirror import tables
 from lakemirror.object_store import delta_rs_target
+from lakemirror.sinks.txn import is_txn_tag
 from lakemirror.sources.commit_log import HadoopCommitLog, commit_log_for
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.mark.parametrize("settings, path", [
-    ({}, "applies by rewriting the replica with Spark (the replica is not a path on the driver's file system)"),
+    ({}, "applies on the driver by a delta-rs MERGE on object storage, committed by conditional put"),
+    ({"driver_apply": False}, "applies by rewriting the replica with Spark (driver_apply is off)"),
     ({"rewrite_below_bytes": 0}, "applies by MERGE"),
-], ids=["small replica: Spark rewrite", "Spark MERGE"])
+], ids=["driver: delta-rs MERGE", "small replica: Spark rewrite", "Spark MERGE"])
 def test_a_source_and_replica_on_s3_replicate_every_kind_of_change(
         s3_pipeline: Any, caplog: pytest.LogCaptureFixture, settings: dict[str, Any], path: str) -> None:
     caplog.set_level(logging.INFO, logger="lakemirror.sinks.merge.delta_replica")
@@ -41,6 +43,11 @@ def test_a_source_and_replica_on_s3_replicate_every_kind_of_change(
     assert p.rows(p.replica("o"), ["id", "v", "n"]) == [(1, "again", 100), (2, "B", 20), (3, "c", 3), (5, "e", 5)]
 
     assert any(path in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
+    history = tables.delta_table(p.spark, p.replica("o")).history().collect()
+    by_delta_rs = [h for h in history if is_txn_tag(h["userMetadata"]) and "delta-rs" in str(h["engineInfo"])]
+    assert bool(by_delta_rs) == (not settings), [(h["operation"], h["engineInfo"]) for h in history]
+    tags = [h["userMetadata"] for h in history if is_txn_tag(h["userMetadata"])]
+    assert len(tags) == len(set(tags)), "a batch committed twice"
 
     # lag and retention headroom, measured from the commit files in the bucket
     p.tick_until(lambda: p.runner("o").last_lag is not None, what="a lag reading")

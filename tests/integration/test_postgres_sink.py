@@ -143,7 +143,7 @@ def test_postgres_restarted_mid_stream_loses_nothing(make_pipeline, postgres):
     if not postgres.restartable:
         pytest.skip("restarting the server needs the script-managed PostgreSQL (no Docker here)")
     schema = _schema()
-    pipeline = _pg_pipeline(make_pipeline, postgres, schema, destination={"retry_seconds": 1})
+    pipeline = _pg_pipeline(make_pipeline, postgres, schema, destination={"retry_seconds": 120})
     pipeline.create("r", "id BIGINT NOT NULL, n BIGINT", key="id")
     pipeline.sql("r", "INSERT INTO {t} SELECT id, 0 FROM range(0, 100)")
     pipeline.start()
@@ -154,12 +154,17 @@ def test_postgres_restarted_mid_stream_loses_nothing(make_pipeline, postgres):
             pipeline.sql("r", f"UPDATE {{t}} SET n = n + 1 WHERE id % {i + 1} = 0")
             pipeline.sql("r", f"INSERT INTO {{t}} VALUES ({100 + i}, {i})")
         pipeline.sql("r", "DELETE FROM {t} WHERE id < 10")
+        # An outage shorter than retry_seconds: the batch retries its connection meanwhile, and the
+        # table says so (not `running` with no error), with its lag growing.
         pipeline.tick_until(lambda: pipeline.views()["r"].state == "degraded", 60, "the table to notice")
-        assert "cannot reach the server" in (pipeline.views()["r"].last_error or "")
+        view = pipeline.views()["r"]
+        assert "waiting for PostgreSQL: cannot reach the server" in (view.last_error or "") and view.retries == 0, view
+        pipeline.tick_until(lambda: (pipeline.views()["r"].lag_seconds or 0) > 0, 30, "the lag to grow")
     finally:
         postgres.start()
     pipeline.sql("r", "UPDATE {t} SET n = n + 10 WHERE id = 50")
     pipeline.wait_caught_up("r")
+    assert pipeline.views()["r"].retries == 0 and pipeline.views()["r"].last_error is None, "the batch went on by itself"
     assert_replica_equals_source(pipeline, postgres, schema, "r")
     # Every version applied exactly once: the applied batches' version ranges do not overlap.
     ranges = postgres.query(f"SELECT first_version, last_version FROM {schema}.lakemirror_progress "
@@ -244,3 +249,111 @@ def test_a_replayed_batch_is_skipped_and_a_late_older_change_moves_nothing(spark
     assert not late.replayed and late.counts.total == 0
     assert replica() == [(1, "a5"), (3, "v0"), (4, "d5")], "an older change moved a row or resurrected a key"
     assert table.replica(plan).last_applied(1) == 5
+
+
+NESTED = ("id INT NOT NULL, m MAP<STRING, INT>, mi MAP<INT, STRING>, am ARRAY<MAP<STRING, INT>>, "
+          "st STRUCT<n: INT, m: MAP<STRING, STRING>, a: ARRAY<INT>>, ma MAP<STRING, ARRAY<MAP<STRING, INT>>>")
+NESTED_ROWS = {
+    1: ("map()", "map()", "array(map(), map('k', 1))", "named_struct('n', 1, 'm', map(), 'a', array())",
+        "map('e', array(map()))"),
+    2: ("NULL", "NULL", "NULL", "NULL", "NULL"),
+    3: ("map('a', 1)", "map(1, 'x')", "array()", "named_struct('n', NULL, 'm', map('a', 'b'), 'a', NULL)",
+        "map('n', NULL)"),
+}
+NESTED_JSON = {
+    1: {"m": {}, "mi": [], "am": [{}, {"k": 1}], "st": {"n": 1, "m": {}, "a": []}, "ma": {"e": [{}]}},
+    2: {"m": None, "mi": None, "am": None, "st": None, "ma": None},
+    3: {"m": {"a": 1}, "mi": [[1, "x"]], "am": [], "st": {"n": None, "m": {"a": "b"}, "a": None}, "ma": {"n": None}},
+}
+
+
+def _nested_insert(ids: Any) -> str:
+    return "INSERT INTO {t} VALUES " + ", ".join(f"({i}, {', '.join(NESTED_ROWS[i])})" for i in ids)
+
+
+def _nested_replica(postgres: Any, schema: str, table: str) -> dict[int, dict[str, Any]]:
+    rows = postgres.query(f'SELECT id, m, mi, am, st, ma FROM "{schema}".{table}')
+    return {r[0]: dict(zip(("m", "mi", "am", "st", "ma"), r[1:])) for r in rows}
+
+
+def test_nested_values_keep_their_type_s_json_shape_in_bootstrap_stream_and_cycles(make_pipeline, postgres):
+    """An empty map<string,…> is {} (not []) wherever it is, and a map of other keys [key, value]
+    pairs: in a bootstrap's snapshot, a stream's batch and a triggered table's cycles."""
+    from tests.integration.test_postgres_cycles import _cycle
+
+    schema = _schema()
+    pipeline = _pg_pipeline(make_pipeline, postgres, schema, tables=["n", "c"], destination={
+        "table_modes": {"c": "triggered"}, "every_seconds": 3600, "snapshot_above_fraction": 100})
+    for table in ("n", "c"):
+        pipeline.create(table, NESTED, key="id")
+        pipeline.sql(table, _nested_insert([1, 2]))
+    pipeline.start()
+    pipeline.wait_caught_up("n")                     # the bootstrap's snapshot
+    assert _nested_replica(postgres, schema, "n") == {i: NESTED_JSON[i] for i in (1, 2)}
+    assert _cycle(pipeline, 1)["c"]["action"] == "snapshot"
+    assert _nested_replica(postgres, schema, "c") == {i: NESTED_JSON[i] for i in (1, 2)}
+
+    for table in ("n", "c"):                         # a stream's batch, a cycle's incremental batch
+        pipeline.sql(table, _nested_insert([3]))
+        pipeline.sql(table, "UPDATE {t} SET m = map(), mi = map(), am = array(map()) WHERE id = 2")
+    pipeline.wait_caught_up("n")
+    assert _cycle(pipeline, 2)["c"]["action"] == "incremental"
+    want = {**NESTED_JSON, 2: {**NESTED_JSON[2], "m": {}, "mi": [], "am": [{}]}}
+    assert _nested_replica(postgres, schema, "n") == want
+    assert _nested_replica(postgres, schema, "c") == want
+
+
+def test_a_column_postgres_cannot_hold_stops_the_table_at_once_naming_it(make_pipeline, postgres):
+    """A variant column: the streamed table goes ``failed`` without retries, and a triggered
+    table's cycle fails on its first attempt, each naming the column and how to exclude it."""
+    from lakemirror.daemon.settings.runtime_spec import jobs_for
+
+    pipeline = _pg_pipeline(make_pipeline, postgres, _schema(), tables=["va", "vc"], destination={
+        "table_modes": {"vc": "triggered"}, "every_seconds": 3600})
+    for table in ("va", "vc"):
+        pipeline.create(table, "id BIGINT NOT NULL, payload VARIANT", key="id")
+        pipeline.sql(table, "INSERT INTO {t} SELECT 1, parse_json('[1, 2]')")
+    pipeline.start()
+    pipeline.tick_until(lambda: pipeline.views()["va"].state == "failed", 60, "the table to fail")
+    view = pipeline.views()["va"]
+    assert view.retries == 0 and "'payload' (variant)" in (view.last_error or ""), view
+    assert "exclude_columns: [payload]" in (view.last_error or "") and "Traceback" not in (view.last_error or "")
+    app = pipeline.app
+    [task] = app.subtasks.subtasks.values()
+    [outcome] = app.run_subtask("run-vc", jobs_for(task, app.spec, app.tables_of(task))).summary.outcomes
+    assert outcome.status == "failed" and outcome.attempts == 1, outcome
+    assert "'payload' (variant)" in (outcome.error or "")
+
+
+def test_a_table_waiting_for_a_lock_shows_it_and_holds_no_other_table_back(make_pipeline, postgres):
+    """One apply worker (the default), two tables; a session holds a lock on one replica. That table
+    shows ``degraded`` with the lock and its holder, and its lag grows, while the other table's
+    changes keep arriving; once the lock is released it catches up and runs again."""
+    schema = _schema()
+    pipeline = _pg_pipeline(make_pipeline, postgres, schema, tables=["la", "lb"],
+                            destination={"statement_timeout_seconds": 600})
+    assert pipeline.settings.effective_apply_workers == 1
+    for table in ("la", "lb"):
+        pipeline.create(table, "id BIGINT NOT NULL, n BIGINT", key="id")
+        pipeline.sql(table, "INSERT INTO {t} VALUES (1, 0)")
+    pipeline.start()
+    pipeline.wait_caught_up("la", "lb")
+    with postgres.connect() as holder:
+        holder.execute("SET application_name = 'lock-holder'")
+        holder.execute("BEGIN")
+        holder.execute(f'LOCK TABLE "{schema}".la IN ACCESS EXCLUSIVE MODE')
+        pipeline.sql("la", "UPDATE {t} SET n = 1")
+        pipeline.tick_until(lambda: pipeline.views()["la"].state == "degraded", 90, "the lock wait to show")
+        error = pipeline.views()["la"].last_error or ""
+        assert "waiting for a lock" in error and "lock-holder" in error and "statement_timeout_seconds" in error, error
+        pipeline.sql("lb", "UPDATE {t} SET n = 1")   # the other table goes on meanwhile, on the one worker
+        pipeline.wait_caught_up("lb")
+        assert postgres.query(f'SELECT n FROM "{schema}".lb') == [(1,)]
+        pipeline.tick_until(lambda: (pipeline.views()["la"].lag_seconds or 0) > 0, 30, "the lag to grow")
+        view = pipeline.views()["la"]
+        assert view.state == "degraded" and view.versions_behind, view
+        assert "waiting for a lock" in (view.last_error or ""), "still the wait, not a failure"
+        holder.execute("ROLLBACK")
+    pipeline.wait_caught_up("la")
+    assert pipeline.views()["la"].last_error is None
+    assert postgres.query(f'SELECT n FROM "{schema}".la') == [(1,)]

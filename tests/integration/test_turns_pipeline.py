@@ -57,8 +57,10 @@ def test_one_worker_applies_one_table_at_a_time_and_every_replica_stays_exact(ma
         pipeline.assert_replica_equals_source(name)
         # Each local checkpoint was written through Hadoop's FileSystem API (this Spark has the class).
         assert pipeline.runner(name).stream_session.conf.get(FILE_MANAGER_CONF) in FILE_SYSTEM_MANAGERS
-        assert pipeline.runner(name).last_trigger == "gated", "a local session's batches wait for their turns"
-        assert pipeline.runner(name).query_running, "the table's query stays up between turns"
+        # A local replica on the driver path: the turn plans its batch from the source's commit files,
+        # and no query stays up between turns (Spark planned the epoch's first batch in a turn's query).
+        assert pipeline.runner(name).last_trigger == "commit files"
+        assert not pipeline.runner(name).query_running
 
     batches = _applied_batches(pipeline)
     assert {r["source_fqn"] for r in batches} == {f"src.sales.{n}" for n in names}
@@ -121,11 +123,14 @@ def test_an_interrupted_first_offset_write_does_not_fail_the_table_forever(pipel
 
 
 def test_a_turn_with_nothing_new_lets_the_query_look_for_commits_by_itself(make_pipeline: Any) -> None:
-    pipeline = make_pipeline(apply_workers=1)
+    """Spark's streaming source planning every batch (commit_file_batches: false): the table's query stays
+    up, each batch waits for its turn in the batch function."""
+    pipeline = make_pipeline(apply_workers=1, commit_file_batches=False)
     _caught_up(pipeline, "VALUES (0, 'a'), (1, 'b')")
     runner = pipeline.runner("t")
     pipeline.tick_until(lambda: runner.ready_for_turn() and runner.has_pending() is False,
                         what="the applied batch to hold the query")
+    assert runner.last_trigger == "gated"
     runner.take_turn()  # what the turn pool does every IDLE_RECHECK_SECONDS: nothing is new
     assert not runner.ready_for_turn(), "the turn was withdrawn: the query looks for commits by itself"
     assert runner.query_running

@@ -54,6 +54,10 @@ REPEATABLE_POINTS = ("before_merge", "after_merge", "before_commit_log")
 POSTGRES_POINTS = ("bootstrap_after_snapshot", "postgres_after_copy", "postgres_before_commit", "after_merge",
                    "before_commit_log", "schema_change")
 POSTGRES_REPEATABLE = ("postgres_after_copy", "postgres_before_commit", "after_merge", "before_commit_log")
+#: With the lakehouse on S3 (``Torture(warehouse="s3a://…")``): the named points, and the driver's delta-rs
+#: commit in the bucket before anything records it.
+S3_POINTS = (*NAMED_POINTS, "after_driver_commit")
+S3_REPEATABLE = (*REPEATABLE_POINTS, "after_driver_commit")
 
 
 def schedule(kills: int, seed: int, points: tuple[str, ...] = NAMED_POINTS,
@@ -261,11 +265,14 @@ class DaemonProcess:
 
 class Torture:
     """``postgres``: the ``destination:`` block of a PostgreSQL server (replicas there, not Delta),
-    plus ``connect``: a callable returning a psycopg connection to it (for the proof)."""
+    plus ``connect``: a callable returning a psycopg connection to it (for the proof). ``warehouse``:
+    the lakehouse elsewhere than under ``workdir`` (an ``s3a://`` prefix, with ``hadoop_conf``: the
+    ``fs.s3a.*`` settings the daemon's Spark gets, as the test's own session already has them)."""
 
     def __init__(self, spark: Any, workdir: Path, seed: int = 7, writer_interval: float = 0.7,
                  replica_properties: dict[str, str] | None = None,
                  postgres: dict[str, Any] | None = None, connect: Any = None,
+                 warehouse: str | None = None, hadoop_conf: dict[str, str] | None = None,
                  runtime: dict[str, Any] | None = None) -> None:
         """``runtime``: more ``runtime`` settings of the daemon (e.g. ``mode: connect`` and its
         ``spark_remote``: the batches are then applied on that server, the writer still writes here)."""
@@ -275,9 +282,11 @@ class Torture:
         self.writer_interval = writer_interval
         self.postgres = postgres
         self.connect = connect
-        self.points = POSTGRES_POINTS if postgres else NAMED_POINTS
-        self.repeatable = POSTGRES_REPEATABLE if postgres else REPEATABLE_POINTS
-        self.catalog = LocalCatalog(workdir / "lakehouse")
+        on_s3 = warehouse is not None and warehouse.startswith("s3a://")
+        self.points = POSTGRES_POINTS if postgres else S3_POINTS if on_s3 else NAMED_POINTS
+        self.repeatable = POSTGRES_REPEATABLE if postgres else S3_REPEATABLE if on_s3 else REPEATABLE_POINTS
+        lakehouse = warehouse or str(workdir / "lakehouse")
+        self.catalog = LocalCatalog(lakehouse)
         self.writer = Writer(spark, self.catalog, TableName("src", "torture", "_"), seed)
         self.report = TortureReport(seed)
         config = workdir / "pipeline.yaml"
@@ -285,7 +294,9 @@ class Torture:
             "pipeline_id": "torture", "source_catalog": "src", "destination_catalog": "dst",
             "schema_name": "torture", "checkpoint_volume": str(workdir / "ck"),
             "trigger_interval_seconds": 0.5, "lag_interval_seconds": 1, "discover_interval_seconds": 5,
-            "runtime": {"warehouse": str(workdir / "lakehouse"), "shuffle_partitions": 2, **(runtime or {})},
+            "runtime": {"warehouse": lakehouse, "shuffle_partitions": 2,
+                        **({"spark_conf": {f"spark.hadoop.{k}": v for k, v in hadoop_conf.items()}}
+                           if hadoop_conf else {}), **(runtime or {})},
             "http": {"port": 0}, "restart": {"base_delay_seconds": 0.5, "max_delay_seconds": 4},
             **({"replica_properties": replica_properties} if replica_properties else {}),
             **({"destination": postgres} if postgres else {})}))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import parse_qs, urlsplit
 
 from databricks.sdk import WorkspaceClient
@@ -18,8 +18,11 @@ from databricks.sdk.core import Config
 class FakeJobsApi:
     """A tiny Jobs API on 127.0.0.1: records every request, answers from ``routes``."""
 
-    def __init__(self, routes: dict[tuple[str, str], Any]) -> None:
+    def __init__(self, routes: dict[tuple[str, str], Any],
+                 dynamic: "Callable[[str, str, dict[str, list[str]], Any], tuple[int, Any] | None] | None" = None) -> None:
         self.routes = routes
+        #: Consulted first: (method, path, query, body) -> (status, payload), or None for ``routes``.
+        self.dynamic = dynamic
         # The SDK's host-metadata probe is answered like a workspace does, and not recorded.
         self.routes[("GET", "/.well-known/databricks-config")] = {
             "oidc_endpoint": "http://127.0.0.1/oidc", "workspace_id": "1234"}
@@ -39,8 +42,12 @@ class FakeJobsApi:
                 if url.path.startswith("/api/"):
                     fake.requests.append((self.command, url.path, parse_qs(url.query), body))
                     fake.headers.append(dict(self.headers))
+                found = (fake.dynamic(self.command, url.path, parse_qs(url.query), body)
+                         if fake.dynamic is not None and url.path.startswith("/api/") else None)
                 answer = fake.routes.get((self.command, url.path))
-                if answer is None:
+                if found is not None:
+                    status, payload = found
+                elif answer is None:
                     payload, status = {"error_code": "ENDPOINT_NOT_FOUND", "message": url.path}, 404
                 else:
                     payload, status = answer, 200
@@ -51,7 +58,7 @@ class FakeJobsApi:
                 self.end_headers()
                 self.wfile.write(data)
 
-            do_GET = do_POST = do_PUT = do_DELETE = _serve
+            do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _serve
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass

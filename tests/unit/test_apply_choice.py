@@ -115,6 +115,27 @@ def test_a_replica_past_the_rewrite_limit_is_still_merged_on_the_driver_up_to_it
                         driver_apply_below_bytes=100 * MIB).path == "merge"
 
 
+S3 = replace(LOCAL, local=False, object_store=True)
+
+
+def test_a_replica_on_s3_the_driver_reaches_is_applied_on_the_driver_by_conditional_puts() -> None:
+    choice = _drive(S3)
+    assert choice.driver and not choice.deletion_vectors
+    assert "on object storage, committed by conditional put (If-None-Match)" in choice.reason
+    assert "object storage" not in _drive().reason
+
+
+def test_what_keeps_a_replica_on_object_storage_with_spark_is_named() -> None:
+    """A catalog-managed table, a store without conditional writes: the reason the facts carry is the
+    one shown; deletion vectors are written on the driver only for local replicas."""
+    managed = replace(LOCAL, local=False, unreachable="the table is managed by its catalog (Unity Catalog)")
+    assert "managed by its catalog" in _drive(managed).reason and not _drive(managed).driver
+    dv_on_s3 = _drive(replace(DV_ON, local=False, object_store=True))
+    assert dv_on_s3.path == "merge" and "deletion vectors are written on the driver only" in dv_on_s3.reason
+    assert _drive(replace(S3, observable=False)).path == "merge", "Spark Connect"
+    assert _drive(replace(S3, features=("columnMapping",))).path == "rewrite"
+
+
 def test_a_driver_choice_refused_by_delta_rs_falls_back_to_a_rewrite_only_while_small() -> None:
     small = _drive().without_driver(100_000)
     assert small is not None and small.rewrite and small.limit_bytes == 64 * MIB

@@ -64,6 +64,7 @@ def test_a_delete_then_reinsert_in_one_version_leaves_the_insert_and_null_keys_g
                    {"id": 1, "part": "x", "name": "post", "score": 5, OP_COLUMN: "update_postimage"}]
     stats = batch_stats(_arrow(rows))
     assert (stats.rows_read, stats.first_version, stats.last_version, stats.max_commit_time) == (4, 7, 8, 80.0)
+    assert stats.min_commit_time == 70.0  # the first version's commit time, for recovery points
 
 
 def test_an_empty_batch_has_no_winners_and_no_versions() -> None:

@@ -64,9 +64,9 @@ def test_each_step_changes_a_key_once_and_reinserts_only_keys_deleted_before() -
 
 
 def test_catch_up_rounds_are_read_from_the_daemon_log() -> None:
-    text = ("2026-11-25 18:00:00,000 INFO table src.bench.hot: bootstrap catch-up 0 applied source versions 20..23 "
-            "(120 change rows)\nnoise\n2026-11-25 18:00:09,000 INFO table src.bench.hot: bootstrap catch-up 1 applied "
-            "source versions 24..24 (0 change rows, already committed)\n")
+    text = ("2026-11-25 18:00:00,000 INFO table src.bench.hot: bootstrap capture 0 copied source versions 20..23 "
+            "of the change feed (120 change rows, 1.2s)\nnoise\n2026-11-25 18:00:09,000 INFO table src.bench.hot: "
+            "bootstrap capture 1 copied source versions 24..24 of the change feed (? change rows, 0.4s)\n")
     assert catch_ups(text) == [{"round": 0, "first_version": 20, "last_version": 23, "change_rows": 120},
                                {"round": 1, "first_version": 24, "last_version": 24, "change_rows": 0}]
 

@@ -1,5 +1,6 @@
-"""The pure parts of a chunked bootstrap: the chunk planner, the copy/catch-up decision (an injected
-clock), the progress figures and the saved plan."""
+"""The pure parts of a chunked bootstrap: the chunk planner, the saved plan, which captured changes
+each chunk still needs, how a MERGE is narrowed to the chunks its changes fall in, and the progress
+figures (the capture's timing: tests/unit/test_bootstrap_capture_policy.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import pytest
 from lakemirror.checkpoints.bootstrap_state import FileBootstrapStore, InMemoryBootstrapStore, bootstrap_store_for
 from lakemirror.checkpoints.state import FileStateStore, InMemoryStateStore
 from lakemirror.sinks.batch.bootstrap_plan import (
-    CATCH_UP, CHUNK, DONE, BootstrapPlan, BootstrapPolicy, BootstrapProgress, CatchUpRound, next_step,
+    BootstrapPlan, BootstrapProgress, CaptureRound, ChunkRead, OutdatedPlan, change_filter_sql, chunk_of_sql,
+    target_predicate,
 )
-from lakemirror.sources.chunks import SourceFile, bootstrap_app_id, chunk_app_id, chunk_number, plan_chunks
+from lakemirror.sources.chunks import Chunk, SourceFile, bootstrap_app_id, chunk_app_id, chunk_number, plan_chunks
+from lakemirror.sources.key_ranges import KeyRange
 
 
 def files(*sizes: int) -> list[SourceFile]:
@@ -58,54 +61,42 @@ def test_chunk_app_ids_are_distinct_per_chunk_and_epoch():
     assert len({chunk_app_id(app, n) for n in range(100)}) == 100
 
 
-POLICY = BootstrapPolicy(chunk_budget_seconds=60.0, safety_factor=2.0)
+def key_ranges(*bounds: int) -> tuple[Chunk, ...]:
+    """Key-range chunks of ``id`` split at ``bounds`` (open at both ends), 10 rows each."""
+    edges: list[str | None] = [None, *[str(b) for b in bounds], None]
+    return tuple(Chunk(n, (), 100, 10, KeyRange("id", "bigint", edges[n], edges[n + 1])) for n in range(len(edges) - 1))
 
 
-def decide(policy: BootstrapPolicy = POLICY, **kw):  # type: ignore[no-untyped-def]
-    args = dict(now=1000.0, copying_since=1000.0, headroom_seconds=86400.0, expected_chunk_seconds=10.0,
-                chunks_left=5, source_ahead=True)
-    args.update(kw)
-    return next_step(policy, **args)  # type: ignore[arg-type]
-
-
-def test_copying_goes_on_until_the_budget_is_used_then_the_change_feed_is_applied():
-    assert decide(now=1059.0).kind == CHUNK
-    step = decide(now=1060.0)
-    assert step.kind == CATCH_UP and not step.urgent and "budget of 60s" in step.reason
-    assert decide(now=5000.0, source_ahead=False).kind == CHUNK  # nothing to apply
-    assert decide(chunks_left=0).kind == DONE
-
-
-def test_a_closing_change_window_forces_a_catch_up_before_the_budget_and_says_so():
-    step = decide(now=1001.0, headroom_seconds=19.0, expected_chunk_seconds=10.0)
-    assert step.kind == CATCH_UP and step.urgent and "closes in 19s" in step.reason
-    assert decide(now=1001.0, headroom_seconds=21.0, expected_chunk_seconds=10.0).kind == CHUNK
-
-
-def test_the_default_budget_is_a_fraction_of_the_headroom():
-    policy = BootstrapPolicy(headroom_fraction=0.25)
-    assert policy.budget_seconds(4000.0) == 1000.0
-    assert decide(policy, now=1999.0, headroom_seconds=4000.0).kind == CHUNK
-    assert decide(policy, now=2000.0, headroom_seconds=4000.0).kind == CATCH_UP
-
-
-def test_progress_rate_and_eta_count_only_this_runs_copy():
-    p = BootstrapProgress(version=3, chunks_total=10, chunks_done=6, rows_total=1000, rows_copied=200,
-                          started_at=100.0, now=120.0, rows_done_estimate=600, chunks_copied=2)
-    assert p.rows_per_second == 10.0
-    assert p.eta_seconds == 40.0
-    assert "chunk 6/10" in p.describe() and "ETA 40s" in p.describe()
-    unknown = BootstrapProgress(3, 10, 6, None, 0, 100.0, 120.0, chunks_copied=2)
+def test_progress_carries_every_committed_chunk_over_and_rates_only_this_run():
+    p = BootstrapProgress(version=3, chunks_total=10, chunks_done=6, rows_total=1000, rows_copied=600,
+                          started_at=100.0, now=120.0, rows_copied_this_run=200, chunks_copied=2)
+    assert p.rows_per_second == 10.0  # this run's 200 rows in 20 s; the 400 before are not this run's
+    assert p.eta_seconds == 40.0      # 400 rows left at 10 rows/s
+    assert "chunk 6/10, 600 rows copied of 1000" in p.describe() and "ETA 40s" in p.describe()
+    assert p.as_dict()["rows_copied"] == 600
+    unknown = BootstrapProgress(3, 10, 6, None, 60, 100.0, 120.0, chunks_copied=2)
     assert unknown.eta_seconds == 40.0  # 4 chunks left at 2 per 20 s
     assert BootstrapProgress(3, 10, 0, None, 0, 100.0, 100.0).eta_seconds is None
     assert BootstrapProgress(3, 2, 2, None, 0, 100.0, 150.0).eta_seconds == 0.0
 
 
+def test_rows_copied_come_from_the_commits_and_else_from_the_plan():
+    plan = BootstrapPlan(1, 7, key_ranges(10, 20))
+    plan = plan.with_read(0, ChunkRead(7, 12)).with_read(1, ChunkRead(8))  # chunk 1: commit not confirmed
+    assert plan.rows_copied({0, 1}) == 12 + 10
+    assert plan.rows_copied(set()) == 0
+    whole = BootstrapPlan(1, 7, (Chunk(0, (), 0, None),))  # one chunk whose files had no row counts
+    assert whole.rows_copied({0}) == 0
+    assert whole.with_read(0, ChunkRead(9, 31)).rows_copied({0}) == 31
+
+
 def test_the_plan_round_trips_and_belongs_to_one_epoch(tmp_path):
-    plan = BootstrapPlan(2, 7, plan_chunks(files(5, 5, 5), 6))
-    plan = plan.with_round(CatchUpRound(0, 7, 9)).with_round(CatchUpRound(0, 7, 9, done=True))
-    plan = plan.with_round(CatchUpRound(1, 9, 12))
-    assert plan.applied_through == 9  # round 1 is not done
+    plan = BootstrapPlan(2, 7).with_chunks(plan_chunks(files(5, 5, 5), 6))
+    plan = plan.with_capture(CaptureRound(0, 7, 9)).with_capture(CaptureRound(0, 7, 9, done=True))
+    plan = plan.with_capture(CaptureRound(1, 9, 12)).with_read(0, ChunkRead(8, 10)).with_read(1, ChunkRead(11))
+    plan = plan.with_final(12)
+    assert plan.captured_through == 9  # round 1 is not done
+    assert plan.floor(0) == 8 and plan.floor(2) == 7  # a chunk with no read saved: V
     for store in (FileBootstrapStore(tmp_path / "b"), InMemoryBootstrapStore()):
         assert store.load("t", 2) is None
         store.save("t", plan.to_json())
@@ -114,8 +105,55 @@ def test_the_plan_round_trips_and_belongs_to_one_epoch(tmp_path):
         assert store.load("t", 3) is None  # another epoch's plan is never reused
         store.forget("t")
         assert store.load("t", 2) is None
+    unplanned = BootstrapPlan(2, 7)
+    assert BootstrapPlan.from_json(unplanned.to_json()) == unplanned and unplanned.chunks is None
     assert isinstance(bootstrap_store_for(FileStateStore(tmp_path)), FileBootstrapStore)
     assert isinstance(bootstrap_store_for(InMemoryStateStore()), InMemoryBootstrapStore)
+
+
+def test_a_plan_whose_catch_ups_wrote_to_the_replica_is_not_resumed():
+    """Plans of the format before change capture: without catch-up rounds their chunks were all
+    read at V (resumable as such); with rounds, the replica holds merged rows and keys dropped from
+    later chunks, which this format cannot continue."""
+    old = {"epoch": 2, "version": 7, "chunks": [c.to_json() for c in key_ranges(10)], "rounds": []}
+    resumed = BootstrapPlan.from_json(old)
+    assert resumed.reads == {} and resumed.floor(1) == 7 and resumed.captures == ()
+    with pytest.raises(OutdatedPlan, match="catch-up rounds"):
+        BootstrapPlan.from_json({**old, "rounds": [{"number": 0, "after": 7, "through": 9, "done": True}]})
+
+
+def test_each_key_needs_the_changes_after_its_own_chunk_was_read():
+    one = BootstrapPlan(1, 7, (Chunk(0, (), 0, None),)).with_read(0, ChunkRead(9))
+    assert change_filter_sql(one, 12) == "`_commit_version` <= 12 AND `_commit_version` > 9"
+    ranged = BootstrapPlan(1, 7, key_ranges(10, 20, 30))
+    for n, version in enumerate([8, 8, 11, 11]):
+        ranged = ranged.with_read(n, ChunkRead(version))
+    sql = change_filter_sql(ranged, 15)
+    # chunks 0-1 (keys below 20, NULL keys too) were read at 8, chunks 2-3 at 11: one WHEN per run
+    assert sql == ("`_commit_version` <= 15 AND `_commit_version` > CASE WHEN (`id` IS NULL OR `id` < "
+                   "CAST('20' AS BIGINT)) THEN 8 ELSE 11 END")
+    files_at_v = BootstrapPlan(1, 7, plan_chunks(files(5, 5, 5), 6))
+    assert change_filter_sql(files_at_v, 9) == "`_commit_version` <= 9 AND `_commit_version` > 7"
+    with pytest.raises(ValueError, match="one version"):
+        change_filter_sql(files_at_v.with_read(1, ChunkRead(8)), 9)
+
+
+def test_a_merge_is_narrowed_to_the_key_ranges_of_the_chunks_its_changes_fall_in():
+    plan = BootstrapPlan(1, 7, key_ranges(10, 20, 30, 40, 50))
+    assert chunk_of_sql(plan) == ("CASE WHEN (`id` IS NULL OR `id` < CAST('10' AS BIGINT)) THEN 0 WHEN `id` >= "
+                                  "CAST('10' AS BIGINT) AND `id` < CAST('20' AS BIGINT) THEN 1 WHEN `id` >= "
+                                  "CAST('20' AS BIGINT) AND `id` < CAST('30' AS BIGINT) THEN 2 WHEN `id` >= "
+                                  "CAST('30' AS BIGINT) AND `id` < CAST('40' AS BIGINT) THEN 3 WHEN `id` >= "
+                                  "CAST('40' AS BIGINT) AND `id` < CAST('50' AS BIGINT) THEN 4 ELSE 5 END")
+    assert target_predicate(plan, {1, 2, 5}, "t") == (
+        "(t.`id` >= CAST('10' AS BIGINT) AND t.`id` < CAST('30' AS BIGINT)) OR (t.`id` >= CAST('50' AS BIGINT))")
+    assert target_predicate(plan, {0}, "t") == "((t.`id` IS NULL OR t.`id` < CAST('10' AS BIGINT)))"
+    assert target_predicate(plan, set(range(6)), "t") is None  # every chunk: nothing to narrow
+    assert target_predicate(plan, set(), "t") is None
+    files_plan = BootstrapPlan(1, 7, plan_chunks(files(5, 5, 5), 6))
+    assert chunk_of_sql(files_plan) is None and target_predicate(files_plan, {1}, "t") is None
+    whole = BootstrapPlan(1, 7, (Chunk(0, (), 0, None, KeyRange("id", "bigint", None, None)),))
+    assert chunk_of_sql(whole) is None
 
 
 def test_status_shows_a_running_bootstraps_chunks_and_eta():

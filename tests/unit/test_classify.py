@@ -160,3 +160,49 @@ def test_a_python_cause_chain_is_followed() -> None:
     except RuntimeError as outer:
         err = classify(outer, table="c.s.t")
     assert str(err) == "c.s.t: OSError: disk full on /w/dst"
+
+
+WORKER_FAILURE = (
+    "[STREAM_FAILED] Query [id = 7, runId = 8] terminated with exception: Job aborted due to stage failure: Task 0 "
+    "in stage 3.0 failed 1 times, most recent failure: Lost task 0.0 in stage 3.0 (TID 3) (10.0.0.1 executor "
+    "driver): org.apache.spark.api.python.PythonException: [PYTHON_EXCEPTION] An exception was thrown from the "
+    "Python worker. Please see the stack trace below.\n"
+    "Traceback (most recent call last):\n"
+    '  File "/venv/pyspark/worker.py", line 2049, in main\n'
+    "    process()\n"
+    '  File "/venv/lakemirror/sinks/postgres/foreach.py", line 101, in process\n'
+    "    self._raise_pending()\n"
+    "    ^^^^^^^^^^^^^^^^^^^^^\n"
+    "lakemirror.errors.TerminalError: shop: postgres://lm@db:5432/app (schema r): the server refused the login "
+    '(password authentication failed for user "lm"); check destination.user and the password it is given '
+    "(destination.password, password_env or password_file).\n"
+    "\n"
+    "\tat org.apache.spark.api.python.BasePythonRunner$ReaderIterator.handlePythonException(PythonRunner.scala:641)\n"
+    "\tat org.apache.spark.sql.execution.python.PythonForeachWriter.process(PythonForeachWriter.scala:80)\n")
+
+
+def test_a_python_workers_error_is_told_by_the_line_its_traceback_ends_with():
+    from lakemirror.supervisor.classify import python_worker_error, stream_error
+
+    assert python_worker_error(WORKER_FAILURE) == (
+        'shop: postgres://lm@db:5432/app (schema r): the server refused the login (password authentication failed '
+        'for user "lm"); check destination.user and the password it is given (destination.password, password_env '
+        'or password_file).')
+    chained = ("PythonException: Traceback (most recent call last):\n  File \"a.py\", line 1, in f\n    g()\n"
+               "KeyError: 'x'\n\nThe above exception was the direct cause of the following exception:\n\n"
+               "Traceback (most recent call last):\n  File \"b.py\", line 2, in h\n    f()\n"
+               "psycopg.OperationalError: connection failed: Connection refused\n\tat org.apache.Foo.bar(Foo.java:1)")
+    assert python_worker_error(chained) == "OperationalError: connection failed: Connection refused"
+    assert python_worker_error("org.apache.spark.SparkException: [DELTA_X] no traceback here") is None
+
+    class StreamingQueryException(Exception):
+        pass
+
+    line = stream_error("events:shop", StreamingQueryException(WORKER_FAILURE))
+    assert line.startswith("shop: postgres://lm@db:5432/app") and "destination.password" in line
+    assert "Traceback" not in line and "PYTHON_EXCEPTION" not in line and "\n" not in line
+    assert stream_error("events:shop", StreamingQueryException(chained)) == \
+        "events:shop: OperationalError: connection failed: Connection refused"
+    assert stream_error("events:shop", None) == "events:shop: the stream stopped"
+    assert classify(StreamingQueryException(WORKER_FAILURE), table="t").message.startswith(
+        "t: shop: postgres://lm@db:5432/app (schema r): the server refused the login")

@@ -210,7 +210,7 @@ def test_validate_valid_file_exits_0(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 def test_validate_applies_cli_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write(tmp_path)
-    assert main(["validate", str(path), "--trigger-interval-seconds", "-3"]) == 2
+    assert main(["validate", str(path), "--set", "trigger_interval_seconds=-3"]) == 2
     assert "trigger_interval_seconds: Input should be greater than or equal to 0.001" in capsys.readouterr().err
 
 

@@ -3,6 +3,8 @@ SQL keeps the planner's winner-per-key rule and clauses."""
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import pickle
 
 from lakemirror.schema import Column
@@ -74,7 +76,8 @@ class _Session:
 
         self.ran.append((text, dict(self.conf.values)))
         row = ({"n": self.rows, "lo": 1 if self.rows else None, "hi": 2 if self.rows else None,
-                "ts": datetime(2026, 1, 1) if self.rows else None} if text.startswith("SELECT count(*)") else
+                "ts": datetime(2026, 1, 1) if self.rows else None,
+                "ts0": datetime(2025, 12, 31) if self.rows else None} if text.startswith("SELECT count(*)") else
                {"num_inserted_rows": 1, "num_updated_rows": 1, "num_deleted_rows": 0})
         return type("Answer", (), {"collect": lambda self: [type("Row", (dict,), {"asDict": dict.copy})(row)]})()
 
@@ -89,6 +92,8 @@ def test_the_server_merges_a_stable_batch_in_place_and_restores_the_sessions_con
     batch = type("Batch", (), {"sparkSession": session, "createOrReplaceTempView": lambda self, view: None})()
     outcome = merge_batch(_job(), batch, TxnId("lakemirror/p/src__s__t/e1", 7))
     assert outcome.counts.total == 2 and not outcome.replayed
+    assert (outcome.stats.min_commit_time, outcome.stats.max_commit_time) == (
+        datetime(2025, 12, 31).timestamp(), datetime(2026, 1, 1).timestamp())
     merge_confs = next(confs for text, confs in session.ran if text.startswith("MERGE INTO"))
     assert {k: merge_confs[k] for k in STABLE_SOURCE_CONFS} == STABLE_SOURCE_CONFS
     assert merge_confs[TXN_APP_ID] == "lakemirror/p/src__s__t/e1"
@@ -110,6 +115,10 @@ def test_the_batch_function_writes_its_outcome_for_the_daemon_and_no_spark_row(t
     assert (done.batch_id, done.txn_app_id, done.rows_read, done.first_version, done.last_version,
             done.inserted, done.updated, done.deleted, done.replayed) == (7, "lakemirror/p/src__s__t/e1", 3, 1, 2,
                                                                          1, 1, 0, False)
+    # The source commit times of the batch's first and last versions, which its checkpoint row keeps
+    # (first_version_at, last_version_at: recovery points are cut from them).
+    assert (done.min_commit_time, done.max_commit_time) == (datetime(2025, 12, 31).timestamp(),
+                                                            datetime(2026, 1, 1).timestamp())
     assert not [text for text, _ in session.ran if "INSERT INTO" in text.upper().split("MERGE")[0]]
     empty = _Session({}, rows=0)
     apply_batch(_job(folder), type("Batch", (), {"sparkSession": empty,  # type: ignore[arg-type]

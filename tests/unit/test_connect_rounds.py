@@ -160,3 +160,26 @@ def test_outcomes_of_another_epochs_batch_function_are_not_this_ones(tmp_path: P
     daemon = Daemon(folder, InMemoryCheckpointStore())
     assert daemon.poll() == []
     daemon.rounds.close(1)
+
+
+def test_a_rows_source_commit_times_come_from_the_outcome_and_an_older_file_without_them_still_reads(
+        tmp_path: Path) -> None:
+    """The checkpoint row keeps the source commit times of the batch's first and last versions (the
+    inputs of recovery points); an outcome file written before they were carried reads with none."""
+    from dataclasses import replace
+    from datetime import datetime, timezone
+
+    folder = outcome_folder(str(tmp_path / "e0"))
+    write_outcome(folder, replace(outcome(0), min_commit_time=900.0, max_commit_time=950.5))
+    old = outcome(1).to_json().replace(', "min_commit_time": null', "").replace(', "max_commit_time": null', "")
+    assert "commit_time" not in old
+    (Path(folder) / "1.json").write_text(old)
+    store = InMemoryCheckpointStore()
+    daemon = Daemon(folder, store)
+    daemon.poll()
+    assert daemon.rounds.flush(10)
+    by_batch = {r.batch_id: r for r in store.rows}
+    assert (by_batch[0].first_version_at, by_batch[0].last_version_at) == (
+        datetime.fromtimestamp(900.0, tz=timezone.utc), datetime.fromtimestamp(950.5, tz=timezone.utc))
+    assert (by_batch[1].first_version_at, by_batch[1].last_version_at) == (None, None)
+    daemon.rounds.close(1)

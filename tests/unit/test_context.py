@@ -10,10 +10,12 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from lakemirror.checkpoints.records import InMemoryCheckpointStore
+from lakemirror.daemon import routes
 from lakemirror.daemon.context import DaemonContext, ReplicateContext
 from lakemirror.daemon.metrics import Metrics
 from lakemirror.daemon.settings import Settings, load_settings
 from lakemirror.daemon.settings.replicate import load_replicate_config
+from lakemirror.sinks.postgres.waits import ServerWait
 from lakemirror.sources.catalog import LocalCatalog
 
 
@@ -71,3 +73,27 @@ def test_the_replicate_context_names_its_audit_tables_and_runs_without_increment
     assert ctx.audit_table == config.effective_audit_table
     assert ctx.reconciliation_table == config.effective_reconciliation_table
     assert ctx.run_id == "r1" and ctx.runtime is config.runtime
+
+
+def test_status_lists_the_triggered_and_snapshot_tables_beside_the_streamed_ones(tmp_path: Path) -> None:
+    ctx = DaemonContext(settings(tmp_path, tables=["orders", "archive"], destination={
+        "kind": "postgres", "host": "h", "database": "db", "user": "u", "table_modes": {"archive": "triggered"},
+        "every_seconds": 600}, http={"port": 0})).replace(metrics=Metrics("main", CollectorRegistry()))
+    ctx.supervisor._seed(0.0)  # noqa: SLF001 (no Spark: the streamed table is not started here)
+    try:
+        status, body = ctx.server.answer(routes.match("GET", "/status"), None)  # type: ignore[arg-type]
+    finally:
+        ctx.server.server.server_close()  # bound, never started
+    tables = {t["table"]: t for t in body["tables"]}
+    assert status == 200 and "archive" in tables, body
+    assert tables["archive"]["state"] == "starting" and tables["archive"]["detail"]["mode"] == "triggered"
+    assert tables["archive"]["detail"]["sub_task"] == "postgres-triggered"
+
+    class Cycles:  # what the cycles' side says once a cycle runs: its table waits for a lock
+        def wait_of(self, table: str) -> ServerWait | None:
+            return ServerWait(5.0, "src.sales.archive: waiting for a lock on s.archive", "postgres_lock") \
+                if table == "archive" else None
+
+    ctx.replace(cycles=Cycles())
+    [archive] = [v for v in ctx.table_views() if v.table == "archive"]
+    assert (archive.state, archive.last_error) == ("degraded", "src.sales.archive: waiting for a lock on s.archive")

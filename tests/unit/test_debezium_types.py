@@ -100,3 +100,9 @@ def test_a_value_that_does_not_match_its_schema_is_a_dead_letter() -> None:
     doc["payload"]["after"]["amount"] = "not base64!"
     out = decode_debezium(json.dumps(doc), first["key"], topic=first["topic"])
     assert isinstance(out, DeadLetter) and "amount" in out.reason and "decimal(12,3)" in out.reason
+    assert out.table == "acct"  # the envelope's source.table: a dead letter says where it belongs
+
+
+def test_a_message_that_is_not_json_is_a_dead_letter_of_the_topics_table() -> None:
+    out = decode_debezium("{not json", None, topic="shop.public.acct")
+    assert isinstance(out, DeadLetter) and out.table == "acct"

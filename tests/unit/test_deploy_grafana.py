@@ -146,7 +146,7 @@ def test_the_required_panels(title: str, metric: str) -> None:
 EVENT_AND_LATENCY_METRICS = {
     "lakemirror_kafka_offsets_behind", "lakemirror_event_time_lag_seconds_bucket", "lakemirror_event_batch_lag_seconds",
     "lakemirror_event_rows_applied_total", "lakemirror_event_changes_stale_total", "lakemirror_dead_letters_total",
-    "lakemirror_sink_flush_seconds_bucket", "lakemirror_stream_latency_seconds",
+    "lakemirror_dead_letters_pending", "lakemirror_sink_flush_seconds_bucket", "lakemirror_stream_latency_seconds",
 }
 
 

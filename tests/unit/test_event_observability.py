@@ -10,12 +10,14 @@ from prometheus_client import CollectorRegistry
 from lakemirror.daemon.metrics import Metrics
 from lakemirror.daemon.status import render_event_sources
 from lakemirror.identifiers import TableName
+from lakemirror.sinks.events.dead_letters import PENDING, SKIPPED, DeadLetterRow, InMemoryDeadLetters, StoredLetter
 from lakemirror.sinks.memory import ApplyCounts
-from lakemirror.sinks.txn import BatchStats, MergeOutcome
+from lakemirror.sinks.txn import BatchStats, MergeOutcome, TxnId
 from lakemirror.sources.change_event import UPSERT, ChangeEvent, Position
 from lakemirror.sources.kafka_offsets import StaticOffsets, offsets_behind, parse_end_offsets, progress_end_offsets
+from lakemirror.sources.event_stream import RawEvent
 from lakemirror.sources.memory_events import MemoryEventSource
-from lakemirror.supervisor.event_stream import (EventBatchReport, EventLagReading, EventStreamRunner, EventStreamSpec,
+from lakemirror.supervisor.event_stream import (DeadLetterTally, EventBatchReport, EventLagReading, EventStreamRunner, EventStreamSpec,
                                                 ReplicaBatch, ReplicaStatus, checkpoint_end_offsets, event_lags)
 from lakemirror.tables import TableLocation
 
@@ -107,11 +109,12 @@ def test_event_metrics_are_exported(tmp_path: Path) -> None:
 def test_status_shows_each_event_source(tmp_path: Path) -> None:
     r = runner(tmp_path, StaticOffsets({("shop.a", 0): 4}), [0.0])
     r.probe_lag(0.0)
-    r.dead_letter_count = 3
+    r.letters.seed([StoredLetter(f"id{n}", RawEvent("x", None, "shop.a", 0, n), "customers" if n else None, "bad",
+                                 PENDING if n < 2 else SKIPPED) for n in range(3)])  # as read at launch
     r.replicas["customers"] = ReplicaStatus(batches=2, inserted=5, updated=1, deleted=2, stale=1,
                                             position_basis="postgres lsn", last_event_lag_seconds=1.25)
     text = render_event_sources([{"table": "events:shop", "detail": r.describe()}, {"table": "x", "detail": None}])
-    assert "event source shop (kafka): dead letters 3; offsets behind: shop.a[0] 4" in text
+    assert "event source shop (kafka): dead letters 3 (2 pending: ? 1, customers 1); offsets behind: shop.a[0] 4" in text
     assert "customers  5" in text and "1.2s" in text and "postgres lsn" in text
     assert render_event_sources([{"table": "x"}]) == ""
 
@@ -147,10 +150,45 @@ def test_replica_counts_carry_over_a_restart_and_show_without_the_daemon(tmp_pat
 
     first = runner(tmp_path, StaticOffsets({}), [0.0])
     first.replicas["customers"] = ReplicaStatus(batches=2, inserted=5, updated=1, deleted=2, last_ts_ms=90_000)
-    first.dead_letter_count = 1
+    first.letters.add([DeadLetterRow(RawEvent("x", None, "shop.a", 0, 0), "bad", "customers")])
     first._save_record(batch_id=7, last_batch_at=95.0)
     again = runner(tmp_path, StaticOffsets({}), [0.0])
     assert again.replicas["customers"].inserted == 5 and again.applied_through == 7
     record = load_record(tmp_path)
     assert record.last_event_at == 90.0 and record.dead_letters == 1
     assert describe(record, "shop", "kafka")["replicas"]["customers"]["deleted"] == 2
+
+
+def test_pending_dead_letters_are_a_gauge_that_a_restart_does_not_reset(tmp_path: Path) -> None:
+    """Read from the dead-letter table at launch (a tally, not a batch), then kept by each batch; a
+    table whose letters were all resolved goes to 0."""
+    registry = CollectorRegistry()
+    m = Metrics("p", registry)
+    empty = MergeOutcome(BatchStats(0, None, None, None), ApplyCounts(), replayed=False)
+    m.batch_applied("events:shop", DeadLetterTally("events:shop", -1, empty, 0.0, 1000.0, source="shop",
+                                                   pending={"orders": 3, "": 1}, total=5))
+    value = registry.get_sample_value
+    assert value("lakemirror_dead_letters_pending", {"pipeline": "p", "source": "shop", "table": "orders"}) == 3
+    assert value("lakemirror_batches_total", {"pipeline": "p", "table": "events:shop"}) is None  # not a batch
+    m.batch_applied("events:shop", EventBatchReport("events:shop", 4, empty, 0.1, 1001.0, source="shop",
+                                                    pending={"": 1}, total=5))
+    assert value("lakemirror_dead_letters_pending", {"pipeline": "p", "source": "shop", "table": "orders"}) == 0
+    assert value("lakemirror_dead_letters_pending", {"pipeline": "p", "source": "shop", "table": ""}) == 1
+
+
+def test_a_restarted_runner_counts_the_letters_its_table_holds(tmp_path: Path) -> None:
+    r = runner(tmp_path, StaticOffsets({("shop.a", 0): 4}), [0.0])
+    held = InMemoryDeadLetters()
+    held.append(None, [DeadLetterRow(RawEvent("x", None, "shop.a", 0, n), "bad", "orders") for n in range(4)],
+                TxnId("a", 0), 0.0)
+    r.applier.dead_letters = held
+
+    class Sessions:  # the twin needs no Spark session
+        def newSession(self) -> None:
+            return None
+
+    r.spark = Sessions()  # type: ignore[assignment]
+    r._seed_letters()
+    assert r.dead_letter_count == 4 and r.describe()["dead_letters_pending"] == {"orders": 4}
+    [tally] = r.poll()
+    assert isinstance(tally, DeadLetterTally) and tally.pending == {"orders": 4} and tally.total == 4

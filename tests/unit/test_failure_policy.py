@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from lakemirror.errors import (
-    ChangeWindowExpired, ConfigError, DestinationConflict, LakemirrorError, SchemaChangeRestart, TerminalError,
-    TransientError,
+    BootstrapCannotConverge, ChangeWindowExpired, ConfigError, DestinationConflict, LakemirrorError,
+    SchemaChangeRestart, TerminalError, TransientError,
 )
 from lakemirror.schema import Column
 from lakemirror.sources.catalog import TableMissing
@@ -73,3 +73,14 @@ def test_window_and_schema_policies_are_unchanged() -> None:
     assert event(window).fatal and not event(window).resync
     assert event(window, "resync").resync and not event(window, "resync").fatal
     assert event(SchemaChangeRestart("c.s.t: new column", table="c.s.t")).restart_now
+
+
+@pytest.mark.parametrize("policy", ["fail", "resync"])
+def test_a_window_too_short_for_a_bootstrap_fails_once_and_is_never_resynced_into_the_same_loss(policy: str) -> None:
+    error = BootstrapCannotConverge("t: the bootstrap cannot keep up with the source's change window: … needs a "
+                                    "change window of at least 180s: ALTER TABLE …", table="t")
+    e = event(error, policy)
+    assert e.fatal and not e.resync and e.code == "window_too_short"
+    assert "needs a change window of at least 180s" in e.error and "lakemirror resync CONFIG t" in e.error
+    status, actions = sm.step(sm.TableStatus(state=sm.TableState.BOOTSTRAPPING), e, 0.0, POLICY)
+    assert status.state == sm.TableState.FAILED and sm.Action.RESYNC not in actions

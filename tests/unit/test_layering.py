@@ -4,12 +4,17 @@ Parsed with ``ast`` (every import statement, also those inside functions and ``T
 blocks), so a lazy import cannot hide an upward dependency. Among the bottom layers, sinks consume
 the change contract of sources and write checkpoint rows, never the other way round; the core
 package (``lakemirror/``: identifiers, tables, errors, schema) imports no layer. Below the daemon
-nothing imports Prometheus or the settings libraries (the daemon's edges, HOUSE.md).
+nothing imports Prometheus or the settings libraries (those belong to the daemon's edges).
+
+``tools/`` (``lakemirror.tools``: the demos, the local Debezium stack) sits above the product: it may
+import every layer, and no layer imports it, but for one door: the ``lakemirror demo`` command
+imports its demo inside the command's function, so that nothing ``lakemirror run`` loads reaches it.
 """
 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,10 +29,13 @@ ALLOWED: dict[str, frozenset[str]] = {
     "sources": frozenset(),
     "checkpoints": frozenset(),
     "lakemirror": frozenset(),
+    "tools": frozenset({"daemon", "supervisor", "sinks", "sources", "checkpoints"}),
 }
 LAYERS = tuple(ALLOWED)
 #: Libraries only the daemon (the edges) may import.
 EDGE_LIBRARIES = ("prometheus_client", "pydantic", "pydantic_settings")
+#: The only imports of ``lakemirror.tools`` in the product: (file, module), each inside a function.
+TOOL_DOORS = frozenset({("daemon/cli.py", "lakemirror.tools.demo"), ("daemon/cli.py", "lakemirror.tools.demo_debezium")})
 
 
 def imported_modules(text: str, package: tuple[str, ...]) -> list[tuple[int, str]]:
@@ -62,9 +70,11 @@ def violations(layer: str) -> list[str]:
         package = ("lakemirror", *path.relative_to(ROOT).parent.parts)
         for line, module in imported_modules(path.read_text(encoding="utf-8"), package):
             target = layer_of(module)
+            if target == "tools" and (where.as_posix(), module) in TOOL_DOORS:
+                continue
             if target is not None and target not in (layer, "lakemirror") and target not in ALLOWED[layer]:
                 found.append(f"{where}:{line} imports {module} ({layer} must not depend on {target})")
-            if layer != "daemon" and module.split(".")[0] in EDGE_LIBRARIES:
+            if layer not in ("daemon", "tools") and module.split(".")[0] in EDGE_LIBRARIES:
                 found.append(f"{where}:{line} imports {module} (only the daemon imports {module.split('.')[0]})")
     return found
 
@@ -87,3 +97,26 @@ def test_relative_and_lazy_imports_are_seen() -> None:
     modules = [m for _, m in imported_modules(text, ("lakemirror", "sinks", "postgres"))]
     assert modules == ["lakemirror.daemon", "lakemirror.sinks.postgres.plan", "lakemirror.supervisor.runner"]
     assert [layer_of(m) for m in modules] == ["daemon", "sinks", "supervisor"]
+
+
+def test_the_product_reaches_tools_only_through_the_demo_command() -> None:
+    """The doors of ``TOOL_DOORS`` are imports inside a function of their file, never at its top, and
+    no other product module imports ``lakemirror.tools`` (:func:`violations` reports any other)."""
+    for file, module in sorted(TOOL_DOORS):
+        tree = ast.parse((ROOT / file).read_text(encoding="utf-8"))
+        package = ("lakemirror", *Path(file).parent.parts)
+        top_level = [m for node in tree.body for _, m in imported_modules(ast.unparse(node), package)
+                     if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+        assert module not in top_level, f"{file} imports {module} when it is imported"
+        inside = [m for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
+                  for _, m in imported_modules(ast.unparse(node), package)]
+        assert module in inside, f"{file} no longer imports {module}: drop it from TOOL_DOORS"
+
+
+def test_an_import_of_tools_from_the_product_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check is not vacuous: a supervisor module importing the demo breaks the layering."""
+    (tmp_path / "supervisor").mkdir()
+    (tmp_path / "supervisor" / "x.py").write_text("def f():\n    from lakemirror.tools.demo import run_demo\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert violations("supervisor") == ["supervisor/x.py:2 imports lakemirror.tools.demo (supervisor must not depend "
+                                        "on tools)"]

@@ -13,7 +13,8 @@ from lakemirror.daemon import jars
 from lakemirror.daemon.settings import RuntimeSettings, load_settings
 from lakemirror.daemon.spark import session_jars
 from lakemirror.errors import ConfigError
-from lakemirror.object_store import delta_rs_storage_options, delta_rs_uri, needs_s3a
+from lakemirror.object_store import (conditional_writes, delta_rs_storage_options, delta_rs_unreachable, delta_rs_uri,
+                                     needs_s3a)
 from lakemirror.secrets import mask_secrets
 from lakemirror.sources.catalog import LocalCatalog
 from lakemirror.identifiers import TableName
@@ -25,12 +26,34 @@ MOTO_CONF = {"fs.s3a.endpoint": "127.0.0.1:9000", "fs.s3a.connection.ssl.enabled
 
 def test_delta_rs_options_carry_the_s3a_endpoint_region_style_and_credentials() -> None:
     assert delta_rs_storage_options(MOTO_CONF) == {
-        "AWS_S3_ALLOW_UNSAFE_RENAME": "true", "AWS_ENDPOINT_URL": "http://127.0.0.1:9000", "AWS_ALLOW_HTTP": "true",
+        "AWS_CONDITIONAL_PUT": "etag", "AWS_ENDPOINT_URL": "http://127.0.0.1:9000", "AWS_ALLOW_HTTP": "true",
         "AWS_REGION": "eu-west-1", "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "false",
         "AWS_ACCESS_KEY_ID": "AKIAEXAMPLE", "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI-secret"}
     # https by default; no endpoint: the AWS default one
     assert delta_rs_storage_options({"fs.s3a.endpoint": "s3.example.com"})["AWS_ENDPOINT_URL"] == "https://s3.example.com"
     assert "AWS_ENDPOINT_URL" not in delta_rs_storage_options({})
+
+
+def test_delta_rs_commits_by_conditional_put_and_never_by_an_unsafe_rename() -> None:
+    """Every commit file is a put with If-None-Match (a store refuses a version another writer took);
+    the old unsafe-rename switch, a single-writer promise, is never set."""
+    opts = delta_rs_storage_options({})
+    assert opts["AWS_CONDITIONAL_PUT"] == "etag" and "AWS_S3_ALLOW_UNSAFE_RENAME" not in opts
+
+
+def test_delta_rs_reaches_local_paths_and_s3a_with_conditional_writes_only() -> None:
+    assert delta_rs_unreachable("/data/lakehouse/t", {}) is None
+    assert delta_rs_unreachable("s3a://b/t", MOTO_CONF) is None
+    assert conditional_writes({}) and conditional_writes({"fs.s3a.create.conditional.enabled": "true"})
+    reasons = {
+        "managed by its catalog": delta_rs_unreachable(None, {}),
+        "gs:// storage": delta_rs_unreachable("gs://b/t", {}),
+        "Spark Connect": delta_rs_unreachable("s3a://b/t", MOTO_CONF, own_jvm=False),
+        "fs.s3a.create.conditional.enabled=false": delta_rs_unreachable(
+            "s3a://b/t", {**MOTO_CONF, "fs.s3a.create.conditional.enabled": " FALSE "}),
+    }
+    for words, reason in reasons.items():
+        assert reason is not None and words in reason, (words, reason)
 
 
 def test_delta_rs_options_are_masked_as_secrets() -> None:

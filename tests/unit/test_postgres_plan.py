@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import json
 
 import pyarrow as pa
 import pytest
@@ -14,7 +15,7 @@ from lakemirror.schema import Column
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.postgres import statements as q
 from lakemirror.sinks.postgres.plan import (ReplicaTable, derived_name, diff_replica, plan_batch, position,
-                                            snapshot_position)
+                                            snapshot_position, snapshot_rows)
 from lakemirror.sinks.postgres.protocol import MemoryReplicaSink
 from lakemirror.sinks.postgres.types import UnsupportedType, json_text, postgres_type
 
@@ -128,11 +129,105 @@ def test_an_unmapped_type_says_what_to_do():
         postgres_type("interval day to second")
 
 
-def test_nested_values_become_json():
-    assert json_text([("k", decimal.Decimal("1.50")), ("z", None)]) == '{"k":"1.50","z":null}'
-    assert json_text([(1, "a")]) == '[[1,"a"]]'
+def test_a_column_of_an_unmapped_type_stops_the_table_naming_the_column():
+    """A variant (or interval) column cannot reach PostgreSQL, however often it is retried: the
+    table fails at once (a configuration error), with the column and the setting that excludes it."""
+    from lakemirror.supervisor.failure import failed_event
+
+    with pytest.raises(UnsupportedType) as caught:
+        ReplicaTable("s", "events", ("id",), (Column("id", "bigint"), Column("payload", "variant"),
+                                              Column("span", "interval day to second"), Column("n", "int")))
+    message = str(caught.value)
+    assert "'payload' (variant)" in message and "'span' (interval day to second)" in message and "'n'" not in message
+    assert "table_overrides: {events: {exclude_columns: [payload, span]}}" in message
+    event = failed_event(caught.value, table="events", allow_schema_evolution=True, change_window_policy="resync",
+                         rand=0.0)
+    assert event.fatal and event.code == "unsupported_type" and "not retried" in event.error
+
+
+def test_lakemirrors_own_values_become_json():
+    assert json_text({"k": decimal.Decimal("1.50"), "z": None, "l": (1, "a")}) == '{"k":"1.50","z":null,"l":[1,"a"]}'
+    assert json_text([decimal.Decimal("1E-20"), decimal.Decimal("1.23E+29")]) == \
+        '["0.00000000000000000001","123000000000000000000000000000"]'  # a decimal(38,20) from Arrow
     assert json_text({"a": b"\x00\x01", "d": dt.date(2024, 1, 2), "s": "a\x00b"}) == \
         '{"a":"AAE=","d":"2024-01-02","s":"a\ufffdb"}'
+
+
+#: Nested Spark types as Spark gives them to Arrow, and values of each: empty, NULL, nested in turn.
+NESTED = pa.schema([
+    ("id", pa.int64()),
+    ("m", pa.map_(pa.string(), pa.int32())),                                     # map<string,int>
+    ("mi", pa.map_(pa.int32(), pa.string())),                                    # map<int,string>
+    ("a", pa.list_(pa.int32())),                                                 # array<int>
+    ("am", pa.list_(pa.map_(pa.string(), pa.int32()))),                          # array<map<string,int>>
+    ("ma", pa.map_(pa.string(), pa.list_(pa.int32()))),                          # map<string,array<int>>
+    ("st", pa.struct([("n", pa.int32()), ("m", pa.map_(pa.string(), pa.string())),
+                      ("p", pa.list_(pa.struct([("k", pa.string()), ("v", pa.int32())])))])),
+    ("mm", pa.map_(pa.string(), pa.map_(pa.string(), pa.decimal128(5, 2)))),     # map<string,map<string,decimal>>
+    ("ms", pa.map_(pa.struct([("x", pa.int32())]), pa.string())),                # map<struct<x:int>,string>
+])
+NESTED_ROWS = [
+    {"id": 1, "m": [], "mi": [], "a": [], "am": [[], [("k", 1)]], "ma": [("e", []), ("n", None)],
+     "st": {"n": None, "m": [], "p": []}, "mm": [("o", [])], "ms": []},
+    {"id": 2, "m": None, "mi": None, "a": None, "am": None, "ma": None, "st": None, "mm": None, "ms": None},
+    {"id": 3, "m": [("a", 1), ("b", None)], "mi": [(1, "x")], "a": [1, None], "am": [None],
+     "ma": [("p", [1, 2])], "st": {"n": 7, "m": [("k", "v")], "p": [{"k": "a", "v": 1}, {"k": "b", "v": 2}]},
+     "mm": [("o", [("d", decimal.Decimal("1.50"))])], "ms": [({"x": 1}, "one")]},
+    # A map whose only entries are 2-element values must still be read by its type: an array of
+    # two-element arrays stays an array.
+    {"id": 4, "m": [("", 0)], "mi": [(0, "")], "a": [0], "am": [[("", 0)]], "ma": [("", [0])],
+     "st": {"n": 0, "m": [("", "")], "p": [None]}, "mm": [("", [("", None)])], "ms": [({"x": None}, None)]},
+]
+NESTED_JSON = {
+    1: {"m": {}, "mi": [], "a": [], "am": [{}, {"k": 1}], "ma": {"e": [], "n": None},
+        "st": {"n": None, "m": {}, "p": []}, "mm": {"o": {}}, "ms": []},
+    2: {c: None for c in ("m", "mi", "a", "am", "ma", "st", "mm", "ms")},
+    3: {"m": {"a": 1, "b": None}, "mi": [[1, "x"]], "a": [1, None], "am": [None], "ma": {"p": [1, 2]},
+        "st": {"n": 7, "m": {"k": "v"}, "p": [{"k": "a", "v": 1}, {"k": "b", "v": 2}]},
+        "mm": {"o": {"d": "1.50"}}, "ms": [[{"x": 1}, "one"]]},
+    4: {"m": {"": 0}, "mi": [[0, ""]], "a": [0], "am": [{"": 0}], "ma": {"": [0]},
+        "st": {"n": 0, "m": {"": ""}, "p": [None]}, "mm": {"": {"": None}}, "ms": [[{"x": None}, None]]},
+}
+NESTED_TABLE = ReplicaTable("s", "nested", ("id",), (
+    Column("id", "bigint", False), Column("m", "map<string,int>"), Column("mi", "map<int,string>"),
+    Column("a", "array<int>"), Column("am", "array<map<string,int>>"), Column("ma", "map<string,array<int>>"),
+    Column("st", "struct<n:int,m:map<string,string>,p:array<struct<k:string,v:int>>>"),
+    Column("mm", "map<string,map<string,decimal(5,2)>>"), Column("ms", "map<struct<x:int>,string>")))
+
+
+def as_changes(rows: pa.Table, version: int = 5) -> pa.Table:
+    """``rows`` inserted at ``version``, as a change-feed batch."""
+    n = rows.num_rows
+    return (rows.append_column("_change_type", pa.array(["insert"] * n))
+            .append_column("_commit_version", pa.array([version] * n, pa.int64()))
+            .append_column("_commit_timestamp", pa.array([dt.datetime(2024, 1, 1)] * n, pa.timestamp("us"))))
+
+
+def _json_by_id(rows) -> dict:
+    names = NESTED_TABLE.column_names
+    return {r[0]: {n: None if v is None else json.loads(v) for n, v in zip(names[1:], r[1:len(names)])}
+            for r in rows}
+
+
+def test_nested_json_takes_its_shape_from_the_column_type_on_every_path():
+    """An empty map<string,…> is ``{}`` (Arrow gives every map as pairs, so an empty map and an
+    empty array look alike as values): the bootstrap snapshot, a stream's batch and a cycle's
+    batch (both plan_batch) all shape nested values by the column's type, at every depth."""
+    snapshot = pa.Table.from_pylist(NESTED_ROWS, schema=NESTED)
+    rows, dead = snapshot_rows(snapshot, NESTED_TABLE, 3)
+    assert not dead and _json_by_id(rows) == NESTED_JSON
+    plan = plan_batch(as_changes(snapshot), NESTED_TABLE)
+    assert _json_by_id(r.values for r in plan.rows) == NESTED_JSON
+    sink = MemoryReplicaSink(NESTED_TABLE)
+    sink.bootstrap(snapshot, version=3, epoch=1)
+    assert json.loads(sink.snapshot()[(1,)]["m"]) == {}
+
+
+def test_a_dead_letter_keeps_nested_values_shaped_by_their_type():
+    snapshot = pa.Table.from_pylist([{**NESTED_ROWS[0], "id": None}], schema=NESTED)
+    rows, dead = snapshot_rows(snapshot, NESTED_TABLE, 3)
+    assert rows == [] and json.loads(dead[0].row_json) == {"id": None, **NESTED_JSON[1]}
+    assert json.loads(plan_batch(as_changes(snapshot), NESTED_TABLE).dead[0].row_json) == {"id": None, **NESTED_JSON[1]}
 
 
 def test_identifiers_are_quoted_and_values_are_literals():

@@ -14,7 +14,7 @@ from lakemirror.supervisor.observer import NoopObserver, Observers
 def progress(done: int, total: int = 20, rows_total: int | None = 20_000_000, now: float = 10.0) -> BootstrapProgress:
     rows = done * 1_000_000
     return BootstrapProgress(version=7, chunks_total=total, chunks_done=done, rows_total=rows_total,
-                             rows_copied=rows, started_at=0.0, now=now, rows_done_estimate=rows, chunks_copied=done)
+                             rows_copied=rows, started_at=0.0, now=now, rows_copied_this_run=rows, chunks_copied=done)
 
 
 class Terminal(io.StringIO):

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from lakemirror.errors import DestinationConflict, LakemirrorError, SchemaIncompatible, SourceReplaced
+from lakemirror.errors import ChangeFeedDisabled, DestinationConflict, SchemaIncompatible, SourceReplaced
 from lakemirror.schema import Column
 from lakemirror.sinks.merge.delta_replica import evolution
 from lakemirror.sinks.memory import MemoryTableReplica
@@ -99,8 +99,13 @@ def test_a_bootstrap_killed_before_its_snapshot_is_redone_at_the_same_version() 
 def test_a_source_without_change_feed_or_recreated_is_refused() -> None:
     runner = _runner()
     _source(runner).properties[CDF_PROPERTY] = "false"
-    with pytest.raises(LakemirrorError, match="Change Data Feed is not enabled"):
+    with pytest.raises(ChangeFeedDisabled, match="Change Data Feed is not enabled") as refused:
         runner.prepare()
+    assert "SET TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')" in str(refused.value)
+    assert "enable_change_data_feed: true" in str(refused.value)
+    event = runner._failed(refused.value)  # noqa: SLF001
+    assert event.fatal and event.code == "cdf_disabled", "a configuration error: failed at once, never retried"
+    assert _source(runner).properties[CDF_PROPERTY] == "false", "not turned on without the opt-in"
     _source(runner).properties[CDF_PROPERTY] = "true"
     runner.prepare()
     _source(runner).table_id = "table-2"
@@ -190,3 +195,40 @@ def test_schema_evolution_is_planned_without_spark() -> None:
         evolution("t", plan, COLUMNS, allow=False)
     with pytest.raises(SchemaIncompatible, match="cannot follow"):
         evolution("t", plan_merge((Column("id", "bigint", False), Column("v", "int")), ["id"]), COLUMNS, allow=True)
+
+
+def test_a_replayed_batch_is_logged_as_the_path_that_found_it_written(caplog: pytest.LogCaptureFixture) -> None:
+    """A PostgreSQL replica's replay is found by its progress row: the log must not say Delta."""
+    from lakemirror.sinks.memory import ApplyCounts
+    from lakemirror.sinks.postgres.spark_batches import WRITE_POSTGRES
+    from lakemirror.sinks.txn import BatchStats, MergeOutcome
+
+    class ReplayedSink:
+        def __init__(self, write: str) -> None:
+            self.write = write
+
+        def apply(self, batch: Any, txn: TxnId, read: Any = None) -> MergeOutcome:
+            return MergeOutcome(BatchStats(3, 4, 4, None), ApplyCounts(1, 0, 0), replayed=True, write=self.write)
+
+    runner = _runner()
+    caplog.set_level("INFO", logger="lakemirror.supervisor.batch_apply")
+    runner._apply_batch(ReplayedSink(WRITE_POSTGRES), TxnId("app", 5), [], 1)  # noqa: SLF001
+    runner._apply_batch(ReplayedSink("spark-merge"), TxnId("app", 6), [], 1)  # noqa: SLF001
+    pg, delta = [r.getMessage() for r in caplog.records if "already committed" in r.getMessage()]
+    assert "progress row in PostgreSQL" in pg and "Delta" not in pg
+    assert "Delta skipped the write" in delta
+
+
+def test_enable_change_data_feed_turns_the_feed_on_before_the_bootstrap_pins_its_version() -> None:
+    runner = table_runner(enable_change_data_feed=True, context={"clock": lambda: 1000.0, "sleep": lambda s: None})
+    source = MemoryChangeSource(runner.ctx.catalog.locate(runner.source), COLUMNS, ("id",),
+                                properties={CDF_PROPERTY: "false"})
+    runner.change_source = source  # type: ignore[assignment]
+    runner.replica = MemoryTableReplica("p")
+    source.commit([ins(1, "a")])
+    prepared = runner.prepare()
+    assert source.properties[CDF_PROPERTY] == "true"
+    assert prepared.progress.bootstrap_version == 2, "the snapshot is taken at the feed's first version, or after"
+    source.commit([*upd(1, "b")])
+    assert [r["v"] for r in source.changes(2) if r["_change_type"] != "update_preimage"] == ["b"]
+    assert runner.prepare().progress.bootstrap_version == 2, "once on, nothing more is changed"

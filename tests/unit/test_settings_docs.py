@@ -80,3 +80,17 @@ def test_the_api_request_body_schema_is_the_settings_model() -> None:
     assert '"type": "null"' not in text and "$defs" not in text, "OpenAPI 3.0 spells these otherwise"
     refs = {part.split('"')[0] for part in text.split('"$ref": "#/components/schemas/')[1:]}
     assert refs <= set(schemas), refs - set(schemas)
+
+
+def test_a_field_is_listed_under_the_name_a_yaml_file_gives_it() -> None:
+    """``destination.schema`` is what a pipeline file says (the attribute is ``target_schema``)."""
+    from lakemirror.daemon.settings import load_settings
+
+    paths = {path: help_text for path, _, _, help_text in config_docs.rows(_settings())}
+    assert "destination.schema" in paths and "destination.target_schema" not in paths
+    assert "Also accepted as `target_schema`" in paths["destination.schema"]
+    base = {"source_catalog": "s", "destination_catalog": "d", "schema_name": "x", "checkpoint_volume": "/tmp/c"}
+    for key in ("schema", "target_schema"):
+        settings = load_settings(None, {**base, "destination": {"kind": "postgres", "host": "h", "database": "db",
+                                                                "user": "u", key: "replicas"}})
+        assert settings.destination.target_schema == "replicas"  # type: ignore[union-attr]

@@ -184,3 +184,45 @@ def test_a_retrying_table_is_not_running_until_a_batch_succeeds() -> None:
 def test_a_retried_bootstrap_that_started_its_stream_waits_in_starting() -> None:
     status, _ = go(at(S.BOOTSTRAPPING, failures=1), StreamStarted())
     assert status.state == S.STARTING
+
+
+# -- a wait that holds the work back (the destination unreachable, a lock) ------------------------
+
+def test_a_wait_degrades_the_table_without_halting_it_and_its_end_restores_the_state():
+    from lakemirror.supervisor.state import WaitOver, Waiting
+
+    for before in (S.STARTING, S.BOOTSTRAPPING, S.RUNNING):
+        waiting, actions = go(at(before), Waiting("waiting on PostgreSQL: cannot reach the server", "postgres_wait"))
+        assert (waiting.state, actions, waiting.waiting_from) == (S.DEGRADED, (), before)
+        assert (waiting.last_error, waiting.error_code, waiting.next_retry_at, waiting.failures) == \
+            ("waiting on PostgreSQL: cannot reach the server", "postgres_wait", None, 0)
+        assert go(waiting, Tick(), 10_000.0) == (waiting, ()), "a wait is never retried by the supervisor"
+        assert go(waiting, Launch()) == (waiting, ()), "its work is still going on"
+        newer, _ = go(waiting, Waiting("waiting for a lock held by session 42", "postgres_lock"), 120.0)
+        assert (newer.last_error, newer.error_code, newer.since) == ("waiting for a lock held by session 42",
+                                                                     "postgres_lock", 100.0)
+        over, actions = go(newer, WaitOver(), 130.0)
+        assert (over.state, over.last_error, over.error_code, over.waiting_from, over.since, actions) == \
+            (before, None, None, None, 130.0, ())
+
+
+def test_a_wait_ends_with_a_batch_a_start_a_failure_or_a_pause():
+    from lakemirror.supervisor.state import Waiting
+
+    waiting, _ = go(at(S.RUNNING), Waiting("w"))
+    applied, _ = go(waiting, BatchApplied())
+    assert (applied.state, applied.last_error, applied.waiting_from) == (S.RUNNING, None, None)
+    started, _ = go(go(at(S.STARTING), Waiting("w"))[0], StreamStarted())
+    assert (started.state, started.last_error, started.waiting_from) == (S.RUNNING, None, None)
+    bootstrapping, _ = go(go(at(S.STARTING), Waiting("w"))[0], BootstrapStarted())
+    assert (bootstrapping.state, bootstrapping.last_error) == (S.BOOTSTRAPPING, None)
+    failed, actions = go(waiting, Failed("gave up after retry_seconds"), 150.0)
+    assert (failed.state, failed.failures, failed.last_error, failed.waiting_from, failed.since, actions) == \
+        (S.DEGRADED, 1, "gave up after retry_seconds", None, 150.0, (Action.HALT,))
+    assert failed.next_retry_at is not None
+    paused, _ = go(waiting, Pause())
+    assert (paused.state, paused.last_error, paused.waiting_from) == (S.PAUSED, None, None)
+    for other in (S.PAUSED, S.FAILED, S.STOPPED):
+        assert go(at(other), Waiting("w")) == (at(other), ())
+    retrying = at(S.DEGRADED, next_retry_at=500.0, failures=2, last_error="boom")
+    assert go(retrying, Waiting("w")) == (retrying, ()), "a failed table's own error and retry stay"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, replace
+from typing import Any
 
 from lakemirror.daemon.http import readiness
 from lakemirror.daemon.status import render_table
@@ -72,3 +73,32 @@ def test_not_ready_reasons() -> None:
         "customers is degraded: ConcurrentAppendException",
         "new is starting",
     ]
+
+
+def test_status_names_each_tables_apply_path_and_why_a_batch_took_another(tmp_path: Any) -> None:
+    from lakemirror.daemon.status import render_apply_paths
+    from lakemirror.identifiers import TableName
+    from lakemirror.schema import Column
+    from lakemirror.sinks.merge.apply_choice import DRIVER, ApplyChoice
+    from lakemirror.sinks.merge.delta_merge import DeltaMergeSink
+    from lakemirror.sinks.merge.planner import plan_merge
+    from lakemirror.supervisor.stream_wiring import apply_detail
+    from lakemirror.tables import TableLocation
+
+    plan = plan_merge((Column("id", "bigint", False), Column("v", "string")), ["id"])
+    target = TableLocation(TableName("dst", "s", "orders"), str(tmp_path / "orders"))
+    undecided = DeltaMergeSink(target, plan, stable_source=True)
+    assert apply_detail(undecided, None) is None, "nothing chosen before the first batch"
+    sink = DeltaMergeSink(target, plan, stable_source=True,
+                          choice=ApplyChoice(DRIVER, "applies on the driver by a delta-rs MERGE on object storage",
+                                             10.0, 1 << 30, 1 << 20))
+    sink.batch_note = "batch 7 had more change rows than the driver takes (10000): Spark applied it"
+    detail = apply_detail(sink, None)
+    assert detail == {"path": "driver", "reason": "applies on the driver by a delta-rs MERGE on object storage",
+                      "latest_batch": "batch 7 had more change rows than the driver takes (10000): Spark applied it"}
+    text = render_apply_paths([{"table": "orders", "detail": {"apply": detail}}, {"table": "idle", "detail": None}])
+    assert text.splitlines() == [
+        "apply paths:",
+        "  orders: driver: applies on the driver by a delta-rs MERGE on object storage (latest batch: batch 7 had "
+        "more change rows than the driver takes (10000): Spark applied it)"]
+    assert render_apply_paths([{"table": "idle"}]) == ""

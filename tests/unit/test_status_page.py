@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from lakemirror.daemon.http import ControlServer
 from lakemirror.daemon.metrics import Metrics
-from lakemirror.daemon.page import LagHistory, render, sparkline
+from lakemirror.daemon.page import SCALE_WIDTH, LagHistory, actions, render, sparkline
 from lakemirror.supervisor.lag import LagReading
 from lakemirror.supervisor.supervisor import TableView
 
@@ -145,10 +145,51 @@ def test_the_lag_history_is_bounded_and_forgets_dropped_tables() -> None:
 
 def test_sparkline_scales_to_the_peak_and_needs_two_measured_samples() -> None:
     assert "polyline" not in sparkline([(0, 1.0), (1, None)])
-    svg = sparkline([(0, 0.0), (1, 2.0), (2, 4.0)], width=100, height=24)
-    assert 'points="0.0,22.0 50.0,12.0 100.0,2.0"' in svg and "peak 4.0s" in svg
+    svg = sparkline([(0, 0.0), (60, 2.0), (120, 4.0)], width=100, height=24)
+    assert f'points="{SCALE_WIDTH}.0,22.0 {SCALE_WIDTH + 50}.0,12.0 {SCALE_WIDTH + 100}.0,2.0"' in svg
+    assert "peak 4.0s" in svg and "(2.0m)" in svg
+
+
+def test_the_sparkline_has_a_scale_from_zero_to_the_peak_over_its_time_span() -> None:
+    svg = sparkline([(1000, 3.0), (1030, 90.0), (1300, 12.0)])
+    ticks = re.findall(r'<text class="tick"[^>]*>([^<]*)</text>', svg)
+    assert ticks == ["90.0s", "0"], "the peak at the top, 0 at the baseline"
+    assert 'class="muted span">last 5.0m</div>' in svg
+
+
+def test_the_buttons_fit_the_tables_state() -> None:
+    def verbs(state: str, **kw: object) -> list[str]:
+        return [verb for verb, _ in actions(replace(BASE, state=state, **kw))]  # type: ignore[arg-type]
+
+    for running in ("running", "starting", "bootstrapping", "degraded"):
+        assert verbs(running) == ["pause", "resync"]
+    assert verbs("paused") == ["resume", "resync"] and verbs("failed") == ["resume", "resync"]
+    assert verbs("stopped") == []
+    assert verbs("running", detail={"mode": "triggered", "sub_task": "postgres-triggered"}) == [], \
+        "a cycled replica is not the control routes' to pause"
+    cycled = replace(BASE, table="archive", detail={"mode": "snapshot", "sub_task": "postgres-snapshot"})
+    page = render([BASE, cycled], LagHistory(), lambda t: None, title="x", needs_token=False, control_allowed=True)
+    row = page[page.index('<tr data-table="archive">'):]
+    assert "<button" not in row[:row.index("</tr>")] and "snapshot: on schedule" in row
+
+
+def test_versions_behind_and_the_applied_version_are_beside_the_lag() -> None:
+    view = replace(BASE, versions_behind=1234, applied_through=56789)
+    page = render([view, replace(BASE, table="new", versions_behind=None, applied_through=None)], LagHistory(),
+                  lambda t: None, title="x", needs_token=False, control_allowed=True)
+    assert ('<td class="num lag">1.5s</td><td class="num behind">1,234</td><td class="num applied">56,789</td>'
+            in page)
+    assert '<td class="num behind">-</td><td class="num applied">-</td>' in page
+    assert "<th>Lag</th>" in page and ">Versions behind</th>" in page and ">Applied version</th>" in page
+
+
+def test_a_resync_asks_first() -> None:
+    page = render([BASE], LagHistory(), lambda t: None, title="x", needs_token=False, control_allowed=True)
+    script = page[page.index("<script>"):]
+    assert 'if (verb === "resync" && !confirm("Resync " + table' in script
+    assert re.findall(r'<button data-verb="(\w+)"', page) == ["pause", "resync"]
 
 
 def test_render_disables_the_buttons_where_control_is_refused_anyway() -> None:
     page = render([BASE], LagHistory(), lambda t: None, title="x", needs_token=False, control_allowed=False)
-    assert page.count(" disabled>") == 2 and "set http.auth token, or http.auth_token" in page
+    assert page.count(" disabled>") == 2 and "set http.auth token, or http.auth_token" in page  # Pause and Resync

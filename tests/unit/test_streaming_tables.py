@@ -18,16 +18,19 @@ ST = TableName("prod", "sales", "events")
 PID = "1a2b3c4d-0000-4e5f-9a8b-123456789abc"
 SCHEMA = "__dlt_materialization_schema_1a2b3c4d_0000_4e5f_9a8b_123456789abc"
 SHOW = f"SHOW TABLES IN `__databricks_internal`.`{SCHEMA}`"
+TYPE = "DESCRIBE TABLE EXTENDED `prod`.`sales`.`events`"
 
 
-def workspace(backing: list[str], *, pipeline_id: str | None = PID) -> RecordingSql:
+def workspace(backing: list[str], *, pipeline_id: str | None = PID, kind: str = "STREAMING_TABLE") -> RecordingSql:
     def detail(stmt: str) -> list[dict[str, Any]]:
         if "`__databricks_internal`" in stmt:
             return [{"id": "backing-id", "properties": {}}]
         return [{"id": "st-id", "properties": {"pipelines.pipelineId": pipeline_id} if pipeline_id else {}}]
 
     return RecordingSql({"DESCRIBE DETAIL": detail, "SHOW TABLES IN": [{"tableName": t} for t in backing],
-                         "DESCRIBE HISTORY": [{"version": 12}]})
+                         "DESCRIBE HISTORY": [{"version": 12}],
+                         "DESCRIBE TABLE EXTENDED": [{"col_name": "id", "data_type": "bigint"},
+                                                     {"col_name": "Type", "data_type": kind}]})
 
 
 def test_the_candidates_follow_the_pipeline_id_with_underscores() -> None:
@@ -44,13 +47,23 @@ def test_the_candidates_follow_the_pipeline_id_with_underscores() -> None:
 def test_the_first_existing_candidate_is_the_backing_table(present: list[str], chosen: str) -> None:
     fake = workspace(present)
     assert resolve_backing_table(fake, ST) == TableName("__databricks_internal", SCHEMA, chosen)
-    assert fake.statements == ["DESCRIBE DETAIL `prod`.`sales`.`events`", SHOW]
+    assert fake.statements == ["DESCRIBE DETAIL `prod`.`sales`.`events`", TYPE, SHOW]
 
 
 def test_an_ordinary_table_is_its_own_backing_table() -> None:
     fake = workspace([], pipeline_id=None)
     assert UnityCatalog.backing_table(fake, ST) == ST
     assert fake.statements == ["DESCRIBE DETAIL `prod`.`sales`.`events`"]
+
+
+def test_a_materialized_view_is_refused_by_name_with_the_reason() -> None:
+    from lakemirror.sources.streaming_tables import UnsupportedObject
+
+    fake = workspace(["events"], kind="MATERIALIZED_VIEW")
+    with pytest.raises(UnsupportedObject, match="prod.sales.events is a materialized view and is not replicated: "
+                                                "a materialized view is the result of its query"):
+        resolve_backing_table(fake, ST)
+    assert SHOW not in fake.statements  # nothing looked up, nothing cloned
 
 
 def test_a_missing_backing_table_is_refused_naming_what_was_tried() -> None:
@@ -95,6 +108,7 @@ def test_clone_of_a_streaming_table_deep_clones_its_backing_table() -> None:
     backing = f"`__databricks_internal`.`{SCHEMA}`.`__materialization_mat_events_1`"
     assert fake.statements == [
         "DESCRIBE DETAIL `prod`.`sales`.`events`",
+        TYPE,
         SHOW,
         f"DESCRIBE HISTORY {backing} LIMIT 1",
         f"DESCRIBE DETAIL {backing}",

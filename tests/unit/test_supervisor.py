@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from lakemirror.sinks.batch.bootstrap_plan import BootstrapProgress
 from lakemirror.sinks.merge.delta_merge import BatchStats, MergeOutcome
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.supervisor import state as sm
@@ -92,6 +93,9 @@ class RecordingObserver:
 
     def table_removed(self, table: str) -> None:
         self.calls.append(("removed", table, None))
+
+    def bootstrap_progressed(self, table: str, progress: Any) -> None:
+        self.calls.append(("bootstrap", table, progress.chunks_done))
 
 
 class World:
@@ -199,6 +203,36 @@ def test_a_resync_of_a_paused_table_starts_it_and_forgets_the_pause() -> None:
     w.sup.tick()
     # a restarted daemon must not find the table paused again after the operator's resync started it
     assert (w.state("a"), w.runners["a"].paused, len(w.runners["a"].resyncs)) == ("starting", False, 1)
+
+
+def _boot(done: int, total: int = 10) -> BootstrapProgress:
+    return BootstrapProgress(version=7, chunks_total=total, chunks_done=done, rows_total=None, rows_copied=done * 10,
+                             started_at=0.0, now=1.0)
+
+
+def test_a_resync_drops_the_old_epochs_figures_and_error_at_once() -> None:
+    """The new epoch's bootstrap shows no figures of the old one (it pins and plans before its own
+    first report) and an operator's resync leaves no error of the old epoch behind."""
+    w = started(["a"])
+    r = w.runners["a"]
+    r.pending.append(sm.Failed(error="boom"))
+    w.sup.tick()
+    r.pending += [sm.BootstrapStarted(), _boot(6)]
+    w.sup.tick()
+    view = w.sup.views()[0]
+    assert (view.state, view.last_error, view.bootstrap["chunks_done"]) == ("bootstrapping", "boom", 6)  # type: ignore[index]
+    w.sup.command("resync", "a")
+    w.sup.tick()
+    view = w.sup.views()[0]
+    assert (view.state, view.last_error, view.bootstrap) == ("starting", None, None)
+    # Figures the old bootstrap reported before it stopped are not shown for the new one either.
+    r.pending += [_boot(7), sm.BootstrapStarted()]
+    w.sup.tick()
+    view = w.sup.views()[0]
+    assert (view.state, view.bootstrap) == ("bootstrapping", None)
+    r.pending.append(_boot(0, total=4))
+    w.sup.tick()
+    assert w.sup.views()[0].bootstrap["chunks_total"] == 4  # type: ignore[index]
 
 
 def test_persisted_pause_keeps_a_table_paused_at_start() -> None:

@@ -116,3 +116,38 @@ def test_a_turn_is_withdrawn_at_once_when_the_source_has_nothing_new() -> None:
     turns.take()
     assert time.monotonic() - began < 2.0, "the commit check answers before Spark's trigger does"
     assert applied == [0]
+
+
+def test_a_batch_on_its_destinations_server_frees_the_turns_worker() -> None:
+    """A PostgreSQL replica's batch that waits on the server (a lock, an outage) must not hold the
+    apply worker, which the other tables' turns need: the turn ends once the batch's own work is
+    the server's, and the table's next turn comes after the batch has left the gate."""
+    gate, on_server, release = TurnGate(), threading.Event(), threading.Event()
+
+    def apply() -> None:
+        on_server.set()        # the transaction is on the server: waiting for a lock...
+        release.wait(30)       # ...until the other session lets it go
+
+    batch = threading.Thread(target=gate.pass_batch, args=(apply, 0), daemon=True)
+    batch.start()
+    deadline = time.monotonic() + 5
+    while not gate.waiting:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    query = SlowPlanningQuery(gate, [], 0.0, False)
+    turns = _turns(gate, query, pending=True)
+    turns.on_server = on_server.is_set
+    turn = threading.Thread(target=turns.take, daemon=True)
+    turn.start()
+    turn.join(10)
+    try:
+        assert not turn.is_alive(), "the worker waited for the server's lock"
+        assert gate.applying and not gate.ready, "the batch goes on; no second turn before it ends"
+    finally:
+        release.set()
+    batch_left = time.monotonic() + 5
+    while gate.held_batch != 0:
+        assert time.monotonic() < batch_left
+        time.sleep(0.005)
+    assert gate.ready, "the applied batch holds the query until the table's next turn"
+    gate.open()

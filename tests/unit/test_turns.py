@@ -152,8 +152,47 @@ def test_the_log_is_not_checked_for_a_table_that_cannot_be_due_or_is_known_to_ha
     now[0] = 106.0
     assert pool._claim() is None and table.checks == 2  # noqa: SLF001
     table.pending = True
-    pool._min_interval = 0.0  # noqa: SLF001
+    now[0] = 107.0
+    assert pool._claim() is None and table.checks == 2, "a look that found nothing stands a while"  # noqa: SLF001
+    now[0] = 107.25
     assert pool._claim() is table and table.checks == 3  # noqa: SLF001
+
+
+def test_an_idle_table_is_looked_at_a_few_times_a_turn_interval_and_a_commit_seen_within_a_quarter() -> None:
+    class Counting(FakeRunner):
+        checks = 0
+
+        def has_pending(self) -> bool | None:
+            self.checks += 1
+            return self.pending
+
+    now = [0.0]
+    table = Counting("t", pending=False)
+    pool = TurnPool(1, lambda: [table], min_interval=5.0, clock=lambda: now[0])  # workers look every 0.25 s
+    assert pool._claim() is table  # noqa: SLF001 (its first turn, whatever the log says)
+    pool._busy.clear()  # noqa: SLF001
+    looks = 0
+    while now[0] < 25.0:  # idle, within the idle recheck: no turn, a few looks per interval
+        now[0] += 0.25
+        assert pool._claim() is None  # noqa: SLF001
+        looks += 1
+    assert looks == 100
+    # One look at the first turn, then one every quarter interval (1.25 s) from 5 s to 25 s: 17, where
+    # every worker's look asked the log (81).
+    assert table.checks == 1 + 17
+    table.pending = True  # a commit lands
+    landed = now[0]
+    while pool._claim() is None:  # noqa: SLF001
+        now[0] += 0.25
+    assert now[0] - landed <= 5.0 / 4, "seen within a quarter of the turn interval"
+    pool._busy.clear()  # noqa: SLF001
+    table.pending = False
+    now[0] += 5.0
+    assert pool._claim() is None  # noqa: SLF001 (a look that finds nothing)
+    table.ready = False  # the table's query runs by itself (its turn was withdrawn) ...
+    assert pool._claim() is None  # noqa: SLF001
+    table.ready, table.pending = True, True  # ... and has planned a batch: looked at at once
+    assert pool._claim() is table  # noqa: SLF001
 
 
 def test_a_pool_needs_a_worker() -> None:

@@ -1,7 +1,7 @@
 """`lakemirror demo --source debezium`: a live Delta replica of a PostgreSQL database, through Debezium.
 
 Starts PostgreSQL 15 (``wal_level=logical``), a KRaft Kafka broker and Kafka Connect with Debezium's
-Postgres connector on loopback with the project's scripts (:mod:`lakemirror.daemon.debezium_stack`),
+Postgres connector on loopback with the project's scripts (:mod:`lakemirror.tools.debezium_stack`),
 creates ``public.customers`` (numeric, date, timestamp and timestamptz columns) and
 ``public.order_lines`` (a composite key), and keeps writing to them: inserts, updates (some to
 NULL), deletes, primary-key updates and transactions over both tables. The daemon replicates the
@@ -25,10 +25,11 @@ from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lakemirror.daemon.preflight import DEMO_PORT_SETTING
 from lakemirror.daemon.settings import load_settings
-from lakemirror.daemon.debezium_stack import DebeziumStack, StackError
 from lakemirror.daemon.status import render_event_sources, render_table
 from lakemirror.identifiers import TableName
+from lakemirror.tools.debezium_stack import DebeziumStack, StackError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -175,7 +176,7 @@ def run_debezium_demo(workdir: Path, duration: float | None, http_port: int) -> 
         settings = load_settings(None, demo_config(workdir, http_port, stack))
         app = DaemonContext(settings)
         app.preflight()
-        app.bind()
+        app.bind(DEMO_PORT_SETTING)
         print("starting Spark (local[2]) with Delta…", flush=True)
         spark = app.spark
         signals = ShutdownSignals()

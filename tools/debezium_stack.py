@@ -35,6 +35,10 @@ def free_port() -> int:
 def _run(args: Sequence[str], what: str, timeout: float = 600, env: dict[str, str] | None = None) -> None:
     import os
 
+    if not Path(args[0]).is_file():
+        raise StackError(f"{what}: {args[0]} is missing; the Debezium stack runs the scripts of a lakemirror "
+                         f"source checkout: run it from one (`make demo`, `.venv/bin/lakemirror demo --source "
+                         f"debezium`)")
     try:
         subprocess.run(list(args), check=True, capture_output=True, text=True, timeout=timeout,
                        env={**os.environ, **(env or {})})
@@ -57,6 +61,8 @@ class DebeziumStack:
     controller_port: int = field(default_factory=free_port)
     connect_port: int = field(default_factory=free_port)
     started: list[str] = field(default_factory=list)
+    #: The checkout's scripts/ folder the parts are started with.
+    scripts: Path = SCRIPTS
 
     @property
     def bootstrap_servers(self) -> str:
@@ -67,26 +73,25 @@ class DebeziumStack:
         """Every topic of the connector: its tables' and its transaction markers'."""
         return self.topic_prefix.replace(".", "\\.") + "\\..*"
 
-    @staticmethod
-    def fetch() -> None:
+    def fetch(self) -> None:
         """Resolve the broker's and Connect's jars into the cache (a no-op once done)."""
-        _run([str(SCRIPTS / "kafka.sh"), "fetch"], "scripts/kafka.sh fetch")
-        _run([str(SCRIPTS / "debezium.sh"), "fetch"], "scripts/debezium.sh fetch")
+        _run([str(self.scripts / "kafka.sh"), "fetch"], "scripts/kafka.sh fetch")
+        _run([str(self.scripts / "debezium.sh"), "fetch"], "scripts/debezium.sh fetch")
 
     def start_postgres(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.folder.chmod(0o755)  # the server runs as `postgres` when we are root
-        _run([str(SCRIPTS / "postgres.sh"), "start", str(self.pg_port), str(self.folder / "pg"), "--logical"],
+        _run([str(self.scripts / "postgres.sh"), "start", str(self.pg_port), str(self.folder / "pg"), "--logical"],
              "scripts/postgres.sh start --logical")
         self.started.append("postgres")
 
     def start_kafka(self) -> None:
-        _run([str(SCRIPTS / "kafka.sh"), "start", str(self.folder / "kafka"), str(self.kafka_port),
+        _run([str(self.scripts / "kafka.sh"), "start", str(self.folder / "kafka"), str(self.kafka_port),
               str(self.controller_port)], "scripts/kafka.sh start")
         self.started.append("kafka")
 
     def start_connect(self) -> None:
-        _run([str(SCRIPTS / "debezium.sh"), "start", str(self.folder / "connect"), str(self.connect_port),
+        _run([str(self.scripts / "debezium.sh"), "start", str(self.folder / "connect"), str(self.connect_port),
               self.bootstrap_servers], "scripts/debezium.sh start")
         self.started.append("connect")
 
@@ -100,7 +105,7 @@ class DebeziumStack:
     def register(self, tables: Sequence[str], name: str = "lakemirror", config: Mapping[str, str] | None = None) -> None:
         """Capture ``tables`` (``schema.table``): an initial snapshot, then the log; ``config`` adds to
         (or overrides) the connector's settings of scripts/debezium.sh."""
-        _run([str(SCRIPTS / "debezium.sh"), "register", str(self.connect_port), name, str(self.pg_port),
+        _run([str(self.scripts / "debezium.sh"), "register", str(self.connect_port), name, str(self.pg_port),
               self.database, self.topic_prefix, ",".join(tables)], f"registering Debezium connector {name}",
              env={"DEBEZIUM_EXTRA": json.dumps(dict(config))} if config else None)
 
@@ -114,8 +119,8 @@ class DebeziumStack:
     def stop(self) -> None:
         """Stop what was started, newest first; never raises."""
         for part in reversed(self.started):
-            args = {"connect": [str(SCRIPTS / "debezium.sh"), "stop", str(self.folder / "connect")],
-                    "kafka": [str(SCRIPTS / "kafka.sh"), "stop", str(self.folder / "kafka")],
-                    "postgres": [str(SCRIPTS / "postgres.sh"), "stop", str(self.pg_port), str(self.folder / "pg")]}[part]
+            args = {"connect": [str(self.scripts / "debezium.sh"), "stop", str(self.folder / "connect")],
+                    "kafka": [str(self.scripts / "kafka.sh"), "stop", str(self.folder / "kafka")],
+                    "postgres": [str(self.scripts / "postgres.sh"), "stop", str(self.pg_port), str(self.folder / "pg")]}[part]
             subprocess.run(args, capture_output=True, timeout=120, check=False)
         self.started.clear()

@@ -18,9 +18,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from lakemirror.daemon.preflight import DEMO_PORT_SETTING
 from lakemirror.daemon.settings import load_settings
 from lakemirror.daemon.status import render_table
 from lakemirror.identifiers import TableName
+from lakemirror.sql_exec import run_sql
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -54,7 +56,7 @@ def create_sources(spark: "SparkSession", app: "DaemonContext") -> None:
         assert loc.path is not None
         Path(loc.path).parent.mkdir(parents=True, exist_ok=True)
         props = "'delta.enableChangeDataFeed' = 'true'" + (f", 'lakemirror.primaryKey' = '{key}'" if key else "")
-        spark.sql(f"CREATE TABLE {loc.sql} ({ddl}) USING DELTA TBLPROPERTIES ({props})")
+        run_sql(spark, f"CREATE TABLE {loc.sql} ({ddl}) USING DELTA TBLPROPERTIES ({props})")
 
 
 class DemoWriter:
@@ -93,29 +95,29 @@ class DemoWriter:
                 rows = ", ".join(f"({key}, 'name-{r.randint(1, 9999)}', "
                                  f"'{r.choice(['gold', 'silver', 'bronze'])}', {r.uniform(0, 500):.2f})"
                                  for key in r.sample(range(1, 401), r.randint(1, 20)))
-                self.spark.sql(f"MERGE INTO {t} AS t USING (SELECT * FROM VALUES {rows} AS v(id, name, tier, balance)) AS s "
-                               f"ON t.id = s.id WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *")
+                run_sql(self.spark, f"MERGE INTO {t} AS t USING (SELECT * FROM VALUES {rows} AS v(id, name, tier, balance)) AS s "
+                                    f"ON t.id = s.id WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *")
             else:
-                self.spark.sql(f"DELETE FROM {t} WHERE id % 23 = {r.randint(0, 22)}")
+                run_sql(self.spark, f"DELETE FROM {t} WHERE id % 23 = {r.randint(0, 22)}")
         elif table == "order_items":
             if roll < 0.8:
                 order = r.randint(1, 120)
                 rows = ", ".join(f"({order}, {line}, 'sku-{r.randint(1, 50)}', {r.randint(1, 9)}, "
                                  f"{'NULL' if r.random() < 0.3 else repr('gift')})"
                                  for line in range(1, r.randint(2, 6)))
-                self.spark.sql(f"MERGE INTO {t} AS t USING (SELECT * FROM VALUES {rows} AS v(order_id, line_no, sku, qty, note)) AS s "
-                               f"ON t.order_id = s.order_id AND t.line_no = s.line_no "
-                               f"WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *")
+                run_sql(self.spark, f"MERGE INTO {t} AS t USING (SELECT * FROM VALUES {rows} AS v(order_id, line_no, sku, qty, note)) AS s "
+                                    f"ON t.order_id = s.order_id AND t.line_no = s.line_no "
+                                    f"WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *")
             else:
-                self.spark.sql(f"DELETE FROM {t} WHERE order_id = {r.randint(1, 120)}")
+                run_sql(self.spark, f"DELETE FROM {t} WHERE order_id = {r.randint(1, 120)}")
         else:
             sku = f"sku-{r.randint(1, 50)}"
             if roll < 0.85:
-                self.spark.sql(f"MERGE INTO {t} AS t USING (SELECT '{sku}' AS sku, 'wh-{r.randint(1, 3)}' AS "
-                               f"warehouse, {r.randint(0, 100)} AS on_hand) AS s ON t.sku = s.sku "
-                               f"WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *")
+                run_sql(self.spark, f"MERGE INTO {t} AS t USING (SELECT '{sku}' AS sku, 'wh-{r.randint(1, 3)}' AS "
+                                    f"warehouse, {r.randint(0, 100)} AS on_hand) AS s ON t.sku = s.sku "
+                                    f"WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *")
             else:
-                self.spark.sql(f"DELETE FROM {t} WHERE sku = '{sku}'")
+                run_sql(self.spark, f"DELETE FROM {t} WHERE sku = '{sku}'")
         self.commits += 1
 
 
@@ -143,7 +145,7 @@ def run_demo(workdir: Path, duration: float | None, http_port: int) -> int:
     settings = load_settings(None, demo_config(workdir, http_port))
     app = DaemonContext(settings)
     app.preflight()  # Java and Delta's jars, then the port: one line each, before Spark starts
-    app.bind()
+    app.bind(DEMO_PORT_SETTING)
     print("starting Spark (local[2]) with Delta…", flush=True)
     spark = app.spark
     create_sources(spark, app)

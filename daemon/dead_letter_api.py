@@ -1,0 +1,96 @@
+"""The HTTP routes of an event source's dead letters: list them, skip them, replay them.
+
+``GET /api/events/{source}/dead-letters`` lists (``status``, ``table`` and ``limit`` filter it);
+``POST /api/events/{source}/dead-letters/skip`` and ``…/replay`` take ``{"ids": [...]}`` or
+``{"all_pending": true, "table": …}``. The work (reading the dead-letter table, writing the replicas
+and the letters) runs on the event source's own letter thread between two of its batches, never on
+the HTTP thread: a request waits at most ``timeout_seconds`` and is answered 504 (a list) or 202 (a
+skip or replay, which goes on) after that.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Protocol, Sequence
+
+from lakemirror.daemon.routes import Match
+from lakemirror.sinks.events.dead_letters import STATUSES
+
+log = logging.getLogger(__name__)
+
+Reply = tuple[int, Any]
+
+
+class LetterReportLike(Protocol):
+    def as_json(self) -> dict[str, Any]: ...
+
+
+class DeadLetterSource(Protocol):
+    """What an event source's runner offers (:class:`~lakemirror.supervisor.event_stream.EventStreamRunner`)."""
+
+    keeps_dead_letters_in_delta: bool
+
+    def dead_letters(self, status: str | None = None, table: str | None = None, limit: int = 500,
+                     timeout: float = 30.0) -> list[dict[str, Any]]: ...
+
+    def resolve_dead_letters(self, verb: str, ids: Sequence[str] | None, table: str | None = None,
+                             timeout: float = 30.0) -> LetterReportLike: ...
+
+
+class DeadLetterApi:
+    """Answers the dead-letter routes for the event sources ``source_of`` finds by name."""
+
+    def __init__(self, source_of: Callable[[str], DeadLetterSource | None], timeout_seconds: float = 30.0) -> None:
+        self.source_of = source_of
+        self.timeout = timeout_seconds
+
+    def handle(self, m: Match, body: Any) -> Reply:
+        name = m.params["source"]
+        source = self.source_of(name)
+        if source is None:
+            return 404, {"error": f"no event source {name!r} in this pipeline"}
+        if not source.keeps_dead_letters_in_delta:
+            return 409, {"error": f"event source {name!r} writes PostgreSQL replicas: its dead letters are rows of "
+                                  f"lakemirror_event_dead_letters in the destination schema"}
+        if m.route.name == "dead_letters":
+            return self._list(name, source, m)
+        return self._resolve(name, source, m.route.name.rsplit("_", 1)[-1], body)
+
+    def _list(self, name: str, source: DeadLetterSource, m: Match) -> Reply:
+        status, table, limit = m.arg("status"), m.arg("table"), m.arg("limit") or "500"
+        problems = []
+        if status is not None and status not in STATUSES:
+            problems.append({"field": "status", "message": f"one of {', '.join(STATUSES)}"})
+        if not limit.isdigit() or int(limit) < 1:
+            problems.append({"field": "limit", "message": "a positive whole number"})
+        if problems:
+            return 422, {"error": "invalid query", "problems": problems}
+        try:
+            letters = source.dead_letters(status, table, int(limit), self.timeout)
+        except TimeoutError:
+            return 504, {"error": f"the dead letters of {name!r} were not read within {self.timeout:.0f} s"}
+        return 200, {"source": name, "letters": letters}
+
+    def _resolve(self, name: str, source: DeadLetterSource, verb: str, body: Any) -> Reply:
+        if not isinstance(body, dict):
+            return 422, {"error": "invalid body", "problems": [
+                {"field": "(body)", "message": 'a JSON object: {"ids": [...]} or {"all_pending": true}'}]}
+        ids, every, table = body.get("ids"), body.get("all_pending", False), body.get("table")
+        problems = []
+        if ids is not None and (not isinstance(ids, list) or not all(isinstance(i, str) and i for i in ids)):
+            problems.append({"field": "ids", "message": "a list of dead-letter ids"})
+        if not isinstance(every, bool):
+            problems.append({"field": "all_pending", "message": "true or false"})
+        if table is not None and not isinstance(table, str):
+            problems.append({"field": "table", "message": "a table name"})
+        if not problems and bool(ids) == bool(every):
+            problems.append({"field": "ids", "message": "give the letters' ids, or all_pending: true (not both)"})
+        if problems:
+            return 422, {"error": "invalid body", "problems": problems}
+        try:
+            report = source.resolve_dead_letters(verb, None if every else ids, table, self.timeout)
+        except TimeoutError:
+            return 202, {"accepted": verb, "message": f"still working after {self.timeout:.0f} s; list the dead "
+                                                      f"letters of {name!r} to see what became of them"}
+        log.info("control: %s dead letters of %s", verb, name)
+        return 200, report.as_json()

@@ -1,0 +1,51 @@
+"""The in-memory twin of :class:`~lakemirror.sinks.events.guard_merge.GuardedDeltaSink`.
+
+Pure: no pyspark import. It takes the same :class:`~lakemirror.sinks.events.guard_plan.TablePlan` under
+the same transaction ids and answers the same :class:`~lakemirror.sinks.events.guard_merge.GuardOutcome`:
+the rows and tombstones are a :class:`~lakemirror.sinks.events.guard_plan.GuardedMemoryReplica`, a
+transaction id it holds already is skipped as Delta skips it (``replayed``), and ``constraint`` stands
+for what a Delta replica may refuse whole (a ``CHECK`` constraint an operator added): a change it
+names fails the write with Delta's error text and nothing of the write is applied.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from lakemirror.sinks.events.guard_merge import GuardOutcome
+from lakemirror.sinks.events.guard_plan import GuardedMemoryReplica, TablePlan
+from lakemirror.sinks.memory import ApplyCounts
+from lakemirror.sinks.txn import TxnId
+from lakemirror.sources.change_event import DELETE, ChangeEvent
+
+
+class ConstraintViolated(Exception):
+    """A write the replica refused whole because of one row (Delta's error class in its text)."""
+
+
+@dataclass
+class MemoryGuardedSink:
+    """A guarded replica in memory, with the transaction ids it committed (app id → last version)."""
+
+    constraint: Callable[[ChangeEvent], bool] = lambda change: True   # False: the replica refuses the row
+    replica: GuardedMemoryReplica = field(default_factory=GuardedMemoryReplica)
+    txns: dict[str, int] = field(default_factory=dict)
+    writes: list[TxnId] = field(default_factory=list)   # every write attempted, committed or refused
+    clock: Callable[[], float] = lambda: 0.0
+
+    def apply(self, session: Any, plan: TablePlan, txn: TxnId) -> GuardOutcome:
+        self.writes.append(txn)
+        if self.txns.get(txn.app_id, -1) >= txn.version:
+            return GuardOutcome(ApplyCounts(), True)
+        for w in plan.winners:
+            if w.op != DELETE and not self.constraint(w):
+                raise ConstraintViolated(f"[DELTA_VIOLATE_CONSTRAINT_WITH_VALUES] CHECK constraint violated by row "
+                                         f"with values: {dict(w.columns)}")
+        counts = self.replica.apply(plan, self.clock())
+        self.txns[txn.app_id] = txn.version
+        applied = ApplyCounts(counts.inserted, counts.updated, counts.deleted)
+        return GuardOutcome(applied, False, len(plan.winners) - counts.stale, counts.stale)
+
+    def purge(self, session: Any, horizon_seconds: float) -> int:
+        return self.replica.purge(self.clock(), horizon_seconds)

@@ -1,0 +1,93 @@
+"""A restart reuses what it learned at the last start where the source says nothing changed since:
+each table's description is read again only when its log shows a schema, property or feature
+change, or that it is not the table described (recreated), and a relaunch always reads it again."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from typing import Any
+
+import pytest
+
+from lakemirror.sources.catalog import LocalCatalog
+
+pytestmark = pytest.mark.integration
+
+
+class CountingCatalog:
+    """The pipeline's catalog, counting the tables it describes."""
+
+    def __init__(self, inner: LocalCatalog) -> None:
+        self.inner = inner
+        self.described: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def describe(self, spark: Any, name: Any) -> Any:
+        self.described.append(name.table)
+        return self.inner.describe(spark, name)
+
+
+def _restart(p: Any) -> CountingCatalog:
+    """Stop the pipeline and start it as a new daemon would, its catalog counting descriptions."""
+    p.stop()
+    catalog = CountingCatalog(LocalCatalog(p.settings.runtime.warehouse))
+    p.app = p._new_app().replace(catalog=catalog)  # noqa: SLF001 (a new daemon, as Pipeline.restart makes)
+    p.start()
+    return catalog
+
+
+def _caught_up(p: Any, table: str) -> None:
+    p.create(table, "id BIGINT NOT NULL, v STRING", key="id")
+    p.sql(table, "INSERT INTO {t} VALUES (1, 'a'), (2, 'b')")
+    p.start()
+    p.wait_caught_up(table)
+
+
+def test_a_restart_reuses_the_description_while_only_data_changed(pipeline: Any, caplog: Any) -> None:
+    p = pipeline
+    _caught_up(p, "t")
+    caplog.set_level(logging.INFO, logger="lakemirror")
+    catalog = _restart(p)
+    p.sql("t", "UPDATE {t} SET v = 'b2' WHERE id = 2")  # data only: the description still holds
+    p.wait_caught_up("t")
+    assert catalog.described == [], "no commit since the last start changed the table's metadata"
+    p.assert_replica_equals_source("t")
+    said = [r.getMessage() for r in caplog.records]
+    chosen = next(i for i, m in enumerate(said) if m.startswith("table src.sales.t: applies "))
+    started = next(i for i, m in enumerate(said) if m.startswith("table src.sales.t: stream started "))
+    assert chosen < started, "the apply path is chosen by the launch, before the stream starts"
+    # A relaunch in the same process (here a pause and a resume) never reuses a description.
+    p.app.supervisor.pause("t")
+    p.tick_until(lambda: p.views()["t"].state == "paused", what="the pause")
+    p.app.supervisor.resume("t")
+    p.wait_caught_up("t")
+    assert catalog.described == ["t"]
+
+
+def test_a_restart_after_a_schema_change_describes_the_source_again(pipeline: Any) -> None:
+    p = pipeline
+    _caught_up(p, "t")
+    p.stop()
+    p.sql("t", "ALTER TABLE {t} ADD COLUMNS (note STRING)")
+    p.sql("t", "INSERT INTO {t} VALUES (3, 'c', 'new column')")
+    catalog = _restart(p)
+    p.wait_caught_up("t")
+    assert catalog.described == ["t"], "a schema change since the last start: described again"
+    p.assert_replica_equals_source("t")
+
+
+def test_a_source_recreated_while_the_daemon_was_stopped_is_described_and_refused(pipeline: Any) -> None:
+    p = pipeline
+    _caught_up(p, "r")
+    p.stop()
+    # A new table under the same path with as many commits: the same version numbers, other files.
+    shutil.rmtree(p.source("r").path)
+    p.create("r", "id BIGINT NOT NULL, v STRING", key="id")
+    p.sql("r", "INSERT INTO {t} VALUES (1, 'new'), (2, 'new')")
+    catalog = _restart(p)
+    p.tick_until(lambda: p.views()["r"].state == "failed", what="the recreated source to be refused")
+    assert catalog.described == ["r"]
+    assert "dropped and recreated" in (p.views()["r"].last_error or "")

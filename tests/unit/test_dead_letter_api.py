@@ -1,0 +1,168 @@
+"""The dead-letter routes of the daemon's HTTP endpoint and the `lakemirror dead-letters` command,
+against a fake event source (the runner's side is tests/unit/test_dead_letter_isolation.py)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import pytest
+
+from lakemirror.daemon import routes
+from lakemirror.daemon.cli import main
+from lakemirror.daemon.dead_letter_api import DeadLetterApi
+from lakemirror.sinks.events.dead_letters import REPLAYED, Resolution
+from lakemirror.supervisor.event_letters import LetterReport
+
+LETTER = {"id": "3f2a9c0d1e2b4a5c", "table": "orders", "origin": "shop.public.orders", "partition": 0, "offset": 41,
+          "key": '{"id": 3}', "position": "stream lsn=24023560 txId=771 order=2", "reason": "the replica refused it",
+          "status": "pending", "batch_id": 7, "recorded_at": None, "resolved_at": None, "resolution": None}
+
+
+class FakeSource:
+    keeps_dead_letters_in_delta = True
+
+    def __init__(self, slow: bool = False) -> None:
+        self.slow = slow
+        self.calls: list[tuple[Any, ...]] = []
+
+    def dead_letters(self, status: str | None = None, table: str | None = None, limit: int = 500,
+                     timeout: float = 30.0) -> list[dict[str, Any]]:
+        self.calls.append(("list", status, table, limit))
+        if self.slow:
+            raise TimeoutError()
+        return [LETTER]
+
+    def resolve_dead_letters(self, verb: str, ids: Sequence[str] | None, table: str | None = None,
+                             timeout: float = 30.0) -> LetterReport:
+        self.calls.append((verb, ids, table))
+        if self.slow:
+            raise TimeoutError()
+        return LetterReport(verb, tuple(Resolution(i, REPLAYED, "replayed into orders: 1 inserted") for i in ids or ()),
+                            ("nope",))
+
+
+def call(api: DeadLetterApi, method: str, target: str, body: Any = None) -> tuple[int, Any]:
+    m = routes.match(method, target)
+    assert isinstance(m, routes.Match), target
+    return api.handle(m, body)
+
+
+def test_list_skip_and_replay_reach_the_named_source() -> None:
+    source = FakeSource()
+    api = DeadLetterApi(lambda name: source if name == "shop" else None)
+    assert call(api, "GET", "/api/events/shop/dead-letters?status=pending&table=orders") == \
+        (200, {"source": "shop", "letters": [LETTER]})
+    code, payload = call(api, "POST", "/api/events/shop/dead-letters/replay", {"ids": ["3f2a9c0d1e2b4a5c", "nope"]})
+    assert code == 200 and payload["letters"][0]["status"] == REPLAYED and payload["unknown"] == ["nope"]
+    assert call(api, "POST", "/api/events/shop/dead-letters/skip", {"all_pending": True, "table": "orders"})[0] == 200
+    assert source.calls[1:] == [("replay", ["3f2a9c0d1e2b4a5c", "nope"], None), ("skip", None, "orders")]
+
+
+@pytest.mark.parametrize("target, body, code", [
+    ("/api/events/other/dead-letters", None, 404),
+    ("/api/events/shop/dead-letters?status=lost", None, 422),
+    ("/api/events/shop/dead-letters?limit=0", None, 422),
+])
+def test_a_bad_list_request_is_refused_with_what_is_wrong(target: str, body: Any, code: int) -> None:
+    api = DeadLetterApi(lambda name: FakeSource() if name == "shop" else None)
+    assert call(api, "GET", target, body)[0] == code
+
+
+@pytest.mark.parametrize("body", [None, [], {}, {"ids": []}, {"ids": "x"}, {"ids": ["a"], "all_pending": True},
+                                  {"all_pending": "yes"}])
+def test_a_skip_or_replay_needs_ids_or_all_pending(body: Any) -> None:
+    code, payload = call(DeadLetterApi(lambda name: FakeSource()), "POST", "/api/events/shop/dead-letters/skip", body)
+    assert code == 422 and payload["problems"]
+
+
+def test_slow_work_answers_202_or_504_and_goes_on() -> None:
+    api = DeadLetterApi(lambda name: FakeSource(slow=True), timeout_seconds=0.01)
+    assert call(api, "GET", "/api/events/shop/dead-letters")[0] == 504
+    assert call(api, "POST", "/api/events/shop/dead-letters/replay", {"ids": ["a"]})[0] == 202
+
+
+def test_a_postgres_source_points_at_its_own_table() -> None:
+    source = FakeSource()
+    source.keeps_dead_letters_in_delta = False
+    code, payload = call(DeadLetterApi(lambda name: source), "GET", "/api/events/shop/dead-letters")
+    assert code == 409 and "lakemirror_event_dead_letters" in payload["error"]
+
+
+def test_the_routes_need_authorization() -> None:
+    for method, target in (("GET", "/api/events/s/dead-letters"), ("POST", "/api/events/s/dead-letters/skip")):
+        m = routes.match(method, target)
+        assert isinstance(m, routes.Match) and m.route.api
+
+
+# -- the command line ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[tuple[Path, str, list[tuple[str, str, Any]]]]:
+    """A stand-in daemon endpoint recording what it was asked, and a pipeline with an event source."""
+    seen: list[tuple[str, str, Any]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def _answer(self, payload: Any) -> None:
+            body = json.dumps(payload).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:  # noqa: N802
+            seen.append(("GET", self.path, None))
+            self._answer({"source": "shop", "letters": [LETTER]})
+
+        def do_POST(self) -> None:  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append(("POST", self.path, body))
+            self._answer({"verb": "replay", "unknown": [], "letters": [
+                {"id": i, "status": "replayed", "resolution": "replayed into orders: 1 inserted"} for i in body["ids"]]})
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    (tmp_path / "in").mkdir()
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(f"source_catalog: app\ndestination_catalog: lake\nschema_name: public\n"
+                      f"checkpoint_volume: {tmp_path / 'cp'}\nsource: {{kind: files, path: {tmp_path / 'in'}, "
+                      f"name: shop}}\n")
+    try:
+        yield config, f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_command_lists_and_replays_through_the_running_daemon(
+        daemon: tuple[Path, str, list[Any]], capsys: pytest.CaptureFixture[str]) -> None:
+    config, url, seen = daemon
+    assert main(["dead-letters", str(config), "--url", url, "--table", "orders"]) == 0
+    out = capsys.readouterr().out
+    assert "3f2a9c0d1e2b4a5c" in out and "stream lsn=24023560" in out and '{"id": 3}' in out
+    assert main(["dead-letters", str(config), "replay", "3f2a9c0d1e2b4a5c", "--url", url]) == 0
+    assert "3f2a9c0d1e2b4a5c  replayed  replayed into orders: 1 inserted" in capsys.readouterr().out
+    assert seen == [("GET", "/api/events/shop/dead-letters?status=pending&table=orders", None),
+                    ("POST", "/api/events/shop/dead-letters/replay", {"ids": ["3f2a9c0d1e2b4a5c"]})]
+
+
+def test_the_command_needs_ids_or_all_pending(daemon: tuple[Path, str, list[Any]],
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    config, url, seen = daemon
+    assert main(["dead-letters", str(config), "skip", "--url", url]) == 2
+    assert "give the letters' ids, or --all-pending" in capsys.readouterr().err and seen == []
+
+
+def test_without_a_daemon_the_command_says_how_to_start_one(daemon: tuple[Path, str, list[Any]],
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    config, _, _ = daemon
+    assert main(["dead-letters", str(config)]) == 1
+    assert "no running daemon" in capsys.readouterr().err

@@ -1,0 +1,170 @@
+"""Batches planned from the commit files and applied on the driver, without Spark: a source and a
+replica written by delta-rs in a temp folder, the real sink, batch apply and stream log, the
+in-memory checkpoint store."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from lakemirror.checkpoints.records import InMemoryCheckpointStore
+from lakemirror.checkpoints.state import TableProgress
+from lakemirror.checkpoints.stream_log import StreamLog
+from lakemirror.identifiers import TableName
+from lakemirror.schema import Column
+from lakemirror.sinks.merge.apply_choice import DRIVER, ApplyChoice
+from lakemirror.sinks.merge.delta_merge import DeltaMergeSink
+from lakemirror.sinks.merge.planner import plan_merge
+from lakemirror.sinks.txn import txn_app_id
+from lakemirror.supervisor.batch_apply import BatchApply, RowWriter
+from lakemirror.supervisor.feed_batches import FeedBatches
+from lakemirror.supervisor.table_live import TableLive
+from lakemirror.tables import TableLocation
+
+SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("v", pa.string())])
+CDF = {"delta.enableChangeDataFeed": "true"}
+APP = txn_app_id("p", "src__s__t", 1)
+META = {"batchWatermarkMs": 0, "batchTimestampMs": 1, "conf": {"spark.sql.shuffle.partitions": "2"}}
+
+
+class Crash(Exception):
+    pass
+
+
+def offset(table_id: str, version: int) -> str:
+    return json.dumps({"sourceVersion": 1, "reservoirId": table_id, "reservoirVersion": version, "index": -1,
+                       "isStartingVersion": False})
+
+
+def batch_rows(t: "Table") -> list[Any]:
+    """The checkpoint rows of batches (a failure records a row with its error, as a crash would not)."""
+    return [r for r in t.store.rows if r.error is None]
+
+
+def rows(path: Path) -> list[tuple[Any, ...]]:
+    data = DeltaTable(str(path)).to_pyarrow_table(columns=["id", "v"]).to_pylist()
+    return sorted((r["id"], r["v"]) for r in data)
+
+
+class Table:
+    """A source bootstrapped at version 0, Spark's batch 0 (version 1) applied and logged, and the
+    parts of a launch that plan the next batches from the commit files."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.source, self.replica, self.checkpoint = tmp / "src", tmp / "dst", tmp / "ck"
+        write_deltalake(str(self.source), pa.table({"id": [1, 2], "v": ["a", "b"]}, schema=SCHEMA),
+                        configuration=CDF)                                        # version 0: the snapshot
+        write_deltalake(str(self.replica), pa.table({"id": [1, 2, 3], "v": ["a", "b", "c"]}, schema=SCHEMA))
+        write_deltalake(str(self.source), pa.table({"id": [3], "v": ["c"]}, schema=SCHEMA), mode="append")
+        self.table_id = DeltaTable(str(self.source)).metadata().id
+        (self.checkpoint / "offsets").mkdir(parents=True)
+        (self.checkpoint / "offsets" / "0").write_text("v1\n" + json.dumps(META) + "\n" + offset(self.table_id, 2))
+        StreamLog(self.checkpoint).write_commit(0)                                 # Spark's batch 0: version 1
+        self.store = InMemoryCheckpointStore()
+        self.points: list[str] = []
+        self.crash_at: str | None = None
+
+    def fault(self, point: str) -> None:
+        self.points.append(point)
+        if point == self.crash_at:
+            self.crash_at = None
+            raise Crash(point)
+
+    def launch(self, window: int = 32) -> FeedBatches:
+        plan = plan_merge((Column("id", "bigint", False), Column("v", "string")), ["id"])
+        target = TableLocation(TableName("dst", "s", "t"), str(self.replica))
+        sink = DeltaMergeSink(target, plan, stable_source=True, replica_rows=3, fault=self.fault,
+                              choice=ApplyChoice(DRIVER, "applies on the driver", 10.0, 1 << 30, 1 << 20))
+        live = TableLive("t", applied_through=1)
+        progress = TableProgress(epoch=1, bootstrap_version=0, bootstrapped=True, source_table_id=self.table_id)
+        apply = BatchApply(live, lambda batch: self.table_id, RowWriter("p", "src.s.t", "dst.s.t", self.store, lambda: 0.0),
+                           load_progress=lambda: progress, lag_seconds=lambda: None, clock=lambda: 0.0,
+                           sleep=lambda s: None, fault=self.fault)
+        return FeedBatches(label="src.s.t", checkpoint=str(self.checkpoint), source=(str(self.source), {}), sink=sink,
+                           apply_batch=apply, app_id=APP, epoch=1, after_version=0, source_table_id=self.table_id,
+                           live=live, read_range=lambda versions: pytest.fail("no Spark read expected"), window=window)
+
+    def change(self) -> None:
+        """Versions 2-4: an update, a delete, a re-insert."""
+        source = DeltaTable(str(self.source))
+        source.update(updates={"v": "'B'"}, predicate="id = 2")
+        DeltaTable(str(self.source)).delete("id = 1")
+        write_deltalake(str(self.source), pa.table({"id": [1], "v": ["again"]}, schema=SCHEMA), mode="append")
+
+
+def test_the_versions_since_the_last_batch_are_applied_as_one_batch_and_logged_as_sparks(tmp_path: Path) -> None:
+    t = Table(tmp_path)
+    feed = t.launch()
+    assert feed.take() is None and feed.counts.from_commit_files == 0, "nothing new: no batch"
+    t.change()
+    assert feed.take() is None
+    assert rows(t.replica) == rows(t.source) == [(1, "again"), (2, "B"), (3, "c")]
+    assert feed.counts.from_commit_files == 1 and feed.live.applied_through == 4
+    log = StreamLog(t.checkpoint)
+    assert (log.latest_offsets(), log.latest_commit()) == (1, 1)
+    assert json.loads(log.source_offset(1) or "") == {"sourceVersion": 1, "reservoirId": t.table_id,
+                                                       "reservoirVersion": 5, "index": -1, "isStartingVersion": False}
+    assert log.batch_metadata(1)["conf"] == META["conf"]  # type: ignore[index]
+    assert DeltaTable(str(t.replica)).transaction_version(APP) == 1
+    [row] = t.store.rows
+    assert (row.batch_id, row.txn_app_id, row.first_version, row.last_version) == (1, APP, 2, 4)
+    assert (row.rows_inserted, row.rows_updated, row.rows_deleted) == (0, 2, 0), "id 1 and id 2 updated"
+    assert t.points == ["before_merge", "after_driver_commit", "after_merge", "before_commit_log"]
+
+
+def test_a_crash_after_the_driver_commit_is_rerun_from_its_logged_offsets_and_skipped(tmp_path: Path) -> None:
+    t = Table(tmp_path)
+    t.change()
+    t.crash_at = "after_driver_commit"
+    with pytest.raises(Crash):
+        t.launch().take()
+    log = StreamLog(t.checkpoint)
+    assert (log.latest_offsets(), log.latest_commit()) == (1, 0), "logged, not committed"
+    assert rows(t.replica) == rows(t.source) and not batch_rows(t)
+    write_deltalake(str(t.source), pa.table({"id": [9], "v": ["later"]}, schema=SCHEMA), mode="append")  # version 5
+    feed = t.launch()                     # the next run: batch 1 again, with its own range (2-4), not 2-5
+    assert feed.take() is None
+    [row] = batch_rows(t)
+    assert (row.batch_id, row.first_version, row.last_version) == (1, 2, 4)
+    history = DeltaTable(str(t.replica)).history()
+    assert [h.get("userMetadata") for h in history].count(json.dumps({"batch": 1, "lakemirror_txn": APP})) == 1
+    assert feed.take() is None            # then version 5, as batch 2
+    assert rows(t.replica) == rows(t.source) and [r.batch_id for r in batch_rows(t)] == [1, 2]
+
+
+def test_a_schema_change_or_a_backlog_is_left_to_spark_with_nothing_logged(tmp_path: Path) -> None:
+    t = Table(tmp_path)
+    feed = t.launch()
+    wider = pa.schema([*SCHEMA, pa.field("extra", pa.string())])
+    write_deltalake(str(t.source), pa.table({"id": [4], "v": ["d"], "extra": ["x"]}, schema=wider), mode="append",
+                    schema_mode="merge")
+    assert "changes the table's metadata or protocol" in (feed.take() or "")
+    assert StreamLog(t.checkpoint).latest_offsets() == 0 and not t.store.rows
+    t2 = Table(tmp_path / "backlog")
+    for i in range(3):
+        write_deltalake(str(t2.source), pa.table({"id": [100 + i], "v": ["x"]}, schema=SCHEMA), mode="append")
+    feed2 = t2.launch(window=2)
+    assert "3 versions to apply, more than 2" in (feed2.take() or "")
+    assert feed2.counts.by_spark == 1 and feed2.counts.last_spark_reason is not None
+
+
+def test_a_source_recreated_under_its_location_is_refused(tmp_path: Path) -> None:
+    t = Table(tmp_path)
+    feed = t.launch()
+    t.change()
+    assert feed.take() is None
+    import shutil
+
+    shutil.rmtree(t.source)
+    for i in range(7):  # a new table, past the old one's versions
+        write_deltalake(str(t.source), pa.table({"id": [i], "v": ["new"]}, schema=SCHEMA), mode="append",
+                        configuration=CDF)
+    reason = feed.take()
+    assert reason is not None and "table id is now" in reason, reason
+    assert rows(t.replica) == [(1, "again"), (2, "B"), (3, "c")], "nothing of the new table applied"
