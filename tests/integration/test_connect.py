@@ -97,6 +97,8 @@ def test_connect_replicates_replays_and_isolates(remote: Any, connect_server: st
         outcomes = [d for d in (tmp_path / "checkpoints").rglob("lakemirror_outcomes") if "orders" in str(d)]
         assert outcomes and not [f for d in outcomes for f in d.glob("*.json")
                                  if int(f.stem) <= max(r["batch_id"] for r in rows)]
+        # Each row keeps its versions' source commit times, from which recovery points are cut.
+        assert all(r["first_version_at"] is not None and r["first_version_at"] <= r["last_version_at"] for r in rows)
         # Keys 4 and 5 are new and key 1 is gone (key 3's delete and re-insert may meet in one batch,
         # where its winner is the re-insert: an update of the bootstrapped row).
         assert sum(r["rows_deleted"] for r in rows) >= 1 and sum(r["rows_inserted"] for r in rows) >= 2
