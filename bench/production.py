@@ -15,7 +15,9 @@ each selected by its settings so that every row exists whatever lakemirror's def
 - ``spark``: lakemirror with ``driver_apply: false``: the Spark-only path (what Unity Catalog
   replicas get), the other settings at their defaults;
 - ``connect``: the same settings over Spark Connect (a server started by scripts/connect-server.sh
-  with hadoop-aws and the same s3a settings, started for the row and stopped after it);
+  with hadoop-aws and the same s3a settings, started for the row and stopped after it), where each
+  table's query stays up and waits for its turns at a gate of files, each batch is MERGEd in SQL on
+  the server and reported to the daemon by a file (sinks/merge/connect_apply.py);
 - ``loop``: the delta-rs CDF loop on the same bucket.
 
 Each row runs with the sources written by delta-rs (checkpointed every 10 commits, as Spark's

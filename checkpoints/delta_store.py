@@ -24,13 +24,13 @@ gains it with the first append (schema merge); its older rows read the column as
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 from lakemirror import tables
 from lakemirror.checkpoints.group_commit import GroupCommit
 from lakemirror.checkpoints.records import CHECKPOINT_DDL, CheckpointRow
-from lakemirror.object_store import delta_rs_target
-from lakemirror.tables import TableLocation, delta_rs_can_write, has_own_jvm, own_session
+from lakemirror.object_store import delta_rs_storage_options, delta_rs_target, delta_rs_uri, is_s3a
+from lakemirror.tables import TableLocation, delta_rs_can_write, has_own_jvm, is_local_path, own_session
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -58,9 +58,13 @@ def _has_commits(folder: "Path") -> bool:
 
 
 class DeltaCheckpointStore:
-    def __init__(self, spark: "SparkSession", location: TableLocation) -> None:
+    def __init__(self, spark: "SparkSession", location: TableLocation,
+                 hadoop_conf: "Mapping[str, str] | None" = None) -> None:
+        """``hadoop_conf``: ``fs.s3a.*`` settings for a session without a JVM of its own (Spark
+        Connect), with which the daemon reaches an ``s3a://`` table by delta-rs."""
         self.spark = spark
         self.location = location
+        self.hadoop_conf = dict(hadoop_conf or {})
         self._writer_session: "SparkSession | None" = None
         self._by_delta_rs: bool | None = None  # decided by the first write, once the table exists
         self._delta_rs: tuple[str, dict[str, str]] | None = None  # delta-rs's URI and storage options
@@ -118,11 +122,25 @@ class DeltaCheckpointStore:
             return
         self._group.submit(row)
 
+    def append_rows(self, rows: list[CheckpointRow]) -> None:
+        """Append batch rows no earlier attempt wrote, in one commit (with rows other threads hand in
+        meanwhile)."""
+        if rows:
+            self._group.submit_all(rows)
+
+    def last_batch(self, txn_app_id: str) -> int | None:
+        if not tables.exists(self.spark, self.location):
+            return None
+        from pyspark.sql import functions as F
+
+        row = (tables.read(self.spark, self.location)
+               .where((F.col("txn_app_id") == F.lit(txn_app_id)) & F.col("error").isNull() & (F.col("batch_id") >= 0))
+               .agg(F.max("batch_id").alias("b")).collect()[0])
+        return None if row["b"] is None else int(row["b"])
+
     def _write(self, rows: list[CheckpointRow]) -> None:
         if self._by_delta_rs is None:
-            # Over Spark Connect the server owns the files: rows go through it, as SQL writes.
-            target = (delta_rs_target(self.spark, self.location.path)
-                      if self.location.path is not None and has_own_jvm(self.spark) else None)
+            target = self._delta_rs_target()
             self._by_delta_rs = target is not None and delta_rs_can_write(*target)
             self._delta_rs = target if self._by_delta_rs else None
         if self._by_delta_rs:
@@ -137,6 +155,22 @@ class DeltaCheckpointStore:
             self._writer_session = own_session(self.spark)
         df = self._writer_session.createDataFrame([tuple(r.as_dict().values()) for r in rows], CHECKPOINT_DDL)
         tables.write(df, self.location, "append", mergeSchema="true")
+
+    def _delta_rs_target(self) -> tuple[str, dict[str, str]] | None:
+        """How delta-rs reaches the table, or None (Spark appends). Over Spark Connect the daemon is
+        still the table's only writer (batch functions on the server write outcome files, not rows),
+        so delta-rs appends where the daemon reaches the files: a path on the volume it shares with
+        the server, or S3 with the s3a settings it was given."""
+        path = self.location.path
+        if path is None:
+            return None
+        if has_own_jvm(self.spark):
+            return delta_rs_target(self.spark, path)
+        if is_local_path(path):
+            return path, {}
+        if is_s3a(path) and self.hadoop_conf:
+            return delta_rs_uri(path), delta_rs_storage_options(self.hadoop_conf)
+        return None
 
     def _has_batch(self, session: "SparkSession", row: CheckpointRow) -> bool:
         from pyspark.sql import functions as F

@@ -35,9 +35,16 @@ class GroupCommit(Generic[T]):
         self.group_sizes: list[int] = []
 
     def submit(self, item: T) -> None:
-        ticket = _Ticket(item)
+        self.submit_all([item])
+
+    def submit_all(self, items: list[T]) -> None:
+        """Submit ``items`` together: they are written in one call (with whatever else is queued)."""
+        tickets = [_Ticket(item) for item in items]
+        if not tickets:
+            return
+        ticket = tickets[-1]
         with self._cond:
-            self._queue.append(ticket)
+            self._queue.extend(tickets)
             while self._writing and not ticket.done:
                 self._cond.wait()
             if ticket.done:

@@ -77,6 +77,14 @@ class CheckpointStore(Protocol):
 
     def append(self, row: CheckpointRow, spark: Any = None, *, known_new: bool = False) -> None: ...
 
+    def append_rows(self, rows: list[CheckpointRow]) -> None:
+        """Append batch rows no earlier attempt wrote (the caller knows), all in one commit."""
+        ...
+
+    def last_batch(self, txn_app_id: str) -> int | None:
+        """The highest batch id of ``txn_app_id`` with a batch row (None: none)."""
+        ...
+
     def latest(self, pipeline_id: str) -> dict[str, CheckpointRow]:
         """The newest row per source table of a pipeline."""
         ...
@@ -87,6 +95,7 @@ class InMemoryCheckpointStore:
 
     def __init__(self) -> None:
         self.rows: list[CheckpointRow] = []
+        self.commits = 0  # how many appends of several rows (append_rows) the store took
         self._lock = threading.Lock()
 
     def append(self, row: CheckpointRow, spark: Any = None, *, known_new: bool = False) -> None:
@@ -98,6 +107,19 @@ class InMemoryCheckpointStore:
                     raise AssertionError(f"batch {row.batch_id} of {row.txn_app_id} was declared new but has a row")
                 return
             self.rows.append(row)
+
+    def append_rows(self, rows: list[CheckpointRow]) -> None:
+        with self._lock:
+            for row in rows:
+                if any(r.is_batch and (r.txn_app_id, r.batch_id) == (row.txn_app_id, row.batch_id) for r in self.rows):
+                    raise AssertionError(f"batch {row.batch_id} of {row.txn_app_id} was declared new but has a row")
+            self.rows.extend(rows)
+            self.commits += 1
+
+    def last_batch(self, txn_app_id: str) -> int | None:
+        with self._lock:
+            ids = [r.batch_id for r in self.rows if r.is_batch and r.txn_app_id == txn_app_id]
+        return max(ids) if ids else None
 
     def latest(self, pipeline_id: str) -> dict[str, CheckpointRow]:
         out: dict[str, CheckpointRow] = {}

@@ -52,8 +52,8 @@ from lakemirror.daemon.settings import PostgresDestination, RuntimeSettings, Set
 from lakemirror.daemon.settings.replicate import ReplicateConfig
 from lakemirror.daemon.settings.real_time import real_time_spark_conf
 from lakemirror.daemon.settings.runtime_spec import (
-    REPLICATE_NAMESPACE, cycle_mode, cycle_tables, event_stream_spec, jobs_for, mode_of, pipeline_spec, plan,
-    postgres_subtasks, shared_catalogs, subtask_of,
+    REPLICATE_NAMESPACE, cycle_mode, cycle_tables, event_stream_spec, jobs_for, maintenance_subtasks, mode_of,
+    pipeline_spec, plan, postgres_subtasks, shared_catalogs, subtask_of,
 )
 from lakemirror.daemon.dr_context import disaster_recovery_operations, logged_run, run_in_phases
 from lakemirror.daemon.recovery import cut_json, recovery_points_of
@@ -317,7 +317,11 @@ class DaemonContext(GlobalContext):
 
     @cached_property
     def checkpoints(self) -> CheckpointStore:
-        store = DeltaCheckpointStore(self.spark, self.located(self.settings.effective_checkpoint_table))
+        # Over Spark Connect the daemon appends the rows itself (the batch functions on the server no longer
+        # do): with delta-rs where it reaches the table, an s3a one with runtime.spark_conf's s3a settings.
+        s3a = {k[len("spark.hadoop."):]: v for k, v in self.settings.runtime.spark_conf.items()
+               if k.startswith("spark.hadoop.fs.s3a.")}
+        store = DeltaCheckpointStore(self.spark, self.located(self.settings.effective_checkpoint_table), hadoop_conf=s3a)
         started = time.monotonic()
         store.ensure()
         log.info("checkpoint table %s ready in %.1fs", store.location.name, time.monotonic() - started)
@@ -494,6 +498,7 @@ class DaemonContext(GlobalContext):
         replicas); Spark-side parts are built on their first run."""
         tasks = [subtask_of(s, self.spec.pipeline_id) for s in self.settings.schedules]
         tasks += postgres_subtasks(self.settings)
+        tasks += maintenance_subtasks(self.settings)
         return SubtaskService(tasks, jobs=lambda t: jobs_for(t, self.spec, self.tables_of(t)),
                               run=self.run_subtask, observer=self.metrics, clock=self.clock, spawn=self.spawn,
                               on_run=self.cycle_tables.record_run)

@@ -8,7 +8,8 @@ scheduled sub-tasks' :class:`~lakemirror.supervisor.subtasks.SubtaskObserver`.
 
 from __future__ import annotations
 
-from typing import Mapping
+import time
+from typing import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
@@ -26,8 +27,11 @@ STATES = [s.value for s in TableState]
 class Metrics:
     """The daemon's registry; one instance per process (tests make their own)."""
 
-    def __init__(self, pipeline_id: str, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, pipeline_id: str, registry: CollectorRegistry | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.pipeline = pipeline_id
+        #: The time a scrape reads the lag at (see :meth:`lag_measured`).
+        self.clock = clock
         self.registry = registry or CollectorRegistry()
         r, t = self.registry, ["pipeline", "table"]
         self.lag = Gauge("lakemirror_lag_seconds", "Seconds since the oldest source commit not yet applied "
@@ -171,7 +175,11 @@ class Metrics:
 
     def lag_measured(self, table: str, reading: LagReading) -> None:
         lab = self._l(table)
-        self.lag.labels(**lab).set(reading.lag_seconds)
+        # The lag as of each scrape, not of the reading: between two readings of the source (a probe
+        # round, slower with many tables or over Spark Connect) the oldest unapplied commit keeps
+        # ageing, and a gauge set to the reading's value would show it frozen (LagReading.lag_at).
+        clock = self.clock
+        self.lag.labels(**lab).set_function(lambda: reading.lag_at(clock()))
         self.behind.labels(**lab).set(reading.versions_behind)
         self.last_version.labels(**lab).set(reading.applied_through_version)
         self.source_version.labels(**lab).set(reading.latest_source_version)

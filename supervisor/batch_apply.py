@@ -69,7 +69,7 @@ class RowWriter:
     session: Callable[[], Any] = lambda: None
 
     def batch_row(self, txn: TxnId, epoch: int, outcome: MergeOutcome, started: float,
-                  lag_seconds: float | None) -> CheckpointRow:
+                  lag_seconds: float | None, ended: float | None = None) -> CheckpointRow:
         return CheckpointRow(
             pipeline_id=self.pipeline_id, source_fqn=self.source, dest_fqn=self.destination,
             epoch=epoch, batch_id=txn.version, txn_app_id=txn.app_id,
@@ -79,7 +79,7 @@ class RowWriter:
             rows_updated=outcome.counts.updated, rows_deleted=outcome.counts.deleted,
             lag_seconds=lag_seconds, error=None, degraded=False,
             started_at=datetime.fromtimestamp(started, tz=timezone.utc),
-            ended_at=datetime.fromtimestamp(self.clock(), tz=timezone.utc),
+            ended_at=datetime.fromtimestamp(self.clock() if ended is None else ended, tz=timezone.utc),
             first_version_at=commit_time(outcome.stats.min_commit_time),
             last_version_at=commit_time(outcome.stats.max_commit_time))
 

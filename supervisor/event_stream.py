@@ -34,7 +34,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Sequence
 
 from lakemirror.checkpoints import layout
 from lakemirror.checkpoints import stream_dir
@@ -117,6 +117,8 @@ class EventLagReading(LagReading):
     read) and at least the last batch's event-time lag."""
 
     offsets_behind: dict[tuple[str, int], int] = field(default_factory=dict)
+    #: The runner's applied batch id is not an offset: a batch reprices nothing (the lag still grows).
+    versioned: ClassVar[bool] = False
 
 
 def checkpoint_end_offsets(checkpoint: Path) -> Offsets:

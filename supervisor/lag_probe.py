@@ -60,6 +60,11 @@ class LagProbe:
         head = self._head_from_commit_files(through) or self.source.head(through, window=window)
         self._known_latest = head.latest_version
         times = dict(head.commit_times)
+        # The commit times the probe walked past (commit files) are kept with the reading, so that a
+        # batch landing before the next probe reprices it without a read (LagReading.repriced).
+        for version, at in self._commit_times.items():
+            if through < version <= head.latest_version:
+                times.setdefault(version, at)
         headroom = None if retention is None else headroom_seconds(
             applied_through=through, latest_version=head.latest_version, commit_times=times,
             window=retention, now=now)

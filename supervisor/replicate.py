@@ -40,11 +40,13 @@ from lakemirror.supervisor.state import RestartPolicy
 log = logging.getLogger(__name__)
 
 #: The audit log's operation_type for each operation: one of the Data Replication System for
-#: Databricks' values (backup, replication, uc_replication, reconciliation).
+#: Databricks' values (backup, replication, uc_replication, reconciliation), or maintenance for a
+#: replica's VACUUM, which that system does not run.
 OPERATION_TYPE = {"clone": "replication", "incremental": "replication", "reconcile": "reconciliation",
                   "metadata": "uc_replication", "postgres_triggered": "replication",
                   "postgres_snapshot": "replication", "volume_files": "replication",
                   "delta_sharing": "replication", "backup": "backup", "backup_share": "backup",
+                  "vacuum": "maintenance",
                   **{f"uc_{kind}": "uc_replication" for kind in (
                       "storage_credential", "external_location", "catalog", "schema", "volume", "view",
                       "table_grants")}}

@@ -37,6 +37,7 @@ from lakemirror import tables
 from lakemirror.checkpoints.bootstrap_state import BootstrapStore, bootstrap_store_for
 from lakemirror.checkpoints.descriptions import DescriptionStore, FileDescriptionStore
 from lakemirror.checkpoints.records import CheckpointStore
+from lakemirror.checkpoints.round_rows import RoundRows
 from lakemirror.checkpoints.state import StateStore, TableProgress
 from lakemirror.errors import LakemirrorError
 from lakemirror.sinks.accelerator.batch_feed import BatchFeed
@@ -56,6 +57,7 @@ from lakemirror.supervisor import state as sm
 from lakemirror.supervisor.batch_apply import BatchApply, Drained, RowWriter
 from lakemirror.supervisor.bootstrap import Bootstrap
 from lakemirror.supervisor.classify import classify
+from lakemirror.supervisor.connect_report import report_server_batches
 from lakemirror.supervisor.description import SourceDescription
 from lakemirror.supervisor.destination_wait import WaitReport
 from lakemirror.supervisor.failure import failed_event
@@ -107,8 +109,13 @@ class RunnerContext:
 
     #: The Postgres server the replicas go to (``destination.kind: postgres``); None: Delta replicas.
     postgres: "Connector | None" = None
+    #: Appends the checkpoint rows of batches applied on a Spark Connect server, a round at a time
+    #: (made from ``checkpoints`` if None; its thread starts with the first row).
+    round_rows: RoundRows | None = None
 
     def __post_init__(self) -> None:
+        if self.round_rows is None:
+            self.round_rows = RoundRows(self.checkpoints, fault=self.fault)
         if self.bootstrap_slots is None:
             self.bootstrap_slots = threading.BoundedSemaphore(max(1, self.spec.bootstrap.parallel_chunks))
         if self.bootstraps is None:
@@ -132,6 +139,9 @@ FAULT_POINTS = (
     "after_merge",                 # the MERGE is committed, its checkpoint row is not
     "after_driver_commit",         # the driver's delta-rs commit (local or on S3) is durable, nothing after it
     "before_commit_log",           # the checkpoint row is written, Spark's commit log is not
+    # Spark Connect (checkpoints/round_rows.py): batches the server applied and reported in outcome files,
+    "connect_before_rows",         # ... reported by the daemon, their rows not yet appended
+    "connect_after_rows",          # ... their rows appended, the outcome files not yet forgotten
     # A Postgres replica's batch (sinks/postgres/executor.py), inside its one transaction:
     "postgres_after_copy",         # the winners are COPYed into staging, nothing upserted
     "postgres_before_commit",      # upsert, tombstones and progress row written, not committed
@@ -164,7 +174,7 @@ class TableRunner:
         self._sink: Any = None
         #: Spark Connect: the batches the server-side batch function recorded (None: a local session).
         self._connect: ConnectBatches | None = None
-        self._connect_progress_id: int | None = None
+        self._connect_epoch = 0
         #: The session the table's query is started in: :attr:`session`, or one of the query's own
         #: (``kernel_change_feed``: :func:`lakemirror.sources.change_feed.kernel_stream`).
         self.stream_session: SparkSession | None = None
@@ -306,6 +316,15 @@ class TableRunner:
                 self.live.query = None
         # A turn that started before the drain ends by itself: its next batch is refused (Drained).
         self.turns.wait_idle(deadline - time.monotonic())
+        if self._connect is not None:
+            # Spark Connect: the batches the server applied last are reported and their rows written
+            # now (those not written by the deadline are recorded at the next start, from their files).
+            try:
+                self._collect_connect_batches()
+            except Exception as exc:  # noqa: BLE001 (the outcome files remain for the next start)
+                log.debug("table %s: reading the last batches' outcomes: %s", self.table, exc)
+            assert self.ctx.round_rows is not None
+            self.ctx.round_rows.flush(max(0.0, deadline - time.monotonic()))
 
     def persisted_pause(self) -> bool:
         return self.ctx.states.load(self.slug).paused
@@ -350,7 +369,12 @@ class TableRunner:
             live.emit(self._failed(error))
         elif query is not None and (gate is None or not live.turn_proven):
             self._track_progress(query)
-            self._collect_connect_batches(query)
+        if self._connect is not None:
+            # Spark Connect: the batches the server applied (their outcome files; a folder listing).
+            heartbeat = getattr(gate, "heartbeat", None)
+            if heartbeat is not None:
+                heartbeat()  # the server's waiting batch functions see the daemon alive
+            self._collect_connect_batches()
         if self.waits is not None:
             self.waits.check()
         events = live.take_events()
@@ -390,19 +414,12 @@ class TableRunner:
         self.live.advance(through)
 
     def _collect_connect_batches(self, query: "StreamingQuery | None" = None) -> None:
-        """Report the batches the server applied since the last look (Spark Connect only). With an
-        always-on query, the checkpoint table is read only once the query reports a new trigger."""
-        batches = self._connect
-        if batches is None:
-            return
-        if query is not None:
-            progress = query.lastProgress
-            batch_id = getattr(progress, "batchId", None) if progress else None
-            if batch_id is None or batch_id == self._connect_progress_id:
-                return
-            self._connect_progress_id = batch_id
-        for batch_id, outcome, started, ended in batches.new_outcomes(self.session):
-            self.live.batch_done(batch_id, outcome, started, ended)
+        """Report the batches the server applied since the last look, and hand their checkpoint rows
+        to the round writer (Spark Connect only): the outcome files' folder is listed, no Spark job."""
+        if self._connect is not None:
+            assert self.ctx.round_rows is not None
+            report_server_batches(self._connect, self.ctx.round_rows, self.rows, self.live, self._connect_epoch,
+                                  self._lag_seconds())
 
     # -- lag ------------------------------------------------------------------------------------
 
@@ -518,8 +535,8 @@ class TableRunner:
     def _start_stream(self, prepared: Prepared, mark: Callable[[str], None] = lambda step: None) -> None:
         wiring = wire_stream(self.session, self.ctx.spec, self.slug, self.change_source, self.replica,
                              self.ctx.catalog.locate(self.destination), prepared, self.apply_batch,
-                             getattr(self.ctx.checkpoints, "location", None), mark)
-        self._connect, self._connect_progress_id = wiring.connect, None
+                             self.ctx.checkpoints.last_batch, mark)
+        self._connect, self._connect_epoch = wiring.connect, prepared.progress.epoch
         self.batch_feed, self.stream_session, self._sink = wiring.batch_feed, wiring.stream_session, wiring.sink
         self.turns.gate, self.turns.turn_query, self.turns.feed = wiring.gate, wiring.turn_query, wiring.feed_batches
         self.live.query = wiring.query

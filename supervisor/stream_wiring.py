@@ -13,21 +13,23 @@ version from a checkpoint of the epoch's own, and calls the batch function with 
   ``once`` or ``availableNow`` trigger only for the batches Spark is to plan (:func:`feed_mode` says
   when a table runs so);
 - through Spark Connect, a SQL-only batch function that runs on the server
-  (:mod:`lakemirror.sinks.merge.connect_apply`) and records each batch's checkpoint row for the runner to
-  read back (:class:`~lakemirror.sinks.merge.connect_batches.ConnectBatches`); with ``apply_workers > 0``
-  each turn starts the query with a ``once`` or ``availableNow`` trigger.
+  (:mod:`lakemirror.sinks.merge.connect_apply`) and writes each batch's outcome beside the query's
+  checkpoint for the runner to read (:class:`~lakemirror.sinks.merge.connect_batches.ConnectBatches`),
+  which records the rows; with ``apply_workers > 0`` it waits for the table's turns at a gate of
+  files beside the checkpoint (:mod:`lakemirror.sinks.merge.connect_gate`), as in classic mode.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from lakemirror.checkpoints import stream_dir
 from lakemirror.object_store import delta_rs_reader, is_s3a
 from lakemirror.sinks.accelerator.batch_feed import BatchFeed
 from lakemirror.sinks.merge.connect_batches import ConnectBatches, batch_job
+from lakemirror.sinks.merge.connect_gate import FileTurnGate, gate_folder
 from lakemirror.sinks.contract import TableReplica
 from lakemirror.sinks.txn import TxnId, txn_app_id
 from lakemirror.sources.delta_source import DeltaChangeFeed
@@ -37,7 +39,7 @@ from lakemirror.supervisor.batch_apply import BatchApply
 from lakemirror.supervisor.feed_batches import FeedBatches
 from lakemirror.supervisor.prepare import Prepared
 from lakemirror.supervisor.spec import PipelineSpec
-from lakemirror.supervisor.turn_gate import TurnGate
+from lakemirror.supervisor.turn_gate import Gate, TurnGate
 from lakemirror.tables import TableLocation, has_own_jvm, is_local_path, is_local_table, local_dir
 
 if TYPE_CHECKING:
@@ -57,11 +59,13 @@ class Wiring:
 
     #: The always-on query (None: queries are started per turn).
     query: "StreamingQuery | None" = None
-    #: Where the always-on query's batches wait for their turns (None: no turns, or Connect).
-    gate: TurnGate | None = None
-    #: Starts the query for one turn (True: a ``once`` trigger); Connect with turns only.
+    #: Where the always-on query's batches wait for their turns (None: no turns, or queries started
+    #: per turn); over Spark Connect a gate of files the server's batch functions wait at.
+    gate: Gate | None = None
+    #: Starts the query for one turn (True: a ``once`` trigger); with batches planned from the
+    #: source's commit files only (``feed_batches``).
     turn_query: "Callable[[bool], StreamingQuery] | None" = None
-    #: The batches the server-side batch function recorded (Spark Connect only).
+    #: The batches the server-side batch function reported by outcome files (Spark Connect only).
     connect: ConnectBatches | None = None
     #: The driver path's delta-rs read of the batches (None: Spark reads every batch).
     batch_feed: BatchFeed | None = None
@@ -85,10 +89,12 @@ def stream_options(spec: PipelineSpec) -> dict[str, Any]:
 
 def wire_stream(session: "SparkSession", spec: PipelineSpec, slug: str, source: DeltaChangeFeed,
                 replica: TableReplica[Any], destination: TableLocation, prepared: Prepared,
-                apply_batch: ApplyBatch, checkpoint_table: TableLocation | None,
+                apply_batch: ApplyBatch, recorded: Callable[[str], "int | None"],
                 mark: Callable[[str], None] = lambda step: None) -> Wiring:
     """Start the table's query for the epoch ``prepared`` names (see the module docstring); ``mark``
-    is told when the change stream is made (``source``) and the apply path chosen (``choose``)."""
+    is told when the change stream is made (``source``) and the apply path chosen (``choose``).
+    ``recorded``: the last batch of a transaction app id the checkpoint table holds (Spark Connect:
+    the batches after it have outcome files whose rows are to be recorded)."""
     progress = prepared.progress
     assert progress.bootstrap_version is not None
     stream = source.changes(progress.bootstrap_version, stream_options(spec))
@@ -104,7 +110,7 @@ def wire_stream(session: "SparkSession", spec: PipelineSpec, slug: str, source: 
     writer = (stream.writeStream.queryName(f"lakemirror:{spec.pipeline_id}:{source.name}")
               .option("checkpointLocation", checkpoint))
     if not has_own_jvm(session):
-        wiring = _connect_query(session, spec, source, destination, prepared, app_id, writer, checkpoint_table)
+        wiring = _connect_query(spec, source, destination, prepared, app_id, writer, checkpoint, recorded)
         wiring.stream_session = stream_session
         return wiring
 
@@ -230,21 +236,22 @@ def apply_detail(sink: Any, feed: BatchFeed | None, planned: FeedBatches | None 
     return out
 
 
-def _connect_query(session: "SparkSession", spec: PipelineSpec, source: DeltaChangeFeed, destination: TableLocation,
-                   prepared: Prepared, app_id: str, writer: "DataStreamWriter",
-                   checkpoint_table: TableLocation | None) -> Wiring:
-    """Spark Connect: the batch function runs on the server, in SQL only, and records each batch's
-    checkpoint row; the runner reads those rows back."""
-    job = batch_job(target=destination, plan=prepared.plan, app_id=app_id, epoch=prepared.progress.epoch,
-                    pipeline_id=spec.pipeline_id, source_fqn=str(source.name), dest_fqn=str(destination.name),
-                    checkpoint_table=checkpoint_table)
+def _connect_query(spec: PipelineSpec, source: DeltaChangeFeed, destination: TableLocation, prepared: Prepared,
+                   app_id: str, writer: "DataStreamWriter", checkpoint: str,
+                   recorded: Callable[[str], "int | None"]) -> Wiring:
+    """Spark Connect: the batch function runs on the server, in SQL only, and writes each batch's
+    outcome beside the query's checkpoint; the runner reads those files and records the rows."""
+    if not is_local_path(checkpoint):
+        raise ValueError(f"runtime.mode connect needs checkpoint_volume on a file system the daemon and the server "
+                         f"share at the same path (each batch's outcome is written there); got {checkpoint}")
+    job = batch_job(target=destination, plan=prepared.plan, app_id=app_id, checkpoint=checkpoint)
     batches = ConnectBatches(job)
-    batches.skip_recorded(session)
-    writer = writer.foreachBatch(job.bound())
-    if spec.apply_workers == 0:
-        return Wiring(query=writer.trigger(processingTime=f"{spec.trigger_interval_seconds} seconds").start(),
-                      connect=batches)
-    # A DataStreamWriter can start a query again once its last one has ended.
-    return Wiring(turn_query=lambda once: (writer.trigger(once=True) if once
-                                           else writer.trigger(availableNow=True)).start(),
-                  connect=batches)
+    batches.start_after(recorded(app_id))
+    gate: FileTurnGate | None = None
+    if spec.apply_workers > 0:
+        # Turns as in classic mode: the batch function waits at a gate of files beside the checkpoint.
+        # Owned before the query starts, so that a query an earlier daemon left on the server stops.
+        gate = FileTurnGate(gate_folder(checkpoint))
+        job = replace(job, gate_dir=str(gate.folder), gate_generation=gate.take_over())
+    query = writer.foreachBatch(job.bound()).trigger(processingTime=f"{spec.trigger_interval_seconds} seconds").start()
+    return Wiring(query=query, gate=gate, connect=batches)

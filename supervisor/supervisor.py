@@ -115,6 +115,8 @@ class Supervisor:
         self._view_lock = threading.Lock()
         self._next_lag = 0.0
         self._next_discovery = 0.0
+        #: The reading last handed to the observer, per table (a probe's, or one repriced since).
+        self._published: dict[str, LagReading] = {}
         # apply_workers > 0: running tables take turns on that many workers (supervisor.turns);
         # 0: every runner keeps an always-on query of its own.
         self._turns = TurnPool(apply_workers, self._turn_takers, min_interval=min_turn_interval_seconds,
@@ -195,6 +197,7 @@ class Supervisor:
                         entry.bootstrap = None
                     self._dispatch(name, item, now)
             self._dispatch(name, sm.Tick(), now)
+            self._reprice(name, entry)
         if now >= self._next_lag:
             self._next_lag = now + self.lag_interval
             for name, entry in list(self._tables.items()):
@@ -333,7 +336,24 @@ class Supervisor:
             elif action == sm.Action.LAUNCH:
                 entry.runner.launch()
 
+    def _reprice(self, name: str, entry: _Table) -> None:
+        """Publish the table's lag again, without reading the source, once a batch has applied
+        versions its last reading counted as behind: that reading would otherwise price the lag from
+        a commit the replica now holds until the next probe, a whole probe round later."""
+        reading, through = entry.runner.last_lag, entry.runner.applied_through
+        if reading is None or not reading.versioned or through is None or through <= reading.applied_through_version:
+            return
+        published = self._published.get(name)
+        if published is not None and published.applied_through_version >= through:
+            return
+        repriced = reading.repriced(through, self.clock())
+        self._published[name] = repriced
+        self.observer.lag_measured(name, repriced)
+
     def _probe(self, name: str, entry: _Table, now: float) -> None:
+        # Each table's reading is taken at its own moment: probes of many tables (each a read of the
+        # source's head) run one after the other, and the tick's start would be seconds off for the last.
+        now = self.clock()
         try:
             reading = entry.runner.probe_lag(now)
         except Exception as exc:  # a lag probe failure must not disturb replication
@@ -342,6 +362,7 @@ class Supervisor:
         if reading is None and entry.runner.last_lag is None and name in self._recorded:
             reading = self._known(name, now).reading(now)  # the runner knows nothing yet: the record does
         if reading is not None:
+            self._published[name] = reading
             self.observer.lag_measured(name, reading)
 
     def _seed(self, now: float) -> None:
@@ -380,11 +401,13 @@ class Supervisor:
             if lag is None and known is not None:  # nothing measured yet: what the records say, read again
                 known = self._known(name, now, applied=through)
                 lag = known.reading(now)
+            if lag is not None:  # as of now, and of the batches applied since the reading
+                lag = lag.repriced(through, now)
             if through is None and known is not None:
                 through = known.applied_through
             out.append(TableView(
                 table=name, state=st.state.value,
-                lag_seconds=lag.lag_at(now) if lag else None,
+                lag_seconds=lag.lag_seconds if lag else None,
                 versions_behind=lag.versions_behind if lag else None,
                 applied_through=through, rows_applied=e.rows_applied, batches=e.batches,
                 failures=st.failures, retries=st.retries, next_retry_at=st.next_retry_at,

@@ -1,13 +1,15 @@
 """One table's side of the turn pool (:mod:`.turns`): is it ready, has it work, take a turn.
 
-With a session of its own JVM the table's query stays up and each batch waits for its turn at the
-table's gate (:mod:`.turn_gate`): a turn lets the held or waiting batch go and waits until it is
-applied. Through Spark Connect a turn starts the query with a ``once`` or ``availableNow`` trigger
-(:func:`~lakemirror.supervisor.turns.one_batch_turn` chooses) and waits for its end. A table whose
-batches the daemon plans from its source's commit files
-(:class:`~lakemirror.supervisor.feed_batches.FeedBatches`) applies its next batch that way first, and
-starts its query as Connect does only for a batch Spark is to plan. Either way a failure is reported
-through the runner's poll like a failed always-on query.
+The table's query stays up and each batch waits for its turn at the table's gate: a turn lets the
+held or waiting batch go and waits until it is applied. With a session of its own JVM the gate is
+in the daemon (:mod:`.turn_gate`); through Spark Connect, where the batch function runs on the
+server, it is a folder of files beside the query's checkpoint
+(:mod:`lakemirror.sinks.merge.connect_gate`), taken the same way. A table whose batches the daemon
+plans from its source's commit files (:class:`~lakemirror.supervisor.feed_batches.FeedBatches`)
+applies its next batch that way first, and starts its query with a ``once`` or ``availableNow``
+trigger (:func:`~lakemirror.supervisor.turns.one_batch_turn` chooses) only for a batch Spark is to
+plan, waiting for its end. Either way a failure is reported through the runner's poll like a
+failed always-on query.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from lakemirror.supervisor.batch_apply import Drained
 from lakemirror.supervisor.classify import classify
 from lakemirror.supervisor.spec import PipelineSpec
 from lakemirror.supervisor.table_live import TableLive
-from lakemirror.supervisor.turn_gate import TurnGate
+from lakemirror.supervisor.turn_gate import Gate
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
@@ -67,7 +69,7 @@ class TableTurns:
         #: :meth:`_take_gated`). None: the whole apply is Spark's work (a Delta replica).
         self.on_server = on_server
         self.lock = threading.Lock()
-        self.gate: TurnGate | None = None
+        self.gate: Gate | None = None
         #: Starts the table's query (True: a ``once`` trigger); set while ready for a turn.
         self.turn_query: Callable[[bool], "StreamingQuery"] | None = None
         self.last_trigger: str | None = None  # how its latest turn ran: gated, commit files, once or availableNow
@@ -176,7 +178,7 @@ class TableTurns:
             live.emit(sm.BatchApplied())
         return True
 
-    def _take_gated(self, gate: TurnGate, query: "StreamingQuery") -> None:
+    def _take_gated(self, gate: Gate, query: "StreamingQuery") -> None:
         """Let the table's held or waiting batch go, and wait until the turn's batch is applied.
 
         A query that failed meanwhile ends the turn; the runner's poll reports it. A turn in which
@@ -190,8 +192,9 @@ class TableTurns:
         held = gate.held_batch
         since = gate.grant()
         committed_at: float | None = None if held is not None else time.monotonic()
+        poll = getattr(gate, "poll_seconds", GATE_POLL_SECONDS)  # a gate of files is looked at less often
         try:
-            while not gate.wait_ended(since, GATE_POLL_SECONDS):
+            while not gate.wait_ended(since, poll):
                 if gate.applying:
                     if self.on_server is not None and self.on_server():
                         # The rest of the batch is the server's work, and may wait there (a lock,

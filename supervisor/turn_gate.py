@@ -24,7 +24,27 @@ stream's thread, and the turn pool's worker calls ``grant``, ``wait_ended`` and 
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from typing import Callable, Protocol
+
+
+class Gate(Protocol):
+    """What a turn's worker needs of a table's gate: this module's :class:`TurnGate`, or over Spark
+    Connect a gate of files the server's batch function waits at
+    (:class:`lakemirror.sinks.merge.connect_gate.FileTurnGate`)."""
+
+    @property
+    def ready(self) -> bool: ...
+    @property
+    def waiting(self) -> bool: ...
+    @property
+    def held_batch(self) -> int | None: ...
+    @property
+    def applying(self) -> bool: ...
+
+    def grant(self) -> int: ...
+    def wait_ended(self, since: int, timeout: float) -> bool: ...
+    def withdraw(self) -> bool: ...
+    def open(self) -> None: ...
 
 
 class TurnGate:

@@ -7,7 +7,8 @@ starve one another (``make bench ONLY=scale`` runs 64 tables on one driver). Wit
 ``apply_workers`` threads each take the table that has waited longest among those with something
 to apply, and apply everything the table's change feed holds at the start of the turn
 (:meth:`TurnTaker.take_turn`: an always-on query's batch let through its gate,
-:mod:`lakemirror.supervisor.turn_gate`, or under Spark Connect the query run once): what the table
+:mod:`lakemirror.supervisor.turn_gate`, a gate of files over Spark Connect, or a batch the daemon
+planned from the source's commit files, the query run once where Spark is to plan it): what the table
 accumulated while it waited is applied in one batch, so the MERGE's fixed cost is paid
 once per turn, not once per commit, and a table with nothing new costs a file-existence check
 (and an empty turn every ``IDLE_RECHECK_SECONDS``).
@@ -41,7 +42,8 @@ PENDING_CHECKS_PER_INTERVAL = 4
 
 
 def one_batch_turn(*, rate_limited: bool, proven: bool, small_backlog: bool | None) -> bool:
-    """Whether a turn that starts its query (Spark Connect) runs it with a ``once`` trigger (one
+    """Whether a turn that starts its query (a batch of a table whose others the daemon plans from
+    the source's commit files, left to Spark) runs it with a ``once`` trigger (one
     micro-batch) instead of ``availableNow``.
 
     Both apply everything the change feed holds when the turn begins. ``availableNow`` first works

@@ -24,6 +24,7 @@ from lakemirror.daemon.settings.destination import DeltaDestination, Destination
 from lakemirror.daemon.settings.env_source import EnvValueError, LakemirrorEnvSource
 from lakemirror.daemon.settings.event_source import EventSourceSettings
 from lakemirror.daemon.settings.lease import LeaseSettings
+from lakemirror.daemon.settings.maintenance import VACUUM_TASK, ReplicaMaintenance
 from lakemirror.daemon import spark_values, yaml_loader
 from lakemirror.daemon.settings.schedule import ScheduleSettings, schedule_problems
 from lakemirror.daemon.settings.postgres_checks import postgres_problems
@@ -31,6 +32,9 @@ from lakemirror.errors import ConfigError
 from lakemirror.sinks.merge.apply_choice import DEFAULT_DRIVER_APPLY_BELOW_BYTES, DEFAULT_REWRITE_BELOW_BYTES
 
 log = logging.getLogger(__name__)
+
+#: Delta's property that expires a table's transaction ids: never on a replica.
+TXN_RETENTION_PROPERTY = "delta.setTransactionRetentionDuration"
 
 _NAME = re.compile(r"^[^\x00-\x1f/`.]+$")
 _PIPELINE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -235,14 +239,26 @@ class DatabricksSettings(Strict):
     num_workers: int = Field(1, ge=0, description="Workers of the job cluster.")
 
 
-def default_apply_workers(mode: str) -> int:
-    """Tables applied at once when ``apply_workers`` is unset: turns on one worker where the daemon
-    runs the batch function itself (its query waits at a gate between turns, :mod:`lakemirror.supervisor.turn_gate`),
-    always-on queries (0) over Spark Connect. There the batch function runs in the server's Python
-    worker, out of the gate's reach, so each turn would start the table's query, its snapshots of
-    the source and that worker anew; always-on queries keep them up, and the server's scheduler shares
-    its cores among the tables' MERGEs."""
-    return 0 if mode == "connect" else 1
+def driver_cores(master: str, machine_cores: int) -> int:
+    """The cores the driver's Spark has: N of ``local[N]`` / ``local[N,F]``, 1 of ``local``, else the
+    machine's (``local[*]``, a cluster manager's driver, a Databricks job's driver). Pure."""
+    match = re.match(r"^local(?:\[(\*|\d+)(?:,\s*\d+)?\])?$", master.strip())
+    if match is None or match.group(1) == "*":
+        return max(1, machine_cores)
+    return int(match.group(1)) if match.group(1) else 1
+
+
+def default_apply_workers(mode: str, cores: int = 2) -> int:
+    """Tables applied at once when ``apply_workers`` is unset: one turn for every two of the driver's
+    ``cores`` (at least one), each table's query waiting at a gate between its turns
+    (:mod:`lakemirror.supervisor.turn_gate`). One warm Spark MERGE keeps about two cores busy, so more
+    turns than half the cores only queue for them (and 2 workers on 2 cores starved the benchmark's
+    writer: docs/BENCHMARKS.md). Over Spark Connect the MERGEs run on the server, whose cores the
+    daemon does not know: one turn at a time, the batch functions waiting at a gate of files
+    (:mod:`lakemirror.sinks.merge.connect_gate`)."""
+    if mode == "connect":
+        return 1
+    return max(1, cores // 2)
 
 
 class Settings(BaseSettings):
@@ -274,9 +290,11 @@ class Settings(BaseSettings):
         None, ge=0, le=1024, description="How many tables apply changes at the same time. Tables with unapplied "
         "commits take turns, the longest-waiting first; a turn applies everything the table accumulated (one "
         "batch of its query, which stays up between turns). 0: one always-on streaming query per table instead "
-        "(for drivers with a core or more per table). Unset: 1 in local and databricks mode, 0 over Spark "
-        "Connect, where the batch function runs on the server and a turn would start and stop the table's query "
-        "(make bench ONLY=production). With replicas on object storage a turn mostly waits for the store: 2 "
+        "(for drivers with a core or more per table). Unset: in local and databricks mode one for every two of "
+        "the driver's cores, at least 1 (the N of runtime.master local[N] in local mode; the machine's cores "
+        "otherwise): a warm Spark MERGE keeps about two cores busy. 1 over Spark Connect, where the MERGEs run "
+        "on the server and each query's batch function waits for its turns at a gate of files beside its "
+        "checkpoint. With replicas on object storage a turn mostly waits for the store: 2 "
         "overlaps two tables' waits (make bench ONLY=production, 4 tables on two cores).")
     allow_schema_evolution: bool = Field(True, description="New source columns reach the replica without a restart by hand.")
     enable_change_data_feed: bool = Field(
@@ -360,8 +378,12 @@ class Settings(BaseSettings):
     bootstrap: BootstrapSettings = Field(default_factory=BootstrapSettings)
     lease: LeaseSettings = Field(default_factory=LeaseSettings)
     schedules: list[ScheduleSettings] = Field(
-        default_factory=list, description="Batch sub-tasks (clone, incremental, reconcile, metadata) the daemon "
-                                          "runs on a schedule; see lakemirror.daemon.settings.schedule.")
+        default_factory=list, description="Batch sub-tasks (clone, incremental, reconcile, metadata, vacuum) the "
+                                          "daemon runs on a schedule; see lakemirror.daemon.settings.schedule.")
+    replica_maintenance: ReplicaMaintenance = Field(
+        default_factory=ReplicaMaintenance, description="Retention, checkpoint interval and a scheduled VACUUM of "
+        "the Delta replicas, so that a replica's cost per batch does not grow over hours; see "
+        "lakemirror.daemon.settings.maintenance.")
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
@@ -430,6 +452,10 @@ class Settings(BaseSettings):
             if not key.startswith("delta."):
                 raise ValueError(f"replica_properties: {key!r} is not a Delta table property; only 'delta.*' "
                                  f"properties may be set (lakemirror.* ones are lakemirror's own)")
+            if key.lower() == TXN_RETENTION_PROPERTY.lower():
+                raise ValueError(f"replica_properties: {key} would let Delta forget the transaction ids that make a "
+                                 f"replayed batch a no-op (a batch replayed after that long would be applied twice); "
+                                 f"remove it")
         return {k: spark_values.delta_property(k, x) for k, x in v.items()}
 
     @model_validator(mode="after")
@@ -453,6 +479,9 @@ class Settings(BaseSettings):
         if self.source is not None and self.source.real_time is not None and self.destination.kind != "postgres":
             raise ValueError("source.real_time needs destination kind postgres: open-source Spark runs Real-Time "
                              "Mode into foreach sinks only, not Delta; remove real_time or write to PostgreSQL")
+        if self.replica_maintenance.vacuum_trigger() is not None and any(t.name == VACUUM_TASK for t in self.schedules):
+            raise ValueError(f"a schedule is named {VACUUM_TASK!r}, the name of the replicas' scheduled VACUUM "
+                             f"(replica_maintenance); rename it")
         if self.source is not None and self.source.history == "scd2" and self.destination.kind != "delta":
             raise ValueError(f"source.history scd2 needs a Delta destination (destination kind is "
                              f"{self.destination.kind}); remove history or write to Delta")
@@ -469,8 +498,12 @@ class Settings(BaseSettings):
 
     @property
     def effective_apply_workers(self) -> int:
-        """``apply_workers``, else the runtime mode's default (:func:`default_apply_workers`)."""
-        return self.apply_workers if self.apply_workers is not None else default_apply_workers(self.runtime.mode)
+        """``apply_workers``, else the runtime mode's default from the driver's cores
+        (:func:`default_apply_workers`, :func:`driver_cores`)."""
+        if self.apply_workers is not None:
+            return self.apply_workers
+        cores = driver_cores(self.runtime.master if self.runtime.mode == "local" else "local[*]", os.cpu_count() or 1)
+        return default_apply_workers(self.runtime.mode, cores)
 
     @property
     def effective_turn_interval_seconds(self) -> float:

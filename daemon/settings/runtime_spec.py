@@ -9,6 +9,7 @@ from typing import Callable, Mapping, Sequence
 
 from lakemirror.daemon.settings.destination import PostgresDestination
 from lakemirror.daemon.settings.event_source import EventSourceSettings
+from lakemirror.daemon.settings.maintenance import VACUUM_TASK
 from lakemirror.daemon.settings.pipeline import Settings
 from lakemirror.daemon.settings.replicate import CatalogEntry, ObjectSettings, ReplicateConfig
 from lakemirror.daemon.settings.schedule import ScheduleSettings
@@ -48,12 +49,31 @@ def pipeline_spec(s: Settings) -> PipelineSpec:
         trigger_interval_seconds=s.trigger_interval_seconds, apply_workers=s.effective_apply_workers,
         allow_schema_evolution=s.allow_schema_evolution,
         max_files_per_trigger=s.max_files_per_trigger, max_bytes_per_trigger=s.max_bytes_per_trigger,
-        replica_properties=dict(s.replica_properties),
+        replica_properties=replica_properties(s),
         change_window_policy=s.change_window_policy, retention_warning_seconds=s.retention_warning_seconds,
         rewrite_below_bytes=s.rewrite_below_bytes, driver_apply=s.driver_apply,
         driver_apply_below_bytes=s.driver_apply_below_bytes, kernel_change_feed=s.kernel_change_feed,
         enable_change_data_feed=s.enable_change_data_feed, commit_file_batches=s.commit_file_batches,
         bootstrap=s.bootstrap.policy())
+
+
+def replica_properties(s: Settings) -> dict[str, str]:
+    """The Delta properties a replica lakemirror creates gets: the maintenance block's retention and
+    checkpoint interval (:mod:`lakemirror.daemon.settings.maintenance`), then ``replica_properties``, which win."""
+    return {**s.replica_maintenance.properties(), **s.replica_properties}
+
+
+def maintenance_subtasks(s: Settings) -> list[Subtask]:
+    """The scheduled VACUUM of the pipeline's Delta replicas (``replica_maintenance``); none for a
+    PostgreSQL destination or an event source (whose replicas are kept by the source's own purge)."""
+    trigger = s.replica_maintenance.vacuum_trigger()
+    if trigger is None or s.destination.kind != "delta" or s.source is not None:
+        return []
+    pipeline_id = s.effective_pipeline_id
+    settings = TaskSettings(operations=("vacuum",), timeout_seconds=s.replica_maintenance.vacuum_timeout_seconds,
+                            max_attempts=1, options={"vacuum": {"pipeline_id": pipeline_id}},
+                            config={"pipeline_id": pipeline_id, "replica_maintenance": s.replica_maintenance.model_dump()})
+    return [Subtask(VACUUM_TASK, trigger, settings, None)]
 
 
 def event_stream_spec(source: EventSourceSettings, settings: Settings) -> EventStreamSpec:
@@ -78,7 +98,7 @@ def subtask_of(s: ScheduleSettings, pipeline_id: str) -> Subtask:
         operations=tuple(s.operations), timeout_seconds=s.timeout_seconds, max_attempts=r.max_attempts,
         backoff=RestartPolicy(r.base_delay_seconds, r.max_delay_seconds, r.multiplier, r.jitter),
         options={"clone": s.clone.model_dump(), "reconcile": s.reconcile.model_dump(),
-                 "metadata": s.metadata.model_dump()},
+                 "metadata": s.metadata.model_dump(), "vacuum": {"pipeline_id": pipeline_id}},
         config={"pipeline_id": pipeline_id, "schedule": s.model_dump()})
     return Subtask(s.name, s.trigger(), settings, tuple(s.tables) if s.tables is not None else None)
 

@@ -48,7 +48,7 @@ def _daily_at_valid(v: str | None) -> str | None:
 #: A ``daily_at`` field: "HH:MM" in UTC, refused unquoted (YAML would read it as a number).
 DailyAtText = Annotated[str | None, BeforeValidator(_daily_at_quoted), AfterValidator(_daily_at_valid)]
 
-SubtaskOperation = Literal["clone", "reconcile", "metadata", "incremental"]
+SubtaskOperation = Literal["clone", "reconcile", "metadata", "incremental", "vacuum"]
 #: Operations that write the replica: never on a table the continuous stream owns.
 WRITERS = frozenset({"clone", "incremental"})
 _TASK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -59,7 +59,9 @@ class ScheduleSettings(Strict):
 
     name: str = Field(description="Unique name of the sub-task (1-64 of [A-Za-z0-9_.-]); a metric label.")
     operations: list[SubtaskOperation] = Field(min_length=1, description="clone, incremental, reconcile, "
-                                                                        "metadata; run in this order per table.")
+                                                                        "metadata, vacuum (of a replica lakemirror "
+                                                                        "created, at its own retention); run in this "
+                                                                        "order per table.")
     every_seconds: float | None = Field(None, gt=0, le=limits.YEAR,
                                         description="Run every this many seconds (first run one interval after the "
                                                     "daemon starts).")

@@ -28,6 +28,7 @@ from lakemirror.sinks.batch.metadata_sync import CATALOG_TAG, SCHEMA_TAG, VOLUME
 from lakemirror.sinks.batch.reconcile import ReconcileOptions, Reconciler
 from lakemirror.sinks.batch.reconcile_plan import ReconcileResult
 from lakemirror.sinks.batch.snapshot_copy import replica_properties
+from lakemirror.sinks.batch.vacuum import vacuum_replica
 from lakemirror.sinks.sql import SparkSql
 from lakemirror.sources.catalog import Catalog, UnityCatalog
 from lakemirror.sources.keys import choose_key
@@ -145,6 +146,8 @@ class SparkOperations:
                 return self._reconcile(session, job)
             if operation == "metadata":
                 return self._metadata(session, job)
+            if operation == "vacuum":
+                return self._vacuum(session, job)
             raise TerminalError(f"unknown operation {operation!r}", table=str(job.source))
 
     def _keys(self, session: "SparkSession", job: BatchJob, *, required: bool) -> tuple[str, ...]:
@@ -196,6 +199,10 @@ class SparkOperations:
                 f"rows {result.source_rows} vs {result.replica_rows}; schema: {result.schema.describe()}",
                 table=str(job.source), details=details)
         return details
+
+    def _vacuum(self, session: "SparkSession", job: BatchJob) -> Mapping[str, Any]:
+        pipeline_id = str(job.settings.options.get("vacuum", {}).get("pipeline_id") or "")
+        return vacuum_replica(session, self.catalog.locate(job.target), pipeline_id)
 
     def _metadata(self, session: "SparkSession", job: BatchJob) -> Mapping[str, Any]:
         opts = job.settings.options.get("metadata", {})

@@ -12,8 +12,9 @@ DataFrame calls, which the server plans with Delta's SQL extension:
   the confs are unset in ``finally``: they live in the table's Connect session, which the
   client shares; the batch is read in place, without adaptive execution
   (:data:`~lakemirror.sinks.txn.STABLE_SOURCE_CONFS`, restored after);
-- the batch's checkpoint row is appended by the batch function itself, after the MERGE, once per
-  (txn_app_id, batch_id): the client reads it back to report the batch.
+- the batch's outcome (statistics, counts, times) is written to a file beside the query's
+  checkpoint (:mod:`lakemirror.sinks.merge.connect_outcomes`), no Spark write: the daemon reads it
+  and appends the batch's checkpoint row, a round of tables' rows in one commit.
 
 :func:`apply_batch` runs in a Python worker ON THE SERVER (Spark Connect's ``foreachBatch``), so
 it is a top-level function of an importable module, bound to a picklable :class:`ConnectBatchJob`
@@ -26,11 +27,12 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from lakemirror.identifiers import quote
 from lakemirror.sinks.memory import ApplyCounts
+from lakemirror.sinks.merge.connect_gate import ServerGate
+from lakemirror.sinks.merge.connect_outcomes import BatchOutcome, write_outcome
 from lakemirror.sinks.merge.planner import (COMMIT_TIMESTAMP, COMMIT_VERSION, LATEST_COLUMN, SOURCE_ALIAS, TARGET_ALIAS,
                                       MergePlan)
 from lakemirror.sinks.txn import (STABLE_SOURCE_CONFS, BatchStats, MergeOutcome, TxnId, counts_from_metrics,
@@ -68,12 +70,12 @@ class ConnectBatchJob:
     target_sql: str
     plan: MergePlan
     app_id: str
-    epoch: int
-    pipeline_id: str
-    source_fqn: str
-    dest_fqn: str
-    checkpoint_sql: str  # the checkpoint table, as SQL refers to it
-    checkpoint_path: str | None  # set: a path-based checkpoint table (appended to by path)
+    #: Where the batch function writes each batch's outcome (the query's checkpoint's outcome folder).
+    outcome_dir: str
+    #: The query's turn gate (:mod:`lakemirror.sinks.merge.connect_gate`) and the daemon run that owns
+    #: it; None: no turns, every batch is applied as Spark plans it.
+    gate_dir: str | None = None
+    gate_generation: str = ""
 
     @property
     def view(self) -> str:
@@ -85,11 +87,27 @@ class ConnectBatchJob:
 
 
 def apply_batch(job: ConnectBatchJob, batch: "DataFrame", batch_id: int) -> None:
-    """Apply one micro-batch and record its checkpoint row (runs on the Connect server)."""
-    started = time.time()
-    outcome = merge_batch(job, batch, TxnId(job.app_id, batch_id))
-    if outcome.stats.rows_read:
-        record_batch(batch.sparkSession, job, batch_id, outcome, started)
+    """Apply one micro-batch in the table's turn and write its outcome for the daemon (runs on the
+    Connect server); then hold the query until the table's next turn.
+
+    A batch with no change rows writes nothing: it has no checkpoint row (as on every path)."""
+    gate = ServerGate(job.gate_dir, job.gate_generation) if job.gate_dir else None
+    turn = gate.enter(batch_id) if gate is not None else None
+    try:
+        started = time.time()
+        outcome = merge_batch(job, batch, TxnId(job.app_id, batch_id))
+        if outcome.stats.rows_read:
+            stats, counts = outcome.stats, outcome.counts
+            write_outcome(job.outcome_dir, BatchOutcome(
+                batch_id=batch_id, txn_app_id=job.app_id, rows_read=stats.rows_read,
+                first_version=stats.first_version, last_version=stats.last_version, inserted=counts.inserted,
+                updated=counts.updated, deleted=counts.deleted, replayed=outcome.replayed, started_at=started,
+                ended_at=time.time(), min_commit_time=stats.min_commit_time, max_commit_time=stats.max_commit_time))
+    finally:
+        if gate is not None and turn is not None:
+            gate.leave(turn)
+    if gate is not None and turn is not None:
+        gate.hold(batch_id, turn)
 
 
 def merge_batch(job: ConnectBatchJob, batch: "DataFrame", txn: TxnId) -> MergeOutcome:
@@ -127,34 +145,3 @@ def replayed_counts(session: "SparkSession", target_sql: str, txn: TxnId) -> App
     rows = (run_sql(session, f"DESCRIBE HISTORY {target_sql}").where(f"userMetadata = '{tag}'")
             .select("operationMetrics").limit(1).collect())
     return counts_from_metrics(rows[0]["operationMetrics"]) if rows else ApplyCounts()
-
-
-def record_batch(session: "SparkSession", job: ConnectBatchJob, batch_id: int, outcome: MergeOutcome,
-                 started: float) -> None:
-    """Append the batch's checkpoint row, unless a replayed batch's row is already there."""
-    from lakemirror.checkpoints.records import CHECKPOINT_DDL, CheckpointRow, commit_time
-
-    if outcome.replayed and checkpoint_has_batch(session, job, batch_id):
-        return
-    stats, counts = outcome.stats, outcome.counts
-    row = CheckpointRow(
-        pipeline_id=job.pipeline_id, source_fqn=job.source_fqn, dest_fqn=job.dest_fqn, epoch=job.epoch,
-        batch_id=batch_id, txn_app_id=job.app_id, first_version=stats.first_version,
-        last_version=stats.last_version, last_committed_version=stats.last_version, rows_read=stats.rows_read,
-        rows_merged=counts.total, rows_inserted=counts.inserted, rows_updated=counts.updated,
-        rows_deleted=counts.deleted, lag_seconds=None, error=None, degraded=False,
-        started_at=datetime.fromtimestamp(started, tz=timezone.utc),
-        ended_at=datetime.fromtimestamp(time.time(), tz=timezone.utc),
-        first_version_at=commit_time(stats.min_commit_time), last_version_at=commit_time(stats.max_commit_time))
-    df = session.createDataFrame([tuple(row.as_dict().values())], CHECKPOINT_DDL)
-    writer = df.write.format("delta").mode("append").option("mergeSchema", "true")
-    if job.checkpoint_path:
-        writer.save(job.checkpoint_path)
-    else:
-        writer.saveAsTable(job.checkpoint_sql)
-
-
-def checkpoint_has_batch(session: "SparkSession", job: ConnectBatchJob, batch_id: int) -> bool:
-    app = job.app_id.replace("'", "''")
-    return bool(run_sql(session, f"SELECT 1 FROM {job.checkpoint_sql} WHERE txn_app_id = '{app}' "
-                                 f"AND batch_id = {int(batch_id)} AND error IS NULL LIMIT 1").collect())

@@ -1,71 +1,70 @@
-"""A table's batches under Spark Connect: started on the server, reported from the checkpoint table.
+"""A table's batches under Spark Connect: applied on the server, reported from their outcome files.
 
 Over Spark Connect the batch function runs in a Python worker on the server
-(:func:`lakemirror.sinks.merge.connect_apply.apply_batch`), so it cannot hand its outcome to the runner
-in this process. It appends the batch's checkpoint row instead, and the runner reads the rows of
-its transaction app id that it has not seen yet (:class:`ConnectBatches`) after each turn, or
-whenever an always-on query reports a new trigger: each becomes the same outcome a local batch
-reports.
+(:func:`lakemirror.sinks.merge.connect_apply.apply_batch`), so it cannot hand its outcome to the
+runner in this process. It writes it to a file beside the query's checkpoint instead
+(:mod:`lakemirror.sinks.merge.connect_outcomes`), and :class:`ConnectBatches` reads the files of the
+batches after the last one reported, at every poll of the table: a directory listing, no Spark
+job. Each becomes the outcome a local batch reports, and its checkpoint row
+(:class:`lakemirror.checkpoints.round_rows.RoundRows`, a round of tables' rows in one commit).
+
+At a table's start :meth:`ConnectBatches.start_after` takes the last batch of the epoch the
+checkpoint table records: the outcome files after it are batches whose rows a crash lost (the
+server applied them while the daemon was down, or the daemon died before their rows were
+committed), reported and recorded now, once; the files up to it are forgotten.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from lakemirror.sinks.merge.connect_apply import ConnectBatchJob
 from lakemirror.sinks.memory import ApplyCounts
+from lakemirror.sinks.merge.connect_apply import ConnectBatchJob
+from lakemirror.sinks.merge.connect_outcomes import BatchOutcome, forget_outcomes, outcome_folder, read_outcomes
 from lakemirror.sinks.txn import BatchStats, MergeOutcome
-from lakemirror.sql_exec import run_sql
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-
     from lakemirror.sinks.merge.planner import MergePlan
     from lakemirror.tables import TableLocation
 
 
-def batch_job(*, target: "TableLocation", plan: "MergePlan", app_id: str, epoch: int, pipeline_id: str,
-              source_fqn: str, dest_fqn: str, checkpoint_table: "TableLocation | None") -> ConnectBatchJob:
-    """The server-side batch function's job; the checkpoint table must be a Delta table of the store."""
-    if checkpoint_table is None:
-        raise ValueError("runtime.mode connect needs the Delta checkpoint table (its batch function writes the rows)")
-    return ConnectBatchJob(target_sql=target.sql, plan=plan, app_id=app_id, epoch=epoch, pipeline_id=pipeline_id,
-                           source_fqn=source_fqn, dest_fqn=dest_fqn, checkpoint_sql=checkpoint_table.sql,
-                           checkpoint_path=checkpoint_table.path)
+def batch_job(*, target: "TableLocation", plan: "MergePlan", app_id: str, checkpoint: str) -> ConnectBatchJob:
+    """The server-side batch function's job; its outcomes go beside the query's ``checkpoint``."""
+    return ConnectBatchJob(target_sql=target.sql, plan=plan, app_id=app_id, outcome_dir=outcome_folder(checkpoint))
 
 
 class ConnectBatches:
-    """The batches of one transaction app id, read back from the checkpoint table in batch order."""
+    """The batches of one transaction app id, read back from their outcome files in batch order."""
 
     def __init__(self, job: ConnectBatchJob) -> None:
         self.job = job
         self.seen = -1  # the highest batch id reported
 
-    def skip_recorded(self, spark: "SparkSession") -> None:
-        """Report only batches applied from now on (a restarted daemon has reported the others)."""
-        app = self.job.app_id.replace("'", "''")
-        row = run_sql(spark, f"SELECT max(batch_id) AS b FROM {self.job.checkpoint_sql} "
-                             f"WHERE txn_app_id = '{app}' AND error IS NULL").collect()[0]
-        self.seen = -1 if row["b"] is None else int(row["b"])
+    def start_after(self, recorded: int | None) -> None:
+        """Report only batches after ``recorded``, the last one the checkpoint table holds (their
+        rows are durable: their outcome files are forgotten)."""
+        self.seen = -1 if recorded is None else recorded
+        if recorded is not None:
+            forget_outcomes(self.job.outcome_dir, recorded)
 
-    def new_outcomes(self, spark: "SparkSession") -> list[tuple[int, MergeOutcome, float, float]]:
-        """(batch id, outcome, started, ended) of each batch applied since the last call."""
-        app = self.job.app_id.replace("'", "''")
-        rows = run_sql(spark, 
-            f"SELECT batch_id, rows_read, first_version, last_version, rows_inserted, rows_updated, rows_deleted, "
-            f"started_at, ended_at FROM {self.job.checkpoint_sql} WHERE txn_app_id = '{app}' "
-            f"AND batch_id > {int(self.seen)} AND error IS NULL ORDER BY batch_id").collect()
-        out = [(int(r["batch_id"]), outcome_of(r), r["started_at"].timestamp(), r["ended_at"].timestamp())
-               for r in rows]
+    def new_outcomes(self) -> list[BatchOutcome]:
+        """The outcomes of the batches applied since the last call (none twice)."""
+        out = [o for o in read_outcomes(self.job.outcome_dir, self.seen) if o.txn_app_id == self.job.app_id]
         if out:
-            self.seen = out[-1][0]
+            self.seen = out[-1].batch_id
         return out
 
+    def forget(self, through: int) -> None:
+        """The rows of the batches up to ``through`` are durable: drop their outcome files."""
+        forget_outcomes(self.job.outcome_dir, through)
 
-def outcome_of(row: Any) -> MergeOutcome:
-    stats = BatchStats(int(row["rows_read"] or 0), row["first_version"], row["last_version"], None)
-    counts = ApplyCounts(int(row["rows_inserted"] or 0), int(row["rows_updated"] or 0), int(row["rows_deleted"] or 0))
-    return MergeOutcome(stats, counts, replayed=False)
+
+def merge_outcome(outcome: BatchOutcome) -> MergeOutcome:
+    """A batch's outcome as every apply path reports it."""
+    stats = BatchStats(outcome.rows_read, outcome.first_version, outcome.last_version, outcome.max_commit_time,
+                       outcome.min_commit_time)
+    return MergeOutcome(stats, ApplyCounts(outcome.inserted, outcome.updated, outcome.deleted),
+                        replayed=outcome.replayed)
 
 
 #: How Spark Connect wraps an error raised by a foreachBatch function that ran on the server.

@@ -53,6 +53,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 _observation_ids = itertools.count()
+#: How long a MERGE that read its batch waits for Spark to report the batch's observed statistics.
+OBSERVED_WAIT_SECONDS = 30.0
 log = logging.getLogger(__name__)
 
 
@@ -208,7 +210,11 @@ class DeltaMergeSink:
             return self._rewrite_stable(batch, watched, observation, txn, self.rewrite)
         with scoped_confs(session, STABLE_SOURCE_CONFS), transaction(session, txn):
             answer = self._merge(session, watched)
-        observed = observed_metrics(observation)
+        # A MERGE that changed rows has read its source, so Spark will report what it observed there;
+        # on a busy driver its listener may take more than a second: wait for it rather than pay a
+        # pass over the batch of its own.
+        read_source = bool(answer) and counts_from_answer(answer[0].asDict()).total > 0
+        observed = observed_metrics(observation, wait_seconds=OBSERVED_WAIT_SECONDS if read_source else 1.0)
         stats = _stats_from(observed) if observed is not None else self.stats(batch)
         return self._outcome(session, txn, stats, answer)
 

@@ -25,6 +25,8 @@ class ConnectPipeline(Pipeline):
         return int(tables.history(self.spark, self.source(table), 1).collect()[0]["version"])
 
     def checkpoint_rows(self, table: str) -> list[Any]:
+        # The daemon appends the rows of the batches it reported a round at a time, off its tick.
+        assert self.runner(table).ctx.round_rows.flush(120), "the checkpoint rows were not appended"
         loc = self.app.checkpoints.location
         return (tables.read(self.spark, loc).where(f"source_fqn = 'src.sales.{table}' AND error IS NULL")
                 .orderBy("txn_app_id", "batch_id").collect())
@@ -63,15 +65,15 @@ def _pipeline(remote: Any, root: Path, url: str, **settings: Any) -> ConnectPipe
                            restart={"base_delay_seconds": 0.5, "max_delay_seconds": 2, "jitter": 0.0}, **settings)
 
 
-#: Over Connect each table's query is always on by default; with apply_workers above 0 tables take
-#: turns, each turn starting the table's query on the server.
-@pytest.mark.parametrize("apply_workers", [None, 1], ids=["always-on", "turns"])
+#: Over Connect tables take turns by default, the batch functions waiting at a gate of files beside
+#: each query's checkpoint; apply_workers 0 runs always-on queries without turns.
+@pytest.mark.parametrize("apply_workers", [0, None], ids=["always-on", "turns"])
 def test_connect_replicates_replays_and_isolates(remote: Any, connect_server: str, tmp_path: Path,
                                                  apply_workers: int | None) -> None:
     assert not tables.has_own_jvm(remote)  # the daemon talks to the server, not to a JVM of its own
     p = _pipeline(remote, tmp_path, connect_server,
                   **({} if apply_workers is None else {"apply_workers": apply_workers}))
-    assert pipeline_spec(p.settings).apply_workers == (0 if apply_workers is None else apply_workers)
+    assert pipeline_spec(p.settings).apply_workers == (1 if apply_workers is None else apply_workers)
     try:
         p.create("orders", "id BIGINT NOT NULL, v STRING, n INT", key="id")
         p.create("bad", "id BIGINT NOT NULL, v INT", key="id")
@@ -90,7 +92,13 @@ def test_connect_replicates_replays_and_isolates(remote: Any, connect_server: st
         p.wait_caught_up("orders", timeout=240)
         p.assert_replica_equals_source("orders")
         rows = p.checkpoint_rows("orders")
-        assert rows, "the server-side batch function wrote no checkpoint row"
+        assert rows, "no checkpoint row was recorded for the server's batches"
+        # The batch function reported each batch by a file the daemon forgets once the batch's row is durable.
+        outcomes = [d for d in (tmp_path / "checkpoints").rglob("lakemirror_outcomes") if "orders" in str(d)]
+        assert outcomes and not [f for d in outcomes for f in d.glob("*.json")
+                                 if int(f.stem) <= max(r["batch_id"] for r in rows)]
+        # Each row keeps its versions' source commit times, from which recovery points are cut.
+        assert all(r["first_version_at"] is not None and r["first_version_at"] <= r["last_version_at"] for r in rows)
         # Keys 4 and 5 are new and key 1 is gone (key 3's delete and re-insert may meet in one batch,
         # where its winner is the re-insert: an update of the bootstrapped row).
         assert sum(r["rows_deleted"] for r in rows) >= 1 and sum(r["rows_inserted"] for r in rows) >= 2

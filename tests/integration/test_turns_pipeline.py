@@ -153,39 +153,36 @@ def test_a_gated_backlog_is_split_by_the_rate_limit_one_turn_per_batch(make_pipe
     assert len(ids) == 5 and ids == sorted(set(ids)), ids
 
 
-def test_queries_started_per_turn_split_a_backlog_or_a_rate_limit_and_stay_exact(
+def test_queries_started_per_turn_for_batches_spark_plans_split_a_backlog_and_stay_exact(
         make_pipeline: Any, monkeypatch: Any) -> None:
-    """Where batch functions run on a server (Spark Connect), a turn starts the table's query."""
-    from lakemirror.supervisor import stream_wiring, turns
+    """Where the daemon plans a table's batches from its source's commit files, a batch it cannot
+    plan (a commit that changes the table's metadata) is Spark's: the turn starts the table's query,
+    with a ``once`` trigger when the table is a few versions behind, ``availableNow`` for a backlog."""
+    from lakemirror.supervisor import turns
 
-    monkeypatch.setattr(stream_wiring, "has_own_jvm", lambda spark: False)
     monkeypatch.setattr(turns, "ONE_BATCH_VERSIONS", 3)  # a backlog of 3 versions counts as long
-    # ``last_trigger`` is the latest turn's: an idle recheck (a ``once`` turn finding nothing new) in a
-    # slow run would replace the trigger of the turn under test.
+    # ``last_trigger`` is the latest turn's: an idle recheck (a turn finding nothing new) in a slow
+    # run would replace the trigger of the turn under test.
     monkeypatch.setattr(turns, "IDLE_RECHECK_SECONDS", 3600.0)
     pipeline = make_pipeline(apply_workers=1)
-    limited = make_pipeline(apply_workers=1, max_files_per_trigger=1)
-    for p in (pipeline, limited):
-        _caught_up(p, "VALUES (0, 'a')")
-        # The bootstrap alone catches the replica up; the launch's first turn (which proves the
-        # table, and splits) must have run before the insert, or it would take the insert too.
-        p.tick_until(lambda p=p: p.runner("t").has_pending() is False, what="the launch's first turn")
-        p.sql("t", "INSERT INTO {t} VALUES (1, 'b')")  # one version behind: one batch, no split
-        p.wait_caught_up("t")
-    assert pipeline.runner("t").last_trigger == "once"
-    assert limited.runner("t").last_trigger == "availableNow", "the user's rate limit always splits"
+    _caught_up(pipeline, "VALUES (0, 'a')")
+    runner = pipeline.runner("t")
+    pipeline.tick_until(lambda: runner.has_pending() is False, what="the launch's first turn")
+    pipeline.sql("t", "INSERT INTO {t} VALUES (1, 'b')")  # a plain version: the daemon's own batch
+    pipeline.wait_caught_up("t")
+    assert runner.last_trigger == "commit files"
+    pipeline.sql("t", "INSERT INTO {t} VALUES (2, 'b')")
+    pipeline.sql("t", "ALTER TABLE {t} SET TBLPROPERTIES ('lakemirror.test.note' = 'one')")  # not plain
+    pipeline.wait_caught_up("t")
+    assert runner.last_trigger == "once", "two versions behind, one of them Spark's: one micro-batch"
 
-    backlog_triggers = []
-    for p in (pipeline, limited):
-        _pause(p)
-        p.app.supervisor.resume("t")
-        p.wait_caught_up("t")  # the first turn of a launch
-        _backlog_while_paused(p, first_id=2)
-        p.wait_caught_up("t")
-        backlog_triggers.append(p.runner("t").last_trigger)
-        p.assert_replica_equals_source("t")
-    assert backlog_triggers == ["availableNow", "availableNow"], "five versions behind is a backlog here"
-    ids = [r["batch_id"] for r in _applied_batches(limited)]
-    # One batch for (1, 'b'), then one per version of the backlog (one file a batch), none twice.
-    assert len(ids) == 6 and ids == sorted(set(ids)), ids
-    limited.stop()
+    _pause(pipeline)
+    for i in range(3, 7):
+        pipeline.sql("t", f"INSERT INTO {{t}} VALUES ({i}, 'c')")
+    pipeline.sql("t", "ALTER TABLE {t} SET TBLPROPERTIES ('lakemirror.test.note' = 'two')")
+    pipeline.app.supervisor.resume("t")
+    pipeline.wait_caught_up("t")
+    assert runner.last_trigger == "availableNow", "five versions behind is a backlog here"
+    pipeline.assert_replica_equals_source("t")
+    ids = [r["batch_id"] for r in _applied_batches(pipeline)]
+    assert ids == sorted(set(ids)), ids  # none twice

@@ -272,7 +272,10 @@ class Torture:
     def __init__(self, spark: Any, workdir: Path, seed: int = 7, writer_interval: float = 0.7,
                  replica_properties: dict[str, str] | None = None,
                  postgres: dict[str, Any] | None = None, connect: Any = None,
-                 warehouse: str | None = None, hadoop_conf: dict[str, str] | None = None) -> None:
+                 warehouse: str | None = None, hadoop_conf: dict[str, str] | None = None,
+                 runtime: dict[str, Any] | None = None) -> None:
+        """``runtime``: more ``runtime`` settings of the daemon (e.g. ``mode: connect`` and its
+        ``spark_remote``: the batches are then applied on that server, the writer still writes here)."""
         self.spark = spark
         self.workdir = workdir
         self.seed = seed
@@ -293,7 +296,7 @@ class Torture:
             "trigger_interval_seconds": 0.5, "lag_interval_seconds": 1, "discover_interval_seconds": 5,
             "runtime": {"warehouse": lakehouse, "shuffle_partitions": 2,
                         **({"spark_conf": {f"spark.hadoop.{k}": v for k, v in hadoop_conf.items()}}
-                           if hadoop_conf else {})},
+                           if hadoop_conf else {}), **(runtime or {})},
             "http": {"port": 0}, "restart": {"base_delay_seconds": 0.5, "max_delay_seconds": 4},
             **({"replica_properties": replica_properties} if replica_properties else {}),
             **({"destination": postgres} if postgres else {})}))

@@ -99,16 +99,33 @@ def test_connect_mode_with_a_remote_is_valid(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("mode, configured, effective", [
-    ("local", None, 1), ("databricks", None, 1), ("connect", None, 0), ("connect", 2, 2), ("local", 0, 0)])
-def test_apply_workers_default_to_turns_except_over_connect(tmp_path: Path, mode: str, configured: int | None,
+    ("local", None, 1), ("databricks", None, max(1, (os.cpu_count() or 1) // 2)), ("connect", None, 1),
+    ("connect", 2, 2), ("connect", 0, 0), ("local", 0, 0)])
+def test_apply_workers_default_to_turns(tmp_path: Path, mode: str, configured: int | None,
                                                             effective: int) -> None:
-    """Over Connect the batch function runs on the server, out of a turn gate's reach: always-on
-    queries unless apply_workers is set."""
+    """Turns everywhere by default; over Connect the batch functions wait at a gate of files."""
     from lakemirror.daemon.settings.runtime_spec import pipeline_spec
 
     runtime = {"mode": mode, **({"spark_remote": "sc://spark:15002"} if mode == "connect" else {})}
     s = load_settings(write(tmp_path, {"runtime": runtime, **({} if configured is None else {"apply_workers": configured})}))
     assert (s.apply_workers, s.effective_apply_workers, pipeline_spec(s).apply_workers) == (configured, effective, effective)
+
+
+@pytest.mark.parametrize("master, machine, cores, workers", [
+    ("local[2]", 64, 2, 1), ("local[8]", 2, 8, 4), ("local[3]", 64, 3, 1), ("local", 16, 1, 1),
+    ("local[*]", 16, 16, 8), ("local[6,3]", 1, 6, 3), ("spark://h:7077", 4, 4, 2)])
+def test_apply_workers_default_from_the_drivers_cores(master: str, machine: int, cores: int, workers: int) -> None:
+    """One turn for every two of the driver's cores: a warm Spark MERGE keeps about two busy."""
+    from lakemirror.daemon.settings.pipeline import default_apply_workers, driver_cores
+
+    assert driver_cores(master, machine) == cores
+    assert default_apply_workers("local", cores) == workers
+    assert default_apply_workers("connect", cores) == 1
+
+
+def test_a_local_masters_threads_set_the_default_apply_workers(tmp_path: Path) -> None:
+    s = load_settings(write(tmp_path, {"runtime": {"master": "local[8]"}}))
+    assert s.effective_apply_workers == 4
 
 
 def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -200,6 +217,7 @@ def test_validate_applies_cli_flags(tmp_path: Path, capsys: pytest.CaptureFixtur
 def test_replica_properties_reach_the_pipeline_spec(tmp_path: Path) -> None:
     from lakemirror.daemon.settings.runtime_spec import pipeline_spec
 
+    maintenance = load_settings(write(tmp_path)).replica_maintenance.properties()  # test_replica_maintenance.py
     settings = load_settings(write(tmp_path, {"replica_properties": {"delta.enableDeletionVectors": "true"}}))
-    assert pipeline_spec(settings).replica_properties == {"delta.enableDeletionVectors": "true"}
-    assert pipeline_spec(load_settings(write(tmp_path))).replica_properties == {}
+    assert pipeline_spec(settings).replica_properties == {**maintenance, "delta.enableDeletionVectors": "true"}
+    assert pipeline_spec(load_settings(write(tmp_path))).replica_properties == maintenance

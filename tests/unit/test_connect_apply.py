@@ -12,11 +12,10 @@ from lakemirror.sinks.merge.connect_apply import ConnectBatchJob, apply_batch, l
 from lakemirror.sinks.merge.planner import plan_merge
 
 
-def _job() -> ConnectBatchJob:
+def _job(outcome_dir: str = "/c/lakemirror_outcomes") -> ConnectBatchJob:
     plan = plan_merge((Column("id", "bigint", False), Column("v", "string", True)), ["id"])
-    return ConnectBatchJob(target_sql="delta.`/r`", plan=plan, app_id="lakemirror/p/src__s__t/e1", epoch=1,
-                           pipeline_id="p", source_fqn="src.s.t", dest_fqn="dst.s.t",
-                           checkpoint_sql="delta.`/c`", checkpoint_path="/c")
+    return ConnectBatchJob(target_sql="delta.`/r`", plan=plan, app_id="lakemirror/p/src__s__t/e1",
+                           outcome_dir=outcome_dir)
 
 
 def test_the_bound_batch_function_pickles_by_reference() -> None:
@@ -66,7 +65,8 @@ class _Conf:
 class _Session:
     """Answers the batch's statistics and the MERGE, noting the confs each statement ran under."""
 
-    def __init__(self, conf: dict[str, str]) -> None:
+    def __init__(self, conf: dict[str, str], rows: int = 3) -> None:
+        self.rows = rows
         self.conf = _Conf(conf)
         self.ran: list[tuple[str, dict[str, str]]] = []
         self.catalog = type("Catalog", (), {"dropTempView": staticmethod(lambda view: True)})()
@@ -75,8 +75,9 @@ class _Session:
         from datetime import datetime
 
         self.ran.append((text, dict(self.conf.values)))
-        row = ({"n": 3, "lo": 1, "hi": 2, "ts": datetime(2026, 1, 1), "ts0": datetime(2025, 12, 31)}
-               if text.startswith("SELECT count(*)") else
+        row = ({"n": self.rows, "lo": 1 if self.rows else None, "hi": 2 if self.rows else None,
+                "ts": datetime(2026, 1, 1) if self.rows else None,
+                "ts0": datetime(2025, 12, 31) if self.rows else None} if text.startswith("SELECT count(*)") else
                {"num_inserted_rows": 1, "num_updated_rows": 1, "num_deleted_rows": 0})
         return type("Answer", (), {"collect": lambda self: [type("Row", (dict,), {"asDict": dict.copy})(row)]})()
 
@@ -97,3 +98,30 @@ def test_the_server_merges_a_stable_batch_in_place_and_restores_the_sessions_con
     assert {k: merge_confs[k] for k in STABLE_SOURCE_CONFS} == STABLE_SOURCE_CONFS
     assert merge_confs[TXN_APP_ID] == "lakemirror/p/src__s__t/e1"
     assert session.conf.values == {"spark.sql.adaptive.enabled": "true"}
+
+
+def test_the_batch_function_writes_its_outcome_for_the_daemon_and_no_spark_row(tmp_path: object) -> None:
+    """No Spark write of a checkpoint row on the server: the batch's outcome goes to a file the daemon
+    reads (sinks/merge/connect_outcomes.py); a batch with no change rows writes none."""
+    from pathlib import Path
+
+    from lakemirror.sinks.merge.connect_outcomes import read_outcomes
+
+    folder = str(Path(str(tmp_path)) / "lakemirror_outcomes")
+    session = _Session({})
+    batch = type("Batch", (), {"sparkSession": session, "createOrReplaceTempView": lambda self, view: None})()
+    apply_batch(_job(folder), batch, 7)  # type: ignore[arg-type]
+    [done] = read_outcomes(folder, -1)
+    assert (done.batch_id, done.txn_app_id, done.rows_read, done.first_version, done.last_version,
+            done.inserted, done.updated, done.deleted, done.replayed) == (7, "lakemirror/p/src__s__t/e1", 3, 1, 2,
+                                                                         1, 1, 0, False)
+    # The source commit times of the batch's first and last versions, which its checkpoint row keeps
+    # (first_version_at, last_version_at: recovery points are cut from them).
+    assert (done.min_commit_time, done.max_commit_time) == (datetime(2025, 12, 31).timestamp(),
+                                                            datetime(2026, 1, 1).timestamp())
+    assert not [text for text, _ in session.ran if "INSERT INTO" in text.upper().split("MERGE")[0]]
+    empty = _Session({}, rows=0)
+    apply_batch(_job(folder), type("Batch", (), {"sparkSession": empty,  # type: ignore[arg-type]
+                                                 "createOrReplaceTempView": lambda self, view: None})(), 8)
+    assert [o.batch_id for o in read_outcomes(folder, -1)] == [7]
+    assert not [text for text, _ in empty.ran if text.startswith("MERGE")]

@@ -32,8 +32,29 @@ def test_lag_is_measured_from_the_oldest_unapplied_version() -> None:
     times = {10: NOW - 500, 11: NOW - 300, 12: NOW - 120, 13: NOW - 5}
     reading = compute_lag(applied_through=10, latest_version=13, commit_times=times, now=NOW)
     assert reading == LagReading(lag_seconds=300.0, versions_behind=3, latest_source_version=13,
-                                 applied_through_version=10, oldest_unapplied_at=NOW - 300)
+                                 applied_through_version=10, oldest_unapplied_at=NOW - 300,
+                                 unapplied_commit_times={11: NOW - 300, 12: NOW - 120, 13: NOW - 5})
     assert reading.lag_at(NOW + 60) == 360.0, "a reading not renewed keeps counting from that commit"
+
+
+def test_a_batch_after_the_reading_reprices_it_from_the_oldest_version_left() -> None:
+    times = {11: NOW - 300, 12: NOW - 120, 13: NOW - 5}
+    reading = compute_lag(applied_through=10, latest_version=13, commit_times=times, now=NOW)
+    # A batch applied 11 and 12 ten seconds later: 13 prices the lag, with no read of the source.
+    after = reading.repriced(12, NOW + 10)
+    assert (after.lag_seconds, after.versions_behind, after.applied_through_version) == (15.0, 1, 12)
+    assert after.lag_at(NOW + 20) == 25.0
+    # Everything the reading saw is applied: 0 until a probe sees a newer commit.
+    done = reading.repriced(13, NOW + 30)
+    assert (done.lag_seconds, done.versions_behind, done.lag_at(NOW + 90)) == (0.0, 0, 0.0)
+    # Never backwards, and an unknown applied version keeps the reading (as of now).
+    assert reading.repriced(9, NOW + 60).lag_seconds == 360.0
+    assert reading.repriced(None, NOW + 60).applied_through_version == 10
+
+
+def test_a_repriced_reading_without_the_next_commit_time_takes_the_next_known_one() -> None:
+    reading = compute_lag(applied_through=10, latest_version=14, commit_times={11: NOW - 50, 14: NOW - 2}, now=NOW)
+    assert reading.repriced(11, NOW).lag_seconds == 2.0  # 12's time was not read: 14's bounds it
 
 
 def test_lag_grows_with_time_while_stuck() -> None:
