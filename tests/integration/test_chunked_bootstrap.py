@@ -28,7 +28,10 @@ RETENTION = "'delta.enableDeletionVectors' = 'true', 'delta.deletedFileRetention
 
 #: Every chunked test runs on both chunk reads: the public key ranges (the default) and Delta's
 #: internal file reads (``bootstrap.internal_file_reads``).
-READS = pytest.mark.parametrize("reads", [{}, {"internal_file_reads": True}], ids=["key_ranges", "internal_files"])
+#: The default key-range reads in the default tier; the opt-in internal file reads in the slow tier.
+READS = pytest.mark.parametrize("reads", [
+    pytest.param({}, id="key_ranges"),
+    pytest.param({"internal_file_reads": True}, id="internal_files", marks=pytest.mark.slow)])
 
 
 class Crash(RuntimeError):

@@ -67,7 +67,9 @@ def _pipeline(remote: Any, root: Path, url: str, **settings: Any) -> ConnectPipe
 
 #: Over Connect tables take turns by default, the batch functions waiting at a gate of files beside
 #: each query's checkpoint; apply_workers 0 runs always-on queries without turns.
-@pytest.mark.parametrize("apply_workers", [0, None], ids=["always-on", "turns"])
+#: The default (turns) in the default tier; always-on queries in the slow tier.
+@pytest.mark.parametrize("apply_workers", [pytest.param(0, id="always-on", marks=pytest.mark.slow),
+                                           pytest.param(None, id="turns")])
 def test_connect_replicates_replays_and_isolates(remote: Any, connect_server: str, tmp_path: Path,
                                                  apply_workers: int | None) -> None:
     assert not tables.has_own_jvm(remote)  # the daemon talks to the server, not to a JVM of its own
