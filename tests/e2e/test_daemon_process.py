@@ -76,6 +76,9 @@ class Daemon:
         return self.proc.wait(timeout)
 
 
+#: In the slow tier: each crash-torture smoke of the default tier SIGKILLs a daemon and
+#: ends each run by SIGTERM, checking the drain exits 0.
+@pytest.mark.slow
 def test_daemon_drains_on_sigterm_and_survives_sigkill(spark: Any, tmp_path: Path) -> None:
     warehouse = tmp_path / "lakehouse"
     catalog = LocalCatalog(warehouse)

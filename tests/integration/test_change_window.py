@@ -32,6 +32,9 @@ def changes_then_vacuum_while_stopped(p: Any) -> None:
     p.start()
 
 
+#: In the slow tier: policy fail is exercised in the default tier on S3
+#: (tests/integration/test_object_storage.py, a source version vacuumed).
+@pytest.mark.slow
 def test_expired_window_with_policy_fail_stops_the_table_and_says_why(make_pipeline: Any) -> None:
     p = make_pipeline(change_window_policy="fail")
     changes_then_vacuum_while_stopped(p)
@@ -49,6 +52,9 @@ def test_expired_window_with_policy_fail_stops_the_table_and_says_why(make_pipel
     assert p.app.states.load(p.runner("w").slug).epoch == 2
 
 
+#: In the slow tier: policy resync is exercised in the default tier by
+#: test_log_cleanup_past_the_needed_version_is_detected_and_resynced.
+@pytest.mark.slow
 def test_expired_window_with_policy_resync_rebuilds_under_a_new_epoch(make_pipeline: Any) -> None:
     p = make_pipeline(change_window_policy="resync")
     changes_then_vacuum_while_stopped(p)

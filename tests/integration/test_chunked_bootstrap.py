@@ -156,6 +156,9 @@ def vacuum_all(p: Any, table: str) -> None:
         p.spark.conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
 
 
+#: In the slow tier: the default tier keeps a window closing inside a bootstrap
+#: through the capture (tests/integration/test_bootstrap_capture.py).
+@pytest.mark.slow
 @READS
 def test_changes_between_chunks_survive_a_vacuum_only_through_the_capture(make_pipeline, reads, caplog):
     """Updates, deletes and re-inserts land on the source between chunks, and the source is
