@@ -27,7 +27,10 @@ from lakemirror.sources.catalog import LocalCatalog
 
 from tests.integration.test_connect import remote  # noqa: F401 (the module's Connect session)
 
-pytestmark = [pytest.mark.integration, pytest.mark.connect]
+#: In the slow tier: the default tier replicates over Spark Connect (tests/integration/test_connect.py)
+#: and runs each operation against a local session (test_incremental.py; test_reconcile.py, which
+#: also syncs metadata).
+pytestmark = [pytest.mark.integration, pytest.mark.connect, pytest.mark.slow]
 
 SOURCE, REPLICA = TableName("src", "sales", "orders"), TableName("dst", "sales", "orders")
 COLUMNS = ["id", "v", "n"]

@@ -32,6 +32,9 @@ def uncommit_last_batch(pipeline: Any, table: str) -> int:
     return last
 
 
+#: In the slow tier: the default tier's crash-torture smoke replays a batch the replica holds (skipped
+#: unread) and tests/unit/test_replayed_batch_row.py its checkpoint row.
+@pytest.mark.slow
 def test_a_replay_of_a_batch_the_replica_holds_needs_no_vacuumed_change_file(pipeline: Any) -> None:
     pipeline.create("t", "id BIGINT NOT NULL, v STRING", key="id")
     pipeline.sql("t", "INSERT INTO {t} VALUES (1, 'a'), (2, 'b'), (3, 'c')")

@@ -21,7 +21,10 @@ pytestmark = pytest.mark.integration
 
 @pytest.mark.parametrize("settings, path", [
     ({}, "applies on the driver by a delta-rs MERGE on object storage, committed by conditional put"),
-    ({"driver_apply": False}, "applies by rewriting the replica with Spark (driver_apply is off)"),
+    # In the slow tier: Spark's rewrite of a small replica is exercised in the default tier on local disk
+    # (tests/integration/test_replication.py), and Spark's writes to S3 by the Spark MERGE row below.
+    pytest.param({"driver_apply": False}, "applies by rewriting the replica with Spark (driver_apply is off)",
+                 marks=pytest.mark.slow),
     ({"rewrite_below_bytes": 0}, "applies by MERGE"),
 ], ids=["driver: delta-rs MERGE", "small replica: Spark rewrite", "Spark MERGE"])
 def test_a_source_and_replica_on_s3_replicate_every_kind_of_change(
