@@ -59,8 +59,9 @@ def process_tree_cpu(pid: int) -> float:
     return total
 
 
-def peak_resident_mib(pid: int) -> dict[str, float]:
-    """Peak resident memory (VmHWM) of ``pid`` and of each descendant, by command name."""
+def process_tree_mib(pid: int, field: str = "VmRSS") -> dict[str, float]:
+    """``field`` of ``/proc/<pid>/status`` for ``pid`` and its descendants, summed by kind (``jvm``
+    for java processes, ``python`` for the rest), in MiB."""
     out: dict[str, float] = {}
     todo = [pid]
     while todo:
@@ -71,10 +72,15 @@ def peak_resident_mib(pid: int) -> dict[str, float]:
         except OSError:
             continue
         fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        name = "jvm" if fields.get("Name", "").strip() == "java" else "python"
-        out[name] = out.get(name, 0.0) + int(fields.get("VmHWM", "0 kB").split()[0]) / 1024
+        kind = "jvm" if fields.get("Name", "").strip() == "java" else "python"
+        out[kind] = out.get(kind, 0.0) + int(fields.get(field, "0 kB").split()[0]) / 1024
         todo.extend(int(k) for k in kids)
     return out
+
+
+def peak_resident_mib(pid: int) -> dict[str, float]:
+    """Peak resident memory (VmHWM) of ``pid`` and its descendants, by kind (``jvm``, ``python``), in MiB."""
+    return process_tree_mib(pid, "VmHWM")
 
 
 def _summary(values: list[float]) -> dict[str, float]:

@@ -20,9 +20,9 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from bench.big import process_tree_mib
 from bench.production import BUCKET, ROWS, S3Server, S3Site
 
 #: The soak's goals: the last window's median batch at most this times the first's, and each
@@ -40,25 +40,6 @@ def parameters(quick: bool) -> dict[str, Any]:
                 "writer": "delta-rs"}
     return {"tables": 4, "rows": 100_000, "minutes": 60.0, "window_minutes": 10.0, "sample_seconds": 60.0,
             "warmup": 60.0, "drain": 300.0, "fraction": 0.01, "trigger": 1.0, "row": "spark", "writer": "delta-rs"}
-
-
-def process_tree_mib(pid: int, field: str = "VmRSS") -> dict[str, float]:
-    """``field`` of ``/proc/<pid>/status`` for ``pid`` and its descendants, summed by kind (``jvm``
-    for java processes, ``python`` for the rest), in MiB."""
-    out: dict[str, float] = {}
-    todo = [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            status = Path(f"/proc/{p}/status").read_text()
-            kids = Path(f"/proc/{p}/task/{p}/children").read_text().split()
-        except OSError:
-            continue
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        kind = "jvm" if fields.get("Name", "").strip() == "java" else "python"
-        out[kind] = out.get(kind, 0.0) + int(fields.get(field, "0 kB").split()[0]) / 1024
-        todo.extend(int(k) for k in kids)
-    return out
 
 
 def table_storage(store: Any, key: str, active_files: int | None) -> dict[str, Any]:
