@@ -121,10 +121,12 @@ class BatchApply:
         #: The last source version the replica holds, by its record at launch (batch ``recorded_txn``'s end).
         self.recorded_through: int | None = None
 
-    def wait_idle(self, timeout: float) -> None:
-        """Wait (at most ``timeout``) for the batch in flight; the lock is not kept."""
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait (at most ``timeout``) for the batch in flight; the lock is not kept. False: still running then."""
         if self.lock.acquire(timeout=max(0.0, timeout)):
             self.lock.release()
+            return True
+        return False
 
     def __call__(self, sink: BatchSink[Any], txn: TxnId, batch: Any, epoch: int,
                  source_table_id: str | None = None, read: Any = None) -> None:

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Sequence
 
+from lakemirror.bounded import call_within
 from lakemirror.checkpoints import layout
 from lakemirror.checkpoints import stream_dir
 from lakemirror.checkpoints.state import InMemoryStateStore, StateStore
@@ -206,6 +207,9 @@ class EventStreamRunner:
         self._query: "StreamingQuery | None" = None
         self._thread: threading.Thread | None = None
         self._draining = False
+        #: What a halt in progress waits for; after a halt, what it left unfinished at its deadline (None:
+        #: nothing). A drain names it for a source it abandons.
+        self.halting: str | None = None
         self._resync_refused: str | None = None
         self._epoch = ""
         self._batch_error: str | None = None
@@ -321,24 +325,43 @@ class EventStreamRunner:
             self._emit(sm.BatchApplied())
 
     def halt(self, timeout: float = 60.0) -> None:
+        """Stop the query after the batch in flight; its waits share one deadline, the query's
+        ``stop()`` included (left to finish on a thread of its own when it does not return in time).
+        :attr:`halting` says what the halt waits for, and once it has returned, what it left
+        unfinished at its deadline (None: nothing)."""
+        deadline = time.monotonic() + timeout
+        left: list[str] = []
         self._draining = True
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            self.halting = "waiting for its launch"
+            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                left.append(self.halting)
         query = self._query
         if query is not None:
-            if self._batch_lock.acquire(timeout=timeout):
+            self.halting = "waiting for its batch in flight"
+            if self._batch_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
                 self._batch_lock.release()
+            elif not left:
+                left.append(self.halting)
+            self.halting = "stopping its query"
             try:
-                query.stop()
+                if not call_within(query.stop, deadline - time.monotonic(), f"stop:{self.table}"):
+                    left.append(self.halting)
+                    log.warning("%s: its query did not stop within %.0fs; it is left stopping (a batch it did not "
+                                "commit is replayed when it starts again)", self.table, timeout)
             except Exception as exc:  # an already dead query cannot be stopped
                 log.debug("stopping %s: %s", self.table, exc)
             finally:
                 self._query = None
+        self.halting = "closing its source and replicas"
         self.source.close()
         self.applier.close()
         if self._letter_worker is not None:
             self._letter_worker.shutdown(wait=True)
             self._letter_worker = None
+        self.halting = left[0] if left else None
 
     def poll(self) -> list["sm.Event | BatchReport"]:
         query = self._query

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
 from lakemirror import tables
+from lakemirror.bounded import call_within
 from lakemirror.checkpoints.bootstrap_state import BootstrapStore, bootstrap_store_for
 from lakemirror.checkpoints.descriptions import DescriptionStore, FileDescriptionStore
 from lakemirror.checkpoints.records import CheckpointStore
@@ -188,6 +189,9 @@ class TableRunner:
         self._stream_started_at: float | None = None
         self._first_batch_logged = False
         self._launches = 0
+        #: What a halt in progress waits for; after a halt, what it left unfinished at its deadline (None:
+        #: nothing). A drain names it for a table it abandons.
+        self.halting: str | None = None
         self.rows = RowWriter(ctx.spec.pipeline_id, str(self.source), str(self.destination), ctx.checkpoints,
                               ctx.clock, lambda: self.session)
         self.apply_batch = BatchApply(
@@ -292,12 +296,26 @@ class TableRunner:
         self._thread.start()
 
     def halt(self, timeout: float = 60.0) -> None:
-        """Stop the stream after the batch in flight (if any) has finished."""
+        """Stop the stream after the batch in flight (if any) has finished; returns within ``timeout``.
+
+        Every wait shares that one deadline, the query's ``stop()`` included: a stop that does not
+        return in time (over a Spark Connect server that is gone its client retries for minutes) is
+        left to finish on a thread of its own. :attr:`halting` says what the halt waits for, and
+        once it has returned, what it left unfinished at its deadline (None: nothing)."""
         deadline = time.monotonic() + timeout
+        left: list[str] = []
+
+        def step(what: str, finished: bool) -> None:
+            if not finished and not left:
+                left.append(what)
+
         self.live.draining = True
         self.turns.turn_query = None
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            self.halting = "waiting for its launch"
+            thread.join(max(0.0, deadline - time.monotonic()))
+            step("waiting for its launch", not thread.is_alive())
         if self.turns.gate is not None:
             # After the launch has ended, so a query it was starting is covered too: a query
             # held in its batch function could not be stopped.
@@ -307,24 +325,33 @@ class TableRunner:
             # Wait for the batch in flight, then stop. The lock is not held across stop(): a batch
             # that begins meanwhile must reach its Drained check, not block on the lock while
             # stop() waits for the very thread that runs it (that deadlocked a drain).
-            self.apply_batch.wait_idle(deadline - time.monotonic())
+            self.halting = "waiting for its batch in flight"
+            step(self.halting, self.apply_batch.wait_idle(deadline - time.monotonic()))
+            self.halting = "stopping its query"
             try:
-                query.stop()
+                stopped = call_within(query.stop, deadline - time.monotonic(), f"stop:{self.table}")
+                step(self.halting, stopped)
+                if not stopped:
+                    log.warning("table %s: its query did not stop within %.0fs; it is left stopping (a batch "
+                                "it did not commit is replayed when the table starts again)", self.source, timeout)
             except Exception as exc:  # a query that already died cannot be stopped: nothing to do
                 log.debug("stopping %s: %s", self.table, exc)
             finally:
                 self.live.query = None
         # A turn that started before the drain ends by itself: its next batch is refused (Drained).
-        self.turns.wait_idle(deadline - time.monotonic())
+        self.halting = "waiting for its turn in flight"
+        step(self.halting, self.turns.wait_idle(deadline - time.monotonic()))
         if self._connect is not None:
             # Spark Connect: the batches the server applied last are reported and their rows written
             # now (those not written by the deadline are recorded at the next start, from their files).
+            self.halting = "recording its last batches"
             try:
                 self._collect_connect_batches()
             except Exception as exc:  # noqa: BLE001 (the outcome files remain for the next start)
                 log.debug("table %s: reading the last batches' outcomes: %s", self.table, exc)
             assert self.ctx.round_rows is not None
-            self.ctx.round_rows.flush(max(0.0, deadline - time.monotonic()))
+            step(self.halting, self.ctx.round_rows.flush(max(0.0, deadline - time.monotonic())))
+        self.halting = left[0] if left else None
 
     def persisted_pause(self) -> bool:
         return self.ctx.states.load(self.slug).paused

@@ -79,10 +79,12 @@ class TableTurns:
     def reset(self) -> None:
         self.turn_query, self.gate, self.feed = None, None, None
 
-    def wait_idle(self, timeout: float) -> None:
-        """Wait (at most ``timeout``) for a turn in flight to end."""
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait (at most ``timeout``) for a turn in flight to end. False: still running then."""
         if self.lock.acquire(timeout=max(0.0, timeout)):
             self.lock.release()
+            return True
+        return False
 
     def ready(self) -> bool:
         if self.live.draining:
