@@ -151,13 +151,16 @@ class SubtaskService:
                         "tables": None if task.tables is None else list(task.tables)})
         return out
 
-    def shutdown(self, timeout_seconds: float = 60.0) -> None:
-        """Start nothing new; wait up to ``timeout_seconds`` in all for the runs in flight."""
+    def shutdown(self, timeout_seconds: float = 60.0) -> list[str]:
+        """Start nothing new; wait up to ``timeout_seconds`` in all for the runs in flight. Returns
+        the sub-tasks still running then: they are abandoned (daemon threads), their next run does
+        their work again."""
         with self._lock:
             self._closing = True
         deadline = time.monotonic() + timeout_seconds
+        running = []
         for name, thread in list(self._threads.items()):
             thread.join(max(0.0, deadline - time.monotonic()))
             if thread.is_alive():
-                log.warning("sub-task %s is still running at shutdown; it is abandoned (its writes are "
-                            "idempotent, the next run finishes it)", name)
+                running.append(name)
+        return running

@@ -23,6 +23,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 from lakemirror.sinks.batch.bootstrap_plan import BootstrapProgress
 from lakemirror.supervisor import state as sm
 from lakemirror.supervisor.failure import REDISCOVERABLE
+from lakemirror.supervisor.halts import halt_all
 from lakemirror.supervisor.lag import LagReading
 from lakemirror.supervisor.observer import NoopObserver, Observer
 from lakemirror.supervisor.recorded import RecordedTable
@@ -30,6 +31,10 @@ from lakemirror.supervisor.runner import BatchReport
 from lakemirror.supervisor.turns import TurnPool, TurnTaker
 
 log = logging.getLogger(__name__)
+
+#: How long a halt outside a drain (a pause, a failure's restart, a resync) waits for the table's
+#: batch in flight and its query's stop before it goes on.
+HALT_SECONDS = 60.0
 
 
 class Runner(Protocol):
@@ -206,12 +211,14 @@ class Supervisor:
                 if entry.status.state != sm.TableState.STOPPED:
                     self._probe(name, entry, now)
 
-    def shutdown(self, timeout_seconds: float = 60.0) -> None:
+    def shutdown(self, timeout_seconds: float = 60.0) -> list[str]:
         """Drain: every table finishes its batch in flight, then its stream stops.
 
-        The whole drain shares one deadline: each table gets what is left of it, so N tables
-        never take N times the timeout. Commands still queued are recorded once the tables have
-        stopped (:meth:`_record_pending`); later ones are refused."""
+        Every table halts at once under one deadline (:func:`~.halts.halt_all`): N tables never take
+        N times the timeout, and one whose halt hangs holds up no other. Returns, within the
+        timeout, the tables whose halt had not finished, each with what it was waiting for (their
+        batches are replayed at the next start). Commands still queued are recorded once the tables
+        have stopped (:meth:`_record_pending`); later ones are refused."""
         with self._command_lock:
             self._draining = True
         pending = self._take_commands()
@@ -219,10 +226,12 @@ class Supervisor:
         now = self.clock()
         if self._turns is not None:
             self._turns.stop()
+        halts: dict[str, Runner] = {}
         for name in list(self._tables):
-            remaining = max(0.0, deadline - time.monotonic())
-            self._dispatch(name, sm.Stop(), now, halt_timeout=remaining)
+            self._dispatch(name, sm.Stop(), now, halts=halts)
+        unfinished = halt_all(halts, max(0.0, deadline - time.monotonic()))
         self._record_pending(pending)
+        return unfinished
 
     def _take_commands(self) -> list[tuple[str, str]]:
         out = []
@@ -314,8 +323,10 @@ class Supervisor:
             entry.runner.pause_persisted(verb == "pause")
             self._dispatch(table, sm.Pause() if verb == "pause" else sm.Resume(), now)
 
-    def _dispatch(self, name: str, event: sm.Event, now: float, *, halt_timeout: float = 60.0,
+    def _dispatch(self, name: str, event: sm.Event, now: float, *, halts: dict[str, Runner] | None = None,
                   reason: str | None = None) -> None:
+        """Step the table's state machine and carry out its actions; a halt is collected into
+        ``halts`` when given (a drain halts every table at once), else done here."""
         entry = self._tables[name]
         before = entry.status
         after, actions = sm.step(before, event, now, self.policy)
@@ -329,7 +340,10 @@ class Supervisor:
                 self.observer.retry_scheduled(name, after)
         for action in actions:
             if action == sm.Action.HALT:
-                entry.runner.halt(halt_timeout)
+                if halts is not None:
+                    halts[name] = entry.runner
+                else:
+                    entry.runner.halt(HALT_SECONDS)
             elif action == sm.Action.RESYNC:
                 entry.runner.resync(reason or after.last_error or "resync")
                 entry.bootstrap = None  # the old epoch's figures: the new bootstrap reports its own

@@ -217,8 +217,9 @@ def test_a_slow_run_never_blocks_the_tick_nor_overlaps_itself() -> None:
         clock.t = t
         svc.tick()
     assert started == ["run0"] and svc.views()[0].running
+    assert svc.shutdown(0.05) == [svc.views()[0].task], "a run still in flight at the deadline is named"
     release.set()
-    svc.shutdown(5)
+    assert svc.shutdown(5) == []
     view = svc.views()[0]
     assert not view.running and view.runs == 1
     clock.t = 1100
