@@ -15,13 +15,16 @@ from typing import Any, Sequence
 from lakemirror import __version__
 from lakemirror.checkpoints.lease import LeaseHeld, LeaseLost
 from lakemirror.daemon import dead_letters_cli
+from lakemirror.daemon.exit_codes import EXIT_CONFIG as EXIT_CONFIG
+from lakemirror.daemon.exit_codes import EXIT_DRAIN_INCOMPLETE as EXIT_DRAIN_INCOMPLETE
+from lakemirror.daemon.exit_codes import EXIT_FAILED as EXIT_FAILED
+from lakemirror.daemon.exit_codes import EXIT_OK as EXIT_OK
 from lakemirror.daemon.jars import JarsMissing
 from lakemirror.daemon.preflight import StartupError
 from lakemirror.daemon.spark import JavaMissing
 from lakemirror.errors import ConfigError
 from lakemirror.secrets import redact
 
-EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 #: The demo's HTTP port unless ``--port`` says otherwise.
 DEMO_PORT = 9464
 
@@ -80,8 +83,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     bar = attach(sys.stderr)  # a terminal: the bootstrap's progress bar below the log lines
     if bar is not None:
         context.replace(observer=Observers(context.metrics, bar))
-    context.run(signals.stop)
-    return EXIT_OK
+    # As the program itself, the process ends within the drain's bound whatever hangs (main() ends it).
+    # Not on Databricks: there the job's own Python process runs the entry point, and ends the run.
+    args.ends_process = getattr(args, "own_process", False) and settings.runtime.mode != "databricks"
+    guard = None
+    if args.ends_process:
+        from lakemirror.daemon.drain import EXIT_GRACE_SECONDS, ExitGuard
+
+        guard = ExitGuard(lambda: signals.stop.is_set() or context.lease_lost.is_set(),
+                          settings.drain_timeout_seconds + EXIT_GRACE_SECONDS, context.abandon).start()
+    try:
+        outcome = context.run(signals.stop)
+    finally:
+        if guard is not None:
+            guard.disarm()
+    return EXIT_OK if outcome is None or outcome.complete else EXIT_DRAIN_INCOMPLETE
 
 
 def _daemon_url(settings: Any) -> str | None:
@@ -394,9 +410,34 @@ ARROW_POOL_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "system"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``lakemirror`` program: run the command ``argv`` names (default: the process's arguments)
+    and return its exit code.
+
+    As the program itself (no ``argv``), ``run`` also ends the process as soon as the daemon has
+    stopped (:func:`lakemirror.daemon.drain.end_process`), without waiting for other libraries' exit
+    work, and from its stop's request on holds it to ``drain_timeout_seconds`` and a few seconds
+    (except in Databricks mode, where the job's Python process runs the entry point)."""
     for key, value in ARROW_POOL_ENV.items():
         os.environ.setdefault(key, value)  # before pyarrow is first imported
     args = build_parser().parse_args(argv)
+    args.own_process, args.ends_process = argv is None, False
+    try:
+        code = _dispatch(args)
+    except BaseException:
+        if not args.ends_process:
+            raise
+        import traceback
+
+        traceback.print_exc()  # an unforeseen error: its traceback, then the same quick exit
+        code = EXIT_FAILED
+    if args.ends_process:
+        from lakemirror.daemon.drain import end_process
+
+        end_process(code)
+    return code
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("py4j", "pyspark"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -42,7 +42,10 @@ from lakemirror.checkpoints.state import FileStateStore
 from lakemirror.daemon import http_token, preflight
 from lakemirror.daemon.api import ContinuousSyncApi
 from lakemirror.daemon.databricks_pipelines import DatabricksPipelines
+from lakemirror.daemon.control_loop import ControlLoop
 from lakemirror.daemon.dead_letter_api import DeadLetterApi
+from lakemirror.daemon.drain import EXIT_GRACE_SECONDS, LEASE_RELEASE_SECONDS, DrainOutcome, drain, release_lease, where
+from lakemirror.daemon.exit_codes import EXIT_DRAIN_INCOMPLETE, EXIT_FAILED
 from lakemirror.daemon.http import ControlServer
 from lakemirror.daemon.jars import JarsMissing
 from lakemirror.daemon.lease import pipeline_lease
@@ -719,8 +722,10 @@ class DaemonContext(GlobalContext):
             raise preflight.StartupError(f"Spark did not start in {self.settings.runtime.mode} mode: "
                                          f"{redact(first.strip())[:300]}") from exc
 
-    def run(self, stop: threading.Event, on_tick: Callable[[Any], None] | None = None) -> None:
-        """Run until ``stop`` is set, then drain. Blocks; call from the main thread.
+    def run(self, stop: threading.Event, on_tick: Callable[[Any], None] | None = None) -> DrainOutcome | None:
+        """Run until ``stop`` is set, then drain (:mod:`lakemirror.daemon.drain`) and return what the
+        drain finished. Blocks; call from the main thread: the control loop ticks on a thread of its
+        own, and the drain returns within ``drain_timeout_seconds`` whatever it waits on.
 
         Start-up runs cheapest first: the mode's prerequisites, the pipeline's lease (a second
         daemon of the pipeline is refused here, :class:`~lakemirror.checkpoints.lease.LeaseHeld`),
@@ -759,26 +764,41 @@ class DaemonContext(GlobalContext):
                 lease.release()
                 _remove_lease_if_released(layout.lease_dir(self.pipeline_dir), created, lease.me.token)
                 _remove_if_empty(self.pipeline_dir, created)
+        control = ControlLoop(self.pipelines, subtasks, lambda: stop.is_set() or self.lease_lost.is_set(),
+                               (lambda: on_tick(sup.views())) if on_tick is not None else None)
         try:
-            while not stop.is_set() and not self.lease_lost.is_set():
-                self.pipelines.tick_all()
-                subtasks.tick()  # starts due sub-tasks on their own threads; never blocks
-                if on_tick is not None:
-                    on_tick(sup.views())
-                stop.wait(0.5)
+            control.wait()
         finally:
-            log.info("draining: letting batches in flight finish (up to %.0fs)", self.settings.drain_timeout_seconds)
-            deadline = time.monotonic() + self.settings.drain_timeout_seconds
+            timeout = self.settings.drain_timeout_seconds
+            log.info("draining: letting batches in flight finish (up to %.0fs)", timeout)
+            outcome = None
             try:
+                control.stop()
                 self.worker.close(wait=False)
-                self.pipelines.shutdown_all(self.settings.drain_timeout_seconds)
-                subtasks.shutdown(max(0.0, deadline - time.monotonic()))
+                outcome = drain(self.pipelines, subtasks, timeout)
+                log.log(logging.INFO if outcome.complete else logging.WARNING, "%s", outcome.line())
             finally:  # a drain that fails still leaves no endpoint file pointing at a dead daemon
                 server.close()
                 self.remove_endpoint_file()
-                lease.release()
+                release_lease(lease)
         if lease.lost is not None:
             raise LeaseLost(f"pipeline {self.spec.pipeline_id} stopped: it lost its lease ({lease.lost})")
+        control.raise_failure()
+        return outcome
+
+    def abandon(self) -> int:
+        """The exit guard's clean-up (:class:`~lakemirror.daemon.drain.ExitGuard`), for a daemon still
+        running long after its stop was asked for: say where it is stuck, remove ``daemon.json``,
+        release the lease, and return the exit code."""
+        log.error("pipeline %s: still running %.0fs after the stop was asked for (drain_timeout_seconds %gs): the "
+                  "main thread is at %s; exiting without finishing: what did not finish is replayed at the next "
+                  "start", self.spec.pipeline_id, self.settings.drain_timeout_seconds + EXIT_GRACE_SECONDS,
+                  self.settings.drain_timeout_seconds, where(threading.main_thread()))
+        try:
+            self.remove_endpoint_file()
+        finally:
+            release_lease(self.lease, min(LEASE_RELEASE_SECONDS, EXIT_GRACE_SECONDS / 2))
+        return EXIT_FAILED if self.lease.lost is not None else EXIT_DRAIN_INCOMPLETE
 
 
 def _missing_ancestor(path: Path) -> Path | None:

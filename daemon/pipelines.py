@@ -17,11 +17,14 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Callable, Literal
 
+from lakemirror.bounded import all_within, call_within
 from lakemirror.checkpoints import layout
 from lakemirror.daemon.settings import Settings
+from lakemirror.supervisor.halts import SLACK_SECONDS
 from lakemirror.supervisor.supervisor import Supervisor, TableView
 
 log = logging.getLogger(__name__)
@@ -58,14 +61,15 @@ class PipelineHandle:
             if self.state == "running":
                 self.supervisor.tick()
 
-    def stop(self, drain_timeout_seconds: float) -> None:
-        """Drain and stop every table; waits for a tick in progress first. Idempotent."""
+    def stop(self, drain_timeout_seconds: float) -> list[str]:
+        """Drain and stop every table; waits for a tick in progress first. Idempotent. Returns the
+        tables whose halt had not finished in time, each with what it was waiting for."""
         with self.lock:
             if self.state == "stopped":
-                return
+                return []
             self.state = "stopping"
             try:
-                self.supervisor.shutdown(drain_timeout_seconds)
+                return self.supervisor.shutdown(drain_timeout_seconds)
             finally:
                 self.state = "stopped"
                 if self.on_stopped is not None:
@@ -142,11 +146,41 @@ class PipelineRegistry:
             except Exception:
                 log.exception("pipeline %s: supervisor tick failed", handle.pipeline_id)
 
-    def shutdown_all(self, drain_timeout_seconds: float) -> None:
-        """Drain every pipeline under one shared deadline."""
-        deadline = time.monotonic() + drain_timeout_seconds
-        for handle in self.all():
-            handle.stop(max(0.0, deadline - time.monotonic()))
+    def shutdown_all(self, drain_timeout_seconds: float) -> dict[str, list[str]]:
+        """Drain every pipeline at once under one deadline; return, within it, the tables of each
+        pipeline that had not stopped (see :func:`lakemirror.daemon.drain.drain`).
+
+        A pipeline whose stop has not even begun by then (a tick in progress holds its lock, stuck
+        in a call to a server that is gone) is reported with all its tables, and its ``on_stopped``
+        is called here: a pipeline posted to the API gives its lease back all the same."""
+        handles = {h.pipeline_id: h for h in self.all()}
+        unfinished: dict[str, list[str]] = {}
+
+        def stop(handle: PipelineHandle) -> None:
+            late = handle.stop(drain_timeout_seconds)
+            if late:
+                unfinished[handle.pipeline_id] = late
+
+        late = all_within({pid: partial(stop, h) for pid, h in handles.items()},
+                          drain_timeout_seconds + 2 * SLACK_SECONDS, prefix="drain")
+        for pid in late:
+            handle = handles[pid]
+            unfinished[pid] = ([f"{table} (its stop did not begin)" for table in _tables_of(handle)]
+                               or ["its tables (its start had not ended)"])
+            if handle.on_stopped is not None:
+                handle.on_stopped()
+        return {pid: unfinished[pid] for pid in handles if pid in unfinished}
+
+
+def _tables_of(handle: PipelineHandle, seconds: float = 1.0) -> list[str]:
+    """The tables of a pipeline whose stop did not begin, as its views list them (read within
+    ``seconds``: a view reads the sources' positions again, and a drain must not wait on that)."""
+    names: list[str] = []
+    try:
+        call_within(lambda: names.extend(v.table for v in handle.views()), seconds, f"views:{handle.pipeline_id}")
+    except Exception as exc:  # noqa: BLE001 (the pipeline is then named without its tables)
+        log.debug("pipeline %s: listing its tables: %s", handle.pipeline_id, exc)
+    return list(names)
 
 
 #: The file lakemirror writes into a pipeline folder it creates for a pipeline posted to the API:

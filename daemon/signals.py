@@ -10,7 +10,9 @@ import signal
 import threading
 from types import FrameType
 
-FORCED_EXIT_CODE = 130
+from lakemirror.daemon.exit_codes import EXIT_FORCED
+
+FORCED_EXIT_CODE = EXIT_FORCED
 
 
 class ShutdownSignals:
