@@ -320,7 +320,10 @@ class Settings(BaseSettings):
     lag_slo_seconds: float = Field(300.0, gt=0, le=limits.YEAR,
                                    description="/readyz fails when a table lags more than this.")
     drain_timeout_seconds: float = Field(120.0, gt=0, le=limits.DAY,
-                                         description="SIGTERM: how long to wait for batches in flight.")
+                                         description="SIGTERM: how long the drain may take (batches in flight, their "
+                                                     "checkpoint rows, the queries' stop); what has not finished "
+                                                     "then is abandoned, named in the log and replayed at the next "
+                                                     "start (exit 124).")
     max_files_per_trigger: int | None = Field(None, gt=0, le=spark_values.JAVA_INT_MAX, description="Cap on source files per micro-batch.")
     max_bytes_per_trigger: str | None = Field(None, description="Soft cap on bytes per micro-batch, e.g. '512m' "
                                               "(units b, k, m, g, t, p) or a number of bytes.")
