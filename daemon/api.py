@@ -34,7 +34,7 @@ from lakemirror.daemon.worker import CommandWorker, WorkerClosed, WorkerTimeout
 from lakemirror.errors import ConfigError, excerpt
 from lakemirror.secrets import redact
 from lakemirror.sources.cdf_check import Readiness
-from lakemirror.supervisor.supervisor import Draining
+from lakemirror.supervisor.supervisor import CommandRefused
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +204,7 @@ class ContinuousSyncApi:
             return getattr(self, f"_{m.route.name}")(m, body)  # type: ignore[no-any-return]
         except WorkerTimeout as exc:
             return 504, {"error": str(exc)}
-        except (WorkerClosed, Draining) as exc:
+        except (WorkerClosed, CommandRefused) as exc:  # CommandRefused: draining, or not journalled
             return 503, {"error": str(exc)}
         except DatabricksNotConfigured as exc:
             return 503, {"error": str(exc)}
@@ -351,7 +351,7 @@ class ContinuousSyncApi:
         h = self.registry.get(m.params["job_id"])
         if h is None or h.state != "running":
             return self._unknown(m.params["job_id"])
-        tables = [v.table for v in h.views() if h.supervisor.command(verb, v.table)]
+        tables = h.supervisor.command_all(verb, [v.table for v in h.views()])  # one journal write: all or none
         return 202, {"job_id": h.pipeline_id, "accepted": verb, "tables": tables}
 
     def _resync(self, m: Match, body: Any) -> Reply:
