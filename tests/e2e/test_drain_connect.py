@@ -98,8 +98,10 @@ def test_sigterm_after_the_connect_server_went_away_exits_within_the_drain_timeo
         writer.stop()
         if daemon.proc is not None and daemon.proc.poll() is None:
             daemon.kill()
+    said = [line for line in daemon.tail(20000).splitlines()
+            if any(words in line for words in ("draining:", "drained in", "drain incomplete"))]
     print(f"\nSIGTERM with the Connect server gone: exit {code} after {seconds:.1f}s "
-          f"(drain_timeout_seconds {DRAIN:g})")
+          f"(drain_timeout_seconds {DRAIN:g})", *said, sep="\n")
     assert code is not None, f"the daemon was still running {DRAIN + MARGIN + 120:.0f}s after SIGTERM:\n{daemon.tail()}"
     assert seconds <= DRAIN + MARGIN, f"exit {code} after {seconds:.1f}s, past {DRAIN + MARGIN:g}s:\n{daemon.tail()}"
     assert code in (EXIT_OK, EXIT_DRAIN_INCOMPLETE), daemon.tail()
