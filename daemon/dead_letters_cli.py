@@ -145,7 +145,8 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
 def _render_report(payload: dict[str, Any]) -> str:
     if "letters" not in payload:  # 202: still working
         return str(payload.get("message", payload))
-    lines = [f"{x['id']}  {x['status']}  {x['resolution']}" for x in payload["letters"]] or ["no pending letter matched"]
+    lines = [f"{x['id']}  {x['status']}  {x['resolution']}" + (f": {x['reason']}" if x.get("reason") else "")
+             for x in payload["letters"]] or ["no pending letter matched"]
     if payload.get("unknown"):
         lines.append("not found: " + ", ".join(payload["unknown"]))
     return "\n".join(lines)

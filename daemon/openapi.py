@@ -89,7 +89,8 @@ def _letters_command(verb: str, summary: str, feed: bool = False) -> dict[str, A
         "200": _json({"type": "object", "properties": {
             "verb": {"const": verb}, "unknown": {"type": "array", "items": {"type": "string"}},
             "letters": {"type": "array", "items": {"type": "object", "properties": {
-                "id": {"type": "string"}, "status": {"type": "string"}, "resolution": {"type": "string"}}}}}},
+                "id": {"type": "string"}, "status": {"type": "string"}, "resolution": {"type": "string"},
+                "reason": {"type": "string", "description": "The new reason, when a replay was refused again."}}}}}},
             "What became of each letter, and the ids not found."),
         "202": _json({"type": "object"}, "Still working after the API timeout: list the letters to see the outcome."),
         **_body_errors(),
