@@ -308,3 +308,41 @@ def test_status_and_metrics_show_the_pending_letters_per_table() -> None:
     assert value("lakemirror_feed_dead_letters_total", {"pipeline": "p", "table": "orders"}) == 3
     pending.clear()                                                        # all resolved: 0, not gone
     assert value("lakemirror_feed_dead_letters_pending", {"pipeline": "p", "table": "orders"}) == 0
+
+
+def test_a_letters_write_that_loses_a_concurrent_commit_is_tried_again_and_nothing_else_is() -> None:
+    from lakemirror.sinks.merge.feed_letters import retry_conflicts
+
+    tries: list[int] = []
+
+    def conflicted() -> str:
+        tries.append(1)
+        if len(tries) < 3:
+            raise RuntimeError("[DELTA_CONCURRENT_APPEND] ConcurrentAppendException: Files were added by a "
+                               "concurrent update")
+        return "written"
+
+    assert retry_conflicts(conflicted, "letters", sleep=lambda s: None) == "written" and len(tries) == 3
+    with pytest.raises(OSError):
+        retry_conflicts(lambda: (_ for _ in ()).throw(OSError("disk full")), "letters", sleep=lambda s: None)
+    tries.clear()
+    with pytest.raises(RuntimeError, match="ConcurrentAppendException"):
+        retry_conflicts(conflicted, "letters", attempts=2, sleep=lambda s: None)
+
+
+def test_the_daemon_serves_its_change_feed_letters_or_says_where_they_are(tmp_path: Any) -> None:
+    from lakemirror.daemon.context import DaemonContext
+    from lakemirror.daemon.dead_letter_api import NoFeedLetters
+    from lakemirror.daemon.settings import load_settings
+
+    base = {"source_catalog": "app", "destination_catalog": "lake", "schema_name": "sales",
+            "checkpoint_volume": str(tmp_path / "cp"), "runtime": {"mode": "local", "warehouse": str(tmp_path / "wh")}}
+    desk = DaemonContext(load_settings(None, base)).feed_letter_desk()
+    assert isinstance(desk, FeedLetterDesk)
+    assert str(desk.store.location.name) == "lake.sales._lakemirror_dead_letters"  # type: ignore[attr-defined]
+    events = DaemonContext(load_settings(None, {**base, "source": {"kind": "files", "path": str(tmp_path),
+                                                                   "name": "shop"}})).feed_letter_desk()
+    assert isinstance(events, NoFeedLetters) and events.code == 404 and "/api/events/shop/dead-letters" in events.error
+    postgres = DaemonContext(load_settings(None, {**base, "destination": {
+        "kind": "postgres", "host": "h", "database": "d", "user": "u", "schema": "mirror"}})).feed_letter_desk()
+    assert isinstance(postgres, NoFeedLetters) and postgres.code == 409 and "schema mirror" in postgres.error
