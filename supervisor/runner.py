@@ -580,7 +580,8 @@ class TableRunner:
     @contextmanager
     def between_batches(self) -> Iterator["ReplayTarget | str"]:
         """Hold the table's batches off (the lock each batch's apply takes) and yield what a replay of
-        its dead letters needs, or why it cannot run now (:mod:`.feed_letters`)."""
+        its dead letters needs, or why it cannot run now (:mod:`.feed_letters`). A paused or stopping
+        table replays too: no batch runs, and its replica holds exactly its applied version."""
         with self.apply_batch.lock:
             yield self._replay_target()
 
@@ -588,8 +589,6 @@ class TableRunner:
         prepared, through = self.prepared, self.live.applied_through
         if self.pg is not None:
             return "the replica is a PostgreSQL table: its dead letters are rows of lakemirror_dead_letters there"
-        if self.live.draining:
-            return "the daemon is stopping; replay it once it runs again"
         if prepared is None or through is None or prepared.progress.bootstrap_version is None:
             return (f"table {self.table} is not streaming (its replica is being prepared or bootstrapped, or it "
                     f"failed to start); replay it once `lakemirror status` shows it running")

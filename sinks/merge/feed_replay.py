@@ -29,7 +29,8 @@ from lakemirror.sinks.events.dead_letters import Resolution
 from lakemirror.sinks.isolate import bisect
 from lakemirror.sinks.merge import letter_replay as lr
 from lakemirror.sinks.merge.delta_merge import DeltaMergeSink
-from lakemirror.sinks.merge.planner import CHANGE_TYPE, COMMIT_TIMESTAMP, COMMIT_VERSION, DELETE, INSERT, OP_COLUMN, MergePlan
+from lakemirror.sinks.merge.planner import (CHANGE_TYPE, COMMIT_TIMESTAMP, COMMIT_VERSION, DELETE, INSERT, OP_COLUMN,
+                                            MergePlan)
 from lakemirror.sinks.merge.row_isolation import refusal_reason
 from lakemirror.sinks.txn import TxnId, transaction
 from lakemirror.tables import TableLocation

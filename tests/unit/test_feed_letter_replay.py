@@ -268,9 +268,12 @@ def test_a_table_shows_its_pending_letters_and_lends_its_batch_lock_to_a_replay(
     (checkpoint / "commits" / "4").write_text("v1\n{}\n")
     with runner.between_batches() as target:
         assert isinstance(target, ReplayTarget) and target.applied_through == 9
-    runner.live.draining = True
+    runner.live.draining = True                                 # paused (halted): no batch runs, a replay may
+    with runner.between_batches() as target:
+        assert isinstance(target, ReplayTarget) and target.applied_through == 9
+    runner.resync("resync requested by an operator")            # the replica is rebuilt: nothing to replay into
     with runner.between_batches() as why:
-        assert isinstance(why, str) and "stopping" in why
+        assert isinstance(why, str) and "not streaming" in why
 
 
 def test_the_newest_version_a_committed_batch_touched(tmp_path: Any) -> None:
