@@ -110,17 +110,62 @@ def test_a_refused_change_is_skipped_or_replayed_exactly_once_and_the_replica_eq
     assert desk.pending() == {}
     assert {x.status for x in store.letters(spark)} == {REPLAYED}
 
-    # the state at an applied version, derived from the change feed after it, equals its snapshot's
+    # the state at an applied version, derived from the change feed after it, is the snapshot's: key 1 has
+    # no change after version 1 (its latest row), key 2 an update (its before-image), key 4 was inserted
+    # after it (no row then: a delete)
     at_one = replace(target, applied_through=1)
     chosen = [lr.KeyReplay("s.sales.orders", text, ()) for text in
               ('{"id": 1, "region": "eu"}', '{"id": 2, "region": null}', '{"id": 4, "region": "eu"}')]
     keys, ready, _ = key_frame(spark, at_one, chosen)
     assert keys is not None and len(ready) == 3
-
-    def state(snapshot: bool) -> tuple[list[tuple[Any, ...]], set[str]]:
-        found, present, _ = states_at(spark, at_one, keys, ready, snapshot=snapshot)
-        return sorted((tuple(r)[1:] for r in found.collect()), key=str), present
-
-    derived, snapshot = state(False), state(True)
-    assert derived == snapshot and derived[1] == {chosen[0].key, chosen[1].key}   # key 4 had no row at version 1
+    found, present, how = states_at(spark, at_one, keys, ready, snapshot=False)
+    assert "derived from its change feed" in how and present == {chosen[0].key, chosen[1].key}
+    assert sorted(((r["region"], r["id"], str(r["amount"]), r["_change_type"], r["_commit_version"])
+                   for r in found.collect()), key=str) == sorted(
+        [("eu", 1, "1.00", "insert", 1), (None, 2, "2.00", "insert", 1), ("eu", 4, "None", "delete", 1)], key=str)
     desk.close()
+
+
+@pytest.mark.slow
+def test_a_running_pipeline_counts_its_letters_across_a_restart_and_replays_them_through_its_routes(
+        pipeline: Any) -> None:
+    """The same mechanism as above, wired in the daemon (slow tier: a real pipeline, restarted): the
+    streaming batch dead-letters the change, status and metrics count it, a restart reads the count
+    back, and the replay through the HTTP routes runs between the table's batches."""
+    from lakemirror.daemon import routes
+    from lakemirror.daemon.dead_letter_api import DeadLetterApi
+
+    p = pipeline
+    p.create("orders", "id BIGINT NOT NULL, amount DECIMAL(10,2)", key="id")
+    p.sql("orders", "INSERT INTO {t} VALUES (1, 1.00), (2, 2.00)")
+    p.start()
+    p.wait_caught_up("orders")
+    p.spark.sql(f"ALTER TABLE {p.replica('orders').sql} ADD CONSTRAINT positive CHECK (amount > 0)")
+    p.sql("orders", "UPDATE {t} SET amount = -2.50 WHERE id = 2")
+    p.sql("orders", "INSERT INTO {t} VALUES (3, 3.00)")
+    p.wait_caught_up("orders")
+
+    def pending() -> Any:
+        return (p.views()["orders"].detail or {}).get("dead_letters_pending")
+
+    assert pending() == 1
+    p.restart()
+    p.wait_caught_up("orders")
+    p.tick_until(lambda: pending() == 1, what="the restarted daemon to count the letter it holds")
+    assert p.app.metrics.registry.get_sample_value(
+        "lakemirror_feed_dead_letters_pending", {"pipeline": "test", "table": "orders"}) == 1
+
+    api = DeadLetterApi(lambda name: None, feed=p.app.feed_letter_desk, timeout_seconds=120)
+
+    def call(method: str, target: str, body: Any = None) -> tuple[int, Any]:
+        m = routes.match(method, target)
+        assert isinstance(m, routes.Match)
+        return api.handle(m, body)
+
+    code, listed = call("GET", "/api/change-feed/dead-letters?table=orders")
+    assert code == 200 and [json.loads(x["key"]) for x in listed["letters"]] == [{"id": 2}]
+    p.spark.sql(f"ALTER TABLE {p.replica('orders').sql} DROP CONSTRAINT positive")
+    code, done = call("POST", "/api/change-feed/dead-letters/replay", {"all_pending": True, "table": "orders"})
+    assert code == 200 and [x["status"] for x in done["letters"]] == [REPLAYED]
+    p.assert_replica_equals_source("orders")
+    p.tick_until(lambda: pending() is None, what="no letter to be pending")
