@@ -2,7 +2,7 @@
 its transaction id, the keys read back from their letters, the state at the applied version when its
 snapshot is gone, what each letter becomes) and the pipeline's desk over the dead-letter table's
 in-memory twin (counts, list, skip, and a replay placed between the table's batches). The Spark
-side runs in tests/integration/test_feed_letter_replay.py."""
+side runs in tests/integration/test_feed_letter_replay_spark.py."""
 
 from __future__ import annotations
 
