@@ -189,6 +189,8 @@ def test_the_change_feed_routes_reach_the_pipelines_letters() -> None:
                           ("skip", None, "orders")]
     assert call(api, "POST", "/api/change-feed/dead-letters/skip", {"ids": []})[0] == 422
     assert call(api, "GET", "/api/change-feed/dead-letters?status=lost")[0] == 422
+    assert call(api, "GET", "/api/change-feed/dead-letters?table=" + "t" * 256)[0] == 422        # the routes' bounds
+    assert call(api, "POST", "/api/change-feed/dead-letters/replay", {"ids": ["x" * 256]})[0] == 422
     slow = DeadLetterApi(lambda name: None, timeout_seconds=0.01, feed=lambda: FakeSource(slow=True))
     assert call(slow, "GET", "/api/change-feed/dead-letters")[0] == 504
     assert call(slow, "POST", "/api/change-feed/dead-letters/replay", {"ids": ["a"]})[0] == 202
