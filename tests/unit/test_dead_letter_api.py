@@ -234,3 +234,41 @@ def test_a_change_feed_letter_shows_its_version_and_a_refused_replays_reason() -
     assert out[0].split() == ["ID", "TABLE", "KEY", "POSITION", "STATUS", "REASON"]
     assert "version 3 update_postimage" in out[1] and "CHECK constraint positive" in out[1]
     assert out[2].endswith("[replay refused by the replica]")
+
+
+def test_the_command_sends_the_token_the_running_daemon_generated(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """With ``http.auth: token`` and no ``http.auth_token``, the daemon's routes need the token it wrote
+    to ``daemon.token``: the command reads it there, as ``pause`` and ``resume`` do."""
+    from lakemirror.checkpoints import layout
+    from lakemirror.daemon import http_token
+    from lakemirror.daemon.settings import load_settings
+
+    heard: list[str | None] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            heard.append(self.headers.get("Authorization"))
+            body = json.dumps({"letters": [FEED_LETTER]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    config = tmp_path / "feed.yaml"
+    config.write_text(f"source_catalog: app\ndestination_catalog: lake\nschema_name: public\n"
+                      f"checkpoint_volume: {tmp_path / 'cp'}\n")
+    settings = load_settings(config)
+    http_token.write(layout.pipeline_dir(tmp_path / "cp", settings.effective_pipeline_id), "s3cret-token")
+    try:
+        assert main(["dead-letters", str(config), "--url", f"http://127.0.0.1:{server.server_address[1]}"]) == 0
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert heard == ["Bearer s3cret-token"] and "version 3 update_postimage" in capsys.readouterr().out
