@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
-from lakemirror.bounded import call_within
+from lakemirror.bounded import all_within, call_within
 from lakemirror.daemon.exit_codes import EXIT_DRAIN_INCOMPLETE
 
 if TYPE_CHECKING:
@@ -63,10 +63,12 @@ class DrainOutcome:
     tables: Mapping[str, Sequence[str]] = field(default_factory=dict)
     #: Sub-tasks still running at the deadline.
     subtasks: Sequence[str] = ()
+    #: Other work of the daemon still running at the deadline (a dead-letter replay).
+    others: Sequence[str] = ()
 
     @property
     def complete(self) -> bool:
-        return not self.tables and not self.subtasks
+        return not self.tables and not self.subtasks and not self.others
 
     def line(self) -> str:
         """One line: the drain's time, or what did not finish and what becomes of it."""
@@ -75,23 +77,30 @@ class DrainOutcome:
         parts = [f"pipeline {pid}: {', '.join(names)}" for pid, names in self.tables.items()]
         if self.subtasks:
             parts.append(f"sub-task{'s' if len(self.subtasks) > 1 else ''} {', '.join(self.subtasks)}")
+        parts.extend(self.others)
         fate = []
         if self.tables:
             fate.append("each table's unfinished batch is replayed at the next start and applied once")
         if self.subtasks:
             fate.append("a sub-task's next run does its work again")
+        if self.others:
+            fate.append("a dead-letter replay cut short leaves its letters pending, to replay again")
         return (f"drain incomplete: not finished within drain_timeout_seconds ({self.timeout_seconds:g}s) and "
                 f"abandoned: {'; '.join(parts)}. Nothing is lost: {'; '.join(fate)}")
 
 
 def drain(pipelines: "PipelineRegistry", subtasks: "SubtaskService", timeout_seconds: float,
+          closing: Mapping[str, Callable[[], object]] | None = None,
           clock: Callable[[], float] = time.monotonic) -> DrainOutcome:
-    """Halt every pipeline's tables and wait for the sub-tasks in flight, returning within
-    ``timeout_seconds`` (and a second of slack) with what did not finish. Starts nothing."""
+    """Halt every pipeline's tables, wait for the sub-tasks in flight, then close ``closing`` (by
+    name: work of the daemon's that ends after the tables), returning within ``timeout_seconds``
+    (and a second of slack) with what did not finish. Starts nothing."""
     started = clock()
     tables = pipelines.shutdown_all(timeout_seconds)
     running = subtasks.shutdown(max(0.0, started + timeout_seconds - clock()))
-    return DrainOutcome(timeout_seconds, clock() - started, tables, running)
+    # Half a second at least: a close with nothing in flight returns at once, and is not to be named as cut short.
+    others = all_within(dict(closing or {}), max(0.5, started + timeout_seconds - clock()), prefix="close")
+    return DrainOutcome(timeout_seconds, clock() - started, tables, running, others)
 
 
 def release_lease(lease: "PipelineLease", seconds: float = LEASE_RELEASE_SECONDS) -> bool:

@@ -164,6 +164,19 @@ def test_the_drain_says_in_one_line_what_it_finished_or_abandoned() -> None:
         "drain incomplete: not finished within drain_timeout_seconds (10s) and abandoned: pipeline orders: "
         "t (stopping its query); pipeline api: u; sub-task nightly. Nothing is lost: each table's unfinished "
         "batch is replayed at the next start and applied once; a sub-task's next run does its work again")
+    replay = DrainOutcome(10.0, 10.5, others=["the change feed's dead-letter replay"])
+    assert not replay.complete and replay.line().endswith(
+        "abandoned: the change feed's dead-letter replay. Nothing is lost: a dead-letter replay cut short leaves "
+        "its letters pending, to replay again")
+
+
+def test_a_close_that_does_not_return_is_named_and_does_not_hold_the_drain() -> None:
+    from lakemirror.daemon.drain import drain
+    from lakemirror.supervisor.subtasks import SubtaskService
+
+    outcome = drain(PipelineRegistry(), SubtaskService([], jobs=lambda t: [], run=lambda r, j: None),  # type: ignore[arg-type, return-value]
+                    0.2, {"the change feed's dead-letter replay": _NEVER.wait, "quick": lambda: None})
+    assert list(outcome.others) == ["the change feed's dead-letter replay"] and dict(outcome.tables) == {}
 
 
 def test_a_pipeline_whose_tick_holds_its_lock_is_reported_whole_and_its_lease_given_back(tmp_path: Path) -> None:
