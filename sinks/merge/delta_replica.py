@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Callable, ClassVar, Mapping
 
 from lakemirror import tables
 from lakemirror.errors import DestinationConflict, SchemaIncompatible
@@ -85,6 +85,16 @@ class DeltaReplica:
     replica_properties: Mapping[str, str] = field(default_factory=dict)
     #: The crash-test hook (``supervisor/runner.py``, ``FAULT_POINTS``); a no-op unless armed.
     fault: Callable[[str], None] = lambda point: None
+
+    #: A Delta table: its log records each batch's transaction id.
+    delta_log: ClassVar[bool] = True
+
+    def server_wait(self) -> None:
+        """Nothing: Spark and delta-rs write the replica, no server call waits."""
+        return None
+
+    def on_server(self) -> bool:
+        return False
 
     def claim(self, epoch: int) -> None:
         dst = self.catalog.locate(self.name)
