@@ -24,7 +24,7 @@ from lakemirror.supervisor import state as sm
 from lakemirror.sinks.postgres.event_replicas import PostgresEventReplicas
 from lakemirror.sinks.postgres.real_time import RealTimeSpec
 from lakemirror.sources.event_source import event_source_for
-from lakemirror.supervisor.event_stream import EventStreamRunner, EventStreamSpec
+from lakemirror.supervisor.event_stream import DeadLetterTally, EventStreamRunner, EventStreamSpec
 from lakemirror.supervisor.runner import BatchReport
 from tests.integration.test_kafka_source import envelope
 
@@ -79,7 +79,7 @@ def run_until(runner: EventStreamRunner, done: Any, what: str, reports: list[Bat
             assert time.time() < deadline, f"timed out waiting for {what}"
             for item in runner.poll():
                 assert not isinstance(item, sm.Failed), item
-                if isinstance(item, BatchReport):
+                if isinstance(item, BatchReport) and not isinstance(item, DeadLetterTally):  # a tally is no batch
                     reports.append(item)
             time.sleep(0.5)
     finally:
