@@ -39,10 +39,12 @@ from lakemirror.checkpoints.pipeline_lease import PipelineLease
 from lakemirror.checkpoints.delta_store import DeltaCheckpointStore
 from lakemirror.checkpoints.records import CheckpointStore
 from lakemirror.checkpoints.state import FileStateStore
+from lakemirror.checkpoints.commands import FileCommandJournal
+from lakemirror.checkpoints.stream_dir import query_id
 from lakemirror.daemon import http_token, preflight
 from lakemirror.daemon.api import ContinuousSyncApi
 from lakemirror.daemon.databricks_pipelines import DatabricksPipelines
-from lakemirror.daemon.dead_letter_api import DeadLetterApi
+from lakemirror.daemon.dead_letter_api import DeadLetterApi, NoFeedLetters
 from lakemirror.daemon.destinations import DEAD_LETTER_PREFIX as DEAD_LETTER_PREFIX
 from lakemirror.daemon.destinations import Cycles, Destination, destination_for
 from lakemirror.daemon.http import ControlServer
@@ -75,6 +77,7 @@ from lakemirror.sources.event_source import event_source_for
 from lakemirror.supervisor.event_stream import EVENT_FAULT_POINTS, RUNNER_PREFIX, EventStreamRunner
 from lakemirror.supervisor.observer import Observer
 from lakemirror.supervisor.event_record import recorded_entry, state_slug
+from lakemirror.supervisor.feed_letters import FeedLetterDesk
 from lakemirror.supervisor.recorded import read_pipeline, refreshed
 from lakemirror.supervisor.replicate import (
     BatchRunner, Progress, RunSummary, TableJob, TextProgress,
@@ -303,6 +306,11 @@ class DaemonContext(GlobalContext):
         return FileStateStore(self.pipeline_dir)
 
     @cached_property
+    def command_journal(self) -> FileCommandJournal:
+        """Where the pipeline's accepted control commands wait for their effect (survives a kill)."""
+        return FileCommandJournal(layout.commands_file(self.pipeline_dir))
+
+    @cached_property
     def checkpoints(self) -> CheckpointStore:
         # Over Spark Connect the daemon appends the rows itself (the batch functions on the server no longer
         # do): with delta-rs where it reaches the table, an s3a one with runtime.spark_conf's s3a settings.
@@ -339,7 +347,34 @@ class DaemonContext(GlobalContext):
         """What every table runner shares, with the destination's factories of change sources and replicas."""
         d = self.destination
         return RunnerContext(self.spark, self.catalog, self.states, self.checkpoints, self.spec,
-                             fault=self.fault, replica_for=d.replica_for, source_for=d.source_for)
+                             fault=self.fault, replica_for=d.replica_for, source_for=d.source_for,
+                             feed_letters=self.feed_letters if d.feed_letter_store is not None else None)
+
+    @cached_property
+    def feed_letters(self) -> FeedLetterDesk:
+        """The change-feed tables' dead letters (the destination's store: ``_lakemirror_dead_letters`` in the
+        destination schema): counted for status and metrics, listed, skipped and replayed
+        (:mod:`lakemirror.supervisor.feed_letters`)."""
+        from lakemirror.tables import own_session
+
+        make = self.destination.feed_letter_store
+        if make is None:
+            raise ValueError(f"pipeline {self.spec.pipeline_id} writes {self.destination.letters_elsewhere}")
+        desk = FeedLetterDesk(make(), lambda: {name: runner for name, runner in self.supervisor.runners().items()
+                                               if isinstance(runner, TableRunner)},
+                              lambda: own_session(self.spark), clock=self.clock)
+        self.metrics.watch_feed_letters(desk.pending, desk.recorded_counts)
+        return desk
+
+    def feed_letter_desk(self) -> FeedLetterDesk | NoFeedLetters:
+        """The change-feed routes' desk, or why the pipeline has none (``/api/change-feed/dead-letters``)."""
+        if self.settings.source is not None:
+            return NoFeedLetters(404, f"pipeline {self.spec.pipeline_id} replicates event source "
+                                      f"{self.settings.source.name!r}, not change feeds: its dead letters are at "
+                                      f"/api/events/{self.settings.source.name}/dead-letters")
+        if self.destination.feed_letter_store is None:
+            return NoFeedLetters(409, f"pipeline {self.spec.pipeline_id} writes {self.destination.letters_elsewhere}")
+        return self.feed_letters
 
     @cached_property
     def restart_policy(self) -> RestartPolicy:
@@ -377,7 +412,8 @@ class DaemonContext(GlobalContext):
             min_turn_interval_seconds=s.effective_turn_interval_seconds,
             # Listed tables too: the discovery loop starts a listed table that failed as missing once it exists.
             discover_interval_seconds=s.discover_interval_seconds, recorded=recorded,
-            refresh_recorded=lambda known: refreshed(known, spec, self.catalog.locate))
+            refresh_recorded=lambda known: refreshed(known, spec, self.catalog.locate),
+            journal=self.command_journal, epochs=lambda table: str(self.states.load(spec.source(table).slug).epoch))
 
     @cached_property
     def destination(self) -> Destination:
@@ -393,6 +429,8 @@ class DaemonContext(GlobalContext):
             raise ValueError("the settings name no event source")
         stream = event_stream_spec(source, self.settings)
         folder = layout.event_source_dir(layout.pipeline_dir(spec.checkpoint_root, spec.pipeline_id), source.name)
+        # A resync sets the query's checkpoint aside: a new checkpoint (a new query id) means it took effect.
+        journal, epochs = self.command_journal, lambda _: query_id(layout.event_checkpoint(folder))
         recorded = lambda: {RUNNER_PREFIX + source.name: recorded_entry(  # noqa: E731 (listed while the JVM starts)
             folder, source.name, source.kind, self.states.load(state_slug(source.name)).paused)}
 
@@ -404,7 +442,7 @@ class DaemonContext(GlobalContext):
         return Supervisor(runner_factory=runner, list_tables=lambda: [RUNNER_PREFIX + source.name],
                           policy=self.restart_policy, observer=self.observer,
                           lag_interval_seconds=self.settings.lag_interval_seconds, apply_workers=0,
-                          recorded=recorded)
+                          recorded=recorded, journal=journal, epochs=epochs)
 
     # -- the scheduled sub-tasks ----------------------------------------------------------------
 
@@ -591,7 +629,7 @@ class DaemonContext(GlobalContext):
             runner = self.supervisor.runner_of(RUNNER_PREFIX + name)
             return runner if isinstance(runner, EventStreamRunner) else None
 
-        letters = DeadLetterApi(event_source)
+        letters = DeadLetterApi(event_source, feed=self.feed_letter_desk)
         return ControlServer(h.host, h.port, self.metrics.registry, self.table_views, info,
                              lag_slo_seconds=self.settings.lag_slo_seconds,
                              commands=self.supervisor.command, auth_token=self.http_token, api=self.api,
@@ -736,6 +774,9 @@ class DaemonContext(GlobalContext):
                 self.worker.close(wait=False)
                 self.pipelines.shutdown_all(self.settings.drain_timeout_seconds)
                 subtasks.shutdown(max(0.0, deadline - time.monotonic()))
+                desk = self.__dict__.get("feed_letters")
+                if desk is not None:
+                    desk.close()  # a replay in flight ends first: it is the replicas' write
             finally:  # a drain that fails still leaves no endpoint file pointing at a dead daemon
                 server.close()
                 self.remove_endpoint_file()

@@ -27,6 +27,7 @@ from lakemirror.sinks.contract import ReplicaFactory, TableReplica
 from lakemirror.sinks.event_contract import EventSink
 from lakemirror.sinks.events.memory_sink import MemoryEventStore
 from lakemirror.sinks.memory import MemoryTableReplica
+from lakemirror.sinks.merge.feed_letters import FEED_DEAD_LETTERS, FeedDeadLetters, FeedLetterStore, InMemoryFeedLetters
 from lakemirror.sinks.postgres.cycles import SparkCycles
 from lakemirror.sinks.postgres.event_replicas import PostgresEventReplicas
 from lakemirror.sinks.postgres.executor import Connector
@@ -41,6 +42,7 @@ from lakemirror.sources.event_stream import RawEvent
 from lakemirror.sources.memory import MemoryChangeSource
 from lakemirror.supervisor.event_batch import EventStreamSpec, delta_event_sink, memory_event_sink
 from lakemirror.supervisor.event_stream import RUNNER_PREFIX
+from lakemirror.supervisor.feed_letters import FeedLetterDesk
 from lakemirror.supervisor.spec import PipelineSpec
 from lakemirror.supervisor.table_factories import SourceFactory, delta_change_feeds, delta_table_replicas
 
@@ -76,6 +78,8 @@ class Parts(Protocol):
     def fault(self) -> Callable[[str], None]: ...
     @property
     def clock(self) -> Callable[[], float]: ...
+    @property
+    def feed_letters(self) -> FeedLetterDesk: ...
 
 
 class Cycles(Protocol):
@@ -106,6 +110,11 @@ class Destination:
     event_sink_for: Callable[[EventStreamSpec, Decoder], EventSink]
     #: The destination's cycles, made on their first run (None: it has none).
     cycles: Callable[[], Cycles] | None = None
+    #: Where the change-feed tables' dead letters are recorded, for the operator to list, skip and
+    #: replay (None: the destination keeps them itself, as :attr:`letters_elsewhere` says).
+    feed_letter_store: Callable[[], FeedLetterStore] | None = None
+    #: Where the destination keeps its replicas' dead letters when it has no :attr:`feed_letter_store`.
+    letters_elsewhere: str = ""
 
 
 def delta(parts: Parts) -> Destination:
@@ -113,7 +122,8 @@ def delta(parts: Parts) -> Destination:
     spec = parts.spec
 
     def replica(table: str, session: "SparkSession") -> TableReplica[Any]:
-        return delta_table_replicas(parts.catalog, spec, parts.fault)(table, session)
+        return delta_table_replicas(parts.catalog, spec, parts.fault,
+                                    on_letters=lambda found: parts.feed_letters.recorded(found))(table, session)
 
     def source(table: str, session: "SparkSession") -> TableChangeSource[Any]:
         return delta_change_feeds(parts.catalog, spec)(table, session)
@@ -128,8 +138,12 @@ def delta(parts: Parts) -> Destination:
                                 locate(DEAD_LETTER_PREFIX + stream.name), parts.clock, parts.fault,
                                 on_prepare=lambda: parts.catalog.ensure_schema(parts.spark, *schema))
 
+    def letters() -> FeedLetterStore:
+        return FeedDeadLetters(parts.catalog.locate(TableName(spec.destination_catalog, spec.destination_schema,
+                                                              FEED_DEAD_LETTERS)), spec.pipeline_id)
+
     return Destination("delta", "destination kind delta: Delta replicas, one MERGE (or rewrite) per micro-batch",
-                       source, replica, event_sink)
+                       source, replica, event_sink, feed_letter_store=letters)
 
 
 def postgres(parts: Parts) -> Destination:
@@ -170,7 +184,9 @@ def postgres(parts: Parts) -> Destination:
 
     return Destination("postgres", f"destination kind postgres: {target.describe()}, COPY and a guarded upsert per "
                                    f"micro-batch", source, replica, event_sink,
-                       cycles if d.cycled_modes() else None)  # type: ignore[union-attr]
+                       cycles if d.cycled_modes() else None,  # type: ignore[union-attr]
+                       letters_elsewhere=f"PostgreSQL replicas: their dead letters are rows of lakemirror_dead_letters "
+                                         f"in PostgreSQL schema {target.schema}")
 
 
 @dataclass(frozen=True)
@@ -181,6 +197,7 @@ class MemoryDestination(Destination):
     sources: dict[str, MemoryChangeSource] = field(default_factory=dict)
     replicas: dict[str, MemoryTableReplica] = field(default_factory=dict)
     events: dict[str, MemoryEventStore] = field(default_factory=dict)
+    letters: InMemoryFeedLetters = field(default_factory=InMemoryFeedLetters)
 
 
 def memory(parts: Parts) -> Destination:
@@ -191,6 +208,7 @@ def memory(parts: Parts) -> Destination:
     sources: dict[str, MemoryChangeSource] = {}
     replicas: dict[str, MemoryTableReplica] = {}
     events: dict[str, MemoryEventStore] = {}
+    letters = InMemoryFeedLetters()
 
     def source(table: str, session: Any) -> TableChangeSource[Any]:
         if table not in sources:
@@ -205,7 +223,7 @@ def memory(parts: Parts) -> Destination:
         return memory_event_sink(stream, decoder, spec.pipeline_id, store, clock=parts.clock, fault=parts.fault)
 
     return MemoryDestination("memory", "destination kind memory: in-memory replicas (tests)", source, replica,
-                             event_sink, None, sources, replicas, events)
+                             event_sink, None, lambda: letters, "", sources, replicas, events, letters)
 
 
 #: Every destination kind, with the function that builds it.

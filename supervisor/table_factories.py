@@ -12,10 +12,11 @@ feed of the source table, and a Delta table in the destination schema.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from lakemirror.sinks.contract import ReplicaFactory, TableReplica
 from lakemirror.sinks.merge.delta_replica import ApplyLimits, DeltaReplica
+from lakemirror.sinks.merge.feed_letters import FeedLetter
 from lakemirror.sources.catalog import Catalog
 from lakemirror.sources.contract import TableChangeSource
 from lakemirror.sources.delta_source import DeltaChangeFeed
@@ -35,12 +36,13 @@ def delta_change_feeds(catalog: Catalog, spec: PipelineSpec) -> SourceFactory:
     return source
 
 
-def delta_table_replicas(catalog: Catalog, spec: PipelineSpec,
-                         fault: Callable[[str], None] = lambda point: None) -> ReplicaFactory:
-    """Each table's Delta replica in the destination schema, written in the table's session."""
+def delta_table_replicas(catalog: Catalog, spec: PipelineSpec, fault: Callable[[str], None] = lambda point: None,
+                         on_letters: Callable[[Sequence[FeedLetter]], None] = lambda found: None) -> ReplicaFactory:
+    """Each table's Delta replica in the destination schema, written in the table's session;
+    ``on_letters`` is told of the changes a batch dead-lettered (the pipeline's counts)."""
     limits = ApplyLimits(spec.rewrite_below_bytes, spec.driver_apply, spec.driver_apply_below_bytes)
 
     def replica(table: str, session: "SparkSession") -> TableReplica[Any]:
         return DeltaReplica(session, catalog, spec.destination(table), str(spec.source(table)), spec.pipeline_id,
-                            limits, spec.replica_properties, fault=fault)
+                            limits, spec.replica_properties, fault=fault, on_letters=on_letters)
     return replica

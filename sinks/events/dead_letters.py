@@ -130,7 +130,8 @@ class LetterReport:
 
     def as_json(self) -> dict[str, Any]:
         return {"verb": self.verb, "unknown": list(self.unknown),
-                "letters": [{"id": r.id, "status": r.status, "resolution": r.resolution} for r in self.resolutions]}
+                "letters": [{"id": r.id, "status": r.status, "resolution": r.resolution,
+                             **({"reason": r.reason} if r.reason else {})} for r in self.resolutions]}
 
 
 class DeadLetterStore(Protocol):
