@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -32,7 +32,17 @@ DRAIN = 1.0
 #: How long a test waits for a drain bounded at DRAIN seconds before calling it a hang.
 HANG = DRAIN + 20.0
 
-_NEVER = threading.Event()  # never set: what a call to a server that is gone waits for
+_NEVER = threading.Event()  # what a call to a server that is gone waits for: set once the test is over
+
+
+@pytest.fixture(autouse=True)
+def _the_server_comes_back_after_the_test() -> Iterator[None]:
+    """Calls abandoned by a test end after it: a launch hung in a ``cached_property`` of its runner
+    holds that property's lock, which Python 3.11 shares between all instances of the class."""
+    global _NEVER
+    _NEVER = threading.Event()
+    yield
+    _NEVER.set()
 
 
 class GoneSession:
