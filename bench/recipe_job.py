@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol
 
 from bench.measure import Apply
-from lakemirror.sources.feed_range import SourceOffset, applied_through_from_offset, version_shape
+from lakemirror.delta_log.stream_offsets import SourceOffset, applied_through_from_offset, version_shape
 
 COMMIT_FILE = re.compile(r"(\d{20})\.json$")
 
