@@ -203,6 +203,17 @@ def test_only_the_delta_log_package_spells_the_log_file_names() -> None:
     assert not found, f"only {DELTA_LOG} names the log's files (use lakemirror.delta_log.layout):\n" + "\n".join(found)
 
 
+def test_the_delta_log_package_imports_only_where_a_table_lives() -> None:
+    """Below every layer, it may import nothing of lakemirror but itself and ``lakemirror.tables``."""
+    found = []
+    for path in sorted((ROOT / DELTA_LOG_FOLDER).rglob("*.py")):
+        package = ("lakemirror", *path.relative_to(ROOT).parent.parts[1:])
+        for line, module in imported_modules(path.read_text(encoding="utf-8"), package):
+            if module.startswith("lakemirror") and module != "lakemirror.tables" and not module.startswith(DELTA_LOG):
+                found.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+    assert not found, "\n".join(found)
+
+
 def test_the_delta_log_rules_are_not_vacuous(tmp_path: Path) -> None:
     """A new importer and a spelled folder name are found; a docstring that names the folder is not."""
     assert len(delta_log_importers(ROOT)) == len(DELTA_LOG_IMPORTERS)
