@@ -10,8 +10,9 @@ nothing imports Prometheus or the settings libraries (those belong to the daemon
 import every layer, and no layer imports it, but for one door: the ``lakemirror demo`` command
 imports its demo inside the command's function, so that nothing ``lakemirror run`` loads reaches it.
 
-The Delta format code we own (``lakemirror.delta_log``) is imported only by the modules listed in
-:data:`DELTA_LOG_IMPORTERS`, and no other module of the product spells the log's file names.
+The Delta format code we own (``lakemirror.delta_log``) is imported only by the product modules listed
+in :data:`DELTA_LOG_IMPORTERS`, and no other module of the product or the benchmarks spells the log's
+file names.
 """
 
 from __future__ import annotations
@@ -197,8 +198,10 @@ def test_only_the_modules_that_need_it_import_the_delta_log_package() -> None:
 
 
 def test_only_the_delta_log_package_spells_the_log_file_names() -> None:
+    """In the product and the benchmarks alike (the tests may spell them, to build or inspect a log)."""
+    files = [*product_files(ROOT), *sorted((ROOT / "bench").rglob("*.py"))]
     found = [f"{path.relative_to(ROOT)}:{line} spells {name!r}"
-             for path in product_files(ROOT) if not path.relative_to(ROOT).as_posix().startswith(DELTA_LOG_FOLDER + "/")
+             for path in files if not path.relative_to(ROOT).as_posix().startswith(DELTA_LOG_FOLDER + "/")
              for line, name in spelled_log_names(path.read_text(encoding="utf-8"))]
     assert not found, f"only {DELTA_LOG} names the log's files (use lakemirror.delta_log.layout):\n" + "\n".join(found)
 
