@@ -11,6 +11,8 @@ replicate`` keeps its state under ``<checkpoint_volume>/replicate/``::
     │   ├── .lakemirror-pipeline           only in a folder created for a pipeline posted to the API:
     │   │                                  names the pipeline the folder belongs to
     │   ├── lease/                         the pipeline's lease: one daemon at a time
+    │   ├── commands.json                  control commands accepted (202) whose effect is not yet in
+    │   │                                  their table's state: applied by the next start if the daemon dies
     │   ├── state/<table>.json             a table's state: paused, bootstrap epoch, bootstrapped version
     │   ├── bootstrap/<table>.json         a chunked bootstrap's plan and the chunks it committed
     │   ├── <table>/                       a change-feed table's Spark state, one set per bootstrap epoch:
@@ -51,6 +53,7 @@ TOKEN_FILE = "daemon.token"
 #: holding it, naming that pipeline, is ever deleted through the API.
 OWNER_MARKER = ".lakemirror-pipeline"
 LEASE_DIR = "lease"
+COMMANDS_FILE = "commands.json"
 STATE_DIR = "state"
 BOOTSTRAP_DIR = "bootstrap"
 EVENTS_DIR = "events"
@@ -99,6 +102,16 @@ def owner_marker(pipeline: Path) -> Path:
 
 def lease_dir(pipeline: Path) -> Path:
     return pipeline / LEASE_DIR
+
+
+def commands_file(pipeline: Path) -> Path:
+    """The pipeline's command journal (:mod:`lakemirror.checkpoints.commands`)."""
+    return pipeline / COMMANDS_FILE
+
+
+def commands_file_unreadable(pipeline: Path, tag: str) -> Path:
+    """Where a command journal that cannot be parsed is set aside, kept for the operator."""
+    return pipeline / f"{COMMANDS_FILE}.unreadable-{tag}"
 
 
 def state_dir(root: str | os.PathLike[str]) -> Path:

@@ -12,7 +12,9 @@ other query runs on a table's checkpoint) loses nothing.
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
 from lakemirror.tables import is_local_path, local_dir
@@ -119,3 +121,22 @@ def batch_offsets(checkpoint: str, batch_id: int) -> "tuple[str | None, str] | N
     if end is None or (batch_id > 0 and start is None):
         return None
     return start, end
+
+
+def query_id(checkpoint: str | Path) -> str | None:
+    """The id of the query checkpointed in the local folder ``checkpoint``: Spark writes it to the
+    folder's ``metadata`` file when a query first starts there and keeps it across restarts, so a new
+    id means a new checkpoint (a replay from the source's start). None when there is no checkpoint
+    yet; ``ValueError`` when its ``metadata`` is not Spark's."""
+    path = Path(checkpoint) / "metadata"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    try:
+        found = json.loads(text.splitlines()[0] if text.strip() else "")
+    except (ValueError, IndexError) as exc:
+        raise ValueError(f"{path} is not a query checkpoint's metadata: {exc}") from exc
+    if not isinstance(found, dict) or not isinstance(found.get("id"), str):
+        raise ValueError(f"{path} names no query id")
+    return str(found["id"])

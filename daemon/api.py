@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
-from lakemirror.daemon.settings import Settings, local_path_problem, object_storage_problem
+from lakemirror.daemon.settings import Settings, limits, local_path_problem, object_storage_problem
 from lakemirror.daemon.databricks_pipelines import DatabricksNotConfigured, DatabricksPipelines
 from lakemirror.daemon.settings.pipeline import DAEMON_ONLY_KEYS, checkpoint_problem
 from lakemirror.checkpoints import layout
@@ -34,7 +34,7 @@ from lakemirror.daemon.worker import CommandWorker, WorkerClosed, WorkerTimeout
 from lakemirror.errors import ConfigError, excerpt
 from lakemirror.secrets import redact
 from lakemirror.sources.cdf_check import Readiness
-from lakemirror.supervisor.supervisor import Draining
+from lakemirror.supervisor.supervisor import CommandRefused
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +204,7 @@ class ContinuousSyncApi:
             return getattr(self, f"_{m.route.name}")(m, body)  # type: ignore[no-any-return]
         except WorkerTimeout as exc:
             return 504, {"error": str(exc)}
-        except (WorkerClosed, Draining) as exc:
+        except (WorkerClosed, CommandRefused) as exc:  # CommandRefused: draining, or not journalled
             return 503, {"error": str(exc)}
         except DatabricksNotConfigured as exc:
             return 503, {"error": str(exc)}
@@ -274,7 +274,7 @@ class ContinuousSyncApi:
         return None
 
     def _unknown(self, job_id: str) -> Reply:
-        return 404, {"error": f"no pipeline {job_id!r} in this daemon"}
+        return 404, {"error": f"no pipeline {excerpt(job_id, 100)!r} in this daemon"}
 
     def _get(self, m: Match, body: Any) -> Reply:
         remote = self._job_id(m)
@@ -351,7 +351,7 @@ class ContinuousSyncApi:
         h = self.registry.get(m.params["job_id"])
         if h is None or h.state != "running":
             return self._unknown(m.params["job_id"])
-        tables = [v.table for v in h.views() if h.supervisor.command(verb, v.table)]
+        tables = h.supervisor.command_all(verb, [v.table for v in h.views()])  # one journal write: all or none
         return 202, {"job_id": h.pipeline_id, "accepted": verb, "tables": tables}
 
     def _resync(self, m: Match, body: Any) -> Reply:
@@ -363,7 +363,7 @@ class ContinuousSyncApi:
             return self._unknown(m.params["job_id"])
         table = m.params["table"]
         if not h.supervisor.command("resync", table):
-            return 404, {"error": f"no table {table!r} in pipeline {h.pipeline_id!r}"}
+            return 404, {"error": f"no table {excerpt(table, limits.MAX_NAME_CHARS)!r} in pipeline {h.pipeline_id!r}"}
         return 202, {"job_id": h.pipeline_id, "accepted": "resync", "table": table}
 
     # -- readiness --------------------------------------------------------------------------------
@@ -401,7 +401,10 @@ class ContinuousSyncApi:
         except ConfigError as exc:
             problems += [{"field": "tables", "message": msg} for _, msg in exc.problems]
         anchor = m.arg("anchor")
-        if anchor is not None and (not anchor or "." in anchor or "\x00" in anchor):
+        if anchor is not None and len(anchor) > limits.MAX_NAME_CHARS:
+            problems.append({"field": "anchor", "message": f"a table name has at most {limits.MAX_NAME_CHARS} "
+                                                           f"characters (this one has {len(anchor)})"})
+        elif anchor is not None and (not anchor or "." in anchor or "\x00" in anchor):
             problems.append({"field": "anchor", "message": "a table name of the pipeline (no catalog or schema)"})
         if problems:
             return 422, {"error": "invalid query", "problems": problems}

@@ -116,6 +116,12 @@ def cmd_control(args: argparse.Namespace) -> int:
     from urllib.error import HTTPError
     from urllib.parse import quote
 
+    from lakemirror.daemon.settings.limits import MAX_NAME_CHARS
+
+    if len(args.table) > MAX_NAME_CHARS:
+        print(f"lakemirror {args.command}: TABLE is {len(args.table)} characters long; a table name has at most "
+              f"{MAX_NAME_CHARS}", file=sys.stderr)
+        return EXIT_CONFIG
     settings = _load(args)
     url = args.url or _daemon_url(settings)
     if not url:

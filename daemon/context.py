@@ -39,6 +39,8 @@ from lakemirror.checkpoints.pipeline_lease import PipelineLease
 from lakemirror.checkpoints.delta_store import DeltaCheckpointStore
 from lakemirror.checkpoints.records import CheckpointStore
 from lakemirror.checkpoints.state import FileStateStore
+from lakemirror.checkpoints.commands import FileCommandJournal
+from lakemirror.checkpoints.stream_dir import query_id
 from lakemirror.daemon import http_token, preflight
 from lakemirror.daemon.api import ContinuousSyncApi
 from lakemirror.daemon.databricks_pipelines import DatabricksPipelines
@@ -316,6 +318,11 @@ class DaemonContext(GlobalContext):
         return FileStateStore(self.pipeline_dir)
 
     @cached_property
+    def command_journal(self) -> FileCommandJournal:
+        """Where the pipeline's accepted control commands wait for their effect (survives a kill)."""
+        return FileCommandJournal(layout.commands_file(self.pipeline_dir))
+
+    @cached_property
     def checkpoints(self) -> CheckpointStore:
         # Over Spark Connect the daemon appends the rows itself (the batch functions on the server no longer
         # do): with delta-rs where it reaches the table, an s3a one with runtime.spark_conf's s3a settings.
@@ -393,7 +400,8 @@ class DaemonContext(GlobalContext):
             min_turn_interval_seconds=s.effective_turn_interval_seconds,
             # Listed tables too: the discovery loop starts a listed table that failed as missing once it exists.
             discover_interval_seconds=s.discover_interval_seconds, recorded=recorded,
-            refresh_recorded=lambda known: refreshed(known, spec, self.catalog.locate))
+            refresh_recorded=lambda known: refreshed(known, spec, self.catalog.locate),
+            journal=self.command_journal, epochs=lambda table: str(self.states.load(spec.source(table).slug).epoch))
 
     @cached_property
     def event_source_supervisor(self) -> Supervisor:
@@ -405,6 +413,8 @@ class DaemonContext(GlobalContext):
         stream = event_stream_spec(source, self.settings)
         folder = layout.event_source_dir(layout.pipeline_dir(spec.checkpoint_root, spec.pipeline_id), source.name)
         destination = (spec.destination_catalog, spec.destination_schema)
+        # A resync sets the query's checkpoint aside: a new checkpoint (a new query id) means it took effect.
+        journal, epochs = self.command_journal, lambda _: query_id(layout.event_checkpoint(folder))
         recorded = lambda: {RUNNER_PREFIX + source.name: recorded_entry(  # noqa: E731 (listed while the JVM starts)
             folder, source.name, source.kind, self.states.load(state_slug(source.name)).paused)}
         postgres = self.settings.destination
@@ -424,7 +434,7 @@ class DaemonContext(GlobalContext):
             return Supervisor(runner_factory=postgres_runner, list_tables=lambda: [RUNNER_PREFIX + source.name],
                               policy=self.restart_policy, observer=self.observer,
                               lag_interval_seconds=self.settings.lag_interval_seconds, apply_workers=0,
-                              recorded=recorded)
+                              recorded=recorded, journal=journal, epochs=epochs)
 
         def runner(_: str) -> Runner:
             session = self.spark
@@ -438,7 +448,7 @@ class DaemonContext(GlobalContext):
         return Supervisor(runner_factory=runner, list_tables=lambda: [RUNNER_PREFIX + source.name],
                           policy=self.restart_policy, observer=self.observer,
                           lag_interval_seconds=self.settings.lag_interval_seconds, apply_workers=0,
-                          recorded=recorded)
+                          recorded=recorded, journal=journal, epochs=epochs)
 
     # -- the scheduled sub-tasks ----------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """Control commands over HTTP: pause, resume and resync one table. Pure: routing and authorization.
 
 ``POST /tables/{table}/pause|resume|resync`` (the table name URL-encoded). The HTTP thread only
-queues the command with the supervisor, which applies it on its next tick: it never calls Spark.
+journals and queues the command with the supervisor, which applies it on its next tick: it never
+calls Spark.
 
 Authorization: with a token (``http.auth_token``, or the one the daemon generates), a request needs
 ``Authorization: Bearer <token>`` (compared in constant time). Without one (``http.auth: none``),

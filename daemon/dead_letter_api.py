@@ -14,11 +14,15 @@ import logging
 from typing import Any, Callable, Protocol, Sequence
 
 from lakemirror.daemon.routes import Match
+from lakemirror.daemon.settings import limits
 from lakemirror.sinks.events.dead_letters import STATUSES
 
 log = logging.getLogger(__name__)
 
 Reply = tuple[int, Any]
+
+#: At most this many letters are named in one skip or replay (a request for more: all_pending, or several).
+MAX_IDS = 10_000
 
 
 class LetterReportLike(Protocol):
@@ -46,6 +50,9 @@ class DeadLetterApi:
 
     def handle(self, m: Match, body: Any) -> Reply:
         name = m.params["source"]
+        if len(name) > limits.MAX_NAME_CHARS:
+            return 404, {"error": f"no such event source: the name is {len(name)} characters long, and a name has "
+                                  f"at most {limits.MAX_NAME_CHARS}"}
         source = self.source_of(name)
         if source is None:
             return 404, {"error": f"no event source {name!r} in this pipeline"}
@@ -61,8 +68,11 @@ class DeadLetterApi:
         problems = []
         if status is not None and status not in STATUSES:
             problems.append({"field": "status", "message": f"one of {', '.join(STATUSES)}"})
-        if not limit.isdigit() or int(limit) < 1:
-            problems.append({"field": "limit", "message": "a positive whole number"})
+        if not limit.isdigit() or len(limit) > 9 or int(limit) < 1:
+            problems.append({"field": "limit", "message": "a positive whole number (of at most 9 digits)"})
+        if table is not None and len(table) > limits.MAX_NAME_CHARS:
+            problems.append({"field": "table", "message": f"a table name has at most {limits.MAX_NAME_CHARS} "
+                                                          f"characters (this one has {len(table)})"})
         if problems:
             return 422, {"error": "invalid query", "problems": problems}
         try:
@@ -79,10 +89,15 @@ class DeadLetterApi:
         problems = []
         if ids is not None and (not isinstance(ids, list) or not all(isinstance(i, str) and i for i in ids)):
             problems.append({"field": "ids", "message": "a list of dead-letter ids"})
+        elif ids is not None and (len(ids) > MAX_IDS or any(len(i) > limits.MAX_NAME_CHARS for i in ids)):
+            problems.append({"field": "ids", "message": f"at most {MAX_IDS} ids of at most {limits.MAX_NAME_CHARS} "
+                                                        f"characters each (all_pending: true resolves every pending "
+                                                        f"letter)"})
         if not isinstance(every, bool):
             problems.append({"field": "all_pending", "message": "true or false"})
-        if table is not None and not isinstance(table, str):
-            problems.append({"field": "table", "message": "a table name"})
+        if table is not None and (not isinstance(table, str) or len(table) > limits.MAX_NAME_CHARS):
+            problems.append({"field": "table", "message": f"a table name (of at most {limits.MAX_NAME_CHARS} "
+                                                          f"characters)"})
         if not problems and bool(ids) == bool(every):
             problems.append({"field": "ids", "message": "give the letters' ids, or all_pending: true (not both)"})
         if problems:

@@ -46,7 +46,8 @@ from lakemirror.daemon.http_capacity import PROBE_ROUTES, Capacity
 from lakemirror.daemon.http_body import (MAX_BODY_BYTES, BadRequest, framing, json_media_type, parse_json,
                                          read_chunked)
 from lakemirror.secrets import redact
-from lakemirror.supervisor.supervisor import Draining, TableView
+from lakemirror.daemon.settings import limits
+from lakemirror.supervisor.supervisor import CommandRefused, TableView
 
 if TYPE_CHECKING:
     from lakemirror.daemon.api import ContinuousSyncApi
@@ -265,9 +266,12 @@ class ControlServer:
             verb, table = name[len("table_"):], m.params["table"]
             if self.commands is None:
                 return 404, {"error": "control commands are not enabled on this endpoint"}
+            if len(table) > limits.MAX_NAME_CHARS:
+                return 404, {"error": f"no such table: the name is {len(table)} characters long, and a table name has "
+                                      f"at most {limits.MAX_NAME_CHARS}"}
             try:
                 known = self.commands(verb, table)
-            except Draining as exc:  # refused rather than lost: the drain has taken the queue
+            except CommandRefused as exc:  # refused rather than lost: the drain began, or it cannot be journalled
                 return 503, {"error": str(exc)}
             if not known:
                 return 404, {"error": f"no table {table!r} in this pipeline"}

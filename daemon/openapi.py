@@ -26,8 +26,9 @@ def _auth_errors() -> dict[str, Any]:
                                "wrote)."),
             "403": _json(_ERR, "The Host header does not name the daemon, the Origin or Sec-Fetch-Site is another "
                                "site's, or (http.auth none) the endpoint is not on a loopback interface."),
-            "503": _json(_ERR, "The daemon is shutting down and takes no more commands (or, databricks mode, "
-                               "has no workspace to submit to).")}
+            "503": _json(_ERR, "Not accepted: the daemon is shutting down and takes no more commands, or a "
+                               "command could not be recorded durably in the pipeline's folder (or, databricks "
+                               "mode, the daemon has no workspace to submit to).")}
 
 
 def _param(name: str, where: str, description: str, schema: dict[str, Any] | None = None,
@@ -67,8 +68,9 @@ def _op(summary: str, responses: dict[str, Any], *, params: list[dict[str, Any]]
 
 
 def _table_command(verb: str) -> dict[str, Any]:
-    return _op(f"{verb.capitalize()} one table of the daemon's configured pipeline (queued for its supervisor).",
-               {"202": _json({"type": "object"}, "Queued."), "404": _json(_ERR, "No such table.")},
+    return _op(f"{verb.capitalize()} one table of the daemon's configured pipeline (recorded durably, then applied "
+               f"by its supervisor; a daemon killed before applying it applies it at its next start).",
+               {"202": _json({"type": "object"}, "Accepted and recorded."), "404": _json(_ERR, "No such table.")},
                params=[TABLE], secured=True)
 
 
@@ -197,8 +199,9 @@ def document() -> dict[str, Any]:
                 {"202": _json({"type": "object"}, "Queued."), "404": _json(_ERR, "No such pipeline.")},
                 params=[JOB_ID, *WORKSPACE], secured=True)},
             "/api/continuous-sync/{job_id}/resync/{table}": {"post": _op(
-                "Rebuild one table's replica from a new snapshot (queued for the pipeline's supervisor).",
-                {"202": _json({"type": "object"}, "Queued."), "404": _json(_ERR, "No such pipeline or table."),
+                "Rebuild one table's replica from a new snapshot (recorded durably, then applied by the pipeline's "
+                "supervisor).",
+                {"202": _json({"type": "object"}, "Accepted and recorded."), "404": _json(_ERR, "No such pipeline or table."),
                  "501": _json(_ERR, "A Databricks job: resync through its own daemon.")},
                 params=[JOB_ID, TABLE], secured=True)},
             "/api/incremental/cdf-check": {"get": _op(

@@ -13,13 +13,21 @@ import sys
 from datetime import datetime, timezone
 from typing import Any, Sequence, TextIO
 
+from lakemirror.daemon.settings import limits
 from lakemirror.errors import ConfigError
 from lakemirror.identifiers import TableName
+
+
+#: The longest instant written out: ISO 8601 with microseconds and an offset, or epoch seconds.
+MAX_INSTANT_CHARS = 64
 
 
 def parse_instant(text: str, where: str = "--at") -> float:
     """Seconds since the epoch from ISO 8601 (naive: UTC) or a number; :class:`ConfigError` naming ``where``."""
     value = text.strip()
+    if len(value) > MAX_INSTANT_CHARS:
+        raise ConfigError([(where, f"an instant is {len(value)} characters long; one has at most {MAX_INSTANT_CHARS} "
+                                   f"(2026-05-01T12:00:00.000000+00:00)")])
     try:
         return float(value)
     except ValueError:
@@ -40,7 +48,22 @@ def parse_tables(text: str | None, where: str = "--tables") -> list[str] | None:
     names = [t.strip() for t in text.split(",") if t.strip()]
     if not names:
         raise ConfigError([(where, "name at least one table (a,b)")])
+    try:
+        limits.names(names, "a table name")
+    except ValueError as exc:
+        raise ConfigError([(where, str(exc))]) from None
     return names
+
+
+def check_name(value: str | None, where: str) -> str | None:
+    """``value`` (a table or schema name given on the command line or in a query), bounded as the
+    settings bound names; :class:`ConfigError` naming ``where``."""
+    if value is not None:
+        try:
+            limits.name(value, where)
+        except ValueError as exc:
+            raise ConfigError([(where, str(exc))]) from None
+    return value
 
 
 def recovery_points_of(context: Any) -> Any:
@@ -90,6 +113,8 @@ def run(settings: Any, *, at: str | None, anchor: str | None, tables: str | None
     stream = out or sys.stdout
     instant = parse_instant(at) if at is not None else None
     only = parse_tables(tables)
+    check_name(anchor, "--anchor")
+    check_name(pin_schema, "--pin-schema")
     if pin_schema is not None and (not pin_schema.strip() or any(ch in pin_schema for ch in "./`")):
         raise ConfigError([("--pin-schema", f"{pin_schema!r}: a schema name without '.', '/' or '`'")])
     context = DaemonContext(settings)

@@ -5,23 +5,30 @@ none, collects every runner's events and feeds them through the pure state machi
 the resulting actions, and probes lag. A failing table only ever changes its own state: its
 backoff is state with a due time, not a sleep, so no other table waits for it.
 
-A command accepted is durable: one still queued when the drain begins is recorded in the table's
-state once its runner has stopped (pause and resume as the persisted pause, a resync as a new
-bootstrap at the next start), and from the drain on, commands are refused (:class:`Draining`).
+A command accepted is durable (:mod:`lakemirror.supervisor.command_inbox`): it is journalled before
+it is accepted, and a supervisor that starts after a kill records what the journal still holds in
+each table's state before that table starts. One still queued when the drain begins is recorded
+once its runner has stopped (pause and resume as the persisted pause, a resync as a new bootstrap
+at the next start), and from the drain on, commands are refused (:class:`Draining`).
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import random
 import threading
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
+from lakemirror.checkpoints.commands import Command, CommandJournal
 from lakemirror.sinks.batch.bootstrap_plan import BootstrapProgress
 from lakemirror.supervisor import state as sm
+from lakemirror.supervisor.command_inbox import OPERATOR_RESYNC, CommandInbox, record
+# Raised by the command methods below (the HTTP API answers them 503): importable from here too.
+from lakemirror.supervisor.command_inbox import CommandNotRecorded as CommandNotRecorded
+from lakemirror.supervisor.command_inbox import CommandRefused as CommandRefused
+from lakemirror.supervisor.command_inbox import Draining as Draining
 from lakemirror.supervisor.failure import REDISCOVERABLE
 from lakemirror.supervisor.lag import LagReading
 from lakemirror.supervisor.observer import NoopObserver, Observer
@@ -71,10 +78,6 @@ class TableView:
     bootstrap: dict[str, object] | None = None  # a running bootstrap: chunks and rows done, rate, ETA
 
 
-class Draining(Exception):
-    """The supervisor is shutting down: a command is refused (send it again once the daemon runs)."""
-
-
 @dataclass
 class _Table:
     runner: Runner
@@ -91,7 +94,11 @@ class Supervisor:
                  lag_interval_seconds: float = 2.0, discover_interval_seconds: float | None = None,
                  apply_workers: int = 0, min_turn_interval_seconds: float = 1.0,
                  recorded: Callable[[], Mapping[str, RecordedTable]] | None = None,
-                 refresh_recorded: Callable[[RecordedTable], RecordedTable] | None = None) -> None:
+                 refresh_recorded: Callable[[RecordedTable], RecordedTable] | None = None,
+                 journal: CommandJournal | None = None, epochs: Callable[[str], str | None] | None = None) -> None:
+        """``journal``: where accepted commands wait for their effect (an in-memory one, which does not
+        survive the process, when None); ``epochs``: a table's transaction-id epoch as its state holds
+        it, read without Spark (kept with a resync, to tell after a crash whether it took effect)."""
         self._factory = runner_factory
         self._list_tables = list_tables
         self.policy = policy
@@ -109,9 +116,7 @@ class Supervisor:
         self._refresh_recorded = refresh_recorded
         self._refreshed_at: dict[str, float] = {}
         self._refresh_lock = threading.Lock()
-        self._commands: "queue.Queue[tuple[str, str]]" = queue.Queue()
-        self._command_lock = threading.Lock()  # a command is queued before the drain takes the queue, or refused
-        self._draining = False
+        self.commands = CommandInbox(journal, epochs)
         self._view_lock = threading.Lock()
         self._next_lag = 0.0
         self._next_discovery = 0.0
@@ -125,21 +130,15 @@ class Supervisor:
     # -- commands (any thread) ------------------------------------------------------------------
 
     def pause(self, table: str) -> None:
-        self._queue("pause", table)
+        """Pause ``table`` (nothing when the pipeline has no such table); see :meth:`command`."""
+        self.command("pause", table)
 
     def resume(self, table: str) -> None:
-        self._queue("resume", table)
+        self.command("resume", table)
 
     def resync(self, table: str) -> None:
         """Rebuild the table's replica from a new snapshot (a new transaction-id epoch)."""
-        self._queue("resync", table)
-
-    def _queue(self, verb: str, table: str) -> None:
-        with self._command_lock:
-            if self._draining:
-                raise Draining(f"{verb} {table}: the pipeline is shutting down and takes no more commands; send "
-                               f"it again once the daemon runs")
-            self._commands.put((verb, table))
+        self.command("resync", table)
 
     def has_table(self, table: str) -> bool:
         """Whether ``table`` is the pipeline's: running, or listed from its records while the pipeline
@@ -153,19 +152,25 @@ class Supervisor:
         return entry.runner if entry is not None else None
 
     def command(self, verb: str, table: str) -> bool:
-        """Queue ``verb`` (pause, resume, resync) for ``table``; False if the pipeline has no such table,
-        :class:`Draining` once the shutdown has begun."""
+        """Accept ``verb`` (pause, resume, resync) for ``table``: journalled, then applied at the next
+        tick. False if the pipeline has no such table; :class:`Draining` once the shutdown has begun,
+        :class:`CommandNotRecorded` when the command cannot be journalled (nothing is accepted)."""
+        return bool(self.command_all(verb, [table]))
+
+    def command_all(self, verb: str, tables: Sequence[str]) -> list[str]:
+        """:meth:`command` for each of ``tables`` the pipeline has, in one journal write (all or
+        none); the tables it was accepted for."""
         if verb not in ("pause", "resume", "resync"):
             raise ValueError(f"unknown command {verb!r}")
-        if not self.has_table(table):
-            return False
-        self._queue(verb, table)
-        return True
+        known = [t for t in dict.fromkeys(tables) if self.has_table(t)]
+        self.commands.submit(verb, known)
+        return known
 
     # -- loop (the supervisor thread) -----------------------------------------------------------
 
     def start(self) -> None:
         self._seed(self.clock())
+        self.commands.recover()
         self._discover(self.clock())
         if self._turns is not None:
             self._turns.start()
@@ -212,9 +217,7 @@ class Supervisor:
         The whole drain shares one deadline: each table gets what is left of it, so N tables
         never take N times the timeout. Commands still queued are recorded once the tables have
         stopped (:meth:`_record_pending`); later ones are refused."""
-        with self._command_lock:
-            self._draining = True
-        pending = self._take_commands()
+        pending = self.commands.close(self._has_runner)
         deadline = time.monotonic() + timeout_seconds
         now = self.clock()
         if self._turns is not None:
@@ -224,31 +227,16 @@ class Supervisor:
             self._dispatch(name, sm.Stop(), now, halt_timeout=remaining)
         self._record_pending(pending)
 
-    def _take_commands(self) -> list[tuple[str, str]]:
-        out = []
-        while True:
-            try:
-                out.append(self._commands.get_nowait())
-            except queue.Empty:
-                return out
+    def _has_runner(self, table: str) -> bool:
+        return table in self._tables
 
-    def _record_pending(self, pending: list[tuple[str, str]]) -> None:
-        """Make commands accepted but not yet applied durable, without starting anything: a pause or
-        resume becomes the table's persisted pause, a resync its new bootstrap at the next start."""
-        for verb, table in pending:
-            entry = self._tables.get(table)
-            if entry is None:
-                continue
-            try:
-                if verb == "resync":
-                    entry.runner.pause_persisted(False)
-                    entry.runner.resync("resync requested by an operator")
-                else:
-                    entry.runner.pause_persisted(verb == "pause")
-            except Exception:  # noqa: BLE001 (one table's state file must not stop the others')
-                log.exception("table %s: the %s accepted before the shutdown could not be recorded", table, verb)
-                continue
-            log.info("table %s: %s accepted before the shutdown, recorded for the next start", table, verb)
+    def _record_pending(self, pending: list[Command]) -> None:
+        """Record commands accepted but not yet applied in their tables' state, without starting
+        anything: a pause or resume becomes the table's persisted pause, a resync its new bootstrap at
+        the next start (one that cannot be recorded stays journalled for the next start)."""
+        for command in self.commands.apply(pending, lambda c: record(c, self._tables[c.table].runner)):
+            log.info("table %s: %s accepted before the shutdown, recorded for the next start", command.table,
+                     command.verb)
 
     # -- internals ------------------------------------------------------------------------------
 
@@ -273,6 +261,9 @@ class Supervisor:
             if name in self._tables:
                 continue
             runner = self._factory(name)
+            # Commands accepted before this start (or while the runner was made): in its state before it starts.
+            for command in self.commands.apply(self.commands.take_for(name), lambda c: record(c, runner)):
+                log.info("table %s: %s accepted before it started, recorded", name, command.verb)
             known = self._recorded.get(name)
             entry = _Table(runner, sm.TableStatus(since=now), rows_applied=known.rows_applied if known else 0,
                            batches=known.batches if known else 0)
@@ -297,22 +288,19 @@ class Supervisor:
                 self._dispatch(name, sm.Resume(), self.clock())
 
     def _apply_commands(self, now: float) -> None:
-        while True:
-            try:
-                verb, table = self._commands.get_nowait()
-            except queue.Empty:
-                return
-            entry = self._tables.get(table)
-            if entry is None:
-                log.warning("%s: no such table %r in this pipeline", verb, table)
-                continue
-            if verb == "resync":
-                if entry.status.state == sm.TableState.PAUSED:  # a resync starts the table: no longer paused
-                    entry.runner.pause_persisted(False)
-                self._dispatch(table, sm.Resync(), now, reason="resync requested by an operator")
-                continue
-            entry.runner.pause_persisted(verb == "pause")
-            self._dispatch(table, sm.Pause() if verb == "pause" else sm.Resume(), now)
+        """Apply the accepted commands of tables that have a runner, in order; each is forgotten by
+        the journal once its effect is in the table's state."""
+        self.commands.apply(self.commands.take(self._has_runner), lambda c: self._apply(c, now))
+
+    def _apply(self, command: Command, now: float) -> None:
+        table, entry = command.table, self._tables[command.table]
+        if command.verb == "resync":
+            if entry.status.state == sm.TableState.PAUSED:  # a resync starts the table: no longer paused
+                entry.runner.pause_persisted(False)
+            self._dispatch(table, sm.Resync(), now, reason=OPERATOR_RESYNC)
+            return
+        entry.runner.pause_persisted(command.verb == "pause")
+        self._dispatch(table, sm.Pause() if command.verb == "pause" else sm.Resume(), now)
 
     def _dispatch(self, name: str, event: sm.Event, now: float, *, halt_timeout: float = 60.0,
                   reason: str | None = None) -> None:

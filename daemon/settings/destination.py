@@ -54,16 +54,18 @@ class PostgresDestination(_Strict):
     """Replicas are PostgreSQL tables, one per source table, named as the source table."""
 
     kind: Literal["postgres"]
-    host: str = Field(min_length=1, description="Server host name or address.")
+    host: str = Field(min_length=1, max_length=limits.MAX_NAME_CHARS, description="Server host name or address.")
     port: int = Field(5432, ge=1, le=65535, description="Server port.")
-    database: str = Field(min_length=1, description="Database holding the replicas.")
+    database: str = Field(min_length=1, max_length=63, description="Database holding the replicas.")
     target_schema: str = Field("public", alias="schema", min_length=1, max_length=63,
                                description="Schema of the replicas and of lakemirror_progress / "
                                            "lakemirror_dead_letters; created if missing.")
-    user: str = Field(min_length=1, description="Login role; needs USAGE and CREATE on the schema.")
+    user: str = Field(min_length=1, max_length=63, description="Login role; needs USAGE and CREATE on the schema.")
     password: SecretStr | None = Field(None, description="The password (prefer password_env or password_file).")
-    password_env: str | None = Field(None, description="Name of an environment variable holding the password.")
-    password_file: str | None = Field(None, description="File holding the password (trailing newline ignored).")
+    password_env: str | None = Field(None, max_length=limits.MAX_NAME_CHARS,
+                                     description="Name of an environment variable holding the password.")
+    password_file: str | None = Field(None, max_length=limits.MAX_PATH_CHARS,
+                                      description="File holding the password (trailing newline ignored).")
     sslmode: Literal["disable", "allow", "prefer", "require", "verify-ca", "verify-full"] = Field(
         "prefer", description="libpq sslmode.")
     max_connections: int = Field(4, ge=1, le=1000, description="The cap: connections lakemirror holds on the server "
@@ -95,6 +97,19 @@ class PostgresDestination(_Strict):
         "measured by bench/postgres_modes.py).")
     cycle_timeout_seconds: float = Field(3600.0, gt=0, le=limits.YEAR,
                                          description="triggered / snapshot: per table and cycle.")
+
+    @field_validator("password")
+    @classmethod
+    def _password(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None:
+            limits.secret(v.get_secret_value(), "password")
+        return v
+
+    @field_validator("table_modes")
+    @classmethod
+    def _table_names(cls, v: dict[str, Mode]) -> dict[str, Mode]:
+        limits.names(v, "a table name")
+        return v
 
     @field_validator("target_schema")
     @classmethod

@@ -30,8 +30,9 @@ block of settings given whole in a variable is JSON (`LAKEMIRROR_TABLES='["order
 that is not JSON, or an object naming a key twice, is refused naming the variable.
 
 Limits: the file is a regular UTF-8 file of at most 1 MiB whose mappings and lists nest at most 32
-levels, and names no key twice in one mapping; catalog, schema, table and column names have at most
-255 characters, paths at most 4096; durations have the upper bounds shown below. A file none of
+levels, and names no key twice in one mapping; catalog, schema, table, column, topic and other names
+have at most 255 characters, paths, URLs and patterns at most 4096, secrets at most 16384; durations
+and other fields have the upper bounds shown below. A file none of
 whose top-level keys is a setting is refused as not a configuration, without quoting it; messages
 quote at most a few hundred characters of a value, with credentials masked.
 """
@@ -104,7 +105,9 @@ def _model_of(annotation: Any) -> tuple[type[BaseModel] | None, str]:
 
 
 def _bounds(info: FieldInfo) -> str:
-    unit = " characters" if info.annotation is str else " items"
+    text = info.annotation is str or (get_origin(info.annotation) in (Union, types.UnionType)
+                                      and str in get_args(info.annotation))
+    unit = " characters" if text else " items"
     words = {"gt": ">", "ge": ">=", "lt": "<", "le": "<=", "min_length": "at least", "max_length": "at most"}
     parts = []
     for item in info.metadata:

@@ -46,10 +46,12 @@ class EventSourceSettings(BaseModel):
         FORMAT_DEBEZIUM, description="debezium: Debezium envelopes (JSON converter, with or without schemas); "
                                      "simple: the CDC events of Delta Lake's Streaming CDC Pipeline recipe (table_name, operation, "
                                      "before/after as JSON).")
-    path: str | None = Field(None, description="kind files: the directory new event files are moved into.")
-    bootstrap_servers: str | None = Field(None, description="kind kafka: host:port[,host:port].")
+    path: str | None = Field(None, max_length=limits.MAX_PATH_CHARS,
+                             description="kind files: the directory new event files are moved into.")
+    bootstrap_servers: str | None = Field(None, max_length=limits.MAX_PATH_CHARS,
+                                          description="kind kafka: host:port[,host:port].")
     topics: list[str] = Field(default_factory=list, description="kind kafka: topics to read.")
-    topic_pattern: str | None = Field(None, description="kind kafka: or a Java regex of topics. Spark also "
+    topic_pattern: str | None = Field(None, max_length=limits.MAX_PATH_CHARS, description="kind kafka: or a Java regex of topics. Spark also "
                                       "subscribes to a topic the pattern is only found in (shop\\.orders takes "
                                       "shop.orders_archive): anchor it, ^…$, to match whole names.")
     tables: list[str] | None = Field(None, description="Event tables to replicate; omit for every table the "
@@ -96,8 +98,23 @@ class EventSourceSettings(BaseModel):
     @field_validator("tables")
     @classmethod
     def _tables(cls, v: list[str] | None) -> list[str] | None:
+        limits.names(v or [], "a table name")
         if v is not None and len(set(v)) != len(v):
             raise ValueError(f"table names repeat: {v}")
+        return v
+
+    @field_validator("topics")
+    @classmethod
+    def _topics(cls, v: list[str]) -> list[str]:
+        limits.names(v, "a topic name")
+        return v
+
+    @field_validator("key_columns")
+    @classmethod
+    def _key_columns(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
+        limits.names(v, "a table name")
+        for columns in v.values():
+            limits.names(columns, "a column name")
         return v
 
     @model_validator(mode="after")

@@ -54,7 +54,7 @@ def bearer_token(value: str) -> str:
     """A token as the server compares it and the client sends it: spaces and line breaks at either
     end dropped, at least one character, printable ASCII without spaces (an HTTP header's value).
     The message never quotes the token."""
-    token = value.strip()
+    token = limits.secret(value.strip(), "auth_token")
     if not token:
         raise ValueError("auth_token is empty; give a token, or leave auth_token out to have one generated "
                          "(http.auth token)")
@@ -116,11 +116,12 @@ class RuntimeSettings(Strict):
     mode: Literal["local", "connect", "databricks"] = Field(
         "local", description="local: embedded Spark + Delta (default); connect: a Spark Connect server; "
                              "databricks: the session of a Databricks job.")
-    master: str = Field("local[2]", description="Spark master URL in local mode.")
+    master: str = Field("local[2]", max_length=limits.MAX_PATH_CHARS, description="Spark master URL in local mode.")
     warehouse: str = Field("./lakehouse", description="Local mode: the directory holding catalogs/schemas/tables, "
                            "or s3a://bucket/path for a lakehouse on S3 (with the spark.hadoop.fs.s3a.* confs in "
                            "spark_conf; docs/deployment.md, \"Object storage\").")
-    spark_remote: str | None = Field(None, description="Connect mode: the server, e.g. sc://host:15002.")
+    spark_remote: str | None = Field(None, max_length=limits.MAX_PATH_CHARS,
+                                     description="Connect mode: the server, e.g. sc://host:15002.")
     jars_dir: str | None = Field(None, description="Directory of Delta's jars (default: ~/.cache/lakemirror/jars).")
     shuffle_partitions: int = Field(4, ge=1, le=spark_values.JAVA_INT_MAX, description="spark.sql.shuffle.partitions for the daemon's session.")
     driver_memory: str = Field("2g", description="Local mode: spark.driver.memory, the JVM's heap (e.g. 2g, 512m).")
@@ -184,7 +185,8 @@ class RuntimeSettings(Strict):
 
 
 class HttpSettings(Strict):
-    host: str = Field("127.0.0.1", description="Interface of the /metrics, /healthz and /status endpoint.")
+    host: str = Field("127.0.0.1", max_length=limits.MAX_NAME_CHARS,
+                      description="Interface of the /metrics, /healthz and /status endpoint.")
     port: int = Field(9464, ge=0, le=65535, description="Port (0 = any free port).")
     auth: Literal["token", "none"] = Field(
         "token", description="token (default): every control route and /api route needs Authorization: Bearer "
@@ -231,11 +233,13 @@ class RestartSettings(Strict):
 class DatabricksSettings(Strict):
     """Where pipelines submitted through ``POST /api/continuous-sync`` in databricks mode run."""
 
-    wheel: str | None = Field(None, description="The built lakemirror wheel in the workspace (a .whl path).")
-    config_dir: str | None = Field(None, description="Workspace folder (e.g. a volume) the daemon writes "
-                                                     "each submitted pipeline's YAML to.")
-    spark_version: str = Field("17.3.x-scala2.13", description="Runtime of the job cluster.")
-    node_type_id: str = Field("i3.xlarge", description="Node type of the job cluster.")
+    wheel: str | None = Field(None, max_length=limits.MAX_PATH_CHARS,
+                              description="The built lakemirror wheel in the workspace (a .whl path).")
+    config_dir: str | None = Field(None, max_length=limits.MAX_PATH_CHARS, description="Workspace folder (e.g. a "
+                                   "volume) the daemon writes each submitted pipeline's YAML to.")
+    spark_version: str = Field("17.3.x-scala2.13", max_length=limits.MAX_NAME_CHARS,
+                               description="Runtime of the job cluster.")
+    node_type_id: str = Field("i3.xlarge", max_length=limits.MAX_NAME_CHARS, description="Node type of the job cluster.")
     num_workers: int = Field(1, ge=0, description="Workers of the job cluster.")
 
 
@@ -405,6 +409,11 @@ class Settings(BaseSettings):
     @classmethod
     def _checkpoint_folder(cls, v: str) -> str:
         return paths.directory_value(v, "checkpoint_volume")
+
+    @field_validator("checkpoint_table")
+    @classmethod
+    def _checkpoint_table(cls, v: str | None) -> str | None:
+        return None if v is None else limits.table_name(v, "checkpoint_table")
 
     @field_validator("table_overrides")
     @classmethod

@@ -39,7 +39,7 @@ from typing import Any, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from lakemirror.daemon.settings import limits
+from lakemirror.daemon.settings import limits, paths
 from lakemirror.daemon.settings.pipeline import RuntimeSettings, read_yaml
 from lakemirror.errors import ConfigError
 from lakemirror.daemon.settings.task_options import CloneOptions, MetadataSettings, ReconcileSettings, RetrySettings
@@ -69,6 +69,15 @@ class ObjectSettings(Strict):
     reconcile: ReconcileSettings = Field(default_factory=ReconcileSettings)
     metadata: MetadataSettings = Field(default_factory=MetadataSettings)
     volume_files: VolumeFilesSettings = Field(default_factory=VolumeFilesSettings)
+
+    @field_validator("keys")
+    @classmethod
+    def _keys(cls, v: list[str]) -> list[str]:
+        for column in v:
+            if not column or "\x00" in column:
+                raise ValueError("key column names cannot be empty or contain NUL")
+            limits.name(column, "a key column name")
+        return v
 
 
 TUNABLE = frozenset(ObjectSettings.model_fields)
@@ -100,6 +109,7 @@ _BAD_NAME = re.compile(r"[\x00-\x1f/`.]")
 
 
 def _check_name(value: str, what: str) -> str:
+    limits.name(value, what)
     if not value or not value.strip() or _BAD_NAME.search(value):
         raise ValueError(f"{what} {value!r} must be non-empty without '.', '/', '`' or control characters")
     return value
@@ -117,6 +127,7 @@ def _names(v: list[str] | None) -> list[str] | None:
         for n in v:
             if not n or "\x00" in n:
                 raise ValueError("names and patterns cannot be empty")
+            limits.name(n, "a name or pattern")
     return v
 
 
@@ -179,6 +190,7 @@ class ExecutionLogSettings(Strict):
     @field_validator("folder")
     @classmethod
     def _folder(cls, v: str) -> str:
+        limits.path(v, "execution_log.folder")
         if not v.strip() or "://" in v or "\x00" in v:
             raise ValueError("a local directory path (not a URI)")
         return v
@@ -196,6 +208,18 @@ class CliOverrides(Strict):
     @classmethod
     def _types(cls, v: list[str] | None) -> list[str] | None:
         return None if v is None else MetadataSettings._types(v)
+
+    @field_validator("target_catalog")
+    @classmethod
+    def _catalog(cls, v: str | None) -> str | None:
+        return None if v is None else _check_name(v, "--target-catalog")
+
+    @field_validator("target_schemas")
+    @classmethod
+    def _schemas(cls, v: list[str] | None) -> list[str] | None:
+        for schema in v or []:
+            _check_name(schema, "a schema of --target-schemas")
+        return v
 
     def as_settings(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -233,6 +257,21 @@ class ReplicateConfig(_Level):
                                        "volume_files operation, beyond the volumes of the catalogs.")
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
     cli: CliOverrides = Field(default_factory=CliOverrides)
+
+    @field_validator("audit_catalog")
+    @classmethod
+    def _audit_catalog(cls, v: str | None) -> str | None:
+        return None if v is None else _check_name(v, "audit_catalog")
+
+    @field_validator("audit_table", "reconciliation_table")
+    @classmethod
+    def _full_names(cls, v: str | None, info: Any) -> str | None:
+        return None if v is None else limits.table_name(v, str(info.field_name))
+
+    @field_validator("checkpoint_volume")
+    @classmethod
+    def _checkpoint_volume(cls, v: str | None) -> str | None:
+        return None if v is None else paths.directory_value(v, "checkpoint_volume")
 
     @model_validator(mode="after")
     def _check(self) -> "ReplicateConfig":

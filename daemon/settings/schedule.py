@@ -94,6 +94,7 @@ class ScheduleSettings(Strict):
         if v is not None:
             if not v:
                 raise ValueError("an empty list runs nothing; omit `tables` for the pipeline's tables")
+            limits.names(v, "a table name")
             bad = [t for t in v if not t.strip() or re.search(r"[\x00-\x1f/`.]", t)]
             if bad:
                 raise ValueError(f"table names {bad} may not be empty or contain '.', '/', '`' or control characters")

@@ -32,6 +32,12 @@ class ReconcileSettings(Strict):
     max_keys_reported: int = Field(1000, ge=0, description="Mismatched keys kept per kind in the results.")
     exclude_columns: list[str] = Field(default_factory=list, description="Columns not compared.")
 
+    @field_validator("exclude_columns")
+    @classmethod
+    def _columns(cls, v: list[str]) -> list[str]:
+        limits.names(v, "a column name")
+        return v
+
 
 class MetadataSettings(Strict):
     object_types: list[str] = Field(default_factory=lambda: list(DEFAULT_OBJECT_TYPES),
@@ -46,6 +52,7 @@ class MetadataSettings(Strict):
     @field_validator("object_types")
     @classmethod
     def _types(cls, v: list[str]) -> list[str]:
+        limits.names(v, "an object type")
         unknown = [t for t in v if t not in OBJECT_TYPES]
         if unknown:
             raise ValueError(f"unknown object types {unknown}; choose from {', '.join(OBJECT_TYPES)}")

@@ -20,6 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from lakemirror.daemon.settings import limits
 from lakemirror.identifiers import TableName
 
 
@@ -49,6 +50,7 @@ def volume_name_of(path: str) -> TableName | None:
 
 
 def _location(value: str, field: str) -> str:
+    limits.path(value, field)
     v = value.strip()
     if not v or "\x00" in v:
         raise ValueError(f"{field} must name a directory")
@@ -87,7 +89,7 @@ class VolumeEntry(Strict):
     @classmethod
     def _name(cls, v: str | None) -> str | None:
         if v is not None:
-            TableName.parse(v)
+            limits.table_name(v, "name")
         return v
 
     @model_validator(mode="after")

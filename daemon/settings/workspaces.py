@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+from lakemirror.daemon.settings import limits
 
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
 
@@ -41,14 +43,25 @@ class WorkspaceSettings(Strict):
     @field_validator("host")
     @classmethod
     def _host(cls, v: str | None) -> str | None:
+        if v is not None:
+            limits.path(v, "host")
         if v is not None and not re.match(r"^https?://[^/\s]+/?$", v.strip()):
             raise ValueError("https://<workspace host>, without a path")
         return v.strip().rstrip("/") if v else v
 
-    @field_validator("token_env")
+    @field_validator("token")
     @classmethod
-    def _env(cls, v: str | None) -> str | None:
-        if v is not None and not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", v):
+    def _token(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None:
+            limits.secret(v.get_secret_value(), "token")
+        return v
+
+    @field_validator("token_env", "profile")
+    @classmethod
+    def _short(cls, v: str | None, info: Any) -> str | None:
+        if v is not None:
+            limits.name(v, str(info.field_name))
+        if v is not None and info.field_name == "token_env" and not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", v):
             raise ValueError("an environment variable name")
         return v
 
@@ -79,6 +92,7 @@ class WorkspacesSettings(Strict):
 
 
 def _template(v: str, field: str) -> str:
+    limits.name(v, field)
     try:
         sample = v.format(catalog="c")
     except (KeyError, IndexError, ValueError):
@@ -103,7 +117,9 @@ class DeltaSharingSettings(Strict):
 
     @field_validator("recipient", "provider")
     @classmethod
-    def _plain(cls, v: str | None) -> str | None:
+    def _plain(cls, v: str | None, info: Any) -> str | None:
+        if v is not None:
+            limits.name(v, str(info.field_name))
         if v is not None and not _NAME.match(v):
             raise ValueError(f"{v!r}: letters, digits, '_' and '-' only")
         return v
@@ -176,3 +192,23 @@ class UcObjectsSettings(Strict):
     storage_credentials: dict[str, str] = Field(default_factory=dict, description="Source credential -> target "
                                                 "credential to use instead of creating one (needed for those "
                                                 "holding a secret).")
+
+    @field_validator("external_locations")
+    @classmethod
+    def _locations(cls, v: list[str]) -> list[str]:
+        limits.names(v, "an external location's name")
+        return v
+
+    @field_validator("principals", "storage_credentials")
+    @classmethod
+    def _name_maps(cls, v: dict[str, str], info: Any) -> dict[str, str]:
+        what = "a principal" if info.field_name == "principals" else "a storage credential's name"
+        limits.names([*v, *v.values()], what)
+        return v
+
+    @field_validator("location_urls")
+    @classmethod
+    def _urls(cls, v: dict[str, str]) -> dict[str, str]:
+        for url in [*v, *v.values()]:
+            limits.path(url, "a storage URL")
+        return v
