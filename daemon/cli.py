@@ -184,12 +184,14 @@ def _print_status(payload: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps(payload, indent=2, default=str))
         return
-    from lakemirror.daemon.status import render_apply_paths, render_event_sources, render_subtasks, render_table
+    from lakemirror.daemon.status import (render_apply_paths, render_event_sources, render_feed_letters,
+                                          render_subtasks, render_table)
 
     subtasks = render_subtasks(payload.get("subtasks", []))
     events = render_event_sources(payload["tables"])
     paths = render_apply_paths(payload["tables"])
-    print(render_table(payload["tables"]) + (f"\n\n{paths}" if paths else "")
+    letters = render_feed_letters(payload["tables"])
+    print(render_table(payload["tables"]) + (f"\n\n{letters}" if letters else "") + (f"\n\n{paths}" if paths else "")
           + (f"\n\n{events}" if events else "") + (f"\n\n{subtasks}" if subtasks else ""))
 
 

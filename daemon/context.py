@@ -44,7 +44,7 @@ from lakemirror.checkpoints.stream_dir import query_id
 from lakemirror.daemon import http_token, preflight
 from lakemirror.daemon.api import ContinuousSyncApi
 from lakemirror.daemon.databricks_pipelines import DatabricksPipelines
-from lakemirror.daemon.dead_letter_api import DeadLetterApi
+from lakemirror.daemon.dead_letter_api import DeadLetterApi, NoFeedLetters
 from lakemirror.daemon.http import ControlServer
 from lakemirror.daemon.jars import JarsMissing
 from lakemirror.daemon.lease import pipeline_lease
@@ -69,6 +69,7 @@ from lakemirror.sinks.batch.incremental import IncrementalOperations, Incrementa
 from lakemirror.sinks.batch.operations import Operations, SparkOperations
 from lakemirror.sinks.batch.reconcile import DeltaReconciliationStore
 from lakemirror.sinks.choose import choose_sink
+from lakemirror.sinks.merge.feed_letters import FEED_DEAD_LETTERS, FeedDeadLetters
 from lakemirror.sinks.postgres.executor import Connector
 from lakemirror.sinks.postgres.waits import ServerWait
 from lakemirror.sources import cdf_check
@@ -78,6 +79,7 @@ from lakemirror.supervisor.event_stream import EVENT_FAULT_POINTS, RUNNER_PREFIX
 from lakemirror.supervisor.observer import Observer
 from lakemirror.supervisor.pg_cycles import SparkCycles, WithPostgresCycles
 from lakemirror.supervisor.event_record import recorded_entry, state_slug
+from lakemirror.supervisor.feed_letters import FeedLetterDesk
 from lakemirror.supervisor.recorded import read_pipeline, refreshed
 from lakemirror.supervisor.replicate import (
     BatchRunner, Progress, RunSummary, TableJob, TextProgress,
@@ -362,7 +364,36 @@ class DaemonContext(GlobalContext):
     @cached_property
     def runner_context(self) -> RunnerContext:
         return RunnerContext(self.spark, self.catalog, self.states, self.checkpoints, self.spec,
-                             fault=self.fault, postgres=self.postgres)
+                             fault=self.fault, postgres=self.postgres,
+                             feed_letters=self.feed_letters if self.postgres is None else None)
+
+    @cached_property
+    def feed_letters(self) -> FeedLetterDesk:
+        """The change-feed tables' dead letters (``_lakemirror_dead_letters`` in the destination schema):
+        counted for status and metrics, listed, skipped and replayed (:mod:`lakemirror.supervisor.feed_letters`)."""
+        from lakemirror.tables import own_session
+
+        spec = self.spec
+        store = FeedDeadLetters(self.catalog.locate(TableName(spec.destination_catalog, spec.destination_schema,
+                                                              FEED_DEAD_LETTERS)), spec.pipeline_id)
+        desk = FeedLetterDesk(store, lambda: {name: runner for name, runner in self.supervisor.runners().items()
+                                              if isinstance(runner, TableRunner)},
+                              lambda: own_session(self.spark), clock=self.clock)
+        self.metrics.watch_feed_letters(desk.pending, desk.recorded_counts)
+        return desk
+
+    def feed_letter_desk(self) -> FeedLetterDesk | NoFeedLetters:
+        """The change-feed routes' desk, or why the pipeline has none (``/api/change-feed/dead-letters``)."""
+        if self.settings.source is not None:
+            return NoFeedLetters(404, f"pipeline {self.spec.pipeline_id} replicates event source "
+                                      f"{self.settings.source.name!r}, not change feeds: its dead letters are at "
+                                      f"/api/events/{self.settings.source.name}/dead-letters")
+        destination = self.settings.destination
+        if isinstance(destination, PostgresDestination):
+            return NoFeedLetters(409, f"pipeline {self.spec.pipeline_id} writes PostgreSQL replicas: their dead "
+                                      f"letters are rows of lakemirror_dead_letters in PostgreSQL schema "
+                                      f"{destination.target_schema}")
+        return self.feed_letters
 
     @cached_property
     def restart_policy(self) -> RestartPolicy:
@@ -638,7 +669,7 @@ class DaemonContext(GlobalContext):
             runner = self.supervisor.runner_of(RUNNER_PREFIX + name)
             return runner if isinstance(runner, EventStreamRunner) else None
 
-        letters = DeadLetterApi(event_source)
+        letters = DeadLetterApi(event_source, feed=self.feed_letter_desk)
         return ControlServer(h.host, h.port, self.metrics.registry, self.table_views, info,
                              lag_slo_seconds=self.settings.lag_slo_seconds,
                              commands=self.supervisor.command, auth_token=self.http_token, api=self.api,
@@ -783,6 +814,9 @@ class DaemonContext(GlobalContext):
                 self.worker.close(wait=False)
                 self.pipelines.shutdown_all(self.settings.drain_timeout_seconds)
                 subtasks.shutdown(max(0.0, deadline - time.monotonic()))
+                desk = self.__dict__.get("feed_letters")
+                if desk is not None:
+                    desk.close()  # a replay in flight ends first: it is the replicas' write
             finally:  # a drain that fails still leaves no endpoint file pointing at a dead daemon
                 server.close()
                 self.remove_endpoint_file()

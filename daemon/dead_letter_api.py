@@ -1,16 +1,19 @@
-"""The HTTP routes of an event source's dead letters: list them, skip them, replay them.
+"""The HTTP routes of the dead letters: list them, skip them, replay them.
 
-``GET /api/events/{source}/dead-letters`` lists (``status``, ``table`` and ``limit`` filter it);
-``POST /api/events/{source}/dead-letters/skip`` and ``…/replay`` take ``{"ids": [...]}`` or
-``{"all_pending": true, "table": …}``. The work (reading the dead-letter table, writing the replicas
-and the letters) runs on the event source's own letter thread between two of its batches, never on
-the HTTP thread: a request waits at most ``timeout_seconds`` and is answered 504 (a list) or 202 (a
-skip or replay, which goes on) after that.
+An event source's: ``GET /api/events/{source}/dead-letters`` lists (``status``, ``table`` and
+``limit`` filter it); ``POST /api/events/{source}/dead-letters/skip`` and ``…/replay`` take
+``{"ids": [...]}`` or ``{"all_pending": true, "table": …}``. The change-feed tables' of the
+configured pipeline: the same under ``/api/change-feed/dead-letters`` (one dead-letter table for all
+of them; ``table`` filters by the pipeline's table name or the source table). The work (reading the
+dead-letter table, writing the replicas and the letters) runs on a thread of its own, between two
+batches of the table it writes, never on the HTTP thread: a request waits at most
+``timeout_seconds`` and is answered 504 (a list) or 202 (a skip or replay, which goes on) after that.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
 from lakemirror.daemon.routes import Match
@@ -41,14 +44,32 @@ class DeadLetterSource(Protocol):
                              timeout: float = 30.0) -> LetterReportLike: ...
 
 
-class DeadLetterApi:
-    """Answers the dead-letter routes for the event sources ``source_of`` finds by name."""
+@dataclass(frozen=True)
+class NoFeedLetters:
+    """Why the change-feed routes have no letters to serve: 404 for a pipeline of an event source,
+    409 for PostgreSQL replicas (their letters are rows there)."""
 
-    def __init__(self, source_of: Callable[[str], DeadLetterSource | None], timeout_seconds: float = 30.0) -> None:
+    code: int
+    error: str
+
+
+#: The change-feed tables' desk (:class:`~lakemirror.supervisor.feed_letters.FeedLetterDesk`), or why there is none.
+FeedLetters = Callable[[], "DeadLetterSource | NoFeedLetters"]
+
+
+class DeadLetterApi:
+    """Answers the dead-letter routes: of the event sources ``source_of`` finds by name, and of the
+    change-feed tables ``feed`` gives (their desk, or why there is none: a 404 or 409's text)."""
+
+    def __init__(self, source_of: Callable[[str], DeadLetterSource | None], timeout_seconds: float = 30.0,
+                 feed: FeedLetters | None = None) -> None:
         self.source_of = source_of
         self.timeout = timeout_seconds
+        self.feed = feed
 
     def handle(self, m: Match, body: Any) -> Reply:
+        if m.route.name.startswith("dead_letters_feed"):
+            return self._feed(m, body)
         name = m.params["source"]
         if len(name) > limits.MAX_NAME_CHARS:
             return 404, {"error": f"no such event source: the name is {len(name)} characters long, and a name has "
@@ -60,10 +81,19 @@ class DeadLetterApi:
             return 409, {"error": f"event source {name!r} writes PostgreSQL replicas: its dead letters are rows of "
                                   f"lakemirror_event_dead_letters in the destination schema"}
         if m.route.name == "dead_letters":
-            return self._list(name, source, m)
-        return self._resolve(name, source, m.route.name.rsplit("_", 1)[-1], body)
+            code, payload = self._list(repr(name), source, m)
+            return code, ({"source": name, **payload} if code == 200 else payload)
+        return self._resolve(repr(name), source, m.route.name.rsplit("_", 1)[-1], body)
 
-    def _list(self, name: str, source: DeadLetterSource, m: Match) -> Reply:
+    def _feed(self, m: Match, body: Any) -> Reply:
+        desk = self.feed() if self.feed is not None else NoFeedLetters(404, "this endpoint serves no change-feed tables")
+        if isinstance(desk, NoFeedLetters):
+            return desk.code, {"error": desk.error}
+        if m.route.name == "dead_letters_feed":
+            return self._list("the change-feed tables", desk, m)
+        return self._resolve("the change-feed tables", desk, m.route.name.rsplit("_", 1)[-1], body)
+
+    def _list(self, what: str, source: DeadLetterSource, m: Match) -> Reply:
         status, table, limit = m.arg("status"), m.arg("table"), m.arg("limit") or "500"
         problems = []
         if status is not None and status not in STATUSES:
@@ -78,10 +108,10 @@ class DeadLetterApi:
         try:
             letters = source.dead_letters(status, table, int(limit), self.timeout)
         except TimeoutError:
-            return 504, {"error": f"the dead letters of {name!r} were not read within {self.timeout:.0f} s"}
-        return 200, {"source": name, "letters": letters}
+            return 504, {"error": f"the dead letters of {what} were not read within {self.timeout:.0f} s"}
+        return 200, {"letters": letters}
 
-    def _resolve(self, name: str, source: DeadLetterSource, verb: str, body: Any) -> Reply:
+    def _resolve(self, what: str, source: DeadLetterSource, verb: str, body: Any) -> Reply:
         if not isinstance(body, dict):
             return 422, {"error": "invalid body", "problems": [
                 {"field": "(body)", "message": 'a JSON object: {"ids": [...]} or {"all_pending": true}'}]}
@@ -106,6 +136,6 @@ class DeadLetterApi:
             report = source.resolve_dead_letters(verb, None if every else ids, table, self.timeout)
         except TimeoutError:
             return 202, {"accepted": verb, "message": f"still working after {self.timeout:.0f} s; list the dead "
-                                                      f"letters of {name!r} to see what became of them"}
-        log.info("control: %s dead letters of %s", verb, name)
+                                                      f"letters of {what} to see what became of them"}
+        log.info("control: %s dead letters of %s", verb, what)
         return 200, report.as_json()

@@ -1,8 +1,11 @@
-"""``lakemirror dead-letters``: list an event source's dead letters, skip them or replay them.
+"""``lakemirror dead-letters``: list the pipeline's dead letters, skip them or replay them.
 
-The running daemon does the work (it is the replicas' one writer): the command finds it as
-``status`` does (the endpoint it recorded, or ``--url``) and calls the dead-letter routes of its
-HTTP endpoint (:mod:`lakemirror.daemon.dead_letter_api`)::
+One command for both kinds of pipeline: an event source's letters, or those of the change-feed
+tables (the changes their Delta replicas refused). The running daemon does the work (it is the
+replicas' one writer): the command finds it as ``status`` does (the endpoint it recorded, or
+``--url``) and calls the dead-letter routes of its HTTP endpoint
+(:mod:`lakemirror.daemon.dead_letter_api`): ``/api/events/{source}/dead-letters`` for a pipeline
+with an event source, ``/api/change-feed/dead-letters`` for the others::
 
     lakemirror dead-letters pipeline.yaml                       # the pending letters
     lakemirror dead-letters pipeline.yaml list --status skipped
@@ -24,12 +27,13 @@ ACTIONS = ("list", "skip", "replay")
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("dead-letters", help="an event source's dead letters: list, skip or replay them "
+    p = sub.add_parser("dead-letters", help="the changes a replica could not take: list, skip or replay them "
                                             "(in the running daemon)")
     p.add_argument("config", help="pipeline YAML file")
     p.add_argument("action", nargs="?", choices=ACTIONS, default="list",
-                   help="list (default), skip (mark them skipped; nothing is written) or replay (apply them "
-                        "again under the sequence guard)")
+                   help="list (default), skip (mark them skipped; nothing is written) or replay (an event "
+                        "source's: the message applied again under the sequence guard; a change-feed table's: "
+                        "the key's row written again from the source, as of the version the replica holds)")
     p.add_argument("ids", nargs="*", help="the letters' ids, as listed")
     p.add_argument("--all-pending", action="store_true", help="skip or replay every pending letter (of --table)")
     p.add_argument("--table", help="only this table's letters")
@@ -59,23 +63,42 @@ def render_letters(letters: list[dict[str, Any]]) -> str:
     if not letters:
         return "no dead letters"
     header = ("ID", "TABLE", "KEY", "POSITION", "STATUS", "REASON")
-    lines = [header] + [(str(x.get("id")), str(x.get("table") or "?"), str(x.get("key") or "-"),
-                         str(x.get("position") or f"{x.get('origin')}[{x.get('partition')}]@{x.get('offset')}"),
-                         str(x.get("status")), str(x.get("resolution") or x.get("reason") or "")[:160])
-                        for x in letters]
+    lines = [header] + [(str(x.get("id")), str(x.get("table") or "?"), str(x.get("key") or "-"), _position(x),
+                         str(x.get("status")), _why(x)[:160]) for x in letters]
     widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
     return "\n".join("  ".join([*(c.ljust(widths[i]) for i, c in enumerate(line[:-1])), line[-1]]).rstrip()
                      for line in lines)
 
 
+def _position(x: dict[str, Any]) -> str:
+    """Where the letter's change came from: an event's source position (or message), a change-feed
+    change's commit version and operation."""
+    if x.get("position"):
+        return str(x["position"])
+    if "commit_version" in x:
+        return f"version {x.get('commit_version')} {x.get('change_type') or ''}".rstrip()
+    return f"{x.get('origin')}[{x.get('partition')}]@{x.get('offset')}"
+
+
+def _why(x: dict[str, Any]) -> str:
+    """A resolved letter's resolution; a pending one's reason (and what its last replay said)."""
+    if x.get("status") != "pending":
+        return str(x.get("resolution") or x.get("reason") or "")
+    said = x.get("resolution")
+    return str(x.get("reason") or "") + (f" [{said}]" if said else "")
+
+
 def cmd_dead_letters(args: argparse.Namespace) -> int:
-    from lakemirror.daemon.cli import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, _daemon_url, _load
+    from lakemirror.daemon.cli import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, _control_token, _daemon_url, _load
+    from lakemirror.daemon.http_token import TokenUnreadable
+    from lakemirror.daemon.settings import PostgresDestination
 
     settings = _load(args)
     events = settings.source
-    if events is None:
-        print(f"{args.config}: the pipeline has no event source (`source:`); dead letters are an event "
-              f"source's", file=sys.stderr)
+    if events is None and isinstance(settings.destination, PostgresDestination):
+        print(f"{args.config}: the replicas are PostgreSQL tables: their dead letters are rows of "
+              f"lakemirror_dead_letters in schema {settings.destination.target_schema} there (docs/postgres.md)",
+              file=sys.stderr)
         return EXIT_CONFIG
     if args.action != "list" and bool(args.ids) == bool(args.all_pending):
         print(f"lakemirror dead-letters {args.action}: give the letters' ids, or --all-pending (not both)",
@@ -83,12 +106,18 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     url = args.url or _daemon_url(settings)
     if not url:
+        table = f"_lakemirror_dead_letters_{events.name}" if events is not None else "_lakemirror_dead_letters"
         print(f"no running daemon for pipeline {settings.effective_pipeline_id}: start it with `lakemirror run` "
-              f"(it is the replicas' one writer), or pass --url. The letters are rows of "
-              f"_lakemirror_dead_letters_{events.name} in the destination schema.", file=sys.stderr)
+              f"(it is the replicas' one writer), or pass --url. The letters are rows of {table} in the "
+              f"destination schema.", file=sys.stderr)
         return EXIT_FAILED
-    token = settings.http.auth_token.get_secret_value() if settings.http.auth_token is not None else None
-    base = f"{url.rstrip('/')}/api/events/{quote(events.name, safe='')}/dead-letters"
+    try:
+        token = _control_token(settings)
+    except TokenUnreadable as exc:
+        print(f"lakemirror dead-letters: no token for the daemon's control API: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    base = (f"{url.rstrip('/')}/api/events/{quote(events.name, safe='')}/dead-letters" if events is not None
+            else f"{url.rstrip('/')}/api/change-feed/dead-letters")
     show: Callable[[Any], str]
     try:
         if args.action == "list":
@@ -116,7 +145,8 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
 def _render_report(payload: dict[str, Any]) -> str:
     if "letters" not in payload:  # 202: still working
         return str(payload.get("message", payload))
-    lines = [f"{x['id']}  {x['status']}  {x['resolution']}" for x in payload["letters"]] or ["no pending letter matched"]
+    lines = [f"{x['id']}  {x['status']}  {x['resolution']}" + (f": {x['reason']}" if x.get("reason") else "")
+             for x in payload["letters"]] or ["no pending letter matched"]
     if payload.get("unknown"):
         lines.append("not found: " + ", ".join(payload["unknown"]))
     return "\n".join(lines)

@@ -9,9 +9,11 @@ scheduled sub-tasks' :class:`~lakemirror.supervisor.subtasks.SubtaskObserver`.
 from __future__ import annotations
 
 import time
-from typing import Callable, Mapping
+from typing import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from lakemirror import __version__
 from lakemirror.daemon.jars import DELTA_VERSION, SPARK_VERSION
@@ -22,6 +24,42 @@ from lakemirror.supervisor.runner import BatchReport
 from lakemirror.supervisor.state import TableState, TableStatus
 
 STATES = [s.value for s in TableState]
+
+#: A pipeline's change-feed dead letters per table, asked at each scrape: (pipeline, pending, recorded).
+FeedLetterCounts = tuple[str, Callable[[], Mapping[str, int]], Callable[[], Mapping[str, int]]]
+
+
+class FeedLetterCollector(Collector):
+    """The change-feed tables' dead letters, read from each pipeline's desk at scrape time (the desk
+    counts them as batches record them and operators resolve them, and reads them from the table at
+    start): always the current count, never a value a missed update left behind."""
+
+    def __init__(self) -> None:
+        self.sources: list[FeedLetterCounts] = []
+        #: Tables that had pending letters: shown at 0 once resolved, rather than vanishing.
+        self._seen: dict[str, set[str]] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        pending = GaugeMetricFamily("lakemirror_feed_dead_letters_pending", "Dead letters of a change-feed table "
+                                    "waiting for the operator (neither skipped nor replayed), as the pipeline's "
+                                    "_lakemirror_dead_letters table holds them (carried over restarts).",
+                                    labels=["pipeline", "table"])
+        total = CounterMetricFamily("lakemirror_feed_dead_letters", "Changes of a change-feed table its replica "
+                                    "refused, dead-lettered by this process's batches (a replayed batch's count "
+                                    "once).", labels=["pipeline", "table"])
+        for pipeline, pending_of, recorded_of in list(self.sources):
+            try:
+                now, recorded = dict(pending_of()), dict(recorded_of())
+            except Exception:  # noqa: BLE001 (a scrape never fails on one pipeline's counts)
+                continue
+            seen = self._seen.setdefault(pipeline, set())
+            seen.update(now)
+            for table in sorted(seen):
+                pending.add_metric([pipeline, table], now.get(table, 0))
+            for table, n in sorted(recorded.items()):
+                total.add_metric([pipeline, table], n)
+        yield pending
+        yield total
 
 
 class Metrics:
@@ -111,8 +149,16 @@ class Metrics:
                                  "chunks wrote to the replica (each chunk commit's numOutputRows; the planned rows "
                                  "when a commit does not say).", t, registry=r)
         self._boot_rows_seen: dict[str, int] = {}
+        self.feed_letters = FeedLetterCollector()
+        r.register(self.feed_letters)
         self.build = Info("lakemirror_build", "Versions of lakemirror, Spark and Delta.", registry=r)
         self.build.info({"version": __version__, "spark": SPARK_VERSION, "delta": DELTA_VERSION})
+
+    def watch_feed_letters(self, pending: Callable[[], Mapping[str, int]],
+                           recorded: Callable[[], Mapping[str, int]]) -> None:
+        """Export this pipeline's change-feed dead letters per table (pending, and recorded since the
+        start), asked at each scrape."""
+        self.feed_letters.sources.append((self.pipeline, pending, recorded))
 
     def _l(self, table: str) -> dict[str, str]:
         return {"pipeline": self.pipeline, "table": table}

@@ -81,19 +81,24 @@ _LETTER_IDS = {"type": "object", "properties": {
     "table": {"type": "string", "description": "With all_pending: only this table's letters."}}}
 
 
-def _letters_command(verb: str, summary: str) -> dict[str, Any]:
+def _letters_command(verb: str, summary: str, feed: bool = False) -> dict[str, Any]:
+    missing = ({"404": _json(_ERR, "The pipeline has no change-feed tables (an event source feeds it)."),
+                "409": _json(_ERR, "The replicas are PostgreSQL tables: their dead letters are rows of "
+                                   "lakemirror_dead_letters there.")} if feed else
+               {"404": _json(_ERR, "No such event source in this pipeline."),
+                "409": _json(_ERR, "The source's replicas are PostgreSQL tables.")})
     return _op(summary, {
         "200": _json({"type": "object", "properties": {
             "verb": {"const": verb}, "unknown": {"type": "array", "items": {"type": "string"}},
             "letters": {"type": "array", "items": {"type": "object", "properties": {
-                "id": {"type": "string"}, "status": {"type": "string"}, "resolution": {"type": "string"}}}}}},
+                "id": {"type": "string"}, "status": {"type": "string"}, "resolution": {"type": "string"},
+                "reason": {"type": "string", "description": "The new reason, when a replay was refused again."}}}}}},
             "What became of each letter, and the ids not found."),
         "202": _json({"type": "object"}, "Still working after the API timeout: list the letters to see the outcome."),
         **_body_errors(),
-        "404": _json(_ERR, "No such event source in this pipeline."),
-        "409": _json(_ERR, "The source's replicas are PostgreSQL tables."),
+        **missing,
         "422": _json(_PROBLEMS, "Neither ids nor all_pending, or both.")},
-        params=[SOURCE], secured=True, body=_LETTER_IDS)
+        params=[] if feed else [SOURCE], secured=True, body=_LETTER_IDS)
 
 
 def document() -> dict[str, Any]:
@@ -116,6 +121,11 @@ def document() -> dict[str, Any]:
                     ("offset", "integer"), ("key", "string"), ("position", "string"), ("reason", "string"),
                     ("status", "string"), ("batch_id", "integer"), ("recorded_at", "string"),
                     ("resolved_at", "string"), ("resolution", "string"))}},
+                "FeedDeadLetter": {"type": "object", "properties": {k: {"type": t} for k, t in (
+                    ("id", "string"), ("table", "string"), ("source", "string"), ("key", "string"),
+                    ("commit_version", "integer"), ("change_type", "string"), ("row", "string"),
+                    ("reason", "string"), ("status", "string"), ("batch_id", "integer"), ("txn_app_id", "string"),
+                    ("recorded_at", "string"), ("resolved_at", "string"), ("resolution", "string"))}},
                 "Problems": {"type": "object", "required": ["error", "problems"], "properties": {
                     "error": {"type": "string"},
                     "problems": {"type": "array", "items": {"type": "object", "properties": {
@@ -238,6 +248,33 @@ def document() -> dict[str, Any]:
                 "Decode each dead letter's message again and apply it under the sequence guard (it cannot "
                 "move a row backwards: a change older than the replica's row counts as stale); a letter "
                 "still refused stays pending with the new reason."))},
+            "/api/change-feed/dead-letters": {"get": _op(
+                "The dead letters of the configured pipeline's change-feed tables (Delta replicas): the changes "
+                "their replicas refused, with table (the pipeline's name; source: the source table), key, commit "
+                "version, operation, row, reason and status (pending, skipped, replayed).", {
+                    "200": _json({"type": "object", "properties": {
+                        "letters": {"type": "array", "items": {"$ref": "#/components/schemas/FeedDeadLetter"}}}},
+                        "The letters, oldest first."),
+                    "404": _json(_ERR, "The pipeline has no change-feed tables (an event source feeds it)."),
+                    "409": _json(_ERR, "The replicas are PostgreSQL tables: their dead letters are rows of "
+                                       "lakemirror_dead_letters there."),
+                    "422": _json(_PROBLEMS, "Invalid query."),
+                    "504": _json(_ERR, "The dead-letter table was not read within the API timeout.")},
+                params=[_param("status", "query", "Only letters of this status: pending, skipped or replayed.",
+                               required=False),
+                        _param("table", "query", "Only this table's letters (its name in the pipeline, or the "
+                                                 "source table).", required=False),
+                        _param("limit", "query", "At most this many (the newest; default 500).",
+                               {"type": "integer"}, required=False)],
+                secured=True)},
+            "/api/change-feed/dead-letters/skip": {"post": _letters_command("skip", (
+                "Mark dead letters skipped: nothing is written to a replica; the replica keeps the key as it "
+                "was before the refused change."), feed=True)},
+            "/api/change-feed/dead-letters/replay": {"post": _letters_command("replay", (
+                "Write each letter's key again, between two of its table's batches: its row at the version the "
+                "replica has applied through, read from the source (a delete when it has none there), under a "
+                "transaction id of the replay's own; every pending letter of the same key is settled by that "
+                "write. A key the replica refuses again stays pending with the new reason."), feed=True)},
             "/api/recovery-point": {"get": _op(
                 "Per table of the configured pipeline, the replica version showing its source as of one instant, "
                 "the same instant for every table (a consistent failover point).", {

@@ -45,6 +45,9 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/api/events/{source}/dead-letters", "dead_letters", api=True),
     Route("POST", "/api/events/{source}/dead-letters/skip", "dead_letters_skip", mutating=True, api=True),
     Route("POST", "/api/events/{source}/dead-letters/replay", "dead_letters_replay", mutating=True, api=True),
+    Route("GET", "/api/change-feed/dead-letters", "dead_letters_feed", api=True),
+    Route("POST", "/api/change-feed/dead-letters/skip", "dead_letters_feed_skip", mutating=True, api=True),
+    Route("POST", "/api/change-feed/dead-letters/replay", "dead_letters_feed_replay", mutating=True, api=True),
     Route("GET", "/api/recovery-point", "recovery_point", api=True),
 )
 

@@ -85,6 +85,21 @@ def render_apply_paths(rows: Iterable[Mapping[str, Any]]) -> str:
     return "apply paths:\n" + "\n".join(f"  {line}" for line in lines) if lines else ""
 
 
+def render_feed_letters(rows: Iterable[Mapping[str, Any]]) -> str:
+    """The change-feed tables' dead letters waiting for the operator (``detail.dead_letters_pending``
+    of ``/status``); empty when none waits."""
+    waiting = []
+    for r in rows:
+        d = r.get("detail")
+        n = d.get("dead_letters_pending") if isinstance(d, Mapping) else None
+        if isinstance(n, int) and n > 0:
+            waiting.append(f"{r.get('table')} {n}")
+    if not waiting:
+        return ""
+    return ("dead letters pending: " + ", ".join(waiting)
+            + " (`lakemirror dead-letters CONFIG` lists them; skip or replay them there)")
+
+
 def render_event_sources(rows: Iterable[Mapping[str, Any]]) -> str:
     """Each event source's replicas (rows by operation, guard drops, event-time lag), dead letters and
     Kafka offsets behind per topic-partition; empty string when the pipeline has no event source."""

@@ -88,7 +88,8 @@ class LetterReport:
 
     def as_json(self) -> dict[str, Any]:
         return {"verb": self.verb, "unknown": list(self.unknown),
-                "letters": [{"id": r.id, "status": r.status, "resolution": r.resolution} for r in self.resolutions]}
+                "letters": [{"id": r.id, "status": r.status, "resolution": r.resolution,
+                             **({"reason": r.reason} if r.reason else {})} for r in self.resolutions]}
 
 
 def _counts_text(o: GuardOutcome) -> str:
@@ -178,23 +179,32 @@ class LetterIndex:
         self._letters: dict[str, tuple[str | None, str]] = {}   # id -> (table, status)
         self.seeded = False
 
-    def seed(self, letters: Sequence[StoredLetter]) -> None:
+    def seed(self, letters: Sequence[Any]) -> None:
+        """The letters a dead-letter table holds (anything with ``id``, ``table`` and ``status``: an
+        event source's :class:`~lakemirror.sinks.events.dead_letters.StoredLetter`, a change-feed
+        table's :class:`~lakemirror.sinks.merge.feed_letters.StoredFeedLetter`)."""
         with self._lock:
             for letter in letters:
                 self._letters[letter.id] = (letter.table, letter.status)
             self.seeded = True
 
     def add(self, rows: Sequence[Any]) -> int:
-        """Record a batch's letters (:class:`~lakemirror.sinks.events.dead_letters.DeadLetterRow`); how many
-        are new (a replayed batch's are not)."""
+        """Record a batch's letters (an event source's
+        :class:`~lakemirror.sinks.events.dead_letters.DeadLetterRow`, a change-feed table's
+        :class:`~lakemirror.sinks.merge.feed_letters.FeedLetter`); how many are new (a replayed batch's are not)."""
         new = 0
         with self._lock:
             for row in rows:
                 if row.id not in self._letters:
                     new += 1
-                    self._letters[row.id] = (row.table or (row.change.table if row.change is not None else None),
-                                             PENDING)
+                    change = getattr(row, "change", None)
+                    self._letters[row.id] = (row.table or (change.table if change is not None else None), PENDING)
         return new
+
+    def known(self, letter_id: str) -> bool:
+        """Whether the letter ``letter_id`` is counted already."""
+        with self._lock:
+            return letter_id in self._letters
 
     def resolved(self, done: Sequence[Resolution]) -> None:
         with self._lock:

@@ -100,6 +100,32 @@ def applied_through_after_batch(checkpoint: str, batch_id: int, source_path: str
         return None
 
 
+def touched_through(checkpoint: str) -> int | None:
+    """The newest source version any of whose changes the replica holds by the stream checkpoint's
+    last committed batch: its end offset's version when the offset stands inside that version (a rate
+    limit split it: some of its changes are applied), else the version before it. None when the
+    checkpoint is not on the driver's file system or holds no committed batch.
+
+    :func:`~lakemirror.sources.feed_range.applied_through_from_offset` answers the version fully
+    applied, for lag; a dead letter's replay needs this one, so as never to write a key's state
+    older than a change the replica already holds."""
+    folder = local_dir(checkpoint)
+    if folder is None:
+        return None
+    try:
+        done = [int(p.name) for p in (folder / "commits").iterdir() if p.name.isdigit()]
+        if not done:
+            return None
+        offset = stream_dir.source_offset((folder / "offsets" / str(max(done))).read_text(encoding="utf-8"))
+        parsed = json.loads(offset) if offset is not None else None
+        if not isinstance(parsed, dict) or "reservoirVersion" not in parsed:
+            return None
+        version = int(parsed["reservoirVersion"])
+        return version if int(parsed.get("index", -1)) >= 0 else version - 1
+    except (OSError, UnicodeDecodeError, ValueError, TypeError):
+        return None
+
+
 @dataclass(frozen=True)
 class ReplicaRecord:
     app_id: str

@@ -27,11 +27,11 @@ import logging
 import random
 import threading
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ContextManager
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator
 
 from lakemirror import tables
 from lakemirror.checkpoints.bootstrap_state import BootstrapStore, bootstrap_store_for
@@ -48,6 +48,7 @@ from lakemirror.sinks.batch.chunked_bootstrap import BootstrapInterrupted, Chunk
 from lakemirror.sinks.merge.connect_batches import ConnectBatches, server_batch_cause
 from lakemirror.sinks.contract import TableReplica
 from lakemirror.sinks.merge.delta_replica import ApplyLimits, DeltaReplica
+from lakemirror.sinks.merge.feed_replay import ReplayTarget
 from lakemirror.sinks.postgres.spark_batches import PostgresTable
 from lakemirror.sinks.postgres.waits import ServerCalls
 from lakemirror.sources.catalog import Catalog
@@ -61,6 +62,7 @@ from lakemirror.supervisor.connect_report import report_server_batches
 from lakemirror.supervisor.description import SourceDescription
 from lakemirror.supervisor.destination_wait import WaitReport
 from lakemirror.supervisor.failure import failed_event
+from lakemirror.supervisor.feed_letters import FeedLetterDesk
 from lakemirror.supervisor.lag import LagReading
 from lakemirror.supervisor.lag_probe import LagProbe
 from lakemirror.supervisor.launch_slots import LaunchSlots, default_launch_slots
@@ -70,7 +72,8 @@ from lakemirror.supervisor.spec import PipelineSpec
 from lakemirror.supervisor.stream_wiring import apply_detail, wire_stream
 from lakemirror.supervisor.table_live import BatchReport, StreamLatency, TableLive
 from lakemirror.supervisor.table_turns import TableTurns
-from lakemirror.tables import is_local_path, own_session
+from lakemirror.sinks.txn import txn_app_id
+from lakemirror.tables import has_own_jvm, is_local_path, own_session
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -112,6 +115,8 @@ class RunnerContext:
     #: Appends the checkpoint rows of batches applied on a Spark Connect server, a round at a time
     #: (made from ``checkpoints`` if None; its thread starts with the first row).
     round_rows: RoundRows | None = None
+    #: The pipeline's change-feed dead letters (counts, skip, replay); None: not counted.
+    feed_letters: FeedLetterDesk | None = None
 
     def __post_init__(self) -> None:
         if self.round_rows is None:
@@ -216,10 +221,11 @@ class TableRunner:
         """Where the table's changes go: its Postgres table, or its Delta table."""
         if self.pg is not None:
             return self.pg
-        spec = self.ctx.spec
+        spec, letters = self.ctx.spec, self.ctx.feed_letters
         return DeltaReplica(self.session, self.ctx.catalog, self.destination, str(self.source), spec.pipeline_id,
                             ApplyLimits(spec.rewrite_below_bytes, spec.driver_apply, spec.driver_apply_below_bytes),
-                            spec.replica_properties, fault=self.ctx.fault)
+                            spec.replica_properties, fault=self.ctx.fault,
+                            on_letters=letters.recorded if letters is not None else lambda found: None)
 
     @cached_property
     def description(self) -> SourceDescription:
@@ -270,9 +276,15 @@ class TableRunner:
         return query is not None and bool(query.isActive)
 
     def describe(self) -> dict[str, Any] | None:
-        """The table's own status (``detail`` of ``/status``): how its batches reach the replica."""
+        """The table's own status (``detail`` of ``/status``): how its batches reach the replica, and
+        its dead letters waiting for the operator."""
         detail = apply_detail(self._sink, self.batch_feed, self.turns.feed)
-        return None if detail is None else {"apply": detail}
+        out: dict[str, Any] = {} if detail is None else {"apply": detail}
+        letters = self.ctx.feed_letters
+        pending = letters.pending().get(self.table, 0) if letters is not None else 0
+        if pending:
+            out["dead_letters_pending"] = pending
+        return out or None
 
     def _lag_seconds(self) -> float | None:
         last = self.last_lag
@@ -480,6 +492,8 @@ class TableRunner:
                 timer.mark("stream")
             self._stream_started_at = timer.last_mark
             log.info("table %s: stream started %s after the launch began", self.source, timer.describe())
+            if self.ctx.feed_letters is not None:
+                self.ctx.feed_letters.seed()  # the dead letters a restart carries over, counted once
             self.live.emit(sm.StreamStarted())
         except BootstrapInterrupted as exc:  # a drain stopped the bootstrap between chunks: not a failure
             log.info("table %s: %s", self.source, exc)
@@ -555,6 +569,40 @@ class TableRunner:
 
         Called by the turn pool's threads (:meth:`.table_turns.TableTurns.take`)."""
         self.turns.take()
+
+    # -- dead letters (the operator's replay) ----------------------------------------------------
+
+    @property
+    def letter_label(self) -> str:
+        """How the table's dead letters name it: its source table."""
+        return str(self.source)
+
+    @contextmanager
+    def between_batches(self) -> Iterator["ReplayTarget | str"]:
+        """Hold the table's batches off (the lock each batch's apply takes) and yield what a replay of
+        its dead letters needs, or why it cannot run now (:mod:`.feed_letters`). A paused or stopping
+        table replays too: no batch runs, and its replica holds exactly its applied version."""
+        with self.apply_batch.lock:
+            yield self._replay_target()
+
+    def _replay_target(self) -> "ReplayTarget | str":
+        prepared, through = self.prepared, self.live.applied_through
+        if self.pg is not None:
+            return "the replica is a PostgreSQL table: its dead letters are rows of lakemirror_dead_letters there"
+        if prepared is None or through is None or prepared.progress.bootstrap_version is None:
+            return (f"table {self.table} is not streaming (its replica is being prepared or bootstrapped, or it "
+                    f"failed to start); replay it once `lakemirror status` shows it running")
+        if not has_own_jvm(self.session):
+            return ("over Spark Connect the table's batches run on the server, where a replay cannot be placed "
+                    "between them; skip the letter and resync the table")
+        spec = self.ctx.spec
+        checkpoint = replica_record.stream_checkpoint(spec.checkpoint_root, spec.pipeline_id, self.slug,
+                                                      prepared.progress.epoch)
+        written = replica_record.touched_through(checkpoint)
+        return ReplayTarget(str(self.source), self.ctx.catalog.locate(self.source),
+                            self.ctx.catalog.locate(self.destination), prepared.plan,
+                            max(through, written) if written is not None else through,
+                            txn_app_id(spec.pipeline_id, self.slug, prepared.progress.epoch))
 
     def _apply_batch(self, sink: Any, txn: Any, batch: Any, epoch: int, source_table_id: str | None = None,
                      read: Any = None) -> None:

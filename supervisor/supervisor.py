@@ -151,6 +151,11 @@ class Supervisor:
         entry = self._tables.get(table)
         return entry.runner if entry is not None else None
 
+    def runners(self) -> dict[str, Runner]:
+        """Every table's runner, by table (any thread)."""
+        with self._view_lock:
+            return {name: entry.runner for name, entry in self._tables.items()}
+
     def command(self, verb: str, table: str) -> bool:
         """Accept ``verb`` (pause, resume, resync) for ``table``: journalled, then applied at the next
         tick. False if the pipeline has no such table; :class:`Draining` once the shutdown has begun,

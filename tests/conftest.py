@@ -31,6 +31,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 _TIER_SECONDS: dict[str, float] = defaultdict(float)
 _TIER_TESTS: dict[str, int] = defaultdict(int)
+#: Each test's time, set-up and tear-down included (fixtures a test is the first to use count in it).
+_TEST_SECONDS: dict[str, float] = defaultdict(float)
+#: Where every test's time is written at the end of a run, slowest first (the terminal shows 25).
+DURATIONS_FILE = ROOT / "build" / "test-durations.tsv"
 _STARTED = time.monotonic()
 
 
@@ -86,6 +90,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """Adds each phase's time (fixture set-up, the test, tear-down) to its tier's total."""
     _TIER_SECONDS[_tier(report.nodeid)] += report.duration
+    _TEST_SECONDS[report.nodeid] += report.duration
     if report.when == "call":
         _TIER_TESTS[_tier(report.nodeid)] += 1
 
@@ -99,6 +104,13 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.write_line(f"{tier:<12} {_TIER_TESTS[tier]:>5} tests {_TIER_SECONDS[tier]:>8.1f} s")
     terminalreporter.write_line(f"{'wall':<12} {sum(_TIER_TESTS.values()):>5} tests "
                                 f"{time.monotonic() - _STARTED:>8.1f} s")
+    try:
+        DURATIONS_FILE.parent.mkdir(exist_ok=True)
+        DURATIONS_FILE.write_text("".join(f"{seconds:.2f}\t{nodeid}\n" for nodeid, seconds in
+                                          sorted(_TEST_SECONDS.items(), key=lambda kv: -kv[1])))
+        terminalreporter.write_line(f"every test's time (set-up and tear-down included): {DURATIONS_FILE}")
+    except OSError as exc:
+        terminalreporter.write_line(f"every test's time could not be written to {DURATIONS_FILE}: {exc}")
     if _CPU_SECONDS:
         terminalreporter.write_sep("=", f"CPU seconds by test (sum {sum(_CPU_SECONDS.values()):.0f} s; top 60)")
         for nodeid, cpu in sorted(_CPU_SECONDS.items(), key=lambda kv: -kv[1])[:60]:

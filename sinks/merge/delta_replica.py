@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from lakemirror import tables
 from lakemirror.errors import DestinationConflict, SchemaIncompatible
@@ -24,7 +24,8 @@ from lakemirror.sinks.batch import snapshot_copy
 from lakemirror.sinks.merge.apply_choice import ApplyChoice, choose_apply
 from lakemirror.sinks.merge.delta_merge import DeltaMergeSink
 from lakemirror.sinks.merge.local_replica import LocalReplica
-from lakemirror.sinks.merge.row_isolation import FEED_DEAD_LETTERS, FeedDeadLetters, IsolatingMergeSink
+from lakemirror.sinks.merge.feed_letters import FEED_DEAD_LETTERS, FeedDeadLetters, FeedLetter
+from lakemirror.sinks.merge.row_isolation import IsolatingMergeSink
 from lakemirror.sinks.merge.planner import MergePlan, diff_schema
 from lakemirror.sources.catalog import Catalog
 
@@ -85,6 +86,8 @@ class DeltaReplica:
     replica_properties: Mapping[str, str] = field(default_factory=dict)
     #: The crash-test hook (``supervisor/runner.py``, ``FAULT_POINTS``); a no-op unless armed.
     fault: Callable[[str], None] = lambda point: None
+    #: Told of the changes a batch dead-lettered, once they are recorded (the pipeline's counts).
+    on_letters: Callable[[Sequence[FeedLetter]], None] = lambda letters: None
 
     def claim(self, epoch: int) -> None:
         dst = self.catalog.locate(self.name)
@@ -147,7 +150,7 @@ class DeltaReplica:
                                                  driver_target=lambda: (delta_rs_target(self.spark, target.path)
                                                                         if target.path is not None else None),
                                                  fault=self.fault),
-                                  letters, self.source, time.time)
+                                  letters, self.source, time.time, on_letters=self.on_letters)
 
     def choose_apply(self, plan: MergePlan) -> tuple[ApplyChoice, int]:
         """MERGE, rewrite or the driver's MERGE, chosen from the replica's facts: read from its log on

@@ -16,25 +16,28 @@ a batch replayed after a crash makes the same attempts (committed ones skipped, 
 again) and applies no key twice; the letters are MERGEd in on (table, key, commit version) under the
 batch's own letters transaction id, so none is recorded twice. Keys are disjoint between attempts,
 so no change can overtake another of its key.
+
+The letters wait for the operator, who skips them or replays them (the key's row written again
+from the source: :mod:`lakemirror.sinks.merge.letter_replay`) through the running daemon
+(:mod:`lakemirror.supervisor.feed_letters`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from lakemirror import tables
 from lakemirror.sinks.isolate import bisect, refused_by_value
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.merge.planner import COMMIT_VERSION, OP_COLUMN
+from lakemirror.sinks.merge.feed_letters import (  # noqa: F401 (importable from here as before)
+    FEED_DEAD_LETTER_DDL, FEED_DEAD_LETTERS, FeedDeadLetters, FeedLetter, FeedLetterStore,
+)
 from lakemirror.sinks.txn import MergeOutcome, TxnId, transaction
 from lakemirror.sinks.merge.delta_merge import counts_from_answer
 from lakemirror.sources.connect_types import json_value_text
-from lakemirror.tables import TableLocation
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, Row, SparkSession
@@ -42,13 +45,6 @@ if TYPE_CHECKING:
     from lakemirror.sinks.merge.delta_merge import DeltaMergeSink
 
 log = logging.getLogger(__name__)
-
-#: The change-feed tables' dead letters, one Delta table per destination schema.
-FEED_DEAD_LETTERS = "_lakemirror_dead_letters"
-FEED_DEAD_LETTER_DDL = ("id STRING, pipeline_id STRING, `table` STRING, key STRING, commit_version BIGINT, "
-                        "change_type STRING, `row` STRING, reason STRING, batch_id BIGINT, txn_app_id STRING, "
-                        "recorded_at TIMESTAMP, status STRING, resolved_at TIMESTAMP, resolution STRING")
-
 
 def refusal_reason(exc: BaseException) -> str | None:
     """The first line that names why a write was refused because of a value, else None."""
@@ -58,46 +54,6 @@ def refusal_reason(exc: BaseException) -> str | None:
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
     named = [ln for ln in lines if refused_by_value(ln)]
     return (named or lines or [type(exc).__name__])[0][:500]
-
-
-@dataclass(frozen=True)
-class FeedLetter:
-    """One refused change of a change-feed table."""
-
-    table: str
-    key: str            # the key columns and values, as JSON
-    commit_version: int | None
-    change_type: str
-    row: str            # the winning change's columns, as JSON
-    reason: str
-
-    @property
-    def id(self) -> str:
-        body = f"{self.table}\x00{self.key}\x00{self.commit_version}"
-        return hashlib.sha256(body.encode()).hexdigest()[:16]
-
-
-@dataclass(frozen=True)
-class FeedDeadLetters:
-    """The dead-letter table of a pipeline's change-feed tables (created on the first letter)."""
-
-    location: TableLocation
-    pipeline_id: str
-
-    def append(self, session: "SparkSession", letters: Sequence[FeedLetter], txn: TxnId, now: float) -> None:
-        """Record ``letters`` once per (table, key, commit version), under ``txn``."""
-        if not letters:
-            return
-        at = datetime.fromtimestamp(now, timezone.utc)
-        df = session.createDataFrame([(d.id, self.pipeline_id, d.table, d.key, d.commit_version, d.change_type, d.row,
-                                       d.reason, txn.version, txn.app_id, at, "pending", None, None)
-                                      for d in letters], FEED_DEAD_LETTER_DDL)
-        if not tables.exists(session, self.location):
-            tables.write(df, self.location, "append", txnAppId=txn.app_id, txnVersion=str(txn.version))
-            return
-        with transaction(session, txn):
-            (tables.delta_table(session, self.location).alias("t").merge(df.alias("s"), "t.id = s.id")
-             .whenNotMatchedInsertAll().execute())
 
 
 @dataclass(frozen=True)
@@ -112,11 +68,14 @@ class IsolatingMergeSink:
     row's value, is applied without the refused rows, which are dead-lettered (see the module)."""
 
     def __init__(self, inner: "DeltaMergeSink", letters: FeedDeadLetters, table: str,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float],
+                 on_letters: Callable[[Sequence[FeedLetter]], None] = lambda letters: None) -> None:
         self.inner = inner
         self.letters = letters
         self.table = table
         self.clock = clock
+        #: Told of every batch's letters once they are recorded (the pipeline's count of pending letters).
+        self.on_letters = on_letters
 
     def ensure_chosen(self) -> None:
         """Choose the replica's apply path now (:meth:`DeltaMergeSink.ensure_chosen`)."""
@@ -151,6 +110,7 @@ class IsolatingMergeSink:
         found = bisect(winners, write, txn, refusal_reason, reason)
         letters = [self._letter(session, batch, row, why, keys) for row, why in found.refused]
         self.letters.append(session, letters, TxnId(f"{txn.app_id}/dead-letters", txn.version), self.clock())
+        self.on_letters(letters)
         log.warning("table %s: batch %d: %d change(s) refused by the replica, kept in %s (%s); the other %d "
                     "applied in %d write(s)", self.table, txn.version, len(letters), self.letters.location.name,
                     ", ".join(d.key for d in letters[:5]), len(winners) - len(letters), found.attempts)

@@ -86,6 +86,10 @@ def test_spark_that_does_not_start_is_one_line_and_leaves_nothing(tmp_path: Path
     assert_one_line_and_nothing_left(done, tmp_path, tmp_path / "cwd", "Spark did not start in local mode")
 
 
+#: In the slow tier: every daemon of the crash-torture smokes in the default tier runs in an empty
+#: working directory of its own and its proof fails when anything was written there
+#: (tests/torture/harness.py, DaemonProcess).
+@pytest.mark.slow
 def test_an_accepted_run_writes_nothing_in_the_working_directory(spark: Any, tmp_path: Path) -> None:
     src = LocalCatalog(tmp_path / "lakehouse").locate(TableName("shop", "main", "orders"))
     spark.sql(f"CREATE TABLE {src.sql} (id BIGINT NOT NULL, v BIGINT) USING DELTA "

@@ -67,7 +67,20 @@ class Pipeline:
         self.spark.sql(statement.format(t=self.source(table).sql))
 
     def latest_version(self, table: str) -> int:
+        local = self.local_latest_version(table)
+        if local is not None:
+            return local
         return int(tables.delta_table(self.spark, self.source(table)).history(1).collect()[0]["version"])
+
+    def local_latest_version(self, table: str) -> int | None:
+        """A local source's newest version: the highest commit file of its log, read without a Spark
+        job (tests poll it while they wait, beside the streams they wait for); None elsewhere."""
+        local = tables.local_dir(self.source(table).path or "")
+        log_dir = None if local is None else local / tables.LOG_DIR
+        if log_dir is None or not log_dir.is_dir():
+            return None
+        versions = [int(f.name[:-5]) for f in log_dir.iterdir() if f.name.endswith(".json") and f.name[:-5].isdigit()]
+        return max(versions) if versions else None
 
     # -- the daemon -----------------------------------------------------------------------------
 

@@ -35,6 +35,10 @@ def batch_rows(p: Any, table: str) -> list[dict[str, Any]]:
             if r["error"] is None and r["batch_id"] >= 0 and r["source_fqn"].endswith(f".{table}")]
 
 
+#: In the slow tier: batches planned from the commit files are exercised in the default tier on local
+#: disk (tests/integration/test_turns_pipeline.py, test_replication.py), and the commit files in the
+#: bucket are read there by tests/integration/test_object_storage.py (head requests, lag, commit times).
+@pytest.mark.slow
 def test_batches_from_the_commit_files_in_s3_keep_the_replica_exact(s3_pipeline: Any) -> None:
     p = s3_pipeline()
     p.create("o", "id BIGINT NOT NULL, k STRING NOT NULL, v STRING, n INT", key="id,k")

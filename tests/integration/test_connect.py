@@ -22,6 +22,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.connect]
 
 class ConnectPipeline(Pipeline):
     def latest_version(self, table: str) -> int:
+        local = self.local_latest_version(table)
+        if local is not None:
+            return local
         return int(tables.history(self.spark, self.source(table), 1).collect()[0]["version"])
 
     def checkpoint_rows(self, table: str) -> list[Any]:

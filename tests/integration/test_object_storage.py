@@ -76,6 +76,10 @@ def test_a_source_and_replica_on_s3_replicate_every_kind_of_change(
     assert sorted(tuple(r.values()) for r in seen) == [(1, "again", 100), (2, "B", 20), (3, "c", 3), (5, "e", 5)]
 
 
+#: In the slow tier: a needed version gone is detected and reported in the default tier on local disk
+#: (tests/integration/test_change_window.py, log cleanup past the needed version); reading the change
+#: files and commit times in the bucket by the replication test above.
+@pytest.mark.slow
 def test_a_source_version_vacuumed_on_s3_fails_the_table_under_policy_fail(s3_pipeline: Any) -> None:
     p = s3_pipeline(change_window_policy="fail")
     p.create("w", "id BIGINT NOT NULL, v INT", key="id")

@@ -204,8 +204,14 @@ class Writer:
 
 
 class DaemonProcess:
+    """A ``lakemirror run`` process. It runs in an empty working directory of its own (``cwd``): every
+    path of the configuration is absolute, so the daemon may write nothing there, whatever it does
+    and wherever it is killed (:meth:`assert_nothing_in_the_working_directory`)."""
+
     def __init__(self, config: Path, pipeline_dir: Path, log: Path) -> None:
         self.config, self.pipeline_dir, self.log = config, pipeline_dir, log
+        self.cwd = config.parent / "cwd"
+        self.cwd.mkdir(exist_ok=True)
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, kill_at: str | None = None) -> None:
@@ -217,7 +223,11 @@ class DaemonProcess:
         with self.log.open("ab") as out:
             out.write(f"\n===== start (kill_at={kill_at}) at {time.strftime('%H:%M:%S')} =====\n".encode())
         self.proc = subprocess.Popen([*LAKEMIRROR, "run", str(self.config)], stdout=self.log.open("ab"),
-                                     stderr=subprocess.STDOUT, env=env)
+                                     stderr=subprocess.STDOUT, env=env, cwd=self.cwd)
+
+    def assert_nothing_in_the_working_directory(self) -> None:
+        written = sorted(p.name for p in self.cwd.iterdir())
+        assert not written, f"the daemon wrote outside the configured paths, in its working directory: {written}"
 
     def status(self) -> dict[str, Any] | None:
         endpoint = self.pipeline_dir / "daemon.json"
@@ -394,6 +404,7 @@ class Torture:
             else:
                 self._verify_postgres_progress(table)
         self._verify_checkpoint_rows()
+        self.daemon.assert_nothing_in_the_working_directory()
 
     def _verify_transactions(self, table: str) -> None:
         history = tables.delta_table(self.spark, self.replica(table)).history().collect()

@@ -263,6 +263,7 @@ class EventTorture:
         want_letters = sorted((s.topic, s.partition, s.offset) for s in poison)
         assert got_letters == want_letters, f"dead letters: recorded {got_letters}, poison messages {want_letters}"
         self.report.checks["dead letters exactly once"] = f"{len(got_letters)} poison messages, each recorded once"
+        self.daemon.assert_nothing_in_the_working_directory()
 
     def _current(self, table: str, events: list[ChangeEvent]) -> tuple[dict[Any, Any], dict[Any, Any], int]:
         """(the ordered fold per key, the replica's row per key, the replica's rows)."""

@@ -166,3 +166,109 @@ def test_without_a_daemon_the_command_says_how_to_start_one(daemon: tuple[Path, 
     config, _, _ = daemon
     assert main(["dead-letters", str(config)]) == 1
     assert "no running daemon" in capsys.readouterr().err
+
+
+# -- the change-feed tables' letters: the same routes and command ------------------------------------------
+
+FEED_LETTER = {"id": "5b1e0c7a9f3d2e64", "table": "orders", "source": "app.public.orders", "key": '{"id": 2}',
+               "commit_version": 3, "change_type": "update_postimage", "row": '{"amount": -2.5, "id": 2}',
+               "reason": "the replica refused it: CHECK constraint positive (amount > 0) violated", "status": "pending",
+               "batch_id": 4, "txn_app_id": "lakemirror/p/orders/e0", "recorded_at": None, "resolved_at": None,
+               "resolution": None}
+
+
+def test_the_change_feed_routes_reach_the_pipelines_letters() -> None:
+    desk = FakeSource()
+    api = DeadLetterApi(lambda name: None, feed=lambda: desk)
+    code, payload = call(api, "GET", "/api/change-feed/dead-letters?status=pending&table=orders&limit=20")
+    assert code == 200 and payload == {"letters": [LETTER]}
+    code, payload = call(api, "POST", "/api/change-feed/dead-letters/replay", {"ids": ["5b1e0c7a9f3d2e64"]})
+    assert code == 200 and payload["letters"][0]["status"] == REPLAYED
+    assert call(api, "POST", "/api/change-feed/dead-letters/skip", {"all_pending": True, "table": "orders"})[0] == 200
+    assert desk.calls == [("list", "pending", "orders", 20), ("replay", ["5b1e0c7a9f3d2e64"], None),
+                          ("skip", None, "orders")]
+    assert call(api, "POST", "/api/change-feed/dead-letters/skip", {"ids": []})[0] == 422
+    assert call(api, "GET", "/api/change-feed/dead-letters?status=lost")[0] == 422
+    assert call(api, "GET", "/api/change-feed/dead-letters?table=" + "t" * 256)[0] == 422        # the routes' bounds
+    assert call(api, "POST", "/api/change-feed/dead-letters/replay", {"ids": ["x" * 256]})[0] == 422
+    slow = DeadLetterApi(lambda name: None, timeout_seconds=0.01, feed=lambda: FakeSource(slow=True))
+    assert call(slow, "GET", "/api/change-feed/dead-letters")[0] == 504
+    assert call(slow, "POST", "/api/change-feed/dead-letters/replay", {"ids": ["a"]})[0] == 202
+    for m, t in (("GET", "/api/change-feed/dead-letters"), ("POST", "/api/change-feed/dead-letters/replay")):
+        route = routes.match(m, t)
+        assert isinstance(route, routes.Match) and route.route.api and route.route.mutating == (m == "POST")
+
+
+def test_a_pipeline_without_change_feed_letters_says_where_its_letters_are() -> None:
+    from lakemirror.daemon.dead_letter_api import NoFeedLetters
+
+    events = DeadLetterApi(lambda name: None, feed=lambda: NoFeedLetters(404, "an event source feeds it"))
+    assert call(events, "GET", "/api/change-feed/dead-letters") == (404, {"error": "an event source feeds it"})
+    postgres = DeadLetterApi(lambda name: None, feed=lambda: NoFeedLetters(409, "rows of lakemirror_dead_letters"))
+    assert call(postgres, "POST", "/api/change-feed/dead-letters/skip", {"ids": ["a"]})[0] == 409
+    assert call(DeadLetterApi(lambda name: None), "GET", "/api/change-feed/dead-letters")[0] == 404
+
+
+def test_the_command_serves_a_change_feed_pipeline_through_the_same_routes(
+        daemon: tuple[Path, str, list[Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _, url, seen = daemon
+    config = tmp_path / "feed.yaml"
+    config.write_text(f"source_catalog: app\ndestination_catalog: lake\nschema_name: public\n"
+                      f"checkpoint_volume: {tmp_path / 'cp'}\n")
+    assert main(["dead-letters", str(config), "--url", url, "--table", "orders"]) == 0
+    assert main(["dead-letters", str(config), "replay", "5b1e0c7a9f3d2e64", "--url", url]) == 0
+    assert seen == [("GET", "/api/change-feed/dead-letters?status=pending&table=orders", None),
+                    ("POST", "/api/change-feed/dead-letters/replay", {"ids": ["5b1e0c7a9f3d2e64"]})]
+    capsys.readouterr()
+    postgres = tmp_path / "pg.yaml"
+    postgres.write_text(config.read_text() + "destination: {kind: postgres, host: h, database: d, user: u}\n")
+    assert main(["dead-letters", str(postgres), "--url", url]) == 2
+    assert "lakemirror_dead_letters in schema public" in capsys.readouterr().err and len(seen) == 2
+
+
+def test_a_change_feed_letter_shows_its_version_and_a_refused_replays_reason() -> None:
+    from lakemirror.daemon.dead_letters_cli import render_letters
+
+    again = {**FEED_LETTER, "resolution": "replay refused by the replica"}
+    out = render_letters([FEED_LETTER, again]).splitlines()
+    assert out[0].split() == ["ID", "TABLE", "KEY", "POSITION", "STATUS", "REASON"]
+    assert "version 3 update_postimage" in out[1] and "CHECK constraint positive" in out[1]
+    assert out[2].endswith("[replay refused by the replica]")
+
+
+def test_the_command_sends_the_token_the_running_daemon_generated(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """With ``http.auth: token`` and no ``http.auth_token``, the daemon's routes need the token it wrote
+    to ``daemon.token``: the command reads it there, as ``pause`` and ``resume`` do."""
+    from lakemirror.checkpoints import layout
+    from lakemirror.daemon import http_token
+    from lakemirror.daemon.settings import load_settings
+
+    heard: list[str | None] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            heard.append(self.headers.get("Authorization"))
+            body = json.dumps({"letters": [FEED_LETTER]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    config = tmp_path / "feed.yaml"
+    config.write_text(f"source_catalog: app\ndestination_catalog: lake\nschema_name: public\n"
+                      f"checkpoint_volume: {tmp_path / 'cp'}\n")
+    settings = load_settings(config)
+    http_token.write(layout.pipeline_dir(tmp_path / "cp", settings.effective_pipeline_id), "s3cret-token")
+    try:
+        assert main(["dead-letters", str(config), "--url", f"http://127.0.0.1:{server.server_address[1]}"]) == 0
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert heard == ["Bearer s3cret-token"] and "version 3 update_postimage" in capsys.readouterr().out
