@@ -29,7 +29,8 @@ from lakemirror.checkpoints import layout
 from lakemirror.checkpoints import stream_dir
 from lakemirror.checkpoints.state import TableProgress
 from lakemirror.delta_log.commit_files import LocalCommitActions, StoreCommitActions
-from lakemirror.delta_log.stream_offsets import applied_through_from_offset, reservoir_version
+from lakemirror.delta_log.stream_offsets import (applied_through_from_offset, reservoir_version,
+                                                 touched_through_from_offset)
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.txn import BatchStats, MergeOutcome, txn_app_id
 from lakemirror.tables import is_local_table, local_dir
@@ -106,7 +107,7 @@ def touched_through(checkpoint: str) -> int | None:
     limit split it: some of its changes are applied), else the version before it. None when the
     checkpoint is not on the driver's file system or holds no committed batch.
 
-    :func:`~lakemirror.sources.feed_range.applied_through_from_offset` answers the version fully
+    :func:`~lakemirror.delta_log.stream_offsets.applied_through_from_offset` answers the version fully
     applied, for lag; a dead letter's replay needs this one, so as never to write a key's state
     older than a change the replica already holds."""
     folder = local_dir(checkpoint)
@@ -117,11 +118,7 @@ def touched_through(checkpoint: str) -> int | None:
         if not done:
             return None
         offset = stream_dir.source_offset((folder / "offsets" / str(max(done))).read_text(encoding="utf-8"))
-        parsed = json.loads(offset) if offset is not None else None
-        if not isinstance(parsed, dict) or "reservoirVersion" not in parsed:
-            return None
-        version = int(parsed["reservoirVersion"])
-        return version if int(parsed.get("index", -1)) >= 0 else version - 1
+        return touched_through_from_offset(offset)
     except (OSError, UnicodeDecodeError, ValueError, TypeError):
         return None
 

@@ -100,6 +100,19 @@ def reservoir_version(offset: str | None) -> int | None:
     return None
 
 
+def touched_through_from_offset(offset: str | None) -> int | None:
+    """The newest source version any of whose changes are read once the stream reaches ``offset`` (its
+    JSON text): the offset's version when it stands inside it (a file index of 0 or more: a rate limit
+    split it, some of its files are read), else the version before it; None without one. A text that
+    is not JSON raises ``ValueError``. (:func:`applied_through_from_offset` answers the version fully
+    applied.)"""
+    parsed = json.loads(offset) if offset is not None else None
+    if not isinstance(parsed, dict) or "reservoirVersion" not in parsed:
+        return None
+    version = int(parsed["reservoirVersion"])
+    return version if int(parsed.get("index", BASE_INDEX)) >= 0 else version - 1
+
+
 def applied_through_from_offset(offset: Mapping[str, Any] | str | None,
                                 files_in_version: int | None = None) -> int | None:
     """The highest source version fully applied at ``offset``, or None if it cannot be told.

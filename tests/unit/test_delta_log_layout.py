@@ -10,7 +10,7 @@ import pytest
 
 from lakemirror.delta_log.layout import (LAST_CHECKPOINT, LOG_DIR, commit_file_name, commit_versions, has_commits,
                                          newest_commit)
-from lakemirror.delta_log.stream_offsets import end_offset, reservoir_version
+from lakemirror.delta_log.stream_offsets import end_offset, reservoir_version, touched_through_from_offset
 
 
 def _log(table: Path, *names: str) -> Path:
@@ -59,3 +59,12 @@ def test_the_version_an_offset_stands_in() -> None:
     assert reservoir_version(None) is None
     with pytest.raises(ValueError):
         reservoir_version("not json")
+
+
+def test_the_newest_version_an_offset_has_read_any_of() -> None:
+    """Inside a version (a rate limit split it) some of its changes are read; before its first file, none."""
+    assert touched_through_from_offset('{"reservoirVersion": 9, "index": 2}') == 9
+    assert touched_through_from_offset('{"reservoirVersion": 9, "index": 0}') == 9
+    assert touched_through_from_offset(json.dumps(end_offset("id-1", 4))) == 4
+    assert touched_through_from_offset('{"reservoirVersion": 9}') == 8
+    assert touched_through_from_offset('{"index": 3}') is None and touched_through_from_offset(None) is None
