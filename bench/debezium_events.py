@@ -217,7 +217,11 @@ def run_lakemirror(spark: Any, servers: str, root: Path, total: int, max_offsets
     def locate(table: str) -> TableLocation:
         return TableLocation(TableName("b", "s", table), f"{tables_at}/{table}")
 
-    runner = EventStreamRunner(spec, spark, "bench", root / "_events", locate, locate("_dead_letters"))
+    from lakemirror.sources.event_source import event_source_for
+    from lakemirror.supervisor.event_batch import delta_event_sink
+
+    sink = delta_event_sink(spec, event_source_for(spec).decoder, "bench", spark, locate, locate("_dead_letters"))
+    runner = EventStreamRunner(spec, spark, root / "_events", sink)
     read = batches = 0
     lags: list[float] = []
     started = time.time()

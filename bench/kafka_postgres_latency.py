@@ -1,7 +1,7 @@
 """Latency Kafka → PostgreSQL: Real-Time Mode against micro-batches at a 1 s trigger.
 
-The same pipeline part in both runs: :class:`lakemirror.supervisor.event_postgres.PostgresEventStreamRunner`
-reading a 2-partition topic of Debezium envelopes into a PostgreSQL replica under the sequence
+The same pipeline part in both runs: :class:`lakemirror.supervisor.event_stream.EventStreamRunner` with
+:class:`lakemirror.sinks.postgres.event_replicas.PostgresEventReplicas`, reading a 2-partition topic of Debezium envelopes into a PostgreSQL replica under the sequence
 guard. Real-Time Mode: ``trigger(realTime="1 second")`` (the default checkpoint interval) and the ``foreach`` writer committing by
 ``max_dwell_ms`` (50) and count; micro-batch: ``foreachBatch`` every second. A producer sends one
 new row every ``1 / rate`` seconds for ``seconds``; a poller reads the replica's keys every 10 ms.
@@ -31,8 +31,10 @@ from typing import Any
 import psycopg
 
 from lakemirror.sinks.postgres.executor import PostgresTarget
-from lakemirror.supervisor.event_postgres import PostgresEventStreamRunner, RealTimeSpec
-from lakemirror.supervisor.event_stream import EventStreamSpec
+from lakemirror.sinks.postgres.event_replicas import PostgresEventReplicas
+from lakemirror.sinks.postgres.real_time import RealTimeSpec
+from lakemirror.sources.event_source import event_source_for
+from lakemirror.supervisor.event_stream import EventStreamRunner, EventStreamSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("real-time", "micro-batch 1 s")
@@ -71,7 +73,9 @@ def _one_mode(spark: Any, mode: str, brokers: str, target: PostgresTarget, workd
         if mode == "real-time" else None
     spec = EventStreamSpec("bench", "kafka", "debezium", bootstrap_servers=brokers, topics=topic,
                            trigger_interval_seconds=1.0)
-    runner = PostgresEventStreamRunner(spec, spark, "bench", workdir / mode.replace(" ", "_"), target, real_time)
+    events = event_source_for(spec)
+    sink = PostgresEventReplicas(target, "bench", spec.name, events.decoder, label="events:bench", real_time=real_time)
+    runner = EventStreamRunner(spec, spark, workdir / mode.replace(" ", "_"), sink, source=events)
     sent: dict[int, float] = {}
     seen: dict[int, float] = {}
     stop = threading.Event()

@@ -45,12 +45,14 @@ from lakemirror.daemon import http_token, preflight
 from lakemirror.daemon.api import ContinuousSyncApi
 from lakemirror.daemon.databricks_pipelines import DatabricksPipelines
 from lakemirror.daemon.dead_letter_api import DeadLetterApi, NoFeedLetters
+from lakemirror.daemon.destinations import DEAD_LETTER_PREFIX as DEAD_LETTER_PREFIX
+from lakemirror.daemon.destinations import Cycles, Destination, destination_for
 from lakemirror.daemon.http import ControlServer
 from lakemirror.daemon.jars import JarsMissing
 from lakemirror.daemon.lease import pipeline_lease
 from lakemirror.daemon.metrics import Metrics
 from lakemirror.daemon.pipelines import PipelineHandle, PipelineRegistry
-from lakemirror.daemon.settings import PostgresDestination, RuntimeSettings, Settings
+from lakemirror.daemon.settings import RuntimeSettings, Settings
 from lakemirror.daemon.settings.replicate import ReplicateConfig
 from lakemirror.daemon.settings.real_time import real_time_spark_conf
 from lakemirror.daemon.settings.runtime_spec import (
@@ -68,16 +70,12 @@ from lakemirror.secrets import redact
 from lakemirror.sinks.batch.incremental import IncrementalOperations, IncrementalSweep, WithIncremental
 from lakemirror.sinks.batch.operations import Operations, SparkOperations
 from lakemirror.sinks.batch.reconcile import DeltaReconciliationStore
-from lakemirror.sinks.choose import choose_sink
-from lakemirror.sinks.merge.feed_letters import FEED_DEAD_LETTERS, FeedDeadLetters
-from lakemirror.sinks.postgres.executor import Connector
-from lakemirror.sinks.postgres.waits import ServerWait
+from lakemirror.sinks.waits import ServerWait
 from lakemirror.sources import cdf_check
 from lakemirror.sources.catalog import Catalog, Discovery, LocalCatalog, SparkDiscovery, UnityCatalog
-from lakemirror.supervisor.event_postgres import PostgresEventStreamRunner, RealTimeSpec
+from lakemirror.sources.event_source import event_source_for
 from lakemirror.supervisor.event_stream import EVENT_FAULT_POINTS, RUNNER_PREFIX, EventStreamRunner
 from lakemirror.supervisor.observer import Observer
-from lakemirror.supervisor.pg_cycles import SparkCycles, WithPostgresCycles
 from lakemirror.supervisor.event_record import recorded_entry, state_slug
 from lakemirror.supervisor.feed_letters import FeedLetterDesk
 from lakemirror.supervisor.recorded import read_pipeline, refreshed
@@ -102,10 +100,6 @@ log = logging.getLogger(__name__)
 #: ``after_merge:3`` (the third time the point is reached); never set in production.
 KILL_AT_ENV = "LAKEMIRROR_TEST_KILL_AT"
 
-#: Event-source pipelines write records they cannot apply to ``<destination schema>.<prefix><source name>``.
-DEAD_LETTER_PREFIX = "_lakemirror_dead_letters_"
-
-
 def crash_points_from_environment() -> Callable[[str], None]:
     """A fault hook that SIGKILLs this process at the armed point, or a no-op when none is armed."""
     armed = os.environ.get(KILL_AT_ENV, "").strip()
@@ -123,14 +117,6 @@ def crash_points_from_environment() -> Callable[[str], None]:
             if remaining[0] <= 0:
                 os.kill(os.getpid(), signal.SIGKILL)
     return fault
-
-
-def postgres_connector(s: Settings) -> Connector | None:
-    """The connections of a pipeline whose replicas are in Postgres (shared by its tables), else None."""
-    d = s.destination
-    choice = choose_sink(d.kind, d.target() if isinstance(d, PostgresDestination) else None)
-    log.info("pipeline %s: %s", s.effective_pipeline_id, choice.reason)
-    return Connector(choice.postgres) if choice.postgres is not None else None
 
 
 class GlobalContext:
@@ -357,27 +343,25 @@ class DaemonContext(GlobalContext):
         return crash_points_from_environment()
 
     @cached_property
-    def postgres(self) -> Connector | None:
-        """The pipeline's Postgres connections (its tables' streams and cycles share the pool), or None."""
-        return postgres_connector(self.settings)
-
-    @cached_property
     def runner_context(self) -> RunnerContext:
+        """What every table runner shares, with the destination's factories of change sources and replicas."""
+        d = self.destination
         return RunnerContext(self.spark, self.catalog, self.states, self.checkpoints, self.spec,
-                             fault=self.fault, postgres=self.postgres,
-                             feed_letters=self.feed_letters if self.postgres is None else None)
+                             fault=self.fault, replica_for=d.replica_for, source_for=d.source_for,
+                             feed_letters=self.feed_letters if d.feed_letter_store is not None else None)
 
     @cached_property
     def feed_letters(self) -> FeedLetterDesk:
-        """The change-feed tables' dead letters (``_lakemirror_dead_letters`` in the destination schema):
-        counted for status and metrics, listed, skipped and replayed (:mod:`lakemirror.supervisor.feed_letters`)."""
+        """The change-feed tables' dead letters (the destination's store: ``_lakemirror_dead_letters`` in the
+        destination schema): counted for status and metrics, listed, skipped and replayed
+        (:mod:`lakemirror.supervisor.feed_letters`)."""
         from lakemirror.tables import own_session
 
-        spec = self.spec
-        store = FeedDeadLetters(self.catalog.locate(TableName(spec.destination_catalog, spec.destination_schema,
-                                                              FEED_DEAD_LETTERS)), spec.pipeline_id)
-        desk = FeedLetterDesk(store, lambda: {name: runner for name, runner in self.supervisor.runners().items()
-                                              if isinstance(runner, TableRunner)},
+        make = self.destination.feed_letter_store
+        if make is None:
+            raise ValueError(f"pipeline {self.spec.pipeline_id} writes {self.destination.letters_elsewhere}")
+        desk = FeedLetterDesk(make(), lambda: {name: runner for name, runner in self.supervisor.runners().items()
+                                               if isinstance(runner, TableRunner)},
                               lambda: own_session(self.spark), clock=self.clock)
         self.metrics.watch_feed_letters(desk.pending, desk.recorded_counts)
         return desk
@@ -388,11 +372,8 @@ class DaemonContext(GlobalContext):
             return NoFeedLetters(404, f"pipeline {self.spec.pipeline_id} replicates event source "
                                       f"{self.settings.source.name!r}, not change feeds: its dead letters are at "
                                       f"/api/events/{self.settings.source.name}/dead-letters")
-        destination = self.settings.destination
-        if isinstance(destination, PostgresDestination):
-            return NoFeedLetters(409, f"pipeline {self.spec.pipeline_id} writes PostgreSQL replicas: their dead "
-                                      f"letters are rows of lakemirror_dead_letters in PostgreSQL schema "
-                                      f"{destination.target_schema}")
+        if self.destination.feed_letter_store is None:
+            return NoFeedLetters(409, f"pipeline {self.spec.pipeline_id} writes {self.destination.letters_elsewhere}")
         return self.feed_letters
 
     @cached_property
@@ -435,6 +416,11 @@ class DaemonContext(GlobalContext):
             journal=self.command_journal, epochs=lambda table: str(self.states.load(spec.source(table).slug).epoch))
 
     @cached_property
+    def destination(self) -> Destination:
+        """The pipeline's destination, looked up once by its kind: the factories the runners are handed."""
+        return destination_for(self)
+
+    @cached_property
     def event_source_supervisor(self) -> Supervisor:
         """A supervisor with one entry, ``events:<name>``, whose runner is the event source's single
         query; restarts, backoff, drain and metrics are the supervisor's as for any table."""
@@ -443,38 +429,15 @@ class DaemonContext(GlobalContext):
             raise ValueError("the settings name no event source")
         stream = event_stream_spec(source, self.settings)
         folder = layout.event_source_dir(layout.pipeline_dir(spec.checkpoint_root, spec.pipeline_id), source.name)
-        destination = (spec.destination_catalog, spec.destination_schema)
         # A resync sets the query's checkpoint aside: a new checkpoint (a new query id) means it took effect.
         journal, epochs = self.command_journal, lambda _: query_id(layout.event_checkpoint(folder))
         recorded = lambda: {RUNNER_PREFIX + source.name: recorded_entry(  # noqa: E731 (listed while the JVM starts)
             folder, source.name, source.kind, self.states.load(state_slug(source.name)).paused)}
-        postgres = self.settings.destination
-        if isinstance(postgres, PostgresDestination):  # replicas in Postgres: micro-batch or Real-Time Mode
-            rt = source.real_time
-            # Real-Time Mode's tasks hold one connection each; with their number unset (counted at the
-            # broker when the source starts) the daemon keeps one connection of its own.
-            executors = 0 if rt is None else (rt.tasks if rt.tasks is not None else postgres.max_connections - 1)
-            target = postgres.target(executor_connections=executors)
-            real_time = None if rt is None else RealTimeSpec(rt.checkpoint_interval_seconds, rt.max_dwell_ms,
-                                                              rt.max_rows, rt.tasks)
-
-            def postgres_runner(_: str) -> Runner:
-                return PostgresEventStreamRunner(stream, self.spark, spec.pipeline_id, folder, target, real_time,
-                                                 states=self.states)
-
-            return Supervisor(runner_factory=postgres_runner, list_tables=lambda: [RUNNER_PREFIX + source.name],
-                              policy=self.restart_policy, observer=self.observer,
-                              lag_interval_seconds=self.settings.lag_interval_seconds, apply_workers=0,
-                              recorded=recorded, journal=journal, epochs=epochs)
 
         def runner(_: str) -> Runner:
-            session = self.spark
-            self.catalog.ensure_schema(session, *destination)
-            return EventStreamRunner(
-                stream, session, spec.pipeline_id, folder,
-                lambda table: self.catalog.locate(TableName(*destination, table)),
-                self.catalog.locate(TableName(*destination, DEAD_LETTER_PREFIX + source.name)),
-                fault=self.fault, states=self.states)
+            events = event_source_for(stream)
+            return EventStreamRunner(stream, self.spark, folder, self.destination.event_sink_for(stream, events.decoder),
+                                     clock=self.clock, source=events, states=self.states)
 
         return Supervisor(runner_factory=runner, list_tables=lambda: [RUNNER_PREFIX + source.name],
                           policy=self.restart_policy, observer=self.observer,
@@ -502,7 +465,7 @@ class DaemonContext(GlobalContext):
         ops = self.spark_operations(run_id)
         operations: Operations = WithIncremental(ops, IncrementalOperations(sweep))
         if self.cycles is not None:
-            operations = WithPostgresCycles(operations, self.cycles)
+            operations = self.cycles.around(operations)
         summary = self.batch_runner(operations, run_id, 1).run(jobs)
         reconciled = {TableName.parse(k).table: v for k, v in ops.latest_results.items()}
         return SubtaskRun(summary, reconciled)
@@ -517,13 +480,10 @@ class DaemonContext(GlobalContext):
         return daemon_thread
 
     @cached_property
-    def cycles(self) -> SparkCycles | None:
-        """The cycles of triggered and snapshot PostgreSQL replicas (None: none are configured)."""
-        d = self.settings.destination
-        if not isinstance(d, PostgresDestination) or not d.cycled_modes() or self.postgres is None:
-            return None
-        return SparkCycles(self.spark, self.catalog, self.postgres, self.spec, self.states,
-                           FileStateStore(layout.cycles_dir(self.pipeline_dir)), d.snapshot_above_fraction)
+    def cycles(self) -> Cycles | None:
+        """The destination's cycles (triggered and snapshot PostgreSQL replicas); None: it has none."""
+        make = self.destination.cycles
+        return make() if make is not None else None
 
     def tables_of(self, task: Any) -> Callable[[], list[str]]:
         """The tables a sub-task without its own list takes: the streamed ones, or for a cycle

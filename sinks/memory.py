@@ -109,6 +109,15 @@ class MemoryTableReplica:
     ``owner``: the pipeline that created the replica (None: no replica yet). The bootstrap replaces
     the rows and keeps the transaction ids already recorded, as a Delta overwrite keeps its log."""
 
+    #: No Delta log: the twin's transaction ids are held in memory (a bootstrap copies in one piece).
+    delta_log = False
+
+    def server_wait(self) -> None:
+        return None
+
+    def on_server(self) -> bool:
+        return False
+
     def __init__(self, pipeline_id: str, owner: str | None = None) -> None:
         self.pipeline_id = pipeline_id
         self.owner = owner

@@ -114,6 +114,9 @@ class MergeOutcome:
     replayed: bool  # the write was skipped: this batch had been committed before
     read: str = READ_BY_SPARK           # the engine that read the batch's change rows
     write: str = WRITE_SPARK_MERGE      # the apply path that wrote (or found already written) the batch
+    #: How the apply path found a replayed batch already written, in words (None: Delta skipped its
+    #: transaction id, or the replica's Delta log recorded it).
+    replay_note: str | None = None
 
 
 def counts_from_metrics(metrics: dict[str, Any] | None) -> ApplyCounts:

@@ -29,8 +29,10 @@ from lakemirror.sources.change_event import DELETE, STREAM, UPSERT, ChangeEvent,
 
 if TYPE_CHECKING:
     from lakemirror.delta_log.commit_times import CommitLog
+    from lakemirror.identifiers import TableName
     from lakemirror.sources.catalog import TableInfo
     from lakemirror.sources.change_feed import SourceHead
+    from lakemirror.tables import TableLocation
 
 Frame = TypeVar("Frame")
 
@@ -80,6 +82,24 @@ class ChangeSource(Protocol[Frame]):
     def enable_change_feed(self) -> None:
         """Turn the table's change data feed on (one commit on the source: a table property); asked
         for by ``enable_change_data_feed: true`` only."""
+        ...
+
+
+class TableChangeSource(ChangeSource[Frame], Protocol[Frame]):
+    """A change source as the table runner holds it: a named table at a location, whose stream's
+    batch function first calls :meth:`leave_kernel_mode` on each batch
+    (:class:`~lakemirror.sources.delta_source.DeltaChangeFeed`; the twin
+    :class:`~lakemirror.sources.memory.MemoryChangeSource`). Made per table by the pipeline's
+    factory: ``source_for(table, session)``."""
+
+    @property
+    def name(self) -> "TableName": ...
+
+    @property
+    def location(self) -> "TableLocation": ...
+
+    def leave_kernel_mode(self, batch: Frame) -> None:
+        """Leave the session state a streaming source's read of ``batch`` needed (a no-op for most)."""
         ...
 
 

@@ -1,5 +1,5 @@
 """A Delta table read whole or between two versions, for the cycles of triggered and snapshot
-replicas (:mod:`lakemirror.supervisor.pg_cycles`): batch reads, no stream, no checkpoint.
+replicas (:mod:`lakemirror.sinks.postgres.cycles`): batch reads, no stream, no checkpoint.
 
 Each method is one Spark job (or a read of the log): the latest version from the newest commit
 of the history, the row count at a version (Delta answers ``count()`` from the files' statistics
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 
 class DeltaVersions:
-    """One Delta source table, as the cycles read it (:class:`~lakemirror.supervisor.pg_cycles.CycleSource`)."""
+    """One Delta source table, as the cycles read it (:class:`~lakemirror.sinks.postgres.cycles.CycleSource`)."""
 
     def __init__(self, spark: "SparkSession", catalog: Catalog, name: TableName) -> None:
         self.spark = spark

@@ -4,7 +4,7 @@
 An event source delivers the change events of many tables in one stream (Kafka topics carrying
 Debezium envelopes or the simple event form, or JSON-lines files moved into a directory); it is the
 counterpart of :class:`~lakemirror.sources.contract.ChangeSource`, which serves one table. The
-runners (:mod:`lakemirror.supervisor.event_stream`, :mod:`lakemirror.supervisor.event_postgres`)
+runner (:mod:`lakemirror.supervisor.event_stream`, whatever the destination)
 read the source only through the protocol: a new kind of event source is a class here and one
 branch of :func:`event_source_for`.
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from lakemirror.identifiers import TableName
 from lakemirror.schema import Column
 from lakemirror.sources.catalog import CDF_PROPERTY, TableInfo
 from lakemirror.sources.change_feed import SourceHead
@@ -46,6 +47,13 @@ class MemoryChangeSource:
     times: list[float] = field(default_factory=lambda: [0.0])
     #: The ``options`` of each :meth:`changes` call, in order (what the stream was started with).
     streams: list[Mapping[str, Any]] = field(default_factory=list)
+
+    @property
+    def name(self) -> TableName:
+        return self.location.name
+
+    def leave_kernel_mode(self, batch: Any) -> None:
+        """Nothing: the twin's batches are lists of rows, read by no streaming source."""
 
     def commit(self, rows: Sequence[Mapping[str, Any]], at: float | None = None) -> int:
         """Append a commit of change rows (each with ``_change_type``); returns its version."""

@@ -27,7 +27,6 @@ from lakemirror.checkpoints.records import CheckpointRow, CheckpointStore, commi
 from lakemirror.checkpoints.state import TableProgress
 from lakemirror.errors import SourceReplaced
 from lakemirror.sinks.contract import BatchSink
-from lakemirror.sinks.postgres.spark_batches import WRITE_POSTGRES
 from lakemirror.sinks.txn import MergeOutcome, TxnId
 from lakemirror.supervisor import replica_record
 from lakemirror.supervisor.classify import classify
@@ -39,11 +38,11 @@ log = logging.getLogger(__name__)
 SOURCE_ID_RETRY_DELAYS = (0.5, 1.0, 2.0, 4.0)
 
 
-def replay_note(write: str) -> str:
+def replay_note(outcome: MergeOutcome) -> str:
     """How a replayed batch was found already written, by the apply path that found it."""
-    if write == WRITE_POSTGRES:
-        return "its progress row in PostgreSQL, committed with the data, made it a no-op"
-    if write == replica_record.WRITE_NOTHING:
+    if outcome.replay_note is not None:
+        return outcome.replay_note
+    if outcome.write == replica_record.WRITE_NOTHING:
         return "the replica's Delta log records it, so it was skipped unread"
     return "Delta skipped the write (its transaction id was committed)"
 
@@ -151,7 +150,7 @@ class BatchApply:
                     outcome = apply()
                 if outcome.replayed:
                     log.info("table %s: batch %d of %s was already committed to the replica (a restart "
-                             "replays it); %s", label, txn.version, txn.app_id, replay_note(outcome.write))
+                             "replays it); %s", label, txn.version, txn.app_id, replay_note(outcome))
                 if outcome.stats.rows_read:
                     self.fault("after_merge")
                     # After a fresh MERGE no earlier attempt can have written this batch's row.

@@ -1,7 +1,7 @@
 """Triggered and snapshot PostgreSQL replicas as tables of ``/status``.
 
 Those tables have no stream, so the supervisor does not know them; their cycles run as sub-tasks
-(:mod:`.pg_cycles`, :mod:`.subtasks`), whose status is per sub-task. :class:`CycleTables` keeps each
+(:mod:`lakemirror.sinks.postgres.cycles`, :mod:`.subtasks`), whose status is per sub-task. :class:`CycleTables` keeps each
 table's last cycle (from every sub-task run) and answers a :class:`~.supervisor.TableView` per
 table, beside the streamed tables':
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from lakemirror.checkpoints.audit import SUCCESS
-from lakemirror.sinks.postgres.waits import ServerWait
+from lakemirror.sinks.waits import ServerWait
 from lakemirror.supervisor.supervisor import TableView
 from lakemirror.supervisor.subtasks import Subtask, SubtaskRun
 

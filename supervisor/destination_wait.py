@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Callable, Protocol
 
-from lakemirror.sinks.postgres.waits import LockWait, ServerWait
+from lakemirror.sinks.waits import LockWait, ServerWait
 from lakemirror.supervisor import state as sm
 
 

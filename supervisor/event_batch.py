@@ -1,17 +1,19 @@
-"""The batch function's body of an event source: decode, route, fold, one guarded write per replica,
-dead letters.
+"""The guarded event sink: an event source's decoded batches into one replica per table, each write
+under the sequence guard and a transaction id, with the dead letters beside them.
 
-:class:`EventBatchApplier` is what :class:`~lakemirror.supervisor.event_stream.EventStreamRunner` calls for
-each micro-batch (and what the operator's skip and replay use, :mod:`lakemirror.supervisor.event_letters`):
+:class:`EventBatchApplier` is the :class:`~lakemirror.sinks.event_contract.EventSink` of Delta replicas
+(each table's writer a :class:`~lakemirror.sinks.events.guard_merge.GuardedDeltaSink`, or its history
+twin, and the letters a :class:`~lakemirror.sinks.events.dead_letters.DeadLetterTable`) and of their
+in-memory twins (:class:`~lakemirror.sinks.events.memory_sink.MemoryEventStore`): the
+:class:`~lakemirror.supervisor.event_stream.EventStreamRunner` hands it each decoded micro-batch, and
+the operator's skip and replay go through it (:mod:`lakemirror.supervisor.event_letters`):
 
-1. its raw messages are decoded (:mod:`lakemirror.sources.debezium`); tombstones and transaction markers
-   are skipped; poison messages become dead letters;
-2. the changes are routed by table and folded per key (:func:`lakemirror.sinks.events.guard_plan.plan_batch`,
-   or the history planner);
-3. each replica takes one guarded write in a session of its own, under the transaction id
+1. the changes are routed by table and folded per key (:func:`lakemirror.sinks.events.guard_plan.plan_batch`,
+   or the history planner); changes the planner refuses become dead letters;
+2. each replica takes one guarded write in a session of its own, under the transaction id
    ``lakemirror/<pipeline>/<source>/<table>/<epoch>`` and the batch id; a write the replica refuses
    because of a value is bisected to its poison changes (:func:`~lakemirror.supervisor.event_letters.apply_isolating`);
-4. the dead letters are appended under the batch's own transaction id.
+3. the dead letters are appended under the batch's own transaction id.
 """
 
 from __future__ import annotations
@@ -20,19 +22,23 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence, TYPE_CHECKING
+from typing import Any, Callable, Iterable, Protocol, Sequence, TYPE_CHECKING
 
-from lakemirror.sinks.events.dead_letters import DeadLetterRow, DeadLetterStore
+from lakemirror.sinks.event_contract import EventBatchResult, EventTxn, ExecutorWrites, ReplicaBatch
+from lakemirror.sinks.events.dead_letters import (DeadLetterRow, DeadLetterStore, DeadLetterTable, LetterReport,
+                                                  StoredLetter)
 from lakemirror.sinks.events.guard_merge import GuardedDeltaSink, GuardOutcome
 from lakemirror.sinks.events.guard_plan import TablePlan, plan_batch
 from lakemirror.sinks.events.history_merge import HistoryDeltaSink
+from lakemirror.sinks.events.memory_sink import MemoryEventStore
 from lakemirror.sinks.events.history_plan import HISTORY_SCD2, HistoryTablePlan, plan_history_batch
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.txn import TxnId
 from lakemirror.sources.change_event import ChangeEvent, Decoded
 from lakemirror.sources.debezium import FORMAT_DEBEZIUM
-from lakemirror.sources.event_stream import RawEvent, decode_batch
-from lakemirror.supervisor.event_letters import apply_isolating
+from lakemirror.sources.event_stream import DecodedBatch, RawEvent
+from lakemirror.sinks.waits import ServerWait
+from lakemirror.supervisor.event_letters import apply_isolating, resolve_letters
 from lakemirror.tables import TableLocation
 
 if TYPE_CHECKING:
@@ -82,16 +88,44 @@ class ReplicaStatus:
     last_ts_ms: int | None = None
     last_event_lag_seconds: float | None = None   # the last batch's oldest change: source commit → replica commit
 
+    def add(self, table: str, batch: ReplicaBatch) -> None:
+        """Count one batch's write to the replica of ``table``."""
+        if batch.event_lags_seconds:
+            self.last_event_lag_seconds = max(batch.event_lags_seconds)
+        self.batches += 1
+        self.inserted += batch.inserted
+        self.updated += batch.updated
+        self.deleted += batch.deleted
+        self.stale += batch.stale
+        self.replays += batch.replayed
+        if batch.position_basis and batch.position_basis != self.position_basis:
+            if "last resort" in batch.position_basis:
+                log.warning("%s: events carry no log position; ordered by %s", table, batch.position_basis)
+            self.position_basis = batch.position_basis
+        if batch.last_ts_ms is not None:
+            self.last_ts_ms = max(self.last_ts_ms or 0, batch.last_ts_ms)
 
-@dataclass(frozen=True)
-class ReplicaBatch:
-    """What one batch did to one replica (for metrics): rows by operation, guard drops, event-time lags."""
 
-    inserted: int
-    updated: int
-    deleted: int
-    stale: int
-    event_lags_seconds: tuple[float, ...]   # per change with a source ts_ms: replica commit time minus ts_ms
+def replica_batch(winners: Iterable[ChangeEvent], inserted: int, updated: int, deleted: int, stale: int,
+                  lags: tuple[float, ...], replayed: bool = False) -> ReplicaBatch:
+    """One replica's part of a batch, with the basis and newest event time of the ``winners`` it wrote."""
+    basis, newest = "", None
+    for w in winners:
+        if w.basis:
+            basis = w.basis
+        if w.ts_ms is not None:
+            newest = max(newest or 0, w.ts_ms)
+    return ReplicaBatch(inserted, updated, deleted, stale, lags, replayed, basis, newest)
+
+
+class GuardedTableWriter(Protocol):
+    """One replica's guarded writes (:class:`~lakemirror.sinks.events.guard_merge.GuardedDeltaSink`,
+    :class:`~lakemirror.sinks.events.history_merge.HistoryDeltaSink`, the twin
+    :class:`~lakemirror.sinks.events.memory_sink.MemoryGuardedSink`)."""
+
+    def apply(self, session: Any, plan: Any, txn: TxnId) -> GuardOutcome: ...
+
+    def purge(self, session: Any, horizon_seconds: float) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -101,45 +135,68 @@ class TableJob:
 
     table: str
     plan: TablePlan | HistoryTablePlan
-    sink: GuardedDeltaSink
+    sink: GuardedTableWriter
     txn: TxnId
     changes: tuple[ChangeEvent, ...]
 
 
-@dataclass(frozen=True)
-class EventBatchResult:
-    events: int
-    skipped: int
-    dead_letters: int
-    outcomes: dict[str, GuardOutcome]
-    replicas: dict[str, ReplicaBatch] = field(default_factory=dict)
-    letters: tuple[DeadLetterRow, ...] = ()
+class SessionPerName:
+    """A Spark session of its own for each replica (and the dead letters), made on first use: a
+    session's Delta transaction confs never race between replicas written side by side."""
 
-    @property
-    def counts(self) -> ApplyCounts:
-        return ApplyCounts(sum(o.counts.inserted for o in self.outcomes.values()),
-                           sum(o.counts.updated for o in self.outcomes.values()),
-                           sum(o.counts.deleted for o in self.outcomes.values()))
+    def __init__(self, spark: "SparkSession") -> None:
+        self.spark = spark
+        self._sessions: dict[str, "SparkSession"] = {}
+
+    def __call__(self, name: str) -> "SparkSession":
+        if name not in self._sessions:
+            self._sessions[name] = self.spark.newSession()
+        return self._sessions[name]
+
+
+def delta_replicas(locate: Callable[[str], TableLocation], spec: EventStreamSpec,
+                   clock: Callable[[], float] = time.time,
+                   fault: Callable[[str], None] = lambda point: None) -> Callable[[str], GuardedTableWriter]:
+    """Each table's writer into its Delta replica at ``locate(table)``: current rows, or every
+    version of them (``history: scd2``). ``locate`` raises ValueError for a name the destination
+    cannot hold."""
+    def replica(table: str) -> GuardedTableWriter:
+        kind = HistoryDeltaSink if spec.history == HISTORY_SCD2 else GuardedDeltaSink
+        return kind(locate(table), spec.allow_schema_evolution, clock=clock, fault=fault,
+                    driver_apply=spec.driver_apply)
+    return replica
 
 
 class EventBatchApplier:
-    """The batch function's body: decode, route, fold, one guarded MERGE per replica, dead letters."""
+    """The guarded event sink (an :class:`~lakemirror.sinks.event_contract.EventSink`): decoded batches
+    routed, folded, one guarded write per replica, dead letters (see the module docstring).
+
+    ``replica_for(table)`` makes the writer of ``table``'s replica on its first batch (ValueError:
+    the destination cannot hold a table of that name; its changes become dead letters);
+    ``session_for(name)`` the session each replica (and ``"__dead_letters"``) is written in;
+    ``on_prepare`` runs before each start of the source's query (e.g. the destination schema made)."""
+
+    #: Batches are applied by :meth:`apply` on the driver.
+    executor_writes: ExecutorWrites | None = None
+    #: The letters are rows this sink reads and updates: the operator's skip and replay are offered.
+    resolves_letters = True
 
     def __init__(self, spec: EventStreamSpec, decoder: Callable[[RawEvent], Decoded], pipeline_id: str,
-                 locate: Callable[[str], TableLocation], dead_letters: DeadLetterStore,
-                 session_for: Callable[[str], "SparkSession"], clock: Callable[[], float] = time.time,
-                 fault: Callable[[str], None] = lambda point: None) -> None:
+                 replica_for: Callable[[str], GuardedTableWriter], dead_letters: DeadLetterStore,
+                 session_for: Callable[[str], Any], clock: Callable[[], float] = time.time,
+                 fault: Callable[[str], None] = lambda point: None,
+                 on_prepare: Callable[[], None] = lambda: None) -> None:
         self.spec = spec
         self.decoder = decoder
         self.pipeline_id = pipeline_id
-        self.locate = locate
+        self.replica_for = replica_for
         self.dead_letters = dead_letters
         self.session_for = session_for
         self.clock = clock
         #: The crash-test hook (EVENT_FAULT_POINTS); a no-op unless the torture harness arms it.
         self.fault = fault
-        self.sinks: dict[str, GuardedDeltaSink] = {}
-        self.replicas: dict[str, ReplicaStatus] = {}
+        self.on_prepare = on_prepare
+        self.sinks: dict[str, GuardedTableWriter] = {}
         self._last_purge = clock()
         self._pool: ThreadPoolExecutor | None = None
 
@@ -155,23 +212,35 @@ class EventBatchApplier:
             return plan_history_batch(changes)  # type: ignore[return-value]
         return plan_batch(changes)  # type: ignore[return-value]
 
-    def sink_for(self, table: str) -> GuardedDeltaSink | None:
-        """The sink of ``table``'s replica (made on first use); None when the destination cannot hold a
-        table of that name (:meth:`locate` refuses it)."""
+    def sink_for(self, table: str) -> GuardedTableWriter | None:
+        """The writer of ``table``'s replica (made on first use); None when the destination cannot hold
+        a table of that name (:attr:`replica_for` refuses it)."""
         sink = self.sinks.get(table)
         if sink is None:
             try:
-                location = self.locate(table)
+                sink = self.sinks[table] = self.replica_for(table)
             except ValueError as exc:
                 log.warning("%s: no replica for table %r: %s", self.spec.name, table, exc)
                 return None
-            sink = self.sinks[table] = (HistoryDeltaSink if self.spec.history == HISTORY_SCD2 else GuardedDeltaSink)(
-                location, self.spec.allow_schema_evolution, clock=self.clock, fault=self.fault,
-                driver_apply=self.spec.driver_apply)
         return sink
 
-    def apply(self, raws: Iterable[RawEvent], batch_id: int, epoch: str) -> EventBatchResult:
-        decoded = decode_batch(raws, self.decoder, self.spec.tables)
+    # -- the EventSink contract -------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        self.on_prepare()
+
+    def letters(self, ids: Iterable[str] | None = None, messages: bool = True) -> list[StoredLetter]:
+        return self.dead_letters.letters(self.session_for("__dead_letters"), ids, messages=messages)
+
+    def resolve_letters(self, verb: str, ids: Sequence[str] | None, table: str | None = None) -> LetterReport:
+        return resolve_letters(self, verb, ids, table)
+
+    def wait(self) -> ServerWait | None:
+        return None  # the replicas are written by Spark or delta-rs: no server to wait on
+
+    def apply(self, batch: DecodedBatch, txn: EventTxn) -> EventBatchResult:
+        """``batch`` into the replicas and the dead letters, exactly once under ``txn``."""
+        decoded, batch_id, epoch = batch, txn.batch_id, txn.epoch
         changes, raw_of = decoded.changes, decoded.raw_of
         letters = [DeadLetterRow(raw, letter.reason, letter.table) for raw, letter in decoded.dead_letters]
         plans, refused = self.plan(changes)
@@ -199,16 +268,18 @@ class EventBatchApplier:
             outcomes[table] = outcome
             letters += [DeadLetterRow(raw_of(e), reason, table, e) for e, reason in outcome.rejected]
             lags = event_lags(by_table.get(table, ()), committed)
-            replicas[table] = ReplicaBatch(outcome.counts.inserted, outcome.counts.updated, outcome.counts.deleted,
-                                           outcome.stale, lags)
-            self._record(table, job.plan.winners, outcome, lags)
+            replicas[table] = replica_batch(job.plan.winners, outcome.counts.inserted, outcome.counts.updated,
+                                            outcome.counts.deleted, outcome.stale, lags, outcome.replayed)
         self.fault("events_before_dead_letters")
         self.dead_letters.append(self.session_for("__dead_letters"), letters,
                                  TxnId(f"{self.app_prefix}/dead-letters/{epoch}", batch_id), self.clock())
         self.fault("events_after_dead_letters")
         self._purge_when_due()
-        return EventBatchResult(decoded.events, decoded.skipped, len(letters), outcomes, replicas,
-                                tuple(letters))
+        counts = ApplyCounts(sum(o.counts.inserted for o in outcomes.values()),
+                             sum(o.counts.updated for o in outcomes.values()),
+                             sum(o.counts.deleted for o in outcomes.values()))
+        return EventBatchResult(decoded.events, decoded.skipped, len(letters), outcomes, replicas, tuple(letters),
+                                counts, replayed=any(o.replayed for o in outcomes.values()))
 
     def _apply_tables(self, jobs: Sequence[TableJob]) -> list[tuple[GuardOutcome, float]]:
         """Each table's plan applied to its replica (a MERGE under the table's own transaction id, on the
@@ -223,7 +294,7 @@ class EventBatchApplier:
 
             def write(part: Sequence[ChangeEvent], txn: TxnId) -> GuardOutcome:
                 plan = job.plan if part is job.changes else self.plan(part)[0][job.table]
-                return job.sink.apply(session, plan, txn)  # type: ignore[arg-type]
+                return job.sink.apply(session, plan, txn)
 
             try:
                 outcome = apply_isolating(write, job.changes, job.txn, f"{self.spec.name}/{job.table}")
@@ -242,29 +313,10 @@ class EventBatchApplier:
         return [f.result() for f in futures]
 
     def close(self) -> None:
-        """Stop the threads that apply tables side by side (the runner's halt)."""
+        """Stop the threads that apply tables side by side (the runner's halt; made again on the next batch)."""
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
-
-    def _record(self, table: str, winners: Iterable[ChangeEvent], outcome: GuardOutcome,
-                lags: tuple[float, ...] = ()) -> None:
-        status = self.replicas.setdefault(table, ReplicaStatus())
-        if lags:
-            status.last_event_lag_seconds = max(lags)
-        status.batches += 1
-        status.inserted += outcome.counts.inserted
-        status.updated += outcome.counts.updated
-        status.deleted += outcome.counts.deleted
-        status.stale += outcome.stale
-        status.replays += outcome.replayed
-        for w in winners:
-            if w.basis and w.basis != status.position_basis:
-                if "last resort" in w.basis:
-                    log.warning("%s: events carry no log position; ordered by %s", table, w.basis)
-                status.position_basis = w.basis
-            if w.ts_ms is not None:
-                status.last_ts_ms = max(status.last_ts_ms or 0, w.ts_ms)
 
     def _purge_when_due(self) -> None:
         now = self.clock()
@@ -276,6 +328,26 @@ class EventBatchApplier:
             if purged:
                 log.info("%s: purged %d tombstones older than %.0f s", table, purged,
                          self.spec.tombstone_horizon_seconds)
+
+
+def delta_event_sink(spec: EventStreamSpec, decoder: Callable[[RawEvent], Decoded], pipeline_id: str,
+                     spark: "SparkSession", locate: Callable[[str], TableLocation], dead_letters: TableLocation,
+                     clock: Callable[[], float] = time.time, fault: Callable[[str], None] = lambda point: None,
+                     on_prepare: Callable[[], None] = lambda: None) -> EventBatchApplier:
+    """The guarded event sink over Delta replicas (``locate(table)``) and the dead-letter Delta table
+    ``dead_letters``, each written in a Spark session of its own: the destination kind ``delta``."""
+    return EventBatchApplier(spec, decoder, pipeline_id, delta_replicas(locate, spec, clock, fault),
+                             DeadLetterTable(dead_letters), SessionPerName(spark), clock, fault, on_prepare)
+
+
+def memory_event_sink(spec: EventStreamSpec, decoder: Callable[[RawEvent], Decoded], pipeline_id: str,
+                      store: MemoryEventStore | None = None, clock: Callable[[], float] = time.time,
+                      fault: Callable[[str], None] = lambda point: None) -> EventBatchApplier:
+    """The guarded event sink over in-memory replicas and dead letters (``store``, a new one if None):
+    the destination kind ``memory``, and the sink the unit tests drive the event runner with."""
+    store = store if store is not None else MemoryEventStore(clock=clock)
+    return EventBatchApplier(spec, decoder, pipeline_id, store.replica_for, store.dead_letters, lambda name: None,
+                             clock, fault)
 
 
 def event_lags(changes: Iterable[ChangeEvent], committed_at: float) -> tuple[float, ...]:

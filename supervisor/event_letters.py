@@ -25,10 +25,10 @@ only recorded.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from lakemirror.sinks.events.dead_letters import PENDING, REPLAYED, SKIPPED, Resolution, StoredLetter
+from lakemirror.sinks.events.dead_letters import (PENDING, REPLAYED, SKIPPED, VERBS, LetterReport, Resolution,
+                                                  StoredLetter)
 from lakemirror.sinks.events.guard_merge import GuardOutcome
 from lakemirror.sinks.isolate import bisect
 from lakemirror.sinks.memory import ApplyCounts
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-VERBS = ("skip", "replay")
+__all__ = ["VERBS", "LetterIndex", "LetterReport", "apply_isolating", "combine", "resolve_letters"]
 
 
 def combine(outcomes: Sequence[GuardOutcome], refused: Sequence[tuple[ChangeEvent, str]] = ()) -> GuardOutcome:
@@ -76,20 +76,6 @@ def apply_isolating(write: Callable[[Sequence[ChangeEvent], TxnId], GuardOutcome
     log.warning("%s: batch %d: %d change(s) refused by the replica, dead-lettered; the other %d applied in %d "
                 "write(s)", label, txn.version, len(refused), len(changes) - len(refused), found.attempts)
     return combine(found.applied, refused)
-
-
-@dataclass(frozen=True)
-class LetterReport:
-    """What an operator's skip or replay did: one resolution per letter found, the ids not found."""
-
-    verb: str
-    resolutions: tuple[Resolution, ...]
-    unknown: tuple[str, ...] = ()
-
-    def as_json(self) -> dict[str, Any]:
-        return {"verb": self.verb, "unknown": list(self.unknown),
-                "letters": [{"id": r.id, "status": r.status, "resolution": r.resolution,
-                             **({"reason": r.reason} if r.reason else {})} for r in self.resolutions]}
 
 
 def _counts_text(o: GuardOutcome) -> str:
@@ -153,7 +139,7 @@ def _replay(applier: "EventBatchApplier", letters: Sequence[StoredLetter], versi
             continue
         txn = TxnId(f"{applier.app_prefix}/{name}/replay", max(version, 0))
         session = applier.session_for(name)
-        outcome = apply_isolating(lambda part, t: sink.apply(session, applier.plan(part)[0][name], t),  # type: ignore[arg-type]
+        outcome = apply_isolating(lambda part, t: sink.apply(session, applier.plan(part)[0][name], t),
                                   table_changes, txn, f"{applier.spec.name}/{name} (replay)")
         rejected = {id(c): why for c, why in outcome.rejected}
         summary = ("replayed: already applied by an earlier replay" if outcome.replayed

@@ -1,19 +1,24 @@
-"""One Structured Streaming query per event source, fanned out to one guarded MERGE per replica.
+"""One Structured Streaming query per event source, its batches applied by the source's event sink.
 
 An event source (JSON-lines files or Kafka topics carrying Debezium envelopes or simple CDC events)
 holds the changes of many tables in one stream. The runner reads it only through its
 :class:`~lakemirror.sources.event_source.EventSource` (the stream, a batch's rows as raw events, the
-decoder, the broker's offsets), which :func:`~lakemirror.sources.event_source.event_source_for`
-picks from the spec. Each micro-batch:
+decoder, the broker's offsets) and writes only through its
+:class:`~lakemirror.sinks.event_contract.EventSink` (Delta replicas, PostgreSQL replicas or their
+in-memory twins: the composition root picks one by the destination's kind). Each micro-batch:
 
 1. its raw messages are decoded (:mod:`lakemirror.sources.debezium`) on the driver; tombstones and
    transaction markers are skipped; poison messages become dead letters;
-2. the changes are routed by table (``source.table`` / the topic for Debezium, ``table_name`` for
-   the simple form) and folded per key (:func:`lakemirror.sinks.events.guard_plan.plan_batch`);
-3. each replica takes one guarded MERGE (:class:`lakemirror.sinks.events.guard_merge.GuardedDeltaSink`)
-   in a session of its own, under the transaction id ``lakemirror/<pipeline>/<source>/<table>/<epoch>``
-   and the batch id, so a replayed batch is skipped by Delta and a redelivered event by the guard;
-4. the dead letters are appended under the batch's own transaction id.
+2. the sink applies the decoded batch under its :class:`~lakemirror.sinks.event_contract.EventTxn`
+   (the query's epoch and the batch id): the guarded event sink
+   (:class:`~lakemirror.supervisor.event_batch.EventBatchApplier`) routes the changes by table, folds
+   them per key and gives each replica one guarded write under the transaction id
+   ``lakemirror/<pipeline>/<source>/<table>/<epoch>`` and the batch id, so a replayed batch is skipped
+   by Delta and a redelivered event by the guard; the dead letters are recorded beside them.
+
+A sink whose writers run on the executors (PostgreSQL's Real-Time Mode) wires the query itself
+(:attr:`~lakemirror.sinks.event_contract.EventSink.executor_writes`): no batch function runs on the
+driver, and each finished batch is reported from the query's progress instead.
 
 The epoch is a random id kept beside the query's checkpoint and renewed whenever the checkpoint
 starts empty: a reset checkpoint (batch ids from 0 again) gets new transaction ids instead of
@@ -31,44 +36,38 @@ import shutil
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 
 from lakemirror.checkpoints import layout
 from lakemirror.checkpoints import stream_dir
 from lakemirror.checkpoints.state import InMemoryStateStore, StateStore
-from lakemirror.identifiers import TableName
-from lakemirror.sinks.events.dead_letters import DeadLetterRow, DeadLetterStore, DeadLetterTable
-from lakemirror.sinks.events.guard_merge import GuardedDeltaSink, GuardOutcome
-from lakemirror.sinks.events.guard_plan import TablePlan, plan_batch
-from lakemirror.sinks.events.history_merge import HistoryDeltaSink
-from lakemirror.sinks.events.history_plan import HISTORY_SCD2, HistoryTablePlan, plan_history_batch
+from lakemirror.sinks.event_contract import EventBatchResult, EventSink, EventTxn, ExecutorBatch
+from lakemirror.sinks.event_contract import ReplicaBatch as ReplicaBatch
+from lakemirror.sinks.events.dead_letters import LetterReport
 from lakemirror.sinks.memory import ApplyCounts
-from lakemirror.sinks.txn import BatchStats, MergeOutcome, TxnId
-from lakemirror.sources.change_event import ChangeEvent, Decoded
-from lakemirror.sources.debezium import FORMAT_DEBEZIUM
+from lakemirror.sinks.txn import BatchStats, MergeOutcome
+from lakemirror.sinks.waits import LockWait, ServerWait
 from lakemirror.sources.event_source import EventSource, event_source_for
-from lakemirror.sources.event_stream import RawEvent, decode_batch
+from lakemirror.sources.event_stream import decode_batch
 from lakemirror.sources.kafka_offsets import Offsets, offsets_behind, parse_end_offsets, progress_end_offsets
 from lakemirror.supervisor import state as sm
+from lakemirror.supervisor.destination_wait import WaitReport
 from lakemirror.supervisor.event_record import (
     CAUGHT_UP_WRITE_SECONDS, backlog_since, load_record, save_record, state_slug,
 )
 from lakemirror.supervisor.classify import stream_error
 # Importable from here as before (the runners' callers use them).
 from lakemirror.supervisor.event_batch import EventBatchApplier as EventBatchApplier
-from lakemirror.supervisor.event_batch import EventBatchResult as EventBatchResult
 from lakemirror.supervisor.event_batch import EventStreamSpec as EventStreamSpec
-from lakemirror.supervisor.event_batch import ReplicaBatch as ReplicaBatch
 from lakemirror.supervisor.event_batch import ReplicaStatus as ReplicaStatus
 from lakemirror.supervisor.event_batch import TableJob as TableJob
 from lakemirror.supervisor.event_batch import event_lags as event_lags
-from lakemirror.supervisor.event_letters import LetterIndex, LetterReport, resolve_letters
+from lakemirror.supervisor.event_letters import LetterIndex
 from lakemirror.supervisor.lag import LagReading
-from lakemirror.supervisor.runner import BatchReport
-from lakemirror.tables import TableLocation
+from lakemirror.supervisor.table_live import BatchReport, StreamLatency
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -174,13 +173,25 @@ def checkpoint_epoch(folder: Path) -> str:
     return epoch
 
 
-class EventStreamRunner:
-    """Runs one event source's query; the supervisor drives it like a table runner."""
+class _SinkWaits:
+    """The sink's waits, as :class:`~.destination_wait.WaitReport` asks for them."""
 
-    def __init__(self, spec: EventStreamSpec, spark: "SparkSession", pipeline_id: str, folder: Path,
-                 locate: Callable[[str], TableLocation], dead_letters: TableLocation,
+    def __init__(self, sink: EventSink) -> None:
+        self.sink = sink
+
+    def wait(self, look_up: Callable[[int], LockWait | None] | None = None) -> ServerWait | None:
+        return self.sink.wait()
+
+
+class EventStreamRunner:
+    """Runs one event source's query into its event sink; the supervisor drives it like a table runner.
+
+    ``sink``: where the batches go (:class:`~lakemirror.sinks.event_contract.EventSink`, made by the
+    destination's factory); ``source``: where they come from (by default the one ``spec`` names)."""
+
+    def __init__(self, spec: EventStreamSpec, spark: "SparkSession", folder: Path, sink: EventSink,
                  clock: Callable[[], float] = time.time, source: EventSource["DataFrame"] | None = None,
-                 fault: Callable[[str], None] = lambda point: None, states: StateStore | None = None) -> None:
+                 states: StateStore | None = None) -> None:
         self.table = RUNNER_PREFIX + spec.name
         self.spec = spec
         #: The stream of raw messages, their decoder and the offsets for lag (by default the one ``spec`` names).
@@ -188,15 +199,20 @@ class EventStreamRunner:
         self.spark = spark
         self.folder = folder
         self.clock = clock
+        self.sink = sink
+        #: Whether the operator lists, skips and replays the letters through the daemon's dead-letter
+        #: routes (a sink that does not offer it keeps them where its destination says).
+        self.keeps_dead_letters_in_delta = sink.resolves_letters
         #: Where the source's pause is kept across restarts (the pipeline's state store), under ``state_slug``.
         self.states: StateStore = states if states is not None else InMemoryStateStore()
         self.state_slug = state_slug(spec.name)
-        self._sessions: dict[str, "SparkSession"] = {}
-        self.applier = EventBatchApplier(spec, self.source.decoder, pipeline_id, locate, DeadLetterTable(dead_letters),
-                                         self._session, clock, fault)
-        #: The source's dead letters by id and status (seeded from the table at launch: counts carry over restarts).
+        #: The sink's waits on its server, shown as the source's state (a PostgreSQL destination's).
+        self.waits = WaitReport(_SinkWaits(sink), self._emit)
+        #: The source's dead letters by id and status (seeded from the sink at launch: counts carry over restarts).
         self.letters = LetterIndex()
         self._letter_worker: ThreadPoolExecutor | None = None
+        #: What each replica has taken so far (carried over restarts by the source's record).
+        self.replicas: dict[str, ReplicaStatus] = {}
         self.applied_through: int | None = None
         self.last_batch_at: float | None = None
         self.last_lag: LagReading | None = None
@@ -209,25 +225,16 @@ class EventStreamRunner:
         self._resync_refused: str | None = None
         self._epoch = ""
         self._batch_error: str | None = None
+        self._reported_batch = -1
         self._applied_offsets: Offsets = {}
         self._behind: Offsets = {}
         #: What the source recorded about itself (:mod:`.event_record`): its replicas' counts and its
         #: backlog's start carry over a restart.
         self.record = load_record(folder)
         self._behind_since: float | None = self.record.behind_since
-        self.applier.replicas.update({t: ReplicaStatus(**{k: v for k, v in r.items()
-                                                          if k in ReplicaStatus.__dataclass_fields__})
-                                      for t, r in self.record.replicas.items()})
+        self.replicas.update({t: ReplicaStatus(**{k: v for k, v in r.items() if k in ReplicaStatus.__dataclass_fields__})
+                              for t, r in self.record.replicas.items()})
         self.applied_through, self.last_batch_at = self.record.batch_id, self.record.last_batch_at
-
-    @property
-    def replicas(self) -> dict[str, ReplicaStatus]:
-        return self.applier.replicas
-
-    def _session(self, name: str) -> "SparkSession":
-        if name not in self._sessions:
-            self._sessions[name] = self.spark.newSession()
-        return self._sessions[name]
 
     def _emit(self, item: "sm.Event | BatchReport") -> None:
         with self._lock:
@@ -256,17 +263,17 @@ class EventStreamRunner:
 
     @property
     def dead_letter_count(self) -> int:
-        """Dead letters the source's table holds (pending and resolved)."""
+        """Dead letters the sink holds (pending and resolved)."""
         return self.letters.total
 
     def _seed_letters(self) -> None:
-        """Read the dead-letter table's ids and statuses once (a restarted daemon counts what it holds)."""
+        """Read the sink's letter ids and statuses once (a restarted daemon counts what it holds)."""
         if self.letters.seeded:
             return
         try:
-            self.letters.seed(self.applier.dead_letters.letters(self._session("__dead_letters"), messages=False))
+            self.letters.seed(self.sink.letters(messages=False))
         except Exception as exc:  # noqa: BLE001 (the counts start from this process's letters)
-            log.warning("%s: could not read the dead-letter table to count its letters: %s", self.table,
+            log.warning("%s: could not read the dead letters to count them: %s", self.table,
                         str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
             return
         self._emit(self._tally())
@@ -278,14 +285,22 @@ class EventStreamRunner:
 
     def _launch(self) -> None:
         try:
+            self.sink.prepare()
             self._seed_letters()
             checkpoint = self._checkpoint()
             self._epoch = checkpoint_epoch(self.folder)
-            query = (self.source.stream(self.spark).writeStream.foreachBatch(self._batch)
-                     .option("checkpointLocation", checkpoint)
-                     .trigger(processingTime=f"{self.spec.trigger_interval_seconds} seconds")
-                     .start())
-            self._query = query
+            on_executors = self.sink.executor_writes
+            if on_executors is not None:
+                on_executors.check(self.source)
+            writer = self.source.stream(self.spark).writeStream.option("checkpointLocation", checkpoint)
+            if on_executors is not None:  # the executors' writers apply the batches (Real-Time Mode)
+                writer = on_executors.start(self.spark, writer, self.source)
+            else:
+                writer = writer.foreachBatch(self._batch).trigger(
+                    processingTime=f"{self.spec.trigger_interval_seconds} seconds")
+            self._query = writer.start()
+            if on_executors is not None:
+                on_executors.started()
             self._emit(sm.StreamStarted())
         except Exception as exc:  # a failure to start is a visible state, never a dead thread
             log.warning("%s failed to start: %s", self.table, exc)
@@ -298,30 +313,64 @@ class EventStreamRunner:
             started = self.clock()
             try:
                 rows = batch.collect()
-                raws = self.source.raw_events(rows)
-                result = self.applier.apply(raws, batch_id, self._epoch)
+                decoded = decode_batch(self.source.raw_events(rows), self.source.decoder, self.spec.tables)
+                result = self.sink.apply(decoded, EventTxn(self._epoch, batch_id))
             except Exception as exc:
                 # Spark reports a batch function's error as a Python traceback inside a JVM one; keep ours.
                 self._batch_error = f"{self.table}: batch {batch_id} failed: {type(exc).__name__}: " + \
                     (str(exc).strip().splitlines() or [""])[0]
                 raise
-            new_letters = self.letters.add(result.letters)
-            if new_letters:
-                log.warning("%s: batch %d: %d new dead letter(s) (%s); `lakemirror dead-letters` lists, skips and "
-                            "replays them", self.table, batch_id, new_letters,
-                            "; ".join(f"{d.table}: {d.reason}"[:300] for d in result.letters[:3]))
-            ended = self.clock()
-            self.applied_through, self.last_batch_at = batch_id, ended
-            self._save_record(batch_id=batch_id, last_batch_at=ended)
-            stats = BatchStats(result.events, batch_id, batch_id, None)
-            outcome = MergeOutcome(stats, result.counts, replayed=any(o.replayed for o in result.outcomes.values()))
-            self._emit(EventBatchReport(self.table, batch_id, outcome, ended - started, ended, source=self.spec.name,
-                                        replicas=result.replicas, dead_letters=new_letters,
-                                        pending=self.letters.pending(), total=self.letters.total))
-            self._emit(sm.BatchApplied())
+            self._applied(batch_id, started, result)
+
+    def _applied(self, batch_id: int, started: float, result: EventBatchResult) -> None:
+        """Count, record and report a batch the sink applied."""
+        new_letters = self.letters.add(result.letters)
+        if new_letters:
+            log.warning("%s: batch %d: %d new dead letter(s) (%s); `lakemirror dead-letters` lists, skips and "
+                        "replays them", self.table, batch_id, new_letters,
+                        "; ".join(f"{d.table}: {d.reason}"[:300] for d in result.letters[:3]))
+        for table, done in result.replicas.items():
+            self.replicas.setdefault(table, ReplicaStatus()).add(table, done)
+        ended = self.clock()
+        self.applied_through, self.last_batch_at = batch_id, ended
+        self._save_record(batch_id=batch_id, last_batch_at=ended)
+        stats = BatchStats(result.events, batch_id, batch_id, None)
+        paths = {k: v for k, v in (("read", result.read), ("write", result.write)) if v is not None}
+        outcome = MergeOutcome(stats, result.counts, replayed=result.replayed, **paths)
+        latency = StreamLatency(flush_seconds=result.flush_seconds) if result.flush_seconds else None
+        self._emit(EventBatchReport(self.table, batch_id, outcome, ended - started, ended, latency,
+                                    source=self.spec.name, replicas=result.replicas, dead_letters=new_letters,
+                                    pending=self.letters.pending(), total=self.letters.total))
+        self._emit(sm.BatchApplied())
+
+    def _report_finished(self, query: "StreamingQuery") -> None:
+        """A batch the executors' writers finished (:attr:`EventSink.executor_writes`), from the query's progress."""
+        on_executors = self.sink.executor_writes
+        if on_executors is None:
+            return
+        try:
+            progress = query.lastProgress
+        except Exception:  # noqa: BLE001 (a query stopping under us: poll() reports it)
+            return
+        done: ExecutorBatch | None = on_executors.finished(progress)
+        if done is None or done.batch_id <= self._reported_batch:
+            return
+        self._reported_batch = done.batch_id
+        now = self.clock()
+        self.applied_through, self.last_batch_at = done.batch_id, now
+        outcome = MergeOutcome(BatchStats(done.rows, done.batch_id, done.batch_id, None), ApplyCounts(),
+                               replayed=False, read=done.read, write=done.write)
+        latency = StreamLatency(processing_ms=done.processing_ms, source_queuing_ms=done.source_queuing_ms,
+                                e2e_ms=done.e2e_ms, flush_seconds=done.flush_seconds)
+        self._emit(EventBatchReport(self.table, done.batch_id, outcome, done.duration_seconds, now, latency,
+                                    source=self.spec.name, pending=self.letters.pending(), total=self.letters.total))
+        self._emit(sm.BatchApplied())
 
     def halt(self, timeout: float = 60.0) -> None:
         self._draining = True
+        on_executors = self.sink.executor_writes
+        if on_executors is not None:
+            on_executors.stopped()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
         query = self._query
@@ -335,13 +384,16 @@ class EventStreamRunner:
             finally:
                 self._query = None
         self.source.close()
-        self.applier.close()
+        self.sink.close()
         if self._letter_worker is not None:
             self._letter_worker.shutdown(wait=True)
             self._letter_worker = None
 
     def poll(self) -> list["sm.Event | BatchReport"]:
         query = self._query
+        if query is not None:
+            self._report_finished(query)
+            self.waits.check()
         if query is not None and not query.isActive and not self._draining:
             self._query = None
             exc = query.exception()
@@ -351,7 +403,7 @@ class EventStreamRunner:
             out, self._events = self._events, []
         return out
 
-    def _applied(self) -> Offsets:
+    def _applied_end_offsets(self) -> Offsets:
         """End offsets of the last completed batch: Spark's progress, else the checkpoint's last commit."""
         query = self._query
         applied: Offsets = {}
@@ -373,7 +425,7 @@ class EventStreamRunner:
         if broker is None:
             return None
         latest, beginning = broker.latest()
-        applied = self._applied()
+        applied = self._applied_end_offsets()
         behind = offsets_behind(applied, latest, beginning)
         total = sum(behind.values())
         if total == 0:
@@ -418,12 +470,10 @@ class EventStreamRunner:
 
     # -- dead letters: the operator's list, skip and replay --------------------------------------
 
-    #: The letters are rows of a Delta table this runner writes (a PostgreSQL runner keeps its own).
-    keeps_dead_letters_in_delta = True
-
     def _on_letter_worker(self, what: Callable[[], Any], timeout: float) -> Any:
-        """Run ``what`` (Spark work) on the source's own letter thread, never the caller's (an HTTP
-        thread); wait at most ``timeout`` seconds: then :class:`TimeoutError`, the work going on."""
+        """Run ``what`` (the sink's reads and writes) on the source's own letter thread, never the
+        caller's (an HTTP thread); wait at most ``timeout`` seconds: then :class:`TimeoutError`, the work
+        going on."""
         if self._letter_worker is None:
             self._letter_worker = ThreadPoolExecutor(1, thread_name_prefix=f"letters:{self.spec.name}")
         return self._letter_worker.submit(what).result(timeout)
@@ -432,17 +482,18 @@ class EventStreamRunner:
                      timeout: float = 30.0) -> list[dict[str, Any]]:
         """The recorded letters (newest last), of ``status`` and ``table`` when given, at most ``limit``."""
         def read() -> list[dict[str, Any]]:
-            found = self.applier.dead_letters.letters(self._session("__dead_letters"), messages=False)
+            found = self.sink.letters(messages=False)
             chosen = [f for f in found if (status is None or f.status == status) and (table is None or f.table == table)]
             return [f.as_json() for f in chosen[-limit:]]
         return list(self._on_letter_worker(read, timeout))
 
     def resolve_dead_letters(self, verb: str, ids: Sequence[str] | None, table: str | None = None,
                              timeout: float = 30.0) -> LetterReport:
-        """Skip or replay letters (:func:`resolve_letters`) between two batches of the source."""
+        """Skip or replay letters (the sink's :meth:`~lakemirror.sinks.event_contract.EventSink.resolve_letters`)
+        between two batches of the source."""
         def resolve() -> LetterReport:
             with self._batch_lock:  # no batch writes the replicas meanwhile
-                report = resolve_letters(self.applier, verb, ids, table)
+                report = self.sink.resolve_letters(verb, ids, table)
             self.letters.resolved(report.resolutions)
             self._emit(self._tally())
             return report
@@ -515,9 +566,4 @@ class EventStreamRunner:
 
     def take_turn(self) -> None:
         return None
-
-
-def replica_locator(locate: Callable[[TableName], TableLocation], catalog: str, schema: str) -> Callable[[str], TableLocation]:
-    """Event tables land as ``<catalog>.<schema>.<table>`` in the destination."""
-    return lambda table: locate(TableName(catalog, schema, table))
 

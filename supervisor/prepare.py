@@ -12,13 +12,15 @@ from __future__ import annotations
 import logging
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Protocol
+from typing import Any, Callable, ContextManager
 
 from lakemirror.checkpoints.state import StateStore, TableProgress
-from lakemirror.errors import ChangeFeedDisabled, SourceReplaced
+from lakemirror.errors import SourceReplaced
 from lakemirror.sinks.contract import TableReplica
 from lakemirror.sinks.merge.planner import ColumnSelection, MergePlan, plan_merge
-from lakemirror.sources.catalog import TableInfo, enable_change_feed_sql
+from lakemirror.sources.catalog import TableInfo
+from lakemirror.sources.feed_required import ChangeFeedSource as ChangeFeedSource
+from lakemirror.sources.feed_required import require_change_feed as require_change_feed
 from lakemirror.sources.contract import ChangeSource
 from lakemirror.sources.keys import KeyChoice, choose_key
 from lakemirror.sources.retention import RetentionWindow
@@ -26,35 +28,6 @@ from lakemirror.supervisor.bootstrap import Bootstrap
 from lakemirror.supervisor.spec import TableOptions
 
 log = logging.getLogger(__name__)
-
-
-class ChangeFeedSource(Protocol):
-    def describe(self) -> TableInfo: ...
-    def enable_change_feed(self) -> None: ...
-
-
-def require_change_feed(source: ChangeFeedSource, info: TableInfo, label: str, *, enable: bool,
-                        otherwise: str = "") -> TableInfo:
-    """``info`` of a source whose change data feed is on. Off, it is turned on when the pipeline
-    opts in (``enable_change_data_feed: true``; one table-property commit on the source, logged),
-    else refused as a configuration error naming both fixes (and ``otherwise``, another way out)."""
-    if info.cdf_enabled:
-        return info
-    statement = enable_change_feed_sql(info.location)
-    if not enable:
-        raise ChangeFeedDisabled(
-            f"{label}: the source's Change Data Feed is not enabled, and the replica is kept from it. Run: "
-            f"{statement}; or set enable_change_data_feed: true to let lakemirror run it{otherwise}.", table=label)
-    try:
-        source.enable_change_feed()
-    except Exception as exc:  # noqa: BLE001 (a permission, a read-only table: the person must do it)
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-        raise ChangeFeedDisabled(
-            f"{label}: the source's Change Data Feed is not enabled, and turning it on (enable_change_data_feed) "
-            f"failed: {first}. Run {statement} as a user allowed to alter the table{otherwise}.", table=label) from exc
-    log.warning("table %s: the source's Change Data Feed was off; turned on (enable_change_data_feed: true): %s",
-                label, statement)
-    return source.describe()
 
 
 @dataclass(frozen=True)

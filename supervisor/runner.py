@@ -16,8 +16,10 @@ The runner coordinates; its parts do the work, each in a module of its own:
 - :mod:`.table_live`: the live state those parts share.
 
 Where the changes come from and where they go are seams: a
-:class:`~lakemirror.sources.contract.ChangeSource` (the Delta change feed) and a
-:class:`~lakemirror.sinks.contract.TableReplica` (a Delta table, or a Postgres table).
+:class:`~lakemirror.sources.contract.TableChangeSource` (the Delta change feed) and a
+:class:`~lakemirror.sinks.contract.TableReplica` (a Delta table, a PostgreSQL table, an in-memory
+twin), each made by a factory of the pipeline's destination (:mod:`.table_factories`); the runner
+never asks which kind it holds.
 """
 
 from __future__ import annotations
@@ -46,13 +48,11 @@ from lakemirror.sinks.accelerator.batch_feed import BatchFeed
 from lakemirror.sinks.batch.bootstrap_plan import BootstrapProgress
 from lakemirror.sinks.batch.chunked_bootstrap import BootstrapInterrupted, ChunkedCopy
 from lakemirror.sinks.merge.connect_batches import ConnectBatches, server_batch_cause
-from lakemirror.sinks.contract import TableReplica
-from lakemirror.sinks.merge.delta_replica import ApplyLimits, DeltaReplica
+from lakemirror.sinks.contract import ReplicaFactory, TableReplica
+from lakemirror.sinks.waits import LockWait, ServerWait
 from lakemirror.sinks.merge.feed_replay import ReplayTarget
-from lakemirror.sinks.postgres.spark_batches import PostgresTable
-from lakemirror.sinks.postgres.waits import ServerCalls
 from lakemirror.sources.catalog import Catalog
-from lakemirror.sources.delta_source import DeltaChangeFeed
+from lakemirror.sources.contract import TableChangeSource
 from lakemirror.supervisor import replica_record
 from lakemirror.supervisor import state as sm
 from lakemirror.supervisor.batch_apply import BatchApply, Drained, RowWriter
@@ -70,6 +70,7 @@ from lakemirror.supervisor.launch_timing import LaunchTimer, first_batch_line
 from lakemirror.supervisor.prepare import Preparation, Prepared
 from lakemirror.supervisor.spec import PipelineSpec
 from lakemirror.supervisor.stream_wiring import apply_detail, wire_stream
+from lakemirror.supervisor.table_factories import SourceFactory, delta_change_feeds, delta_table_replicas
 from lakemirror.supervisor.table_live import BatchReport, StreamLatency, TableLive
 from lakemirror.supervisor.table_turns import TableTurns
 from lakemirror.sinks.txn import txn_app_id
@@ -78,8 +79,6 @@ from lakemirror.tables import has_own_jvm, is_local_path, own_session
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
-
-    from lakemirror.sinks.postgres.executor import Connector
 
 __all__ = ["FAULT_POINTS", "BatchReport", "Drained", "Prepared", "RunnerContext", "StreamLatency", "TableRunner"]
 
@@ -110,8 +109,10 @@ class RunnerContext:
     #: How many tables launch at once (default: :func:`~.launch_slots.default_launch_slots`).
     launch_slots: LaunchSlots | None = None
 
-    #: The Postgres server the replicas go to (``destination.kind: postgres``); None: Delta replicas.
-    postgres: "Connector | None" = None
+    #: Each table's replica, ``replica_for(table, session)`` (None: a Delta table in the destination schema).
+    replica_for: ReplicaFactory | None = None
+    #: Each table's change source, ``source_for(table, session)`` (None: the source table's Delta change feed).
+    source_for: SourceFactory | None = None
     #: Appends the checkpoint rows of batches applied on a Spark Connect server, a round at a time
     #: (made from ``checkpoints`` if None; its thread starts with the first row).
     round_rows: RoundRows | None = None
@@ -129,6 +130,12 @@ class RunnerContext:
             self.launch_slots = LaunchSlots(default_launch_slots())
         if self.descriptions is None and is_local_path(self.spec.checkpoint_root):
             self.descriptions = FileDescriptionStore(Path(self.spec.checkpoint_root) / self.spec.pipeline_id)
+        if self.replica_for is None:
+            letters = self.feed_letters
+            self.replica_for = delta_table_replicas(self.catalog, self.spec, self.fault,
+                                                    letters.recorded if letters is not None else lambda found: None)
+        if self.source_for is None:
+            self.source_for = delta_change_feeds(self.catalog, self.spec)
 
 
 #: Where the torture harness may kill the daemon (tests/torture): each is a moment at which a
@@ -153,6 +160,18 @@ FAULT_POINTS = (
 )
 
 
+class _ReplicaWaits:
+    """The replica's waits on its server, as :class:`~.destination_wait.WaitReport` asks for them (none
+    before the replica is made)."""
+
+    def __init__(self, runner: "TableRunner") -> None:
+        self.runner = runner
+
+    def wait(self, look_up: Callable[[int], LockWait | None] | None = None) -> ServerWait | None:
+        replica = self.runner.__dict__.get("replica")
+        return replica.server_wait() if replica is not None else None
+
+
 class TableRunner:
     """Runs one table: launch, poll, turns, lag, halt (see the module docstring)."""
 
@@ -162,16 +181,9 @@ class TableRunner:
         self.source = ctx.spec.source(table)
         self.destination = ctx.spec.destination(table)
         self.slug = self.source.slug
-        #: The table's Postgres replica, when the pipeline writes to Postgres (sinks/choose.py).
-        self.pg = (PostgresTable(ctx.postgres, ctx.spec.pipeline_id, table, str(self.source), fault=ctx.fault,
-                                 calls=ServerCalls(str(self.source), retry_seconds=ctx.postgres.target.retry_seconds,
-                                                   statement_timeout_seconds=ctx.postgres.target.statement_timeout_seconds,
-                                                   clock=ctx.clock))
-                   if ctx.postgres is not None else None)
         self.live = TableLive(table)
-        #: The replica's waits on its server, shown as the table's state (a Postgres replica only).
-        self.waits = (WaitReport(self.pg.calls, self.live.emit, ctx.postgres.lock_wait)
-                      if self.pg is not None and ctx.postgres is not None else None)
+        #: The replica's waits on its server, shown as the table's state (a replica with a server).
+        self.waits = WaitReport(_ReplicaWaits(self), self.live.emit)
         self._healthy_query: "StreamingQuery | None" = None
         #: The driver path's delta-rs read of this launch's batches (None: Spark reads every batch).
         self.batch_feed: BatchFeed | None = None
@@ -201,7 +213,7 @@ class TableRunner:
             clock=ctx.clock, sleep=ctx.sleep, fault=ctx.fault)
         self.turns = TableTurns(self.live, ctx.spec, str(self.source), commit_files=lambda: self.lag.commit_files(),
                                 failed=self._failed, collect=self._collect_connect_batches, track=self._track_progress,
-                                on_server=self.pg.calls.in_call if self.pg is not None else None)
+                                on_server=self._on_server)
 
     # -- the parts that need the table's session, made on first use --------------------------------
 
@@ -212,20 +224,21 @@ class TableRunner:
         return self._session
 
     @cached_property
-    def change_source(self) -> DeltaChangeFeed:
-        """Where the table's changes come from: its Delta change feed."""
-        return DeltaChangeFeed(self.session, self.ctx.catalog, self.source, kernel=self.ctx.spec.kernel_change_feed)
+    def change_source(self) -> TableChangeSource[Any]:
+        """Where the table's changes come from (the pipeline's ``source_for``: its Delta change feed)."""
+        assert self.ctx.source_for is not None
+        return self.ctx.source_for(self.table, self.session)
 
     @cached_property
     def replica(self) -> TableReplica[Any]:
-        """Where the table's changes go: its Postgres table, or its Delta table."""
-        if self.pg is not None:
-            return self.pg
-        spec, letters = self.ctx.spec, self.ctx.feed_letters
-        return DeltaReplica(self.session, self.ctx.catalog, self.destination, str(self.source), spec.pipeline_id,
-                            ApplyLimits(spec.rewrite_below_bytes, spec.driver_apply, spec.driver_apply_below_bytes),
-                            spec.replica_properties, fault=self.ctx.fault,
-                            on_letters=letters.recorded if letters is not None else lambda found: None)
+        """Where the table's changes go (the pipeline's ``replica_for``: a Delta, PostgreSQL or twin table)."""
+        assert self.ctx.replica_for is not None
+        return self.ctx.replica_for(self.table, self.session)
+
+    def _on_server(self) -> bool:
+        """Whether the replica's work is on its server now (a turn's worker is then let go)."""
+        replica = self.__dict__.get("replica")  # made at launch; never made here, on a turn's thread
+        return replica is not None and replica.on_server()
 
     @cached_property
     def description(self) -> SourceDescription:
@@ -387,8 +400,7 @@ class TableRunner:
             if heartbeat is not None:
                 heartbeat()  # the server's waiting batch functions see the daemon alive
             self._collect_connect_batches()
-        if self.waits is not None:
-            self.waits.check()
+        self.waits.check()
         events = live.take_events()
         if not self._first_batch_logged:
             self._log_first_batch(events)
@@ -455,7 +467,7 @@ class TableRunner:
             record = replica_record.read_record(
                 self.ctx.states.load(self.slug), checkpoint_root=spec.checkpoint_root, pipeline_id=spec.pipeline_id,
                 table_slug=self.slug, replica_path=replica, source_path=source,
-                replica_target=replica_record.remote_target(self.session, replica) if self.pg is None else None,
+                replica_target=replica_record.remote_target(self.session, replica) if self.replica.delta_log else None,
                 source_target=replica_record.remote_target(self.session, source))
         except Exception as exc:  # noqa: BLE001 (the stream's own progress remains)
             log.info("table %s: cannot read the replica's transaction record: %s", self.source, exc)
@@ -531,8 +543,8 @@ class TableRunner:
 
     def _chunked_copy(self) -> ChunkedCopy | None:
         """A Delta replica bootstraps in chunks (one when the table is small); other replicas
-        (Postgres, the in-memory twin) take the snapshot in one copy."""
-        if not isinstance(self.replica, DeltaReplica):
+        (PostgreSQL, the in-memory twin) take the snapshot in one copy."""
+        if not self.replica.delta_log:
             return None
         ctx, spec = self.ctx, self.ctx.spec
         assert ctx.bootstraps is not None and ctx.bootstrap_slots is not None
@@ -587,8 +599,8 @@ class TableRunner:
 
     def _replay_target(self) -> "ReplayTarget | str":
         prepared, through = self.prepared, self.live.applied_through
-        if self.pg is not None:
-            return "the replica is a PostgreSQL table: its dead letters are rows of lakemirror_dead_letters there"
+        if not self.replica.delta_log:
+            return "the replica is not a Delta table: its destination keeps its dead letters, and a replay writes Delta"
         if prepared is None or through is None or prepared.progress.bootstrap_version is None:
             return (f"table {self.table} is not streaming (its replica is being prepared or bootstrapped, or it "
                     f"failed to start); replay it once `lakemirror status` shows it running")

@@ -32,7 +32,7 @@ from lakemirror.sinks.merge.connect_batches import ConnectBatches, batch_job
 from lakemirror.sinks.merge.connect_gate import FileTurnGate, gate_folder
 from lakemirror.sinks.contract import TableReplica
 from lakemirror.sinks.txn import TxnId, txn_app_id
-from lakemirror.sources.delta_source import DeltaChangeFeed
+from lakemirror.sources.contract import TableChangeSource
 from lakemirror import tables
 from lakemirror.supervisor import replica_record
 from lakemirror.supervisor.batch_apply import BatchApply
@@ -87,7 +87,7 @@ def stream_options(spec: PipelineSpec) -> dict[str, Any]:
     return options
 
 
-def wire_stream(session: "SparkSession", spec: PipelineSpec, slug: str, source: DeltaChangeFeed,
+def wire_stream(session: "SparkSession", spec: PipelineSpec, slug: str, source: TableChangeSource[Any],
                 replica: TableReplica[Any], destination: TableLocation, prepared: Prepared,
                 apply_batch: ApplyBatch, recorded: Callable[[str], "int | None"],
                 mark: Callable[[str], None] = lambda step: None) -> Wiring:
@@ -236,7 +236,7 @@ def apply_detail(sink: Any, feed: BatchFeed | None, planned: FeedBatches | None 
     return out
 
 
-def _connect_query(spec: PipelineSpec, source: DeltaChangeFeed, destination: TableLocation, prepared: Prepared,
+def _connect_query(spec: PipelineSpec, source: TableChangeSource[Any], destination: TableLocation, prepared: Prepared,
                    app_id: str, writer: "DataStreamWriter", checkpoint: str,
                    recorded: Callable[[str], "int | None"]) -> Wiring:
     """Spark Connect: the batch function runs on the server, in SQL only, and writes each batch's

@@ -21,7 +21,7 @@ from lakemirror.checkpoints import layout
 from lakemirror.checkpoints.state import StateStore
 from lakemirror.supervisor.cycle_views import CycleTables
 from lakemirror.supervisor.event_stream import EventStreamSpec
-from lakemirror.supervisor.pg_cycles import OPERATIONS, operation_of
+from lakemirror.sinks.postgres.cycles import OPERATIONS, operation_of
 from lakemirror.supervisor.replicate import (
     VOLUME_FILES, CatalogSelection, OperationOutcome, SchemaSelection, TableJob, TaskSettings, plan_work,
 )

@@ -116,6 +116,24 @@ class Resolution:
     reason: str | None = None   # a new reason, when a replay was refused again
 
 
+#: What an operator may do with a pending letter.
+VERBS = ("skip", "replay")
+
+
+@dataclass(frozen=True)
+class LetterReport:
+    """What an operator's skip or replay did: one resolution per letter found, the ids not found."""
+
+    verb: str
+    resolutions: tuple[Resolution, ...]
+    unknown: tuple[str, ...] = ()
+
+    def as_json(self) -> dict[str, Any]:
+        return {"verb": self.verb, "unknown": list(self.unknown),
+                "letters": [{"id": r.id, "status": r.status, "resolution": r.resolution,
+                             **({"reason": r.reason} if r.reason else {})} for r in self.resolutions]}
+
+
 class DeadLetterStore(Protocol):
     """Where an event source's dead letters are kept (the Delta table, or its in-memory twin)."""
 

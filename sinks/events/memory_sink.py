@@ -1,4 +1,5 @@
-"""The in-memory twin of :class:`~lakemirror.sinks.events.guard_merge.GuardedDeltaSink`.
+"""The in-memory twins of :class:`~lakemirror.sinks.events.guard_merge.GuardedDeltaSink` and of an
+event source's Delta replicas with their dead-letter table (:class:`MemoryEventStore`).
 
 Pure: no pyspark import. It takes the same :class:`~lakemirror.sinks.events.guard_plan.TablePlan` under
 the same transaction ids and answers the same :class:`~lakemirror.sinks.events.guard_merge.GuardOutcome`:
@@ -13,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from lakemirror.sinks.events.dead_letters import InMemoryDeadLetters
 from lakemirror.sinks.events.guard_merge import GuardOutcome
 from lakemirror.sinks.events.guard_plan import GuardedMemoryReplica, TablePlan
 from lakemirror.sinks.memory import ApplyCounts
@@ -49,3 +51,25 @@ class MemoryGuardedSink:
 
     def purge(self, session: Any, horizon_seconds: float) -> int:
         return self.replica.purge(self.clock(), horizon_seconds)
+
+
+@dataclass
+class MemoryEventStore:
+    """An event source's replicas and dead letters in memory: what the guarded event sink
+    (:class:`~lakemirror.supervisor.event_batch.EventBatchApplier`) writes in place of Delta tables.
+
+    ``replica_for(table)`` gives each table's :class:`MemoryGuardedSink` (made on first use, kept in
+    :attr:`replicas`); ``refuse`` names tables the destination cannot hold (ValueError, as a Delta
+    catalog refuses a name), whose changes become dead letters."""
+
+    replicas: dict[str, MemoryGuardedSink] = field(default_factory=dict)
+    dead_letters: InMemoryDeadLetters = field(default_factory=InMemoryDeadLetters)
+    clock: Callable[[], float] = lambda: 0.0
+    refuse: Callable[[str], bool] = lambda table: False
+
+    def replica_for(self, table: str) -> MemoryGuardedSink:
+        if self.refuse(table):
+            raise ValueError(f"the destination cannot hold a table named {table!r}")
+        if table not in self.replicas:
+            self.replicas[table] = MemoryGuardedSink(clock=self.clock)
+        return self.replicas[table]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, ClassVar, Mapping, Sequence
 
 from lakemirror import tables
 from lakemirror.errors import DestinationConflict, SchemaIncompatible
@@ -88,6 +88,16 @@ class DeltaReplica:
     fault: Callable[[str], None] = lambda point: None
     #: Told of the changes a batch dead-lettered, once they are recorded (the pipeline's counts).
     on_letters: Callable[[Sequence[FeedLetter]], None] = lambda letters: None
+
+    #: A Delta table: its log records each batch's transaction id.
+    delta_log: ClassVar[bool] = True
+
+    def server_wait(self) -> None:
+        """Nothing: Spark and delta-rs write the replica, no server call waits."""
+        return None
+
+    def on_server(self) -> bool:
+        return False
 
     def claim(self, epoch: int) -> None:
         dst = self.catalog.locate(self.name)

@@ -37,6 +37,7 @@ from psycopg import sql
 
 from lakemirror.errors import SchemaIncompatible
 from lakemirror.schema import Column
+from lakemirror.sinks.events.dead_letters import PENDING, StoredLetter, letter_id
 from lakemirror.sinks.events.event_rows import convert_row, infer_type
 from lakemirror.sinks.events.guard_plan import TablePlan, plan_batch
 from lakemirror.sinks.memory import ApplyCounts
@@ -46,7 +47,7 @@ from lakemirror.sinks.postgres.executor import (ROW_ERRORS, Connector, PostgresT
 from lakemirror.sinks.postgres.plan import POSITION, ReplicaTable, derived_name
 from lakemirror.sinks.postgres.waits import ServerCalls
 from lakemirror.sources.change_event import DELETE, ChangeEvent, Decoded, Order
-from lakemirror.sources.event_stream import RawEvent, decode_batch
+from lakemirror.sources.event_stream import DecodedBatch, RawEvent, decode_batch
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,8 @@ class FlushResult:
     counts: ApplyCounts = field(default_factory=ApplyCounts)
     seconds: float = 0.0
     tables: dict[str, ApplyCounts] = field(default_factory=dict)
+    stale_by_table: dict[str, int] = field(default_factory=dict)
+    letters: list[Letter] = field(default_factory=list)    # the flush's dead letters (recorded once each)
 
 
 def create_floors(schema: str) -> sql.Composed:
@@ -154,8 +157,13 @@ class PostgresEventSink:
     def apply(self, raws: Iterable[RawEvent]) -> FlushResult:
         """Decode ``raws``, fold them per key and apply them in one transaction (retried whole)."""
         started = self._clock()
+        return self.apply_decoded(decode_batch(raws, self.decode, self.tables), started)
+
+    def apply_decoded(self, decoded: DecodedBatch, started: float | None = None) -> FlushResult:
+        """Fold ``decoded`` per key and apply it in one transaction (retried whole); ``started``: when
+        the flush began (default: now), for its duration."""
+        started = self._clock() if started is None else started
         result = FlushResult()
-        decoded = decode_batch(raws, self.decode, self.tables)
         result.events, result.skipped = decoded.events, decoded.skipped
         letters = [Letter(raw, letter.reason, letter.table) for raw, letter in decoded.dead_letters]
         plans, refused = plan_batch(decoded.changes)
@@ -172,16 +180,15 @@ class PostgresEventSink:
 
         @backoff.on_exception(backoff.expo, psycopg.OperationalError, max_time=self.target.retry_seconds,
                               max_value=5, giveup=_not_worth_retrying, on_backoff=note, jitter=backoff.full_jitter)
-        def attempt() -> tuple[dict[str, ApplyCounts], int, list[Letter]]:
+        def attempt() -> tuple[dict[str, ApplyCounts], dict[str, int], list[Letter]]:
             conn = self._connection()
             calls.connected(_backend_pid(conn))
             tables: dict[str, ApplyCounts] = {}
-            stale = 0
+            stale: dict[str, int] = {}
             dead = list(letters)
             with conn.transaction():
                 for table, plan in sorted(plans.items()):
-                    counts, table_stale, table_dead = self._apply_table(conn, plan, decoded.raw_of)
-                    tables[table], stale = counts, stale + table_stale
+                    tables[table], stale[table], table_dead = self._apply_table(conn, plan, decoded.raw_of)
                     dead += table_dead
                 self._dead_letters(conn, dead)
             return tables, stale, dead
@@ -196,7 +203,8 @@ class PostgresEventSink:
             raise self._connector.translate(exc, self.source) from exc
         finally:
             calls.end()
-        result.tables, result.stale, result.dead_letters = tables, stale, len(dead)
+        result.tables, result.stale_by_table, result.letters = tables, stale, dead
+        result.stale, result.dead_letters = sum(stale.values()), len(dead)
         result.counts = ApplyCounts(sum(c.inserted for c in tables.values()), sum(c.updated for c in tables.values()),
                                     sum(c.deleted for c in tables.values()))
         result.seconds = self._clock() - started
@@ -334,6 +342,21 @@ class PostgresEventSink:
             ).format(sql.Identifier(self.target.schema, EVENT_DEAD_LETTERS)),
                 [(self.pipeline_id, self.source, d.raw.origin, -1 if d.raw.partition is None else d.raw.partition,
                   d.raw.offset, d.table, d.reason, _clean(d.raw.key), _clean(d.raw.value)) for d in letters])
+
+    def letters(self, messages: bool = True) -> list[StoredLetter]:
+        """The dead letters this source has recorded, oldest first (every one pending: the operator's
+        skip and replay are not offered here); without ``messages`` their keys and values are left out."""
+        values = sql.SQL("message_key, message_value") if messages else sql.SQL("NULL, NULL")
+        rows = self._connection().execute(sql.SQL(
+            "SELECT origin, kafka_partition, kafka_offset, table_name, reason, failed_at, {} FROM {} "
+            "WHERE pipeline_id = %s AND source = %s ORDER BY failed_at, origin, kafka_partition, kafka_offset").format(
+            values, sql.Identifier(self.target.schema, EVENT_DEAD_LETTERS)), (self.pipeline_id, self.source)).fetchall()
+        out = []
+        for origin, partition, offset, table, reason, failed_at, key, value in rows:
+            raw = RawEvent(value, key, origin, None if partition == -1 else int(partition), int(offset))
+            out.append(StoredLetter(letter_id(raw.origin, raw.partition, raw.offset), raw, table, reason, PENDING,
+                                    recorded_at=failed_at))
+        return out
 
     def dead_letter_count(self) -> int:
         """The dead letters this source has recorded (a restarted daemon counts them on from here)."""

@@ -20,7 +20,7 @@ from lakemirror.identifiers import quote
 from lakemirror.sinks.merge.planner import CDF_COLUMNS, CHANGE_TYPE, UPDATE_PRE, MergePlan
 from lakemirror.sinks.postgres.executor import Connector, PostgresReplica
 from lakemirror.sinks.postgres.plan import ReplicaTable
-from lakemirror.sinks.postgres.waits import ServerCalls
+from lakemirror.sinks.postgres.waits import ServerCalls, ServerWait
 from lakemirror.sinks.txn import READ_BY_SPARK, MergeOutcome, TxnId
 
 if TYPE_CHECKING:
@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 #: ``MergeOutcome.write`` of a batch applied to a Postgres replica.
 WRITE_POSTGRES = "postgres-copy-upsert"
+#: How a Postgres replica finds a replayed batch already written (``MergeOutcome.replay_note``).
+REPLAY_NOTE = "its progress row in PostgreSQL, committed with the data, made it a no-op"
 
 
 class PostgresBatchSink:
@@ -46,7 +48,8 @@ class PostgresBatchSink:
     def apply(self, batch: "DataFrame", txn: TxnId, read: Any = None) -> MergeOutcome:
         """Apply ``batch`` under ``txn.version`` (the batch id); a replayed batch id is skipped."""
         result = self.replica.apply(self.changes(batch), self.epoch, txn.version)
-        return MergeOutcome(result.stats, result.counts, result.replayed, read=READ_BY_SPARK, write=WRITE_POSTGRES)
+        return MergeOutcome(result.stats, result.counts, result.replayed, read=READ_BY_SPARK, write=WRITE_POSTGRES,
+                            replay_note=REPLAY_NOTE)
 
 
 class PostgresTable:
@@ -64,6 +67,15 @@ class PostgresTable:
         #: The replica's call in flight on the server, whatever part of the table makes it (:mod:`.waits`).
         self.calls = calls if calls is not None else ServerCalls(
             label, retry_seconds=target.retry_seconds, statement_timeout_seconds=target.statement_timeout_seconds)
+
+    #: A PostgreSQL table: its progress rows, not a Delta log, record its batches.
+    delta_log = False
+
+    def server_wait(self) -> ServerWait | None:
+        return self.calls.wait(self.connector.lock_wait)
+
+    def on_server(self) -> bool:
+        return self.calls.in_call()
 
     def replica(self, plan: MergePlan) -> PostgresReplica:
         table = ReplicaTable.from_plan(self.connector.target.schema, self.name, plan)

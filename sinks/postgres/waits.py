@@ -22,32 +22,19 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 from typing import Callable
 
 from psycopg import sql
+
+from lakemirror.sinks.waits import LockWait, ServerWait
+
+__all__ = ["CODE_LOCK", "CODE_UNAVAILABLE", "LOCK_CHECK_SECONDS", "LockWait", "ServerCalls", "ServerWait",
+           "lock_reason", "lock_wait_query", "waiting_sessions_query"]
 
 #: A statement running this long is looked up in ``pg_stat_activity`` (at most this often).
 LOCK_CHECK_SECONDS = 5.0
 CODE_UNAVAILABLE = "postgres_unavailable"
 CODE_LOCK = "postgres_lock"
-
-
-@dataclass(frozen=True)
-class ServerWait:
-    """A wait that holds a replica's work back: since when, what it waits on and what ends it."""
-
-    since: float
-    reason: str
-    code: str
-
-
-@dataclass(frozen=True)
-class LockWait:
-    """What ``pg_stat_activity`` says about a server process waiting for a lock."""
-
-    relation: str | None                 # the relation waited for, where the lock is on one
-    holders: tuple[str, ...]             # each blocking session, described
 
 
 def lock_wait_query(pid: int) -> sql.Composed:

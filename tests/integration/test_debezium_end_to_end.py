@@ -27,6 +27,8 @@ from lakemirror.identifiers import TableName
 from lakemirror.sinks.events.guard_plan import POSITION_COLUMN
 from lakemirror.supervisor import state as sm
 from lakemirror.supervisor.event_stream import EventLagReading, EventStreamRunner, EventStreamSpec
+from lakemirror.supervisor.event_batch import delta_event_sink
+from lakemirror.sources.event_source import event_source_for
 from lakemirror.tables import TableLocation
 
 pytestmark = pytest.mark.integration
@@ -176,8 +178,9 @@ class Replicator:
         return TableLocation(TableName("dst", "shop", table), str(self.root / "lake" / table))
 
     def run_until(self, done: Any, what: str, timeout: float = 600) -> EventStreamRunner:
-        runner = EventStreamRunner(self.spec, self.spark, "e2e", self.root / "events", self.locate,
-                                   self.locate("_dead_letters"))
+        sink = delta_event_sink(self.spec, event_source_for(self.spec).decoder, "e2e", self.spark, self.locate,
+                                self.locate("_dead_letters"))
+        runner = EventStreamRunner(self.spec, self.spark, self.root / "events", sink)
         runner.launch()
         deadline = time.time() + timeout
         try:

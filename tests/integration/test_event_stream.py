@@ -21,6 +21,8 @@ from lakemirror.sinks.events.guard_plan import POSITION_COLUMN, ordered_fold
 from lakemirror.sources.change_event import ChangeEvent
 from lakemirror.sources.debezium import decode_line
 from lakemirror.supervisor.event_stream import EventStreamRunner, EventStreamSpec
+from lakemirror.supervisor.event_batch import delta_event_sink
+from lakemirror.sources.event_source import event_source_for
 from lakemirror.supervisor.runner import BatchReport
 from lakemirror.supervisor import state as sm
 from lakemirror.tables import TableLocation
@@ -34,8 +36,9 @@ class Harness:
         self.inbox = root / "inbox"
         self.inbox.mkdir(parents=True)
         self.lines: list[str] = []
-        self.runner = EventStreamRunner(spec, spark, "test", root / "events" / spec.name, self.locate,
-                                        self.locate("_dead_letters"))
+        sink = delta_event_sink(spec, event_source_for(spec).decoder, "test", spark, self.locate,
+                                self.locate("_dead_letters"))
+        self.runner = EventStreamRunner(spec, spark, root / "events" / spec.name, sink)
         self.reports: list[BatchReport] = []
         self.files = 0
 
@@ -199,15 +202,19 @@ def test_a_change_the_replica_refuses_is_dead_lettered_and_replayed_once_it_fits
     (table, key, position, reason), the others apply (and the replica stays on the driver's executor).
     The batch replayed applies and records nothing twice; the operator's replay, once the constraint
     is gone, applies it through the sequence guard."""
+    from lakemirror.sinks.event_contract import EventBatchResult, EventTxn
     from lakemirror.sinks.events.dead_letters import PENDING, REPLAYED, DeadLetterTable
-    from lakemirror.sources.event_stream import EventDecoder, RawEvent
-    from lakemirror.supervisor.event_batch import EventBatchApplier
+    from lakemirror.sources.event_stream import EventDecoder, RawEvent, decode_batch
+    from lakemirror.supervisor.event_batch import EventBatchApplier, delta_replicas
     from lakemirror.supervisor.event_letters import resolve_letters
 
     spec = EventStreamSpec("shop", "files", format="simple", table_workers=1)
     h = Harness(spark, tmp_path, spec)
-    applier = EventBatchApplier(spec, EventDecoder("files", "simple"), "test", h.locate,
+    applier = EventBatchApplier(spec, EventDecoder("files", "simple"), "test", delta_replicas(h.locate, spec),
                                 DeadLetterTable(h.locate("_dead_letters")), lambda name: spark)
+
+    def apply(events: list[RawEvent], batch_id: int) -> EventBatchResult:
+        return applier.apply(decode_batch(events, applier.decoder, spec.tables), EventTxn("e", batch_id))
 
     def raws(*rows: tuple[int, int]) -> list[RawEvent]:
         lines = [json.dumps({"table_name": "orders", "operation": "INSERT", "timestamp": 10 + key,
@@ -215,15 +222,15 @@ def test_a_change_the_replica_refuses_is_dead_lettered_and_replayed_once_it_fits
                              "after": {"id": key, "amount": amount}}) for key, amount in rows]
         return [RawEvent(line, None, "/in/f.json", None, n) for n, line in enumerate(lines, start=1)]
 
-    applier.apply(raws((1, 5)), 0, "e")
+    apply(raws((1, 5)), 0)
     spark.sql(f"ALTER TABLE delta.`{h.locate('orders').path}` ADD CONSTRAINT positive CHECK (amount > 0)")
     batch = raws((3, -1), (2, 7), (4, 9))
-    result = applier.apply(batch, 1, "e")
+    result = apply(batch, 1)
     assert set(h.replica("orders", ("id",))) == {(1,), (2,), (4,)} and result.dead_letters == 1
     [letter] = applier.dead_letters.letters(spark)
     assert (letter.table, letter.change_key, letter.raw.offset, letter.status) == ("orders", '{"id": 3}', 1, PENDING)
     assert letter.position and "timestamp_us=" in letter.position
-    again = applier.apply(batch, 1, "e")   # the batch replayed after a crash
+    again = apply(batch, 1)   # the batch replayed after a crash
     assert again.counts.inserted == 0 and [d.raw.offset for d in again.letters] == [1]
     assert len(applier.dead_letters.letters(spark)) == 1
     spark.sql(f"ALTER TABLE delta.`{h.locate('orders').path}` DROP CONSTRAINT positive")

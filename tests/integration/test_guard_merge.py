@@ -230,14 +230,15 @@ def test_every_captured_postgres_edge_value_lands_in_delta_as_postgres_holds_it(
     in one batch: each replica value read back from Delta equals PostgreSQL's own text of it; the rows
     whose values Spark cannot hold are dead letters naming those columns, and the REPLICA IDENTITY FULL
     deletes of rows holding 'infinity' and BC dates delete."""
+    from lakemirror.sinks.event_contract import EventTxn
     from lakemirror.sinks.events.dead_letters import InMemoryDeadLetters
-    from lakemirror.sources.event_stream import EventDecoder, RawEvent
-    from lakemirror.supervisor.event_batch import EventBatchApplier, EventStreamSpec
+    from lakemirror.sources.event_stream import EventDecoder, RawEvent, decode_batch
+    from lakemirror.supervisor.event_batch import EventBatchApplier, EventStreamSpec, delta_replicas
     from tests.unit.test_debezium_edges import NOT_CARRIED, REFUSED, expected, messages, same
 
     spec = EventStreamSpec("pg", "kafka", table_workers=1, driver_apply=on_driver)
     applier = EventBatchApplier(spec, EventDecoder("kafka"), "test",
-                                lambda t: TableLocation(TableName("dst", "s", t), str(tmp_path / t)),
+                                delta_replicas(lambda t: TableLocation(TableName("dst", "s", t), str(tmp_path / t)), spec),
                                 InMemoryDeadLetters(), lambda name: spark)
     def landed(column: str, value: Any) -> Any:
         """A value as Spark reads it back, in the decoder's terms: binary as bytes, a timestamp's
@@ -252,11 +253,12 @@ def test_every_captured_postgres_edge_value_lands_in_delta_as_postgres_holds_it(
 
     captured = messages()
     raws = [RawEvent(m["value"], m["key"], m["topic"], m["partition"], m["offset"]) for m in captured]
-    result = applier.apply(raws, 0, "e")
-    assert applier.sinks["edges"].applies_on_driver == on_driver
+    result = applier.apply(decode_batch(raws, applier.decoder, spec.tables), EventTxn("e", 0))
+    sink = applier.sinks["edges"]
+    assert isinstance(sink, GuardedDeltaSink) and sink.applies_on_driver == on_driver
     # tstz read as microseconds: PySpark turns a TIMESTAMP into the process's local time, which for
     # 0001-01-01T00:00Z west of Greenwich is year 0 (a ValueError), though Delta holds it right.
-    frame = tables.read(spark, applier.sinks["edges"].replica).selectExpr("*", "unix_micros(tstz) AS tstz_us")
+    frame = tables.read(spark, sink.replica).selectExpr("*", "unix_micros(tstz) AS tstz_us")
     live = {r["id"]: {**r.asDict(), "tstz": r["tstz_us"]} for r in frame.drop("tstz").collect()}
     last: dict[int, dict[str, Any]] = {}
     for m in captured:  # the newest change per key: what the replica holds (or, refused, why not)

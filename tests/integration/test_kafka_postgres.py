@@ -21,8 +21,10 @@ from lakemirror.sinks.postgres.executor import PostgresTarget
 from lakemirror.sources.change_event import ChangeEvent
 from lakemirror.sources.debezium import decode_debezium
 from lakemirror.supervisor import state as sm
-from lakemirror.supervisor.event_postgres import PostgresEventStreamRunner, RealTimeSpec
-from lakemirror.supervisor.event_stream import EventStreamSpec
+from lakemirror.sinks.postgres.event_replicas import PostgresEventReplicas
+from lakemirror.sinks.postgres.real_time import RealTimeSpec
+from lakemirror.sources.event_source import event_source_for
+from lakemirror.supervisor.event_stream import DeadLetterTally, EventStreamRunner, EventStreamSpec
 from lakemirror.supervisor.runner import BatchReport
 from tests.integration.test_kafka_source import envelope
 
@@ -59,7 +61,16 @@ def replica(postgres: Any, schema: str, table: str) -> dict[Any, dict[str, Any]]
     return {i: {k: v for k, v in (("id", i), ("balance", b), ("name", n)) if v is not None} for i, b, n in rows}
 
 
-def run_until(runner: PostgresEventStreamRunner, done: Any, what: str, reports: list[BatchReport],
+def postgres_runner(spec: EventStreamSpec, spark: Any, folder: Path, target: PostgresTarget,
+                    real_time: RealTimeSpec | None) -> EventStreamRunner:
+    """The event runner into PostgreSQL replicas, as the daemon builds it (destination kind postgres)."""
+    source = event_source_for(spec)
+    sink = PostgresEventReplicas(target, "test", spec.name, source.decoder, label=f"events:{spec.name}",
+                                 real_time=real_time)
+    return EventStreamRunner(spec, spark, folder, sink, source=source)
+
+
+def run_until(runner: EventStreamRunner, done: Any, what: str, reports: list[BatchReport],
               timeout: float = 400) -> None:
     runner.launch()
     deadline = time.time() + timeout
@@ -68,7 +79,7 @@ def run_until(runner: PostgresEventStreamRunner, done: Any, what: str, reports: 
             assert time.time() < deadline, f"timed out waiting for {what}"
             for item in runner.poll():
                 assert not isinstance(item, sm.Failed), item
-                if isinstance(item, BatchReport):
+                if isinstance(item, BatchReport) and not isinstance(item, DeadLetterTally):  # a tally is no batch
                     reports.append(item)
             time.sleep(0.5)
     finally:
@@ -101,8 +112,8 @@ def test_kafka_into_postgres_is_exact_under_disorder_duplicates_and_restarts(
     real_time = RealTimeSpec(max_dwell_ms=50, max_rows=100) \
         if mode == "real-time" else None
 
-    def runner() -> PostgresEventStreamRunner:
-        return PostgresEventStreamRunner(spec, spark, "test", tmp_path / "events", target, real_time)
+    def runner() -> EventStreamRunner:
+        return postgres_runner(spec, spark, tmp_path / "events", target, real_time)
 
     def letters() -> list[tuple[Any, ...]]:
         try:
@@ -156,7 +167,7 @@ def test_real_time_mode_shows_a_server_outage_and_a_refused_login_clearly(
     spec = EventStreamSpec("shop", "kafka", "debezium", bootstrap_servers=broker, topics=topic)
     real_time = RealTimeSpec(max_dwell_ms=50, max_rows=100)
 
-    refused = PostgresEventStreamRunner(spec, spark, "test", tmp_path / "refused", PostgresTarget(
+    refused = postgres_runner(spec, spark, tmp_path / "refused", PostgresTarget(
         postgres.host, postgres.port, postgres.database, schema, "no_such_role", "secret-pw"), real_time)
     refused.launch()
     deadline, failed = time.time() + 240, None
@@ -175,7 +186,7 @@ def test_real_time_mode_shows_a_server_outage_and_a_refused_login_clearly(
         return  # the outage needs the script-managed server
     target = PostgresTarget(postgres.host, postgres.port, postgres.database, schema, postgres.user,
                             postgres.password, retry_seconds=180)
-    runner = PostgresEventStreamRunner(spec, spark, "test", tmp_path / "events", target, real_time)
+    runner = postgres_runner(spec, spark, tmp_path / "events", target, real_time)
     runner.launch()
     seen: list[Any] = []
 

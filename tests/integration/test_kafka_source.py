@@ -19,6 +19,8 @@ from lakemirror.sources.change_event import ChangeEvent
 from lakemirror.sources.debezium import decode_debezium
 from lakemirror.supervisor import state as sm
 from lakemirror.supervisor.event_stream import EventStreamRunner, EventStreamSpec
+from lakemirror.supervisor.event_batch import delta_event_sink
+from lakemirror.sources.event_source import event_source_for
 from lakemirror.supervisor.runner import BatchReport
 from lakemirror.tables import TableLocation
 
@@ -75,7 +77,8 @@ def test_debezium_topics_through_spark_kafka_source(spark: Any, broker: str, tmp
                            topic_pattern="^shop\\.public\\.(accounts|tiers)$", trigger_interval_seconds=0.5)
 
     def run_until(count: int) -> int:
-        runner = EventStreamRunner(spec, spark, "test", tmp_path / "events", locate, locate("_dead_letters"))
+        sink = delta_event_sink(spec, event_source_for(spec).decoder, "test", spark, locate, locate("_dead_letters"))
+        runner = EventStreamRunner(spec, spark, tmp_path / "events", sink)
         runner.launch()
         read, deadline = 0, time.time() + 300
         try:

@@ -12,17 +12,16 @@ from typing import Any, Sequence
 
 import pytest
 
-from lakemirror.identifiers import TableName
 from lakemirror.sinks.events.dead_letters import PENDING, REPLAYED, SKIPPED, InMemoryDeadLetters
-from lakemirror.sinks.events.memory_sink import MemoryGuardedSink
+from lakemirror.sinks.event_contract import EventBatchResult, EventTxn
+from lakemirror.sinks.events.memory_sink import MemoryEventStore, MemoryGuardedSink
 from lakemirror.sinks.isolate import attempt_txn, bisect
 from lakemirror.sinks.txn import TxnId
 from lakemirror.sources.change_event import ChangeEvent
-from lakemirror.sources.event_stream import EventDecoder, RawEvent
+from lakemirror.sources.event_stream import EventDecoder, RawEvent, decode_batch
 from lakemirror.supervisor.classify import value_refusal
-from lakemirror.supervisor.event_batch import EventBatchApplier, EventStreamSpec
+from lakemirror.supervisor.event_batch import EventStreamSpec, memory_event_sink
 from lakemirror.supervisor.event_letters import LetterIndex, resolve_letters
-from lakemirror.tables import TableLocation
 
 BATCH = TxnId("lakemirror/p/shop/orders/e1", 7)
 
@@ -118,11 +117,14 @@ class Setup:
     def __init__(self, constraint: Any = lambda change: True) -> None:
         spec = EventStreamSpec("shop", "files", format="simple", table_workers=1)
         self.letters = InMemoryDeadLetters()
-        self.applier = EventBatchApplier(
-            spec, EventDecoder("files", "simple"), "p", lambda t: TableLocation(TableName("c", "s", t), None),
-            self.letters, lambda name: None, clock=lambda: 1_000.0)
         self.sinks = {t: MemoryGuardedSink(constraint=constraint) for t in ("orders", "users")}
-        self.applier.sinks.update(self.sinks)  # type: ignore[arg-type]
+        store = MemoryEventStore(dict(self.sinks), self.letters, clock=lambda: 1_000.0)
+        self.applier = memory_event_sink(spec, EventDecoder("files", "simple"), "p", store, clock=lambda: 1_000.0)
+
+    def apply(self, events: Sequence[RawEvent], batch_id: int, epoch: str = "e1") -> EventBatchResult:
+        """One micro-batch as the runner hands it to the sink: decoded, under its transaction id."""
+        decoded = decode_batch(events, self.applier.decoder, self.applier.spec.tables)
+        return self.applier.apply(decoded, EventTxn(epoch, batch_id))
 
     def rows(self, table: str) -> dict[tuple[Any, ...], dict[str, Any]]:
         return self.sinks[table].replica.live()
@@ -139,7 +141,7 @@ BATCH_LINES = [event("orders", "INSERT", k, 100 + k, amount=-5 if k == 3 else k)
 
 def test_a_refused_change_is_dead_lettered_and_every_other_change_applies() -> None:
     s = Setup(positive)
-    result = s.applier.apply(raws(BATCH_LINES), 0, "e1")
+    result = s.apply(raws(BATCH_LINES), 0)
     assert sorted(s.rows("orders")) == [(1,), (2,), (4,), (5,), (6,)]
     assert sorted(s.rows("users")) == [(1,), (2,), (3,)]     # the other table never waited
     assert result.dead_letters == 1 and result.outcomes["orders"].counts.inserted == 5
@@ -151,10 +153,10 @@ def test_a_refused_change_is_dead_lettered_and_every_other_change_applies() -> N
 
 def test_the_batch_replayed_after_a_crash_applies_and_dead_letters_nothing_twice() -> None:
     s = Setup(positive)
-    s.applier.apply(raws(BATCH_LINES), 0, "e1")
+    s.apply(raws(BATCH_LINES), 0)
     before = {t: s.rows(t) for t in ("orders", "users")}
     writes = len(s.sinks["orders"].writes)
-    again = s.applier.apply(raws(BATCH_LINES), 0, "e1")   # Spark replays the batch: same id, same rows
+    again = s.apply(raws(BATCH_LINES), 0)   # Spark replays the batch: same id, same rows
     assert {t: s.rows(t) for t in ("orders", "users")} == before
     assert len(s.letters.rows) == 1 and again.outcomes["orders"].counts.inserted == 0
     assert [d.raw.offset for d in again.letters] == [3]  # refused again: its letter is written even if the crash
@@ -164,7 +166,7 @@ def test_the_batch_replayed_after_a_crash_applies_and_dead_letters_nothing_twice
 
 def test_a_replay_applies_the_letter_once_the_replica_takes_it() -> None:
     s = Setup(positive)
-    s.applier.apply(raws(BATCH_LINES), 0, "e1")
+    s.apply(raws(BATCH_LINES), 0)
     [letter] = s.letters.letters(None)
     still = resolve_letters(s.applier, "replay", [letter.id])   # the constraint still refuses it
     assert [(r.status, r.resolution) for r in still.resolutions] == [(PENDING, "replay refused")]
@@ -177,8 +179,8 @@ def test_a_replay_applies_the_letter_once_the_replica_takes_it() -> None:
 
 def test_a_replay_cannot_move_a_row_backwards() -> None:
     s = Setup(positive)
-    s.applier.apply(raws(BATCH_LINES), 0, "e1")
-    s.applier.apply(raws([event("orders", "UPDATE", 3, 500, amount=30)], 20), 1, "e1")  # newer, and valid
+    s.apply(raws(BATCH_LINES), 0)
+    s.apply(raws([event("orders", "UPDATE", 3, 500, amount=30)], 20), 1)  # newer, and valid
     [letter] = s.letters.letters(None)
     s.sinks["orders"].constraint = lambda change: True
     done = resolve_letters(s.applier, "replay", [letter.id])
@@ -188,7 +190,7 @@ def test_a_replay_cannot_move_a_row_backwards() -> None:
 
 def test_skip_marks_letters_and_writes_no_replica() -> None:
     s = Setup(positive)
-    s.applier.apply(raws(BATCH_LINES + ["not json"]), 0, "e1")
+    s.apply(raws(BATCH_LINES + ["not json"]), 0)
     rows = dict(s.rows("orders"))
     report = resolve_letters(s.applier, "skip", None, table="orders")   # every pending letter of orders
     assert [r.status for r in report.resolutions] == [SKIPPED] and s.rows("orders") == rows
@@ -199,7 +201,7 @@ def test_skip_marks_letters_and_writes_no_replica() -> None:
 
 def test_the_letter_index_counts_what_the_table_holds_across_restarts() -> None:
     s = Setup(positive)
-    result = s.applier.apply(raws(BATCH_LINES + ["not json"]), 0, "e1")
+    result = s.apply(raws(BATCH_LINES + ["not json"]), 0)
     index = LetterIndex()
     assert index.add(result.letters) == 2 and index.add(result.letters) == 0  # a replayed batch adds none
     restarted = LetterIndex()

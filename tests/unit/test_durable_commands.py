@@ -357,19 +357,17 @@ class QuietEventRunner(EventStreamRunner):
 
 def event_supervisor(folder: Path, journal_path: Path) -> tuple[Supervisor, dict[str, QuietEventRunner]]:
     from lakemirror.checkpoints.state import FileStateStore
-    from lakemirror.identifiers import TableName
     from lakemirror.sources.memory_events import MemoryEventSource
+    from lakemirror.supervisor.event_batch import memory_event_sink
     from lakemirror.supervisor.event_stream import EventStreamSpec
-    from lakemirror.tables import TableLocation
 
     made: dict[str, QuietEventRunner] = {}
 
     def make(name: str) -> QuietEventRunner:
         spec = EventStreamSpec("shop", "files", path=str(folder / "inbox"))
-        loc = TableLocation(TableName("d", "s", "x"), str(folder / "x"))
-        made[name] = QuietEventRunner(spec, None, "p", folder, lambda t: loc, loc,  # type: ignore[arg-type]
-                                      source=MemoryEventSource("files", offsets=StaticOffsets()),
-                                      states=FileStateStore(folder.parent))
+        source = MemoryEventSource("files", offsets=StaticOffsets())
+        made[name] = QuietEventRunner(spec, None, folder, memory_event_sink(spec, source.decoder, "p"),  # type: ignore[arg-type]
+                                      source=source, states=FileStateStore(folder.parent))
         return made[name]
 
     sup = Supervisor(runner_factory=make, list_tables=lambda: ["events:shop"], policy=POLICY, clock=FakeClock(),

@@ -9,22 +9,21 @@ from pathlib import Path
 import pytest
 
 from lakemirror.checkpoints.state import FileStateStore
-from lakemirror.identifiers import TableName
 from lakemirror.sources.kafka_offsets import BrokerOffsets, StaticOffsets
 from lakemirror.sources.memory_events import MemoryEventSource
 from lakemirror.supervisor import state as sm
+from lakemirror.supervisor.event_batch import memory_event_sink
 from lakemirror.supervisor.event_stream import (EventStreamRunner, EventStreamSpec, checkpoint_epoch,
                                                 resync_refusal)
-from lakemirror.tables import TableLocation
 
 
 def runner(folder: Path, broker: BrokerOffsets | None, states: FileStateStore | None = None,
            kind: str = "kafka") -> EventStreamRunner:
     spec = EventStreamSpec("shop", kind, bootstrap_servers="127.0.0.1:1", topic_pattern="shop\\..*",
                            path=str(folder / "inbox"))
-    loc = TableLocation(TableName("d", "s", "x"), str(folder / "x"))
-    return EventStreamRunner(spec, None, "p", folder, lambda t: loc, loc,  # type: ignore[arg-type]
-                             source=MemoryEventSource(kind, offsets=broker), states=states)
+    source = MemoryEventSource(kind, offsets=broker)
+    return EventStreamRunner(spec, None, folder, memory_event_sink(spec, source.decoder, "p"),  # type: ignore[arg-type]
+                             source=source, states=states)
 
 
 def committed_checkpoint(folder: Path, end: int) -> Path:
@@ -116,17 +115,18 @@ def test_the_event_crash_points_can_be_armed(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_a_postgres_event_runner_keeps_its_pause_and_resyncs_the_same_way(tmp_path: Path) -> None:
+    from lakemirror.sinks.postgres.event_replicas import PostgresEventReplicas
     from lakemirror.sinks.postgres.executor import PostgresTarget
-    from lakemirror.supervisor.event_postgres import PostgresEventStreamRunner
 
     spec = EventStreamSpec("shop", "kafka", bootstrap_servers="127.0.0.1:1", topics="t")
     target = PostgresTarget("127.0.0.1", 1, "db", "s", "u")
 
-    def make() -> PostgresEventStreamRunner:
+    def make() -> EventStreamRunner:
         offsets = StaticOffsets({("t", 0): 9}, {("t", 0): 0})
-        return PostgresEventStreamRunner(spec, None, "p", tmp_path, target,  # type: ignore[arg-type]
-                                         states=FileStateStore(tmp_path / "pipeline"),
-                                         source=MemoryEventSource("kafka", offsets=offsets))
+        source = MemoryEventSource("kafka", offsets=offsets)
+        sink = PostgresEventReplicas(target, "p", spec.name, source.decoder, label="events:shop")
+        return EventStreamRunner(spec, None, tmp_path, sink,  # type: ignore[arg-type]
+                                 states=FileStateStore(tmp_path / "pipeline"), source=source)
 
     make().pause_persisted(True)
     assert make().persisted_pause() is True

@@ -9,7 +9,6 @@ from prometheus_client import CollectorRegistry
 
 from lakemirror.daemon.metrics import Metrics
 from lakemirror.daemon.status import render_event_sources
-from lakemirror.identifiers import TableName
 from lakemirror.sinks.events.dead_letters import PENDING, SKIPPED, DeadLetterRow, InMemoryDeadLetters, StoredLetter
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.txn import BatchStats, MergeOutcome, TxnId
@@ -17,9 +16,9 @@ from lakemirror.sources.change_event import UPSERT, ChangeEvent, Position
 from lakemirror.sources.kafka_offsets import StaticOffsets, offsets_behind, parse_end_offsets, progress_end_offsets
 from lakemirror.sources.event_stream import RawEvent
 from lakemirror.sources.memory_events import MemoryEventSource
+from lakemirror.supervisor.event_batch import memory_event_sink
 from lakemirror.supervisor.event_stream import (DeadLetterTally, EventBatchReport, EventLagReading, EventStreamRunner, EventStreamSpec,
                                                 ReplicaBatch, ReplicaStatus, checkpoint_end_offsets, event_lags)
-from lakemirror.tables import TableLocation
 
 
 def test_offsets_behind_counts_unread_partitions_from_their_beginning() -> None:
@@ -63,9 +62,9 @@ def test_event_lag_is_commit_time_minus_source_commit_time() -> None:
 
 def runner(tmp_path: Path, broker: StaticOffsets, now: list[float]) -> EventStreamRunner:
     spec = EventStreamSpec("shop", "kafka", bootstrap_servers="127.0.0.1:1", topic_pattern="shop\\..*")
-    loc = TableLocation(TableName("d", "s", "x"), str(tmp_path / "x"))
-    return EventStreamRunner(spec, None, "p", tmp_path, lambda t: loc, loc, clock=lambda: now[0],  # type: ignore[arg-type]
-                             source=MemoryEventSource("kafka", offsets=broker))
+    source = MemoryEventSource("kafka", offsets=broker)
+    return EventStreamRunner(spec, None, tmp_path, memory_event_sink(spec, source.decoder, "p"),  # type: ignore[arg-type]
+                             clock=lambda: now[0], source=source)
 
 
 def test_probe_lag_reports_offsets_behind_and_a_lag_that_is_zero_when_caught_up(tmp_path: Path) -> None:
@@ -181,13 +180,7 @@ def test_a_restarted_runner_counts_the_letters_its_table_holds(tmp_path: Path) -
     held = InMemoryDeadLetters()
     held.append(None, [DeadLetterRow(RawEvent("x", None, "shop.a", 0, n), "bad", "orders") for n in range(4)],
                 TxnId("a", 0), 0.0)
-    r.applier.dead_letters = held
-
-    class Sessions:  # the twin needs no Spark session
-        def newSession(self) -> None:
-            return None
-
-    r.spark = Sessions()  # type: ignore[assignment]
+    r.sink.dead_letters = held  # type: ignore[attr-defined]
     r._seed_letters()
     assert r.dead_letter_count == 4 and r.describe()["dead_letters_pending"] == {"orders": 4}
     [tally] = r.poll()

@@ -10,15 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from lakemirror.identifiers import TableName
 from lakemirror.sinks.events.guard_plan import plan_batch
 from lakemirror.sources.change_event import STREAM, UPSERT, ChangeEvent, DeadLetter, Position, Skipped
 from lakemirror.sources.event_source import FileEventSource, KafkaEventSource, event_source_for
 from lakemirror.sources.event_stream import EventDecoder, RawEvent, decode_batch
 from lakemirror.sources.kafka_offsets import KafkaBrokerOffsets, StaticOffsets
 from lakemirror.sources.memory_events import MemoryEventSource
+from lakemirror.supervisor.event_batch import memory_event_sink
 from lakemirror.supervisor.event_stream import EventStreamRunner, EventStreamSpec
-from lakemirror.tables import TableLocation
 from tests.unit.test_debezium import envelope, pg_source, simple
 
 
@@ -91,31 +90,34 @@ def test_the_twin_holds_the_rows_of_the_kind_it_stands_for() -> None:
         [{"topic": "t", "partition": 0, "offset": 3, "key": None, "value": "v"}]))
 
 
-def _location(tmp_path: Path) -> TableLocation:
-    return TableLocation(TableName("d", "s", "x"), str(tmp_path / "x"))
-
-
 def test_a_runner_reads_the_source_its_spec_names_and_closes_it_when_it_halts(tmp_path: Path) -> None:
-    loc = _location(tmp_path)
     spec = EventStreamSpec("shop", "files", "simple", path=str(tmp_path / "in"))
-    default = EventStreamRunner(spec, None, "p", tmp_path, lambda t: loc, loc)  # type: ignore[arg-type]
-    assert isinstance(default.source, FileEventSource) and default.applier.decoder == EventDecoder("files", "simple")
+    default = EventStreamRunner(spec, None, tmp_path, memory_event_sink(spec, EventDecoder("files", "simple"), "p"))  # type: ignore[arg-type]
+    assert isinstance(default.source, FileEventSource) and default.source.decoder == EventDecoder("files", "simple")
     assert default.probe_lag(0.0) is None  # no offsets: no lag to count
     twin = MemoryEventSource("kafka", offsets=StaticOffsets())
-    runner = EventStreamRunner(spec, None, "p", tmp_path, lambda t: loc, loc, source=twin)  # type: ignore[arg-type]
+    runner = EventStreamRunner(spec, None, tmp_path, memory_event_sink(spec, twin.decoder, "p"), source=twin)  # type: ignore[arg-type]
     runner.halt()
     assert twin.closed
 
 
 def test_a_postgres_runner_decodes_with_its_source_s_decoder(tmp_path: Path) -> None:
-    from lakemirror.sinks.postgres.executor import PostgresTarget
-    from lakemirror.supervisor.event_postgres import PostgresEventStreamRunner
+    from prometheus_client import CollectorRegistry
 
-    spec = EventStreamSpec("shop", "kafka", bootstrap_servers="127.0.0.1:1", topics="t")
-    twin = MemoryEventSource("kafka", "simple", {"t": ("id",)})
-    runner = PostgresEventStreamRunner(spec, None, "p", tmp_path, PostgresTarget("h", 1, "db", "s", "u"),  # type: ignore[arg-type]
-                                       source=twin)
-    assert runner.factory.decode == twin.decoder == EventDecoder("kafka", "simple", {"t": ("id",)})
+    from lakemirror.daemon.context import DaemonContext
+    from lakemirror.daemon.metrics import Metrics
+    from lakemirror.daemon.settings import load_settings
+    from lakemirror.sinks.postgres.event_replicas import PostgresEventReplicas
+
+    (tmp_path / "p.yaml").write_text(
+        "source_catalog: src\ndestination_catalog: dst\nschema_name: s\ncheckpoint_volume: " + str(tmp_path / "ck")
+        + "\nsource: {kind: kafka, format: simple, bootstrap_servers: 'k:9092', topics: [t], key_columns: {t: [id]}}"
+        + "\ndestination: {kind: postgres, host: h, database: d, user: u}\n")
+    ctx = DaemonContext(load_settings(tmp_path / "p.yaml")).replace(
+        spark=object(), metrics=Metrics("main", CollectorRegistry()))
+    runner = ctx.event_source_supervisor._factory("events:events")
+    assert isinstance(runner, EventStreamRunner) and isinstance(runner.sink, PostgresEventReplicas)
+    assert runner.sink.factory.decode == runner.source.decoder == EventDecoder("kafka", "simple", {"t": ("id",)})
 
 
 def test_a_twin_batch_decodes_to_the_changes_to_plan_and_dead_letters_that_say_where_they_came_from() -> None:

@@ -16,7 +16,7 @@ from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.postgres.events import FlushResult
 from lakemirror.sinks.postgres.foreach import PostgresForeachWriter
 from lakemirror.sinks.txn import BatchStats, MergeOutcome
-from lakemirror.supervisor.event_postgres import progress_latency
+from lakemirror.sinks.postgres.real_time import finished_batch
 from lakemirror.supervisor.runner import BatchReport, StreamLatency
 
 
@@ -90,10 +90,13 @@ def test_a_failed_flush_fails_the_task() -> None:
 
 
 def test_latencies_from_progress_and_flushes_reach_prometheus() -> None:
-    latency = progress_latency({"batchId": 3, "processingLatencyMs": {"P50": 2, "P99": 40},
-                                "e2eLatencyMs": 250}, [0.02, 0.5])
-    assert latency == StreamLatency(processing_ms=40.0, source_queuing_ms=None, e2e_ms=250.0, flush_seconds=(0.02, 0.5))
-    assert progress_latency({"batchId": 1, "durationMs": {}}, []) == StreamLatency()
+    done = finished_batch({"batchId": 3, "numInputRows": 5, "processingLatencyMs": {"P50": 2, "P99": 40},
+                           "e2eLatencyMs": 250, "durationMs": {"triggerExecution": 1500}}, [0.02, 0.5])
+    assert (done.batch_id, done.rows, done.duration_seconds) == (3, 5, 1.5)
+    assert (done.processing_ms, done.source_queuing_ms, done.e2e_ms, done.flush_seconds) == (40.0, None, 250.0, (0.02, 0.5))
+    bare = finished_batch({"batchId": 1, "durationMs": {}}, [])
+    assert (bare.processing_ms, bare.source_queuing_ms, bare.e2e_ms, bare.flush_seconds) == (None, None, None, ())
+    latency = StreamLatency(done.processing_ms, done.source_queuing_ms, done.e2e_ms, done.flush_seconds)
     registry = CollectorRegistry()
     metrics = Metrics("p", registry)
     outcome = MergeOutcome(BatchStats(5, 1, 1, None), ApplyCounts(), replayed=False)

@@ -6,6 +6,11 @@ the change contract of sources and write checkpoint rows, never the other way ro
 package (``lakemirror/``: identifiers, tables, errors, schema) imports no layer. Below the daemon
 nothing imports Prometheus or the settings libraries (those belong to the daemon's edges).
 
+A destination is a plug-in: its package under ``sinks/`` (``sinks/postgres/``) is reached from the
+composition root's registry (``daemon/destinations.py``) only. The supervisor's runners are handed
+its factories and never import it, so that nothing in them can branch on one destination
+(:data:`DESTINATION_PACKAGES`). Delta, the default, is the exception the stream wiring drives.
+
 ``tools/`` (``lakemirror.tools``: the demos, the local Debezium stack) sits above the product: it may
 import every layer, and no layer imports it, but for one door: the ``lakemirror demo`` command
 imports its demo inside the command's function, so that nothing ``lakemirror run`` loads reaches it.
@@ -38,6 +43,8 @@ ALLOWED: dict[str, frozenset[str]] = {
 LAYERS = tuple(ALLOWED)
 #: Libraries only the daemon (the edges) may import.
 EDGE_LIBRARIES = ("prometheus_client", "pydantic", "pydantic_settings")
+#: The packages of destinations other than the default (Delta): the supervisor never imports them.
+DESTINATION_PACKAGES = ("lakemirror.sinks.postgres",)
 #: The only imports of ``lakemirror.tools`` in the product: (file, module), each inside a function.
 TOOL_DOORS = frozenset({("daemon/cli.py", "lakemirror.tools.demo"), ("daemon/cli.py", "lakemirror.tools.demo_debezium")})
 #: The package that reads and writes Delta's files itself (its module docstring says what it reads
@@ -114,6 +121,9 @@ def violations(layer: str) -> list[str]:
                 found.append(f"{where}:{line} imports {module} ({layer} must not depend on {target})")
             if layer not in ("daemon", "tools") and module.split(".")[0] in EDGE_LIBRARIES:
                 found.append(f"{where}:{line} imports {module} (only the daemon imports {module.split('.')[0]})")
+            if layer == "supervisor" and any(module == p or module.startswith(p + ".") for p in DESTINATION_PACKAGES):
+                found.append(f"{where}:{line} imports {module} (a destination's package: the runners take its "
+                             f"factories from daemon/destinations.py)")
     return found
 
 
@@ -226,3 +236,25 @@ def test_the_delta_log_rules_are_not_vacuous(tmp_path: Path) -> None:
     assert delta_log_importers(tmp_path) == {"sinks/x.py"}
     text = '"""Reads the ``_delta_log``."""\ndef f(p):\n    """In ``_delta_log``."""\n    return p / f"{p}/_delta_log"\n'
     assert spelled_log_names(text) == [(4, "_delta_log")]
+
+
+def test_a_supervisor_module_importing_a_destination_s_package_is_caught(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The destination rule is not vacuous: the runner's old special case of PostgreSQL breaks it."""
+    (tmp_path / "supervisor").mkdir()
+    (tmp_path / "supervisor" / "x.py").write_text("from lakemirror.sinks.postgres.spark_batches import PostgresTable\n"
+                                                  "from lakemirror.sinks.contract import TableReplica\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert violations("supervisor") == ["supervisor/x.py:1 imports lakemirror.sinks.postgres.spark_batches (a "
+                                        "destination's package: the runners take its factories from "
+                                        "daemon/destinations.py)"]
+
+
+def test_every_destination_but_the_default_is_a_package_the_supervisor_may_not_import() -> None:
+    """A destination kind registered in the composition root is one package under ``sinks/`` named
+    by its kind, in :data:`DESTINATION_PACKAGES` (Delta is the default; ``memory`` is the twins')."""
+    from lakemirror.daemon.destinations import DESTINATIONS
+
+    for kind in set(DESTINATIONS) - {"delta", "memory"}:
+        assert (ROOT / "sinks" / kind / "__init__.py").is_file(), f"destination {kind!r} has no package sinks/{kind}"
+        assert f"lakemirror.sinks.{kind}" in DESTINATION_PACKAGES, f"add lakemirror.sinks.{kind} to DESTINATION_PACKAGES"

@@ -1,4 +1,4 @@
-"""``destination: {kind: postgres}``: validated at start, bad values named; the one sink chooser."""
+"""``destination: {kind: postgres}``: validated at start, bad values named; looked up by its kind."""
 
 from __future__ import annotations
 
@@ -8,11 +8,10 @@ from typing import Any
 
 import pytest
 
-from lakemirror.daemon.context import postgres_connector
+from lakemirror.daemon.context import DaemonContext
 from lakemirror.daemon.settings import load_settings
 from lakemirror.daemon.settings.destination import DeltaDestination
 from lakemirror.errors import ConfigError
-from lakemirror.sinks.choose import choose_sink
 
 BASE: dict[str, Any] = {"source_catalog": "s", "destination_catalog": "d", "schema_name": "x",
                         "checkpoint_volume": "/tmp/lm-cfg-test"}
@@ -23,10 +22,11 @@ def settings(**destination: Any) -> Any:
     return load_settings(None, {**BASE, "destination": {**PG, **destination}})
 
 
-def test_delta_is_the_default_and_needs_no_connector():
+def test_delta_is_the_default_and_has_no_cycles():
     s = load_settings(None, BASE)
-    assert isinstance(s.destination, DeltaDestination) and postgres_connector(s) is None
-    assert choose_sink("delta").kind == "delta"
+    assert isinstance(s.destination, DeltaDestination)
+    destination = DaemonContext(s).destination
+    assert destination.kind == "delta" and destination.cycles is None and "Delta replicas" in destination.reason
 
 
 def test_a_postgres_destination_becomes_one_target(monkeypatch):
@@ -37,9 +37,10 @@ def test_a_postgres_destination_becomes_one_target(monkeypatch):
         ("db", 5432, "replicas", "s3cret", 2)
     assert "s3cret" not in repr(target)
     assert "statement_timeout=1500" in target.connect_kwargs()["options"]
-    choice = choose_sink("postgres", target)
-    assert choice.is_postgres and "db:5432/app" in choice.reason
-    assert postgres_connector(s).target == target
+    destination = DaemonContext(s).destination
+    assert destination.kind == "postgres" and "db:5432/app" in destination.reason
+    assert destination.cycles is None  # every table continuous: no cycles to run
+    assert destination.replica_for("t", None).connector.target == target  # type: ignore[attr-defined]
 
 
 def test_the_password_comes_from_a_file(tmp_path: Path):
@@ -123,7 +124,9 @@ def test_an_event_source_into_postgres_runs_the_postgres_runner_in_the_mode_conf
     from lakemirror.daemon.context import DaemonContext
     from lakemirror.daemon.metrics import Metrics
     from lakemirror.daemon.settings import load_settings
-    from lakemirror.supervisor.event_postgres import PostgresEventStreamRunner, RealTimeSpec
+    from lakemirror.sinks.postgres.event_replicas import PostgresEventReplicas
+    from lakemirror.sinks.postgres.real_time import RealTimeSpec
+    from lakemirror.supervisor.event_stream import EventStreamRunner
 
     pg = "{kind: postgres, host: h, database: d, user: u, schema: replicas}"
     for source, real_time in (
@@ -134,8 +137,10 @@ def test_an_event_source_into_postgres_runs_the_postgres_runner_in_the_mode_conf
         ctx = DaemonContext(settings).replace(spark=object(),  # no Spark needed
                                               metrics=Metrics("main", CollectorRegistry()))
         runner = ctx.event_source_supervisor._factory("events:events")
-        assert isinstance(runner, PostgresEventStreamRunner)
-        assert runner.real_time == real_time and runner.target.schema == "replicas" and runner.target.host == "h"
+        assert isinstance(runner, EventStreamRunner) and isinstance(runner.sink, PostgresEventReplicas)
+        sink = runner.sink
+        assert sink.real_time == real_time and sink.target.schema == "replicas" and sink.target.host == "h"
+        assert (sink.executor_writes is not None) == (real_time is not None)
 
 
 def test_a_real_time_daemon_shrinks_the_python_worker_buffer_unless_the_user_set_it(tmp_path) -> None:

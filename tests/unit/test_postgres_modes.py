@@ -22,7 +22,7 @@ from lakemirror.sinks.postgres.modes import (DEFAULT_SNAPSHOT_ABOVE, change_frac
 from lakemirror.sinks.postgres.plan import ReplicaTable
 from lakemirror.sinks.postgres.protocol import MemoryReplicaSink
 from lakemirror.sources.catalog import CDF_PROPERTY, TableInfo
-from lakemirror.supervisor.pg_cycles import PostgresCycle
+from lakemirror.sinks.postgres.cycles import PostgresCycle
 from lakemirror.supervisor.scheduler import DailyAt, Every
 from lakemirror.tables import TableLocation
 
@@ -359,7 +359,7 @@ def test_real_time_mode_refuses_to_start_on_more_partitions_than_the_budget_coun
                    "destination: {kind: postgres, host: h, database: d, user: u, max_connections: 4}\n")
     ctx = DaemonContext(load_settings(cfg)).replace(spark=object(), metrics=Metrics("main", CollectorRegistry()))
     runner = ctx.event_source_supervisor._factory("events:events")
-    assert runner.real_time.tasks == 2 and runner.target.pool_connections == 2
+    assert runner.sink.real_time.tasks == 2 and runner.sink.target.pool_connections == 2
     runner.source = MemoryEventSource("kafka", offsets=StaticOffsets({("t", 0): 5, ("t", 1): 5, ("t", 2): 5}))
     runner._launch()
     [failed] = runner.poll()
@@ -426,8 +426,8 @@ def test_real_time_mode_without_tasks_counts_the_partitions_at_start_against_the
         return r
 
     fits = runner(4, 3)
-    assert fits.real_time.tasks is None and fits.target.pool_connections == 1
-    fits._check_partitions(fits.real_time)  # 3 tasks + the daemon's 1 = 4: fits
+    assert fits.sink.real_time.tasks is None and fits.sink.target.pool_connections == 1
+    fits.sink.executor_writes.check_partitions(fits.source)  # 3 tasks + the daemon's 1 = 4: fits
     over = runner(4, 4)
     over._launch()
     [failed] = over.poll()

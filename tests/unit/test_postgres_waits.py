@@ -109,7 +109,7 @@ def test_each_change_of_a_wait_is_reported_once_and_its_end_too():
 
 
 def test_a_real_time_query_whose_batches_stop_finishing_is_held_and_says_by_what():
-    from lakemirror.supervisor.real_time_stall import CODE_STALLED, RealTimeStall
+    from lakemirror.sinks.postgres.real_time_stall import CODE_STALLED, RealTimeStall
 
     clock = Clock()
     said: list[tuple[str | None, LockWait | None]] = [("cannot reach the server postgres://u@h:1/d (schema s) "

@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from lakemirror.supervisor.event_postgres import MIN_BATCH_DURATION_CONF, PostgresEventStreamRunner, duration_ms
+from lakemirror.sinks.postgres.real_time import MIN_BATCH_DURATION_CONF, allow_batch_duration, duration_ms
 
 
 def test_spark_duration_strings_read_in_milliseconds() -> None:
@@ -27,7 +27,7 @@ class Conf:
 
 def allowed(interval: float, **values: str) -> str | None:
     conf = Conf(**values)
-    PostgresEventStreamRunner._allow_batch_duration(SimpleNamespace(spark=SimpleNamespace(conf=conf)), interval)  # type: ignore[arg-type]
+    allow_batch_duration(SimpleNamespace(conf=conf), interval)  # type: ignore[arg-type]
     return conf.values.get(MIN_BATCH_DURATION_CONF)
 
 

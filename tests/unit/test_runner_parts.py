@@ -200,19 +200,20 @@ def test_schema_evolution_is_planned_without_spark() -> None:
 def test_a_replayed_batch_is_logged_as_the_path_that_found_it_written(caplog: pytest.LogCaptureFixture) -> None:
     """A PostgreSQL replica's replay is found by its progress row: the log must not say Delta."""
     from lakemirror.sinks.memory import ApplyCounts
-    from lakemirror.sinks.postgres.spark_batches import WRITE_POSTGRES
+    from lakemirror.sinks.postgres.spark_batches import REPLAY_NOTE, WRITE_POSTGRES
     from lakemirror.sinks.txn import BatchStats, MergeOutcome
 
     class ReplayedSink:
-        def __init__(self, write: str) -> None:
-            self.write = write
+        def __init__(self, write: str, note: str | None = None) -> None:
+            self.write, self.note = write, note
 
         def apply(self, batch: Any, txn: TxnId, read: Any = None) -> MergeOutcome:
-            return MergeOutcome(BatchStats(3, 4, 4, None), ApplyCounts(1, 0, 0), replayed=True, write=self.write)
+            return MergeOutcome(BatchStats(3, 4, 4, None), ApplyCounts(1, 0, 0), replayed=True, write=self.write,
+                                replay_note=self.note)
 
     runner = _runner()
     caplog.set_level("INFO", logger="lakemirror.supervisor.batch_apply")
-    runner._apply_batch(ReplayedSink(WRITE_POSTGRES), TxnId("app", 5), [], 1)  # noqa: SLF001
+    runner._apply_batch(ReplayedSink(WRITE_POSTGRES, REPLAY_NOTE), TxnId("app", 5), [], 1)  # noqa: SLF001
     runner._apply_batch(ReplayedSink("spark-merge"), TxnId("app", 6), [], 1)  # noqa: SLF001
     pg, delta = [r.getMessage() for r in caplog.records if "already committed" in r.getMessage()]
     assert "progress row in PostgreSQL" in pg and "Delta" not in pg

@@ -1,9 +1,11 @@
 """Cycles of ``triggered`` and ``snapshot`` PostgreSQL replicas (:mod:`lakemirror.sinks.postgres.modes`).
 
 A table whose destination mode is not ``continuous`` has no stream. On the destination's schedule
-the daemon's sub-task service (:mod:`.subtasks`) runs one *cycle* per table through the batch
-runner (:mod:`.replicate`: retries, timeout, one audit row per attempt, status and metrics of a
-sub-task), and :class:`PostgresCycle` brings the replica up to the source's latest version ``head``:
+the daemon's sub-task service (:mod:`lakemirror.supervisor.subtasks`) runs one *cycle* per table
+through the batch runner (:mod:`lakemirror.supervisor.replicate`: retries, timeout, one audit row per
+attempt, status and metrics of a sub-task), with :class:`SparkCycles` as the operations of its
+``postgres_triggered`` and ``postgres_snapshot`` jobs, and :class:`PostgresCycle` brings the replica
+up to the source's latest version ``head``:
 
 1. key and plan as a stream's preparation makes them (:func:`~lakemirror.sources.keys.choose_key`,
    :func:`~lakemirror.sinks.merge.planner.plan_merge`);
@@ -43,9 +45,8 @@ from lakemirror.sinks.postgres.modes import CycleChoice, Mode, change_fraction, 
 from lakemirror.sinks.postgres.protocol import SinkResult
 from lakemirror.sinks.postgres.waits import ServerCalls, ServerWait
 from lakemirror.sources.catalog import Catalog, TableInfo
+from lakemirror.sources.feed_required import require_change_feed
 from lakemirror.sources.keys import choose_key
-from lakemirror.supervisor.prepare import require_change_feed
-from lakemirror.supervisor.spec import PipelineSpec, TableOptions
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -85,6 +86,39 @@ class CycleReplica(Protocol):
     def last_applied(self, epoch: int) -> int | None: ...
 
 
+class TableOptions(Protocol):
+    """A table's overrides (:class:`lakemirror.supervisor.spec.TableOptions`): empty ``keys``: infer."""
+
+    @property
+    def keys(self) -> tuple[str, ...]: ...
+    @property
+    def include_columns(self) -> tuple[str, ...]: ...
+    @property
+    def exclude_columns(self) -> tuple[str, ...]: ...
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    keys: tuple[str, ...] = ()
+    include_columns: tuple[str, ...] = ()
+    exclude_columns: tuple[str, ...] = ()
+
+
+class CycleSpec(Protocol):
+    """What the cycles read of the pipeline (:class:`lakemirror.supervisor.spec.PipelineSpec`)."""
+
+    @property
+    def pipeline_id(self) -> str: ...
+    @property
+    def checkpoint_root(self) -> str: ...
+    @property
+    def allow_schema_evolution(self) -> bool: ...
+    @property
+    def enable_change_data_feed(self) -> bool: ...
+    def source(self, table: str) -> Any: ...
+    def options_for(self, table: str) -> TableOptions: ...
+
+
 @dataclass(frozen=True)
 class CycleResult:
     """What one cycle did (the details of its audit row)."""
@@ -116,7 +150,7 @@ class PostgresCycle:
     slug: str
     label: str
     mode: Mode
-    options: TableOptions = TableOptions()
+    options: TableOptions = NoOptions()
     snapshot_above: float = 0.10
     allow_evolution: bool = True
     #: Whether a stream checkpoint exists for an epoch of this table (a stream ran in it).
@@ -224,7 +258,7 @@ class PostgresCycle:
 
 def stream_checkpoint_exists(checkpoint_root: str, pipeline_id: str, slug: str) -> Callable[[int], bool]:
     """Whether the table's stream checkpoint of an epoch exists (``checkpoint_volume`` is local)."""
-    from lakemirror.supervisor.replica_record import stream_checkpoint
+    from lakemirror.checkpoints.layout import stream_checkpoint
 
     def ran(epoch: int) -> bool:
         path = stream_checkpoint(checkpoint_root, pipeline_id, slug, epoch)
@@ -233,7 +267,7 @@ def stream_checkpoint_exists(checkpoint_root: str, pipeline_id: str, slug: str) 
 
 
 class WithPostgresCycles:
-    """Cycle operations go to ``cycles``, every other operation to ``base``."""
+    """Cycle operations (:data:`OPERATIONS`) go to ``cycles``, every other operation to ``base``."""
 
     def __init__(self, base: Operations, cycles: Operations) -> None:
         self.base = base
@@ -253,7 +287,7 @@ class SparkCycles:
     the pipeline's Postgres connections. Each attempt reads in a Spark session of its own, tagged
     with the attempt, so :meth:`cancel` (a timed-out attempt) interrupts its Spark jobs."""
 
-    def __init__(self, spark: "SparkSession", catalog: Catalog, connector: "Connector", spec: PipelineSpec,
+    def __init__(self, spark: "SparkSession", catalog: Catalog, connector: "Connector", spec: CycleSpec,
                  states: StateStore, cycle_states: StateStore, snapshot_above: float) -> None:
         self.spark = spark
         self.catalog = catalog
@@ -293,6 +327,10 @@ class SparkCycles:
                              spec.allow_schema_evolution,
                              stream_checkpoint_exists(spec.checkpoint_root, spec.pipeline_id, slug),
                              spec.enable_change_data_feed)
+
+    def around(self, base: Operations) -> Operations:
+        """``base`` with the cycle operations run here."""
+        return WithPostgresCycles(base, self)
 
     def run(self, operation: str, job: BatchJob, tag: str) -> Mapping[str, Any]:
         mode = OPERATIONS.get(operation)
