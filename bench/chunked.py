@@ -42,9 +42,9 @@ from deltalake import DeltaTable, write_deltalake
 from bench.retention import WriterLog, catch_ups, summarize
 from bench.systems import LakemirrorDaemon
 from bench.workload import CDF, same_rows, table_path
+from lakemirror.delta_log.layout import LOG_DIR, commit_file_name
 from lakemirror.sources.chunks import DEFAULT_CHUNK_BYTES
 from lakemirror.sources.retention import DELETED_FILE_RETENTION
-from lakemirror.tables import LOG_DIR, commit_file_name
 
 _COMMITTED = re.compile(r"bootstrap chunk (\d+) committed")
 _PINNED = "table src.bench.{table}: bootstrapping from source version "

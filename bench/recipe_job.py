@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol
 
 from bench.measure import Apply
-from lakemirror.sources.feed_range import SourceOffset, applied_through_from_offset, version_shape
+from lakemirror.delta_log.layout import LOG_DIR, commit_file_name
+from lakemirror.delta_log.stream_offsets import SourceOffset, applied_through_from_offset, version_shape
 
 COMMIT_FILE = re.compile(r"(\d{20})\.json$")
 
@@ -148,7 +149,7 @@ class TableProgress:
 
     def version_files(self, version: int) -> int | None:
         if version not in self._version_files:
-            raw = self.store.read(f"{self.source_key}/_delta_log/{version:020d}.json")
+            raw = self.store.read(f"{self.source_key}/{LOG_DIR}/{commit_file_name(version)}")
             self._version_files[version] = None if raw is None else version_shape(
                 json.loads(line) for line in raw.decode().splitlines() if line.strip()).files
         return self._version_files[version]
@@ -195,7 +196,7 @@ class TableProgress:
 
     def applies(self) -> list[Apply]:
         """Each replica commit of a batch, at its commit time, with the source version it reached."""
-        for key in self.store.keys(f"{self.replica_key}/_delta_log/"):
+        for key in self.store.keys(f"{self.replica_key}/{LOG_DIR}/"):
             match = COMMIT_FILE.search(key)
             if match and int(match.group(1)) not in self._replica_commits:
                 raw = self.store.read(key)

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.retention import HotKeys, StepSizes, plan_step
+from lakemirror.delta_log.layout import LOG_DIR
 
 RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
 #: How many tasks VACUUM's listing of the table's folders is split into. Spark's default (10,000,
@@ -50,7 +51,7 @@ LISTING_PARALLELISM = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
 def latest_version(path: Path) -> int:
     """The table's latest version, from its log's file names (this writer is the source's only
     writer; a listing costs no Spark job)."""
-    return max(int(p.name.split(".")[0]) for p in (path / "_delta_log").glob("*.json"))
+    return max(int(p.name.split(".")[0]) for p in (path / LOG_DIR).glob("*.json"))
 
 
 def merge_step(spark: Any, path: Path, changes: list[tuple[int, str]], stamp: int, hot_ranges: str) -> None:
@@ -174,8 +175,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.rows <= 0 or args.hot <= 0:
         parser.error("--rows and --hot must be > 0")
-    if not (Path(args.source) / "_delta_log").is_dir():
-        parser.error(f"{args.source} is not a Delta table (no _delta_log): write the source first")
+    if not (Path(args.source) / LOG_DIR).is_dir():
+        parser.error(f"{args.source} is not a Delta table (no {LOG_DIR}): write the source first")
     return run(args)
 
 

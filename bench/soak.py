@@ -24,6 +24,7 @@ from typing import Any, Iterable, Sequence
 
 from bench.big import process_tree_mib
 from bench.production import BUCKET, ROWS, S3Server, S3Site
+from lakemirror.delta_log.layout import LOG_DIR
 
 #: The soak's goals: the last window's median batch at most this times the first's, and each
 #: process kind's median RSS within this fraction of the first window's.
@@ -48,7 +49,7 @@ def table_storage(store: Any, key: str, active_files: int | None) -> dict[str, A
     data = data_bytes = log = log_bytes = checkpoints = 0
     for obj in store.objects(f"{key}/"):
         name, size = obj
-        if f"{key}/_delta_log/" in name:
+        if f"{key}/{LOG_DIR}/" in name:
             log += 1
             log_bytes += size
             checkpoints += ".checkpoint" in name

@@ -29,6 +29,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from bench.measure import Apply
 from bench.workload import SourceTable
+from lakemirror.delta_log.layout import LOG_DIR
 
 RANK = {"delete": 1, "insert": 2, "update_postimage": 2}
 
@@ -189,7 +190,7 @@ class LakemirrorDaemon:
     def commit_files(self, table: str) -> list[tuple[float, str]]:
         """The replica's commit files, oldest first: (the time the file appeared, its text)."""
         return [(commit.stat().st_mtime, commit.read_text())
-                for commit in sorted((self.replica_path(table) / "_delta_log").glob("*.json"))]
+                for commit in sorted((self.replica_path(table) / LOG_DIR).glob("*.json"))]
 
     def applies(self, table: str) -> list[Apply]:
         """The replica's MERGE commits (file time) mapped to the source version each batch reached."""

@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING, Mapping
 from lakemirror import tables
 from lakemirror.checkpoints.group_commit import GroupCommit
 from lakemirror.checkpoints.records import CHECKPOINT_DDL, CheckpointRow
+from lakemirror.delta_log.layout import LOG_DIR, has_commits
+from lakemirror.delta_log.protocol import delta_rs_can_write
 from lakemirror.object_store import delta_rs_storage_options, delta_rs_target, delta_rs_uri, is_s3a
-from lakemirror.tables import TableLocation, delta_rs_can_write, has_own_jvm, is_local_path, own_session
+from lakemirror.tables import TableLocation, has_own_jvm, is_local_path, own_session
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     import pyarrow as pa
     from pyspark.sql import SparkSession
 
@@ -48,13 +48,6 @@ def arrow_rows(rows: list[CheckpointRow]) -> "pa.Table":
                   "BOOLEAN": pa.bool_(), "TIMESTAMP": pa.timestamp("us", tz="UTC")}
     schema = pa.schema([(col, arrow_type[kind]) for col, kind in (c.split() for c in CHECKPOINT_DDL.split(", "))])
     return pa.Table.from_pylist([r.as_dict() for r in rows], schema=schema)
-
-
-def _has_commits(folder: "Path") -> bool:
-    """Whether the local Delta table at ``folder`` has a log: its first commit, or a checkpoint
-    (which log cleanup leaves once the first commits are gone)."""
-    log_dir = folder / tables.LOG_DIR
-    return (log_dir / tables.commit_file_name(0)).is_file() or (log_dir / "_last_checkpoint").is_file()
 
 
 class DeltaCheckpointStore:
@@ -99,16 +92,16 @@ class DeltaCheckpointStore:
             return False
         folder = tables.local_dir(path)
         assert folder is not None  # a local path
-        if _has_commits(folder):
+        if has_commits(folder):
             return True
-        if (folder / tables.LOG_DIR).exists() or importlib.util.find_spec("deltalake") is None:
+        if (folder / LOG_DIR).exists() or importlib.util.find_spec("deltalake") is None:
             return False  # a log without its first commit or a checkpoint: Spark reads what it holds
         from deltalake import write_deltalake
 
         try:
             write_deltalake(str(folder), arrow_rows([]), mode="append")
         except Exception:  # a concurrent creator won the race: fine if the table now exists
-            if not _has_commits(folder):
+            if not has_commits(folder):
                 raise
         return True
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from lakemirror.delta_log.layout import LOG_DIR
 from lakemirror.identifiers import TableName, quote
 from lakemirror.sql_exec import run_sql
 
@@ -155,15 +156,6 @@ def tagged_commits(spark: "SparkSession", loc: TableLocation, user_metadata: str
     return history(spark, loc).where(f"userMetadata = '{quoted}'").select("userMetadata", *columns).collect()
 
 
-#: A Delta table's log directory, under the table's root.
-LOG_DIR = "_delta_log"
-
-
-def commit_file_name(version: int) -> str:
-    """The name of version ``version``'s commit file in a Delta log (``00000000000000000007.json``)."""
-    return f"{version:020d}.json"
-
-
 def is_local_path(location: str) -> bool:
     """Whether ``location`` is on the driver's own file system (a plain path or ``file:``)."""
     from urllib.parse import urlparse
@@ -186,35 +178,3 @@ def is_local_table(location: str) -> bool:
     """Whether a Delta table's location is a directory this (the driver's) process can see."""
     path = local_dir(location)
     return path is not None and (path / LOG_DIR).is_dir()
-
-
-#: Protocol features a delta-rs (1.6) write handles correctly; a table with any other stays with Spark.
-DELTA_RS_WRITER_FEATURES = frozenset({"appendOnly", "invariants", "checkConstraints", "timestampNtz"})
-#: Protocol features a replica may list and still be applied to by the driver's deletion vectors
-#: (:mod:`lakemirror.sinks.accelerator.dv_merge`, which refuses a table that turns on what it does not honour:
-#: append-only, constraints, invariants, a change data feed).
-DV_WRITER_FEATURES = DELTA_RS_WRITER_FEATURES | {"deletionVectors", "changeDataFeed"}
-
-
-def delta_rs_can_write(path: str, storage_options: "dict[str, str] | None" = None) -> bool:
-    """Whether delta-rs is installed and writes the Delta table at ``path`` correctly: a local
-    path, or with ``storage_options`` a delta-rs URI such as ``s3://…``
-    (:func:`lakemirror.object_store.delta_rs_target`)."""
-    import importlib.util
-
-    if importlib.util.find_spec("deltalake") is None:
-        return False
-    from deltalake import DeltaTable
-
-    if not storage_options:
-        if not is_local_table(path):
-            return False
-        protocol = DeltaTable(path).protocol()
-    else:
-        try:
-            protocol = DeltaTable(path, storage_options=storage_options).protocol()
-        except Exception:  # noqa: BLE001 (no table there, or delta-rs cannot reach it: Spark writes)
-            return False
-    if protocol.min_writer_version < 7:
-        return protocol.min_writer_version <= 3  # 4 and up: change data feed, generated columns, column mapping
-    return set(protocol.writer_features or ()) <= DELTA_RS_WRITER_FEATURES

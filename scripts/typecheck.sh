@@ -5,10 +5,11 @@
 # links laid out as the installed namespace (build/typecheck/lakemirror/...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PACKAGES=${TYPECHECK_PACKAGES:-"lakemirror.daemon lakemirror.supervisor lakemirror.sinks lakemirror.sources lakemirror.checkpoints lakemirror.tools"}
+PACKAGES=${TYPECHECK_PACKAGES:-"lakemirror.delta_log lakemirror.daemon lakemirror.supervisor lakemirror.sinks lakemirror.sources lakemirror.checkpoints lakemirror.tools"}
 tree=build/typecheck
 rm -rf "$tree" && mkdir -p "$tree/lakemirror"
 for entry in lakemirror/*.py; do ln -s "$PWD/$entry" "$tree/lakemirror/"; done
+for entry in lakemirror/*/__init__.py; do ln -s "$PWD/$(dirname "$entry")" "$tree/lakemirror/"; done
 for layer in daemon supervisor sources sinks checkpoints tools; do ln -s "$PWD/$layer" "$tree/lakemirror/$layer"; done
 args=()
 for p in $PACKAGES; do args+=(-p "$p"); done

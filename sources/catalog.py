@@ -22,13 +22,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Protocol, Sequence
 
 from lakemirror import tables
+from lakemirror.delta_log.layout import LOG_DIR
 from lakemirror.errors import TerminalError
 from lakemirror.identifiers import TableName, quote, sql_string
 from lakemirror.schema import Column, columns_from_struct
 from lakemirror.sources.keys import PRIMARY_KEY_PROPERTY, parse_declared
 from lakemirror.sources.streaming_tables import SqlRunner, resolve_backing_table
-from lakemirror.tables import LOG_DIR, TableLocation
 from lakemirror.sql_exec import run_sql
+from lakemirror.tables import TableLocation
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, TypeVar
 from lakemirror.sources.change_event import DELETE, STREAM, UPSERT, ChangeEvent, Position
 
 if TYPE_CHECKING:
+    from lakemirror.delta_log.commit_times import CommitLog
+    from lakemirror.identifiers import TableName
     from lakemirror.sources.catalog import TableInfo
     from lakemirror.sources.change_feed import SourceHead
-    from lakemirror.sources.commit_log import CommitLog
-    from lakemirror.identifiers import TableName
     from lakemirror.tables import TableLocation
 
 Frame = TypeVar("Frame")

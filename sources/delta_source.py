@@ -1,7 +1,7 @@
 """A Delta table's Change Data Feed as a :class:`~lakemirror.sources.contract.ChangeSource`, read by Spark.
 
 Thin: each method is one call into :mod:`lakemirror.sources.change_feed`,
-:mod:`lakemirror.sources.catalog` or :mod:`lakemirror.sources.commit_log`; this class only binds
+:mod:`lakemirror.sources.catalog` or :mod:`lakemirror.delta_log.commit_times`; this class only binds
 the session, the catalog and the table's name. Positions are commit versions.
 """
 
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
+from lakemirror.delta_log.commit_times import CommitLog, commit_log_for
 from lakemirror.identifiers import TableName
 from lakemirror.sources import change_feed
 from lakemirror.sources.catalog import Catalog, TableInfo, enable_change_feed_sql, table_id
 from lakemirror.sources.change_feed import SourceHead
-from lakemirror.sources.commit_log import CommitLog, commit_log_for
 from lakemirror.sql_exec import run_sql
 from lakemirror.tables import TableLocation
 

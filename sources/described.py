@@ -17,56 +17,27 @@ file, and a later launch reuses it while (:func:`stale` says why not):
 
 A description read while a commit landed is kept under the version before it, so whatever that
 commit changed makes the next launch describe the table afresh. Only tables whose commit files the
-driver reads itself are kept (a path on its file system, :class:`LocalCommitFiles`): a table known
-by name may have a declared key outside its log (a Unity Catalog constraint).
+driver reads itself are kept (a path on its file system,
+:class:`~lakemirror.delta_log.commit_files.LocalCommitFiles`): a table known by name may have a
+declared key outside its log (a Unity Catalog constraint).
 
-Pure but for :class:`LocalCommitFiles`, which reads a local table's ``_delta_log``.
+Pure: the commit files are read by the caller (:mod:`lakemirror.delta_log.commit_files`).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import re
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping
 
+from lakemirror.delta_log.commit_files import changes_metadata, digest
 from lakemirror.schema import Column
 from lakemirror.sources.catalog import TableInfo
-from lakemirror.tables import LOG_DIR, TableLocation, commit_file_name, is_local_table, local_dir
+from lakemirror.tables import TableLocation
 
 #: The most commits read past the kept version before the table is described afresh instead.
 MAX_COMMITS = 1_000
 #: The format of a kept description (a file of another format is ignored: the table is described).
 FORMAT = 1
-
-_COMMIT_FILE = re.compile(r"^(\d{20})\.json$")
-_METADATA_ACTIONS = ('"metaData"', '"protocol"')
-
-
-def digest(commit: bytes) -> str:
-    """The digest of a commit file's bytes."""
-    return hashlib.sha256(commit).hexdigest()
-
-
-def changes_metadata(commit: bytes) -> bool:
-    """Whether a commit file carries a ``metaData`` or ``protocol`` action (one JSON action a line).
-    An unreadable commit counts as a change: the table is then described afresh."""
-    try:
-        text = commit.decode("utf-8")
-    except UnicodeDecodeError:
-        return True
-    for line in text.splitlines():
-        if not line.strip() or not any(name in line for name in _METADATA_ACTIONS):
-            continue
-        try:
-            action = json.loads(line)
-        except ValueError:
-            return True
-        if not isinstance(action, dict) or "metaData" in action or "protocol" in action:
-            return True
-    return False
 
 
 @dataclass(frozen=True)
@@ -124,56 +95,3 @@ def stale(kept: Described, read: Callable[[int], bytes | None], max_commits: int
         if changes_metadata(commit):
             return f"version {version} changes the table's metadata or protocol"
     return f"more than {max_commits} commits since version {kept.version}"
-
-
-class CommitFiles(Protocol):
-    """A table's commit files, read one version at a time."""
-
-    def read(self, version: int) -> bytes | None:
-        """The commit file of ``version``; None when there is none."""
-        ...
-
-    def newest(self) -> int | None:
-        """The newest version with a commit file; None when the log has none."""
-        ...
-
-
-class LocalCommitFiles:
-    """The commit files of a table on the driver's own file system."""
-
-    def __init__(self, log_dir: Path) -> None:
-        self.log_dir = log_dir
-
-    @classmethod
-    def for_table(cls, location: TableLocation) -> "LocalCommitFiles | None":
-        """None unless ``location`` is a path-based table whose log this process can read."""
-        if location.path is None or not is_local_table(location.path):
-            return None
-        folder = local_dir(location.path)
-        assert folder is not None  # a local table's location is a local directory
-        return cls(folder / LOG_DIR)
-
-    def read(self, version: int) -> bytes | None:
-        try:
-            return (self.log_dir / commit_file_name(version)).read_bytes()
-        except FileNotFoundError:
-            return None
-
-    def newest(self) -> int | None:
-        versions = [int(m.group(1)) for entry in self.log_dir.iterdir() if (m := _COMMIT_FILE.match(entry.name))]
-        return max(versions) if versions else None
-
-
-class MemoryCommitFiles:
-    """The twin: commit files as bytes by version (a test writes, drops or rewrites them)."""
-
-    def __init__(self, commits: Mapping[int, bytes] | None = None) -> None:
-        self.commits: dict[int, bytes] = dict(commits or {})
-        self.reads = 0
-
-    def read(self, version: int) -> bytes | None:
-        self.reads += 1
-        return self.commits.get(version)
-
-    def newest(self) -> int | None:
-        return max(self.commits) if self.commits else None

@@ -2,13 +2,14 @@
 
 Spark's read of a batch and its transfer to Python cost the driver path most of a large batch's
 time, where delta-rs's ``load_cdf`` reads the same change data straight into Arrow (``make bench
-ONLY=catch_up`` drains a backlog of large batches). When the stream's offsets show that a batch holds whole versions (:mod:`lakemirror.sources.feed_range`),
-the same rows can be read here instead: the change data of those versions, which delta-rs reads
-from the same files as Spark (``cdc`` files, or the added and removed files of a commit without
-them).
+ONLY=catch_up`` drains a backlog of large batches). When the stream's offsets show that a batch
+holds whole versions (:mod:`lakemirror.delta_log.stream_offsets`), the same rows can be read here
+instead: the change data of those versions, which delta-rs reads from the same files as Spark
+(``cdc`` files, or the added and removed files of a commit without them).
 
-Only a source delta-rs reads as Spark does: no column mapping (its files name columns by physical
-ids), and reader features among :data:`READABLE_FEATURES`; on the driver's file system, or in S3
+Only a source delta-rs reads as Spark does (:func:`lakemirror.delta_log.protocol.readable_by_delta_rs`):
+no column mapping (its files name columns by physical ids), and reader features among
+:data:`~lakemirror.delta_log.protocol.READABLE_FEATURES`; on the driver's file system, or in S3
 through the storage options derived from the session's s3a settings. Anything else, and any error,
 leaves the batch to Spark's read: this path may make a batch faster, never different.
 
@@ -23,7 +24,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Sequence
 
-from lakemirror.sources.feed_range import VersionRange
+from lakemirror.delta_log.protocol import readable_by_delta_rs
+from lakemirror.delta_log.stream_offsets import VersionRange
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -31,9 +33,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CHANGE_TYPE, COMMIT_VERSION, COMMIT_TIMESTAMP = "_change_type", "_commit_version", "_commit_timestamp"
-
-#: Reader features whose change data delta-rs (1.6) reads as Spark does.
-READABLE_FEATURES = frozenset({"deletionVectors", "timestampNtz"})
 
 
 def _sql_name(name: str) -> str:
@@ -47,20 +46,6 @@ class FeedTooLarge(Exception):
 
 class FeedUnfit(Exception):
     """delta-rs's change feed of this source may differ from Spark's (the message says why)."""
-
-
-def readable_by_delta_rs(table: Any) -> str | None:
-    """Why delta-rs's change feed of ``table`` (a delta-rs ``DeltaTable``) may differ from Spark's;
-    None when it does not."""
-    protocol = table.protocol()
-    mapping = (table.metadata().configuration or {}).get("delta.columnMapping.mode", "none")
-    if mapping != "none":
-        return f"the source uses column mapping ({mapping})"
-    if protocol.min_reader_version >= 3:
-        odd = set(protocol.reader_features or ()) - READABLE_FEATURES
-        if odd:
-            return f"the source has reader features delta-rs is not trusted with ({', '.join(sorted(odd))})"
-    return None
 
 
 class DriverFeed:

@@ -11,7 +11,7 @@ next batch is planned here, from the offsets Spark (or the daemon) logged for th
   the source's latest, if there are at most ``window`` of them and each is *plain* (a whole version
   whose change rows delta-rs reads as Spark does: no metadata or protocol change, so no schema
   change in the range; no deletion vectors without change files; no MERGE that changed no row;
-  :func:`lakemirror.sources.feed_range.version_shape`);
+  :func:`lakemirror.delta_log.stream_offsets.version_shape`);
 - a batch logged and never committed (a stop between its offsets and its commit) is re-run with the
   same offsets, if they cover whole plain versions.
 
@@ -19,7 +19,8 @@ Anything else is planned by Spark (:attr:`FeedPlan.spark` says why): the epoch's
 starts the checkpoint), a previous batch that ended inside a version (a rate limit), a range of more
 than ``window`` versions (a backlog: Spark splits it by its admission limits), a commit that is not
 plain, or a source whose table id is not the one the offsets name. The end offset of a planned batch
-is Delta's own (``reservoirVersion`` one past the last version, index -1: before its first file), so
+is Delta's own (:func:`~lakemirror.delta_log.stream_offsets.end_offset`: ``reservoirVersion`` one
+past the last version, index -1: before its first file), so
 Spark's next plan continues from it; the batch id, and so the Delta transaction id, is the next of
 the query's, as Spark's would be.
 """
@@ -29,10 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from lakemirror.sources.feed_range import (BASE_INDEX, SourceOffset, VersionRange, VersionShape, batch_versions)
-
-#: The source offset format Delta's streaming source writes for a plain index (``DeltaSourceOffset``).
-SOURCE_OFFSET_VERSION = 1
+from lakemirror.delta_log.stream_offsets import (BASE_INDEX, SourceOffset, VersionRange, VersionShape, batch_versions,
+                                                 end_offset)
 
 
 @dataclass(frozen=True)
@@ -56,12 +55,6 @@ class FeedPlan:
 
     batch: FeedBatch | None = None
     spark: str | None = None
-
-
-def end_offset(table_id: str, last_version: int) -> dict[str, Any]:
-    """Delta's streaming source offset after every file of ``last_version``: before the next version."""
-    return {"sourceVersion": SOURCE_OFFSET_VERSION, "reservoirId": table_id, "reservoirVersion": last_version + 1,
-            "index": BASE_INDEX, "isStartingVersion": False}
 
 
 def plan_feed_batch(*, latest_offsets: int | None, latest_commit: int | None,

@@ -15,7 +15,8 @@ from typing import Any
 from lakemirror.checkpoints.descriptions import DescriptionStore
 from lakemirror.sources.catalog import TableInfo
 from lakemirror.sources.contract import ChangeSource
-from lakemirror.sources.described import CommitFiles, Described, stale
+from lakemirror.delta_log.commit_files import CommitFiles
+from lakemirror.sources.described import Described, stale
 from lakemirror.tables import TableLocation
 
 log = logging.getLogger(__name__)

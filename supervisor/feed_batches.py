@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from lakemirror.checkpoints.stream_log import MIN_BATCHES_TO_RETAIN, StreamLog
+from lakemirror.delta_log.commit_files import StoreCommitActions
+from lakemirror.delta_log.stream_offsets import VersionRange
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.txn import READ_BY_DELTA_RS, WRITE_DELTA_RS, BatchStats, MergeOutcome, TxnId
 from lakemirror.sources.driver_feed import DriverFeed, FeedTooLarge, FeedUnfit
 from lakemirror.sources.feed_plan import plan_feed_batch
-from lakemirror.sources.feed_range import VersionRange
-from lakemirror.sources.log_reader import StoreCommitActions
 from lakemirror.supervisor.batch_apply import BatchApply, HandOver
 from lakemirror.supervisor.table_live import TableLive
 from lakemirror.supervisor.turns import ONE_BATCH_VERSIONS

@@ -1,7 +1,7 @@
 """One table's lag probe: reads the source's head and prices the applied version (:mod:`.lag`).
 
 The head comes from the source's commit files where they can be read directly (no Spark job;
-:func:`~lakemirror.sources.commit_log.probe_head`, with commit times cached across probes), else
+:func:`~lakemirror.sources.head_probe.probe_head`, with commit times cached across probes), else
 from the source's history (:meth:`~lakemirror.sources.contract.ChangeSource.head`). The probe
 also prices the change window left (:mod:`lakemirror.sources.retention`) and warns once each time
 it runs low.
@@ -14,7 +14,8 @@ from dataclasses import replace
 from typing import Any
 
 from lakemirror.sources.change_feed import SourceHead
-from lakemirror.sources.commit_log import CommitLog, probe_head
+from lakemirror.delta_log.commit_times import CommitLog
+from lakemirror.sources.head_probe import probe_head
 from lakemirror.sources.contract import ChangeSource
 from lakemirror.sources.retention import RetentionWindow, headroom_seconds
 from lakemirror.supervisor.lag import LagReading, compute_lag

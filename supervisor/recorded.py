@@ -13,7 +13,6 @@ stopped, caught-up table has no lag, however long ago it stopped.
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -21,17 +20,16 @@ from urllib.parse import unquote
 
 from lakemirror.checkpoints.offline import TableSummary, known_slugs
 from lakemirror.checkpoints.state import StateStore
+from lakemirror.delta_log.commit_times import LocalCommitLog
+from lakemirror.delta_log.layout import LOG_DIR, newest_commit
 from lakemirror.identifiers import TableName
 from lakemirror.sinks.txn import txn_app_id
-from lakemirror.sources.commit_log import LocalCommitLog
 from lakemirror.supervisor import replica_record
 from lakemirror.supervisor.lag import LagReading
 from lakemirror.supervisor.spec import PipelineSpec
-from lakemirror.tables import LOG_DIR, TableLocation, local_dir
+from lakemirror.tables import TableLocation, local_dir
 
 log = logging.getLogger(__name__)
-
-_COMMIT_FILE = re.compile(r"^(\d{20})\.json$")
 
 
 @dataclass(frozen=True)
@@ -78,15 +76,6 @@ def table_of_slug(slug: str) -> str | None:
     return unquote(parts[2]) if len(parts) == 3 else None
 
 
-def latest_commit(log: Path) -> int | None:
-    """The newest version with a commit file in ``log`` (a ``_delta_log`` folder)."""
-    try:
-        versions = [int(m.group(1)) for p in log.iterdir() if (m := _COMMIT_FILE.match(p.name))]
-    except OSError:
-        return None
-    return max(versions) if versions else None
-
-
 def source_position(loc: TableLocation, applied_through: int | None) -> tuple[int | None, float | None]:
     """The source's newest version, and the commit time of the oldest version after
     ``applied_through`` (the oldest still in the log when that one was cleaned up)."""
@@ -94,7 +83,7 @@ def source_position(loc: TableLocation, applied_through: int | None) -> tuple[in
     folder = local_dir(loc.path) if loc.path is not None else None
     if commits is None or folder is None:
         return None, None
-    latest = latest_commit(folder / LOG_DIR)
+    latest = newest_commit(folder / LOG_DIR)
     if latest is None or applied_through is None or latest <= applied_through:
         return latest, None
     for version in range(applied_through + 1, latest + 1):

@@ -5,7 +5,7 @@ table's app id of the epoch, and the batch id as its version). The replica's log
 which batch of the current epoch was applied last, even when the daemon died before Spark
 committed that batch to its stream checkpoint. The stream checkpoint's ``offsets/<batch>`` file
 says which source versions that batch covered: every version below its end offset's
-``reservoirVersion`` (:func:`lakemirror.sources.feed_range.applied_through_from_offset`). Together
+``reservoirVersion`` (:func:`lakemirror.delta_log.stream_offsets.applied_through_from_offset`). Together
 they give the last source version the replica holds, which is what a table reports as applied from
 the moment the daemon starts, whatever its state, instead of its epoch's bootstrap version.
 
@@ -21,7 +21,6 @@ version from its stream.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -29,11 +28,11 @@ from typing import Any, Mapping
 from lakemirror.checkpoints import layout
 from lakemirror.checkpoints import stream_dir
 from lakemirror.checkpoints.state import TableProgress
+from lakemirror.delta_log.commit_files import LocalCommitActions, StoreCommitActions
+from lakemirror.delta_log.stream_offsets import (applied_through_from_offset, reservoir_version,
+                                                 touched_through_from_offset)
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.txn import BatchStats, MergeOutcome, txn_app_id
-from lakemirror.sources.feed_range import applied_through_from_offset
-from lakemirror.sources.feed_range import LocalCommitActions
-from lakemirror.sources.log_reader import StoreCommitActions
 from lakemirror.tables import is_local_table, local_dir
 
 log = logging.getLogger(__name__)
@@ -92,9 +91,8 @@ def applied_through_after_batch(checkpoint: str, batch_id: int, source_path: str
         offset = stream_dir.source_offset((folder / "offsets" / str(batch_id)).read_text(encoding="utf-8"))
         files = None
         source_dir = local_dir(source_path) if source_path is not None and is_local_table(source_path) else None
-        parsed = json.loads(offset) if offset is not None else None
-        if isinstance(parsed, dict) and "reservoirVersion" in parsed:
-            version = int(parsed["reservoirVersion"])
+        version = reservoir_version(offset)
+        if version is not None:
             shape = (LocalCommitActions(str(source_dir)).shape(version) if source_dir is not None else
                      StoreCommitActions(*source_target).shape(version) if source_target is not None else None)
             files = shape.files if shape is not None else None
@@ -109,7 +107,7 @@ def touched_through(checkpoint: str) -> int | None:
     limit split it: some of its changes are applied), else the version before it. None when the
     checkpoint is not on the driver's file system or holds no committed batch.
 
-    :func:`~lakemirror.sources.feed_range.applied_through_from_offset` answers the version fully
+    :func:`~lakemirror.delta_log.stream_offsets.applied_through_from_offset` answers the version fully
     applied, for lag; a dead letter's replay needs this one, so as never to write a key's state
     older than a change the replica already holds."""
     folder = local_dir(checkpoint)
@@ -120,11 +118,7 @@ def touched_through(checkpoint: str) -> int | None:
         if not done:
             return None
         offset = stream_dir.source_offset((folder / "offsets" / str(max(done))).read_text(encoding="utf-8"))
-        parsed = json.loads(offset) if offset is not None else None
-        if not isinstance(parsed, dict) or "reservoirVersion" not in parsed:
-            return None
-        version = int(parsed["reservoirVersion"])
-        return version if int(parsed.get("index", -1)) >= 0 else version - 1
+        return touched_through_from_offset(offset)
     except (OSError, UnicodeDecodeError, ValueError, TypeError):
         return None
 

@@ -42,6 +42,8 @@ from lakemirror.checkpoints.descriptions import DescriptionStore, FileDescriptio
 from lakemirror.checkpoints.records import CheckpointStore
 from lakemirror.checkpoints.round_rows import RoundRows
 from lakemirror.checkpoints.state import StateStore, TableProgress
+from lakemirror.delta_log.commit_files import LocalCommitFiles
+from lakemirror.delta_log.stream_offsets import applied_through_from_offset
 from lakemirror.errors import LakemirrorError
 from lakemirror.sinks.accelerator.batch_feed import BatchFeed
 from lakemirror.sinks.batch.bootstrap_plan import BootstrapProgress
@@ -52,8 +54,6 @@ from lakemirror.sinks.waits import LockWait, ServerWait
 from lakemirror.sinks.merge.feed_replay import ReplayTarget
 from lakemirror.sources.catalog import Catalog
 from lakemirror.sources.contract import TableChangeSource
-from lakemirror.sources.described import LocalCommitFiles
-from lakemirror.sources.feed_range import applied_through_from_offset
 from lakemirror.supervisor import replica_record
 from lakemirror.supervisor import state as sm
 from lakemirror.supervisor.batch_apply import BatchApply, Drained, RowWriter

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Callable
 
 from lakemirror.errors import LakemirrorError
 from lakemirror.sinks.merge.connect_batches import server_batch_cause
-from lakemirror.sources.commit_log import CommitLog
+from lakemirror.delta_log.commit_times import CommitLog
 from lakemirror.supervisor import state as sm
 from lakemirror.supervisor import turns
 from lakemirror.supervisor.batch_apply import Drained

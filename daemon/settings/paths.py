@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from lakemirror.daemon.settings.limits import MAX_PATH_CHARS
-from lakemirror.tables import LOG_DIR
+from lakemirror.delta_log.layout import LOG_DIR
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 

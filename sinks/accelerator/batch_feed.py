@@ -2,7 +2,7 @@
 
 A table's query plans each batch between two offsets it writes to its checkpoint before calling
 the batch function. :class:`BatchFeed` turns those into the source versions the batch holds
-(:func:`lakemirror.sources.feed_range.batch_versions`) and reads their change rows with delta-rs
+(:func:`lakemirror.delta_log.stream_offsets.batch_versions`) and reads their change rows with delta-rs
 (:class:`lakemirror.sources.driver_feed.DriverFeed`), from a source on the driver's file system or
 in S3 (through the session's s3a settings). Where that cannot be told exactly (a version a rate
 limit split, a commit delta-rs might read differently, a checkpoint off the driver's file system),
@@ -16,10 +16,10 @@ import logging
 from typing import TYPE_CHECKING, Sequence
 
 from lakemirror.checkpoints import stream_dir
+from lakemirror.delta_log.commit_files import commit_actions_for
+from lakemirror.delta_log.stream_offsets import SourceOffset, batch_versions
 from lakemirror.sinks.accelerator.driver_apply import ChangeReader
 from lakemirror.sources.driver_feed import DriverFeed, FeedTooLarge, FeedUnfit
-from lakemirror.sources.feed_range import SourceOffset, batch_versions
-from lakemirror.sources.log_reader import commit_actions_for
 from lakemirror.tables import TableLocation, is_local_path, is_local_table, local_dir
 
 if TYPE_CHECKING:

@@ -18,8 +18,8 @@ from typing import Any, Sequence
 
 import pyarrow as pa
 
-from lakemirror.sinks.accelerator.replica_files import arrow_schema, live_rows, write_rows
-from lakemirror.sinks.accelerator.replica_log import LogSnapshot, checkpoint_if_due, file_stats, remove_action, write_commit
+from lakemirror.delta_log.data_files import arrow_schema, live_rows, write_rows
+from lakemirror.delta_log.local_log import LogSnapshot, checkpoint_if_due, file_stats, remove_action, write_commit
 
 log = logging.getLogger(__name__)
 

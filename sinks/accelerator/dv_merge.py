@@ -10,11 +10,11 @@ full refresh). This executor does what such a MERGE does,
 reading only the replica's key columns:
 
 1. The replica's live files and their deletion vectors come from its log
-   (:mod:`lakemirror.sinks.accelerator.replica_log`).
+   (:mod:`lakemirror.delta_log.local_log`).
 2. Each file's key columns are read (unless its statistics put an integer key wholly outside the
    batch's range); the positions of its live rows whose key the batch changes
    (null-safe: a NULL key part equals NULL, as the MERGE's ``<=>``) join the file's deletion
-   vector (:mod:`lakemirror.sinks.accelerator.deletion_vectors`). A file left with no live row is removed.
+   vector (:mod:`lakemirror.delta_log.deletion_vectors`). A file left with no live row is removed.
 3. The batch's upserts (the winning change per key that is not a delete) are written as one new
    file, its statistics by delta-rs.
 4. One commit replaces each touched file's ``add`` with one naming its new deletion vector,
@@ -45,18 +45,18 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyroaring import BitMap
 
-from lakemirror.sinks.accelerator.deletion_vectors import DvDescriptor, DvFileWriter, read_positions
-from lakemirror.sinks.accelerator.dv_compaction import ENGINE_INFO, compact
+from lakemirror.delta_log.data_files import remove_stale_scratch, write_dv_file, write_rows
+from lakemirror.delta_log.deletion_vectors import DvDescriptor, DvFileWriter, read_positions
+from lakemirror.delta_log.local_log import (LogSnapshot, checkpoint_if_due, data_file_path, file_stats, load_snapshot,
+                                          remove_action, write_commit)
+from lakemirror.delta_log.protocol import DV_WRITER_FEATURES
 from lakemirror.sinks.accelerator.composite_keys import CompositeKeys
+from lakemirror.sinks.accelerator.dv_compaction import ENGINE_INFO, compact
 from lakemirror.sinks.accelerator.hashed_keys import HashedKeys
 from lakemirror.sinks.accelerator.key_match import KEY_CACHE, FileKeys, KeptKeys, KeyLookup, key_probe, key_ranges, outside
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.merge.planner import DELETE, OP_COLUMN
-from lakemirror.sinks.accelerator.replica_files import remove_stale_scratch, write_dv_file, write_rows
-from lakemirror.sinks.accelerator.replica_log import (LogSnapshot, checkpoint_if_due, data_file_path, file_stats, load_snapshot,
-                                          remove_action, write_commit)
 from lakemirror.sinks.txn import TxnId
-from lakemirror.tables import DV_WRITER_FEATURES
 
 log = logging.getLogger(__name__)
 

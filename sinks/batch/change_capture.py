@@ -35,7 +35,7 @@ from lakemirror.sinks.batch.capture_policy import (duration_text, interval_text,
                                                    next_capture, poll_seconds, window_at_risk)
 from lakemirror.sinks.merge.planner import CDF_COLUMNS, MergePlan
 from lakemirror.sinks.txn import TxnId
-from lakemirror.sources.commit_log import HeadReader
+from lakemirror.sources.head_probe import HeadReader
 from lakemirror.sources.retention import RetentionWindow, time_travel_refused
 from lakemirror.tables import TableLocation
 

@@ -41,7 +41,7 @@ from lakemirror.sinks.batch.change_capture import ChangeCapture
 from lakemirror.sinks.merge.planner import MergePlan
 from lakemirror.sinks.txn import TxnId, txn_app_id
 from lakemirror.sources import snapshot_files
-from lakemirror.sources.commit_log import HeadReader
+from lakemirror.sources.head_probe import HeadReader
 from lakemirror.sources.chunks import Chunk, bootstrap_app_id, chunk_app_id, chunk_number
 from lakemirror.sources.retention import RetentionWindow, time_travel_refused
 from lakemirror.tables import TableLocation

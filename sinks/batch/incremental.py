@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
 from lakemirror import tables
 from lakemirror.checkpoints import layout
 from lakemirror.checkpoints.state import StateStore, TableProgress
+from lakemirror.delta_log.stream_offsets import applied_through_from_offset
 from lakemirror.errors import DestinationConflict, TerminalError
 from lakemirror.identifiers import TableName
 from lakemirror.sinks.batch import snapshot_copy
@@ -45,7 +46,6 @@ from lakemirror.sinks.merge.delta_merge import DeltaMergeSink
 from lakemirror.sinks.merge.planner import ColumnSelection, diff_schema, plan_merge
 from lakemirror.sources import change_feed
 from lakemirror.sources.catalog import Catalog
-from lakemirror.sources.feed_range import applied_through_from_offset
 from lakemirror.sources.keys import choose_key
 
 if TYPE_CHECKING:

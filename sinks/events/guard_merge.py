@@ -43,6 +43,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from lakemirror import tables
+from lakemirror.delta_log.protocol import delta_rs_can_write
 from lakemirror.identifiers import TableName, quote
 from lakemirror.object_store import delta_rs_target
 from lakemirror.sinks.accelerator.guarded_driver import GuardedBatchUnfit, GuardedDriverMerge
@@ -294,7 +295,7 @@ class GuardedDeltaSink:
             replica, stones = ((delta_rs_target(session, loc.path) if engine and loc.path is not None
                                 and tables.has_own_jvm(session) else None) for loc in (self.replica, self.tombstones))
             writable = (replica is not None and stones is not None
-                        and tables.delta_rs_can_write(*replica) and tables.delta_rs_can_write(*stones))
+                        and delta_rs_can_write(*replica) and delta_rs_can_write(*stones))
             choice = choose_guarded_apply(driver_apply=self.driver_apply, driver_engine=engine,
                                           reachable=replica is not None and stones is not None, writable=writable)
             log.info("%s %s", self.replica, choice.reason)

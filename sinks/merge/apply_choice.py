@@ -44,7 +44,7 @@ rewrite's conditions (but its size) the driver path needs:
   on a store with conditional writes (each commit a put with ``If-None-Match``); not a
   catalog-managed table (Unity Catalog hands credentials to its own engines only), another store,
   or a remote session (Spark Connect);
-- only protocol features delta-rs writes (:data:`lakemirror.tables.DELTA_RS_WRITER_FEATURES`);
+- only protocol features delta-rs writes (:data:`lakemirror.delta_log.protocol.DELTA_RS_WRITER_FEATURES`);
 - the replica's column names exactly the batch's (delta-rs matches names case-sensitively);
 - key columns of plain types (the winning change per key is picked with an Arrow group-by).
 
@@ -62,7 +62,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
-from lakemirror.tables import DELTA_RS_WRITER_FEATURES, DV_WRITER_FEATURES
+from lakemirror.delta_log.protocol import DELTA_RS_WRITER_FEATURES, DV_WRITER_FEATURES
 
 MERGE, REWRITE, DRIVER = "merge", "rewrite", "driver"
 #: Key types an Arrow group-by handles (a type name's start: ``decimal(10,2)`` is a decimal).
@@ -237,7 +237,7 @@ def choose_guarded_apply(*, driver_apply: bool, driver_engine: bool, reachable: 
     locations through the session's s3a settings on a store with conditional writes
     (:func:`lakemirror.object_store.delta_rs_target`). ``writable``: delta-rs writes
     both the replica and its tombstone table correctly (their protocol
-    features, :func:`lakemirror.tables.delta_rs_can_write`). A batch with a truncate goes to Spark
+    features, :func:`lakemirror.delta_log.protocol.delta_rs_can_write`). A batch with a truncate goes to Spark
     whichever path the replica takes; history (SCD type 2) replicas are always applied by Spark
     (:class:`lakemirror.sinks.events.history_merge.HistoryDeltaSink`)."""
     merge = "applies by Spark's MERGE: "

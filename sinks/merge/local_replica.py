@@ -15,31 +15,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-from typing import Any, Sequence
+from typing import Any
 
 from lakemirror import tables
+from lakemirror.delta_log.protocol import protocol_features
 from lakemirror.schema import Column, columns_from_delta_schema
 from lakemirror.sinks.merge.apply_choice import ReplicaFacts
 
 log = logging.getLogger(__name__)
-
-#: The features a legacy protocol version (reader below 3 and writer below 7) supports, each with the
-#: lowest reader and writer versions that imply it (Delta's table of protocol versions).
-LEGACY_FEATURES: dict[str, tuple[int, int]] = {
-    "appendOnly": (1, 2), "invariants": (1, 2), "checkConstraints": (1, 3), "changeDataFeed": (1, 4),
-    "generatedColumns": (1, 4), "columnMapping": (2, 5), "identityColumns": (1, 6)}
-
-
-def protocol_features(reader_version: int, writer_version: int, reader_features: Sequence[str] | None,
-                      writer_features: Sequence[str] | None) -> tuple[str, ...]:
-    """The table features Spark's ``DESCRIBE DETAIL`` lists for a protocol, sorted (Delta's
-    ``Protocol.implicitlyAndExplicitlySupportedFeatures``): a protocol that names features (writer
-    version 7, or reader version 3) lists the ones it names; a legacy one those its versions imply.
-    Pure."""
-    if reader_version >= 3 or writer_version >= 7:
-        return tuple(sorted(set(reader_features or ()) | set(writer_features or ())))
-    return tuple(sorted(name for name, (reader, writer) in LEGACY_FEATURES.items()
-                        if reader <= reader_version and writer <= writer_version))
 
 
 class LocalReplica:

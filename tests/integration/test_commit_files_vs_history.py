@@ -12,7 +12,8 @@ pytestmark = pytest.mark.integration
 @pytest.mark.parametrize("reader", ["local", "hadoop"])
 def test_commit_files_give_the_same_head_and_commit_times_as_the_history(spark, tmp_path, reader):
     from lakemirror.sources.change_feed import source_head
-    from lakemirror.sources.commit_log import HadoopCommitLog, LocalCommitLog, commit_log_for, probe_head
+    from lakemirror.delta_log.commit_times import HadoopCommitLog, LocalCommitLog, commit_log_for
+    from lakemirror.sources.head_probe import probe_head
     from lakemirror.tables import TableLocation
 
     loc = TableLocation(TableName("src", "s", "log"), str(tmp_path / "log"))

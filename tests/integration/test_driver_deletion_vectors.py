@@ -12,13 +12,14 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from lakemirror.sinks.accelerator import dv_compaction, dv_merge, replica_log
-from lakemirror.sinks.accelerator.deletion_vectors import DvDescriptor
+from lakemirror.delta_log import local_log
+from lakemirror.delta_log.deletion_vectors import DvDescriptor
+from lakemirror.delta_log.layout import commit_file_name
+from lakemirror.delta_log.local_log import load_snapshot
+from lakemirror.sinks.accelerator import dv_compaction, dv_merge
 from lakemirror.sinks.accelerator.dv_merge import DeletionVectorMerge, DvUnfit
 from lakemirror.sinks.merge.planner import DELETE, OP_COLUMN
-from lakemirror.sinks.accelerator.replica_log import load_snapshot
 from lakemirror.sinks.txn import TxnId
-from lakemirror.tables import commit_file_name
 
 pytestmark = pytest.mark.integration
 
@@ -239,7 +240,7 @@ def test_a_lost_commit_race_is_planned_again_and_leaves_no_stray_file(spark, tmp
     path = tmp_path / "r"
     _replica(spark, path, rows=[(k, "a") for k in range(10)], files=1)
     merge = DeletionVectorMerge(str(path), ["k"], ["k", "v"])
-    real_write, raced = replica_log.write_commit, []
+    real_write, raced = local_log.write_commit, []
 
     def racing_write(table_dir: Path, version: int, actions: list[dict[str, Any]]) -> bool:
         if not raced:

@@ -127,7 +127,7 @@ def test_a_stream_after_a_property_change_reads_its_whole_versions_with_delta_rs
 
 def test_a_batch_larger_than_the_drivers_share_or_of_another_table_is_not_read(spark, tmp_path):
     from lakemirror.sources.driver_feed import DriverFeed, FeedTooLarge
-    from lakemirror.sources.feed_range import VersionRange
+    from lakemirror.delta_log.stream_offsets import VersionRange
     from lakemirror.tables import TableLocation
 
     source = TableLocation(TableName("src", "s", "feed3"), str(tmp_path / "source"))
@@ -147,7 +147,7 @@ def test_a_batch_larger_than_the_drivers_share_or_of_another_table_is_not_read(s
 
 def test_a_source_with_column_mapping_is_read_by_spark_even_when_turned_on_mid_stream(spark, tmp_path):
     from lakemirror.sources.driver_feed import DriverFeed, FeedUnfit
-    from lakemirror.sources.feed_range import VersionRange
+    from lakemirror.delta_log.stream_offsets import VersionRange
     from lakemirror.tables import TableLocation
 
     mapped = TableLocation(TableName("src", "s", "feed4"), str(tmp_path / "mapped"))

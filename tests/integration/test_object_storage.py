@@ -14,7 +14,7 @@ import pytest
 from lakemirror import tables
 from lakemirror.object_store import delta_rs_target
 from lakemirror.sinks.txn import is_txn_tag
-from lakemirror.sources.commit_log import HadoopCommitLog, commit_log_for
+from lakemirror.delta_log.commit_times import HadoopCommitLog, commit_log_for
 
 pytestmark = pytest.mark.integration
 

@@ -454,7 +454,7 @@ def test_the_driver_path_quotes_odd_column_names_and_keeps_every_type(spark, tmp
     from lakemirror.sinks.merge.delta_merge import DeltaMergeSink, TxnId
     from lakemirror.sinks.memory import ApplyCounts
     from lakemirror.sources.driver_feed import DriverFeed
-    from lakemirror.sources.feed_range import VersionRange
+    from lakemirror.delta_log.stream_offsets import VersionRange
 
     ddl = ("`Key\"1` BIGINT, `it's` STRING, `MiXeD` DECIMAL(12,3), ts TIMESTAMP, d DATE, bin BINARY, "
            "tags ARRAY<STRING>, attrs MAP<STRING, INT>, pos STRUCT<x: DOUBLE, y: DOUBLE>, ok BOOLEAN")

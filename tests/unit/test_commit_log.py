@@ -7,7 +7,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from lakemirror.sources.change_feed import SourceHead
-from lakemirror.sources.commit_log import probe_head
+from lakemirror.sources.head_probe import probe_head
 
 
 def log_of(versions: range) -> tuple[dict[int, float], list[int]]:
@@ -73,7 +73,7 @@ def test_local_commit_log_stats_commit_files_in_milliseconds(tmp_path) -> None: 
     import os
 
     from lakemirror.identifiers import TableName
-    from lakemirror.sources.commit_log import LocalCommitLog
+    from lakemirror.delta_log.commit_times import LocalCommitLog
     from lakemirror.tables import TableLocation
 
     name = TableName("c", "s", "t")
@@ -128,7 +128,7 @@ class FakeObjectStore:
 
 
 def hadoop_log(store: FakeObjectStore) -> Any:
-    from lakemirror.sources.commit_log import HadoopCommitLog
+    from lakemirror.delta_log.commit_times import HadoopCommitLog
 
     return HadoopCommitLog(store, lambda version: f"{version:020d}.json")
 

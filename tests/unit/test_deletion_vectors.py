@@ -1,6 +1,6 @@
-"""Deletion-vector formats (sinks/accelerator/deletion_vectors.py), the log reader and writer
-(sinks/accelerator/replica_log.py) and the pure parts of the driver's deletion-vector apply (sinks/accelerator/dv_merge.py,
-key_match.py, dv_compaction.py)."""
+"""Deletion-vector formats (lakemirror/delta_log/deletion_vectors.py), the log reader and writer
+(lakemirror/delta_log/local_log.py) and the pure parts of the driver's deletion-vector apply
+(sinks/accelerator/dv_merge.py, key_match.py, dv_compaction.py)."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from lakemirror.sinks.accelerator.deletion_vectors import (PORTABLE_MAGIC, DeletionVectorError, DvDescriptor, DvFileWriter,
+from lakemirror.delta_log.deletion_vectors import (PORTABLE_MAGIC, DeletionVectorError, DvDescriptor, DvFileWriter,
                                                decode_positions, encode_positions, frame, read_positions, z85_decode,
                                                z85_encode)
+from lakemirror.delta_log.layout import commit_file_name
+from lakemirror.delta_log.local_log import LogSnapshot, load_snapshot, write_commit
 from lakemirror.sinks.accelerator.dv_merge import why_unfit
 from lakemirror.sinks.accelerator.key_match import key_probe
-from lakemirror.sinks.accelerator.replica_log import LogSnapshot, load_snapshot, write_commit
-from lakemirror.tables import commit_file_name
 
 
 def test_z85_round_trips_and_decodes_a_uuid_spark_wrote():
@@ -184,7 +184,7 @@ def test_the_key_cache_keeps_one_budget_for_the_process_and_forgets_removed_file
 def test_scratch_tables_a_crash_left_are_removed_once_stale(tmp_path):
     import os
 
-    from lakemirror.sinks.accelerator.replica_files import SCRATCH_PREFIX, STALE_SCRATCH_SECONDS, remove_stale_scratch
+    from lakemirror.delta_log.data_files import SCRATCH_PREFIX, STALE_SCRATCH_SECONDS, remove_stale_scratch
 
     old, fresh = tmp_path / f"{SCRATCH_PREFIX}old", tmp_path / f"{SCRATCH_PREFIX}fresh"
     for d in (old, fresh):

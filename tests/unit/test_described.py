@@ -11,7 +11,8 @@ from lakemirror.checkpoints.descriptions import FileDescriptionStore, InMemoryDe
 from lakemirror.identifiers import TableName
 from lakemirror.schema import Column
 from lakemirror.sources.catalog import TableInfo
-from lakemirror.sources.described import Described, MemoryCommitFiles, changes_metadata, digest, stale
+from lakemirror.delta_log.commit_files import MemoryCommitFiles, changes_metadata, digest
+from lakemirror.sources.described import Described, stale
 from lakemirror.sources.memory import MemoryChangeSource
 from lakemirror.supervisor.description import SourceDescription
 from lakemirror.tables import TableLocation

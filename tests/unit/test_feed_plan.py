@@ -10,8 +10,9 @@ import pytest
 
 from lakemirror.checkpoints.stream_dir import batch_offsets, interrupted_writes
 from lakemirror.checkpoints.stream_log import EntryExists, StreamLog
-from lakemirror.sources.feed_plan import FeedPlan, end_offset, plan_feed_batch
-from lakemirror.sources.feed_range import VersionRange, VersionShape, applied_through_from_offset, batch_versions
+from lakemirror.delta_log.stream_offsets import (VersionRange, VersionShape, applied_through_from_offset, batch_versions,
+                                                 end_offset)
+from lakemirror.sources.feed_plan import FeedPlan, plan_feed_batch
 
 ID = "3de58330-9601-4ce1-9bea-2546061ba0e6"
 
@@ -82,7 +83,7 @@ def test_a_planned_batchs_end_offset_is_read_back_as_delta_writes_them() -> None
     after it, and the applied version is the batch's last."""
     written = json.dumps(end_offset(ID, 7))
     assert applied_through_from_offset(written) == 7
-    from lakemirror.sources.feed_range import SourceOffset
+    from lakemirror.delta_log.stream_offsets import SourceOffset
 
     assert batch_versions(SourceOffset.parse(written), SourceOffset.parse(offset(9)), 0,
                           lambda v: VersionShape(1)) == VersionRange(8, 8)

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from lakemirror.checkpoints.stream_dir import batch_offsets, source_offset
-from lakemirror.sources.feed_range import (LocalCommitActions, SourceOffset, VersionRange, VersionShape, batch_versions,
+from lakemirror.delta_log.commit_files import LocalCommitActions
+from lakemirror.delta_log.stream_offsets import (SourceOffset, VersionRange, VersionShape, batch_versions,
                                            version_shape)
 
 

@@ -1,5 +1,5 @@
 """lakemirror.supervisor.lag (honest lag) and Delta source offsets
-(lakemirror.sources.feed_range.applied_through_from_offset)."""
+(lakemirror.delta_log.stream_offsets.applied_through_from_offset)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from lakemirror.sources.feed_range import applied_through_from_offset
+from lakemirror.delta_log.stream_offsets import applied_through_from_offset
 from lakemirror.supervisor.lag import LagReading, compute_lag
 
 NOW = 1_700_000_000.0
@@ -108,7 +108,7 @@ def test_malformed_json_offset_is_an_error() -> None:
 
 
 def test_an_offset_at_its_versions_last_file_has_applied_that_version() -> None:
-    from lakemirror.sources.feed_range import applied_through_from_offset
+    from lakemirror.delta_log.stream_offsets import applied_through_from_offset
     # DeltaSource ends a batch that read all of version 3 (one file) at (3, 0), not at (4, -1).
     assert applied_through_from_offset({"reservoirVersion": 3, "index": 0}, files_in_version=1) == 3
     assert applied_through_from_offset({"reservoirVersion": 3, "index": 0}, files_in_version=2) == 2

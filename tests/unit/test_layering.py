@@ -14,6 +14,10 @@ its factories and never import it, so that nothing in them can branch on one des
 ``tools/`` (``lakemirror.tools``: the demos, the local Debezium stack) sits above the product: it may
 import every layer, and no layer imports it, but for one door: the ``lakemirror demo`` command
 imports its demo inside the command's function, so that nothing ``lakemirror run`` loads reaches it.
+
+The Delta format code we own (``lakemirror.delta_log``) is imported only by the product modules listed
+in :data:`DELTA_LOG_IMPORTERS`, and no other module of the product or the benchmarks spells the log's
+file names.
 """
 
 from __future__ import annotations
@@ -43,6 +47,40 @@ EDGE_LIBRARIES = ("prometheus_client", "pydantic", "pydantic_settings")
 DESTINATION_PACKAGES = ("lakemirror.sinks.postgres",)
 #: The only imports of ``lakemirror.tools`` in the product: (file, module), each inside a function.
 TOOL_DOORS = frozenset({("daemon/cli.py", "lakemirror.tools.demo"), ("daemon/cli.py", "lakemirror.tools.demo_debezium")})
+#: The package that reads and writes Delta's files itself (its module docstring says what it reads
+#: and refuses): every Delta release is checked against it, so who depends on it is kept in view.
+DELTA_LOG = "lakemirror.delta_log"
+DELTA_LOG_FOLDER = "lakemirror/delta_log"
+#: The modules outside it that import it, each because it reads or writes a table's log files without
+#: Spark (or names their types). A new one is a new dependency on Delta's format: add it on purpose.
+DELTA_LOG_IMPORTERS = frozenset({
+    "lakemirror/tables.py",                 # a local table is a folder with a log
+    "daemon/settings/paths.py",             # the checkpoint folder may not lie inside a table
+    "checkpoints/delta_store.py",           # the checkpoint table created by delta-rs where it has no log yet
+    "sources/catalog.py",                   # a warehouse's tables are its folders with a log
+    "sources/contract.py",                  # the change source's commit log (a type)
+    "sources/delta_source.py",              # the change feed's commit log
+    "sources/described.py",                 # a kept description checked against the commits since
+    "sources/driver_feed.py",               # delta-rs reads only the protocols it reads as Spark does
+    "sources/feed_plan.py",                 # batches planned from commit files and offsets
+    "sources/head_probe.py",                # lag from commit times
+    "sinks/accelerator/batch_feed.py",      # a batch's versions from its offsets and commits
+    "sinks/accelerator/dv_compaction.py",   # compaction commits written to the local log
+    "sinks/accelerator/dv_merge.py",        # deletion vectors and commits written to the local log
+    "sinks/batch/incremental.py",           # applied versions from the stream's offsets
+    "sinks/events/guard_merge.py",          # delta-rs writes only the protocols it writes correctly
+    "sinks/merge/apply_choice.py",          # the features each apply path handles
+    "sinks/merge/local_replica.py",         # a local replica's protocol features
+    "supervisor/description.py",            # the commit files a kept description is checked against
+    "supervisor/feed_batches.py",           # batches read from commit files
+    "supervisor/lag_probe.py",              # the source's commit log (a type)
+    "supervisor/recorded.py",               # the source's newest commit and commit times, offline
+    "supervisor/replica_record.py",         # the versions a recorded batch covered
+    "supervisor/runner.py",                 # the source's commit files, the applied version's offset
+    "supervisor/table_turns.py",            # the source's commit log (a type)
+})
+#: The log's file names, spelled in code only inside ``lakemirror.delta_log`` (docstrings may name them).
+DELTA_LOG_NAMES = ("_delta_log", "_last_checkpoint")
 
 
 def imported_modules(text: str, package: tuple[str, ...]) -> list[tuple[int, str]]:
@@ -130,6 +168,74 @@ def test_an_import_of_tools_from_the_product_is_caught(tmp_path: Path, monkeypat
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     assert violations("supervisor") == ["supervisor/x.py:2 imports lakemirror.tools.demo (supervisor must not depend "
                                         "on tools)"]
+
+
+def product_files(root: Path) -> list[Path]:
+    """Every module of the product's layers and ``tools/``."""
+    return sorted(p for layer in LAYERS if (root / layer).is_dir() for p in (root / layer).rglob("*.py"))
+
+
+def delta_log_importers(root: Path) -> set[str]:
+    """The modules outside ``lakemirror.delta_log`` that import it (lazily or not)."""
+    found = set()
+    for path in product_files(root):
+        where = path.relative_to(root).as_posix()
+        if where.startswith(DELTA_LOG_FOLDER + "/"):
+            continue
+        package = ("lakemirror", *path.relative_to(root).parent.parts)
+        modules = [m for _, m in imported_modules(path.read_text(encoding="utf-8"), package)]
+        if any(m == DELTA_LOG or m.startswith(DELTA_LOG + ".") for m in modules):
+            found.add(where)
+    return found
+
+
+def spelled_log_names(text: str) -> list[tuple[int, str]]:
+    """(line, name) of each string in ``text``'s code (docstrings aside) that holds a log file name."""
+    tree = ast.parse(text)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)
+                  and isinstance(node.body[0].value, ast.Constant) and isinstance(node.body[0].value.value, str)}
+    return [(node.lineno, name) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+            for name in DELTA_LOG_NAMES if name in node.value]
+
+
+def test_only_the_modules_that_need_it_import_the_delta_log_package() -> None:
+    found = delta_log_importers(ROOT)
+    assert sorted(found - DELTA_LOG_IMPORTERS) == [], f"new importers of {DELTA_LOG}: list them in DELTA_LOG_IMPORTERS"
+    assert sorted(DELTA_LOG_IMPORTERS - found) == [], f"no longer import {DELTA_LOG}: drop them from DELTA_LOG_IMPORTERS"
+
+
+def test_only_the_delta_log_package_spells_the_log_file_names() -> None:
+    """In the product and the benchmarks alike (the tests may spell them, to build or inspect a log)."""
+    files = [*product_files(ROOT), *sorted((ROOT / "bench").rglob("*.py"))]
+    found = [f"{path.relative_to(ROOT)}:{line} spells {name!r}"
+             for path in files if not path.relative_to(ROOT).as_posix().startswith(DELTA_LOG_FOLDER + "/")
+             for line, name in spelled_log_names(path.read_text(encoding="utf-8"))]
+    assert not found, f"only {DELTA_LOG} names the log's files (use lakemirror.delta_log.layout):\n" + "\n".join(found)
+
+
+def test_the_delta_log_package_imports_only_where_a_table_lives() -> None:
+    """Below every layer, it may import nothing of lakemirror but itself and ``lakemirror.tables``."""
+    found = []
+    for path in sorted((ROOT / DELTA_LOG_FOLDER).rglob("*.py")):
+        package = ("lakemirror", *path.relative_to(ROOT).parent.parts[1:])
+        for line, module in imported_modules(path.read_text(encoding="utf-8"), package):
+            if module.startswith("lakemirror") and module != "lakemirror.tables" and not module.startswith(DELTA_LOG):
+                found.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+    assert not found, "\n".join(found)
+
+
+def test_the_delta_log_rules_are_not_vacuous(tmp_path: Path) -> None:
+    """A new importer and a spelled folder name are found; a docstring that names the folder is not."""
+    assert len(delta_log_importers(ROOT)) == len(DELTA_LOG_IMPORTERS)
+    (tmp_path / "sinks").mkdir()
+    (tmp_path / "sinks" / "x.py").write_text("def f():\n    from lakemirror.delta_log.layout import LOG_DIR\n")
+    (tmp_path / "sinks" / "y.py").write_text('"""Not an import of lakemirror.delta_log."""\n')
+    assert delta_log_importers(tmp_path) == {"sinks/x.py"}
+    text = '"""Reads the ``_delta_log``."""\ndef f(p):\n    """In ``_delta_log``."""\n    return p / f"{p}/_delta_log"\n'
+    assert spelled_log_names(text) == [(4, "_delta_log")]
 
 
 def test_a_supervisor_module_importing_a_destination_s_package_is_caught(tmp_path: Path,

@@ -10,8 +10,9 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
+from lakemirror.delta_log.protocol import protocol_features
 from lakemirror.schema import Column, columns_from_delta_schema, spark_type_name
-from lakemirror.sinks.merge.local_replica import LocalReplica, protocol_features
+from lakemirror.sinks.merge.local_replica import LocalReplica
 
 
 def test_delta_type_names_become_sparks() -> None:

@@ -14,9 +14,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lakemirror.sinks.accelerator.deletion_vectors import DvDescriptor, DvFileWriter, read_positions
-from lakemirror.sinks.accelerator.replica_log import data_file_path
-from lakemirror.tables import LOG_DIR, commit_file_name
+from lakemirror.delta_log.deletion_vectors import DvDescriptor, DvFileWriter, read_positions
+from lakemirror.delta_log.local_log import data_file_path
+from lakemirror.delta_log.layout import LOG_DIR, commit_file_name
 
 #: A scratch table's directory name starts so (inside the replica: same file system, so a move is a
 #: rename); one left by a crash holds no file the replica names.

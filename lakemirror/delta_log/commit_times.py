@@ -1,17 +1,11 @@
-"""A lag probe that reads the source's commit files directly: no Spark job.
+"""When a table's versions were committed, and whether a version is: its commit files, stat'ed.
 
-Reading a table's history through Delta (``DeltaTable.history``) updates its snapshot, a Spark
-job per probe whenever the table has new commits, for every table at every probe interval. Lag
-only needs the newest version
-and the commit time of the oldest unapplied one. For a path-based table both come from the
-``_delta_log`` directory itself, through Hadoop's FileSystem: whether ``<version>.json`` exists
-and when it was written (a commit file is written once, at its commit: its modification time is
-the commit's time, the same one Delta's history reports for tables without in-commit timestamps).
-
-:func:`probe_head` is the pure part: it walks forward from the newest version known so far,
-one file status per version, and gives up (``None``: use the history read) when the table moved
-further than ``max_steps``, when a version it relies on has no commit file (log cleanup, or a
-table recreated under the same path), or when the table is not path-based.
+A commit file is written once, at its commit: its modification time is the commit's time, the one
+Delta's history reports for tables without in-commit timestamps. Asking the file system is one
+``stat`` (or one request to the store) where Delta's history updates the table's snapshot, a Spark
+job whenever the table has new commits. :class:`LocalCommitLog` stats a table on the driver's own
+file system; :class:`HadoopCommitLog` asks the JVM's Hadoop FileSystem, for a path-based table
+anywhere Hadoop reaches (S3 through s3a). A table known only by name has neither.
 """
 
 from __future__ import annotations
@@ -20,79 +14,11 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from lakemirror.sources import change_feed
-from lakemirror.sources.change_feed import SourceHead
-from lakemirror.tables import LOG_DIR, TableLocation, commit_file_name, has_own_jvm, is_local_table, local_dir
+from lakemirror.delta_log.layout import LOG_DIR, commit_file_name
+from lakemirror.tables import TableLocation, has_own_jvm, is_local_table, local_dir
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-#: The commit time of a version, or None when its commit file does not exist.
-CommitTime = Callable[[int], "float | None"]
-
-
-def probe_head(commit_time: CommitTime, *, applied_through: int, known_latest: int | None,
-               cache: dict[int, float], max_steps: int = 64) -> SourceHead | None:
-    """The newest version and the commit time of ``applied_through + 1`` (when committed).
-
-    ``cache`` keeps commit times across probes (a commit's time never changes) and is updated.
-    """
-    def time_of(version: int) -> float | None:
-        if version not in cache:
-            found = commit_time(version)
-            if found is None:
-                return None
-            cache[version] = found
-        return cache[version]
-
-    latest = max(applied_through, known_latest if known_latest is not None else applied_through)
-    start = commit_time(latest)  # always read afresh: a cached time cannot prove the file is there
-    if start is None:
-        return None  # the version we walk from has no commit file: recreated or cleaned up
-    cache[latest] = start
-    for _ in range(max_steps):
-        if time_of(latest + 1) is None:
-            break
-        latest += 1
-    else:
-        return None  # far behind: one history read is cheaper than many file statuses
-    needed = applied_through + 1
-    times = {latest: cache[latest]}
-    if latest >= needed:
-        needed_time = time_of(needed)
-        if needed_time is None:
-            return None
-        times[needed] = needed_time
-    for old in [v for v in cache if v < applied_through]:
-        del cache[old]
-    return SourceHead(latest, times)
-
-
-class HeadReader:
-    """A table's head, read from its commit files when this process can (:func:`probe_head`, no
-    Spark job), else from its history (:func:`~lakemirror.sources.change_feed.source_head`). It
-    remembers the newest version seen (the walk starts there) but no commit time: each head's
-    times are read afresh. One per thread."""
-
-    def __init__(self, spark: "SparkSession", loc: TableLocation) -> None:
-        self.spark, self.loc = spark, loc
-        self._log: CommitLog | None = None
-        self._opened = False
-        self._known: int | None = None
-
-    def head(self, since_version: int) -> SourceHead:
-        """The newest version, and the commit time of ``since_version + 1`` when it is committed
-        and still in the log (``since_version`` must be a committed version)."""
-        if not self._opened:
-            self._log, self._opened = commit_log_for(self.spark, self.loc), True
-        found = None
-        if self._log is not None:
-            found = probe_head(self._log.commit_time, applied_through=since_version, known_latest=self._known,
-                               cache={})
-        if found is None:
-            found = change_feed.source_head(self.spark, self.loc, since_version=since_version, window=1)
-        self._known = found.latest_version
-        return found
 
 
 class CommitLog(Protocol):

@@ -1,4 +1,4 @@
-"""Which source versions a change-feed batch holds whole, told from the stream's own offsets.
+"""Delta's streaming source offsets, and which source versions a change-feed batch holds whole.
 
 The driver path can read a batch's change rows with delta-rs (:mod:`lakemirror.sources.driver_feed`)
 instead of Spark, a tenth of the time, but only if it reads exactly the rows Spark planned. Spark
@@ -26,20 +26,24 @@ The same offsets say which source versions are fully applied once the batch that
 committed (:func:`applied_through_from_offset`): every version strictly below its
 ``reservoirVersion``, and that version too when the offset stands at its last file index.
 
-Pure: no Spark, no delta-rs. :class:`LocalCommitActions` reads a local table's commit files.
+The daemon also writes such offsets itself, for the batches it plans from the commit files
+(:func:`end_offset`, :mod:`lakemirror.sources.feed_plan`): Delta's ``DeltaSourceOffset`` format,
+version :data:`SOURCE_OFFSET_VERSION`, so that Spark's next plan continues from them.
+
+Pure: no Spark, no delta-rs, no file access (:mod:`lakemirror.delta_log.commit_files` reads the
+commit files).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
-
-from lakemirror.tables import LOG_DIR, commit_file_name
 
 #: The index of an offset that stands before a version's first file.
 BASE_INDEX = -1
+#: The source offset format Delta's streaming source writes for a plain index (``DeltaSourceOffset``).
+SOURCE_OFFSET_VERSION = 1
 
 #: The metrics whose all-zero values make Delta serve no rows for a MERGE's file actions.
 _MERGE_CHANGE_METRICS = ("numTargetRowsInserted", "numTargetRowsUpdated", "numTargetRowsDeleted")
@@ -79,6 +83,34 @@ class VersionRange:
     @property
     def empty(self) -> bool:
         return self.first > self.last
+
+
+def end_offset(table_id: str, last_version: int) -> dict[str, Any]:
+    """Delta's streaming source offset after every file of ``last_version``: before the next version."""
+    return {"sourceVersion": SOURCE_OFFSET_VERSION, "reservoirId": table_id, "reservoirVersion": last_version + 1,
+            "index": BASE_INDEX, "isStartingVersion": False}
+
+
+def reservoir_version(offset: str | None) -> int | None:
+    """The source version an offset (its JSON text) stands in; None without one. A text that is not
+    JSON raises ``ValueError``."""
+    parsed = json.loads(offset) if offset is not None else None
+    if isinstance(parsed, dict) and "reservoirVersion" in parsed:
+        return int(parsed["reservoirVersion"])
+    return None
+
+
+def touched_through_from_offset(offset: str | None) -> int | None:
+    """The newest source version any of whose changes are read once the stream reaches ``offset`` (its
+    JSON text): the offset's version when it stands inside it (a file index of 0 or more: a rate limit
+    split it, some of its files are read), else the version before it; None without one. A text that
+    is not JSON raises ``ValueError``. (:func:`applied_through_from_offset` answers the version fully
+    applied.)"""
+    parsed = json.loads(offset) if offset is not None else None
+    if not isinstance(parsed, dict) or "reservoirVersion" not in parsed:
+        return None
+    version = int(parsed["reservoirVersion"])
+    return version if int(parsed.get("index", BASE_INDEX)) >= 0 else version - 1
 
 
 def applied_through_from_offset(offset: Mapping[str, Any] | str | None,
@@ -185,17 +217,3 @@ def batch_versions(start: SourceOffset | None, end: SourceOffset, after_version:
         if found.unfit is not None:
             return f"version {version}: {found.unfit}"
     return VersionRange(first, last)
-
-
-class LocalCommitActions:
-    """The shapes of a local Delta table's commits, read from its ``_delta_log`` directory."""
-
-    def __init__(self, table_path: str) -> None:
-        self.log_dir = Path(table_path) / LOG_DIR
-
-    def shape(self, version: int) -> VersionShape | None:
-        try:
-            with open(self.log_dir / commit_file_name(version), encoding="utf-8") as commit:
-                return version_shape(json.loads(line) for line in commit if line.strip())
-        except (OSError, ValueError):
-            return None

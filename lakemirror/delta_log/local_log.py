@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import unquote
 
-from lakemirror.sinks.accelerator.deletion_vectors import DvDescriptor
-from lakemirror.tables import LOG_DIR, commit_file_name
+from lakemirror.delta_log.deletion_vectors import DvDescriptor
+from lakemirror.delta_log.layout import LAST_CHECKPOINT, LOG_DIR, commit_file_name
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ def load_snapshot(table_dir: Path) -> LogSnapshot:
     snapshot = LogSnapshot(-1, {}, {}, {})
     start = 0
     try:
-        hint = json.loads((log_dir / "_last_checkpoint").read_text(encoding="utf-8"))
+        hint = json.loads((log_dir / LAST_CHECKPOINT).read_text(encoding="utf-8"))
     except FileNotFoundError:
         hint = None
     if hint is not None:
