@@ -14,7 +14,7 @@ does, every 20,000 events the last 2,000 of a partition delivered again after ne
 Both consumers read the same topics from the beginning with Spark's Kafka source and
 ``foreachBatch``, at most ``--max-offsets`` messages a batch:
 
-- lakemirror: :class:`lakemirror.supervisor.event_stream.EventStreamRunner` (decode, per-key fold by
+- lakemirror: :class:`lakemirror.supervisor.events.stream_runner.EventStreamRunner` (decode, per-key fold by
   log position, one guarded MERGE per replica under a transaction id, tombstones);
 - the Streaming CDC recipe (Delta Lake's "Streaming CDC Pipeline" code recipe): parse the JSON, per table keep each key's latest event
   by timestamp (``row_number`` over ``ts_ms`` descending), one ``DeltaTable`` MERGE (delete, update
@@ -207,8 +207,8 @@ def run_lakemirror(spark: Any, servers: str, root: Path, total: int, max_offsets
                    prefix: str = "bench", on_start: Callable[[], Any] | None = None, *, tables_at: str,
                    driver_apply: bool = True) -> dict[str, Any]:
     from lakemirror.identifiers import TableName
-    from lakemirror.supervisor import state as sm
-    from lakemirror.supervisor.event_stream import EventBatchReport, EventStreamRunner, EventStreamSpec
+    from lakemirror.supervisor.control import table_state as sm
+    from lakemirror.supervisor.events.stream_runner import EventBatchReport, EventStreamRunner, EventStreamSpec
     from lakemirror.tables import TableLocation
 
     spec = EventStreamSpec("bench", "kafka", "debezium", bootstrap_servers=servers, topic_pattern=prefix + "\\.public\\..*",
@@ -218,7 +218,7 @@ def run_lakemirror(spark: Any, servers: str, root: Path, total: int, max_offsets
         return TableLocation(TableName("b", "s", table), f"{tables_at}/{table}")
 
     from lakemirror.sources.event_source import event_source_for
-    from lakemirror.supervisor.event_batch import delta_event_sink
+    from lakemirror.supervisor.events.batch_apply import delta_event_sink
 
     sink = delta_event_sink(spec, event_source_for(spec).decoder, "bench", spark, locate, locate("_dead_letters"))
     runner = EventStreamRunner(spec, spark, root / "_events", sink)

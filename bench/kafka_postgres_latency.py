@@ -1,6 +1,6 @@
 """Latency Kafka → PostgreSQL: Real-Time Mode against micro-batches at a 1 s trigger.
 
-The same pipeline part in both runs: :class:`lakemirror.supervisor.event_stream.EventStreamRunner` with
+The same pipeline part in both runs: :class:`lakemirror.supervisor.events.stream_runner.EventStreamRunner` with
 :class:`lakemirror.sinks.postgres.event_replicas.PostgresEventReplicas`, reading a 2-partition topic of Debezium envelopes into a PostgreSQL replica under the sequence
 guard. Real-Time Mode: ``trigger(realTime="1 second")`` (the default checkpoint interval) and the ``foreach`` writer committing by
 ``max_dwell_ms`` (50) and count; micro-batch: ``foreachBatch`` every second. A producer sends one
@@ -34,7 +34,7 @@ from lakemirror.sinks.postgres.executor import PostgresTarget
 from lakemirror.sinks.postgres.event_replicas import PostgresEventReplicas
 from lakemirror.sinks.postgres.real_time import RealTimeSpec
 from lakemirror.sources.event_source import event_source_for
-from lakemirror.supervisor.event_stream import EventStreamRunner, EventStreamSpec
+from lakemirror.supervisor.events.stream_runner import EventStreamRunner, EventStreamSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("real-time", "micro-batch 1 s")

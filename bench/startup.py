@@ -244,7 +244,7 @@ def render(results: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-#: The launch steps the runner logs (:mod:`lakemirror.supervisor.launch_timing`), in order.
+#: The launch steps the runner logs (:mod:`lakemirror.supervisor.change_feed.launch_timing`), in order.
 STEP_NAMES = ("record", "slot", "describe", "bootstrap", "replica", "source", "choose", "stream")
 
 

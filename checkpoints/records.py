@@ -36,7 +36,7 @@ class CheckpointRow:
     ended_at: datetime
     #: Source commit times of ``first_version`` and ``last_version``: the replica's commit of this batch
     #: reflects the source as it was at ``last_version_at`` (for consistent recovery points across
-    #: tables, :mod:`lakemirror.supervisor.recovery_point`). None in rows of event sources and in rows
+    #: tables, :mod:`lakemirror.supervisor.recovery.recovery_point`). None in rows of event sources and in rows
     #: written before these columns existed.
     first_version_at: datetime | None = None
     last_version_at: datetime | None = None

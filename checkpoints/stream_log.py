@@ -5,7 +5,7 @@ A table's query keeps two logs in its checkpoint folder: ``offsets/<n>`` (writte
 restarts a query from them: it re-runs the last batch that has offsets and no commit, with the same
 offsets, then plans batch ``n + 1`` from batch ``n``'s end offset.
 
-A batch the daemon applies from the source's commit files (:mod:`lakemirror.supervisor.feed_batches`)
+A batch the daemon applies from the source's commit files (:mod:`lakemirror.supervisor.change_feed.commit_file_batches`)
 is written into the same logs, as Spark would write it: ``offsets/<n>`` before the replica's commit
 (the batch's end offset in Delta's streaming source format, so that Spark's own planning continues
 from it, and the batch metadata of the batch before it), ``commits/<n>`` after its checkpoint row.

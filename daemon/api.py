@@ -34,7 +34,7 @@ from lakemirror.daemon.worker import CommandWorker, WorkerClosed, WorkerTimeout
 from lakemirror.errors import ConfigError, excerpt
 from lakemirror.secrets import redact
 from lakemirror.sources.cdf_check import Readiness
-from lakemirror.supervisor.supervisor import CommandRefused
+from lakemirror.supervisor.control.loop import CommandRefused
 
 log = logging.getLogger(__name__)
 
@@ -385,7 +385,7 @@ class ContinuousSyncApi:
 
     def _recovery_point(self, m: Match, body: Any) -> Reply:
         from lakemirror.daemon.recovery import parse_instant, parse_tables
-        from lakemirror.supervisor.recovery_point import NoRecoveryPoint
+        from lakemirror.supervisor.recovery.recovery_point import NoRecoveryPoint
 
         if self.recovery_point_fn is None:
             return 404, {"error": "recovery points are not served by this endpoint"}

@@ -75,7 +75,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from lakemirror.daemon.context import DaemonContext
     from lakemirror.daemon.progress_bar import attach
     from lakemirror.daemon.signals import ShutdownSignals
-    from lakemirror.supervisor.observer import Observers
+    from lakemirror.supervisor.control.observer import Observers
 
     signals = ShutdownSignals()
     signals.install()
@@ -229,7 +229,7 @@ def _status_with_spark(settings: Any) -> list[Any]:
     from lakemirror.checkpoints.offline import summarize
     from lakemirror.checkpoints.records import CheckpointRow
     from lakemirror.daemon.context import DaemonContext
-    from lakemirror.supervisor.supervisor import TableView
+    from lakemirror.supervisor.control.loop import TableView
 
     app = DaemonContext(settings)
     app.preflight()  # what the mode needs, as one line, before Spark starts
@@ -405,7 +405,7 @@ class DrainRefusals(logging.Filter):
     that it is draining, so that refusal is not an error. Every other exception is still logged."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from lakemirror.supervisor.runner import Drained
+        from lakemirror.supervisor.change_feed.table_runner import Drained
 
         return not (record.exc_info and isinstance(record.exc_info[1], Drained))
 

@@ -77,20 +77,20 @@ from lakemirror.sinks.waits import ServerWait
 from lakemirror.sources import cdf_check
 from lakemirror.sources.catalog import Catalog, Discovery, LocalCatalog, SparkDiscovery, UnityCatalog
 from lakemirror.sources.event_source import event_source_for
-from lakemirror.supervisor.event_stream import EVENT_FAULT_POINTS, RUNNER_PREFIX, EventStreamRunner
-from lakemirror.supervisor.observer import Observer
-from lakemirror.supervisor.event_record import recorded_entry, state_slug
-from lakemirror.supervisor.feed_letters import FeedLetterDesk
-from lakemirror.supervisor.recorded import read_pipeline, refreshed
-from lakemirror.supervisor.replicate import (
+from lakemirror.supervisor.change_feed.dead_letters import FeedLetterDesk
+from lakemirror.supervisor.change_feed.table_runner import FAULT_POINTS, RunnerContext, TableRunner
+from lakemirror.supervisor.control.loop import Runner, Supervisor, TableView
+from lakemirror.supervisor.control.observer import Observer
+from lakemirror.supervisor.control.pipeline_spec import PipelineSpec
+from lakemirror.supervisor.control.table_state import RestartPolicy
+from lakemirror.supervisor.events.status_record import recorded_entry, state_slug
+from lakemirror.supervisor.events.stream_runner import EVENT_FAULT_POINTS, RUNNER_PREFIX, EventStreamRunner
+from lakemirror.supervisor.offline.recorded_tables import read_pipeline, refreshed
+from lakemirror.supervisor.subtasks.batch_runner import (
     BatchRunner, Progress, RunSummary, TableJob, TextProgress,
 )
-from lakemirror.supervisor.runner import FAULT_POINTS, RunnerContext, TableRunner
-from lakemirror.supervisor.spec import PipelineSpec
-from lakemirror.supervisor.state import RestartPolicy
-from lakemirror.supervisor.cycle_views import CycleTables
-from lakemirror.supervisor.subtasks import SubtaskRun, SubtaskService
-from lakemirror.supervisor.supervisor import Runner, Supervisor, TableView
+from lakemirror.supervisor.subtasks.cycle_tables import CycleTables
+from lakemirror.supervisor.subtasks.service import SubtaskRun, SubtaskService
 from lakemirror.sql_exec import run_sql
 
 if TYPE_CHECKING:
@@ -357,7 +357,7 @@ class DaemonContext(GlobalContext):
     def feed_letters(self) -> FeedLetterDesk:
         """The change-feed tables' dead letters (the destination's store: ``_lakemirror_dead_letters`` in the
         destination schema): counted for status and metrics, listed, skipped and replayed
-        (:mod:`lakemirror.supervisor.feed_letters`)."""
+        (:mod:`lakemirror.supervisor.change_feed.dead_letters`)."""
         from lakemirror.tables import own_session
 
         make = self.destination.feed_letter_store

@@ -18,7 +18,7 @@ import threading
 from typing import Callable
 
 from lakemirror.daemon.pipelines import PipelineRegistry
-from lakemirror.supervisor.subtasks import SubtaskService
+from lakemirror.supervisor.subtasks.service import SubtaskService
 
 
 class ControlLoop:

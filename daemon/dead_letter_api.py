@@ -33,7 +33,7 @@ class LetterReportLike(Protocol):
 
 
 class DeadLetterSource(Protocol):
-    """What an event source's runner offers (:class:`~lakemirror.supervisor.event_stream.EventStreamRunner`)."""
+    """What an event source's runner offers (:class:`~lakemirror.supervisor.events.stream_runner.EventStreamRunner`)."""
 
     keeps_dead_letters_in_delta: bool
 
@@ -53,7 +53,7 @@ class NoFeedLetters:
     error: str
 
 
-#: The change-feed tables' desk (:class:`~lakemirror.supervisor.feed_letters.FeedLetterDesk`), or why there is none.
+#: The change-feed tables' desk (:class:`~lakemirror.supervisor.change_feed.dead_letters.FeedLetterDesk`), or why there is none.
 FeedLetters = Callable[[], "DeadLetterSource | NoFeedLetters"]
 
 

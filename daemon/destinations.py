@@ -40,11 +40,11 @@ from lakemirror.sources.change_event import Decoded
 from lakemirror.sources.contract import TableChangeSource
 from lakemirror.sources.event_stream import RawEvent
 from lakemirror.sources.memory import MemoryChangeSource
-from lakemirror.supervisor.event_batch import EventStreamSpec, delta_event_sink, memory_event_sink
-from lakemirror.supervisor.event_stream import RUNNER_PREFIX
-from lakemirror.supervisor.feed_letters import FeedLetterDesk
-from lakemirror.supervisor.spec import PipelineSpec
-from lakemirror.supervisor.table_factories import SourceFactory, delta_change_feeds, delta_table_replicas
+from lakemirror.supervisor.change_feed.dead_letters import FeedLetterDesk
+from lakemirror.supervisor.change_feed.table_factories import SourceFactory, delta_change_feeds, delta_table_replicas
+from lakemirror.supervisor.control.pipeline_spec import PipelineSpec
+from lakemirror.supervisor.events.batch_apply import EventStreamSpec, delta_event_sink, memory_event_sink
+from lakemirror.supervisor.events.stream_runner import RUNNER_PREFIX
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -13,7 +13,7 @@ from lakemirror.object_store import S3A_CONF_PREFIX, session_s3a_conf
 from lakemirror.sinks.batch.operations import Operations
 from lakemirror.sinks.batch.routing import ByOperation
 from lakemirror.sinks.batch.volumes import VolumeOperations
-from lakemirror.supervisor.replicate import VOLUME_FILES, RunSummary
+from lakemirror.supervisor.subtasks.batch_runner import VOLUME_FILES, RunSummary
 
 if TYPE_CHECKING:
     from databricks.sdk import WorkspaceClient
@@ -97,7 +97,7 @@ def uc_late(context: Any) -> list[list[Any]]:
     from lakemirror.daemon.uc_phases import late_phases, spark_schemas, uc_catalogs
     from lakemirror.sinks.batch.uc_views import read_views, views_from_sdk
     from lakemirror.sinks.sql import SparkSql
-    from lakemirror.supervisor.replicate import TaskSettings, plan_work
+    from lakemirror.supervisor.subtasks.batch_runner import TaskSettings, plan_work
 
     cfg = context.config
     if not uc_catalogs(cfg):

@@ -43,7 +43,7 @@ from lakemirror.daemon.exit_codes import EXIT_DRAIN_INCOMPLETE
 if TYPE_CHECKING:
     from lakemirror.checkpoints.pipeline_lease import PipelineLease
     from lakemirror.daemon.pipelines import PipelineRegistry
-    from lakemirror.supervisor.subtasks import SubtaskService
+    from lakemirror.supervisor.subtasks.service import SubtaskService
 
 log = logging.getLogger(__name__)
 

@@ -47,7 +47,7 @@ from lakemirror.daemon.http_body import (MAX_BODY_BYTES, BadRequest, framing, js
                                          read_chunked)
 from lakemirror.secrets import redact
 from lakemirror.daemon.settings import limits
-from lakemirror.supervisor.supervisor import CommandRefused, TableView
+from lakemirror.supervisor.control.loop import CommandRefused, TableView
 
 if TYPE_CHECKING:
     from lakemirror.daemon.api import ContinuousSyncApi

@@ -2,8 +2,8 @@
 
 Labels stay bounded: pipeline, table, op, state, task (a configured sub-task name), status
 (success | failed), kind (missing | extra | different). Never keys, never error texts.
-This module is the supervisor's :class:`~lakemirror.supervisor.observer.Observer` and the
-scheduled sub-tasks' :class:`~lakemirror.supervisor.subtasks.SubtaskObserver`.
+This module is the supervisor's :class:`~lakemirror.supervisor.control.observer.Observer` and the
+scheduled sub-tasks' :class:`~lakemirror.supervisor.subtasks.service.SubtaskObserver`.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from prometheus_client.registry import Collector
 from lakemirror import __version__
 from lakemirror.daemon.jars import DELTA_VERSION, SPARK_VERSION
 from lakemirror.sinks.batch.bootstrap_plan import BootstrapProgress
-from lakemirror.supervisor.event_stream import RUNNER_PREFIX, DeadLetterTally, EventBatchReport, EventLagReading
-from lakemirror.supervisor.lag import LagReading
-from lakemirror.supervisor.runner import BatchReport
-from lakemirror.supervisor.state import TableState, TableStatus
+from lakemirror.supervisor.change_feed.table_runner import BatchReport
+from lakemirror.supervisor.control.lag import LagReading
+from lakemirror.supervisor.control.table_state import TableState, TableStatus
+from lakemirror.supervisor.events.stream_runner import RUNNER_PREFIX, DeadLetterTally, EventBatchReport, EventLagReading
 
 STATES = [s.value for s in TableState]
 

@@ -1,12 +1,12 @@
 """`lakemirror status` when no daemon answers: the pipeline's records, read without Spark.
 
 The answer has the shape of the daemon's ``/status`` (:func:`lakemirror.daemon.status.status_info`,
-``tables`` with the fields of :class:`~lakemirror.supervisor.supervisor.TableView`, ``subtasks``),
+``tables`` with the fields of :class:`~lakemirror.supervisor.control.loop.TableView`, ``subtasks``),
 whether or not a daemon runs, so a script reads one shape. Nothing here starts a JVM: a pipeline
 that never ran lists its configured tables as ``not started``; the records are the state files,
 the checkpoint table (delta-rs), each replica's transaction record and each source's commit files
-(:mod:`lakemirror.supervisor.recorded`), and an event source's own record
-(:mod:`lakemirror.supervisor.event_record`). Where those are not on this machine (Unity Catalog,
+(:mod:`lakemirror.supervisor.offline.recorded_tables`), and an event source's own record
+(:mod:`lakemirror.supervisor.events.status_record`). Where those are not on this machine (Unity Catalog,
 a checkpoint table on object storage), :func:`offline_status` answers None and the caller reads the
 checkpoint table through Spark.
 """
@@ -23,9 +23,9 @@ from lakemirror.daemon.settings.runtime_spec import pipeline_spec
 from lakemirror.daemon.status import status_info
 from lakemirror.identifiers import TableName
 from lakemirror.sources.catalog import LocalCatalog
-from lakemirror.supervisor.event_record import recorded_entry, state_slug
-from lakemirror.supervisor.recorded import RecordedTable, read_pipeline
-from lakemirror.supervisor.supervisor import TableView
+from lakemirror.supervisor.control.loop import TableView
+from lakemirror.supervisor.events.status_record import recorded_entry, state_slug
+from lakemirror.supervisor.offline.recorded_tables import RecordedTable, read_pipeline
 from lakemirror.tables import local_dir
 
 

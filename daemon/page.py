@@ -26,7 +26,7 @@ from collections import deque
 from typing import Callable, Iterable
 
 from lakemirror.secrets import redact
-from lakemirror.supervisor.supervisor import TableView
+from lakemirror.supervisor.control.loop import TableView
 
 Sample = tuple[float, float | None]
 

@@ -1,6 +1,6 @@
 """The pipelines one daemon runs: the one of its configuration file, and those started over the API.
 
-Each pipeline has its own :class:`~lakemirror.supervisor.supervisor.Supervisor` (and so its own
+Each pipeline has its own :class:`~lakemirror.supervisor.control.loop.Supervisor` (and so its own
 runners, state folder and checkpoints), and they all share the daemon's one Spark session. The
 registry is the daemon layer's book of them; the supervisor layer knows nothing of it, nor of HTTP.
 
@@ -24,8 +24,8 @@ from typing import Callable, Literal
 from lakemirror.bounded import all_within, call_within
 from lakemirror.checkpoints import layout
 from lakemirror.daemon.settings import Settings
-from lakemirror.supervisor.halts import SLACK_SECONDS
-from lakemirror.supervisor.supervisor import Supervisor, TableView
+from lakemirror.supervisor.control.halts import SLACK_SECONDS
+from lakemirror.supervisor.control.loop import Supervisor, TableView
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ import threading
 from typing import TextIO
 
 from lakemirror.sinks.batch.bootstrap_plan import BootstrapProgress
-from lakemirror.supervisor.observer import NoopObserver
-from lakemirror.supervisor.state import TableState, TableStatus
+from lakemirror.supervisor.control.observer import NoopObserver
+from lakemirror.supervisor.control.table_state import TableState, TableStatus
 
 CLEAR_LINE = "\r\x1b[2K"
 

@@ -1,5 +1,5 @@
 """``lakemirror recovery-point`` and ``GET /api/recovery-point``: a recovery point consistent across
-a pipeline's tables (:mod:`lakemirror.supervisor.recovery_point`), read from its checkpoint table and
+a pipeline's tables (:mod:`lakemirror.supervisor.recovery.recovery_point`), read from its checkpoint table and
 replicas, optionally pinned as shallow clones.
 
 Both take the same inputs: ``at`` (an instant: ISO 8601, a naive one read as UTC, or seconds since the
@@ -67,8 +67,8 @@ def check_name(value: str | None, where: str) -> str | None:
 
 
 def recovery_points_of(context: Any) -> Any:
-    """The daemon context's :class:`~lakemirror.supervisor.recovery_inputs.RecoveryPoints`."""
-    from lakemirror.supervisor.recovery_inputs import RecoveryPoints
+    """The daemon context's :class:`~lakemirror.supervisor.recovery.recovery_inputs.RecoveryPoints`."""
+    from lakemirror.supervisor.recovery.recovery_inputs import RecoveryPoints
 
     checkpoint = context.catalog.locate(TableName.parse(context.settings.effective_checkpoint_table))
     return RecoveryPoints(context.spark, context.catalog.locate, checkpoint, context.spec.pipeline_id,
@@ -77,7 +77,7 @@ def recovery_points_of(context: Any) -> Any:
 
 def cut_json(context: Any, at: float | None, anchor: str | None, only: Sequence[str] | None,
              use_source: bool = True) -> dict[str, Any]:
-    """The recovery point as JSON; :class:`~lakemirror.supervisor.recovery_point.NoRecoveryPoint` if none."""
+    """The recovery point as JSON; :class:`~lakemirror.supervisor.recovery.recovery_point.NoRecoveryPoint` if none."""
     return dict(context.recovery_points.cut(at=at, anchor=anchor, only=only, use_source=use_source).as_json())
 
 
@@ -108,7 +108,7 @@ def run(settings: Any, *, at: str | None, anchor: str | None, tables: str | None
         use_source: bool, as_json: bool, out: TextIO | None = None) -> int:
     """The command: 0 with a cut (and every pin done), 1 without one (reasons printed) or a failed pin."""
     from lakemirror.daemon.context import DaemonContext
-    from lakemirror.supervisor.recovery_point import NoRecoveryPoint
+    from lakemirror.supervisor.recovery.recovery_point import NoRecoveryPoint
 
     stream = out or sys.stdout
     instant = parse_instant(at) if at is not None else None

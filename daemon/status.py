@@ -6,7 +6,7 @@ import time
 from typing import Any, Iterable, Mapping
 
 from lakemirror import __version__
-from lakemirror.supervisor.spec import PipelineSpec
+from lakemirror.supervisor.control.pipeline_spec import PipelineSpec
 
 
 def status_info(spec: PipelineSpec) -> dict[str, Any]:

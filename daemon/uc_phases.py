@@ -15,7 +15,7 @@ from lakemirror.daemon.settings.runtime_spec import level_task_settings, shared_
 from lakemirror.identifiers import TableName, quote
 from lakemirror.sinks.batch.uc_names import NameMap
 from lakemirror.sinks.batch.uc_objects import UC_OPERATIONS, UcMaps
-from lakemirror.supervisor.replicate import UC_OBJECTS, TableJob
+from lakemirror.supervisor.subtasks.batch_runner import UC_OBJECTS, TableJob
 
 
 def uc_catalogs(cfg: ReplicateConfig) -> list[CatalogEntry]:

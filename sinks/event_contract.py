@@ -1,7 +1,7 @@
 """Where an event source's changes go, as the event runner sees it: the :class:`EventSink` protocol.
 
 An event source (Kafka topics, JSON-lines files) carries the changes of many tables in one stream;
-its runner (:class:`lakemirror.supervisor.event_stream.EventStreamRunner`, one for every destination)
+its runner (:class:`lakemirror.supervisor.events.stream_runner.EventStreamRunner`, one for every destination)
 decodes each micro-batch into the change contract and hands it to the source's event sink, which
 keeps one replica per table in one destination. The runner asks it, in this order:
 :meth:`EventSink.prepare` each time the source's query starts, :meth:`EventSink.apply` for each
@@ -17,9 +17,9 @@ Exactly once, whatever the destination: a batch replayed after a crash comes aga
 a no-op under the sequence guard (every destination: a change writes a row only if it is newer).
 
 Implementations: the guarded event sink over Delta replicas
-(:class:`lakemirror.supervisor.event_batch.EventBatchApplier` with
+(:class:`lakemirror.supervisor.events.batch_apply.EventBatchApplier` with
 :class:`lakemirror.sinks.events.guard_merge.GuardedDeltaSink` per table and the dead-letter Delta
-table), the same sink over in-memory replicas (:func:`lakemirror.supervisor.event_batch.memory_event_sink`
+table), the same sink over in-memory replicas (:func:`lakemirror.supervisor.events.batch_apply.memory_event_sink`
 over a :class:`~lakemirror.sinks.events.memory_sink.MemoryEventStore`: the twin unit tests use) and PostgreSQL's
 (:class:`lakemirror.sinks.postgres.event_replicas.PostgresEventReplicas`). Which one a pipeline
 takes is chosen once, by its destination's kind, in :mod:`lakemirror.daemon.destinations`.

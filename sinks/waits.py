@@ -3,7 +3,7 @@
 A wait holds a table's replication back without failing it: the server does not answer (each call
 retries its connection for a while), or another session holds a lock the replica's statement needs.
 A destination reports its waits as :class:`ServerWait` values (the supervisor turns them into the
-table's state, :mod:`lakemirror.supervisor.destination_wait`); a Delta replica, written by Spark,
+table's state, :mod:`lakemirror.supervisor.control.destination_waits`); a Delta replica, written by Spark,
 has none. :class:`LockWait` is what a server says about one of its processes waiting for a lock.
 """
 

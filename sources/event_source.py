@@ -4,7 +4,7 @@
 An event source delivers the change events of many tables in one stream (Kafka topics carrying
 Debezium envelopes or the simple event form, or JSON-lines files moved into a directory); it is the
 counterpart of :class:`~lakemirror.sources.contract.ChangeSource`, which serves one table. The
-runner (:mod:`lakemirror.supervisor.event_stream`, whatever the destination)
+runner (:mod:`lakemirror.supervisor.events.stream_runner`, whatever the destination)
 read the source only through the protocol: a new kind of event source is a class here and one
 branch of :func:`event_source_for`.
 
@@ -72,7 +72,8 @@ class EventSource(Protocol[StreamFrame]):
 
 
 class EventSourceOptions(Protocol):
-    """The settings an event source is built from (:class:`~lakemirror.supervisor.event_stream.EventStreamSpec`)."""
+    """The settings an event source is built from
+    (:class:`~lakemirror.supervisor.events.stream_runner.EventStreamSpec`)."""
 
     @property
     def kind(self) -> str: ...                                 # files | kafka

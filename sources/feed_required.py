@@ -1,7 +1,7 @@
 """A source table's Change Data Feed, required on before a replica is kept from it.
 
 Both ways of keeping a replica from the change feed need it: a stream's preparation
-(:mod:`lakemirror.supervisor.prepare`) and a destination's cycles (a triggered PostgreSQL replica,
+(:mod:`lakemirror.supervisor.change_feed.prepare`) and a destination's cycles (a triggered PostgreSQL replica,
 :mod:`lakemirror.sinks.postgres.cycles`). Off, it is turned on when the pipeline opts in, else the
 table is refused with both fixes named.
 """

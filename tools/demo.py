@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from lakemirror.daemon.context import DaemonContext
-    from lakemirror.supervisor.supervisor import TableView
+    from lakemirror.supervisor.control.loop import TableView
 
 TABLES = {
     "customers": ("id BIGINT NOT NULL, name STRING, tier STRING, balance DOUBLE", None),

@@ -37,7 +37,7 @@ from lakemirror.daemon.settings import limits
 from lakemirror.sinks.postgres.executor import PostgresTarget
 from lakemirror.sinks.postgres.modes import DEFAULT_SNAPSHOT_ABOVE, Mode
 from lakemirror.daemon.settings.schedule import DailyAtText
-from lakemirror.supervisor.scheduler import DailyAt, Every, Trigger
+from lakemirror.supervisor.subtasks.scheduler import DailyAt, Every, Trigger
 
 
 class _Strict(BaseModel):

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from lakemirror.daemon.settings import limits
 from lakemirror.daemon.settings.schedule import DailyAtText
-from lakemirror.supervisor.scheduler import DailyAt, Every, Trigger
+from lakemirror.supervisor.subtasks.scheduler import DailyAt, Every, Trigger
 
 #: The Delta table properties the block sets.
 DELETED_FILE_RETENTION = "delta.deletedFileRetentionDuration"

@@ -255,7 +255,7 @@ def driver_cores(master: str, machine_cores: int) -> int:
 def default_apply_workers(mode: str, cores: int = 2) -> int:
     """Tables applied at once when ``apply_workers`` is unset: one turn for every two of the driver's
     ``cores`` (at least one), each table's query waiting at a gate between its turns
-    (:mod:`lakemirror.supervisor.turn_gate`). One warm Spark MERGE keeps about two cores busy, so more
+    (:mod:`lakemirror.supervisor.apply_workers.query_gate`). One warm Spark MERGE keeps about two cores busy, so more
     turns than half the cores only queue for them (and 2 workers on 2 cores starved the benchmark's
     writer: docs/BENCHMARKS.md). Over Spark Connect the MERGEs run on the server, whose cores the
     daemon does not know: one turn at a time, the batch functions waiting at a gate of files

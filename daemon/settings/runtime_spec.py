@@ -19,16 +19,16 @@ from lakemirror.identifiers import TableName
 from lakemirror.sources.catalog import Discovery, volume_path
 from lakemirror.checkpoints import layout
 from lakemirror.checkpoints.state import StateStore
-from lakemirror.supervisor.cycle_views import CycleTables
-from lakemirror.supervisor.event_stream import EventStreamSpec
+from lakemirror.supervisor.control.pipeline_spec import PipelineSpec, TableOptions
+from lakemirror.supervisor.control.table_state import RestartPolicy
 from lakemirror.sinks.postgres.cycles import OPERATIONS, operation_of
-from lakemirror.supervisor.replicate import (
+from lakemirror.supervisor.events.stream_runner import EventStreamSpec
+from lakemirror.supervisor.subtasks.batch_runner import (
     VOLUME_FILES, CatalogSelection, OperationOutcome, SchemaSelection, TableJob, TaskSettings, plan_work,
 )
-from lakemirror.supervisor.spec import PipelineSpec, TableOptions
-from lakemirror.supervisor.state import RestartPolicy
-from lakemirror.supervisor.scheduler import TaskView
-from lakemirror.supervisor.subtasks import Subtask
+from lakemirror.supervisor.subtasks.cycle_tables import CycleTables
+from lakemirror.supervisor.subtasks.scheduler import TaskView
+from lakemirror.supervisor.subtasks.service import Subtask
 
 #: Where ``lakemirror replicate`` keeps incremental sweeps under ``checkpoint_volume`` (a daemon
 #: uses its pipeline id instead), and part of their transaction ids.
@@ -123,8 +123,9 @@ def postgres_subtasks(s: Settings) -> list[Subtask]:
 def cycle_tables(s: Settings, spec: PipelineSpec, task_views: Callable[[], list[TaskView]], states: StateStore,
                  clock: Callable[[], float],
                  waits: Callable[[str], ServerWait | None] = lambda table: None) -> CycleTables:
-    """The triggered and snapshot replicas as tables of ``/status`` (:mod:`lakemirror.supervisor.cycle_views`):
-    the tables the configuration names in those modes (more are found by their cycles)."""
+    """The triggered and snapshot replicas as tables of ``/status``
+    (:mod:`lakemirror.supervisor.subtasks.cycle_tables`): the tables the configuration names in those
+    modes (more are found by their cycles)."""
     tasks = {cycle_mode(t): t.name for t in postgres_subtasks(s)}
     d = s.destination
     named = spec.tables if spec.tables is not None else tuple(d.table_modes) if isinstance(d, PostgresDestination) else ()

@@ -29,7 +29,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, field_validator, mo
 
 from lakemirror.daemon.settings import limits
 from lakemirror.daemon.settings.task_options import CloneOptions, MetadataSettings, ReconcileSettings, RetrySettings, Strict
-from lakemirror.supervisor.scheduler import DailyAt, Every, Trigger
+from lakemirror.supervisor.subtasks.scheduler import DailyAt, Every, Trigger
 
 
 def _daily_at_quoted(v: object) -> object:

@@ -61,7 +61,7 @@ RECENT_COMMITS = 100
 Target = tuple[str, dict[str, str]]
 
 #: The crash point right after the driver's commit of a batch is durable, before its checkpoint row
-#: (``supervisor/runner.py``, ``FAULT_POINTS``).
+#: (``supervisor/change_feed/table_runner.py``, ``FAULT_POINTS``).
 AFTER_DRIVER_COMMIT = "after_driver_commit"
 
 

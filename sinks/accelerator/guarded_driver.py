@@ -21,7 +21,7 @@ A batch with a truncate (a new table-wide floor) goes to Spark: delta-rs cannot 
 ``WHEN NOT MATCHED BY SOURCE`` condition in its commit (:class:`GuardedBatchUnfit`). A MERGE delta-rs
 refuses because of a row's value (a ``CHECK`` constraint: "rows failed validation check") is raised as
 it is, not as unfit: the replica stays on this path and the caller isolates the row
-(:mod:`lakemirror.supervisor.event_letters`).
+(:mod:`lakemirror.supervisor.events.dead_letters`).
 """
 
 from __future__ import annotations

@@ -342,7 +342,7 @@ class ChunkedBootstrap:
 
 class ChunkedCopy:
     """A Delta replica's bootstrap copy as a :class:`ChunkedBootstrap`
-    (:class:`lakemirror.supervisor.bootstrap.SnapshotCopier`): the replica's schema is made, the
+    (:class:`lakemirror.supervisor.change_feed.bootstrap.SnapshotCopier`): the replica's schema is made, the
     chunks are copied beside the change capture, and the replica's properties then name the
     version it holds."""
 

@@ -1,6 +1,6 @@
 """The batch runner's operations: what it calls, and clone, reconcile and metadata sync on Spark.
 
-:class:`Operations` is the seam between the batch runner (:mod:`lakemirror.supervisor.replicate`:
+:class:`Operations` is the seam between the batch runner (:mod:`lakemirror.supervisor.subtasks.batch_runner`:
 attempts, retries, timeouts, audit) and the work itself: one operation of one table per call,
 named by an attempt's tag, so that :meth:`Operations.cancel` can stop a timed-out attempt. An
 operation reads only its job's source, target, key and options (:class:`BatchJob`), never the
@@ -51,7 +51,7 @@ class JobSettings(Protocol):
 
 class BatchJob(Protocol):
     """One table's job as an operation reads it (the batch runner's
-    :class:`~lakemirror.supervisor.replicate.TableJob` is one)."""
+    :class:`~lakemirror.supervisor.subtasks.batch_runner.TableJob` is one)."""
 
     @property
     def source(self) -> TableName: ...

@@ -56,7 +56,7 @@ class MemoryGuardedSink:
 @dataclass
 class MemoryEventStore:
     """An event source's replicas and dead letters in memory: what the guarded event sink
-    (:class:`~lakemirror.supervisor.event_batch.EventBatchApplier`) writes in place of Delta tables.
+    (:class:`~lakemirror.supervisor.events.batch_apply.EventBatchApplier`) writes in place of Delta tables.
 
     ``replica_for(table)`` gives each table's :class:`MemoryGuardedSink` (made on first use, kept in
     :attr:`replicas`); ``refuse`` names tables the destination cannot hold (ValueError, as a Delta

@@ -1,7 +1,7 @@
 """Turns across the Spark Connect boundary: a gate of files between the daemon and the batch function.
 
 In classic mode each table's always-on query waits for its turn inside its batch function
-(:mod:`lakemirror.supervisor.turn_gate`): before applying a batch until a turn is granted, and after
+(:mod:`lakemirror.supervisor.apply_workers.query_gate`): before applying a batch until a turn is granted, and after
 it until the next turn, so that Spark commits the batch and plans the next one only when the table
 is served again (the next batch then holds everything committed up to that turn), and no query
 plans or merges while others have their turn. Over Spark Connect the batch function runs in a
@@ -24,7 +24,7 @@ A crash anywhere loses and doubles nothing: a batch held after its ``MERGE`` is 
 Spark, and the next run applies it again under the same transaction id (Delta skips it).
 
 :class:`ServerGate` is the batch function's side, :class:`FileTurnGate` the daemon's, with the
-interface of the classic :class:`~lakemirror.supervisor.turn_gate.TurnGate`. Pure file I/O: no
+interface of the classic :class:`~lakemirror.supervisor.apply_workers.query_gate.TurnGate`. Pure file I/O: no
 pyspark, importable in the server's worker.
 """
 
@@ -140,7 +140,7 @@ class ServerGate:
 
 
 class FileTurnGate:
-    """The daemon's side: the interface of :class:`~lakemirror.supervisor.turn_gate.TurnGate`."""
+    """The daemon's side: the interface of :class:`~lakemirror.supervisor.apply_workers.query_gate.TurnGate`."""
 
     #: How often a turn's worker looks at the gate (a file listing) and the query (a Connect call).
     poll_seconds = 0.1

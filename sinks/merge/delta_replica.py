@@ -84,7 +84,7 @@ class DeltaReplica:
     pipeline_id: str
     limits: ApplyLimits
     replica_properties: Mapping[str, str] = field(default_factory=dict)
-    #: The crash-test hook (``supervisor/runner.py``, ``FAULT_POINTS``); a no-op unless armed.
+    #: The crash-test hook (``supervisor/change_feed/table_runner.py``, ``FAULT_POINTS``); a no-op unless armed.
     fault: Callable[[str], None] = lambda point: None
     #: Told of the changes a batch dead-lettered, once they are recorded (the pipeline's counts).
     on_letters: Callable[[Sequence[FeedLetter]], None] = lambda letters: None

@@ -14,7 +14,7 @@ older one), the fallback when ``V``'s files are gone, and the transaction ids:
 3. one MERGE of all the keys under the replay's transaction id; refused because of a value, the
    keys are bisected (:func:`~lakemirror.sinks.isolate.bisect`), each attempt under an id of its own.
 
-Called with the table's batches held off (its runner's batch lock): :mod:`lakemirror.supervisor.feed_letters`.
+Called with the table's batches held off (its runner's batch lock): :mod:`lakemirror.supervisor.change_feed.dead_letters`.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ so no change can overtake another of its key.
 
 The letters wait for the operator, who skips them or replays them (the key's row written again
 from the source: :mod:`lakemirror.sinks.merge.letter_replay`) through the running daemon
-(:mod:`lakemirror.supervisor.feed_letters`).
+(:mod:`lakemirror.supervisor.change_feed.dead_letters`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Cycles of ``triggered`` and ``snapshot`` PostgreSQL replicas (:mod:`lakemirror.sinks.postgres.modes`).
 
 A table whose destination mode is not ``continuous`` has no stream. On the destination's schedule
-the daemon's sub-task service (:mod:`lakemirror.supervisor.subtasks`) runs one *cycle* per table
-through the batch runner (:mod:`lakemirror.supervisor.replicate`: retries, timeout, one audit row per
+the daemon's sub-task service (:mod:`lakemirror.supervisor.subtasks.service`) runs one *cycle* per table
+through the batch runner (:mod:`lakemirror.supervisor.subtasks.batch_runner`: retries, timeout, one audit row per
 attempt, status and metrics of a sub-task), with :class:`SparkCycles` as the operations of its
 ``postgres_triggered`` and ``postgres_snapshot`` jobs, and :class:`PostgresCycle` brings the replica
 up to the source's latest version ``head``:
@@ -87,7 +87,7 @@ class CycleReplica(Protocol):
 
 
 class TableOptions(Protocol):
-    """A table's overrides (:class:`lakemirror.supervisor.spec.TableOptions`): empty ``keys``: infer."""
+    """A table's overrides (:class:`lakemirror.supervisor.control.pipeline_spec.TableOptions`): empty ``keys``: infer."""
 
     @property
     def keys(self) -> tuple[str, ...]: ...
@@ -105,7 +105,7 @@ class NoOptions:
 
 
 class CycleSpec(Protocol):
-    """What the cycles read of the pipeline (:class:`lakemirror.supervisor.spec.PipelineSpec`)."""
+    """What the cycles read of the pipeline (:class:`lakemirror.supervisor.control.pipeline_spec.PipelineSpec`)."""
 
     @property
     def pipeline_id(self) -> str: ...

@@ -206,7 +206,7 @@ class PostgresReplica:
         self.calls = calls if calls is not None else ServerCalls(
             self.label, retry_seconds=connector.target.retry_seconds,
             statement_timeout_seconds=connector.target.statement_timeout_seconds)
-        #: The crash-test hook (supervisor/runner.py: FAULT_POINTS), called inside a batch's
+        #: The crash-test hook (supervisor/change_feed/table_runner.py: FAULT_POINTS), called inside a batch's
         #: transaction at ``postgres_after_copy`` and ``postgres_before_commit``, and inside a
         #: refresh's after the swap, before its COMMIT (``postgres_refresh_swapped``); a no-op unless armed.
         self._fault = fault

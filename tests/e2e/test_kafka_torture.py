@@ -3,7 +3,7 @@ replicas, the daemon SIGKILLed at each named point of the event batch path and r
 proof of tests/torture/kafka_harness.py (replica == ordered fold of the distinct events, dead
 letters exactly once, no transaction committed twice).
 
-The points (supervisor/event_stream.py: EVENT_FAULT_POINTS): the batch planned with nothing
+The points (supervisor/events/stream_runner.py: EVENT_FAULT_POINTS): the batch planned with nothing
 written; a replica's MERGE committed before its tombstones and before the batch's other replicas;
 every replica committed before the dead letters; the dead letters committed before Spark's commit
 log; and a replica's MERGE reached a second time. Once with current-row replicas, once with history

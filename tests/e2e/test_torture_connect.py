@@ -1,7 +1,7 @@
 """Crash torture over Spark Connect: the daemon SIGKILLed inside a round of batches the server applied.
 
 The server applies each batch and writes its outcome file; the daemon reports it and appends the
-round's checkpoint rows in one commit (supervisor/connect_report.py, checkpoints/round_rows.py).
+round's checkpoint rows in one commit (supervisor/change_feed/server_batches.py, checkpoints/round_rows.py).
 Killed before that commit, the next daemon records the rows from the files; killed after it,
 the next daemon records none twice; killed at a random moment, the same. The proof is the
 harness's: replicas equal to their sources, no transaction committed twice, one checkpoint row

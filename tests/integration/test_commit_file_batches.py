@@ -2,7 +2,7 @@
 streaming source planning the others, keep the replica exact.
 
 The source and replica live in the session's S3 bucket; each turn of the table plans its next batch
-from the commit files in the bucket (:mod:`lakemirror.supervisor.feed_batches`) and Spark plans the
+from the commit files in the bucket (:mod:`lakemirror.supervisor.change_feed.commit_file_batches`) and Spark plans the
 epoch's first batch and a schema change. The replica equals the source row for row through inserts,
 updates, deletes, re-inserts, NULLs in a composite-key table, several versions in one batch, and a
 column added on the source; every batch has one transaction id and one checkpoint row, and the
@@ -19,7 +19,7 @@ import pytest
 from lakemirror import tables
 from lakemirror.checkpoints.stream_log import StreamLog
 from lakemirror.sinks.txn import is_txn_tag
-from lakemirror.supervisor.replica_record import stream_checkpoint
+from lakemirror.supervisor.offline.replica_transactions import stream_checkpoint
 
 pytestmark = pytest.mark.integration
 

@@ -23,7 +23,7 @@ from lakemirror.identifiers import TableName
 from lakemirror.sinks.events.guard_plan import POSITION_COLUMN, ordered_fold
 from lakemirror.sources.change_event import ChangeEvent
 from lakemirror.sources.debezium import decode_debezium
-from lakemirror.supervisor.event_stream import checkpoint_end_offsets
+from lakemirror.supervisor.events.stream_runner import checkpoint_end_offsets
 from tests.integration.test_kafka_source import envelope
 
 pytestmark = pytest.mark.integration

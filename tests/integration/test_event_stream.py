@@ -20,11 +20,11 @@ from lakemirror.identifiers import TableName
 from lakemirror.sinks.events.guard_plan import POSITION_COLUMN, ordered_fold
 from lakemirror.sources.change_event import ChangeEvent
 from lakemirror.sources.debezium import decode_line
-from lakemirror.supervisor.event_stream import EventStreamRunner, EventStreamSpec
-from lakemirror.supervisor.event_batch import delta_event_sink
+from lakemirror.supervisor.change_feed.table_runner import BatchReport
+from lakemirror.supervisor.control import table_state as sm
 from lakemirror.sources.event_source import event_source_for
-from lakemirror.supervisor.runner import BatchReport
-from lakemirror.supervisor import state as sm
+from lakemirror.supervisor.events.batch_apply import delta_event_sink
+from lakemirror.supervisor.events.stream_runner import EventStreamRunner, EventStreamSpec
 from lakemirror.tables import TableLocation
 
 pytestmark = pytest.mark.integration
@@ -205,8 +205,8 @@ def test_a_change_the_replica_refuses_is_dead_lettered_and_replayed_once_it_fits
     from lakemirror.sinks.event_contract import EventBatchResult, EventTxn
     from lakemirror.sinks.events.dead_letters import PENDING, REPLAYED, DeadLetterTable
     from lakemirror.sources.event_stream import EventDecoder, RawEvent, decode_batch
-    from lakemirror.supervisor.event_batch import EventBatchApplier, delta_replicas
-    from lakemirror.supervisor.event_letters import resolve_letters
+    from lakemirror.supervisor.events.batch_apply import EventBatchApplier, delta_replicas
+    from lakemirror.supervisor.events.dead_letters import resolve_letters
 
     spec = EventStreamSpec("shop", "files", format="simple", table_workers=1)
     h = Harness(spark, tmp_path, spec)

@@ -28,7 +28,7 @@ from lakemirror.sinks.merge.feed_replay import ReplayTarget, key_frame, replay_k
 from lakemirror.sinks.merge.planner import plan_merge
 from lakemirror.sinks.merge.row_isolation import IsolatingMergeSink
 from lakemirror.sinks.txn import TxnId
-from lakemirror.supervisor.feed_letters import FeedLetterDesk
+from lakemirror.supervisor.change_feed.dead_letters import FeedLetterDesk
 from lakemirror.tables import TableLocation
 
 pytestmark = pytest.mark.integration

@@ -23,7 +23,7 @@ from lakemirror.sinks.events.guard_plan import plan_batch
 from lakemirror.sinks.txn import TxnId
 from lakemirror.sources.change_event import DELETE, SNAPSHOT, STREAM, TRUNCATE, UPSERT, ChangeEvent, Position
 from lakemirror.sources.debezium import decode_line
-from lakemirror.supervisor.event_stream import EventStreamSpec
+from lakemirror.supervisor.events.stream_runner import EventStreamSpec
 from lakemirror.tables import TableLocation
 from tests.integration.test_event_stream import Harness, pg
 

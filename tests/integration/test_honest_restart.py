@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from lakemirror.supervisor.replica_record import stream_checkpoint
+from lakemirror.supervisor.offline.replica_transactions import stream_checkpoint
 
 from tests.integration.conftest import vacuum_everything
 

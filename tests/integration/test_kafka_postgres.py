@@ -20,12 +20,12 @@ from lakemirror.sinks.events.guard_plan import ordered_fold
 from lakemirror.sinks.postgres.executor import PostgresTarget
 from lakemirror.sources.change_event import ChangeEvent
 from lakemirror.sources.debezium import decode_debezium
-from lakemirror.supervisor import state as sm
+from lakemirror.supervisor.change_feed.table_runner import BatchReport
 from lakemirror.sinks.postgres.event_replicas import PostgresEventReplicas
 from lakemirror.sinks.postgres.real_time import RealTimeSpec
 from lakemirror.sources.event_source import event_source_for
-from lakemirror.supervisor.event_stream import DeadLetterTally, EventStreamRunner, EventStreamSpec
-from lakemirror.supervisor.runner import BatchReport
+from lakemirror.supervisor.control import table_state as sm
+from lakemirror.supervisor.events.stream_runner import DeadLetterTally, EventStreamRunner, EventStreamSpec
 from tests.integration.test_kafka_source import envelope
 
 pytestmark = pytest.mark.integration

@@ -17,11 +17,11 @@ from lakemirror.identifiers import TableName
 from lakemirror.sinks.events.guard_plan import POSITION_COLUMN, ordered_fold
 from lakemirror.sources.change_event import ChangeEvent
 from lakemirror.sources.debezium import decode_debezium
-from lakemirror.supervisor import state as sm
-from lakemirror.supervisor.event_stream import EventStreamRunner, EventStreamSpec
-from lakemirror.supervisor.event_batch import delta_event_sink
+from lakemirror.supervisor.change_feed.table_runner import BatchReport
+from lakemirror.supervisor.control import table_state as sm
+from lakemirror.supervisor.events.batch_apply import delta_event_sink
 from lakemirror.sources.event_source import event_source_for
-from lakemirror.supervisor.runner import BatchReport
+from lakemirror.supervisor.events.stream_runner import EventStreamRunner, EventStreamSpec
 from lakemirror.tables import TableLocation
 
 pytestmark = pytest.mark.integration

@@ -101,7 +101,7 @@ def test_inputs_read_from_real_tables_and_an_older_checkpoint_table(spark: Any, 
     from lakemirror.checkpoints.records import CHECKPOINT_DDL, CheckpointRow
     from lakemirror.sinks.txn import TxnId, transaction
     from lakemirror.sources.catalog import LocalCatalog
-    from lakemirror.supervisor.recovery_inputs import RecoveryPoints
+    from lakemirror.supervisor.recovery.recovery_inputs import RecoveryPoints
 
     catalog = LocalCatalog(tmp_path / "lakehouse")
     loc = lambda fqn: catalog.locate(TableName.parse(fqn))  # noqa: E731

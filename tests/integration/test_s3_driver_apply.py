@@ -1,7 +1,7 @@
 """Change-feed replicas on S3 applied by the driver's delta-rs MERGE: a crash between its commit and
 the batch's checkpoint row loses nothing and applies nothing twice.
 
-The crash point ``after_driver_commit`` (``supervisor/runner.py``, ``FAULT_POINTS``) fires once the
+The crash point ``after_driver_commit`` (``supervisor/change_feed/table_runner.py``, ``FAULT_POINTS``) fires once the
 delta-rs commit of a batch is durable in the bucket, before anything records it. Here it raises
 in-process (the slow tier's torture kills a daemon there, ``tests/e2e/test_torture_s3.py``): the table
 fails, restarts, Spark hands it the same batch again, and the replica's Delta transaction id (read by
@@ -19,7 +19,7 @@ import pytest
 
 from lakemirror import tables
 from lakemirror.sinks.txn import is_txn_tag
-from lakemirror.supervisor.replica_record import remote_target
+from lakemirror.supervisor.offline.replica_transactions import remote_target
 
 from tests.integration.test_honest_restart import uncommit_last_batch
 
@@ -49,7 +49,7 @@ def batch_rows(p: Any, table: str) -> list[dict[str, Any]]:
 
 def test_a_crash_after_the_driver_commit_on_s3_is_replayed_and_skipped_by_its_transaction_id(
         s3_pipeline: Any, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="lakemirror.supervisor.batch_apply")
+    caplog.set_level(logging.INFO, logger="lakemirror.supervisor.change_feed.batch_apply")
     p = s3_pipeline()
     fault = crash_once_at("after_driver_commit")
     p.app = p.app.replace(fault=fault)

@@ -158,7 +158,7 @@ def test_queries_started_per_turn_for_batches_spark_plans_split_a_backlog_and_st
     """Where the daemon plans a table's batches from its source's commit files, a batch it cannot
     plan (a commit that changes the table's metadata) is Spark's: the turn starts the table's query,
     with a ``once`` trigger when the table is a few versions behind, ``availableNow`` for a backlog."""
-    from lakemirror.supervisor import turns
+    from lakemirror.supervisor.apply_workers import worker_pool
 
     monkeypatch.setattr(turns, "ONE_BATCH_VERSIONS", 3)  # a backlog of 3 versions counts as long
     # ``last_trigger`` is the latest turn's: an idle recheck (a turn finding nothing new) in a slow

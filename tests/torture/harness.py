@@ -4,7 +4,7 @@ A seeded writer drives two source tables with inserts, updates, deletes and re-i
 same keys (every row carries the sequence number of the operation that last wrote it, and one
 table has a composite key and NULLs). The daemon runs as a subprocess and is killed with SIGKILL,
 either by itself at a named crash point (``LAKEMIRROR_TEST_KILL_AT``, see
-``supervisor/runner.py: FAULT_POINTS``) or by the harness at a random moment, then restarted.
+``supervisor/change_feed/table_runner.py: FAULT_POINTS``) or by the harness at a random moment, then restarted.
 After the writer stops, a last daemon catches up and drains, and :func:`verify` checks:
 
 - each replica equals its source row for row (a full comparison, not counts), so no sequence

@@ -1,5 +1,5 @@
 """Crash torture of an event source: Debezium events from Kafka into Delta, the daemon killed at the
-named points of the event batch path (``supervisor/event_stream.py: EVENT_FAULT_POINTS``), then the proof.
+named points of the event batch path (``supervisor/events/stream_runner.py: EVENT_FAULT_POINTS``), then the proof.
 
 A seeded producer writes Debezium envelopes (Postgres connector, JSON converter without schemas) for
 two tables into topics of several partitions, chunk by chunk: inserts, updates, deletes and
@@ -46,7 +46,7 @@ from lakemirror.sinks.txn import is_txn_tag
 from lakemirror.sources.catalog import LocalCatalog
 from lakemirror.sources.change_event import ChangeEvent, DeadLetter
 from lakemirror.sources.event_stream import EventDecoder, RawEvent
-from lakemirror.supervisor.event_stream import checkpoint_end_offsets
+from lakemirror.supervisor.events.stream_runner import checkpoint_end_offsets
 from tests.torture.harness import DaemonProcess, KillRecord
 
 #: Every named point of the event path once, then a replica's MERGE reached a second time (the

@@ -1,5 +1,5 @@
 """What a table runner needs to be built without Spark: a session stand-in, a catalog that only
-locates, and a :class:`~lakemirror.supervisor.runner.RunnerContext` of in-memory stores.
+locates, and a :class:`~lakemirror.supervisor.change_feed.table_runner.RunnerContext` of in-memory stores.
 
 Shared by the unit tests of the runner and its parts; the change source and the replica are the
 in-memory twins (:mod:`lakemirror.sources.memory`, :mod:`lakemirror.sinks.memory`) where a test needs them.
@@ -12,8 +12,8 @@ from typing import Any
 from lakemirror.checkpoints.records import InMemoryCheckpointStore
 from lakemirror.checkpoints.state import InMemoryStateStore
 from lakemirror.identifiers import TableName
-from lakemirror.supervisor.runner import RunnerContext, TableRunner
-from lakemirror.supervisor.spec import PipelineSpec
+from lakemirror.supervisor.change_feed.table_runner import RunnerContext, TableRunner
+from lakemirror.supervisor.control.pipeline_spec import PipelineSpec
 from lakemirror.tables import TableLocation
 
 

@@ -24,8 +24,8 @@ from lakemirror.identifiers import TableName
 from lakemirror.schema import Column
 from lakemirror.sources import cdf_check
 from lakemirror.sources.catalog import TableInfo
-from lakemirror.supervisor.lag import LagReading
-from lakemirror.supervisor.supervisor import Supervisor
+from lakemirror.supervisor.control.lag import LagReading
+from lakemirror.supervisor.control.loop import Supervisor
 from lakemirror.tables import TableLocation
 
 TOKEN = "api-t0ken-for-tests-51f0"
@@ -46,7 +46,7 @@ class MemoryRunner:
         self._events: list[Any] = []
 
     def launch(self) -> None:
-        from lakemirror.supervisor import state as sm
+        from lakemirror.supervisor.control import table_state as sm
         self._events.append(sm.StreamStarted())
 
     def halt(self, timeout: float = 60.0) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from bench.startup import STEP_NAMES, phases, summarize
-from lakemirror.supervisor.launch_timing import LaunchTimer, first_batch_line
+from lakemirror.supervisor.change_feed.launch_timing import LaunchTimer, first_batch_line
 
 
 def _line(at: float, text: str) -> str:

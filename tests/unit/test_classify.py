@@ -1,4 +1,4 @@
-"""lakemirror.supervisor.classify: vendor errors into the Transient / Terminal taxonomy."""
+"""lakemirror.supervisor.control.classify_errors: vendor errors into the Transient / Terminal taxonomy."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from lakemirror.errors import (
     ChangeWindowExpired, ConfigError, LakemirrorError, NoUsableKey, SchemaChangeRestart, SchemaIncompatible,
     TerminalError, TransientError,
 )
-from lakemirror.supervisor.classify import classify, first_line
+from lakemirror.supervisor.control.classify_errors import classify, first_line
 
 
 class Py4JJavaError(Exception):
@@ -182,7 +182,7 @@ WORKER_FAILURE = (
 
 
 def test_a_python_workers_error_is_told_by_the_line_its_traceback_ends_with():
-    from lakemirror.supervisor.classify import python_worker_error, stream_error
+    from lakemirror.supervisor.control.classify_errors import python_worker_error, stream_error
 
     assert python_worker_error(WORKER_FAILURE) == (
         'shop: postgres://lm@db:5432/app (schema r): the server refused the login (password authentication failed '

@@ -8,7 +8,7 @@ def test_a_batch_refused_by_the_drain_is_not_logged_as_an_error_but_other_batch_
     import sys
 
     from lakemirror.daemon.cli import DrainRefusals
-    from lakemirror.supervisor.runner import Drained
+    from lakemirror.supervisor.change_feed.table_runner import Drained
 
     def record(exc: BaseException) -> logging.LogRecord:
         try:

@@ -1,5 +1,5 @@
 """The command journal (lakemirror.checkpoints.commands) on a real folder and as its twin, and the
-pure plan of which journalled commands still need applying (lakemirror.supervisor.commands)."""
+pure plan of which journalled commands still need applying (lakemirror.supervisor.control.command_plan)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from lakemirror.checkpoints import layout
 from lakemirror.checkpoints.commands import Command, FileCommandJournal, InMemoryCommandJournal
 from lakemirror.checkpoints.stream_dir import query_id
-from lakemirror.supervisor.commands import Step, plan, resync_tables
+from lakemirror.supervisor.control.command_plan import Step, plan, resync_tables
 
 
 def journal_at(tmp_path: Path) -> FileCommandJournal:

@@ -1,6 +1,6 @@
 """Turns across the Spark Connect boundary (sinks/merge/connect_gate.py): the batch function's side
 on a plain thread, as in the server's Python worker, the daemon's side driven by the table's real
-turn logic (supervisor/table_turns.py) against a stand-in query. No Spark."""
+turn logic (supervisor/change_feed/turn_taker.py) against a stand-in query. No Spark."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from lakemirror.sinks.merge.connect_gate import DAEMON_GONE_SECONDS, FileTurnGate, GateClosed, ServerGate, gate_folder
-from tests.unit.test_table_turns import NO_DATA, PLANNING, PROCESSING, _turns
+from tests.unit.test_turn_taker import NO_DATA, PLANNING, PROCESSING, _turns
 
 
 def wait_for(predicate: Any, seconds: float = 10.0) -> None:

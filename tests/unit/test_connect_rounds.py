@@ -18,9 +18,9 @@ from lakemirror.sinks.merge.connect_outcomes import (BatchOutcome, batch_ids, fo
                                                      read_outcomes, write_outcome)
 from lakemirror.sinks.merge.planner import plan_merge
 from lakemirror.schema import Column
-from lakemirror.supervisor.batch_apply import RowWriter
-from lakemirror.supervisor.connect_report import report_server_batches
-from lakemirror.supervisor.table_live import BatchReport, TableLive
+from lakemirror.supervisor.change_feed.batch_apply import RowWriter
+from lakemirror.supervisor.change_feed.server_batches import report_server_batches
+from lakemirror.supervisor.change_feed.shared_state import BatchReport, TableLive
 
 APP = "lakemirror/p/src__sales__t/e0"
 
@@ -104,7 +104,7 @@ def test_a_failed_append_is_tried_again_and_flush_waits_for_it() -> None:
 
 class Daemon:
     """One run of the daemon's side of a table over Spark Connect, down to what the runner does at
-    each poll (supervisor/connect_report.py) and at its start (the checkpoint table's last batch)."""
+    each poll (supervisor/change_feed/server_batches.py) and at its start (the checkpoint table's last batch)."""
 
     def __init__(self, folder: str, store: InMemoryCheckpointStore, kill_at: str | None = None) -> None:
         plan = plan_merge([Column("id", "bigint", False)], ["id"])

@@ -1,4 +1,4 @@
-"""Triggered and snapshot PostgreSQL replicas as tables of /status (supervisor.cycle_views), fed by
+"""Triggered and snapshot PostgreSQL replicas as tables of /status (supervisor.subtasks.cycle_tables), fed by
 the cycle sub-tasks' runs through the sub-task service. No Spark: runs are in-memory twins."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from lakemirror.checkpoints.state import InMemoryStateStore, TableProgress
 from lakemirror.daemon.settings import load_settings
 from lakemirror.daemon.settings.runtime_spec import cycle_tables, pipeline_spec, postgres_subtasks
 from lakemirror.identifiers import TableName
-from lakemirror.supervisor.replicate import OperationOutcome, RunSummary, TableJob, TaskSettings
-from lakemirror.supervisor.subtasks import SubtaskRun, SubtaskService
+from lakemirror.supervisor.subtasks.batch_runner import OperationOutcome, RunSummary, TableJob, TaskSettings
+from lakemirror.supervisor.subtasks.service import SubtaskRun, SubtaskService
 
 SETTINGS = load_settings(None, {
     "source_catalog": "src", "destination_catalog": "dst", "schema_name": "sales", "checkpoint_volume": "/tmp/ck",

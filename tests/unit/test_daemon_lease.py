@@ -22,7 +22,7 @@ from lakemirror.daemon.cli import EXIT_CONFIG, main
 from lakemirror.daemon.context import DaemonContext
 from lakemirror.daemon.metrics import Metrics
 from lakemirror.daemon.settings import load_settings
-from lakemirror.supervisor.supervisor import Supervisor
+from lakemirror.supervisor.control.loop import Supervisor
 
 
 def config(tmp_path: Path, **extra: Any) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from lakemirror.daemon import routes
 from lakemirror.daemon.cli import main
 from lakemirror.daemon.dead_letter_api import DeadLetterApi
 from lakemirror.sinks.events.dead_letters import REPLAYED, Resolution
-from lakemirror.supervisor.event_letters import LetterReport
+from lakemirror.supervisor.events.dead_letters import LetterReport
 
 LETTER = {"id": "3f2a9c0d1e2b4a5c", "table": "orders", "origin": "shop.public.orders", "partition": 0, "offset": 41,
           "key": '{"id": 3}', "position": "stream lsn=24023560 txId=771 order=2", "reason": "the replica refused it",

@@ -19,9 +19,9 @@ from lakemirror.sinks.isolate import attempt_txn, bisect
 from lakemirror.sinks.txn import TxnId
 from lakemirror.sources.change_event import ChangeEvent
 from lakemirror.sources.event_stream import EventDecoder, RawEvent, decode_batch
-from lakemirror.supervisor.classify import value_refusal
-from lakemirror.supervisor.event_batch import EventStreamSpec, memory_event_sink
-from lakemirror.supervisor.event_letters import LetterIndex, resolve_letters
+from lakemirror.supervisor.control.classify_errors import value_refusal
+from lakemirror.supervisor.events.batch_apply import EventStreamSpec, memory_event_sink
+from lakemirror.supervisor.events.dead_letters import LetterIndex, resolve_letters
 
 BATCH = TxnId("lakemirror/p/shop/orders/e1", 7)
 

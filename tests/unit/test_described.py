@@ -14,7 +14,7 @@ from lakemirror.sources.catalog import TableInfo
 from lakemirror.delta_log.commit_files import MemoryCommitFiles, changes_metadata, digest
 from lakemirror.sources.described import Described, stale
 from lakemirror.sources.memory import MemoryChangeSource
-from lakemirror.supervisor.description import SourceDescription
+from lakemirror.supervisor.change_feed.source_description import SourceDescription
 from lakemirror.tables import TableLocation
 
 LOC = TableLocation(TableName("src", "s", "t"), "/lake/src/s/t")

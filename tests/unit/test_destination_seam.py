@@ -23,8 +23,8 @@ from lakemirror.sinks.memory import MemoryTableReplica
 from lakemirror.sinks.txn import TxnId, txn_app_id
 from lakemirror.sources.event_stream import FILE_COLUMN, VALUE_COLUMN
 from lakemirror.sources.memory import MemoryChangeSource
-from lakemirror.supervisor.event_stream import EventBatchReport, EventStreamRunner
-from lakemirror.supervisor.runner import BatchReport, TableRunner
+from lakemirror.supervisor.change_feed.table_runner import BatchReport, TableRunner
+from lakemirror.supervisor.events.stream_runner import EventBatchReport, EventStreamRunner
 
 
 class NoSpark:

@@ -24,8 +24,8 @@ from lakemirror.daemon.exit_codes import EXIT_DRAIN_INCOMPLETE
 from lakemirror.daemon.metrics import Metrics
 from lakemirror.daemon.pipelines import PipelineHandle, PipelineRegistry
 from lakemirror.daemon.settings import load_settings
-from lakemirror.supervisor.runner import TableRunner
-from lakemirror.supervisor.supervisor import Supervisor
+from lakemirror.supervisor.change_feed.table_runner import TableRunner
+from lakemirror.supervisor.control.loop import Supervisor
 from tests.unit.runner_fakes import table_runner
 
 DRAIN = 1.0
@@ -182,7 +182,7 @@ def test_the_drain_says_in_one_line_what_it_finished_or_abandoned() -> None:
 
 def test_a_close_that_does_not_return_is_named_and_does_not_hold_the_drain() -> None:
     from lakemirror.daemon.drain import drain
-    from lakemirror.supervisor.subtasks import SubtaskService
+    from lakemirror.supervisor.subtasks.service import SubtaskService
 
     outcome = drain(PipelineRegistry(), SubtaskService([], jobs=lambda t: [], run=lambda r, j: None),  # type: ignore[arg-type, return-value]
                     0.2, {"the change feed's dead-letter replay": _NEVER.wait, "quick": lambda: None})

@@ -1,4 +1,4 @@
-"""An accepted control command survives the process (lakemirror.supervisor.command_inbox): journalled
+"""An accepted control command survives the process (lakemirror.supervisor.control.command_inbox): journalled
 before its 202, recorded by the next supervisor before the table starts when the process dies first,
 never applied twice, and refused when it cannot be journalled. Fake runners whose state is a "disk"
 that outlives the process, and the real file journal in a temporary folder; no Spark."""
@@ -18,11 +18,11 @@ from lakemirror.checkpoints.commands import CommandJournal, FileCommandJournal, 
 from lakemirror.checkpoints.stream_dir import query_id
 from lakemirror.daemon.http import ControlServer
 from lakemirror.sources.kafka_offsets import StaticOffsets
-from lakemirror.supervisor import state as sm
-from lakemirror.supervisor.command_inbox import OPERATOR_RESYNC
-from lakemirror.supervisor.event_stream import EventStreamRunner
-from lakemirror.supervisor.recorded import RecordedTable
-from lakemirror.supervisor.supervisor import CommandNotRecorded, CommandRefused, Draining, Supervisor
+from lakemirror.supervisor.control import table_state as sm
+from lakemirror.supervisor.control.command_inbox import OPERATOR_RESYNC
+from lakemirror.supervisor.control.loop import CommandNotRecorded, CommandRefused, Draining, Supervisor
+from lakemirror.supervisor.events.stream_runner import EventStreamRunner
+from lakemirror.supervisor.offline.recorded_tables import RecordedTable
 from tests.unit.test_control import post
 from tests.unit.test_supervisor import POLICY, FakeClock, FakeRunner
 
@@ -358,8 +358,8 @@ class QuietEventRunner(EventStreamRunner):
 def event_supervisor(folder: Path, journal_path: Path) -> tuple[Supervisor, dict[str, QuietEventRunner]]:
     from lakemirror.checkpoints.state import FileStateStore
     from lakemirror.sources.memory_events import MemoryEventSource
-    from lakemirror.supervisor.event_batch import memory_event_sink
-    from lakemirror.supervisor.event_stream import EventStreamSpec
+    from lakemirror.supervisor.events.batch_apply import memory_event_sink
+    from lakemirror.supervisor.events.stream_runner import EventStreamSpec
 
     made: dict[str, QuietEventRunner] = {}
 

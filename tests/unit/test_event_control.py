@@ -11,10 +11,10 @@ import pytest
 from lakemirror.checkpoints.state import FileStateStore
 from lakemirror.sources.kafka_offsets import BrokerOffsets, StaticOffsets
 from lakemirror.sources.memory_events import MemoryEventSource
-from lakemirror.supervisor import state as sm
-from lakemirror.supervisor.event_batch import memory_event_sink
-from lakemirror.supervisor.event_stream import (EventStreamRunner, EventStreamSpec, checkpoint_epoch,
-                                                resync_refusal)
+from lakemirror.supervisor.control import table_state as sm
+from lakemirror.supervisor.events.batch_apply import memory_event_sink
+from lakemirror.supervisor.events.stream_runner import (EventStreamRunner, EventStreamSpec, checkpoint_epoch,
+                                                        resync_refusal)
 
 
 def runner(folder: Path, broker: BrokerOffsets | None, states: FileStateStore | None = None,
@@ -104,7 +104,7 @@ def test_the_refusal_names_only_partitions_that_lost_unapplied_events() -> None:
 def test_the_event_crash_points_can_be_armed(monkeypatch: pytest.MonkeyPatch) -> None:
     from lakemirror.daemon.context import KILL_AT_ENV, crash_points_from_environment
     from lakemirror.errors import ConfigError
-    from lakemirror.supervisor.event_stream import EVENT_FAULT_POINTS
+    from lakemirror.supervisor.events.stream_runner import EVENT_FAULT_POINTS
 
     for point in EVENT_FAULT_POINTS:
         monkeypatch.setenv(KILL_AT_ENV, f"{point}:2")

@@ -16,9 +16,10 @@ from lakemirror.sources.change_event import UPSERT, ChangeEvent, Position
 from lakemirror.sources.kafka_offsets import StaticOffsets, offsets_behind, parse_end_offsets, progress_end_offsets
 from lakemirror.sources.event_stream import RawEvent
 from lakemirror.sources.memory_events import MemoryEventSource
-from lakemirror.supervisor.event_batch import memory_event_sink
-from lakemirror.supervisor.event_stream import (DeadLetterTally, EventBatchReport, EventLagReading, EventStreamRunner, EventStreamSpec,
-                                                ReplicaBatch, ReplicaStatus, checkpoint_end_offsets, event_lags)
+from lakemirror.supervisor.events.batch_apply import memory_event_sink
+from lakemirror.supervisor.events.stream_runner import (DeadLetterTally, EventBatchReport, EventLagReading,
+                                                        EventStreamRunner, EventStreamSpec, ReplicaBatch, ReplicaStatus,
+                                                        checkpoint_end_offsets, event_lags)
 
 
 def test_offsets_behind_counts_unread_partitions_from_their_beginning() -> None:
@@ -145,7 +146,7 @@ def test_a_backlog_built_up_while_the_daemon_was_down_counts_from_when_it_was_la
 
 
 def test_replica_counts_carry_over_a_restart_and_show_without_the_daemon(tmp_path: Path) -> None:
-    from lakemirror.supervisor.event_record import describe, load_record
+    from lakemirror.supervisor.events.status_record import describe, load_record
 
     first = runner(tmp_path, StaticOffsets({}), [0.0])
     first.replicas["customers"] = ReplicaStatus(batches=2, inserted=5, updated=1, deleted=2, last_ts_ms=90_000)

@@ -16,8 +16,8 @@ from lakemirror.sources.event_source import FileEventSource, KafkaEventSource, e
 from lakemirror.sources.event_stream import EventDecoder, RawEvent, decode_batch
 from lakemirror.sources.kafka_offsets import KafkaBrokerOffsets, StaticOffsets
 from lakemirror.sources.memory_events import MemoryEventSource
-from lakemirror.supervisor.event_batch import memory_event_sink
-from lakemirror.supervisor.event_stream import EventStreamRunner, EventStreamSpec
+from lakemirror.supervisor.events.batch_apply import memory_event_sink
+from lakemirror.supervisor.events.stream_runner import EventStreamRunner, EventStreamSpec
 from tests.unit.test_debezium import envelope, pg_source, simple
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lakemirror.sources.event_stream import RawEvent, raw_events_from_file_rows, raw_events_from_kafka_rows
-from lakemirror.supervisor.event_stream import checkpoint_epoch
+from lakemirror.supervisor.events.stream_runner import checkpoint_epoch
 
 
 def test_file_rows_become_numbered_lines_in_path_order() -> None:

@@ -17,7 +17,7 @@ from lakemirror.daemon.settings.replicate import load_replicate_config
 from lakemirror.errors import ConfigError
 from lakemirror.identifiers import TableName
 from lakemirror.sql_exec import run_sql
-from lakemirror.supervisor.replicate import BatchRunner, TableJob, TaskSettings
+from lakemirror.supervisor.subtasks.batch_runner import BatchRunner, TableJob, TaskSettings
 
 
 class Session:
@@ -45,7 +45,7 @@ def test_every_line_carries_the_run_id_debug_reaches_the_files_only(tmp_path: Pa
     root.setLevel(logging.INFO)
     sql_logger = logging.getLogger("lakemirror.sql")
     sql_logger.parent = root  # type: ignore[assignment]
-    replicate_logger = logging.getLogger("lakemirror.supervisor.replicate")
+    replicate_logger = logging.getLogger("lakemirror.supervisor.subtasks.batch_runner")
     replicate_logger.parent = root  # type: ignore[assignment]
     try:
         jobs = [TableJob(TableName("p", "s", t), TableName("d", "s", t),

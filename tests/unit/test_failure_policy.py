@@ -1,4 +1,4 @@
-"""lakemirror.supervisor.failure: a configuration error is terminal at once, a transient one is retried."""
+"""supervisor.control.failure_policy: a configuration error is terminal at once, a transient one is retried."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from lakemirror.errors import (
 from lakemirror.schema import Column
 from lakemirror.sources.catalog import TableMissing
 from lakemirror.sources.keys import choose_key
-from lakemirror.supervisor import state as sm
-from lakemirror.supervisor.failure import failed_event
+from lakemirror.supervisor.control import table_state as sm
+from lakemirror.supervisor.control.failure_policy import failed_event
 
 POLICY = sm.RestartPolicy(base_delay_seconds=10.0, max_delay_seconds=100.0, jitter=0.0)
 

@@ -21,9 +21,9 @@ from lakemirror.sinks.merge.apply_choice import DRIVER, ApplyChoice
 from lakemirror.sinks.merge.delta_merge import DeltaMergeSink
 from lakemirror.sinks.merge.planner import plan_merge
 from lakemirror.sinks.txn import txn_app_id
-from lakemirror.supervisor.batch_apply import BatchApply, RowWriter
-from lakemirror.supervisor.feed_batches import FeedBatches
-from lakemirror.supervisor.table_live import TableLive
+from lakemirror.supervisor.change_feed.batch_apply import BatchApply, RowWriter
+from lakemirror.supervisor.change_feed.commit_file_batches import FeedBatches
+from lakemirror.supervisor.change_feed.shared_state import TableLive
 from lakemirror.tables import TableLocation
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("v", pa.string())])

@@ -23,7 +23,7 @@ from lakemirror.sinks.merge.feed_replay import ReplayTarget
 from lakemirror.sinks.merge.planner import plan_merge
 from lakemirror.sinks.txn import TxnId
 from lakemirror.sources.connect_types import json_value_text
-from lakemirror.supervisor.feed_letters import FeedLetterDesk
+from lakemirror.supervisor.change_feed.dead_letters import FeedLetterDesk
 from lakemirror.tables import TableLocation
 
 
@@ -230,7 +230,7 @@ def test_a_replay_of_a_table_that_left_the_pipeline_says_so_and_keeps_the_letter
 
 def test_a_table_shows_its_pending_letters_and_lends_its_batch_lock_to_a_replay(tmp_path: Any) -> None:
     from lakemirror.checkpoints.state import TableProgress
-    from lakemirror.supervisor.prepare import Prepared
+    from lakemirror.supervisor.change_feed.prepare import Prepared
     from tests.unit.runner_fakes import NoSpark, table_runner
 
     store = InMemoryFeedLetters()
@@ -277,7 +277,7 @@ def test_a_table_shows_its_pending_letters_and_lends_its_batch_lock_to_a_replay(
 
 
 def test_the_newest_version_a_committed_batch_touched(tmp_path: Any) -> None:
-    from lakemirror.supervisor.replica_record import touched_through
+    from lakemirror.supervisor.offline.replica_transactions import touched_through
 
     assert touched_through(str(tmp_path / "none")) is None
     (tmp_path / "offsets").mkdir()

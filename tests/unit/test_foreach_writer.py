@@ -17,7 +17,7 @@ from lakemirror.sinks.postgres.events import FlushResult
 from lakemirror.sinks.postgres.foreach import PostgresForeachWriter
 from lakemirror.sinks.txn import BatchStats, MergeOutcome
 from lakemirror.sinks.postgres.real_time import finished_batch
-from lakemirror.supervisor.runner import BatchReport, StreamLatency
+from lakemirror.supervisor.change_feed.table_runner import BatchReport, StreamLatency
 
 
 class RecordingSink:

@@ -1,4 +1,4 @@
-"""A drain halts every table at once (supervisor/halts.py): one table whose query cannot be stopped
+"""A drain halts every table at once (supervisor/control/halts.py): one table whose query cannot be stopped
 holds up no other, and the drain names exactly the tables it abandoned. Real table runners and
 supervisor; the queries are stand-ins."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import threading
 
-from lakemirror.supervisor.halts import halt_all
-from lakemirror.supervisor.runner import TableRunner
-from lakemirror.supervisor.supervisor import Supervisor
+from lakemirror.supervisor.change_feed.table_runner import TableRunner
+from lakemirror.supervisor.control.halts import halt_all
+from lakemirror.supervisor.control.loop import Supervisor
 from tests.unit.runner_fakes import table_runner
 
 

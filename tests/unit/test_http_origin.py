@@ -23,7 +23,7 @@ from lakemirror.daemon.context import DaemonContext
 from lakemirror.daemon.http import ControlServer
 from lakemirror.daemon.metrics import Metrics
 from lakemirror.daemon.settings import load_settings
-from lakemirror.supervisor.supervisor import Supervisor
+from lakemirror.supervisor.control.loop import Supervisor
 from tests.unit.test_api import Daemon
 from tests.unit.test_supervisor import FakeRunner
 

@@ -14,7 +14,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge
 
 from lakemirror.daemon.http import ControlServer
-from lakemirror.supervisor.supervisor import TableView
+from lakemirror.supervisor.control.loop import TableView
 
 READ_TIMEOUT = 1.0
 GENEROUS = 15.0  # no timing is asserted tighter than this: the machine is shared

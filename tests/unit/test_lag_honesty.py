@@ -18,9 +18,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 
 from lakemirror.daemon.metrics import Metrics
-from lakemirror.supervisor import state as sm
-from lakemirror.supervisor.lag import LagReading, compute_lag
-from lakemirror.supervisor.supervisor import Supervisor
+from lakemirror.supervisor.control import table_state as sm
+from lakemirror.supervisor.control.lag import LagReading, compute_lag
+from lakemirror.supervisor.control.loop import Supervisor
 from tests.unit.test_supervisor import POLICY, FakeClock, FakeRunner, RecordingObserver
 
 
@@ -115,7 +115,7 @@ def test_each_table_is_priced_at_its_own_probe() -> None:
 
 def test_an_event_source_reading_is_not_repriced_by_batch_ids() -> None:
     """An event source's runner counts batches, not offsets: its reading only ages."""
-    from lakemirror.supervisor.event_stream import EventLagReading
+    from lakemirror.supervisor.events.stream_runner import EventLagReading
 
     reading = EventLagReading(10.0, 5, 100, 95, oldest_unapplied_at=990.0)
     assert reading.repriced(1_000, 1_000.0) == EventLagReading(10.0, 5, 100, 95, oldest_unapplied_at=990.0)

@@ -1,4 +1,4 @@
-"""lakemirror.supervisor.lag (honest lag) and Delta source offsets
+"""lakemirror.supervisor.control.lag (honest lag) and Delta source offsets
 (lakemirror.delta_log.stream_offsets.applied_through_from_offset)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import pytest
 
 from lakemirror.delta_log.stream_offsets import applied_through_from_offset
-from lakemirror.supervisor.lag import LagReading, compute_lag
+from lakemirror.supervisor.control.lag import LagReading, compute_lag
 
 NOW = 1_700_000_000.0
 

@@ -13,7 +13,7 @@ from lakemirror.sources.keys import choose_key
 from lakemirror.sources.memory import MemoryChangeSource
 from lakemirror.schema import Column
 from lakemirror.sources.retention import RetentionWindow
-from lakemirror.supervisor.runner import Prepared, TableRunner
+from lakemirror.supervisor.change_feed.table_runner import Prepared, TableRunner
 from tests.unit.runner_fakes import table_runner
 
 

@@ -1,4 +1,4 @@
-"""supervisor.launch_slots: a few launches at once; a bootstrap gives its slot back while it copies."""
+"""supervisor.change_feed.launch_slots: a few launches at once; a bootstrap gives its slot back while it copies."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from lakemirror.supervisor.launch_slots import LaunchSlots, default_launch_slots
+from lakemirror.supervisor.change_feed.launch_slots import LaunchSlots, default_launch_slots
 
 
 def test_no_more_launches_than_slots_hold_one_at_once() -> None:

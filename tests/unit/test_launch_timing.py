@@ -1,8 +1,9 @@
-"""supervisor.launch_timing: a launch's steps timed on an injected clock, and the lines that say so (pure)."""
+"""supervisor.change_feed.launch_timing: a launch's steps timed on an injected clock, and the lines that say
+so (pure)."""
 
 from __future__ import annotations
 
-from lakemirror.supervisor.launch_timing import LaunchTimer, first_batch_line
+from lakemirror.supervisor.change_feed.launch_timing import LaunchTimer, first_batch_line
 
 
 class Clock:

@@ -71,13 +71,13 @@ DELTA_LOG_IMPORTERS = frozenset({
     "sinks/events/guard_merge.py",          # delta-rs writes only the protocols it writes correctly
     "sinks/merge/apply_choice.py",          # the features each apply path handles
     "sinks/merge/local_replica.py",         # a local replica's protocol features
-    "supervisor/description.py",            # the commit files a kept description is checked against
-    "supervisor/feed_batches.py",           # batches read from commit files
-    "supervisor/lag_probe.py",              # the source's commit log (a type)
-    "supervisor/recorded.py",               # the source's newest commit and commit times, offline
-    "supervisor/replica_record.py",         # the versions a recorded batch covered
-    "supervisor/runner.py",                 # the source's commit files, the applied version's offset
-    "supervisor/table_turns.py",            # the source's commit log (a type)
+    "supervisor/change_feed/source_description.py",            # the commit files a kept description is checked against
+    "supervisor/change_feed/commit_file_batches.py",           # batches read from commit files
+    "supervisor/change_feed/lag_probe.py",              # the source's commit log (a type)
+    "supervisor/offline/recorded_tables.py",               # the source's newest commit and commit times, offline
+    "supervisor/offline/replica_transactions.py",         # the versions a recorded batch covered
+    "supervisor/change_feed/table_runner.py",                 # the source's commit files, the applied version's offset
+    "supervisor/change_feed/turn_taker.py",            # the source's commit log (a type)
 })
 #: The log's file names, spelled in code only inside ``lakemirror.delta_log`` (docstrings may name them).
 DELTA_LOG_NAMES = ("_delta_log", "_last_checkpoint")
@@ -141,9 +141,9 @@ def test_every_layer_folder_is_checked() -> None:
 
 def test_relative_and_lazy_imports_are_seen() -> None:
     """``from ..daemon import x`` and an import inside a function count like any other."""
-    text = "from ...daemon import cli\nfrom .plan import x\ndef f():\n    import lakemirror.supervisor.runner\n"
+    text = "from ...daemon import cli\nfrom .plan import x\ndef f():\n    import lakemirror.supervisor.control.loop\n"
     modules = [m for _, m in imported_modules(text, ("lakemirror", "sinks", "postgres"))]
-    assert modules == ["lakemirror.daemon", "lakemirror.sinks.postgres.plan", "lakemirror.supervisor.runner"]
+    assert modules == ["lakemirror.daemon", "lakemirror.sinks.postgres.plan", "lakemirror.supervisor.control.loop"]
     assert [layer_of(m) for m in modules] == ["daemon", "sinks", "supervisor"]
 
 
@@ -258,3 +258,13 @@ def test_every_destination_but_the_default_is_a_package_the_supervisor_may_not_i
     for kind in set(DESTINATIONS) - {"delta", "memory"}:
         assert (ROOT / "sinks" / kind / "__init__.py").is_file(), f"destination {kind!r} has no package sinks/{kind}"
         assert f"lakemirror.sinks.{kind}" in DESTINATION_PACKAGES, f"add lakemirror.sinks.{kind} to DESTINATION_PACKAGES"
+
+
+def test_the_supervisor_keeps_its_modules_in_rooms() -> None:
+    """supervisor/ holds sub-packages by concern, each documented in its ``__init__``; a module
+    belongs in one of them (or in a new one, said in supervisor/__init__.py), never loose beside them."""
+    loose = sorted(p.name for p in (ROOT / "supervisor").glob("*.py") if p.name != "__init__.py")
+    assert loose == [], f"modules of supervisor/ outside its sub-packages: {loose}"
+    doc = (ROOT / "supervisor" / "__init__.py").read_text(encoding="utf-8")
+    rooms = sorted(p.parent.name for p in (ROOT / "supervisor").glob("*/__init__.py"))
+    assert [r for r in rooms if f":mod:`.{r}`" not in doc] == [], "rooms supervisor/__init__.py does not describe"

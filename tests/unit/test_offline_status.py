@@ -18,8 +18,8 @@ from lakemirror.daemon.offline_status import offline_status
 from lakemirror.daemon.settings import load_settings
 from lakemirror.daemon.settings.runtime_spec import pipeline_spec
 from lakemirror.daemon.status import status_info
-from lakemirror.supervisor.event_record import EventSourceRecord, save_record
-from lakemirror.supervisor.supervisor import TableView
+from lakemirror.supervisor.control.loop import TableView
+from lakemirror.supervisor.events.status_record import EventSourceRecord, save_record
 
 
 def write_config(tmp_path: Path, **extra: Any) -> Path:

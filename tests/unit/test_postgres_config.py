@@ -126,7 +126,7 @@ def test_an_event_source_into_postgres_runs_the_postgres_runner_in_the_mode_conf
     from lakemirror.daemon.settings import load_settings
     from lakemirror.sinks.postgres.event_replicas import PostgresEventReplicas
     from lakemirror.sinks.postgres.real_time import RealTimeSpec
-    from lakemirror.supervisor.event_stream import EventStreamRunner
+    from lakemirror.supervisor.events.stream_runner import EventStreamRunner
 
     pg = "{kind: postgres, host: h, database: d, user: u, schema: replicas}"
     for source, real_time in (

@@ -23,7 +23,7 @@ from lakemirror.sinks.postgres.plan import ReplicaTable
 from lakemirror.sinks.postgres.protocol import MemoryReplicaSink
 from lakemirror.sources.catalog import CDF_PROPERTY, TableInfo
 from lakemirror.sinks.postgres.cycles import PostgresCycle
-from lakemirror.supervisor.scheduler import DailyAt, Every
+from lakemirror.supervisor.subtasks.scheduler import DailyAt, Every
 from lakemirror.tables import TableLocation
 
 # -- the choice ---------------------------------------------------------------------------------
@@ -351,7 +351,7 @@ def test_real_time_mode_refuses_to_start_on_more_partitions_than_the_budget_coun
     from lakemirror.daemon.metrics import Metrics
     from lakemirror.sources.kafka_offsets import StaticOffsets
     from lakemirror.sources.memory_events import MemoryEventSource
-    from lakemirror.supervisor import state as sm
+    from lakemirror.supervisor.control import table_state as sm
 
     cfg = tmp_path / "p.yaml"
     cfg.write_text("source_catalog: a\ndestination_catalog: b\nschema_name: s\ncheckpoint_volume: " + str(tmp_path)
@@ -412,7 +412,7 @@ def test_real_time_mode_without_tasks_counts_the_partitions_at_start_against_the
     from lakemirror.daemon.metrics import Metrics
     from lakemirror.sources.kafka_offsets import StaticOffsets
     from lakemirror.sources.memory_events import MemoryEventSource
-    from lakemirror.supervisor import state as sm
+    from lakemirror.supervisor.control import table_state as sm
 
     def runner(cap: int, partitions: int) -> Any:
         cfg = tmp_path / "p.yaml"

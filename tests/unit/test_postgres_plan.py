@@ -132,7 +132,7 @@ def test_an_unmapped_type_says_what_to_do():
 def test_a_column_of_an_unmapped_type_stops_the_table_naming_the_column():
     """A variant (or interval) column cannot reach PostgreSQL, however often it is retried: the
     table fails at once (a configuration error), with the column and the setting that excludes it."""
-    from lakemirror.supervisor.failure import failed_event
+    from lakemirror.supervisor.control.failure_policy import failed_event
 
     with pytest.raises(UnsupportedType) as caught:
         ReplicaTable("s", "events", ("id",), (Column("id", "bigint"), Column("payload", "variant"),

@@ -1,11 +1,11 @@
 """A PostgreSQL replica's waits on its server (sinks.postgres.waits) and how they reach the table's
-state (supervisor.destination_wait): an outage at once, a lock only when the server says so."""
+state (supervisor.control.destination_waits): an outage at once, a lock only when the server says so."""
 
 from __future__ import annotations
 
 from lakemirror.sinks.postgres.waits import CODE_LOCK, CODE_UNAVAILABLE, LockWait, ServerCalls
-from lakemirror.supervisor import state as sm
-from lakemirror.supervisor.destination_wait import WaitReport
+from lakemirror.supervisor.control import table_state as sm
+from lakemirror.supervisor.control.destination_waits import WaitReport
 
 
 class Clock:

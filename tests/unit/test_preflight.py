@@ -16,7 +16,7 @@ from lakemirror.daemon import preflight
 from lakemirror.daemon.context import DaemonContext
 from lakemirror.daemon.settings import load_settings
 from lakemirror.daemon.metrics import Metrics
-from lakemirror.supervisor.supervisor import Supervisor
+from lakemirror.supervisor.control.loop import Supervisor
 from lakemirror.daemon.preflight import (CONNECT_REQUIREMENTS, StartupError, bind_failure, check_connect,
                                          missing_requirements, remote_address)
 

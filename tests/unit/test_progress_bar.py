@@ -8,7 +8,7 @@ import logging
 
 from lakemirror.daemon.progress_bar import CLEAR_LINE, BarAwareHandler, BootstrapBar, attach, describe
 from lakemirror.sinks.batch.bootstrap_plan import BootstrapProgress
-from lakemirror.supervisor.observer import NoopObserver, Observers
+from lakemirror.supervisor.control.observer import NoopObserver, Observers
 
 
 def progress(done: int, total: int = 20, rows_total: int | None = 20_000_000, now: float = 10.0) -> BootstrapProgress:
@@ -49,7 +49,7 @@ def test_the_bar_is_the_last_line_log_records_scroll_above_it_and_a_finished_boo
 
 
 def test_a_table_that_leaves_its_bootstrap_unfinished_leaves_the_bar() -> None:
-    from lakemirror.supervisor.state import TableState, TableStatus
+    from lakemirror.supervisor.control.table_state import TableState, TableStatus
 
     term = Terminal()
     bar = BootstrapBar(term, columns=200)

@@ -13,7 +13,7 @@ from lakemirror.daemon.pipelines import PipelineRegistry
 from lakemirror.daemon.recovery import parse_instant, parse_tables, render
 from lakemirror.daemon.worker import CommandWorker
 from lakemirror.errors import ConfigError
-from lakemirror.supervisor.recovery_point import NoRecoveryPoint
+from lakemirror.supervisor.recovery.recovery_point import NoRecoveryPoint
 
 
 def api(fn: Any) -> ContinuousSyncApi:

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from lakemirror.supervisor.recovery_point import (
+from lakemirror.supervisor.recovery.recovery_point import (
     NoRecoveryPoint, ReplicaCommit, TableTimeline, intervals, recovery_point,
 )
 

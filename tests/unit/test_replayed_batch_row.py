@@ -10,8 +10,8 @@ import pytest
 from lakemirror.checkpoints.records import InMemoryCheckpointStore
 from lakemirror.checkpoints.state import TableProgress
 from lakemirror.sinks.txn import TxnId
-from lakemirror.supervisor.batch_apply import BatchApply, RowWriter
-from lakemirror.supervisor.table_live import TableLive
+from lakemirror.supervisor.change_feed.batch_apply import BatchApply, RowWriter
+from lakemirror.supervisor.change_feed.shared_state import TableLive
 
 APP = "lakemirror/p/src__s__t/e1"
 

@@ -11,7 +11,7 @@ from lakemirror.daemon.settings import load_settings
 from lakemirror.daemon.settings.maintenance import VACUUM_TASK, hours_interval
 from lakemirror.daemon.settings.runtime_spec import jobs_for, maintenance_subtasks, pipeline_spec
 from lakemirror.errors import ConfigError
-from lakemirror.supervisor.scheduler import DailyAt, Every
+from lakemirror.supervisor.subtasks.scheduler import DailyAt, Every
 from tests.unit.test_config import write
 
 POSTGRES = {"kind": "postgres", "host": "db", "database": "d", "user": "u"}

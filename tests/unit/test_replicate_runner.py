@@ -8,8 +8,8 @@ import threading
 from lakemirror.checkpoints.audit import InMemoryAuditLog
 from lakemirror.errors import NoUsableKey, TransientError
 from lakemirror.identifiers import TableName
-from lakemirror.supervisor.replicate import BatchRunner, TableJob, TaskSettings, TextProgress
-from lakemirror.supervisor.state import RestartPolicy
+from lakemirror.supervisor.control.table_state import RestartPolicy
+from lakemirror.supervisor.subtasks.batch_runner import BatchRunner, TableJob, TaskSettings, TextProgress
 
 
 class FakeOps:

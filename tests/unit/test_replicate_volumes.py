@@ -16,7 +16,7 @@ from lakemirror.errors import ConfigError
 from lakemirror.file_store import InMemoryFileStore
 from lakemirror.sinks.batch.volumes import VolumeOperations
 from lakemirror.sources.catalog import InMemoryDiscovery
-from lakemirror.supervisor.replicate import BatchRunner
+from lakemirror.supervisor.subtasks.batch_runner import BatchRunner
 
 BASE: dict[str, Any] = {"catalogs": [{"name": "prod", "target_catalog": "dr"}], "checkpoint_volume": "/cp"}
 

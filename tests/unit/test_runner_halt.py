@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from lakemirror.sinks.merge.delta_merge import TxnId
-from lakemirror.supervisor.runner import Drained, TableRunner
+from lakemirror.supervisor.change_feed.table_runner import Drained, TableRunner
 from tests.unit.runner_fakes import table_runner
 
 

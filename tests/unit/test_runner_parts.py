@@ -17,9 +17,9 @@ from lakemirror.sources.catalog import CDF_PROPERTY
 from lakemirror.sources.change_event import DELETE, STREAM, UPSERT, Position
 from lakemirror.sources.contract import change_from_cdf_row
 from lakemirror.sources.memory import MemoryChangeSource
-from lakemirror.supervisor import state as sm
-from lakemirror.supervisor.batch_apply import Drained
-from lakemirror.supervisor.runner import BatchReport, TableRunner
+from lakemirror.supervisor.change_feed.batch_apply import Drained
+from lakemirror.supervisor.change_feed.table_runner import BatchReport, TableRunner
+from lakemirror.supervisor.control import table_state as sm
 from tests.unit.runner_fakes import table_runner
 
 COLUMNS = (Column("id", "bigint", False), Column("v", "string"))
@@ -212,7 +212,7 @@ def test_a_replayed_batch_is_logged_as_the_path_that_found_it_written(caplog: py
                                 replay_note=self.note)
 
     runner = _runner()
-    caplog.set_level("INFO", logger="lakemirror.supervisor.batch_apply")
+    caplog.set_level("INFO", logger="lakemirror.supervisor.change_feed.batch_apply")
     runner._apply_batch(ReplayedSink(WRITE_POSTGRES, REPLAY_NOTE), TxnId("app", 5), [], 1)  # noqa: SLF001
     runner._apply_batch(ReplayedSink("spark-merge"), TxnId("app", 6), [], 1)  # noqa: SLF001
     pg, delta = [r.getMessage() for r in caplog.records if "already committed" in r.getMessage()]

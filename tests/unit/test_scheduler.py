@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from lakemirror.supervisor.scheduler import DailyAt, Every, Scheduler, TaskPolicy
+from lakemirror.supervisor.subtasks.scheduler import DailyAt, Every, Scheduler, TaskPolicy
 
 T0 = 1_000_000.0
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from lakemirror.daemon.settings import load_settings
 from lakemirror.secrets import MASK, is_secret_key, mask_secrets, redact
-from lakemirror.supervisor.classify import classify
+from lakemirror.supervisor.control.classify_errors import classify
 
 TOKEN = "s3cr3t-T0ken-value-9f8e7d"
 

@@ -1,10 +1,10 @@
-"""lakemirror.supervisor.state: the pure per-table state machine and its restart policy."""
+"""lakemirror.supervisor.control.table_state: the pure per-table state machine and its restart policy."""
 
 from __future__ import annotations
 
 import pytest
 
-from lakemirror.supervisor.state import (
+from lakemirror.supervisor.control.table_state import (
     MAX_QUICK_RESTARTS, Action, BatchApplied, BootstrapStarted, Failed, Launch, Pause, RestartPolicy, Resume,
     Stop, StreamStarted, TableState, TableStatus, Tick, step,
 )
@@ -189,7 +189,7 @@ def test_a_retried_bootstrap_that_started_its_stream_waits_in_starting() -> None
 # -- a wait that holds the work back (the destination unreachable, a lock) ------------------------
 
 def test_a_wait_degrades_the_table_without_halting_it_and_its_end_restores_the_state():
-    from lakemirror.supervisor.state import WaitOver, Waiting
+    from lakemirror.supervisor.control.table_state import WaitOver, Waiting
 
     for before in (S.STARTING, S.BOOTSTRAPPING, S.RUNNING):
         waiting, actions = go(at(before), Waiting("waiting on PostgreSQL: cannot reach the server", "postgres_wait"))
@@ -207,7 +207,7 @@ def test_a_wait_degrades_the_table_without_halting_it_and_its_end_restores_the_s
 
 
 def test_a_wait_ends_with_a_batch_a_start_a_failure_or_a_pause():
-    from lakemirror.supervisor.state import Waiting
+    from lakemirror.supervisor.control.table_state import Waiting
 
     waiting, _ = go(at(S.RUNNING), Waiting("w"))
     applied, _ = go(waiting, BatchApplied())

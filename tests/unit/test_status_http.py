@@ -7,7 +7,7 @@ from typing import Any
 
 from lakemirror.daemon.http import readiness
 from lakemirror.daemon.status import render_table
-from lakemirror.supervisor.supervisor import TableView
+from lakemirror.supervisor.control.loop import TableView
 
 RUNNING = TableView(table="orders", state="running", lag_seconds=1.234, versions_behind=2, applied_through=10,
                     rows_applied=55, batches=3, failures=0, retries=0, next_retry_at=None, last_error=None,
@@ -82,7 +82,7 @@ def test_status_names_each_tables_apply_path_and_why_a_batch_took_another(tmp_pa
     from lakemirror.sinks.merge.apply_choice import DRIVER, ApplyChoice
     from lakemirror.sinks.merge.delta_merge import DeltaMergeSink
     from lakemirror.sinks.merge.planner import plan_merge
-    from lakemirror.supervisor.stream_wiring import apply_detail
+    from lakemirror.supervisor.change_feed.stream_wiring import apply_detail
     from lakemirror.tables import TableLocation
 
     plan = plan_merge((Column("id", "bigint", False), Column("v", "string")), ["id"])

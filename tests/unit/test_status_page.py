@@ -17,8 +17,8 @@ from prometheus_client import CollectorRegistry
 from lakemirror.daemon.http import ControlServer
 from lakemirror.daemon.metrics import Metrics
 from lakemirror.daemon.page import SCALE_WIDTH, LagHistory, actions, render, sparkline
-from lakemirror.supervisor.lag import LagReading
-from lakemirror.supervisor.supervisor import TableView
+from lakemirror.supervisor.control.lag import LagReading
+from lakemirror.supervisor.control.loop import TableView
 
 TOKEN = "page-t0ken-for-tests-9b2e"
 HOSTILE = '<script>alert("x")</script> & failed at jdbc:postgresql://app:hunter2@db/x'

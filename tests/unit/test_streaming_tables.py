@@ -12,7 +12,7 @@ from lakemirror.sinks.batch.operations import SparkOperations
 from lakemirror.sinks.sql import RecordingSql
 from lakemirror.sources.catalog import UnityCatalog
 from lakemirror.sources.streaming_tables import BackingTableMissing, backing_candidates, resolve_backing_table
-from lakemirror.supervisor.replicate import TableJob, TaskSettings
+from lakemirror.supervisor.subtasks.batch_runner import TableJob, TaskSettings
 
 ST = TableName("prod", "sales", "events")
 PID = "1a2b3c4d-0000-4e5f-9a8b-123456789abc"

@@ -23,9 +23,9 @@ from lakemirror.errors import ConfigError
 from lakemirror.identifiers import TableName
 from lakemirror.sinks.merge.planner import diff_schema
 from lakemirror.sinks.batch.reconcile_plan import ReconcileResult
-from lakemirror.supervisor.replicate import OperationOutcome, RunSummary, TableJob, TaskSettings
-from lakemirror.supervisor.scheduler import DailyAt, Every
-from lakemirror.supervisor.subtasks import Subtask, SubtaskRun, SubtaskService
+from lakemirror.supervisor.subtasks.batch_runner import OperationOutcome, RunSummary, TableJob, TaskSettings
+from lakemirror.supervisor.subtasks.scheduler import DailyAt, Every
+from lakemirror.supervisor.subtasks.service import Subtask, SubtaskRun, SubtaskService
 
 BASE: dict[str, Any] = {"source_catalog": "src", "destination_catalog": "dst", "schema_name": "sales",
                         "checkpoint_volume": "/tmp/ckpt", "exclude_tables": ["archive"],

@@ -1,4 +1,4 @@
-"""lakemirror.supervisor.supervisor: the control loop, driven by fake runners and a fake clock."""
+"""lakemirror.supervisor.control.loop: the control loop, driven by fake runners and a fake clock."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 from lakemirror.sinks.batch.bootstrap_plan import BootstrapProgress
 from lakemirror.sinks.merge.delta_merge import BatchStats, MergeOutcome
 from lakemirror.sinks.memory import ApplyCounts
-from lakemirror.supervisor import state as sm
-from lakemirror.supervisor.lag import LagReading
-from lakemirror.supervisor.runner import BatchReport
-from lakemirror.supervisor.supervisor import Supervisor, TableView
+from lakemirror.supervisor.change_feed.table_runner import BatchReport
+from lakemirror.supervisor.control import table_state as sm
+from lakemirror.supervisor.control.lag import LagReading
+from lakemirror.supervisor.control.loop import Supervisor, TableView
 
 POLICY = sm.RestartPolicy(base_delay_seconds=10.0, max_delay_seconds=100.0, jitter=0.2)
 
@@ -337,7 +337,7 @@ def test_shutdown_honours_the_drain_timeout() -> None:
 
 def test_a_missing_table_stays_failed_without_retries_and_discovery_starts_it_once_it_exists() -> None:
     from lakemirror.sources.catalog import TableMissing
-    from lakemirror.supervisor.failure import failed_event
+    from lakemirror.supervisor.control.failure_policy import failed_event
 
     w = World(["a"], discover=30.0)
     w.sup.start()
@@ -361,7 +361,7 @@ def test_a_missing_table_stays_failed_without_retries_and_discovery_starts_it_on
 
 def test_tables_known_from_the_records_are_listed_at_once_with_their_applied_version_and_lag() -> None:
     """Runners need Spark (a minute to start); the records need none, and are shown meanwhile."""
-    from lakemirror.supervisor.recorded import RecordedTable
+    from lakemirror.supervisor.offline.recorded_tables import RecordedTable
 
     clock = FakeClock(1000.0)
     recorded = {"a": RecordedTable("a", applied_through=187, latest_version=190, oldest_unapplied_at=850.0,
@@ -426,7 +426,7 @@ def test_a_command_accepted_just_before_the_shutdown_is_recorded_for_the_next_st
 
 
 def test_commands_are_refused_once_the_shutdown_has_begun() -> None:
-    from lakemirror.supervisor.supervisor import Draining
+    from lakemirror.supervisor.control.loop import Draining
 
     w = started(["a"])
     w.sup.shutdown(30.0)
@@ -443,7 +443,7 @@ def test_a_replay_of_a_batch_whose_checkpoint_row_was_read_at_start_is_not_count
     """Killed after the checkpoint row, before Spark's commit: the row (batch 7) is in the counts the
     table starts with; its replay reports the batch's counts again and adds nothing. Killed between
     the replica's commit and the row (batch 8): the replay writes the row, and counts."""
-    from lakemirror.supervisor.recorded import RecordedTable
+    from lakemirror.supervisor.offline.recorded_tables import RecordedTable
 
     clock = FakeClock(1000.0)
     runners: dict[str, FakeRunner] = {}
@@ -468,7 +468,7 @@ def test_while_a_table_starts_its_source_position_is_read_again_and_lag_never_fr
     lag counts from the oldest unapplied commit, never from the process start."""
     from dataclasses import replace
 
-    from lakemirror.supervisor.recorded import RecordedTable
+    from lakemirror.supervisor.offline.recorded_tables import RecordedTable
 
     clock = FakeClock(1000.0)
     source = {"latest": 190, "oldest": 850.0}
@@ -513,7 +513,7 @@ def test_a_reading_that_is_not_renewed_keeps_counting_lag() -> None:
 
 def test_a_table_listed_from_the_records_takes_commands_while_its_runner_is_being_made() -> None:
     """/status lists the configured tables while the JVM starts; pause must not answer 'no such table'."""
-    from lakemirror.supervisor.recorded import RecordedTable
+    from lakemirror.supervisor.offline.recorded_tables import RecordedTable
 
     runners: dict[str, FakeRunner] = {}
     answers: list[bool] = []

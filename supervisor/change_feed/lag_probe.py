@@ -1,0 +1,98 @@
+"""One table's lag probe: reads the source's head and prices the applied version (:mod:`..control.lag`).
+
+The head comes from the source's commit files where they can be read directly (no Spark job;
+:func:`~lakemirror.sources.head_probe.probe_head`, with commit times cached across probes), else
+from the source's history (:meth:`~lakemirror.sources.contract.ChangeSource.head`). The probe
+also prices the change window left (:mod:`lakemirror.sources.retention`) and warns once each time
+it runs low.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import Any
+
+from lakemirror.sources.change_feed import SourceHead
+from lakemirror.delta_log.commit_times import CommitLog
+from lakemirror.sources.head_probe import probe_head
+from lakemirror.sources.contract import ChangeSource
+from lakemirror.sources.retention import RetentionWindow, headroom_seconds
+from lakemirror.supervisor.control.lag import LagReading, compute_lag
+
+log = logging.getLogger(__name__)
+
+#: The most commits a probe reads back from the source's head.
+MAX_WINDOW = 32
+
+
+class LagProbe:
+    """Lag readings of one table's replica against its source."""
+
+    def __init__(self, source: ChangeSource[Any], label: str, warning_seconds: float) -> None:
+        self.source = source
+        self.label = label
+        self.warning_seconds = warning_seconds
+        self.last: LagReading | None = None
+        self._commit_log: CommitLog | None = None  # None: not opened yet, or unavailable
+        self._commit_log_opened = False
+        self._commit_times: dict[int, float] = {}
+        self._known_latest: int | None = None
+        self._headroom_low = False
+
+    def reset(self) -> None:
+        """Forget what earlier probes learned (a resync: the next epoch may read another table)."""
+        self.last = None
+        self._commit_log, self._commit_log_opened = None, False
+        self._commit_times, self._known_latest = {}, None
+
+    def commit_files(self) -> CommitLog | None:
+        """The source's commit files, opened once; None where they cannot be read directly."""
+        if not self._commit_log_opened:
+            self._commit_log, self._commit_log_opened = self.source.commit_log(), True
+        return self._commit_log
+
+    def probe(self, through: int, retention: RetentionWindow | None, now: float) -> LagReading:
+        """The lag of a replica that holds every version up to ``through``; ``retention``: the
+        source's change window (None: not known yet, no headroom reported)."""
+        # Read only as many of the newest commits as the table was behind at the last probe (plus
+        # two): a caught-up table reads 2 commit files per probe instead of 32.
+        window = MAX_WINDOW if self.last is None else min(MAX_WINDOW, self.last.versions_behind + 2)
+        head = self._head_from_commit_files(through) or self.source.head(through, window=window)
+        self._known_latest = head.latest_version
+        times = dict(head.commit_times)
+        # The commit times the probe walked past (commit files) are kept with the reading, so that a
+        # batch landing before the next probe reprices it without a read (LagReading.repriced).
+        for version, at in self._commit_times.items():
+            if through < version <= head.latest_version:
+                times.setdefault(version, at)
+        headroom = None if retention is None else headroom_seconds(
+            applied_through=through, latest_version=head.latest_version, commit_times=times,
+            window=retention, now=now)
+        needed = through + 1
+        if head.latest_version >= needed and needed not in times:
+            # The needed commit is gone from the log: lag is at least the oldest commit still there.
+            times[needed] = min(t for v, t in times.items() if v > through)
+        reading = compute_lag(applied_through=through, latest_version=head.latest_version,
+                              commit_times=times, now=now)
+        self.last = replace(reading, retention_headroom_seconds=headroom)
+        if headroom is not None:
+            self._warn_on_headroom(headroom)
+        return self.last
+
+    def _head_from_commit_files(self, through: int) -> SourceHead | None:
+        """The head read from the source's commit files (no Spark job), or None: use history."""
+        log_ = self.commit_files()
+        if log_ is None:
+            return None
+        return probe_head(log_.commit_time, applied_through=through,
+                          known_latest=self._known_latest, cache=self._commit_times)
+
+    def _warn_on_headroom(self, headroom: float) -> None:
+        low = headroom < self.warning_seconds
+        if low and not self._headroom_low:
+            log.warning("table %s: the change window closes in %.0fs: source versions the replica still needs "
+                        "may be vacuumed or log-cleaned (raise delta.deletedFileRetentionDuration / "
+                        "delta.logRetentionDuration on the source, or let the table catch up)",
+                        self.label, headroom)
+        self._headroom_low = low
