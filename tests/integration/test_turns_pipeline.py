@@ -160,10 +160,10 @@ def test_queries_started_per_turn_for_batches_spark_plans_split_a_backlog_and_st
     with a ``once`` trigger when the table is a few versions behind, ``availableNow`` for a backlog."""
     from lakemirror.supervisor.apply_workers import worker_pool
 
-    monkeypatch.setattr(turns, "ONE_BATCH_VERSIONS", 3)  # a backlog of 3 versions counts as long
+    monkeypatch.setattr(worker_pool, "ONE_BATCH_VERSIONS", 3)  # a backlog of 3 versions counts as long
     # ``last_trigger`` is the latest turn's: an idle recheck (a turn finding nothing new) in a slow
     # run would replace the trigger of the turn under test.
-    monkeypatch.setattr(turns, "IDLE_RECHECK_SECONDS", 3600.0)
+    monkeypatch.setattr(worker_pool, "IDLE_RECHECK_SECONDS", 3600.0)
     pipeline = make_pipeline(apply_workers=1)
     _caught_up(pipeline, "VALUES (0, 'a')")
     runner = pipeline.runner("t")
