@@ -67,6 +67,15 @@ class CommitFiles(Protocol):
         ...
 
 
+def local_log_dir(location: TableLocation) -> Path | None:
+    """The log folder of a path-based table whose log this (the driver's) process can read, else None."""
+    if location.path is None or not is_local_table(location.path):
+        return None
+    folder = local_dir(location.path)
+    assert folder is not None  # a local table's location is a local directory
+    return folder / LOG_DIR
+
+
 class LocalCommitFiles:
     """The commit files of a table on the driver's own file system."""
 
@@ -76,11 +85,8 @@ class LocalCommitFiles:
     @classmethod
     def for_table(cls, location: TableLocation) -> "LocalCommitFiles | None":
         """None unless ``location`` is a path-based table whose log this process can read."""
-        if location.path is None or not is_local_table(location.path):
-            return None
-        folder = local_dir(location.path)
-        assert folder is not None  # a local table's location is a local directory
-        return cls(folder / LOG_DIR)
+        log_dir = local_log_dir(location)
+        return None if log_dir is None else cls(log_dir)
 
     def read(self, version: int) -> bytes | None:
         try:

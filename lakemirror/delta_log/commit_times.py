@@ -14,8 +14,9 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
+from lakemirror.delta_log.commit_files import local_log_dir
 from lakemirror.delta_log.layout import LOG_DIR, commit_file_name
-from lakemirror.tables import TableLocation, has_own_jvm, is_local_table, local_dir
+from lakemirror.tables import TableLocation, has_own_jvm
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -50,11 +51,8 @@ class LocalCommitLog:
     @classmethod
     def for_table(cls, loc: TableLocation) -> "LocalCommitLog | None":
         """None unless ``loc`` is a path-based table whose log directory this process can see."""
-        if loc.path is None or not is_local_table(loc.path):
-            return None
-        directory = local_dir(loc.path)
-        assert directory is not None  # a local table's location is a local directory
-        return cls(directory / LOG_DIR)
+        log_dir = local_log_dir(loc)
+        return None if log_dir is None else cls(log_dir)
 
     def _commit_file(self, version: int) -> Path:
         return self._log_dir / commit_file_name(version)

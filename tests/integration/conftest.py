@@ -19,7 +19,8 @@ from lakemirror import tables
 from lakemirror.daemon.context import DaemonContext
 from lakemirror.daemon.settings import load_settings
 from lakemirror.daemon.metrics import Metrics
-from lakemirror.delta_log.layout import LOG_DIR
+from lakemirror.delta_log.commit_files import local_log_dir
+from lakemirror.delta_log.layout import newest_commit
 from lakemirror.identifiers import TableName, quote
 from tests.integration.postgres_server import postgres  # noqa: F401 (the session's PostgreSQL, for the Postgres sink)
 
@@ -76,12 +77,8 @@ class Pipeline:
     def local_latest_version(self, table: str) -> int | None:
         """A local source's newest version: the highest commit file of its log, read without a Spark
         job (tests poll it while they wait, beside the streams they wait for); None elsewhere."""
-        local = tables.local_dir(self.source(table).path or "")
-        log_dir = None if local is None else local / LOG_DIR
-        if log_dir is None or not log_dir.is_dir():
-            return None
-        versions = [int(f.name[:-5]) for f in log_dir.iterdir() if f.name.endswith(".json") and f.name[:-5].isdigit()]
-        return max(versions) if versions else None
+        log_dir = local_log_dir(self.source(table))
+        return None if log_dir is None else newest_commit(log_dir)
 
     # -- the daemon -----------------------------------------------------------------------------
 
