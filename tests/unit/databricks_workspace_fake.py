@@ -104,6 +104,26 @@ def validate_request(method: Callable[..., Any], path_params: dict[str, str], pa
             raise Invalid(f"{name}: required by {method.__qualname__}")
 
 
+#: SDK methods whose JSON body is one parameter's model (``create(tag_assignment)`` sends
+#: ``tag_assignment.as_dict()``), not their parameters: the body is checked against that model.
+BODY_MODELS = {uc.EntityTagAssignmentsAPI.create: "tag_assignment", uc.EntityTagAssignmentsAPI.update: "tag_assignment"}
+
+
+def validate_body_model(method: Callable[..., Any], path_params: dict[str, str], body: Any,
+                        query: dict[str, Any]) -> None:
+    """A body that is the model of ``BODY_MODELS[method]`` (its required fields present, every field
+    typed), and a query of the method's other parameters."""
+    param = BODY_MODELS[method]
+    model = typing.get_type_hints(method)[param]
+    if not isinstance(body, dict):
+        raise Invalid(f"{param}: expected an object")
+    _check(model, body, param)
+    for f in dataclasses.fields(model):
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in body:
+            raise Invalid(f"{param}.{f.name}: required by {model.__name__}")
+    validate_request(method, {**path_params, param: "body"}, query)
+
+
 def validate_answer(method: Callable[..., Any], payload: Any) -> None:
     ret = typing.get_type_hints(method).get("return")
     if ret is None or payload is None or ret is type(None):
@@ -139,6 +159,8 @@ class FakeWorkspace:
         self.external_locations: dict[str, dict[str, Any]] = {}
         self.storage_credentials: dict[str, dict[str, Any]] = {}
         self.grants: dict[tuple[str, str], dict[str, set[str]]] = {}
+        #: (entity_type, entity_name) -> {tag_key: assignment as the API answers it}
+        self.tags: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
         self.rejected: list[str] = []
         self.calls: list[tuple[str, str, Any]] = []
         self.fail_next: dict[tuple[str, str], int] = {}  # (method, path prefix) -> failures to inject (500)
@@ -214,6 +236,11 @@ class FakeWorkspace:
             ("PATCH", f"{u}/permissions/(?P<securable_type>[^/]+)/(?P<full_name>[^/]+)", uc.GrantsAPI.update,
              self._update_grants),
             ("GET", "/api/2.0/pipelines/(?P<pipeline_id>[^/]+)", dlt.PipelinesAPI.get, self._get_pipeline),
+            ("GET", f"{u}/entity-tag-assignments/(?P<entity_type>[^/]+)/(?P<entity_name>[^/]+)/tags",
+             uc.EntityTagAssignmentsAPI.list, self._list_tags),
+            ("POST", f"{u}/entity-tag-assignments", uc.EntityTagAssignmentsAPI.create, self._create_tag),
+            ("PATCH", f"{u}/entity-tag-assignments/(?P<entity_type>[^/]+)/(?P<entity_name>[^/]+)/tags/(?P<tag_key>[^/]+)",
+             uc.EntityTagAssignmentsAPI.update, self._update_tag),
         ]
         return [(m, re.compile(p + "$"), sdk, fn) for m, p, sdk, fn in table]
 
@@ -235,7 +262,11 @@ class FakeWorkspace:
                 if isinstance(body, dict) and query:
                     payload = {**{k: v[-1] for k, v in query.items()}, **body}
                 try:
-                    validate_request(sdk, params, {k: v for k, v in payload.items() if k not in params})
+                    if sdk in BODY_MODELS:
+                        validate_body_model(sdk, params, body, {k: v[-1] for k, v in query.items()})
+                        payload = {**{k: v[-1] for k, v in query.items()}, **body}
+                    else:
+                        validate_request(sdk, params, {k: v for k, v in payload.items() if k not in params})
                 except Invalid as exc:
                     self.rejected.append(f"{method} {path}: {exc}")
                     return 400, {"error_code": "INVALID_PARAMETER_VALUE", "message": str(exc)}
@@ -488,6 +519,56 @@ class FakeWorkspace:
             grants[change["principal"]].difference_update(change.get("remove", []))
         return 200, {"privilege_assignments": [{"principal": k, "privileges": sorted(v)}
                                                for k, v in sorted(grants.items())]}
+
+    # -- tags ------------------------------------------------------------------------------------
+
+    def _entity_exists(self, entity_type: str, name: str) -> bool:
+        if entity_type == "columns":
+            table, _, column = name.rpartition(".")
+            return any(c["name"] == column for c in self.tables.get(table, {}).get("columns", []))
+        store = {"catalogs": self.catalogs, "schemas": self.schemas, "tables": self.tables,
+                 "volumes": self.volumes}.get(entity_type)
+        if store is None:
+            raise Invalid(f"entity_type: {entity_type!r} is not one of catalogs, columns, schemas, tables, volumes")
+        return name in store
+
+    def _tagged(self, entity_type: str, name: str) -> tuple[Answer | None, dict[str, dict[str, Any]]]:
+        try:
+            exists = self._entity_exists(entity_type, name)
+        except Invalid as exc:
+            return (400, {"error_code": "INVALID_PARAMETER_VALUE", "message": str(exc)}), {}
+        if not exists:
+            return _not_found(f"{entity_type[:-1].capitalize()} '{name}'"), {}
+        return None, self.tags.setdefault((entity_type, name), {})
+
+    def _list_tags(self, p: dict[str, str], b: dict[str, Any]) -> Answer:
+        error, tags = self._tagged(p["entity_type"], p["entity_name"])
+        return error or (200, {"tag_assignments": list(tags.values())})
+
+    def _create_tag(self, p: dict[str, str], b: dict[str, Any]) -> Answer:
+        if "source_type" in b or "update_time" in b or "updated_by" in b:
+            return 400, {"error_code": "INVALID_PARAMETER_VALUE", "message": "source_type, update_time and "
+                         "updated_by are output only"}
+        error, tags = self._tagged(b["entity_type"], b["entity_name"])
+        if error:
+            return error
+        if b["tag_key"] in tags:
+            return _exists(f"Tag assignment {b['tag_key']} on {b['entity_name']}")
+        tags[b["tag_key"]] = {k: b[k] for k in ("entity_type", "entity_name", "tag_key", "tag_value") if k in b}
+        return 200, tags[b["tag_key"]]
+
+    def _update_tag(self, p: dict[str, str], b: dict[str, Any]) -> Answer:
+        error, tags = self._tagged(p["entity_type"], p["entity_name"])
+        if error:
+            return error
+        if p["tag_key"] not in tags:
+            return _not_found(f"Tag assignment {p['tag_key']} on {p['entity_name']}")
+        if (b["entity_type"], b["entity_name"], b["tag_key"]) != (p["entity_type"], p["entity_name"], p["tag_key"]):
+            return 400, {"error_code": "INVALID_PARAMETER_VALUE", "message": "the body names another tag assignment"}
+        if b["update_mask"] not in ("tag_value", "*"):
+            return 400, {"error_code": "INVALID_PARAMETER_VALUE", "message": "only tag_value can be updated"}
+        tags[p["tag_key"]]["tag_value"] = b.get("tag_value")
+        return 200, tags[p["tag_key"]]
 
     # -- pipelines -------------------------------------------------------------------------------
 
