@@ -80,7 +80,19 @@ def disaster_recovery_operations(context: Any, base: Operations, checkpoint_volu
                                            uc_maps(context.config)), sessions)
     routes.update({op: uc for op in UC_OPERATIONS.values()})
     routes["backup_share"] = ShareSchemas(lambda: workspace_client(ws.source))
+    if context.config.delta_sharing is not None:  # the source is another metastore: its tags through the SDK
+        from lakemirror.sinks.batch.uc_tags import CrossMetastoreMetadata, SdkTags
+
+        routes["metadata"] = CrossMetastoreMetadata(
+            base, lambda: SdkTags(workspace_client(ws.source), workspace_client(ws.target)),
+            source_catalogs(context.config))
     return ByOperation(base, routes)
+
+
+def source_catalogs(cfg: Any) -> dict[str, str]:
+    """The catalog made from each selected catalog's share -> that source catalog."""
+    ds = cfg.delta_sharing
+    return {ds.shared_catalog.format(catalog=c.name): c.name for c in cfg.selected_catalogs()} if ds else {}
 
 
 def uc_early(context: Any) -> list[list[Any]]:

@@ -11,7 +11,8 @@ assigned by the system (data classification) are left to the target's own classi
 :func:`plan_tags` is pure. :class:`SdkTags` copies one entity's tags at a time; a failure of one entity
 is recorded and the others go on (:meth:`SdkTags.sync_table` raises at the end, naming every entity
 that failed, so the table's audit row says so and the batch runner retries it). An entity the target
-does not have (a volume that is not replicated, a column the replica lacks) is skipped and reported.
+does not have is skipped and reported when it is a volume (volumes are replicated only when configured)
+or a column the replica lacks; a missing catalog, schema or table fails, named.
 :class:`CrossMetastoreMetadata` is the ``metadata`` operation of such a run: the base operation does
 comments and properties, this module the tags.
 """
@@ -95,8 +96,11 @@ class SdkTags:
         if source is None:
             return {"entity": f"{entity_type} {target_name}", "skipped": f"the source has no {entity_type} {source_name}"}
         target = self._read(self.target, entity_type, target_name) if source else {}
-        if target is None:
+        if target is None and entity_type == "volumes":  # volumes are replicated only when configured
             return {"entity": f"{entity_type} {target_name}", "skipped": "the target does not have it"}
+        if target is None:
+            raise TerminalError(f"{entity_type} {target_name} is not on the target: its tags are copied once it "
+                                f"is replicated there")
         plan = plan_tags(source, target, overwrite)
 
         def assignment(key: str, value: str | None) -> EntityTagAssignment:

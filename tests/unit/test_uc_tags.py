@@ -116,10 +116,10 @@ def test_one_failed_object_never_stops_the_others_and_is_named(pair: tuple[FakeW
 
 def test_terminal_failures_are_not_retried(pair: tuple[FakeWorkspace, FakeWorkspace]) -> None:
     src, dst = pair
-    del dst.catalogs["dr"]  # listing the target's tags of a missing catalog: skipped, not failed
+    del dst.catalogs["dr"]  # a catalog missing on the target: named, not retried
     dst.tags[("schemas", "dr.sales_dr")] = {"domain": tag("schemas", "dr.sales_dr", "domain", "x")}
-    out = SdkTags(src.client(), dst.client()).sync_table(SRC, DST, ["catalog_tag"], overwrite=True)
-    assert out["tags_skipped"] == ["catalogs dr (the target does not have it)"]
+    with pytest.raises(TagsRefused, match="catalogs dr is not on the target"):
+        SdkTags(src.client(), dst.client()).sync_table(SRC, DST, ["catalog_tag"], overwrite=True)
     # a conflicting create (a tag made between the read and the write) is terminal: refused, not retried
     tags = SdkTags(src.client(), dst.client())
     original = tags._read
@@ -193,3 +193,41 @@ def test_the_fake_refuses_a_tag_request_the_sdk_models_do_not_allow() -> None:
             client.api_client.do("POST", "/api/2.1/unity-catalog/entity-tag-assignments",
                                  body={"entity_type": "catalogs", "entity_name": "c", "tag_key": "k", "value": "v"})
         assert len(ws.rejected) == 3
+
+
+def test_a_replicate_run_across_metastores_copies_the_tags_and_audits_each_table(
+        pair: tuple[FakeWorkspace, FakeWorkspace]) -> None:
+    import io
+
+    from lakemirror.checkpoints.audit import InMemoryAuditLog
+    from lakemirror.daemon.context import ReplicateContext
+    from lakemirror.daemon.settings.replicate import load_replicate_config
+    from lakemirror.sinks.sql import RecordingSql
+    from lakemirror.sources.catalog import InMemoryDiscovery
+    from tests.unit.test_streaming_tables import FakeSession
+
+    src, dst = pair
+    src.link(dst)  # the tables are read from the catalog made from the share: prod_shared
+    src.tables["prod.sales.lines"] = {"name": "lines", "catalog_name": "prod", "schema_name": "sales",
+                                      "full_name": "prod.sales.lines", "table_type": "MANAGED"}
+    src.tags[("tables", "prod.sales.lines")] = {"owner": tag("tables", "prod.sales.lines", "owner", "x")}
+    config = load_replicate_config(None, data={
+        "runtime": {"mode": "databricks"}, "operations": ["metadata"], "retry": {"max_attempts": 1},
+        "metadata": {"object_types": ["catalog_tag", "table_tag", "column_tag"]},
+        "workspaces": {"source": {"host": src.server.host, "token": "x"},
+                       "target": {"host": dst.server.host, "token": "x"}},
+        "delta_sharing": {"recipient": "dr_recipient"},
+        "catalogs": [{"name": "prod", "target_catalog": "dr",
+                      "schemas": [{"name": "sales", "target_schema": "sales_dr"}]}]})
+    audit = InMemoryAuditLog()
+    summary = ReplicateContext(config, out=io.StringIO()).replace(
+        spark=FakeSession(RecordingSql({})), audit=audit, execution_user="me",
+        discovery=InMemoryDiscovery({"prod_shared": {"sales": ["orders", "lines"]}})).run()
+    rows = {r.object_name: r for r in audit.records}
+    assert rows["lakemirror_prod"].status == "success" and dst.catalogs["prod_shared"]["share_name"] == "lakemirror_prod"
+    assert rows["orders"].status == "success" and rows["orders"].operation_type == "uc_replication"
+    assert values(dst, "tables", "dr.sales_dr.orders")["owner"] == "sales-team"
+    assert values(dst, "catalogs", "dr") == {"env": "production"}
+    # the replica of lines is missing on the target: its tags fail, named, and the other table's did not stop
+    assert rows["lines"].status == "failed" and "dr.sales_dr.lines" in str(rows["lines"].error_message)
+    assert [o.job.source.table for o in summary.failed] == ["lines"]
