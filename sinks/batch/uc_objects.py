@@ -26,6 +26,8 @@ conflicts are terminal, the rest transient (the batch runner retries).
 
 from __future__ import annotations
 
+import re
+import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
 
@@ -38,6 +40,24 @@ if TYPE_CHECKING:
 
 class CredentialHoldsSecret(TerminalError):
     code = "credential_secret"
+
+
+class ViewDependencyFailed(TerminalError):
+    """A view reads an object the target does not have, or a view that failed in this run (named)."""
+
+    code = "view_dependency"
+
+
+_NOT_FOUND = re.compile(r"TABLE_OR_VIEW_NOT_FOUND\]?[^`]*((?:`(?:[^`]|``)+`)(?:\.`(?:[^`]|``)+`)*)")
+
+
+def missing_object(exc: BaseException) -> str | None:
+    """The object a ``TABLE_OR_VIEW_NOT_FOUND`` error names (as Spark quotes it), else None."""
+    text = str(exc)
+    if "TABLE_OR_VIEW_NOT_FOUND" not in text:
+        return None
+    found = _NOT_FOUND.search(text)
+    return found.group(1) if found else "an object"
 
 
 @dataclass(frozen=True)
@@ -260,6 +280,8 @@ class UcOperations:
         self._make = replicator
         self._built: UcReplicator | None = None
         self.sessions = sessions
+        self._failed_views: set[str] = set()  # source names of the views whose last attempt failed
+        self._lock = threading.Lock()
 
     @property
     def replicator(self) -> UcReplicator:
@@ -273,8 +295,28 @@ class UcOperations:
             from lakemirror.sinks.sql import SparkSql
 
             view = planned_from(job.settings.options["view"])
-            with self.sessions.session(tag) as session:
-                out = create_view(SparkSql(session), view)
+            with self._lock:
+                failed = [d for d in view.depends_on if d in self._failed_views]
+            if failed:
+                with self._lock:
+                    self._failed_views.add(str(view.source))
+                raise ViewDependencyFailed(
+                    f"view {view.target} was not created: it reads {', '.join(failed)}, which could not be created "
+                    f"on the target in this run (see its own row)", table=str(view.source))
+            try:
+                with self.sessions.session(tag) as session:
+                    out = create_view(SparkSql(session), view)
+            except Exception as exc:
+                with self._lock:
+                    self._failed_views.add(str(view.source))
+                missing = missing_object(exc)
+                if missing is None:
+                    raise
+                raise ViewDependencyFailed(
+                    f"view {view.target} was not created: it reads {missing}, which the target does not have "
+                    f"(replicate it first, or select its schema)", table=str(view.source)) from exc
+            with self._lock:
+                self._failed_views.discard(str(view.source))
             if job.settings.options["view"].get("grants"):
                 out.update(self.replicator.table_grants(str(view.source)))
             return out

@@ -58,9 +58,12 @@ def read_views(sql: SqlExecutor, catalog: str, schema: str) -> list[ViewDef]:
 
 def views_from_sdk(client: "WorkspaceClient", catalog: str, schema: str) -> list[ViewDef]:
     """The views of ``catalog.schema`` as the source workspace's Unity Catalog describes them."""
-    from lakemirror.sinks.batch.sharing import _sdk
+    from lakemirror.errors import TerminalError
+    from lakemirror.sinks.batch.sharing import _absent
 
-    tables = _sdk(f"tables of {catalog}.{schema}", lambda: list(client.tables.list(catalog, schema)))
+    tables = _absent(f"tables of {catalog}.{schema}", lambda: list(client.tables.list(catalog, schema)))
+    if tables is None:
+        raise TerminalError(f"tables of {catalog}.{schema}: the source workspace has no schema {catalog}.{schema}")
     return [ViewDef(TableName(catalog, schema, str(t.name)), str(t.view_definition), t.comment)
             for t in tables if t.view_definition and str(getattr(t.table_type, "value", t.table_type)) == "VIEW"]
 

@@ -429,6 +429,8 @@ class FakeWorkspace:
         return 200, info
 
     def _list_tables(self, p: dict[str, str], b: dict[str, Any]) -> Answer:
+        if f"{b['catalog_name']}.{b['schema_name']}" not in self.schemas:
+            return _not_found(f"Schema '{b['catalog_name']}.{b['schema_name']}'")
         return 200, {"tables": [t for t in self.tables.values() if t["catalog_name"] == b["catalog_name"]
                                 and t["schema_name"] == b["schema_name"]]}
 
@@ -439,6 +441,8 @@ class FakeWorkspace:
     # -- volumes, locations, credentials ---------------------------------------------------------
 
     def _list_volumes(self, p: dict[str, str], b: dict[str, Any]) -> Answer:
+        if f"{b['catalog_name']}.{b['schema_name']}" not in self.schemas:
+            return _not_found(f"Schema '{b['catalog_name']}.{b['schema_name']}'")
         return 200, {"volumes": [v for v in self.volumes.values() if v["catalog_name"] == b["catalog_name"]
                                  and v["schema_name"] == b["schema_name"]]}
 
