@@ -121,9 +121,15 @@ def late_phases(cfg: ReplicateConfig, read_views: Callable[[str, str], Sequence[
         return []
     phases: list[list[TableJob]] = []
     if "view" in kinds:
-        views = [v for c in catalogs for s in list_schemas(c) if _selected(cfg, c)(s) for v in read_views(c.name, s)]
+        views, unread = _read_all_views(cfg, catalogs, read_views, list_schemas)
         entries = {c.name: c for c in catalogs}
         by_level: dict[int, list[TableJob]] = {}
+        maps = uc_maps(cfg)
+        for c, s, error in unread:  # one failed job per catalog or schema whose views could not be read
+            target = maps.full_name(f"{c.name}.{s}").split(".", 1) if s != "*" else [c.target_catalog, "*"]
+            by_level.setdefault(0, []).append(_job(cfg, c, "view", TableName(c.name, s, "*"),
+                                                   TableName(target[0], target[1], "*"),
+                                                   {"view_listing": {"error": error}}, None if s == "*" else s))
         for p in plan_views(views, name_map(cfg)):
             c = entries[p.source.catalog]
             options = {"view": {"source": str(p.source), "target": str(p.target), "text": p.text,
@@ -144,6 +150,29 @@ def late_phases(cfg: ReplicateConfig, read_views: Callable[[str, str], Sequence[
                                  t.target, {"uc": {"name": str(src)}}, src.schema))
         phases.append(jobs)
     return [p for p in phases if p]
+
+
+def _read_all_views(cfg: ReplicateConfig, catalogs: Sequence[CatalogEntry], read_views: Callable[[str, str], Sequence[Any]],
+                    list_schemas: Callable[[CatalogEntry], Sequence[str]]
+                    ) -> tuple[list[Any], list[tuple[CatalogEntry, str, str]]]:
+    """The views of every selected schema, and ``(catalog, schema or "*", error)`` of those whose views
+    (or whose catalog's schemas) could not be read: one failure never stops the others."""
+    from lakemirror.supervisor.control.classify_errors import classify
+
+    views: list[Any] = []
+    unread: list[tuple[CatalogEntry, str, str]] = []
+    for c in catalogs:
+        try:
+            schemas = [s for s in list_schemas(c) if _selected(cfg, c)(s)]
+        except Exception as exc:  # noqa: BLE001 — reported as the catalog's failed view job
+            unread.append((c, "*", f"the schemas of catalog {c.name} could not be listed: {classify(exc).message}"))
+            continue
+        for s in schemas:
+            try:
+                views += read_views(c.name, s)
+            except Exception as exc:  # noqa: BLE001 — reported as the schema's failed view job
+                unread.append((c, s, f"the views of {c.name}.{s} could not be read: {classify(exc).message}"))
+    return views, unread
 
 
 def spark_schemas(sql: Any) -> Callable[[CatalogEntry], list[str]]:

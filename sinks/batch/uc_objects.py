@@ -294,6 +294,8 @@ class UcOperations:
             from lakemirror.sinks.batch.uc_views import create_view, planned_from
             from lakemirror.sinks.sql import SparkSql
 
+            if "view_listing" in job.settings.options:  # the schema's views could not be read when planned
+                raise TerminalError(str(job.settings.options["view_listing"]["error"]), table=str(job.source))
             view = planned_from(job.settings.options["view"])
             with self._lock:
                 failed = [d for d in view.depends_on if d in self._failed_views]

@@ -103,3 +103,43 @@ def test_replicate_across_metastores_creates_the_sdk_views_rewritten_in_order(
     assert not summary.ok and sorted(o.job.target.table for o in summary.failed) == ["bad", "bad_child"]
     listed = [p for m, p, _ in src.calls if m == "GET" and p.endswith("/tables")]
     assert len(listed) == 3  # one tables.list per schema: the views came from the source workspace
+
+
+def test_a_schema_whose_views_cannot_be_listed_fails_named_and_the_others_are_created(
+        pair: tuple[FakeWorkspace, FakeWorkspace]) -> None:
+    from lakemirror.checkpoints.audit import InMemoryAuditLog
+    from lakemirror.daemon.context import ReplicateContext
+    from lakemirror.daemon.settings.replicate import load_replicate_config
+    from lakemirror.sinks.sql import RecordingSql
+    from lakemirror.sources.catalog import InMemoryDiscovery
+    from tests.unit.test_streaming_tables import FakeSession
+
+    src, dst = pair
+    for name in ("bad", "bad_child"):
+        del src.tables[f"prod.sales.{name}"]
+    original = src.handle  # the principal may not read prod.reports
+
+    def handle(method: str, path: str, query: dict[str, list[str]], body: Any) -> Any:
+        if method == "GET" and path.endswith("/tables") and query.get("schema_name") == ["reports"]:
+            return 403, {"error_code": "PERMISSION_DENIED", "message": "no USE SCHEMA on prod.reports"}
+        return original(method, path, query, body)
+
+    src.server.dynamic = handle
+    sql = RecordingSql({})
+    config = load_replicate_config(None, data={
+        "runtime": {"mode": "databricks"}, "operations": ["uc_objects"], "retry": {"max_attempts": 1},
+        "workspaces": {"source": {"host": src.server.host, "token": "x"},
+                       "target": {"host": dst.server.host, "token": "x"}},
+        "delta_sharing": {"recipient": "dr_recipient"},
+        "uc_objects": {"object_types": ["view"]},
+        "catalogs": [{"name": "prod", "target_catalog": "dr"}]})
+    audit = InMemoryAuditLog()
+    summary = ReplicateContext(config, out=io.StringIO()).replace(
+        spark=FakeSession(sql), audit=audit, execution_user="me",
+        discovery=InMemoryDiscovery({"prod_shared": {"sales": ["orders"]}})).run()
+    rows = [(r.schema_name, r.object_name, r.status, r.error_message) for r in audit.records if r.object_type == "view"]
+    failed = [r for r in rows if r[2] == "failed"]
+    assert len(failed) == 1 and failed[0][:3] == ("reports", "*", "failed")
+    assert "the views of prod.reports could not be read" in str(failed[0][3]) and "permission denied" in str(failed[0][3])
+    assert sorted(r[1] for r in rows if r[2] == "success") == ["v1", "v2"]
+    assert [o.job.source for o in summary.failed] == [TableName("prod", "reports", "*")]
