@@ -7,6 +7,7 @@ others (a view whose dependency failed fails in turn, naming it)."""
 from __future__ import annotations
 
 import fnmatch
+import logging
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
@@ -16,6 +17,9 @@ from lakemirror.identifiers import TableName, quote
 from lakemirror.sinks.batch.uc_names import NameMap
 from lakemirror.sinks.batch.uc_objects import UC_OPERATIONS, UcMaps
 from lakemirror.supervisor.subtasks.batch_runner import UC_OBJECTS, TableJob
+
+
+log = logging.getLogger(__name__)
 
 
 def uc_catalogs(cfg: ReplicateConfig) -> list[CatalogEntry]:
@@ -70,7 +74,13 @@ def early_phases(cfg: ReplicateConfig, source: Any) -> list[list[TableJob]]:
         def credential_of(name: str) -> str:
             return str(_sdk(f"external location {name}", lambda: source.external_locations.get(name)).credential_name)
 
-        credentials = sorted({credential_of(n) for n in cfg.uc_objects.external_locations})
+        found = set()
+        for n in cfg.uc_objects.external_locations:
+            try:
+                found.add(credential_of(n))
+            except Exception:  # noqa: BLE001 — the location's own job reads it again and fails naming it
+                log.warning("the credential of external location %s could not be read; its job reports why", n)
+        credentials = sorted(found)
         phases.append([_job(cfg, None, "storage_credential", TableName("*", "*", n),
                             TableName("*", "*", maps.storage_credentials.get(n, n)), {"uc": {"name": n}})
                        for n in credentials])
@@ -82,32 +92,53 @@ def early_phases(cfg: ReplicateConfig, source: Any) -> list[list[TableJob]]:
                             TableName(c.target_catalog, "*", c.target_catalog), {"uc": {"name": c.name}})
                        for c in catalogs])
     schemas: list[tuple[CatalogEntry, str]] = []
+    unread: list[TableJob] = []  # failed jobs of what could not be listed
     if kinds & {"schema", "volume"}:
         from lakemirror.sinks.batch.sharing import schemas_of
 
         for c in catalogs:
-            schemas += [(c, s) for s in schemas_of(source, c.name, _selected(cfg, c))]
+            try:
+                schemas += [(c, s) for s in schemas_of(source, c.name, _selected(cfg, c))]
+            except Exception as exc:  # noqa: BLE001 — the catalog's failed job says why; the others go on
+                kind = "schema" if "schema" in kinds else "volume"
+                unread.append(_unread(cfg, c, kind, "*", f"the schemas of catalog {c.name} could not be listed",
+                                      exc))
     if "schema" in kinds:
         def schema_job(c: CatalogEntry, s: str) -> TableJob:
             target_catalog, target_schema = maps.full_name(f"{c.name}.{s}").split(".", 1)
             return _job(cfg, c, "schema", TableName(c.name, s, s), TableName(target_catalog, target_schema, target_schema),
                         {"uc": {"name": f"{c.name}.{s}"}}, s)
 
-        phases.append([schema_job(c, s) for c, s in schemas])
+        phases.append([schema_job(c, s) for c, s in schemas] + [j for j in unread if j.object_type == "schema"])
     if "volume" in kinds:
         from lakemirror.sinks.batch.sharing import _sdk
 
         def volumes_of(catalog: str, schema: str) -> list[Any]:
             return list(_sdk(f"volumes of {catalog}.{schema}", lambda: list(source.volumes.list(catalog, schema))))
 
-        jobs = []
+        jobs = [j for j in unread if j.object_type == "volume"]
         for c, s in schemas:
-            for v in volumes_of(c.name, s):
+            try:
+                volumes = volumes_of(c.name, s)
+            except Exception as exc:  # noqa: BLE001 — the schema's failed volume job says why
+                jobs.append(_unread(cfg, c, "volume", s, f"the volumes of {c.name}.{s} could not be listed", exc))
+                continue
+            for v in volumes:
                 full = f"{c.name}.{s}.{v.name}"
                 jobs.append(_job(cfg, c, "volume", TableName.parse(full), TableName.parse(maps.full_name(full)),
                                  {"uc": {"name": full}}, s))
         phases.append(jobs)
     return [p for p in phases if p]
+
+
+def _unread(cfg: ReplicateConfig, c: CatalogEntry, kind: str, schema: str, what: str, exc: BaseException) -> TableJob:
+    """A job that fails with ``what`` and the error's cause: the audit row of what could not be listed."""
+    from lakemirror.supervisor.control.classify_errors import classify
+
+    target = uc_maps(cfg).full_name(f"{c.name}.{schema}").split(".", 1) if schema != "*" else [c.target_catalog, "*"]
+    return _job(cfg, c, kind, TableName(c.name, schema, "*"), TableName(target[0], target[1], "*"),
+                {"uc": {"name": f"{c.name}.{schema}", "listing_error": f"{what}: {classify(exc).message}"}},
+                None if schema == "*" else schema)
 
 
 def late_phases(cfg: ReplicateConfig, read_views: Callable[[str, str], Sequence[Any]],
@@ -129,7 +160,8 @@ def late_phases(cfg: ReplicateConfig, read_views: Callable[[str, str], Sequence[
             target = maps.full_name(f"{c.name}.{s}").split(".", 1) if s != "*" else [c.target_catalog, "*"]
             by_level.setdefault(0, []).append(_job(cfg, c, "view", TableName(c.name, s, "*"),
                                                    TableName(target[0], target[1], "*"),
-                                                   {"view_listing": {"error": error}}, None if s == "*" else s))
+                                                   {"uc": {"name": f"{c.name}.{s}", "listing_error": error}},
+                                                   None if s == "*" else s))
         for p in plan_views(views, name_map(cfg)):
             c = entries[p.source.catalog]
             options = {"view": {"source": str(p.source), "target": str(p.target), "text": p.text,

@@ -290,12 +290,13 @@ class UcOperations:
         return self._built
 
     def run(self, operation: str, job: Any, tag: str) -> Mapping[str, Any]:
+        listing_error = job.settings.options.get("uc", {}).get("listing_error")
+        if listing_error:  # what this job stands for could not be listed when the phases were planned
+            raise TerminalError(str(listing_error), table=str(job.source))
         if operation == "uc_view":
             from lakemirror.sinks.batch.uc_views import create_view, planned_from
             from lakemirror.sinks.sql import SparkSql
 
-            if "view_listing" in job.settings.options:  # the schema's views could not be read when planned
-                raise TerminalError(str(job.settings.options["view_listing"]["error"]), table=str(job.source))
             view = planned_from(job.settings.options["view"])
             with self._lock:
                 failed = [d for d in view.depends_on if d in self._failed_views]

@@ -77,3 +77,43 @@ def test_every_object_in_order_remapped_with_grants_and_audited() -> None:
     assert creates[-1] == "CREATE OR REPLACE VIEW `dr`.`sales`.`v2` AS SELECT count(*) AS n FROM v1"
     assert "USE `dr`.`sales`" in sql.statements
     assert src.rejected == [] and dst.rejected == []
+
+
+def test_what_cannot_be_listed_fails_named_and_the_other_objects_are_replicated() -> None:
+    src, dst = FakeWorkspace("aws:1:src", name="src"), FakeWorkspace("aws:2:dst", name="dst")
+    for cat in ("prod", "hr"):
+        src.catalogs[cat] = {"name": cat}
+    for full in ("prod.sales", "prod.ops"):
+        cat, name = full.split(".")
+        src.schemas[full] = {"name": name, "catalog_name": cat, "full_name": full}
+    src.volumes["prod.sales.files"] = {"name": "files", "catalog_name": "prod", "schema_name": "sales",
+                                       "full_name": "prod.sales.files", "volume_type": "MANAGED"}
+    original = src.handle
+
+    def handle(method: str, path: str, query: dict[str, list[str]], body: Any) -> Any:
+        if method == "GET" and path.endswith("/schemas") and query.get("catalog_name") == ["hr"]:
+            return 403, {"error_code": "PERMISSION_DENIED", "message": "no USE CATALOG on hr"}
+        if method == "GET" and path.endswith("/volumes") and query.get("schema_name") == ["ops"]:
+            return 403, {"error_code": "PERMISSION_DENIED", "message": "no USE SCHEMA on prod.ops"}
+        return original(method, path, query, body)
+
+    src.server.dynamic = handle
+    with src, dst:
+        config = load_replicate_config(None, data={
+            "runtime": {"mode": "databricks"}, "operations": ["uc_objects"], "retry": {"max_attempts": 1},
+            "workspaces": {"source": {"host": src.server.host, "token": "x"},
+                           "target": {"host": dst.server.host, "token": "x"}},
+            "uc_objects": {"object_types": ["catalog", "schema", "volume"]},
+            "catalogs": [{"name": "prod", "target_catalog": "dr"}, {"name": "hr", "target_catalog": "dr_hr"}]})
+        audit = InMemoryAuditLog()
+        summary = ReplicateContext(config, out=io.StringIO()).replace(
+            spark=FakeSession(RecordingSql({})), audit=audit, execution_user="me",
+            discovery=InMemoryDiscovery({})).run()
+    rows = {(r.object_type, r.catalog_name, r.schema_name, r.object_name): (r.status, r.error_message)
+            for r in audit.records}
+    assert rows[("schema", "dr_hr", "*", "*")][0] == "failed"
+    assert "the schemas of catalog hr could not be listed" in str(rows[("schema", "dr_hr", "*", "*")][1])
+    assert rows[("volume", "dr", "ops", "*")][0] == "failed"
+    assert "the volumes of prod.ops could not be listed" in str(rows[("volume", "dr", "ops", "*")][1])
+    assert "dr.sales.files" in dst.volumes and {"dr.sales", "dr.ops"} <= set(dst.schemas)
+    assert sorted(str(o.job.source) for o in summary.failed) == ["hr.`*`.`*`", "prod.ops.`*`"]
