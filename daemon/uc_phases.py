@@ -69,7 +69,7 @@ def early_phases(cfg: ReplicateConfig, source: Any) -> list[list[TableJob]]:
     phases: list[list[TableJob]] = []
     locations = list(cfg.uc_objects.external_locations) if "external_location" in kinds else []
     if "storage_credential" in kinds and cfg.uc_objects.external_locations:
-        from lakemirror.sinks.batch.sharing import _sdk
+        from lakemirror.sinks.batch.uc_objects import _sdk
 
         def credential_of(name: str) -> str:
             return str(_sdk(f"external location {name}", lambda: source.external_locations.get(name)).credential_name)
@@ -111,7 +111,7 @@ def early_phases(cfg: ReplicateConfig, source: Any) -> list[list[TableJob]]:
 
         phases.append([schema_job(c, s) for c, s in schemas] + [j for j in unread if j.object_type == "schema"])
     if "volume" in kinds:
-        from lakemirror.sinks.batch.sharing import _sdk
+        from lakemirror.sinks.batch.uc_objects import _sdk
 
         def volumes_of(catalog: str, schema: str) -> list[Any]:
             return list(_sdk(f"volumes of {catalog}.{schema}", lambda: list(source.volumes.list(catalog, schema))))

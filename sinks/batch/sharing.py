@@ -132,8 +132,13 @@ def _describe(step: Step) -> str:
             "create_catalog": lambda: f"no catalog {d['name']!r} from share {d['share']!r} on the target"}[step.action]()
 
 
-def _sdk(what: str, call: Callable[[], T]) -> T:
-    """``call()``, its SDK errors translated (not found is raised as ``NotFound`` for the caller)."""
+#: What a permission error of the set-up tells the principal it needs.
+SHARING_NEEDS = "metastore admin, or CREATE_RECIPIENT, CREATE_SHARE, USE_PROVIDER, CREATE_CATALOG"
+
+
+def _sdk(what: str, call: Callable[[], T], needs: str = SHARING_NEEDS) -> T:
+    """``call()``, its SDK errors translated (not found is raised as ``NotFound`` for the caller);
+    a permission error names ``needs``, the privileges the caller's operation uses."""
     from databricks.sdk.errors.base import DatabricksError
     from databricks.sdk.errors.platform import NotFound, PermissionDenied, ResourceConflict
     from databricks.sdk.errors.platform import BadRequest, Unauthenticated
@@ -143,20 +148,18 @@ def _sdk(what: str, call: Callable[[], T]) -> T:
     except NotFound:
         raise
     except (PermissionDenied, Unauthenticated) as exc:
-        raise TerminalError(f"{what}: permission denied ({exc}); the principal needs the privileges the set-up "
-                            f"uses (metastore admin, or CREATE_RECIPIENT, CREATE_SHARE, USE_PROVIDER, "
-                            f"CREATE_CATALOG)") from exc
+        raise TerminalError(f"{what}: permission denied ({exc}); the principal needs {needs}") from exc
     except (ResourceConflict, BadRequest) as exc:
         raise SharingConflict(f"{what}: {exc}") from exc
     except (DatabricksError, OSError) as exc:
         raise TransientError(f"{what}: {type(exc).__name__}: {exc}") from exc
 
 
-def _absent(what: str, call: Callable[[], T]) -> T | None:
+def _absent(what: str, call: Callable[[], T], needs: str = SHARING_NEEDS) -> T | None:
     from databricks.sdk.errors import NotFound
 
     try:
-        return _sdk(what, call)
+        return _sdk(what, call, needs)
     except NotFound:
         return None
 

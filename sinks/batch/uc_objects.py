@@ -29,10 +29,25 @@ from __future__ import annotations
 import re
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence, TypeVar
 
 from lakemirror.errors import TerminalError
-from lakemirror.sinks.batch.sharing import _absent, _sdk
+from lakemirror.sinks.batch.sharing import _absent as _absent_with, _sdk as _sdk_with
+
+#: What a permission error tells the principal it needs.
+UC_NEEDS = ("USE_CATALOG and USE_SCHEMA on the parents, and on the target the CREATE_ privilege of each "
+            "object kind (or its ownership) and MANAGE to change grants")
+
+T = TypeVar("T")
+
+
+def _sdk(what: str, call: Callable[[], T]) -> T:
+    return _sdk_with(what, call, UC_NEEDS)
+
+
+def _absent(what: str, call: Callable[[], T]) -> T | None:
+    return _absent_with(what, call, UC_NEEDS)
+
 
 if TYPE_CHECKING:
     from databricks.sdk import WorkspaceClient

@@ -20,13 +20,28 @@ comments and properties, this module the tags.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
 
 from lakemirror.errors import TerminalError, TransientError
 from lakemirror.identifiers import TableName
 from lakemirror.sinks.batch.metadata_sync import (CATALOG_TAG, COLUMN_TAG, SCHEMA_TAG, TABLE_TAG, TAG_TYPES,
                                                   VOLUME_TAG)
-from lakemirror.sinks.batch.sharing import _absent, _sdk
+from lakemirror.sinks.batch.sharing import _absent as _absent_with, _sdk as _sdk_with
+
+#: What a permission error tells the principal it needs.
+TAG_NEEDS = ("USE_CATALOG and USE_SCHEMA on the parents and APPLY_TAG on each object (and ASSIGN on the "
+             "tag policy of a governed tag)")
+
+T = TypeVar("T")
+
+
+def _sdk(what: str, call: Callable[[], T]) -> T:
+    return _sdk_with(what, call, TAG_NEEDS)
+
+
+def _absent(what: str, call: Callable[[], T]) -> T | None:
+    return _absent_with(what, call, TAG_NEEDS)
+
 
 if TYPE_CHECKING:
     from databricks.sdk import WorkspaceClient

@@ -59,7 +59,7 @@ def read_views(sql: SqlExecutor, catalog: str, schema: str) -> list[ViewDef]:
 def views_from_sdk(client: "WorkspaceClient", catalog: str, schema: str) -> list[ViewDef]:
     """The views of ``catalog.schema`` as the source workspace's Unity Catalog describes them."""
     from lakemirror.errors import TerminalError
-    from lakemirror.sinks.batch.sharing import _absent
+    from lakemirror.sinks.batch.uc_objects import _absent
 
     tables = _absent(f"tables of {catalog}.{schema}", lambda: list(client.tables.list(catalog, schema)))
     if tables is None:

@@ -115,5 +115,7 @@ def test_what_cannot_be_listed_fails_named_and_the_other_objects_are_replicated(
     assert "the schemas of catalog hr could not be listed" in str(rows[("schema", "dr_hr", "*", "*")][1])
     assert rows[("volume", "dr", "ops", "*")][0] == "failed"
     assert "the volumes of prod.ops could not be listed" in str(rows[("volume", "dr", "ops", "*")][1])
+    assert "USE_SCHEMA" in str(rows[("volume", "dr", "ops", "*")][1])  # the privileges this operation uses
+    assert "CREATE_RECIPIENT" not in str(rows[("volume", "dr", "ops", "*")][1])
     assert "dr.sales.files" in dst.volumes and {"dr.sales", "dr.ops"} <= set(dst.schemas)
     assert sorted(str(o.job.source) for o in summary.failed) == ["hr.`*`.`*`", "prod.ops.`*`"]

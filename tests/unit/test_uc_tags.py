@@ -130,6 +130,17 @@ def test_terminal_failures_are_not_retried(pair: tuple[FakeWorkspace, FakeWorksp
     tags._read = stale  # type: ignore[method-assign]
     with pytest.raises(TagsRefused, match="schemas dr.sales_dr"):
         tags.sync_table(SRC, DST, ["schema_tag"], overwrite=True)
+    dst.fail_next.clear()
+    original_handle = dst.handle
+
+    def denied(method: str, path: str, query: dict[str, list[str]], body: Any) -> Any:
+        if method == "POST":
+            return 403, {"error_code": "PERMISSION_DENIED", "message": "no APPLY TAG"}
+        return original_handle(method, path, query, body)
+
+    dst.server.dynamic = denied
+    with pytest.raises(TagsRefused, match="APPLY_TAG on each object"):
+        SdkTags(src.client(), dst.client()).sync_table(SRC, DST, ["table_tag"], overwrite=True)
 
 
 @dataclass
