@@ -121,15 +121,30 @@ class SdkTags:
         def assignment(key: str, value: str | None) -> EntityTagAssignment:
             return EntityTagAssignment(entity_name=target_name, tag_key=key, entity_type=entity_type, tag_value=value)
 
+        def update(key: str, value: str | None) -> None:
+            self.target.entity_tag_assignments.update(entity_type, target_name, key, assignment(key, value),
+                                                      update_mask="tag_value")
+
+        def create(key: str, value: str | None) -> str:
+            from databricks.sdk.errors import ResourceConflict
+
+            try:
+                self.target.entity_tag_assignments.create(assignment(key, value))
+                return "created"
+            except ResourceConflict:  # assigned meanwhile: by the job of another table of the schema, or by hand
+                current = self.target.entity_tag_assignments.get(entity_type, target_name, key)
+                if overwrite and (current.tag_value or None) != (value or None):
+                    update(key, value)
+                    return "updated"
+                return "unchanged"
+
+        done: dict[str, list[str]] = {"created": [], "updated": [], "unchanged": []}
         for key, value in plan.create:
-            _sdk(f"tag {key} of {entity_type} {target_name}",
-                 lambda: self.target.entity_tag_assignments.create(assignment(key, value)))
+            done[_sdk(f"tag {key} of {entity_type} {target_name}", lambda: create(key, value))].append(key)
         for key, value in plan.update:
-            _sdk(f"tag {key} of {entity_type} {target_name}",
-                 lambda: self.target.entity_tag_assignments.update(entity_type, target_name, key, assignment(key, value),
-                                                                   update_mask="tag_value"))
-        return {"entity": f"{entity_type} {target_name}", "created": [k for k, _ in plan.create],
-                "updated": [k for k, _ in plan.update]}
+            _sdk(f"tag {key} of {entity_type} {target_name}", lambda: update(key, value))
+            done["updated"].append(key)
+        return {"entity": f"{entity_type} {target_name}", "created": done["created"], "updated": done["updated"]}
 
     def _columns(self, client: "WorkspaceClient", full_name: str) -> list[str]:
         info = _absent(f"table {full_name}", lambda: client.tables.get(full_name))

@@ -239,6 +239,8 @@ class FakeWorkspace:
             ("GET", f"{u}/entity-tag-assignments/(?P<entity_type>[^/]+)/(?P<entity_name>[^/]+)/tags",
              uc.EntityTagAssignmentsAPI.list, self._list_tags),
             ("POST", f"{u}/entity-tag-assignments", uc.EntityTagAssignmentsAPI.create, self._create_tag),
+            ("GET", f"{u}/entity-tag-assignments/(?P<entity_type>[^/]+)/(?P<entity_name>[^/]+)/tags/(?P<tag_key>[^/]+)",
+             uc.EntityTagAssignmentsAPI.get, self._get_tag),
             ("PATCH", f"{u}/entity-tag-assignments/(?P<entity_type>[^/]+)/(?P<entity_name>[^/]+)/tags/(?P<tag_key>[^/]+)",
              uc.EntityTagAssignmentsAPI.update, self._update_tag),
         ]
@@ -560,6 +562,13 @@ class FakeWorkspace:
             return _exists(f"Tag assignment {b['tag_key']} on {b['entity_name']}")
         tags[b["tag_key"]] = {k: b[k] for k in ("entity_type", "entity_name", "tag_key", "tag_value") if k in b}
         return 200, tags[b["tag_key"]]
+
+    def _get_tag(self, p: dict[str, str], b: dict[str, Any]) -> Answer:
+        error, tags = self._tagged(p["entity_type"], p["entity_name"])
+        if error:
+            return error
+        found = tags.get(p["tag_key"])
+        return (200, found) if found else _not_found(f"Tag assignment {p['tag_key']} on {p['entity_name']}")
 
     def _update_tag(self, p: dict[str, str], b: dict[str, Any]) -> Answer:
         error, tags = self._tagged(p["entity_type"], p["entity_name"])
