@@ -180,3 +180,15 @@ def test_sharing_needs_a_databricks_runtime() -> None:
     with pytest.raises(ConfigError, match="set runtime.mode: databricks"):
         load_replicate_config(None, data={"catalogs": [{"name": "prod", "target_catalog": "dr"}],
                                           "delta_sharing": {}})
+
+
+def test_a_named_provider_is_read_by_name_and_a_missing_one_is_not_looked_for_by_metastore(
+        workspaces: tuple[FakeWorkspace, FakeWorkspace]) -> None:
+    src, dst = workspaces
+    setup = DeltaSharingSetup(src.client(), dst.client())
+    setup.apply(SPEC)  # the recipient makes provider_src appear on the target
+    named = SharingSpec(**{**SPEC.__dict__, "provider": "provider_src"})
+    assert setup.apply(named)["steps"] == []
+    assert ("GET", "/api/2.1/unity-catalog/providers/provider_src") in [(m, p) for m, p, _ in dst.calls]
+    seen = setup.observe(SharingSpec(**{**SPEC.__dict__, "provider": "someone_else"}))
+    assert seen.provider is None  # named and absent: not replaced by the one the metastore id finds

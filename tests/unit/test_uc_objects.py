@@ -102,3 +102,49 @@ def test_sdk_objects_outside_databricks_and_bad_types_are_refused_naming_the_fie
     with pytest.raises(ConfigError) as caught:
         load_replicate_config(None, data={**base, "uc_objects": {"unmapped_principals": "drop"}})
     assert any("uc_objects.unmapped_principals" in loc for loc, _ in caught.value.problems)
+
+
+def test_catalogs_volumes_and_locations_that_differ_are_updated_in_place(pair: tuple[FakeWorkspace, FakeWorkspace]) -> None:
+    src, dst = pair
+    rep = UcReplicator(src.client(), dst.client(), MAPS)
+    rep.catalog("prod"), rep.schema("prod.sales"), rep.volume("prod.sales.landing"), rep.external_location("landing")
+    src.catalogs["prod"].update(comment="production, audited", properties={"owner_team": "platform"})
+    src.volumes["prod.sales.landing"]["comment"] = "raw files, kept 30 days"
+    src.external_locations["landing"].update(url="s3://prod-bucket/landing-v2", comment="moved")
+    assert rep.catalog("prod")["action"] == "updated"
+    assert dst.catalogs["dr"]["comment"] == "production, audited"
+    assert dst.catalogs["dr"]["properties"] == {"owner_team": "platform"}
+    assert rep.volume("prod.sales.landing")["action"] == "updated"
+    assert dst.volumes["dr.sales.landing"]["comment"] == "raw files, kept 30 days"
+    out = rep.external_location("landing")
+    assert out["action"] == "updated" and out["url"] == "abfss://dr@acct.dfs.core.windows.net/landing-v2"
+    assert dst.external_locations["landing"]["url"] == "abfss://dr@acct.dfs.core.windows.net/landing-v2"
+    assert dst.external_locations["landing"]["comment"] == "moved" and dst.external_locations["landing"]["credential_name"] == "dr_sp"
+    assert [m for m in dst.mutations() if m[0] == "PATCH" and "/permissions/" not in m[1]] == [
+        ("PATCH", "/api/2.1/unity-catalog/catalogs/dr"), ("PATCH", "/api/2.1/unity-catalog/volumes/dr.sales.landing"),
+        ("PATCH", "/api/2.1/unity-catalog/external-locations/landing")]
+
+
+def test_every_cloud_identity_is_referenced_and_extra_grants_are_revoked_only_when_asked(
+        pair: tuple[FakeWorkspace, FakeWorkspace]) -> None:
+    src, dst = pair
+    src.storage_credentials["azure_mi"] = {"name": "azure_mi", "azure_managed_identity": {
+        "access_connector_id": "/subscriptions/s/ac", "managed_identity_id": "/subscriptions/s/mi"}}
+    src.storage_credentials["gcp_sa"] = {"name": "gcp_sa", "databricks_gcp_service_account": {"email": "x@gcp"}}
+    src.storage_credentials["bare"] = {"name": "bare", "comment": "nothing to reference"}
+    rep = UcReplicator(src.client(), dst.client(), MAPS)
+    assert rep.storage_credential("azure_mi")["by_reference"] == ["azure_managed_identity"]
+    assert dst.storage_credentials["azure_mi"]["azure_managed_identity"] == {
+        "access_connector_id": "/subscriptions/s/ac", "managed_identity_id": "/subscriptions/s/mi"}
+    assert rep.storage_credential("gcp_sa")["by_reference"] == ["databricks_gcp_service_account"]
+    assert dst.storage_credentials["gcp_sa"]["databricks_gcp_service_account"] == {}  # the target makes its own
+    with pytest.raises(TerminalError, match="bare: no cloud identity to reference"):
+        rep.storage_credential("bare")
+    rep.catalog("prod")
+    dst.grants[("catalog", "dr")]["stranger"] = {"ALL_PRIVILEGES"}
+    assert rep.catalog("prod")["grants_changed"] == []  # kept: revoke_extra is off
+    strict = UcReplicator(src.client(), dst.client(), UcMaps(catalogs={"prod": "dr"},
+                                                             principals={"prod-analysts": "dr-analysts"},
+                                                             revoke_extra=True))
+    assert strict.catalog("prod")["grants_changed"] == [{"principal": "stranger", "add": [], "remove": ["ALL_PRIVILEGES"]}]
+    assert dst.grants[("catalog", "dr")] == {"dr-analysts": {"USE_CATALOG"}, "stranger": set()}
