@@ -223,7 +223,7 @@ def test_the_command_serves_a_change_feed_pipeline_through_the_same_routes(
     postgres = tmp_path / "pg.yaml"
     postgres.write_text(config.read_text() + "destination: {kind: postgres, host: h, database: d, user: u}\n")
     assert main(["dead-letters", str(postgres), "--url", url]) == 2
-    assert "lakemirror_dead_letters in schema public" in capsys.readouterr().err and len(seen) == 2
+    assert "lakemirror_dead_letters in PostgreSQL schema public" in capsys.readouterr().err and len(seen) == 2
 
 
 def test_a_change_feed_letter_shows_its_version_and_a_refused_replays_reason() -> None:
