@@ -26,7 +26,7 @@ from lakemirror.identifiers import TableName
 from lakemirror.sinks.batch.operations import Operations
 from lakemirror.sinks.contract import ReplicaFactory, TableReplica
 from lakemirror.sinks.event_contract import EventSink
-from lakemirror.sinks.events.memory_sink import MemoryEventStore
+from lakemirror.sinks.events.memory_sink import MemoryEventStore, memory_event_sink
 from lakemirror.sinks.memory import MemoryTableReplica
 from lakemirror.sinks.merge.feed_letters import FEED_DEAD_LETTERS, FeedDeadLetters, FeedLetterStore, InMemoryFeedLetters
 from lakemirror.sinks.waits import ServerWait
@@ -38,8 +38,9 @@ from lakemirror.sources.memory import MemoryChangeSource
 from lakemirror.supervisor.change_feed.dead_letters import FeedLetterDesk
 from lakemirror.supervisor.change_feed.table_factories import SourceFactory, delta_change_feeds, delta_table_replicas
 from lakemirror.supervisor.control.pipeline_spec import PipelineSpec
-from lakemirror.supervisor.events.batch_apply import EventStreamSpec, delta_event_sink, memory_event_sink
+from lakemirror.sinks.events.delta_sink import delta_event_sink
 from lakemirror.supervisor.events.stream_runner import RUNNER_PREFIX
+from lakemirror.supervisor.events.stream_spec import EventStreamSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -161,7 +161,7 @@ def test_the_postgres_kind_has_cycles_when_a_table_is_triggered(tmp_path: Path) 
 def test_an_event_source_s_postgres_replicas_leave_real_time_tasks_their_connections(tmp_path: Path) -> None:
     """Real-Time Mode's tasks hold one connection each: the daemon's pool is what they leave."""
     from lakemirror.sinks.postgres.event_replicas import PostgresEventReplicas
-    from lakemirror.supervisor.events.batch_apply import EventStreamSpec
+    from lakemirror.supervisor.events.stream_spec import EventStreamSpec
 
     ctx = postgres_context(tmp_path, "source: {kind: kafka, bootstrap_servers: 'k:9092', topics: [t], "
                                      "real_time: {max_dwell_ms: 50, tasks: 3}}\n")

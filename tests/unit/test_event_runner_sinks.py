@@ -17,7 +17,7 @@ from lakemirror.sinks.waits import ServerWait
 from lakemirror.sources.event_stream import DecodedBatch
 from lakemirror.sources.memory_events import MemoryEventSource
 from lakemirror.supervisor.control import table_state as sm
-from lakemirror.supervisor.events.batch_apply import memory_event_sink
+from lakemirror.sinks.events.memory_sink import memory_event_sink
 from lakemirror.supervisor.events.stream_runner import DeadLetterTally, EventBatchReport, EventStreamRunner, EventStreamSpec
 
 SPEC = EventStreamSpec("shop", "kafka", "simple", bootstrap_servers="127.0.0.1:1", topics="t", table_workers=1)
