@@ -45,6 +45,11 @@ LAYERS = tuple(ALLOWED)
 EDGE_LIBRARIES = ("prometheus_client", "pydantic", "pydantic_settings")
 #: The packages of destinations other than the default (Delta): the supervisor never imports them.
 DESTINATION_PACKAGES = ("lakemirror.sinks.postgres",)
+#: The event sinks' implementations: the event runner (supervisor/events) is handed a sink through
+#: :class:`lakemirror.sinks.event_contract.EventSink` by the composition root and imports none of them.
+EVENT_SINK_MODULES = ("lakemirror.sinks.events.guarded_sink", "lakemirror.sinks.events.delta_sink",
+                      "lakemirror.sinks.events.memory_sink", "lakemirror.sinks.events.guard_merge",
+                      "lakemirror.sinks.events.history_merge", "lakemirror.sinks.events.letter_resolution")
 #: The only modules outside a destination's package that name it (in an import, or in code as a
 #: string): the registry, whose one line names the package it imports when a pipeline takes the kind,
 #: and the daemon's settings of the kind (its model, and its checks against the rest of the pipeline).
@@ -132,6 +137,9 @@ def violations(layer: str) -> list[str]:
             if layer == "supervisor" and any(module == p or module.startswith(p + ".") for p in DESTINATION_PACKAGES):
                 found.append(f"{where}:{line} imports {module} (a destination's package: the runners take its "
                              f"factories from daemon/destinations.py)")
+            if layer == "supervisor" and module in EVENT_SINK_MODULES:
+                found.append(f"{where}:{line} imports {module} (an event sink: the event runner is handed one "
+                             f"through sinks.event_contract by daemon/destinations.py)")
     return found
 
 
@@ -318,6 +326,18 @@ def test_the_destination_package_rule_is_not_vacuous(tmp_path: Path) -> None:
         "daemon/a.py": [(1, "lakemirror.sinks.postgres")],
         "daemon/b.py": [(2, "lakemirror.sinks.postgres.executor")],
         "daemon/c.py": [(2, "lakemirror.sinks.postgres.x")]}
+
+
+def test_a_supervisor_module_importing_an_event_sink_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The event sink rule is not vacuous: the guarded sink's old home beside the runner breaks it."""
+    (tmp_path / "supervisor" / "events").mkdir(parents=True)
+    (tmp_path / "supervisor" / "events" / "x.py").write_text(
+        "from lakemirror.sinks.events.guard_merge import GuardedDeltaSink\n"
+        "from lakemirror.sinks.event_contract import EventSink\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert violations("supervisor") == ["supervisor/events/x.py:1 imports lakemirror.sinks.events.guard_merge (an "
+                                        "event sink: the event runner is handed one through sinks.event_contract "
+                                        "by daemon/destinations.py)"]
 
 
 def test_every_destination_but_the_default_is_a_package_the_supervisor_may_not_import() -> None:
