@@ -18,19 +18,17 @@ from __future__ import annotations
 import importlib
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, cast
 
-from lakemirror.checkpoints.state import StateStore
 from lakemirror.identifiers import TableName
 from lakemirror.sinks.batch.operations import Operations
 from lakemirror.sinks.contract import ReplicaFactory, TableReplica
+from lakemirror.sinks.destination_parts import DestinationParts
 from lakemirror.sinks.event_contract import EventSink
 from lakemirror.sinks.events.memory_sink import MemoryEventStore, memory_event_sink
 from lakemirror.sinks.memory import MemoryTableReplica
 from lakemirror.sinks.merge.feed_letters import FEED_DEAD_LETTERS, FeedDeadLetters, FeedLetterStore, InMemoryFeedLetters
 from lakemirror.sinks.waits import ServerWait
-from lakemirror.sources.catalog import Catalog
 from lakemirror.sources.change_event import Decoded
 from lakemirror.sources.contract import TableChangeSource
 from lakemirror.sources.event_stream import RawEvent
@@ -55,25 +53,13 @@ DEAD_LETTER_PREFIX = "_lakemirror_dead_letters_"
 Decoder = Callable[[RawEvent], Decoded]
 
 
-class Parts(Protocol):
+class Parts(DestinationParts, Protocol):
     """What a destination is built from: the composition root's parts (each made on first use)."""
 
     @property
     def settings(self) -> "Settings": ...
     @property
-    def spark(self) -> "SparkSession": ...
-    @property
-    def catalog(self) -> Catalog: ...
-    @property
     def spec(self) -> PipelineSpec: ...
-    @property
-    def states(self) -> StateStore: ...
-    @property
-    def pipeline_dir(self) -> Path: ...
-    @property
-    def fault(self) -> Callable[[str], None]: ...
-    @property
-    def clock(self) -> Callable[[], float]: ...
     @property
     def feed_letters(self) -> FeedLetterDesk: ...
 

@@ -21,12 +21,12 @@ What it is handed is typed here by what it reads (:class:`Parts`, :class:`Settin
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from lakemirror.checkpoints import layout
-from lakemirror.checkpoints.state import FileStateStore, StateStore
+from lakemirror.checkpoints.state import FileStateStore
 from lakemirror.sinks.contract import TableReplica
+from lakemirror.sinks.destination_parts import DestinationParts
 from lakemirror.sinks.event_contract import EventSink
 from lakemirror.sinks.postgres.cycles import CycleSpec, SparkCycles
 from lakemirror.sinks.postgres.event_replicas import PostgresEventReplicas
@@ -35,7 +35,6 @@ from lakemirror.sinks.postgres.modes import Mode
 from lakemirror.sinks.postgres.real_time import RealTimeSpec
 from lakemirror.sinks.postgres.spark_batches import PostgresTable
 from lakemirror.sinks.postgres.waits import ServerCalls
-from lakemirror.sources.catalog import Catalog
 from lakemirror.sources.change_event import Decoded
 from lakemirror.sources.event_stream import RawEvent
 
@@ -54,23 +53,11 @@ def letters_elsewhere(schema: str) -> str:
             f"{schema} (docs/postgres.md)")
 
 
-class Parts(Protocol):
+class Parts(DestinationParts, Protocol):
     """What the destination takes of the composition root (each part made on first use)."""
 
     @property
-    def spark(self) -> "SparkSession": ...
-    @property
-    def catalog(self) -> Catalog: ...
-    @property
     def spec(self) -> CycleSpec: ...
-    @property
-    def states(self) -> StateStore: ...
-    @property
-    def pipeline_dir(self) -> Path: ...
-    @property
-    def fault(self) -> Callable[[str], None]: ...
-    @property
-    def clock(self) -> Callable[[], float]: ...
 
 
 class Settings(Protocol):
