@@ -1,6 +1,6 @@
 """PostgreSQL as a pipeline's destination: the one factory the composition root's registry calls.
 
-:func:`destination` builds a :class:`PostgresDestination` from the composition root's parts and the
+:func:`destination` builds a :class:`PostgresFactories` from the composition root's parts and the
 destination's settings; it holds everything a pipeline writing PostgreSQL replicas is made of:
 
 - each change-feed table's replica (:class:`~lakemirror.sinks.postgres.spark_batches.PostgresTable`:
@@ -101,7 +101,7 @@ class EventStream(Protocol):
     def tombstone_horizon_seconds(self) -> float: ...
 
 
-class PostgresDestination:
+class PostgresFactories:
     """One pipeline's PostgreSQL destination (see the module docstring)."""
 
     kind = KIND
@@ -151,7 +151,7 @@ class PostgresDestination:
                            FileStateStore(layout.cycles_dir(parts.pipeline_dir)), self.settings.snapshot_above_fraction)
 
 
-def destination(parts: Parts, settings: Settings, real_time: RealTimeSettings | None = None) -> PostgresDestination:
+def destination(parts: Parts, settings: Settings, real_time: RealTimeSettings | None = None) -> PostgresFactories:
     """PostgreSQL replicas for the pipeline of ``parts``; ``real_time``: the event source runs in
     Spark's Real-Time Mode (``source.real_time``), its writers on the executors."""
-    return PostgresDestination(parts, settings, real_time)
+    return PostgresFactories(parts, settings, real_time)
