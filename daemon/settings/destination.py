@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 
 from lakemirror.daemon.settings import limits
 from lakemirror.sinks.postgres.modes import DEFAULT_SNAPSHOT_ABOVE, Mode
-from lakemirror.daemon.settings.schedule import DailyAtText
+from lakemirror.daemon.settings.schedule import DailyAtText, Problem
 from lakemirror.supervisor.subtasks.scheduler import DailyAt, Every, Trigger
 
 if TYPE_CHECKING:
@@ -44,8 +44,6 @@ if TYPE_CHECKING:
     from lakemirror.sinks.postgres.executor import PostgresTarget
     from lakemirror.supervisor.subtasks.service import Subtask
 
-#: A problem of the settings: where (the path of keys) and what.
-Problem = tuple[tuple[Union[str, int], ...], str]
 #: A replica kept by the table's stream (the only mode of a destination without cycles).
 CONTINUOUS = "continuous"
 
