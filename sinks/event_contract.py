@@ -143,6 +143,12 @@ class EventSink(Protocol):
         """Whether the operator's skip and replay (:meth:`resolve_letters`) are offered."""
         ...
 
+    @property
+    def letters_elsewhere(self) -> str:
+        """Where the dead letters are kept when :attr:`resolves_letters` is False, in words that follow
+        "event source <name> writes" ('' when the operator resolves them through the daemon)."""
+        ...
+
     def prepare(self) -> None:
         """Before each start of the source's query: make what every batch needs (a schema)."""
         ...

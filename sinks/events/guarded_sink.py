@@ -117,6 +117,7 @@ class EventBatchApplier:
     executor_writes: ExecutorWrites | None = None
     #: The letters are rows this sink reads and updates: the operator's skip and replay are offered.
     resolves_letters = True
+    letters_elsewhere = ""
 
     def __init__(self, spec: GuardedSinkSpec, decoder: Callable[[RawEvent], Decoded], pipeline_id: str,
                  replica_for: Callable[[str], GuardedTableWriter], dead_letters: DeadLetterStore,

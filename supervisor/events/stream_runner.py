@@ -201,6 +201,8 @@ class EventStreamRunner:
         #: Whether the operator lists, skips and replays the letters through the daemon's dead-letter
         #: routes (a sink that does not offer it keeps them where its destination says).
         self.keeps_dead_letters_in_delta = sink.resolves_letters
+        #: Where they are kept otherwise, in words (the dead-letter routes' answer).
+        self.letters_elsewhere = sink.letters_elsewhere
         #: Where the source's pause is kept across restarts (the pipeline's state store), under ``state_slug``.
         self.states: StateStore = states if states is not None else InMemoryStateStore()
         self.state_slug = state_slug(spec.name)
