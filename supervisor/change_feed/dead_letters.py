@@ -65,6 +65,7 @@ class FeedLetterDesk:
 
     #: Its letters are rows of a Delta table (a pipeline writing PostgreSQL replicas keeps its own in PostgreSQL).
     keeps_dead_letters_in_delta = True
+    letters_elsewhere = ""
 
     def __init__(self, store: FeedLetterStore, tables: Callable[[], Mapping[str, LetterTable]],
                  session: Callable[[], "SparkSession | Any"], clock: Callable[[], float] = time.time,

@@ -401,7 +401,7 @@ class TableRunner:
         self.prepared = None
         if "lag" in self.__dict__:
             self.lag.reset()
-        self.apply_batch.recorded_txn = self.apply_batch.recorded_through = None
+        self.apply_batch.record = None
         self._resync_reason = reason
         self._resynced_from_table_id = progress.source_table_id
         log.warning("table %s: resync (%s)", self.source, reason)
@@ -499,8 +499,7 @@ class TableRunner:
         except Exception as exc:  # noqa: BLE001 (the stream's own progress remains)
             log.info("table %s: cannot read the replica's transaction record: %s", self.source, exc)
             record = None
-        self.apply_batch.recorded_txn = record.txn_version if record is not None else None
-        self.apply_batch.recorded_through = record.applied_through if record is not None else None
+        self.apply_batch.record = record
         if record is not None:
             self.live.advance(record.applied_through)
 
