@@ -120,7 +120,9 @@ def test_connect_replicates_replays_and_isolates(remote: Any, connect_server: st
                        if "orders" in str(d) and d.parent.name == f"e{last['epoch']}"]
         assert len(stream_dirs) == 1, stream_dirs
         commits = stream_dirs[0]
-        (commits / str(last["batch_id"])).unlink()
+        # (A stop that came between the batch's row and its commit file left the file unwritten: the
+        # same replay, made by the stop itself.)
+        (commits / str(last["batch_id"])).unlink(missing_ok=True)
         p.sql("orders", "INSERT INTO {t} VALUES (6, 'f', 6)")
         p.app = p._new_app()
         p.start()
