@@ -20,17 +20,22 @@ from typing import TYPE_CHECKING
 
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.merge.connect_apply import ConnectBatchJob
+from lakemirror.sinks.merge.feed_letters import FeedLetter
 from lakemirror.sinks.merge.connect_outcomes import BatchOutcome, forget_outcomes, outcome_folder, read_outcomes
 from lakemirror.sinks.txn import BatchStats, MergeOutcome
 
 if TYPE_CHECKING:
+    from lakemirror.sinks.merge.feed_letters import FeedDeadLetters
     from lakemirror.sinks.merge.planner import MergePlan
     from lakemirror.tables import TableLocation
 
 
-def batch_job(*, target: "TableLocation", plan: "MergePlan", app_id: str, checkpoint: str) -> ConnectBatchJob:
-    """The server-side batch function's job; its outcomes go beside the query's ``checkpoint``."""
-    return ConnectBatchJob(target_sql=target.sql, plan=plan, app_id=app_id, outcome_dir=outcome_folder(checkpoint))
+def batch_job(*, target: "TableLocation", plan: "MergePlan", app_id: str, checkpoint: str,
+              letters: "FeedDeadLetters | None" = None, label: str = "") -> ConnectBatchJob:
+    """The server-side batch function's job; its outcomes go beside the query's ``checkpoint``, the
+    changes the replica refuses to ``letters`` (named as the source table ``label``)."""
+    return ConnectBatchJob(target_sql=target.sql, plan=plan, app_id=app_id, outcome_dir=outcome_folder(checkpoint),
+                           letters=letters, target=target, label=label)
 
 
 class ConnectBatches:
@@ -57,6 +62,11 @@ class ConnectBatches:
     def forget(self, through: int) -> None:
         """The rows of the batches up to ``through`` are durable: drop their outcome files."""
         forget_outcomes(self.job.outcome_dir, through)
+
+
+def outcome_letters(outcome: BatchOutcome) -> list[FeedLetter]:
+    """The changes a server batch dead-lettered, as its outcome file tells them."""
+    return [FeedLetter(**{name: x.get(name) for name in FeedLetter.__dataclass_fields__}) for x in outcome.dead_letters]
 
 
 def merge_outcome(outcome: BatchOutcome) -> MergeOutcome:
