@@ -59,6 +59,14 @@ class ConnectBatches:
             self.seen = out[-1].batch_id
         return out
 
+    def files_through(self) -> int | None:
+        """The newest source version of the batches whose outcome files are still there (applied on the
+        server, reported or not: read without reporting them); None when there are none. A file is
+        forgotten only after its batch was reported."""
+        versions = [o.last_version for o in read_outcomes(self.job.outcome_dir, -1)
+                    if o.txn_app_id == self.job.app_id and o.last_version is not None]
+        return max(versions, default=None)
+
     def forget(self, through: int) -> None:
         """The rows of the batches up to ``through`` are durable: drop their outcome files."""
         forget_outcomes(self.job.outcome_dir, through)

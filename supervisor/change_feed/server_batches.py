@@ -51,7 +51,8 @@ def report_server_batches(batches: ConnectBatches, rows: RoundRows, writer: RowW
             on_letters(letters)
         row = writer.batch_row(TxnId(done.txn_app_id, done.batch_id), epoch, outcome, done.started_at, lag_seconds,
                                ended=done.ended_at)
-        rows.submit(row, functools.partial(batches.forget, done.batch_id))
+        # Reported before its file can go (the row's commit forgets it): a replay reads the files first.
         live.batch_done(done.batch_id, outcome, done.started_at, done.ended_at)
+        rows.submit(row, functools.partial(batches.forget, done.batch_id))
         reported += 1
     return reported

@@ -640,12 +640,15 @@ class TableRunner:
         spec = self.ctx.spec
         checkpoint = replica_transactions.stream_checkpoint(spec.checkpoint_root, spec.pipeline_id, self.slug,
                                                       prepared.progress.epoch)
-        # The source versions the query has planned: every batch up to them is applied, or waits
-        # (its changes then land on top of the replayed state, as for every other key).
         written = replica_transactions.touched_through(checkpoint)
+        # Spark Connect: a batch the server applied is committed by Spark only at the table's next
+        # turn, and may not be reported yet: its outcome file says what the replica holds. The files
+        # are read before the applied version, which a file's batch has moved before it goes.
+        on_server = self._connect.files_through() if self._connect is not None else None
+        through = self.live.applied_through
         return ReplayTarget(str(self.source), self.ctx.catalog.locate(self.source),
                             self.ctx.catalog.locate(self.destination), prepared.plan,
-                            max(through, written) if written is not None else through,
+                            max(v for v in (through, written, on_server) if v is not None),
                             txn_app_id(spec.pipeline_id, self.slug, prepared.progress.epoch))
 
     def _apply_batch(self, sink: Any, txn: Any, batch: Any, epoch: int, source_table_id: str | None = None,
