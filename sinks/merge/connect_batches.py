@@ -74,7 +74,8 @@ class ConnectBatches:
 
 def outcome_letters(outcome: BatchOutcome) -> list[FeedLetter]:
     """The changes a server batch dead-lettered, as its outcome file tells them."""
-    return [FeedLetter(**{name: x.get(name) for name in FeedLetter.__dataclass_fields__}) for x in outcome.dead_letters]
+    return [FeedLetter(str(x["table"]), str(x["key"]), x.get("commit_version"), str(x.get("change_type") or ""),
+                       str(x.get("row") or ""), str(x.get("reason") or "")) for x in outcome.dead_letters]
 
 
 def merge_outcome(outcome: BatchOutcome) -> MergeOutcome:
