@@ -17,6 +17,10 @@ again) and applies no key twice; the letters are MERGEd in on (table, key, commi
 batch's own letters transaction id, so none is recorded twice. Keys are disjoint between attempts,
 so no change can overtake another of its key.
 
+The isolation itself (:func:`isolate_batch`) is plain Spark SQL and DataFrame calls, so over Spark
+Connect the server's batch function runs the same code (:mod:`lakemirror.sinks.merge.connect_apply`)
+and names the batch's letters in its outcome file for the daemon's counts.
+
 The letters wait for the operator, who skips them or replays them (the key's row written again
 from the source: :mod:`lakemirror.sinks.merge.letter_replay`) through the running daemon
 (:mod:`lakemirror.supervisor.change_feed.dead_letters`).
