@@ -156,6 +156,20 @@ def test_connect_replicates_replays_and_isolates(remote: Any, connect_server: st
         p.tick_until(lambda: desk.pending().get("bad") == 1, timeout=60, what="the letter to be counted")
         bad_rows = p.checkpoint_rows("bad")
         assert bad_rows[-1]["last_version"] == poisoned_at and bad_rows[-1]["rows_inserted"] == 2
+        # The same batch applied again (a crash before Spark committed it): the batch function's MERGE
+        # is refused again and every attempt of the bisection is skipped by its transaction id, as is
+        # the letters' write: nothing applied or dead-lettered twice.
+        from lakemirror.sinks.merge.connect_apply import merge_batch
+        from lakemirror.sinks.txn import TxnId
+
+        poisoned = bad_rows[-1]
+        merges_before = len(p.merges("bad"))
+        batch = tables.read(remote, p.source("bad"), readChangeFeed="true",
+                            startingVersion=str(poisoned["first_version"]), endingVersion=str(poisoned["last_version"]))
+        again = merge_batch(p.runner("bad")._connect.job, batch, TxnId(poisoned["txn_app_id"], poisoned["batch_id"]))
+        assert again.replayed and again.counts.total == 0 and [x.key for x in again.letters] == ['{"id": 2}']
+        assert len(p.merges("bad")) == merges_before and p.rows(p.replica("bad")) == [(1, 1), (3, 3), (4, 4)]
+        assert [x["id"] for x in desk.dead_letters(table="bad", timeout=120)] == [letter["id"]]
 
         # A replay the replica still refuses leaves the letter pending with the new reason; once the
         # constraint is gone, the replay writes the key's row from the source (between two turns).
