@@ -17,11 +17,16 @@ run: setup
 
 # The README's test command: typecheck, unit, integration and the smoke of every real part and crash
 # mechanism. `make test-all` adds the tests marked slow (the full crash tortures, the long scenarios).
+# Both run on WORKERS pytest processes (default 2; WORKERS=0: one process), each taking a test module
+# whole, or every test of one service (tests/conftest.py: worker_group).
+WORKERS ?= 2
+PARALLEL := $(if $(filter-out 0,$(WORKERS)),-n $(WORKERS) --dist loadgroup,)
+
 test: setup typecheck
-	$(PYTEST) tests -m "not slow" --durations=25 $(PYTEST_ARGS)
+	$(PYTEST) tests -m "not slow" $(PARALLEL) --durations=25 $(PYTEST_ARGS)
 
 test-all: setup typecheck
-	$(PYTEST) tests --durations=25 $(PYTEST_ARGS)
+	$(PYTEST) tests $(PARALLEL) --durations=25 $(PYTEST_ARGS)
 
 # mypy --strict over the packages that pass it (scripts/typecheck.sh names them).
 typecheck: setup

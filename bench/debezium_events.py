@@ -218,7 +218,7 @@ def run_lakemirror(spark: Any, servers: str, root: Path, total: int, max_offsets
         return TableLocation(TableName("b", "s", table), f"{tables_at}/{table}")
 
     from lakemirror.sources.event_source import event_source_for
-    from lakemirror.supervisor.events.batch_apply import delta_event_sink
+    from lakemirror.sinks.events.delta_sink import delta_event_sink
 
     sink = delta_event_sink(spec, event_source_for(spec).decoder, "bench", spark, locate, locate("_dead_letters"))
     runner = EventStreamRunner(spec, spark, root / "_events", sink)

@@ -59,8 +59,8 @@ from lakemirror.daemon.settings import RuntimeSettings, Settings
 from lakemirror.daemon.settings.replicate import ReplicateConfig
 from lakemirror.daemon.settings.real_time import real_time_spark_conf
 from lakemirror.daemon.settings.runtime_spec import (
-    REPLICATE_NAMESPACE, cycle_mode, cycle_tables, event_stream_spec, jobs_for, maintenance_subtasks, mode_of,
-    pipeline_spec, plan, postgres_subtasks, shared_catalogs, subtask_of,
+    REPLICATE_NAMESPACE, cycle_mode, cycle_tables, destination_subtasks, event_stream_spec, jobs_for,
+    maintenance_subtasks, mode_of, pipeline_spec, plan, shared_catalogs, subtask_of,
 )
 from lakemirror.daemon.dr_context import disaster_recovery_operations, logged_run, run_in_phases
 from lakemirror.daemon.recovery import cut_json, recovery_points_of
@@ -491,7 +491,7 @@ class DaemonContext(GlobalContext):
     def tables_of(self, task: Any) -> Callable[[], list[str]]:
         """The tables a sub-task without its own list takes: the streamed ones, or for a cycle
         sub-task the tables in its mode."""
-        mode = cycle_mode(task)
+        mode = cycle_mode(self.settings, task)
         if mode is None:
             return self.list_tables
         return lambda: [t for t in self.all_tables() if mode_of(self.settings, t) == mode]
@@ -501,7 +501,7 @@ class DaemonContext(GlobalContext):
         """The scheduled sub-tasks (``schedules``, and the cycles of triggered and snapshot Postgres
         replicas); Spark-side parts are built on their first run."""
         tasks = [subtask_of(s, self.spec.pipeline_id) for s in self.settings.schedules]
-        tasks += postgres_subtasks(self.settings)
+        tasks += destination_subtasks(self.settings)
         tasks += maintenance_subtasks(self.settings)
         return SubtaskService(tasks, jobs=lambda t: jobs_for(t, self.spec, self.tables_of(t)),
                               run=self.run_subtask, observer=self.metrics, clock=self.clock, spawn=self.spawn,

@@ -36,6 +36,8 @@ class DeadLetterSource(Protocol):
     """What an event source's runner offers (:class:`~lakemirror.supervisor.events.stream_runner.EventStreamRunner`)."""
 
     keeps_dead_letters_in_delta: bool
+    #: Where the letters are when not kept in Delta, in words ("event source <name> writes …").
+    letters_elsewhere: str
 
     def dead_letters(self, status: str | None = None, table: str | None = None, limit: int = 500,
                      timeout: float = 30.0) -> list[dict[str, Any]]: ...
@@ -78,8 +80,7 @@ class DeadLetterApi:
         if source is None:
             return 404, {"error": f"no event source {name!r} in this pipeline"}
         if not source.keeps_dead_letters_in_delta:
-            return 409, {"error": f"event source {name!r} writes PostgreSQL replicas: its dead letters are rows of "
-                                  f"lakemirror_event_dead_letters in the destination schema"}
+            return 409, {"error": f"event source {name!r} writes {source.letters_elsewhere}"}
         if m.route.name == "dead_letters":
             code, payload = self._list(repr(name), source, m)
             return code, ({"source": name, **payload} if code == 200 else payload)

@@ -91,14 +91,12 @@ def _why(x: dict[str, Any]) -> str:
 def cmd_dead_letters(args: argparse.Namespace) -> int:
     from lakemirror.daemon.cli import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, _control_token, _daemon_url, _load
     from lakemirror.daemon.http_token import TokenUnreadable
-    from lakemirror.daemon.settings import PostgresDestination
 
     settings = _load(args)
     events = settings.source
-    if events is None and isinstance(settings.destination, PostgresDestination):
-        print(f"{args.config}: the replicas are PostgreSQL tables: their dead letters are rows of "
-              f"lakemirror_dead_letters in schema {settings.destination.target_schema} there (docs/postgres.md)",
-              file=sys.stderr)
+    elsewhere = settings.destination.letters_elsewhere()
+    if events is None and elsewhere is not None:
+        print(f"{args.config}: the pipeline writes {elsewhere}", file=sys.stderr)
         return EXIT_CONFIG
     if args.action != "list" and bool(args.ids) == bool(args.all_pending):
         print(f"lakemirror dead-letters {args.action}: give the letters' ids, or --all-pending (not both)",

@@ -8,34 +8,27 @@ package. :class:`~lakemirror.daemon.context.DaemonContext` looks the kind up onc
 (:func:`destination_for`); a new destination is a package under ``sinks/`` and one entry here.
 
 Kinds: ``delta`` (the default: Delta tables in ``destination_catalog.destination_schema``),
-``postgres`` (:mod:`lakemirror.sinks.postgres`) and ``memory``, the in-memory twins the unit tests
-drive through the same runners and factories (not a kind the settings offer).
+``memory``, the in-memory twins the unit tests drive through the same runners and factories (not a
+kind the settings offer), and the kinds whose package builds them (:func:`packaged`), each one
+line of :data:`DESTINATIONS`.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, cast
 
-from lakemirror.checkpoints import layout
-from lakemirror.checkpoints.state import FileStateStore, StateStore
 from lakemirror.identifiers import TableName
 from lakemirror.sinks.batch.operations import Operations
 from lakemirror.sinks.contract import ReplicaFactory, TableReplica
+from lakemirror.sinks.destination_parts import DestinationParts
 from lakemirror.sinks.event_contract import EventSink
-from lakemirror.sinks.events.memory_sink import MemoryEventStore
+from lakemirror.sinks.events.memory_sink import MemoryEventStore, memory_event_sink
 from lakemirror.sinks.memory import MemoryTableReplica
 from lakemirror.sinks.merge.feed_letters import FEED_DEAD_LETTERS, FeedDeadLetters, FeedLetterStore, InMemoryFeedLetters
-from lakemirror.sinks.postgres.cycles import SparkCycles
-from lakemirror.sinks.postgres.event_replicas import PostgresEventReplicas
-from lakemirror.sinks.postgres.executor import Connector
-from lakemirror.sinks.postgres.real_time import RealTimeSpec
-from lakemirror.sinks.postgres.spark_batches import PostgresTable
-from lakemirror.sinks.postgres.waits import ServerCalls
 from lakemirror.sinks.waits import ServerWait
-from lakemirror.sources.catalog import Catalog
 from lakemirror.sources.change_event import Decoded
 from lakemirror.sources.contract import TableChangeSource
 from lakemirror.sources.event_stream import RawEvent
@@ -43,8 +36,9 @@ from lakemirror.sources.memory import MemoryChangeSource
 from lakemirror.supervisor.change_feed.dead_letters import FeedLetterDesk
 from lakemirror.supervisor.change_feed.table_factories import SourceFactory, delta_change_feeds, delta_table_replicas
 from lakemirror.supervisor.control.pipeline_spec import PipelineSpec
-from lakemirror.supervisor.events.batch_apply import EventStreamSpec, delta_event_sink, memory_event_sink
+from lakemirror.sinks.events.delta_sink import delta_event_sink
 from lakemirror.supervisor.events.stream_runner import RUNNER_PREFIX
+from lakemirror.supervisor.events.stream_spec import EventStreamSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -59,32 +53,20 @@ DEAD_LETTER_PREFIX = "_lakemirror_dead_letters_"
 Decoder = Callable[[RawEvent], Decoded]
 
 
-class Parts(Protocol):
+class Parts(DestinationParts, Protocol):
     """What a destination is built from: the composition root's parts (each made on first use)."""
 
     @property
     def settings(self) -> "Settings": ...
     @property
-    def spark(self) -> "SparkSession": ...
-    @property
-    def catalog(self) -> Catalog: ...
-    @property
     def spec(self) -> PipelineSpec: ...
-    @property
-    def states(self) -> StateStore: ...
-    @property
-    def pipeline_dir(self) -> Path: ...
-    @property
-    def fault(self) -> Callable[[str], None]: ...
-    @property
-    def clock(self) -> Callable[[], float]: ...
     @property
     def feed_letters(self) -> FeedLetterDesk: ...
 
 
 class Cycles(Protocol):
-    """A destination's scheduled cycles of tables kept without a stream (PostgreSQL's triggered and
-    snapshot replicas): operations of the batch runner beside the pipeline's own."""
+    """A destination's scheduled cycles of tables kept without a stream (replicas refreshed on a
+    schedule): operations of the batch runner beside the pipeline's own."""
 
     def around(self, base: Operations) -> Operations:
         """``base`` (the sub-tasks' operations) with the cycles' operations added."""
@@ -146,47 +128,48 @@ def delta(parts: Parts) -> Destination:
                        source, replica, event_sink, feed_letter_store=letters)
 
 
-def postgres(parts: Parts) -> Destination:
-    """PostgreSQL replicas (:mod:`lakemirror.sinks.postgres`): COPY and a guarded upsert per batch; the
-    tables' streams, their cycles and the event sources' flushes share one pool of connections."""
-    d = parts.settings.destination
-    target = d.target()  # type: ignore[union-attr]
-    connector = Connector(target)
-    spec = parts.spec
+class PackagedDestination(Protocol):
+    """What a destination's own package builds (:func:`packaged`): its replicas, its event sinks, its
+    cycles and its words; its tables' changes are the Delta change feed, as for every kind."""
 
-    def replica(table: str, session: "SparkSession") -> TableReplica[Any]:
-        label = str(spec.source(table))
-        calls = ServerCalls(label, retry_seconds=target.retry_seconds,
-                            statement_timeout_seconds=target.statement_timeout_seconds, clock=parts.clock)
-        return PostgresTable(connector, spec.pipeline_id, table, label, fault=parts.fault, calls=calls)
+    kind: str
+    reason: str
+    letters_elsewhere: str
 
-    def source(table: str, session: "SparkSession") -> TableChangeSource[Any]:
-        return delta_change_feeds(parts.catalog, spec)(table, session)
+    def replica(self, table: str, session: "SparkSession") -> TableReplica[Any]: ...
+    def event_sink(self, stream: Any, decoder: Decoder, label: str) -> EventSink: ...
+    @property
+    def has_cycles(self) -> bool: ...
+    def cycles(self) -> Cycles: ...
 
-    def event_sink(stream: EventStreamSpec, decoder: Decoder) -> EventSink:
-        event_source = parts.settings.source
-        rt = event_source.real_time if event_source is not None else None
-        # Real-Time Mode's tasks hold one connection each; with their number unset (counted at the
-        # broker when the source starts) the daemon keeps one connection of its own.
-        executors = 0 if rt is None else (rt.tasks if rt.tasks is not None else target.max_connections - 1)
-        real_time = None if rt is None else RealTimeSpec(rt.checkpoint_interval_seconds, rt.max_dwell_ms,
-                                                          rt.max_rows, rt.tasks)
-        return PostgresEventReplicas(
-            d.target(executor_connections=executors), spec.pipeline_id, stream.name, decoder,  # type: ignore[union-attr]
-            label=RUNNER_PREFIX + stream.name, tables=stream.tables, allow_evolution=stream.allow_schema_evolution,
-            purge_interval_seconds=stream.purge_interval_seconds,
-            tombstone_horizon_seconds=stream.tombstone_horizon_seconds, real_time=real_time, clock=parts.clock)
 
-    def cycles() -> Cycles:
-        return SparkCycles(parts.spark, parts.catalog, connector, spec, parts.states,
-                           FileStateStore(layout.cycles_dir(parts.pipeline_dir)),
-                           d.snapshot_above_fraction)  # type: ignore[union-attr]
+class DestinationPackage(Protocol):
+    """A destination's module: ``destination(parts, settings, real_time)`` (``settings``: the kind's
+    settings model; ``real_time``: the event source's Real-Time Mode, or None)."""
 
-    return Destination("postgres", f"destination kind postgres: {target.describe()}, COPY and a guarded upsert per "
-                                   f"micro-batch", source, replica, event_sink,
-                       cycles if d.cycled_modes() else None,  # type: ignore[union-attr]
-                       letters_elsewhere=f"PostgreSQL replicas: their dead letters are rows of lakemirror_dead_letters "
-                                         f"in PostgreSQL schema {target.schema}")
+    def destination(self, parts: Any, settings: Any, real_time: Any = None) -> PackagedDestination: ...
+
+
+def packaged(module: str) -> Callable[[Parts], Destination]:
+    """The destination built by ``module`` (a package under ``sinks/``), imported when a pipeline
+    takes it, so that a daemon writing elsewhere never loads its package (nor its client library)."""
+
+    def build(parts: Parts) -> Destination:
+        package = cast(DestinationPackage, importlib.import_module(module))
+        source_settings = parts.settings.source
+        made = package.destination(parts, parts.settings.destination,
+                                   source_settings.real_time if source_settings is not None else None)
+
+        def source(table: str, session: "SparkSession") -> TableChangeSource[Any]:
+            return delta_change_feeds(parts.catalog, parts.spec)(table, session)
+
+        def event_sink(stream: EventStreamSpec, decoder: Decoder) -> EventSink:
+            return made.event_sink(stream, decoder, RUNNER_PREFIX + stream.name)
+
+        return Destination(made.kind, made.reason, source, made.replica, event_sink,
+                           made.cycles if made.has_cycles else None, letters_elsewhere=made.letters_elsewhere)
+
+    return build
 
 
 @dataclass(frozen=True)
@@ -229,7 +212,7 @@ def memory(parts: Parts) -> Destination:
 #: Every destination kind, with the function that builds it.
 DESTINATIONS: Mapping[str, Callable[[Parts], Destination]] = {
     "delta": delta,
-    "postgres": postgres,
+    "postgres": packaged("lakemirror.sinks.postgres.destination"),
     "memory": memory,
 }
 

@@ -17,9 +17,9 @@ Exactly once, whatever the destination: a batch replayed after a crash comes aga
 a no-op under the sequence guard (every destination: a change writes a row only if it is newer).
 
 Implementations: the guarded event sink over Delta replicas
-(:class:`lakemirror.supervisor.events.batch_apply.EventBatchApplier` with
+(:class:`lakemirror.sinks.events.guarded_sink.EventBatchApplier` with
 :class:`lakemirror.sinks.events.guard_merge.GuardedDeltaSink` per table and the dead-letter Delta
-table), the same sink over in-memory replicas (:func:`lakemirror.supervisor.events.batch_apply.memory_event_sink`
+table), the same sink over in-memory replicas (:func:`lakemirror.sinks.events.memory_sink.memory_event_sink`
 over a :class:`~lakemirror.sinks.events.memory_sink.MemoryEventStore`: the twin unit tests use) and PostgreSQL's
 (:class:`lakemirror.sinks.postgres.event_replicas.PostgresEventReplicas`). Which one a pipeline
 takes is chosen once, by its destination's kind, in :mod:`lakemirror.daemon.destinations`.
@@ -141,6 +141,12 @@ class EventSink(Protocol):
     @property
     def resolves_letters(self) -> bool:
         """Whether the operator's skip and replay (:meth:`resolve_letters`) are offered."""
+        ...
+
+    @property
+    def letters_elsewhere(self) -> str:
+        """Where the dead letters are kept when :attr:`resolves_letters` is False, in words that follow
+        "event source <name> writes" ('' when the operator resolves them through the daemon)."""
         ...
 
     def prepare(self) -> None:

@@ -24,6 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Generic, Sequence, TypeVar
 
+from lakemirror.error_text import causes, first_line
+from lakemirror.errors import LakemirrorError
+from lakemirror.secrets import redact
 from lakemirror.sinks.txn import TxnId
 
 T = TypeVar("T")
@@ -48,6 +51,16 @@ VALUE_REFUSALS = (
 def refused_by_value(text: str) -> bool:
     """Whether an error's text says a write was refused because of a value it was given."""
     return any(code in text for code in VALUE_REFUSALS)
+
+
+def value_refusal(exc: BaseException) -> str | None:
+    """The engine's reason when ``exc`` is a write refused because of a value it was given
+    (:data:`VALUE_REFUSALS`), else None: the error is not one that a single item of the batch causes.
+    The reason is the most telling line of the error and its causes, credentials redacted."""
+    if isinstance(exc, LakemirrorError):
+        return None
+    text = redact("\n".join([f"{type(exc).__name__}: {exc}", *causes(exc)]))
+    return first_line(text) if refused_by_value(text) else None
 
 def attempt_txn(txn: TxnId, attempt: int) -> TxnId:
     """The transaction id of a bisection's ``attempt``-th write (numbered from 0) for batch ``txn``."""

@@ -15,6 +15,7 @@ import shutil
 import sys
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,12 +24,13 @@ from lakemirror.daemon.settings import load_settings
 from lakemirror.daemon.status import render_table
 from lakemirror.identifiers import TableName
 from lakemirror.sql_exec import run_sql
+from lakemirror.tools.live_run import run_live, show, start_spark
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from lakemirror.daemon.context import DaemonContext
-    from lakemirror.supervisor.control.loop import TableView
+    from lakemirror.supervisor.control.loop import Supervisor, TableView
 
 TABLES = {
     "customers": ("id BIGINT NOT NULL, name STRING, tier STRING, balance DOUBLE", None),
@@ -137,38 +139,22 @@ def compare(spark: "SparkSession", app: "DaemonContext") -> dict[str, tuple[int,
 
 def run_demo(workdir: Path, duration: float | None, http_port: int) -> int:
     from lakemirror.daemon.context import DaemonContext
-    from lakemirror.daemon.signals import ShutdownSignals
 
     if workdir.exists():
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
     settings = load_settings(None, demo_config(workdir, http_port))
     app = DaemonContext(settings)
-    app.preflight()  # Java and Delta's jars, then the port: one line each, before Spark starts
-    app.bind(DEMO_PORT_SETTING)
-    print("starting Spark (local[2]) with Delta…", flush=True)
-    spark = app.spark
+    spark = start_spark(app, DEMO_PORT_SETTING)
     create_sources(spark, app)
-    signals = ShutdownSignals()
-    signals.install()
     writer = DemoWriter(spark.newSession(), app)
-    sup = app.supervisor
-    app.server.start()
-    app.write_endpoint_file()
-    sup.start()
-    writer.thread.start()
-    tty = sys.stdout.isatty()
-    started, next_draw = time.time(), 0.0
-    try:
-        while not signals.stop.is_set() and (duration is None or time.time() - started < duration):
-            sup.tick()
-            if time.time() >= next_draw:
-                next_draw = time.time() + 2
-                _draw(sup.views(), writer.commits, app.server.url, tty)
-            signals.stop.wait(0.5)
-        print("\nstopping the writer; letting the replicas catch up…", flush=True)
-        writer.stop.set()
-        writer.thread.join(60)
+
+    def draw(views: "list[TableView]", tty: bool) -> None:
+        header = (f"lakemirror demo: demo.shop -> demo_mirror.shop   writer commits: {writer.commits}   "
+                  f"metrics: {app.server.url}/metrics")
+        show(header + ("\n\n" if tty else "\n") + render_table([asdict(v) for v in views]), tty)
+
+    def catch_up(sup: "Supervisor") -> None:
         deadline = time.time() + 180
         while time.time() < deadline:
             sup.tick()
@@ -176,10 +162,8 @@ def run_demo(workdir: Path, duration: float | None, http_port: int) -> int:
             if views and all(v.state == "running" and v.versions_behind == 0 for v in views):
                 break
             time.sleep(0.5)
-        _draw(sup.views(), writer.commits, app.server.url, False)
-    finally:
-        sup.shutdown(settings.drain_timeout_seconds)
-        app.server.close()
+
+    run_live(app, writer, draw, duration, catch_up)
     result = compare(spark, app)
     ok = True
     for table, (n_src, n_dst, diff) in result.items():
@@ -188,15 +172,3 @@ def run_demo(workdir: Path, duration: float | None, http_port: int) -> int:
         print(f"  demo.shop.{table:<12} source {n_src:>5} rows, replica {n_dst:>5} rows: {verdict}")
     print("replica == source for every table" if ok else "REPLICA DIFFERS FROM SOURCE")
     return 0 if ok else 1
-
-
-def _draw(views: "list[TableView]", commits: int, url: str, tty: bool) -> None:
-    from dataclasses import asdict
-
-    text = render_table([asdict(v) for v in views])
-    header = f"lakemirror demo: demo.shop -> demo_mirror.shop   writer commits: {commits}   metrics: {url}/metrics"
-    if tty:
-        sys.stdout.write("\x1b[H\x1b[2J" + header + "\n\n" + text + "\n\n(Ctrl-C to stop)\n")
-    else:
-        sys.stdout.write(header + "\n" + text + "\n")
-    sys.stdout.flush()

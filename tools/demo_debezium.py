@@ -30,11 +30,13 @@ from lakemirror.daemon.settings import load_settings
 from lakemirror.daemon.status import render_event_sources, render_table
 from lakemirror.identifiers import TableName
 from lakemirror.tools.debezium_stack import DebeziumStack, StackError
+from lakemirror.tools.live_run import run_live, show, start_spark
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from lakemirror.daemon.context import DaemonContext
+    from lakemirror.supervisor.control.loop import Supervisor, TableView
 
 TABLES = {
     "customers": (("id",), "id int PRIMARY KEY, name text, balance numeric(12,2), born date, "
@@ -154,7 +156,6 @@ def compare(spark: "SparkSession", app: "DaemonContext", stack: DebeziumStack) -
 
 def run_debezium_demo(workdir: Path, duration: float | None, http_port: int) -> int:
     from lakemirror.daemon.context import DaemonContext
-    from lakemirror.daemon.signals import ShutdownSignals
 
     if workdir.exists():
         shutil.rmtree(workdir)
@@ -175,42 +176,24 @@ def run_debezium_demo(workdir: Path, duration: float | None, http_port: int) -> 
     try:
         settings = load_settings(None, demo_config(workdir, http_port, stack))
         app = DaemonContext(settings)
-        app.preflight()
-        app.bind(DEMO_PORT_SETTING)
-        print("starting Spark (local[2]) with Delta…", flush=True)
-        spark = app.spark
-        signals = ShutdownSignals()
-        signals.install()
-        sup = app.supervisor
-        app.server.start()
-        app.write_endpoint_file()
-        sup.start()
-        writer.thread.start()
-        tty = sys.stdout.isatty()
-        started, next_draw = time.time(), 0.0
-        try:
-            while not signals.stop.is_set() and (duration is None or time.time() - started < duration):
-                sup.tick()
-                if time.time() >= next_draw:
-                    next_draw = time.time() + 2
-                    _draw(sup.views(), writer.commits, app.server.url, tty)
-                signals.stop.wait(0.5)
-            print("\nstopping the writer; letting the replicas catch up…", flush=True)
-            writer.stop.set()
-            writer.thread.join(60)
+        spark = start_spark(app, DEMO_PORT_SETTING)
+
+        def draw(views: "list[TableView]", tty: bool) -> None:
+            _draw(views, writer.commits, app.server.url, tty)
+
+        def catch_up(sup: "Supervisor") -> tuple[dict[str, tuple[int, int, int]], int | None]:
             # Caught up: the broker holds nothing the replicas have not taken, and they equal PostgreSQL.
             deadline, result = time.time() + CATCH_UP_SECONDS, compare(spark, app, stack)
+            tty = sys.stdout.isatty()
             while time.time() < deadline and (_behind(sup.views()) != 0 or any(d for _, _, d in result.values())):
                 for _ in range(6):
                     sup.tick()
                     time.sleep(0.5)
                 _draw(sup.views(), writer.commits, app.server.url, tty)
                 result = compare(spark, app, stack)
-            _draw(sup.views(), writer.commits, app.server.url, False)
-            behind = _behind(sup.views())
-        finally:
-            sup.shutdown(settings.drain_timeout_seconds)
-            app.server.close()
+            return result, _behind(sup.views())
+
+        result, behind = run_live(app, writer, draw, duration, catch_up)
         if behind != 0:
             print(f"the replicas had not caught up after {CATCH_UP_SECONDS:.0f} s ({behind} Kafka messages not "
                   f"applied yet: a slow machine, or a stuck stream); the comparison is of replicas still behind")
@@ -226,20 +209,15 @@ def run_debezium_demo(workdir: Path, duration: float | None, http_port: int) -> 
         shutil.rmtree(stack_root, ignore_errors=True)
 
 
-def _behind(views: list) -> int | None:  # type: ignore[type-arg]
+def _behind(views: "list[TableView]") -> int | None:
     """Kafka messages the event source has not applied (None before the first lag probe)."""
     return next((v.versions_behind for v in views if v.table.startswith("events:")), None)
 
 
-def _draw(views: list, commits: int, url: str, tty: bool) -> None:  # type: ignore[type-arg]
+def _draw(views: "list[TableView]", commits: int, url: str, tty: bool) -> None:
     rows = [asdict(v) for v in views]
     text = render_table(rows)
     events = render_event_sources(rows)
     header = (f"lakemirror demo: PostgreSQL -> Debezium -> Kafka -> demo_mirror.shop   writer commits: {commits}   "
               f"metrics: {url}/metrics")
-    body = header + "\n\n" + text + ("\n\n" + events if events else "")
-    if tty:
-        sys.stdout.write("\x1b[H\x1b[2J" + body + "\n\n(Ctrl-C to stop)\n")
-    else:
-        sys.stdout.write(body + "\n")
-    sys.stdout.flush()
+    show(header + "\n\n" + text + ("\n\n" + events if events else ""), tty)

@@ -29,28 +29,83 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import TYPE_CHECKING, Annotated, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from lakemirror.daemon.settings import limits
-from lakemirror.sinks.postgres.executor import PostgresTarget
 from lakemirror.sinks.postgres.modes import DEFAULT_SNAPSHOT_ABOVE, Mode
-from lakemirror.daemon.settings.schedule import DailyAtText
+from lakemirror.daemon.settings.schedule import DailyAtText, Problem
 from lakemirror.supervisor.subtasks.scheduler import DailyAt, Every, Trigger
+
+if TYPE_CHECKING:
+    from lakemirror.daemon.settings.event_source import EventSourceSettings
+    from lakemirror.daemon.settings.pipeline import Settings
+    from lakemirror.sinks.postgres.executor import PostgresTarget
+    from lakemirror.supervisor.subtasks.service import Subtask
+
+#: A replica kept by the table's stream (the only mode of a destination without cycles).
+CONTINUOUS = "continuous"
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
-class DeltaDestination(_Strict):
+class _DestinationModel(_Strict):
+    """What the daemon's generic settings code asks of every kind's model, so that it never names a
+    kind: the defaults are a destination whose replicas are Delta tables kept by their streams."""
+
+    #: The replicas are Delta tables in the catalog (they could be the source tables themselves; the
+    #: scheduled VACUUM keeps them; an SCD2 history can be written to them).
+    writes_delta: ClassVar[bool] = True
+
+    def mode_of(self, table: str) -> str:
+        """How ``table``'s replica is kept: ``continuous`` (its stream), or a mode of scheduled cycles."""
+        return CONTINUOUS
+
+    def moded_tables(self) -> tuple[str, ...]:
+        """The tables the destination's settings give a mode of their own."""
+        return ()
+
+    def cycle_subtasks(self, pipeline_id: str) -> list["Subtask"]:
+        """The scheduled sub-tasks of the tables kept by cycles (none without cycles)."""
+        return []
+
+    def cycle_mode(self, operations: tuple[str, ...]) -> str | None:
+        """The mode whose cycles a sub-task of ``operations`` runs (None: a sub-task of ``schedules``)."""
+        return None
+
+    def problems(self, settings: "Settings") -> list[Problem]:
+        """Problems of the destination against the rest of the pipeline, each with its location."""
+        return []
+
+    def source_problem(self, source: "EventSourceSettings") -> str | None:
+        """Why the destination cannot take what the event source ``source`` asks of it, or None."""
+        if source.history == "scd2" and not self.writes_delta:
+            return (f"source.history scd2 needs a Delta destination (destination kind is {getattr(self, 'kind')}); "
+                    f"remove history or write to Delta")
+        return None
+
+    def letters_elsewhere(self) -> str | None:
+        """Where the change-feed tables' dead letters are when the daemon does not keep them, in words
+        (None: the daemon lists, skips and replays them)."""
+        return None
+
+
+class DeltaDestination(_DestinationModel):
     """Replicas are Delta tables in ``destination_catalog.destination_schema`` (the default)."""
 
     kind: Literal["delta"] = "delta"
 
+    def source_problem(self, source: "EventSourceSettings") -> str | None:
+        if source.real_time is not None:
+            return ("source.real_time needs destination kind postgres: open-source Spark runs Real-Time Mode into "
+                    "foreach sinks only, not Delta; remove real_time or write to PostgreSQL")
+        return super().source_problem(source)
 
-class PostgresDestination(_Strict):
+
+class PostgresDestination(_DestinationModel):
     """Replicas are PostgreSQL tables, one per source table, named as the source table."""
 
     kind: Literal["postgres"]
@@ -143,9 +198,48 @@ class PostgresDestination(_Strict):
                              f"set mode (or table_modes) or remove {given[0]}")
         return self
 
+    writes_delta: ClassVar[bool] = False
+
     def mode_of(self, table: str) -> Mode:
         """The mode of ``table``'s replica."""
         return self.table_modes.get(table, self.mode)
+
+    def moded_tables(self) -> tuple[str, ...]:
+        return tuple(self.table_modes)
+
+    def cycle_subtasks(self, pipeline_id: str) -> list["Subtask"]:
+        """The cycles of triggered and snapshot replicas, one sub-task per mode, on the destination's
+        schedule. ``tables`` None: every pipeline table whose mode it is."""
+        from lakemirror.sinks.postgres.cycles import operation_of
+        from lakemirror.supervisor.subtasks.batch_runner import TaskSettings
+        from lakemirror.supervisor.subtasks.service import Subtask
+
+        trigger = self.trigger()
+        if trigger is None:
+            return []
+        out = []
+        for mode in sorted(self.cycled_modes()):
+            settings = TaskSettings(operations=(operation_of(mode),), timeout_seconds=self.cycle_timeout_seconds,
+                                    config={"pipeline_id": pipeline_id, "destination_mode": mode,
+                                            "snapshot_above_fraction": self.snapshot_above_fraction})
+            tables = None if self.mode == mode else tuple(sorted(t for t, m in self.table_modes.items() if m == mode))
+            out.append(Subtask(f"postgres-{mode}", trigger, settings, tables))
+        return out
+
+    def cycle_mode(self, operations: tuple[str, ...]) -> str | None:
+        from lakemirror.sinks.postgres.cycles import OPERATIONS
+
+        return OPERATIONS.get(operations[0]) if len(operations) == 1 else None
+
+    def problems(self, settings: "Settings") -> list[Problem]:
+        from lakemirror.daemon.settings.postgres_checks import postgres_problems
+
+        return postgres_problems(settings)
+
+    def letters_elsewhere(self) -> str | None:
+        from lakemirror.sinks.postgres.destination import letters_elsewhere
+
+        return letters_elsewhere(self.target_schema)
 
     def cycled_modes(self) -> set[Mode]:
         """The modes other than continuous that some table uses."""
@@ -172,8 +266,10 @@ class PostgresDestination(_Strict):
             return Path(self.password_file).expanduser().read_text(encoding="utf-8").rstrip("\r\n")
         return None
 
-    def target(self, executor_connections: int = 0) -> PostgresTarget:
+    def target(self, executor_connections: int = 0) -> "PostgresTarget":
         """The server, with the daemon's pool sized for ``executor_connections`` held by executors."""
+        from lakemirror.sinks.postgres.executor import PostgresTarget
+
         return PostgresTarget(
             host=self.host, port=self.port, database=self.database, schema=self.target_schema, user=self.user,
             password=self.resolved_password(), sslmode=self.sslmode, max_connections=self.max_connections,

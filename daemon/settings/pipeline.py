@@ -27,7 +27,6 @@ from lakemirror.daemon.settings.lease import LeaseSettings
 from lakemirror.daemon.settings.maintenance import VACUUM_TASK, ReplicaMaintenance
 from lakemirror.daemon import spark_values, yaml_loader
 from lakemirror.daemon.settings.schedule import ScheduleSettings, schedule_problems
-from lakemirror.daemon.settings.postgres_checks import postgres_problems
 from lakemirror.errors import ConfigError
 from lakemirror.sinks.merge.apply_choice import DEFAULT_DRIVER_APPLY_BELOW_BYTES, DEFAULT_REWRITE_BELOW_BYTES
 
@@ -481,22 +480,19 @@ class Settings(BaseSettings):
         if self.checkpoint_table is not None:
             from lakemirror.identifiers import TableName
             TableName.parse(self.checkpoint_table)
-        if self.source is None and self.destination.kind == "delta" \
+        if self.source is None and self.destination.writes_delta \
                 and self.source_catalog.casefold() == self.destination_catalog.casefold() \
                 and (self.destination_schema or self.schema_name).casefold() == self.schema_name.casefold():
             raise ValueError(f"the replicas would be the source tables themselves: source_catalog and "
                              f"destination_catalog are both {self.source_catalog!r} and the destination schema is "
                              f"the source schema {self.schema_name!r}; set destination_catalog or "
                              f"destination_schema to another one")
-        if self.source is not None and self.source.real_time is not None and self.destination.kind != "postgres":
-            raise ValueError("source.real_time needs destination kind postgres: open-source Spark runs Real-Time "
-                             "Mode into foreach sinks only, not Delta; remove real_time or write to PostgreSQL")
+        refused = self.destination.source_problem(self.source) if self.source is not None else None
+        if refused is not None:
+            raise ValueError(refused)
         if self.replica_maintenance.vacuum_trigger() is not None and any(t.name == VACUUM_TASK for t in self.schedules):
             raise ValueError(f"a schedule is named {VACUUM_TASK!r}, the name of the replicas' scheduled VACUUM "
                              f"(replica_maintenance); rename it")
-        if self.source is not None and self.source.history == "scd2" and self.destination.kind != "delta":
-            raise ValueError(f"source.history scd2 needs a Delta destination (destination kind is "
-                             f"{self.destination.kind}); remove history or write to Delta")
         return self
 
     # -- derived ----------------------------------------------------------------------------
@@ -685,7 +681,7 @@ def load_settings(path: str | Path | None, overrides: dict[str, Any] | None = No
     unusable = _path_problems(settings, origin, overrides or {})
     unusable += [(_origin_of(loc, origin, overrides or {}), msg)
                  for loc, msg in schedule_problems(settings.schedules, settings.tables, settings.exclude_tables)]
-    unusable += [(_origin_of(loc, origin, overrides or {}), msg) for loc, msg in postgres_problems(settings)]
+    unusable += [(_origin_of(loc, origin, overrides or {}), msg) for loc, msg in settings.destination.problems(settings)]
     if settings.runtime.mode == "local":
         from lakemirror.daemon.spark_classes import missing_class_problems
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from lakemirror.daemon.settings.destination import PostgresDestination
+from lakemirror.daemon.settings.schedule import Problem
 from lakemirror.sinks.postgres.modes import ConnectionBudget, connection_budget
 
 if TYPE_CHECKING:
     from lakemirror.daemon.settings.pipeline import Settings
 
-Problem = tuple[tuple[str | int, ...], str]
 WHERE = ("destination", "postgres")
 
 

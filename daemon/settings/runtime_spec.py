@@ -7,21 +7,18 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable, Mapping, Sequence
 
-from lakemirror.daemon.settings.destination import PostgresDestination
 from lakemirror.daemon.settings.event_source import EventSourceSettings
 from lakemirror.daemon.settings.maintenance import VACUUM_TASK
 from lakemirror.daemon.settings.pipeline import Settings
 from lakemirror.daemon.settings.replicate import CatalogEntry, ObjectSettings, ReplicateConfig
 from lakemirror.daemon.settings.schedule import ScheduleSettings
-from lakemirror.sinks.postgres.modes import Mode
-from lakemirror.sinks.postgres.waits import ServerWait
+from lakemirror.sinks.waits import ServerWait
 from lakemirror.identifiers import TableName
 from lakemirror.sources.catalog import Discovery, volume_path
 from lakemirror.checkpoints import layout
 from lakemirror.checkpoints.state import StateStore
 from lakemirror.supervisor.control.pipeline_spec import PipelineSpec, TableOptions
 from lakemirror.supervisor.control.table_state import RestartPolicy
-from lakemirror.sinks.postgres.cycles import OPERATIONS, operation_of
 from lakemirror.supervisor.events.stream_runner import EventStreamSpec
 from lakemirror.supervisor.subtasks.batch_runner import (
     VOLUME_FILES, CatalogSelection, OperationOutcome, SchemaSelection, TableJob, TaskSettings, plan_work,
@@ -65,9 +62,9 @@ def replica_properties(s: Settings) -> dict[str, str]:
 
 def maintenance_subtasks(s: Settings) -> list[Subtask]:
     """The scheduled VACUUM of the pipeline's Delta replicas (``replica_maintenance``); none for a
-    PostgreSQL destination or an event source (whose replicas are kept by the source's own purge)."""
+    destination of other tables or an event source (whose replicas are kept by the source's own purge)."""
     trigger = s.replica_maintenance.vacuum_trigger()
-    if trigger is None or s.destination.kind != "delta" or s.source is not None:
+    if trigger is None or not s.destination.writes_delta or s.source is not None:
         return []
     pipeline_id = s.effective_pipeline_id
     settings = TaskSettings(operations=("vacuum",), timeout_seconds=s.replica_maintenance.vacuum_timeout_seconds,
@@ -103,32 +100,20 @@ def subtask_of(s: ScheduleSettings, pipeline_id: str) -> Subtask:
     return Subtask(s.name, s.trigger(), settings, tuple(s.tables) if s.tables is not None else None)
 
 
-def postgres_subtasks(s: Settings) -> list[Subtask]:
-    """The cycles of triggered and snapshot PostgreSQL replicas, one sub-task per mode, on the
-    destination's schedule. ``tables`` None: every pipeline table whose mode it is (:func:`cycle_mode`)."""
-    d = s.destination
-    trigger = d.trigger() if isinstance(d, PostgresDestination) else None
-    if not isinstance(d, PostgresDestination) or trigger is None:
-        return []
-    out = []
-    for mode in sorted(d.cycled_modes()):
-        settings = TaskSettings(operations=(operation_of(mode),), timeout_seconds=d.cycle_timeout_seconds,
-                                config={"pipeline_id": s.effective_pipeline_id, "destination_mode": mode,
-                                        "snapshot_above_fraction": d.snapshot_above_fraction})
-        tables = None if d.mode == mode else tuple(sorted(t for t, m in d.table_modes.items() if m == mode))
-        out.append(Subtask(f"postgres-{mode}", trigger, settings, tables))
-    return out
+def destination_subtasks(s: Settings) -> list[Subtask]:
+    """The destination's cycles (its tables kept on a schedule, not streamed), one sub-task per mode.
+    ``tables`` None: every pipeline table whose mode it is (:func:`cycle_mode`)."""
+    return s.destination.cycle_subtasks(s.effective_pipeline_id)
 
 
 def cycle_tables(s: Settings, spec: PipelineSpec, task_views: Callable[[], list[TaskView]], states: StateStore,
                  clock: Callable[[], float],
                  waits: Callable[[str], ServerWait | None] = lambda table: None) -> CycleTables:
-    """The triggered and snapshot replicas as tables of ``/status``
+    """The tables kept by the destination's cycles as tables of ``/status``
     (:mod:`lakemirror.supervisor.subtasks.cycle_tables`): the tables the configuration names in those
     modes (more are found by their cycles)."""
-    tasks = {cycle_mode(t): t.name for t in postgres_subtasks(s)}
-    d = s.destination
-    named = spec.tables if spec.tables is not None else tuple(d.table_modes) if isinstance(d, PostgresDestination) else ()
+    tasks = {cycle_mode(s, t): t.name for t in destination_subtasks(s)}
+    named = spec.tables if spec.tables is not None else s.destination.moded_tables()
     tables = {t: mode_of(s, t) for t in sorted(named) if t not in spec.exclude_tables and mode_of(s, t) in tasks}
 
     def next_run(task: str) -> float | None:
@@ -142,15 +127,14 @@ def cycle_tables(s: Settings, spec: PipelineSpec, task_views: Callable[[], list[
                        holds=holds, waits=waits, clock=clock)
 
 
-def cycle_mode(task: Subtask) -> Mode | None:
+def cycle_mode(s: Settings, task: Subtask) -> str | None:
     """The destination mode whose cycles ``task`` runs (None: a sub-task of ``schedules``)."""
-    ops = task.settings.operations
-    return OPERATIONS.get(ops[0]) if len(ops) == 1 else None
+    return s.destination.cycle_mode(task.settings.operations)
 
 
-def mode_of(s: Settings, table: str) -> Mode:
-    d = s.destination
-    return d.mode_of(table) if isinstance(d, PostgresDestination) else "continuous"
+def mode_of(s: Settings, table: str) -> str:
+    """How ``table``'s replica is kept: ``continuous`` (streamed), or the mode of the destination's cycles."""
+    return s.destination.mode_of(table)
 
 
 def jobs_for(task: Subtask, spec: PipelineSpec, list_tables: Callable[[], list[str]]) -> list[TableJob]:

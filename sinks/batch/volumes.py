@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
 from lakemirror.checkpoints import layout
@@ -66,8 +66,10 @@ class FileFailure:
     attempts: int
 
 
-@dataclass(frozen=True)
+@dataclass
 class VolumeCopyResult:
+    """What one copy did: counted as it runs (by the copier's threads, under its lock), then returned."""
+
     source: str
     target: str
     plan: Mapping[str, int]
@@ -117,18 +119,6 @@ class SourceChanging(TransientError):
 
 class _Vanished(Exception):
     pass
-
-
-@dataclass
-class _Tally:
-    copied: int = 0
-    copied_bytes: int = 0
-    adopted: int = 0
-    verified: int = 0
-    vanished: int = 0
-    retried: int = 0
-    not_started: int = 0
-    failed: list[FileFailure] = field(default_factory=list)
 
 
 class _Recorder:
@@ -189,7 +179,9 @@ class VolumeCopier:
         partials = self.target.remove_partials()
         plan, known = self.plan()
         log.info("volume %s: %s", self.label, plan.summary())
-        tally = _Tally()
+        tally = VolumeCopyResult(source=self.source.root, target=self.target.root, plan=plan.summary(),
+                                 partials_removed=partials)
+        failures: list[FileFailure] = []
         lock = threading.Lock()
         recorder = _Recorder(self.manifest, self.options.flush_every_files, self.options.flush_every_seconds,
                              self.clock)
@@ -199,7 +191,7 @@ class VolumeCopier:
                 with lock:
                     tally.not_started += 1
                 return
-            self._task(task, known.get(task.source.path), recorder, tally, lock)
+            self._task(task, known.get(task.source.path), recorder, tally, failures, lock)
 
         try:
             if plan.tasks:
@@ -213,12 +205,9 @@ class VolumeCopier:
         deleted, delete_failures = self._deletes(plan)
         recorder.flush(tuple(p for p in plan.forget if p not in {f.path for f in delete_failures}))
         self.manifest.compact()
-        result = VolumeCopyResult(
-            source=self.source.root, target=self.target.root, plan=plan.summary(), copied=tally.copied,
-            copied_bytes=tally.copied_bytes, adopted=tally.adopted, verified=tally.verified,
-            vanished=tally.vanished, deleted=deleted, retried=tally.retried, partials_removed=partials,
-            not_started=tally.not_started, failed=tuple(sorted(tally.failed + delete_failures, key=lambda f: f.path)),
-            seconds=self.clock() - started)
+        result = tally
+        result.deleted, result.seconds = deleted, self.clock() - started
+        result.failed = tuple(sorted(failures + delete_failures, key=lambda f: f.path))
         log.info("volume %s: %d copied (%d bytes), %d adopted, %d deleted, %d failed", self.label,
                  result.copied, result.copied_bytes, result.adopted, result.deleted, len(result.failed))
         if not result.ok:
@@ -233,8 +222,8 @@ class VolumeCopier:
 
     # -- one file -------------------------------------------------------------------------------
 
-    def _task(self, task: FileTask, known: ManifestEntry | None, recorder: _Recorder, tally: _Tally,
-              lock: threading.Lock) -> None:
+    def _task(self, task: FileTask, known: ManifestEntry | None, recorder: _Recorder, tally: VolumeCopyResult,
+              failures: list[FileFailure], lock: threading.Lock) -> None:
         path = task.source.path
         attempts = self.options.file_attempts
         for attempt in range(1, attempts + 1):
@@ -252,7 +241,7 @@ class VolumeCopier:
                     self.sleep(self.options.delay(attempt))
                     continue
                 with lock:
-                    tally.failed.append(FileFailure(path, f"{type(exc).__name__}: {exc}", attempt))
+                    failures.append(FileFailure(path, f"{type(exc).__name__}: {exc}", attempt))
                 log.warning("volume %s: %s failed after %d attempt(s): %s", self.label, path, attempt, exc)
                 return
             if entry is not None and entry != known:

@@ -11,15 +11,18 @@ names fails the write with Delta's error text and nothing of the write is applie
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from lakemirror.sinks.events.dead_letters import InMemoryDeadLetters
 from lakemirror.sinks.events.guard_merge import GuardOutcome
 from lakemirror.sinks.events.guard_plan import GuardedMemoryReplica, TablePlan
+from lakemirror.sinks.events.guarded_sink import EventBatchApplier, GuardedSinkSpec
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.txn import TxnId
-from lakemirror.sources.change_event import DELETE, ChangeEvent
+from lakemirror.sources.change_event import DELETE, ChangeEvent, Decoded
+from lakemirror.sources.event_stream import RawEvent
 
 
 class ConstraintViolated(Exception):
@@ -56,7 +59,7 @@ class MemoryGuardedSink:
 @dataclass
 class MemoryEventStore:
     """An event source's replicas and dead letters in memory: what the guarded event sink
-    (:class:`~lakemirror.supervisor.events.batch_apply.EventBatchApplier`) writes in place of Delta tables.
+    (:class:`~lakemirror.sinks.events.guarded_sink.EventBatchApplier`) writes in place of Delta tables.
 
     ``replica_for(table)`` gives each table's :class:`MemoryGuardedSink` (made on first use, kept in
     :attr:`replicas`); ``refuse`` names tables the destination cannot hold (ValueError, as a Delta
@@ -73,3 +76,13 @@ class MemoryEventStore:
         if table not in self.replicas:
             self.replicas[table] = MemoryGuardedSink(clock=self.clock)
         return self.replicas[table]
+
+
+def memory_event_sink(spec: GuardedSinkSpec, decoder: Callable[[RawEvent], Decoded], pipeline_id: str,
+                      store: MemoryEventStore | None = None, clock: Callable[[], float] = time.time,
+                      fault: Callable[[str], None] = lambda point: None) -> EventBatchApplier:
+    """The guarded event sink over in-memory replicas and dead letters (``store``, a new one if None):
+    the destination kind ``memory``, and the sink the unit tests drive the event runner with."""
+    store = store if store is not None else MemoryEventStore(clock=clock)
+    return EventBatchApplier(spec, decoder, pipeline_id, store.replica_for, store.dead_letters, lambda name: None,
+                             clock, fault)

@@ -12,7 +12,12 @@ DataFrame calls, which the server plans with Delta's SQL extension:
   the confs are unset in ``finally``: they live in the table's Connect session, which the
   client shares; the batch is read in place, without adaptive execution
   (:data:`~lakemirror.sinks.txn.STABLE_SOURCE_CONFS`, restored after);
-- the batch's outcome (statistics, counts, times) is written to a file beside the query's
+- a batch the replica refuses because of one row's value (a ``CHECK`` constraint, a ``NOT NULL``
+  column, a value out of range) is applied without that row, found by bisecting the batch's keys, and
+  the row is dead-lettered in ``_lakemirror_dead_letters`` beside the replica: the one isolation of
+  the local path (:func:`~lakemirror.sinks.merge.row_isolation.isolate_batch`, every attempt under a
+  transaction id of its own, the letters under the batch's letters id), run here on the server;
+- the batch's outcome (statistics, counts, times, the letters it recorded) is written to a file beside the query's
   checkpoint (:mod:`lakemirror.sinks.merge.connect_outcomes`), no Spark write: the daemon reads it
   and appends the batch's checkpoint row, a round of tables' rows in one commit.
 
@@ -26,7 +31,7 @@ from __future__ import annotations
 
 import functools
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Callable
 
 from lakemirror.identifiers import quote
@@ -41,6 +46,9 @@ from lakemirror.sql_exec import run_sql
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+    from lakemirror.sinks.merge.feed_letters import FeedDeadLetters, FeedLetter
+    from lakemirror.tables import TableLocation
 
 
 def latest_changes_sql(plan: MergePlan, view: str) -> str:
@@ -76,6 +84,11 @@ class ConnectBatchJob:
     #: it; None: no turns, every batch is applied as Spark plans it.
     gate_dir: str | None = None
     gate_generation: str = ""
+    #: Where a batch records the changes the replica refuses (None: a refused batch fails the query),
+    #: the replica's location, and the source table its letters name.
+    letters: "FeedDeadLetters | None" = None
+    target: "TableLocation | None" = None
+    label: str = ""
 
     @property
     def view(self) -> str:
@@ -102,7 +115,8 @@ def apply_batch(job: ConnectBatchJob, batch: "DataFrame", batch_id: int) -> None
                 batch_id=batch_id, txn_app_id=job.app_id, rows_read=stats.rows_read,
                 first_version=stats.first_version, last_version=stats.last_version, inserted=counts.inserted,
                 updated=counts.updated, deleted=counts.deleted, replayed=outcome.replayed, started_at=started,
-                ended_at=time.time(), min_commit_time=stats.min_commit_time, max_commit_time=stats.max_commit_time))
+                ended_at=time.time(), min_commit_time=stats.min_commit_time, max_commit_time=stats.max_commit_time,
+                dead_letters=[asdict(x) for x in outcome.letters] if isinstance(outcome, ServerOutcome) else []))
     finally:
         if gate is not None and turn is not None:
             gate.leave(turn)
@@ -110,8 +124,16 @@ def apply_batch(job: ConnectBatchJob, batch: "DataFrame", batch_id: int) -> None
         gate.hold(batch_id, turn)
 
 
+@dataclass(frozen=True)
+class ServerOutcome(MergeOutcome):
+    """A batch applied without the changes the replica refused, which it dead-lettered (``letters``)."""
+
+    letters: tuple["FeedLetter", ...] = ()
+
+
 def merge_batch(job: ConnectBatchJob, batch: "DataFrame", txn: TxnId) -> MergeOutcome:
-    """MERGE the batch's winning changes into the replica under ``txn``, in SQL only."""
+    """MERGE the batch's winning changes into the replica under ``txn``, in SQL only; refused because
+    of a row's value, without the rows refused, which are dead-lettered (see the module docstring)."""
     session = batch.sparkSession
     batch.createOrReplaceTempView(job.view)
     try:
@@ -119,8 +141,20 @@ def merge_batch(job: ConnectBatchJob, batch: "DataFrame", txn: TxnId) -> MergeOu
         if stats.rows_read == 0:
             return MergeOutcome(stats, ApplyCounts(), replayed=False)
         # A change-feed batch is stable: the MERGE reads it in place, as the classic path's does.
-        with scoped_confs(session, STABLE_SOURCE_CONFS), transaction(session, txn):
-            answer = run_sql(session, merge_sql(job.plan, job.target_sql, job.view)).collect()
+        with scoped_confs(session, STABLE_SOURCE_CONFS):
+            try:
+                with transaction(session, txn):
+                    answer = run_sql(session, merge_sql(job.plan, job.target_sql, job.view)).collect()
+            except Exception as exc:
+                # Imported here: row isolation MERGEs through delta_merge, which takes this module's SQL.
+                from lakemirror.sinks.merge.row_isolation import isolate_batch, refusal_reason
+
+                reason = refusal_reason(exc)
+                if reason is None or job.letters is None or job.target is None:
+                    raise
+                outcome, letters = isolate_batch(batch, txn, reason, job.target, job.plan, job.letters,
+                                                 job.label or job.target_sql, time.time)
+                return ServerOutcome(outcome.stats, outcome.counts, replayed=outcome.replayed, letters=tuple(letters))
     finally:
         session.catalog.dropTempView(job.view)
     if answer:

@@ -20,17 +20,22 @@ from typing import TYPE_CHECKING
 
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.merge.connect_apply import ConnectBatchJob
+from lakemirror.sinks.merge.feed_letters import FeedLetter
 from lakemirror.sinks.merge.connect_outcomes import BatchOutcome, forget_outcomes, outcome_folder, read_outcomes
 from lakemirror.sinks.txn import BatchStats, MergeOutcome
 
 if TYPE_CHECKING:
+    from lakemirror.sinks.merge.feed_letters import FeedDeadLetters
     from lakemirror.sinks.merge.planner import MergePlan
     from lakemirror.tables import TableLocation
 
 
-def batch_job(*, target: "TableLocation", plan: "MergePlan", app_id: str, checkpoint: str) -> ConnectBatchJob:
-    """The server-side batch function's job; its outcomes go beside the query's ``checkpoint``."""
-    return ConnectBatchJob(target_sql=target.sql, plan=plan, app_id=app_id, outcome_dir=outcome_folder(checkpoint))
+def batch_job(*, target: "TableLocation", plan: "MergePlan", app_id: str, checkpoint: str,
+              letters: "FeedDeadLetters | None" = None, label: str = "") -> ConnectBatchJob:
+    """The server-side batch function's job; its outcomes go beside the query's ``checkpoint``, the
+    changes the replica refuses to ``letters`` (named as the source table ``label``)."""
+    return ConnectBatchJob(target_sql=target.sql, plan=plan, app_id=app_id, outcome_dir=outcome_folder(checkpoint),
+                           letters=letters, target=target, label=label)
 
 
 class ConnectBatches:
@@ -54,9 +59,23 @@ class ConnectBatches:
             self.seen = out[-1].batch_id
         return out
 
+    def files_through(self) -> int | None:
+        """The newest source version of the batches whose outcome files are still there (applied on the
+        server, reported or not: read without reporting them); None when there are none. A file is
+        forgotten only after its batch was reported."""
+        versions = [o.last_version for o in read_outcomes(self.job.outcome_dir, -1)
+                    if o.txn_app_id == self.job.app_id and o.last_version is not None]
+        return max(versions, default=None)
+
     def forget(self, through: int) -> None:
         """The rows of the batches up to ``through`` are durable: drop their outcome files."""
         forget_outcomes(self.job.outcome_dir, through)
+
+
+def outcome_letters(outcome: BatchOutcome) -> list[FeedLetter]:
+    """The changes a server batch dead-lettered, as its outcome file tells them."""
+    return [FeedLetter(str(x["table"]), str(x["key"]), x.get("commit_version"), str(x.get("change_type") or ""),
+                       str(x.get("row") or ""), str(x.get("reason") or "")) for x in outcome.dead_letters]
 
 
 def merge_outcome(outcome: BatchOutcome) -> MergeOutcome:

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Any
 from pathlib import Path
 
 #: The folder of a query's checkpoint that holds its batches' outcomes.
@@ -49,6 +50,9 @@ class BatchOutcome:
     #: ``first_version_at`` and ``last_version_at``, from which recovery points are cut).
     min_commit_time: float | None = None
     max_commit_time: float | None = None
+    #: The changes the replica refused, dead-lettered by the batch (each a
+    #: :class:`~lakemirror.sinks.merge.feed_letters.FeedLetter`'s fields), for the daemon's counts.
+    dead_letters: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

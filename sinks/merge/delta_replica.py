@@ -153,14 +153,18 @@ class DeltaReplica:
         beside the replica (:mod:`~lakemirror.sinks.merge.row_isolation`)."""
         from lakemirror.object_store import delta_rs_target
 
-        letters = FeedDeadLetters(self.catalog.locate(TableName(self.name.catalog, self.name.schema, FEED_DEAD_LETTERS)),
-                                  self.pipeline_id)
+        letters = self.dead_letters()
         target = self.catalog.locate(self.name)
         return IsolatingMergeSink(DeltaMergeSink(target, plan, stable_source=True, choose=lambda: self.choose_apply(plan),
                                                  driver_target=lambda: (delta_rs_target(self.spark, target.path)
                                                                         if target.path is not None else None),
                                                  fault=self.fault),
                                   letters, self.source, time.time, on_letters=self.on_letters)
+
+    def dead_letters(self) -> FeedDeadLetters:
+        """Where the changes this replica refuses are dead-lettered: ``_lakemirror_dead_letters`` beside it."""
+        return FeedDeadLetters(self.catalog.locate(TableName(self.name.catalog, self.name.schema, FEED_DEAD_LETTERS)),
+                               self.pipeline_id)
 
     def choose_apply(self, plan: MergePlan) -> tuple[ApplyChoice, int]:
         """MERGE, rewrite or the driver's MERGE, chosen from the replica's facts: read from its log on

@@ -25,17 +25,20 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+import uuid
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, Sequence, TypeVar
 
 from lakemirror import tables
+from lakemirror.identifiers import quote
 from lakemirror.sinks.events.dead_letters import PENDING, REPLAYED, SKIPPED, STATUSES, Resolution
 from lakemirror.sinks.txn import TxnId, transaction
+from lakemirror.sql_exec import run_sql
 from lakemirror.tables import TableLocation
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -163,9 +166,9 @@ class FeedDeadLetters:
                 tables.write(df, self.location, "append", txnAppId=txn.app_id, txnVersion=str(txn.version))
                 return
             with transaction(session, txn):
-                (tables.delta_table(session, self.location).alias("t")
-                 .merge(df.alias("s"), "t.id = s.id AND t.pipeline_id <=> s.pipeline_id")
-                 .whenNotMatchedInsertAll().execute())
+                _merge_from(session, df, lambda view: f"MERGE INTO {self.location.sql} AS t USING {view} AS s "
+                                                      f"ON t.id = s.id AND t.pipeline_id <=> s.pipeline_id "
+                                                      f"WHEN NOT MATCHED THEN INSERT *")
         retry_conflicts(write, f"{self.location.name}: recording {len(letters)} dead letter(s)")
 
     def letters(self, session: "SparkSession", ids: Iterable[str] | None = None) -> list[StoredFeedLetter]:
@@ -186,21 +189,32 @@ class FeedDeadLetters:
         """Record what became of the letters in ``done`` (status, when, how), in one commit."""
         if not done or not tables.exists(session, self.location):
             return
-        from pyspark.sql import functions as F
-
         at = datetime.fromtimestamp(now, timezone.utc)
         source = session.createDataFrame(
             [(d.id, self.pipeline_id, d.status, d.resolution, d.reason, at) for d in done],
             "rid STRING, rpipeline STRING, rstatus STRING, rresolution STRING, rreason STRING, rat TIMESTAMP")
 
         def write() -> None:
-            (tables.delta_table(session, self.location).alias("t")
-             .merge(source.alias("s"), "t.id = s.rid AND t.pipeline_id <=> s.rpipeline")
-             .whenMatchedUpdate(set={"status": F.col("s.rstatus"), "resolution": F.col("s.rresolution"),
-                                     "resolved_at": F.col("s.rat"),
-                                     "reason": F.coalesce(F.col("s.rreason"), F.col("t.reason"))})
-             .execute())
+            _merge_from(session, source, lambda view: (
+                f"MERGE INTO {self.location.sql} AS t USING {view} AS s "
+                f"ON t.id = s.rid AND t.pipeline_id <=> s.rpipeline "
+                f"WHEN MATCHED THEN UPDATE SET status = s.rstatus, resolution = s.rresolution, "
+                f"resolved_at = s.rat, reason = coalesce(s.rreason, t.reason)"))
         retry_conflicts(write, f"{self.location.name}: recording {len(done)} resolution(s)")
+
+
+def _merge_from(session: "SparkSession", source: "DataFrame", statement: Callable[[str], str]) -> None:
+    """Run the ``MERGE`` ``statement(view)`` with ``source`` as ``view`` (a temp view of its own).
+
+    SQL text, not Delta's ``DeltaTable`` API: the same statement runs in a session with its own JVM
+    and over Spark Connect (in the daemon, and in a Connect server's batch function, which records a
+    batch's letters there), where ``DeltaTable`` needs Delta's Connect plugin."""
+    view = f"lakemirror_letters_{uuid.uuid4().hex}"
+    source.createOrReplaceTempView(view)
+    try:
+        run_sql(session, statement(quote(view))).collect()
+    finally:
+        session.catalog.dropTempView(view)
 
 
 @dataclass

@@ -17,6 +17,10 @@ again) and applies no key twice; the letters are MERGEd in on (table, key, commi
 batch's own letters transaction id, so none is recorded twice. Keys are disjoint between attempts,
 so no change can overtake another of its key.
 
+The isolation itself (:func:`isolate_batch`) is plain Spark SQL and DataFrame calls, so over Spark
+Connect the server's batch function runs the same code (:mod:`lakemirror.sinks.merge.connect_apply`)
+and names the batch's letters in its outcome file for the daemon's counts.
+
 The letters wait for the operator, who skips them or replays them (the key's row written again
 from the source: :mod:`lakemirror.sinks.merge.letter_replay`) through the running daemon
 (:mod:`lakemirror.supervisor.change_feed.dead_letters`).
@@ -43,6 +47,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, Row, SparkSession
 
     from lakemirror.sinks.merge.delta_merge import DeltaMergeSink
+    from lakemirror.sinks.merge.planner import MergePlan
+    from lakemirror.tables import TableLocation
 
 log = logging.getLogger(__name__)
 
@@ -91,51 +97,73 @@ class IsolatingMergeSink:
         return self._isolate(batch, txn, reason)
 
     def _isolate(self, batch: "DataFrame", txn: TxnId, reason: str) -> MergeOutcome:
-        from lakemirror.sinks.merge.delta_merge import DeltaMergeSink
-
-        keys = list(self.inner.plan.keys)
-        session = batch.sparkSession
-        winners = sorted(self.inner.latest_changes(batch).collect(),
-                         key=lambda r: json.dumps([r[k] for k in keys], default=str))
-        log.warning("table %s: the replica refused batch %d (%s); finding the change(s) that cause it among %d keys",
-                    self.table, txn.version, reason, len(winners))
-        plain = DeltaMergeSink(self.inner.target, self.inner.plan)  # the batch's rows of some keys: Spark's MERGE
-
-        def write(part: Sequence["Row"], attempt: TxnId) -> ApplyCounts | None:
-            """One MERGE of ``part``'s keys; its counts, or None when Delta skipped it as a replay."""
-            with transaction(session, attempt):
-                answer = plain.merge_rows(session, self._rows_of(session, batch, part, keys))
-            return counts_from_answer(answer[0].asDict()) if answer else None
-
-        found = bisect(winners, write, txn, refusal_reason, reason)
-        letters = [self._letter(session, batch, row, why, keys) for row, why in found.refused]
-        self.letters.append(session, letters, TxnId(f"{txn.app_id}/dead-letters", txn.version), self.clock())
+        outcome, letters = isolate_batch(batch, txn, reason, self.inner.target, self.inner.plan, self.letters,
+                                         self.table, self.clock)
         self.on_letters(letters)
-        log.warning("table %s: batch %d: %d change(s) refused by the replica, kept in %s (%s); the other %d "
-                    "applied in %d write(s)", self.table, txn.version, len(letters), self.letters.location.name,
-                    ", ".join(d.key for d in letters[:5]), len(winners) - len(letters), found.attempts)
-        fresh = [c for c in found.applied if c is not None]
-        counts = ApplyCounts(sum(c.inserted for c in fresh), sum(c.updated for c in fresh), sum(c.deleted for c in fresh))
-        return IsolatedOutcome(DeltaMergeSink.stats(batch), counts, replayed=bool(found.applied) and not fresh,
-                               dead_letters=len(letters))
+        return outcome
 
-    @staticmethod
-    def _rows_of(session: "SparkSession", batch: "DataFrame", part: Sequence["Row"], keys: list[str]) -> "DataFrame":
-        """``batch``'s change rows of the keys of ``part`` (NULL keys matched as Spark's ``<=>``)."""
-        from functools import reduce
 
-        from pyspark.sql import functions as F
+def isolate_batch(batch: "DataFrame", txn: TxnId, reason: str, target: "TableLocation", plan: "MergePlan",
+                  letters: FeedLetterStore, table: str,
+                  clock: Callable[[], float]) -> tuple[IsolatedOutcome, list[FeedLetter]]:
+    """Apply ``batch`` (refused as a whole for ``reason``) without the changes the replica refuses,
+    bisecting its winning changes by key, and record those in ``letters`` under the batch's letters
+    transaction id; the outcome and the letters (see the module docstring).
 
-        key_schema = batch.select(*[F.col(f"`{k}`") for k in keys]).schema
-        wanted = session.createDataFrame([tuple(r[k] for k in keys) for r in part], key_schema).alias("w")
-        on = reduce(lambda a, b: a & b, [F.col(f"b.`{k}`").eqNullSafe(F.col(f"w.`{k}`")) for k in keys])
-        return batch.alias("b").join(wanted, on, "left_semi")
+    Plain Spark SQL and DataFrame calls only (SQL MERGEs, ``createDataFrame``, joins): the same code
+    runs in a session with its own JVM and in a Spark Connect server's batch function
+    (:mod:`lakemirror.sinks.merge.connect_apply`)."""
+    from lakemirror.sinks.merge.delta_merge import DeltaMergeSink
 
-    def _letter(self, session: "SparkSession", batch: "DataFrame", row: "Row", reason: str, keys: list[str]) -> FeedLetter:
-        from pyspark.sql import functions as F
+    keys = list(plan.keys)
+    session = batch.sparkSession
+    plain = DeltaMergeSink(target, plan)  # the batch's rows of some keys: Spark's MERGE
+    winners = sorted(plain.latest_changes(batch).collect(),
+                     key=lambda r: json.dumps([r[k] for k in keys], default=str))
+    log.warning("table %s: the replica refused batch %d (%s); finding the change(s) that cause it among %d keys",
+                table, txn.version, reason, len(winners))
 
-        values = row.asDict(recursive=True)
-        key = {k: values[k] for k in keys}
-        version = self._rows_of(session, batch, [row], keys).agg(F.max(COMMIT_VERSION)).collect()[0][0]
-        return FeedLetter(self.table, json_value_text(key), version, str(values.pop(OP_COLUMN, "")),
-                          json_value_text(values), f"the replica refused it: {reason}")
+    def write(part: Sequence["Row"], attempt: TxnId) -> ApplyCounts | None:
+        """One MERGE of ``part``'s keys; its counts, or None when Delta skipped it as a replay."""
+        with transaction(session, attempt):
+            answer = plain.merge_rows(session, _rows_of(session, batch, part, keys))
+        return counts_from_answer(answer[0].asDict()) if answer else None
+
+    found = bisect(winners, write, txn, refusal_reason, reason)
+    refused = [_letter(session, batch, row, why, keys, table) for row, why in found.refused]
+    letters.append(session, refused, letters_txn(txn), clock())
+    log.warning("table %s: batch %d: %d change(s) refused by the replica, kept in %s (%s); the other %d "
+                "applied in %d write(s)", table, txn.version, len(refused), FEED_DEAD_LETTERS,
+                ", ".join(d.key for d in refused[:5]), len(winners) - len(refused), found.attempts)
+    fresh = [c for c in found.applied if c is not None]
+    counts = ApplyCounts(sum(c.inserted for c in fresh), sum(c.updated for c in fresh), sum(c.deleted for c in fresh))
+    return IsolatedOutcome(DeltaMergeSink.stats(batch), counts, replayed=bool(found.applied) and not fresh,
+                           dead_letters=len(refused)), refused
+
+
+def letters_txn(txn: TxnId) -> TxnId:
+    """The transaction id under which batch ``txn``'s letters are recorded (a replayed batch's are skipped)."""
+    return TxnId(f"{txn.app_id}/dead-letters", txn.version)
+
+
+def _rows_of(session: "SparkSession", batch: "DataFrame", part: Sequence["Row"], keys: list[str]) -> "DataFrame":
+    """``batch``'s change rows of the keys of ``part`` (NULL keys matched as Spark's ``<=>``)."""
+    from functools import reduce
+
+    from pyspark.sql import functions as F
+
+    key_schema = batch.select(*[F.col(f"`{k}`") for k in keys]).schema
+    wanted = session.createDataFrame([tuple(r[k] for k in keys) for r in part], key_schema).alias("w")
+    on = reduce(lambda a, b: a & b, [F.col(f"b.`{k}`").eqNullSafe(F.col(f"w.`{k}`")) for k in keys])
+    return batch.alias("b").join(wanted, on, "left_semi")
+
+
+def _letter(session: "SparkSession", batch: "DataFrame", row: "Row", reason: str, keys: list[str],
+            table: str) -> FeedLetter:
+    from pyspark.sql import functions as F
+
+    values = row.asDict(recursive=True)
+    key = {k: values[k] for k in keys}
+    version = _rows_of(session, batch, [row], keys).agg(F.max(COMMIT_VERSION)).collect()[0][0]
+    return FeedLetter(table, json_value_text(key), version, str(values.pop(OP_COLUMN, "")),
+                      json_value_text(values), f"the replica refused it: {reason}")

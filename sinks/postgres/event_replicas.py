@@ -68,6 +68,8 @@ class PostgresEventReplicas:
 
     #: The letters are rows of lakemirror_event_dead_letters, with no status to resolve.
     resolves_letters = False
+    letters_elsewhere = (f"PostgreSQL replicas: its dead letters are rows of {EVENT_DEAD_LETTERS} in the "
+                         f"destination schema")
 
     def _flushes(self) -> PostgresEventSink:
         if self._sink is None:

@@ -114,11 +114,9 @@ class BatchApply:
         self.sleep = sleep
         self.fault = fault
         self.lock = threading.Lock()
-        #: The last batch of the epoch the replica's own log records at launch: a replay of it or
-        #: an earlier batch is skipped unread (:mod:`lakemirror.supervisor.offline.replica_transactions`).
-        self.recorded_txn: int | None = None
-        #: The last source version the replica holds, by its record at launch (batch ``recorded_txn``'s end).
-        self.recorded_through: int | None = None
+        #: What the replica's own log records of the epoch at launch (None: unread or unreadable): a
+        #: replay of a batch it holds is skipped unread (:mod:`lakemirror.supervisor.offline.replica_transactions`).
+        self.record: replica_transactions.ReplicaRecord | None = None
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait (at most ``timeout``) for the batch in flight; the lock is not kept. False: still running then."""
@@ -144,10 +142,10 @@ class BatchApply:
             try:
                 check_source()
                 self.fault("before_merge")
-                if self.recorded_txn is not None and txn.version <= self.recorded_txn:
+                record = self.record
+                if record is not None and record.holds(txn.version):
                     # The replica's log holds this batch: nothing to read (its change files may be gone).
-                    outcome = replica_transactions.replayed_outcome(
-                        self.recorded_through if txn.version == self.recorded_txn else None)
+                    outcome = replica_transactions.replayed_outcome(record.through_after(txn.version))
                 else:
                     outcome = apply()
                 if outcome.replayed:

@@ -100,9 +100,9 @@ class FeedBatches:
         if plan.batch is None:
             return None
         batch, txn = plan.batch, TxnId(self.app_id, plan.batch.batch_id)
-        recorded = self.apply_batch.recorded_txn
+        record = self.apply_batch.record
         changes: "pa.Table | None" = None
-        if not batch.versions.empty and (recorded is None or batch.batch_id > recorded):
+        if not batch.versions.empty and (record is None or not record.holds(batch.batch_id)):
             try:
                 changes = self.feed.read(batch.versions, self.sink_columns(), self.max_rows(), table_id, update=False)
             except FeedTooLarge:

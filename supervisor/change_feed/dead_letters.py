@@ -13,7 +13,9 @@ dead-lettered in ``_lakemirror_dead_letters`` beside the replicas
 - **list**, **skip** (the letter is marked ``skipped``; nothing is written to a replica) and
   **replay** run on the desk's own thread, never on an HTTP thread;
 - a **replay** of a table's letters runs between two of the table's batches, under the lock every
-  batch's apply takes (:meth:`lakemirror.supervisor.change_feed.table_runner.TableRunner.between_batches`), and writes
+  batch's apply takes (:meth:`lakemirror.supervisor.change_feed.table_runner.TableRunner.between_batches`);
+  over Spark Connect, where the batches run on the server, under the lock of the table's turns, whose
+  gate of files lets no batch begin there without a turn (:func:`server_batches_held_off`); it writes
   each key's state at the table's applied version, read from the source
   (:mod:`lakemirror.sinks.merge.letter_replay` says why that state, and how a repeat is skipped).
 """
@@ -51,6 +53,42 @@ class LetterTable(Protocol):
     def between_batches(self) -> AbstractContextManager["ReplayTarget | str"]: ...
 
 
+#: How long a replay waits for a batch the server is applying (its turn ended early) to end.
+SERVER_BATCH_WAIT_SECONDS = 30.0
+
+
+class ServerGateView(Protocol):
+    """What :func:`server_batches_held_off` needs of a table's gate of files
+    (:class:`~lakemirror.sinks.merge.connect_gate.FileTurnGate`)."""
+
+    @property
+    def applying(self) -> bool: ...
+
+
+def server_batches_held_off(gate: ServerGateView | None, streaming: bool, *, wait: float = SERVER_BATCH_WAIT_SECONDS,
+                            clock: Callable[[], float] = time.monotonic,
+                            sleep: Callable[[float], None] = time.sleep) -> str | None:
+    """Over Spark Connect, with the table's turns held: None once no batch is being applied on the
+    server (none can begin: a batch applies only in a turn the daemon grants), else why a replay
+    cannot be placed between two batches now.
+
+    Without turns (``apply_workers: 0``) the server's query applies a batch whenever Spark plans one,
+    and nothing in the daemon can hold it off."""
+    if gate is None:
+        if not streaming:
+            return None  # no query runs (a paused or failed table): no batch can begin
+        return ("over Spark Connect with apply_workers 0 the table's batches run on the server whenever Spark "
+                "plans them, so a replay cannot be placed between two of them; set apply_workers to 1 or more "
+                "(the default) to replay, or skip the letter")
+    deadline = clock() + wait
+    while gate.applying:
+        if clock() >= deadline:
+            return (f"a batch of the table has been applying on the Spark Connect server for over {wait:.0f} s; "
+                    f"replay it again once the batch has ended")
+        sleep(0.05)
+    return None
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text.splitlines()[0][:300]}" if text else type(exc).__name__
@@ -65,6 +103,7 @@ class FeedLetterDesk:
 
     #: Its letters are rows of a Delta table (a pipeline writing PostgreSQL replicas keeps its own in PostgreSQL).
     keeps_dead_letters_in_delta = True
+    letters_elsewhere = ""
 
     def __init__(self, store: FeedLetterStore, tables: Callable[[], Mapping[str, LetterTable]],
                  session: Callable[[], "SparkSession | Any"], clock: Callable[[], float] = time.time,

@@ -110,7 +110,7 @@ def wire_stream(session: "SparkSession", spec: PipelineSpec, slug: str, source: 
     writer = (stream.writeStream.queryName(f"lakemirror:{spec.pipeline_id}:{source.name}")
               .option("checkpointLocation", checkpoint))
     if not has_own_jvm(session):
-        wiring = _connect_query(spec, source, destination, prepared, app_id, writer, checkpoint, recorded)
+        wiring = _connect_query(spec, source, replica, destination, prepared, app_id, writer, checkpoint, recorded)
         wiring.stream_session = stream_session
         return wiring
 
@@ -236,15 +236,20 @@ def apply_detail(sink: Any, feed: BatchFeed | None, planned: FeedBatches | None 
     return out
 
 
-def _connect_query(spec: PipelineSpec, source: TableChangeSource[Any], destination: TableLocation, prepared: Prepared,
-                   app_id: str, writer: "DataStreamWriter", checkpoint: str,
-                   recorded: Callable[[str], "int | None"]) -> Wiring:
+def _connect_query(spec: PipelineSpec, source: TableChangeSource[Any], replica: TableReplica[Any],
+                   destination: TableLocation, prepared: Prepared, app_id: str, writer: "DataStreamWriter",
+                   checkpoint: str, recorded: Callable[[str], "int | None"]) -> Wiring:
     """Spark Connect: the batch function runs on the server, in SQL only, and writes each batch's
-    outcome beside the query's checkpoint; the runner reads those files and records the rows."""
+    outcome beside the query's checkpoint; the runner reads those files and records the rows. A Delta
+    replica's refused rows are dead-lettered by the batch function, as on the local path."""
+    from lakemirror.sinks.merge.delta_replica import DeltaReplica
+
     if not is_local_path(checkpoint):
         raise ValueError(f"runtime.mode connect needs checkpoint_volume on a file system the daemon and the server "
                          f"share at the same path (each batch's outcome is written there); got {checkpoint}")
-    job = batch_job(target=destination, plan=prepared.plan, app_id=app_id, checkpoint=checkpoint)
+    letters = replica.dead_letters() if isinstance(replica, DeltaReplica) else None
+    job = batch_job(target=destination, plan=prepared.plan, app_id=app_id, checkpoint=checkpoint, letters=letters,
+                    label=replica.source if isinstance(replica, DeltaReplica) else str(source.name))
     batches = ConnectBatches(job)
     batches.start_after(recorded(app_id))
     gate: FileTurnGate | None = None

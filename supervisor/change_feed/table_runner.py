@@ -56,7 +56,7 @@ from lakemirror.sources.catalog import Catalog
 from lakemirror.sources.contract import TableChangeSource
 from lakemirror.supervisor.change_feed.batch_apply import BatchApply, Drained, RowWriter
 from lakemirror.supervisor.change_feed.bootstrap import Bootstrap
-from lakemirror.supervisor.change_feed.dead_letters import FeedLetterDesk
+from lakemirror.supervisor.change_feed.dead_letters import FeedLetterDesk, server_batches_held_off
 from lakemirror.supervisor.change_feed.lag_probe import LagProbe
 from lakemirror.supervisor.change_feed.launch_slots import LaunchSlots, default_launch_slots
 from lakemirror.supervisor.change_feed.launch_timing import LaunchTimer, first_batch_line
@@ -401,7 +401,7 @@ class TableRunner:
         self.prepared = None
         if "lag" in self.__dict__:
             self.lag.reset()
-        self.apply_batch.recorded_txn = self.apply_batch.recorded_through = None
+        self.apply_batch.record = None
         self._resync_reason = reason
         self._resynced_from_table_id = progress.source_table_id
         log.warning("table %s: resync (%s)", self.source, reason)
@@ -469,8 +469,9 @@ class TableRunner:
         to the round writer (Spark Connect only): the outcome files' folder is listed, no Spark job."""
         if self._connect is not None:
             assert self.ctx.round_rows is not None
+            letters = self.ctx.feed_letters
             report_server_batches(self._connect, self.ctx.round_rows, self.rows, self.live, self._connect_epoch,
-                                  self._lag_seconds())
+                                  self._lag_seconds(), letters.recorded if letters is not None else lambda found: None)
 
     # -- lag ------------------------------------------------------------------------------------
 
@@ -499,8 +500,7 @@ class TableRunner:
         except Exception as exc:  # noqa: BLE001 (the stream's own progress remains)
             log.info("table %s: cannot read the replica's transaction record: %s", self.source, exc)
             record = None
-        self.apply_batch.recorded_txn = record.txn_version if record is not None else None
-        self.apply_batch.recorded_through = record.applied_through if record is not None else None
+        self.apply_batch.record = record
         if record is not None:
             self.live.advance(record.applied_through)
 
@@ -618,10 +618,11 @@ class TableRunner:
 
     @contextmanager
     def between_batches(self) -> Iterator["ReplayTarget | str"]:
-        """Hold the table's batches off (the lock each batch's apply takes) and yield what a replay of
-        its dead letters needs, or why it cannot run now (:mod:`.dead_letters`). A paused or stopping
+        """Hold the table's batches off (the lock each batch's apply takes; over Spark Connect the lock
+        of its turns, without which no batch can begin on the server) and yield what a replay of its
+        dead letters needs, or why it cannot run now (:mod:`.dead_letters`). A paused or stopping
         table replays too: no batch runs, and its replica holds exactly its applied version."""
-        with self.apply_batch.lock:
+        with self.turns.lock if not has_own_jvm(self.session) else nullcontext(), self.apply_batch.lock:
             yield self._replay_target()
 
     def _replay_target(self) -> "ReplayTarget | str":
@@ -632,15 +633,21 @@ class TableRunner:
             return (f"table {self.table} is not streaming (its replica is being prepared or bootstrapped, or it "
                     f"failed to start); replay it once `lakemirror status` shows it running")
         if not has_own_jvm(self.session):
-            return ("over Spark Connect the table's batches run on the server, where a replay cannot be placed "
-                    "between them; skip the letter and resync the table")
+            refusal = server_batches_held_off(self.turns.gate, self.live.query is not None)
+            if refusal is not None:
+                return refusal
         spec = self.ctx.spec
         checkpoint = replica_transactions.stream_checkpoint(spec.checkpoint_root, spec.pipeline_id, self.slug,
                                                       prepared.progress.epoch)
         written = replica_transactions.touched_through(checkpoint)
+        # Spark Connect: a batch the server applied is committed by Spark only at the table's next
+        # turn, and may not be reported yet: its outcome file says what the replica holds. The files
+        # are read before the applied version, which a file's batch has moved before it goes.
+        on_server = self._connect.files_through() if self._connect is not None else None
+        through = self.live.applied_through
         return ReplayTarget(str(self.source), self.ctx.catalog.locate(self.source),
                             self.ctx.catalog.locate(self.destination), prepared.plan,
-                            max(through, written) if written is not None else through,
+                            max(v for v in (through, written, on_server) if v is not None),
                             txn_app_id(spec.pipeline_id, self.slug, prepared.progress.epoch))
 
     def _apply_batch(self, sink: Any, txn: Any, batch: Any, epoch: int, source_table_id: str | None = None,

@@ -12,8 +12,10 @@ from lakemirror.errors import (
     ChangeWindowExpired, LakemirrorError, SchemaChangeRestart, SchemaIncompatible, TerminalError,
     TransientError,
 )
+from lakemirror.error_text import causes as _causes
+from lakemirror.error_text import first_line as first_line
 from lakemirror.secrets import redact
-from lakemirror.sinks.isolate import refused_by_value
+from lakemirror.sinks.isolate import value_refusal as value_refusal
 
 _WINDOW = ("DELTA_MISSING_FILES_UNEXPECTED_VERSION", "DELTA_MISSING_CHANGE_DATA",
            "DELTA_FILE_NOT_FOUND_DETAILED", "VersionNotFoundException", "DELTA_VERSION_NOT_FOUND",
@@ -35,56 +37,6 @@ _BREAKING = ("DELTA_STREAMING_INCOMPATIBLE_SCHEMA_CHANGE", "DELTA_STREAMING_META
 _RETRYABLE = ("ConcurrentAppendException", "ConcurrentDeleteReadException", "ConcurrentDeleteDeleteException",
               "ConcurrentTransactionException", "ConcurrentWriteException", "MetadataChangedException",
               "ProtocolChangedException", "DELTA_CONCURRENT_", "Connection reset", "SocketTimeout")
-
-
-_ERROR_CLASS = re.compile(r"\[[A-Z][A-Z0-9_.]+\]")
-_JAVA_EXCEPTION = re.compile(r"^:?\s*[a-z][\w.]*\.(\w*(Exception|Error))\b:?\s*(.*)$")
-#: The last qualified Java exception named inside a line ("... most recent failure: Lost task ...:
-#: java.io.FileNotFoundException: File ... does not exist").
-_INNER_EXCEPTION = re.compile(r".*[\s:(]((?:[a-z_][\w$]*\.)+\w*(?:Exception|Error)\b:?\s*.*)$")
-#: Lines that only say another exception happened: the cause is further down the chain.
-_WRAPPERS = ("Exception thrown in awaitResult", "[STREAM_FAILED]", "Job aborted due to stage failure",
-             "An error occurred while calling", "Job aborted.", "Task failed while writing rows")
-_CAUSED_BY = re.compile(r"^(Caused by|Suppressed):\s*")
-#: How many causes of an exception are followed (a cycle or a very deep chain ends the walk).
-MAX_CAUSES = 16
-
-
-def _own_line(line: str) -> str | None:
-    """``line`` as a candidate for the telling line: a wrapper only through the exception it names."""
-    if not any(w in line for w in _WRAPPERS):
-        return line
-    inner = _INNER_EXCEPTION.match(line)
-    if inner is None or any(w in inner.group(1) for w in _WRAPPERS):
-        return None
-    return inner.group(1)
-
-
-def _short(line: str) -> str:
-    m = _JAVA_EXCEPTION.match(line)
-    return f"{m.group(1)}: {m.group(3)}".rstrip(": ") if m else line
-
-
-def first_line(text: str, limit: int = 500) -> str:
-    """The most telling line of an error: its root cause, not a wrapper.
-
-    The deepest line naming an error class, else the deepest Java exception line (``Caused by:``
-    lines come after the exception they cause), else the first line. Lines that only wrap another
-    exception (``SparkException: Exception thrown in awaitResult``, ``[STREAM_FAILED]``, a failed
-    Py4J call) count only through the exception they name inline."""
-    raw = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("at ")]
-    lines = [_CAUSED_BY.sub("", ln) for ln in raw if not ln.startswith("...")]
-    own = [o for o in (_own_line(ln) for ln in lines) if o]
-    classed = [ln for ln in own if _ERROR_CLASS.search(ln)]
-    java = [ln for ln in own if _JAVA_EXCEPTION.match(ln)]
-    if classed:
-        line = _short(classed[-1])
-    elif java:
-        line = _short(java[-1])
-    else:
-        line = own[0] if own else (lines[0] if lines else text.strip())
-    line = line.lstrip(": ")
-    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 _TRACEBACK = "Traceback (most recent call last):"
@@ -136,42 +88,6 @@ def stream_error(label: str, exc: BaseException | None) -> str:
     line = (python_worker_error(text) if _FROM_PYTHON_WORKER.search(text) else None) or first_line(text)
     named = (label, label.split(":", 1)[-1])  # an event source's writers name it without its prefix
     return line if any(line.startswith(f"{n}:") for n in named) else f"{label}: {line}"
-
-
-def _causes(exc: BaseException) -> list[str]:
-    """The texts of ``exc``'s causes, outermost first: Python's chain, pyspark's converted cause, and
-    the Java cause chain of a Py4J error (its text holds only what the JVM printed)."""
-    out: list[str] = []
-    seen = {id(exc)}
-    current: object = exc
-    for _ in range(MAX_CAUSES):
-        nxt = (getattr(current, "_cause", None) or getattr(current, "__cause__", None)
-               or getattr(current, "__context__", None))
-        if not isinstance(nxt, BaseException) or id(nxt) in seen:
-            break
-        seen.add(id(nxt))
-        out.append(f"Caused by: {type(nxt).__name__}: {nxt}")
-        current = nxt
-    java = getattr(exc, "java_exception", None)
-    try:
-        cause = java.getCause() if java is not None else None
-        for _ in range(MAX_CAUSES):
-            if cause is None:
-                break
-            out.append(f"Caused by: {cause.toString()}")
-            cause = cause.getCause()
-    except Exception:  # noqa: BLE001 (a JVM gone or unreachable: the text we have must do)
-        pass
-    return out
-
-
-def value_refusal(exc: BaseException) -> str | None:
-    """The engine's reason when ``exc`` is a write refused because of a value it was given
-    (:data:`lakemirror.sinks.isolate.VALUE_REFUSALS`), else None: the error is not one that a single item of the batch causes."""
-    if isinstance(exc, LakemirrorError):
-        return None
-    text = redact("\n".join([f"{type(exc).__name__}: {exc}", *_causes(exc)]))
-    return first_line(text) if refused_by_value(text) else None
 
 
 def classify(exc: BaseException, *, table: str | None = None) -> LakemirrorError:

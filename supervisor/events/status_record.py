@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lakemirror.checkpoints import layout
+from lakemirror.sinks.event_contract import ReplicaBatch
 
 if TYPE_CHECKING:
     from lakemirror.supervisor.offline.recorded_tables import RecordedTable
@@ -45,7 +46,7 @@ class EventSourceRecord:
     last_event_at: float | None = None     # the source time of the newest event applied
     dead_letters: int = 0
     #: Per replica: inserted, updated, deleted, stale, batches, replays, position_basis, last_ts_ms,
-    #: last_event_lag_seconds (:class:`~lakemirror.supervisor.events.stream_runner.ReplicaStatus`).
+    #: last_event_lag_seconds (:class:`ReplicaStatus`).
     replicas: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
@@ -111,3 +112,35 @@ def recorded_entry(folder: Path, name: str, kind: str, paused: bool) -> "Recorde
                          oldest_unapplied_at=record.behind_since, last_batch_at=record.last_batch_at,
                          paused=paused, started=record.batch_id is not None or bool(record.replicas),
                          detail=describe(record, name, kind))
+
+
+@dataclass
+class ReplicaStatus:
+    """What one replica of an event source has taken so far (status and tests)."""
+
+    batches: int = 0
+    inserted: int = 0
+    updated: int = 0
+    deleted: int = 0
+    stale: int = 0
+    replays: int = 0
+    position_basis: str = ""
+    last_ts_ms: int | None = None
+    last_event_lag_seconds: float | None = None   # the last batch's oldest change: source commit → replica commit
+
+    def add(self, table: str, batch: ReplicaBatch) -> None:
+        """Count one batch's write to the replica of ``table``."""
+        if batch.event_lags_seconds:
+            self.last_event_lag_seconds = max(batch.event_lags_seconds)
+        self.batches += 1
+        self.inserted += batch.inserted
+        self.updated += batch.updated
+        self.deleted += batch.deleted
+        self.stale += batch.stale
+        self.replays += batch.replayed
+        if batch.position_basis and batch.position_basis != self.position_basis:
+            if "last resort" in batch.position_basis:
+                log.warning("%s: events carry no log position; ordered by %s", table, batch.position_basis)
+            self.position_basis = batch.position_basis
+        if batch.last_ts_ms is not None:
+            self.last_ts_ms = max(self.last_ts_ms or 0, batch.last_ts_ms)

@@ -11,7 +11,7 @@ in-memory twins: the composition root picks one by the destination's kind). Each
    transaction markers are skipped; poison messages become dead letters;
 2. the sink applies the decoded batch under its :class:`~lakemirror.sinks.event_contract.EventTxn`
    (the query's epoch and the batch id): the guarded event sink
-   (:class:`~lakemirror.supervisor.events.batch_apply.EventBatchApplier`) routes the changes by table, folds
+   (:class:`~lakemirror.sinks.events.guarded_sink.EventBatchApplier`) routes the changes by table, folds
    them per key and gives each replica one guarded write under the transaction id
    ``lakemirror/<pipeline>/<source>/<table>/<epoch>`` and the batch id, so a replayed batch is skipped
    by Delta and a redelivered event by the guard; the dead letters are recorded beside them.
@@ -63,11 +63,8 @@ from lakemirror.supervisor.events.status_record import (
 # Importable from here as before (the runners' callers use them).
 from lakemirror.supervisor.change_feed.shared_state import BatchReport, StreamLatency
 from lakemirror.supervisor.control.lag import LagReading
-from lakemirror.supervisor.events.batch_apply import EventBatchApplier as EventBatchApplier
-from lakemirror.supervisor.events.batch_apply import EventStreamSpec as EventStreamSpec
-from lakemirror.supervisor.events.batch_apply import ReplicaStatus as ReplicaStatus
-from lakemirror.supervisor.events.batch_apply import TableJob as TableJob
-from lakemirror.supervisor.events.batch_apply import event_lags as event_lags
+from lakemirror.supervisor.events.status_record import ReplicaStatus as ReplicaStatus
+from lakemirror.supervisor.events.stream_spec import EventStreamSpec as EventStreamSpec
 from lakemirror.supervisor.events.dead_letters import LetterIndex
 
 if TYPE_CHECKING:
@@ -204,6 +201,8 @@ class EventStreamRunner:
         #: Whether the operator lists, skips and replays the letters through the daemon's dead-letter
         #: routes (a sink that does not offer it keeps them where its destination says).
         self.keeps_dead_letters_in_delta = sink.resolves_letters
+        #: Where they are kept otherwise, in words (the dead-letter routes' answer).
+        self.letters_elsewhere = sink.letters_elsewhere
         #: Where the source's pause is kept across restarts (the pipeline's state store), under ``state_slug``.
         self.states: StateStore = states if states is not None else InMemoryStateStore()
         self.state_slug = state_slug(spec.name)

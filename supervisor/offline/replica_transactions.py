@@ -125,9 +125,20 @@ def touched_through(checkpoint: str) -> int | None:
 
 @dataclass(frozen=True)
 class ReplicaRecord:
+    """What the replica's own log records of the table's current epoch."""
+
     app_id: str
     txn_version: int | None        # the last batch of the epoch in the replica (None: none yet)
     applied_through: int | None    # the last source version the replica holds (None: unknown)
+
+    def holds(self, batch_id: int) -> bool:
+        """Whether the replica holds batch ``batch_id`` of the epoch (it, or a later batch, is committed)."""
+        return self.txn_version is not None and batch_id <= self.txn_version
+
+    def through_after(self, batch_id: int) -> int | None:
+        """The last source version the replica holds once batch ``batch_id`` is applied: known for the
+        last batch it records (None for an earlier one, or when unknown)."""
+        return self.applied_through if batch_id == self.txn_version else None
 
 
 def read_record(progress: TableProgress, *, checkpoint_root: str, pipeline_id: str, table_slug: str,

@@ -26,7 +26,7 @@ from lakemirror.tools.debezium_stack import DebeziumStack, StackError
 from lakemirror.identifiers import TableName
 from lakemirror.sinks.events.guard_plan import POSITION_COLUMN
 from lakemirror.supervisor.control import table_state as sm
-from lakemirror.supervisor.events.batch_apply import delta_event_sink
+from lakemirror.sinks.events.delta_sink import delta_event_sink
 from lakemirror.supervisor.events.stream_runner import EventLagReading, EventStreamRunner, EventStreamSpec
 from lakemirror.sources.event_source import event_source_for
 from lakemirror.tables import TableLocation

@@ -23,7 +23,7 @@ from lakemirror.sources.debezium import decode_line
 from lakemirror.supervisor.change_feed.table_runner import BatchReport
 from lakemirror.supervisor.control import table_state as sm
 from lakemirror.sources.event_source import event_source_for
-from lakemirror.supervisor.events.batch_apply import delta_event_sink
+from lakemirror.sinks.events.delta_sink import delta_event_sink
 from lakemirror.supervisor.events.stream_runner import EventStreamRunner, EventStreamSpec
 from lakemirror.tables import TableLocation
 
@@ -205,8 +205,9 @@ def test_a_change_the_replica_refuses_is_dead_lettered_and_replayed_once_it_fits
     from lakemirror.sinks.event_contract import EventBatchResult, EventTxn
     from lakemirror.sinks.events.dead_letters import PENDING, REPLAYED, DeadLetterTable
     from lakemirror.sources.event_stream import EventDecoder, RawEvent, decode_batch
-    from lakemirror.supervisor.events.batch_apply import EventBatchApplier, delta_replicas
-    from lakemirror.supervisor.events.dead_letters import resolve_letters
+    from lakemirror.sinks.events.delta_sink import delta_replicas
+    from lakemirror.sinks.events.guarded_sink import EventBatchApplier
+    from lakemirror.sinks.events.letter_resolution import resolve_letters
 
     spec = EventStreamSpec("shop", "files", format="simple", table_workers=1)
     h = Harness(spark, tmp_path, spec)

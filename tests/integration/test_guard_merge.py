@@ -233,7 +233,9 @@ def test_every_captured_postgres_edge_value_lands_in_delta_as_postgres_holds_it(
     from lakemirror.sinks.event_contract import EventTxn
     from lakemirror.sinks.events.dead_letters import InMemoryDeadLetters
     from lakemirror.sources.event_stream import EventDecoder, RawEvent, decode_batch
-    from lakemirror.supervisor.events.batch_apply import EventBatchApplier, EventStreamSpec, delta_replicas
+    from lakemirror.sinks.events.delta_sink import delta_replicas
+    from lakemirror.sinks.events.guarded_sink import EventBatchApplier
+    from lakemirror.supervisor.events.stream_spec import EventStreamSpec
     from tests.unit.test_debezium_edges import NOT_CARRIED, REFUSED, expected, messages, same
 
     spec = EventStreamSpec("pg", "kafka", table_workers=1, driver_apply=on_driver)

@@ -19,7 +19,7 @@ from lakemirror.sources.change_event import ChangeEvent
 from lakemirror.sources.debezium import decode_debezium
 from lakemirror.supervisor.change_feed.table_runner import BatchReport
 from lakemirror.supervisor.control import table_state as sm
-from lakemirror.supervisor.events.batch_apply import delta_event_sink
+from lakemirror.sinks.events.delta_sink import delta_event_sink
 from lakemirror.sources.event_source import event_source_for
 from lakemirror.supervisor.events.stream_runner import EventStreamRunner, EventStreamSpec
 from lakemirror.tables import TableLocation

@@ -85,8 +85,10 @@ def test_a_crash_after_the_driver_commit_on_s3_is_replayed_and_skipped_by_its_tr
     assert remote_target(p.spark, p.replica("o").path) is not None
     p.app = p._new_app()  # noqa: SLF001 (a new daemon process on the same bucket and folders)
     p.start()
-    p.tick_until(lambda: p.runner("o").apply_batch.recorded_txn is not None, what="the replica's record")
-    assert p.runner("o").apply_batch.recorded_txn == last and p.runner("o").applied_through == applied
+    p.tick_until(lambda: getattr(p.runner("o").apply_batch.record, "txn_version", None) is not None,
+                 what="the replica's record")
+    record = p.runner("o").apply_batch.record
+    assert record is not None and record.txn_version == last and p.runner("o").applied_through == applied
     p.sql("o", "INSERT INTO {t} VALUES (1, 'a', 'back')")
     p.wait_caught_up("o")
     p.assert_replica_equals_source("o")

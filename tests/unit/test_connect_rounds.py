@@ -183,3 +183,43 @@ def test_a_rows_source_commit_times_come_from_the_outcome_and_an_older_file_with
         datetime.fromtimestamp(900.0, tz=timezone.utc), datetime.fromtimestamp(950.5, tz=timezone.utc))
     assert (by_batch[1].first_version_at, by_batch[1].last_version_at) == (None, None)
     daemon.rounds.close(1)
+
+
+def test_a_server_batchs_dead_letters_reach_the_daemons_counts_once(tmp_path: Path) -> None:
+    """The server isolated a batch's refused row: its outcome file names the letter, the daemon's
+    poll hands it to the pipeline's counts, and a file read again after a crash names it again (the
+    desk counts a letter once, by its id); an outcome file of an older version has no letters."""
+    from dataclasses import asdict, replace
+
+    from lakemirror.sinks.merge.connect_batches import outcome_letters
+    from lakemirror.sinks.merge.feed_letters import FeedLetter
+
+    letter = FeedLetter("src.sales.t", '{"id": 2}', 4, "insert", '{"id": 2, "v": 500}',
+                        "the replica refused it: [DELTA_VIOLATE_CONSTRAINT_WITH_VALUES] CHECK constraint small")
+    folder = outcome_folder(str(tmp_path / "e0"))
+    write_outcome(folder, replace(outcome(0), dead_letters=[asdict(letter)]))
+    (Path(folder) / "1.json").write_text(outcome(1).to_json().replace(', "dead_letters": []', ""))  # an older file
+    assert "dead_letters" not in (Path(folder) / "1.json").read_text()
+    read = read_outcomes(folder, -1)
+    assert [outcome_letters(o) for o in read] == [[letter], []]
+
+    store = InMemoryCheckpointStore()
+    told: list[list[FeedLetter]] = []
+    plan = plan_merge([Column("id", "bigint", False)], ["id"])
+    batches = ConnectBatches(ConnectBatchJob("delta.`/r`", plan, APP, folder))
+    rounds = RoundRows(store, sleep=lambda s: None)
+    live = TableLive("t")
+    writer = RowWriter("p", "src.sales.t", "dst.sales.t", store, clock=lambda: 2000.0)
+    assert batches.files_through() == 4  # what the server applied, before the daemon reports it
+    assert report_server_batches(batches, rounds, writer, live, 0, None, lambda found: told.append(list(found))) == 2
+    assert told == [[letter]] and live.applied_through == 4
+    assert rounds.flush(10)
+    rounds.close()
+
+    from lakemirror.supervisor.change_feed.dead_letters import FeedLetterDesk
+    from lakemirror.sinks.merge.feed_letters import InMemoryFeedLetters
+
+    desk = FeedLetterDesk(InMemoryFeedLetters(), lambda: {}, lambda: None)
+    desk.recorded(told[0])
+    desk.recorded(outcome_letters(read[0]))  # the same file reported again after a restart
+    assert desk.pending() == {"src.sales.t": 1} and desk.recorded_counts() == {"src.sales.t": 1}

@@ -8,7 +8,7 @@ from typing import Any, Callable, Sequence
 
 from lakemirror.checkpoints.state import InMemoryStateStore, TableProgress
 from lakemirror.daemon.settings import load_settings
-from lakemirror.daemon.settings.runtime_spec import cycle_tables, pipeline_spec, postgres_subtasks
+from lakemirror.daemon.settings.runtime_spec import cycle_tables, destination_subtasks, pipeline_spec
 from lakemirror.identifiers import TableName
 from lakemirror.supervisor.subtasks.batch_runner import OperationOutcome, RunSummary, TableJob, TaskSettings
 from lakemirror.supervisor.subtasks.service import SubtaskRun, SubtaskService
@@ -40,7 +40,7 @@ def test_cycled_tables_show_their_last_cycle_beside_the_streamed_ones() -> None:
         target()
         return threading.Thread()
 
-    tasks = postgres_subtasks(SETTINGS)
+    tasks = destination_subtasks(SETTINGS)
     holder: dict[str, SubtaskService] = {}
     views = cycle_tables(SETTINGS, spec, lambda: holder["svc"].views(), states, lambda: clock[0])
     svc = holder["svc"] = SubtaskService(tasks, jobs=lambda t: [], run=run, clock=lambda: clock[0], spawn=inline,

@@ -24,6 +24,7 @@ LETTER = {"id": "3f2a9c0d1e2b4a5c", "table": "orders", "origin": "shop.public.or
 
 class FakeSource:
     keeps_dead_letters_in_delta = True
+    letters_elsewhere = ""
 
     def __init__(self, slow: bool = False) -> None:
         self.slow = slow
@@ -86,10 +87,13 @@ def test_slow_work_answers_202_or_504_and_goes_on() -> None:
 
 
 def test_a_postgres_source_points_at_its_own_table() -> None:
+    from lakemirror.sinks.postgres.event_replicas import PostgresEventReplicas
+
     source = FakeSource()
-    source.keeps_dead_letters_in_delta = False
+    source.keeps_dead_letters_in_delta, source.letters_elsewhere = False, PostgresEventReplicas.letters_elsewhere
     code, payload = call(DeadLetterApi(lambda name: source), "GET", "/api/events/shop/dead-letters")
-    assert code == 409 and "lakemirror_event_dead_letters" in payload["error"]
+    assert code == 409 and payload["error"] == ("event source 'shop' writes PostgreSQL replicas: its dead letters are "
+                                                "rows of lakemirror_event_dead_letters in the destination schema")
 
 
 def test_the_routes_need_authorization() -> None:
@@ -223,7 +227,7 @@ def test_the_command_serves_a_change_feed_pipeline_through_the_same_routes(
     postgres = tmp_path / "pg.yaml"
     postgres.write_text(config.read_text() + "destination: {kind: postgres, host: h, database: d, user: u}\n")
     assert main(["dead-letters", str(postgres), "--url", url]) == 2
-    assert "lakemirror_dead_letters in schema public" in capsys.readouterr().err and len(seen) == 2
+    assert "lakemirror_dead_letters in PostgreSQL schema public" in capsys.readouterr().err and len(seen) == 2
 
 
 def test_a_change_feed_letter_shows_its_version_and_a_refused_replays_reason() -> None:

@@ -14,14 +14,14 @@ import pytest
 
 from lakemirror.sinks.events.dead_letters import PENDING, REPLAYED, SKIPPED, InMemoryDeadLetters
 from lakemirror.sinks.event_contract import EventBatchResult, EventTxn
-from lakemirror.sinks.events.memory_sink import MemoryEventStore, MemoryGuardedSink
-from lakemirror.sinks.isolate import attempt_txn, bisect
+from lakemirror.sinks.events.letter_resolution import resolve_letters
+from lakemirror.sinks.events.memory_sink import MemoryEventStore, MemoryGuardedSink, memory_event_sink
+from lakemirror.sinks.isolate import attempt_txn, bisect, value_refusal
 from lakemirror.sinks.txn import TxnId
 from lakemirror.sources.change_event import ChangeEvent
 from lakemirror.sources.event_stream import EventDecoder, RawEvent, decode_batch
-from lakemirror.supervisor.control.classify_errors import value_refusal
-from lakemirror.supervisor.events.batch_apply import EventStreamSpec, memory_event_sink
-from lakemirror.supervisor.events.dead_letters import LetterIndex, resolve_letters
+from lakemirror.supervisor.events.dead_letters import LetterIndex
+from lakemirror.supervisor.events.stream_spec import EventStreamSpec
 
 BATCH = TxnId("lakemirror/p/shop/orders/e1", 7)
 

@@ -10,6 +10,8 @@ the same batch again. Nothing here names a twin to a runner: the runners get the
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -110,3 +112,69 @@ def test_an_event_source_runs_through_the_registry_with_the_memory_kind(tmp_path
     assert (first.outcome.counts.inserted, first.dead_letters) == (1, 1) and not first.outcome.replayed
     assert again.outcome.replayed and again.dead_letters == 0 and runner.dead_letter_count == 1
     assert runner.dead_letters(timeout=5) and runner.keeps_dead_letters_in_delta
+
+
+POSTGRES = "destination: {kind: postgres, host: h, database: d, schema: r, user: u, max_connections: 5}\n"
+
+
+def postgres_context(tmp_path: Path, extra: str = "") -> DaemonContext:
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(f"source_catalog: src\ndestination_catalog: dst\nschema_name: shop\ntables: [orders, archive]\n"
+                    f"checkpoint_volume: {tmp_path / 'ck'}\nruntime: {{mode: local, warehouse: {tmp_path / 'lake'}}}\n"
+                    + POSTGRES + extra)
+    return DaemonContext(load_settings(path)).replace(spark=NoSpark(), checkpoints=InMemoryCheckpointStore())
+
+
+def test_the_postgres_kind_is_built_by_its_package_through_the_registry(tmp_path: Path) -> None:
+    """The registry's one line: the package's factory gives the replicas (on one pool of connections),
+    the words and the cycles; the tables' changes are their Delta change feeds, as for Delta."""
+    from lakemirror.sinks.postgres.spark_batches import PostgresTable
+    from lakemirror.sources.delta_source import DeltaChangeFeed
+
+    ctx = postgres_context(tmp_path)
+    pg = ctx.destination
+    assert pg.kind == "postgres" and pg.cycles is None and pg.feed_letter_store is None
+    assert pg.reason == ("destination kind postgres: postgres://u@h:5432/d (schema r), COPY and a guarded upsert "
+                         "per micro-batch")
+    assert pg.letters_elsewhere == ("PostgreSQL replicas: their dead letters are rows of lakemirror_dead_letters in "
+                                    "PostgreSQL schema r (docs/postgres.md)")
+    orders, archive = pg.replica_for("orders", NoSpark()), pg.replica_for("archive", NoSpark())
+    assert isinstance(orders, PostgresTable) and isinstance(archive, PostgresTable)
+    assert (orders.name, orders.label, orders.pipeline_id) == ("orders", "src.shop.orders", ctx.spec.pipeline_id)
+    assert orders.connector is archive.connector and orders.connector.target.pool_connections == 5
+    assert isinstance(pg.source_for("orders", NoSpark()), DeltaChangeFeed)
+    assert ctx.settings.destination.letters_elsewhere() == pg.letters_elsewhere  # the CLI's words are the same
+
+
+def test_the_postgres_kind_has_cycles_when_a_table_is_triggered(tmp_path: Path) -> None:
+    postgres_context(tmp_path)
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(path.read_text().replace("max_connections: 5}", "max_connections: 5, table_modes: "
+                                             "{archive: triggered}, every_seconds: 60}"))
+    ctx = DaemonContext(load_settings(path)).replace(spark=NoSpark(), checkpoints=InMemoryCheckpointStore())
+    assert ctx.destination.cycles is not None
+    assert list(ctx.subtasks.subtasks) == ["postgres-triggered"]
+    assert ctx.tables_of(ctx.subtasks.subtasks["postgres-triggered"])() == ["archive"]
+    assert ctx.list_tables() == ["orders"]
+
+
+def test_an_event_source_s_postgres_replicas_leave_real_time_tasks_their_connections(tmp_path: Path) -> None:
+    """Real-Time Mode's tasks hold one connection each: the daemon's pool is what they leave."""
+    from lakemirror.sinks.postgres.event_replicas import PostgresEventReplicas
+    from lakemirror.supervisor.events.stream_spec import EventStreamSpec
+
+    ctx = postgres_context(tmp_path, "source: {kind: kafka, bootstrap_servers: 'k:9092', topics: [t], "
+                                     "real_time: {max_dwell_ms: 50, tasks: 3}}\n")
+    sink = ctx.destination.event_sink_for(EventStreamSpec("events", "kafka", tables=("orders",)), lambda raw: raw)
+    assert isinstance(sink, PostgresEventReplicas)
+    assert sink.real_time is not None and (sink.real_time.max_dwell_ms, sink.real_time.tasks) == (50, 3)
+    assert sink.target.pool_connections == 2 and sink.calls.label == "events:events"
+
+
+def test_neither_the_settings_nor_the_registry_load_the_postgres_package() -> None:
+    """A daemon writing Delta replicas never imports PostgreSQL's package nor its client library."""
+    code = ("import sys, lakemirror.daemon.settings, lakemirror.daemon.destinations, lakemirror.daemon.context\n"
+            "print(sorted(m for m in sys.modules if m == 'psycopg' or m.startswith('lakemirror.sinks.postgres.')"
+            " and m != 'lakemirror.sinks.postgres.modes'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

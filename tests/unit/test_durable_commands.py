@@ -358,7 +358,7 @@ class QuietEventRunner(EventStreamRunner):
 def event_supervisor(folder: Path, journal_path: Path) -> tuple[Supervisor, dict[str, QuietEventRunner]]:
     from lakemirror.checkpoints.state import FileStateStore
     from lakemirror.sources.memory_events import MemoryEventSource
-    from lakemirror.supervisor.events.batch_apply import memory_event_sink
+    from lakemirror.sinks.events.memory_sink import memory_event_sink
     from lakemirror.supervisor.events.stream_runner import EventStreamSpec
 
     made: dict[str, QuietEventRunner] = {}

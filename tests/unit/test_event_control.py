@@ -12,7 +12,7 @@ from lakemirror.checkpoints.state import FileStateStore
 from lakemirror.sources.kafka_offsets import BrokerOffsets, StaticOffsets
 from lakemirror.sources.memory_events import MemoryEventSource
 from lakemirror.supervisor.control import table_state as sm
-from lakemirror.supervisor.events.batch_apply import memory_event_sink
+from lakemirror.sinks.events.memory_sink import memory_event_sink
 from lakemirror.supervisor.events.stream_runner import (EventStreamRunner, EventStreamSpec, checkpoint_epoch,
                                                         resync_refusal)
 

@@ -16,10 +16,11 @@ from lakemirror.sources.change_event import UPSERT, ChangeEvent, Position
 from lakemirror.sources.kafka_offsets import StaticOffsets, offsets_behind, parse_end_offsets, progress_end_offsets
 from lakemirror.sources.event_stream import RawEvent
 from lakemirror.sources.memory_events import MemoryEventSource
-from lakemirror.supervisor.events.batch_apply import memory_event_sink
+from lakemirror.sinks.events.guarded_sink import event_lags
+from lakemirror.sinks.events.memory_sink import memory_event_sink
 from lakemirror.supervisor.events.stream_runner import (DeadLetterTally, EventBatchReport, EventLagReading,
                                                         EventStreamRunner, EventStreamSpec, ReplicaBatch, ReplicaStatus,
-                                                        checkpoint_end_offsets, event_lags)
+                                                        checkpoint_end_offsets)
 
 
 def test_offsets_behind_counts_unread_partitions_from_their_beginning() -> None:

@@ -17,7 +17,7 @@ from lakemirror.sinks.waits import ServerWait
 from lakemirror.sources.event_stream import DecodedBatch
 from lakemirror.sources.memory_events import MemoryEventSource
 from lakemirror.supervisor.control import table_state as sm
-from lakemirror.supervisor.events.batch_apply import memory_event_sink
+from lakemirror.sinks.events.memory_sink import memory_event_sink
 from lakemirror.supervisor.events.stream_runner import DeadLetterTally, EventBatchReport, EventStreamRunner, EventStreamSpec
 
 SPEC = EventStreamSpec("shop", "kafka", "simple", bootstrap_servers="127.0.0.1:1", topics="t", table_workers=1)
@@ -92,6 +92,7 @@ class ExecutorSink:
     """A sink whose writers run on the executors, and which waits on its server when told to."""
 
     resolves_letters = False
+    letters_elsewhere = "its server: its dead letters are rows there"
 
     def __init__(self) -> None:
         self.executor_writes = ExecutorWritesTwin()
@@ -160,7 +161,7 @@ def test_a_sink_writing_on_the_executors_wires_the_query_and_each_finished_batch
         tmp_path: Path) -> None:
     query, sink = Query(), ExecutorSink()
     runner = EventStreamRunner(SPEC, None, tmp_path, sink, source=StreamingTwin(query), clock=lambda: 9.0)  # type: ignore[arg-type]
-    assert runner.keeps_dead_letters_in_delta is False
+    assert runner.keeps_dead_letters_in_delta is False and runner.letters_elsewhere == sink.letters_elsewhere
     runner._launch()
     assert sink.executor_writes.wired and sink.executor_writes.events == ["checked", "started"]
     assert [type(e) for e in runner.poll()] == [DeadLetterTally, sm.StreamStarted]

@@ -16,7 +16,7 @@ from lakemirror.sources.event_source import FileEventSource, KafkaEventSource, e
 from lakemirror.sources.event_stream import EventDecoder, RawEvent, decode_batch
 from lakemirror.sources.kafka_offsets import KafkaBrokerOffsets, StaticOffsets
 from lakemirror.sources.memory_events import MemoryEventSource
-from lakemirror.supervisor.events.batch_apply import memory_event_sink
+from lakemirror.sinks.events.memory_sink import memory_event_sink
 from lakemirror.supervisor.events.stream_runner import EventStreamRunner, EventStreamSpec
 from tests.unit.test_debezium import envelope, pg_source, simple
 

@@ -249,8 +249,18 @@ def test_a_table_shows_its_pending_letters_and_lends_its_batch_lock_to_a_replay(
     plan = plan_merge([Column("id", "bigint", False)], ["id"])
     runner.prepared = Prepared(None, plan, TableProgress(epoch=2, bootstrap_version=5, bootstrapped=True))  # type: ignore[arg-type]
     runner.live.applied_through = 8
-    with runner.between_batches() as why:                       # a session without a JVM of its own: Spark Connect
-        assert isinstance(why, str) and "Spark Connect" in why
+    runner.live.query = object()                                # Spark Connect (no JVM of its own), always-on
+    with runner.between_batches() as why:                       # query: its batches cannot be held off
+        assert isinstance(why, str) and "Spark Connect" in why and "apply_workers" in why
+
+    class Gate:                                                 # with turns: a gate of files no batch passes
+        applying = False                                        # without a turn, which the held lock withholds
+
+    runner.turns.gate = Gate()  # type: ignore[assignment]
+    with runner.between_batches() as target:
+        assert runner.turns.lock.locked() and runner.apply_batch.lock.locked()
+        assert isinstance(target, ReplayTarget) and target.applied_through == 8
+    runner.turns.gate, runner.live.query = None, None
 
     class OwnJvm(NoSpark):
         _jvm = object()
@@ -349,3 +359,29 @@ def test_the_daemon_serves_its_change_feed_letters_or_says_where_they_are(tmp_pa
     postgres = DaemonContext(load_settings(None, {**base, "destination": {
         "kind": "postgres", "host": "h", "database": "d", "user": "u", "schema": "mirror"}})).feed_letter_desk()
     assert isinstance(postgres, NoFeedLetters) and postgres.code == 409 and "schema mirror" in postgres.error
+
+
+def test_a_replay_over_connect_waits_for_the_servers_batch_in_flight_and_says_when_it_cannot() -> None:
+    from lakemirror.supervisor.change_feed.dead_letters import server_batches_held_off
+
+    class Gate:
+        def __init__(self, applying_for: int) -> None:
+            self.looks = applying_for
+
+        @property
+        def applying(self) -> bool:
+            self.looks -= 1
+            return self.looks >= 0
+
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    assert server_batches_held_off(Gate(3), True, wait=1.0, clock=lambda: now[0], sleep=sleep) is None
+    assert now[0] > 0  # it waited for the batch in flight to end
+    stuck = server_batches_held_off(Gate(10**6), True, wait=1.0, clock=lambda: now[0], sleep=sleep)
+    assert stuck is not None and "applying on the Spark Connect server" in stuck and "again" in stuck
+    assert server_batches_held_off(None, False) is None  # no query runs: nothing to hold off
+    always_on = server_batches_held_off(None, True)
+    assert always_on is not None and "apply_workers" in always_on and "skip" in always_on

@@ -45,6 +45,19 @@ LAYERS = tuple(ALLOWED)
 EDGE_LIBRARIES = ("prometheus_client", "pydantic", "pydantic_settings")
 #: The packages of destinations other than the default (Delta): the supervisor never imports them.
 DESTINATION_PACKAGES = ("lakemirror.sinks.postgres",)
+#: The event sinks' implementations: the event runner (supervisor/events) is handed a sink through
+#: :class:`lakemirror.sinks.event_contract.EventSink` by the composition root and imports none of them.
+EVENT_SINK_MODULES = ("lakemirror.sinks.events.guarded_sink", "lakemirror.sinks.events.delta_sink",
+                      "lakemirror.sinks.events.memory_sink", "lakemirror.sinks.events.guard_merge",
+                      "lakemirror.sinks.events.history_merge", "lakemirror.sinks.events.letter_resolution")
+#: The only modules outside a destination's package that name it (in an import, or in code as a
+#: string): the registry, whose one line names the package it imports when a pipeline takes the kind,
+#: and the daemon's settings of the kind (its model, and its checks against the rest of the pipeline).
+DESTINATION_PACKAGE_NAMERS = frozenset({
+    "daemon/destinations.py",
+    "daemon/settings/destination.py",
+    "daemon/settings/postgres_checks.py",
+})
 #: The only imports of ``lakemirror.tools`` in the product: (file, module), each inside a function.
 TOOL_DOORS = frozenset({("daemon/cli.py", "lakemirror.tools.demo"), ("daemon/cli.py", "lakemirror.tools.demo_debezium")})
 #: The package that reads and writes Delta's files itself (its module docstring says what it reads
@@ -124,6 +137,9 @@ def violations(layer: str) -> list[str]:
             if layer == "supervisor" and any(module == p or module.startswith(p + ".") for p in DESTINATION_PACKAGES):
                 found.append(f"{where}:{line} imports {module} (a destination's package: the runners take its "
                              f"factories from daemon/destinations.py)")
+            if layer == "supervisor" and module in EVENT_SINK_MODULES:
+                found.append(f"{where}:{line} imports {module} (an event sink: the event runner is handed one "
+                             f"through sinks.event_contract by daemon/destinations.py)")
     return found
 
 
@@ -248,6 +264,80 @@ def test_a_supervisor_module_importing_a_destination_s_package_is_caught(tmp_pat
     assert violations("supervisor") == ["supervisor/x.py:1 imports lakemirror.sinks.postgres.spark_batches (a "
                                         "destination's package: the runners take its factories from "
                                         "daemon/destinations.py)"]
+
+
+def destination_package_names(text: str, package: tuple[str, ...]) -> list[tuple[int, str]]:
+    """(line, name) of each import of a destination's package in ``text`` (``from lakemirror.sinks
+    import postgres`` too), and of each string in its code (docstrings aside) that names one."""
+    tree = ast.parse(text)
+    found = [(line, module) for line, module in imported_modules(text, package)]
+    found += [(node.lineno, f"{node.module}.{alias.name}") for node in ast.walk(tree)
+              if isinstance(node, ast.ImportFrom) and not node.level and node.module for alias in node.names]
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    found += [(node.lineno, node.value) for node in ast.walk(tree)
+              if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
+    return sorted({(line, name) for line, name in found
+                   if any(name == p or name.startswith(p + ".") or f"{p}." in name or name.endswith(p)
+                          for p in DESTINATION_PACKAGES)})
+
+
+def destination_package_namers(root: Path) -> dict[str, list[tuple[int, str]]]:
+    """The product modules outside the destinations' packages that name one, with where."""
+    out = {}
+    for path in product_files(root):
+        where = path.relative_to(root).as_posix()
+        if any(where.startswith(p.split(".", 1)[1].replace(".", "/") + "/") for p in DESTINATION_PACKAGES):
+            continue
+        names = destination_package_names(path.read_text(encoding="utf-8"),
+                                          ("lakemirror", *path.relative_to(root).parent.parts))
+        if names:
+            out[where] = names
+    return out
+
+
+def test_a_destination_s_package_is_named_by_its_registry_line_and_its_settings_only() -> None:
+    """Anything else takes the destination through the registry's factories (or the kind's settings
+    model's methods), so that a new destination is a package, its settings and one registry line."""
+    found = destination_package_namers(ROOT)
+    extra = {where: names for where, names in found.items() if where not in DESTINATION_PACKAGE_NAMERS}
+    assert extra == {}, f"name a destination's package outside {sorted(DESTINATION_PACKAGE_NAMERS)}: {extra}"
+    assert sorted(DESTINATION_PACKAGE_NAMERS - set(found)) == [], "no longer name it: drop them from the list"
+
+
+def test_the_registry_names_each_packaged_destination_on_one_line() -> None:
+    """daemon/destinations.py mentions PostgreSQL once: its registry line."""
+    lines = (ROOT / "daemon" / "destinations.py").read_text(encoding="utf-8").splitlines()
+    mentions = [line.strip() for line in lines if "postgres" in line.casefold()]
+    assert mentions == ['"postgres": packaged("lakemirror.sinks.postgres.destination"),'], mentions
+
+
+def test_the_destination_package_rule_is_not_vacuous(tmp_path: Path) -> None:
+    """Imports (plain, from the parent, lazy) and module names in strings are found; docstrings are not."""
+    (tmp_path / "daemon").mkdir()
+    (tmp_path / "sinks" / "postgres").mkdir(parents=True)
+    (tmp_path / "daemon" / "a.py").write_text("from lakemirror.sinks import postgres\n")
+    (tmp_path / "daemon" / "b.py").write_text('def f():\n    import lakemirror.sinks.postgres.executor\n')
+    (tmp_path / "daemon" / "c.py").write_text('"""See :mod:`lakemirror.sinks.postgres`."""\nM = "lakemirror.sinks.postgres.x"\n')
+    (tmp_path / "daemon" / "d.py").write_text('"""Not code: lakemirror.sinks.postgres."""\nfrom lakemirror.sinks import memory\n')
+    (tmp_path / "sinks" / "postgres" / "e.py").write_text("from lakemirror.sinks.postgres.plan import x\n")
+    assert destination_package_namers(tmp_path) == {
+        "daemon/a.py": [(1, "lakemirror.sinks.postgres")],
+        "daemon/b.py": [(2, "lakemirror.sinks.postgres.executor")],
+        "daemon/c.py": [(2, "lakemirror.sinks.postgres.x")]}
+
+
+def test_a_supervisor_module_importing_an_event_sink_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The event sink rule is not vacuous: the guarded sink's old home beside the runner breaks it."""
+    (tmp_path / "supervisor" / "events").mkdir(parents=True)
+    (tmp_path / "supervisor" / "events" / "x.py").write_text(
+        "from lakemirror.sinks.events.guard_merge import GuardedDeltaSink\n"
+        "from lakemirror.sinks.event_contract import EventSink\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert violations("supervisor") == ["supervisor/events/x.py:1 imports lakemirror.sinks.events.guard_merge (an "
+                                        "event sink: the event runner is handed one through sinks.event_contract "
+                                        "by daemon/destinations.py)"]
 
 
 def test_every_destination_but_the_default_is_a_package_the_supervisor_may_not_import() -> None:

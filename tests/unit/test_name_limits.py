@@ -220,6 +220,7 @@ def test_dead_letter_requests_bound_their_ids_table_and_source() -> None:
 
     class Source:
         keeps_dead_letters_in_delta = True
+        letters_elsewhere = ""
         asked: list[Any] = []
 
         def dead_letters(self, *args: Any) -> list[dict[str, Any]]:

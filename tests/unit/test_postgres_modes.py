@@ -13,7 +13,7 @@ import pytest
 
 from lakemirror.checkpoints.state import InMemoryStateStore, TableProgress
 from lakemirror.daemon.settings import load_settings
-from lakemirror.daemon.settings.runtime_spec import cycle_mode, mode_of, postgres_subtasks
+from lakemirror.daemon.settings.runtime_spec import cycle_mode, destination_subtasks, mode_of
 from lakemirror.errors import ConfigError, LakemirrorError
 from lakemirror.identifiers import TableName
 from lakemirror.schema import Column
@@ -106,14 +106,14 @@ def problems_of(overrides: dict[str, Any]) -> list[tuple[str, str]]:
 
 def test_modes_default_to_continuous_and_need_a_schedule_otherwise():
     s = settings()
-    assert s.destination.mode == "continuous" and postgres_subtasks(s) == []
+    assert s.destination.mode == "continuous" and destination_subtasks(s) == []
     s = settings(mode="triggered", every_seconds=60, table_modes={"big": "snapshot", "hot": "continuous"})
     assert (mode_of(s, "orders"), mode_of(s, "big"), mode_of(s, "hot")) == ("triggered", "snapshot", "continuous")
-    tasks = {t.name: t for t in postgres_subtasks(s)}
+    tasks = {t.name: t for t in destination_subtasks(s)}
     assert set(tasks) == {"postgres-triggered", "postgres-snapshot"}
     assert tasks["postgres-triggered"].tables is None and tasks["postgres-snapshot"].tables == ("big",)
     assert tasks["postgres-triggered"].trigger == Every(60)
-    assert cycle_mode(tasks["postgres-snapshot"]) == "snapshot"
+    assert cycle_mode(s, tasks["postgres-snapshot"]) == "snapshot"
     assert settings(mode="snapshot", daily_at="02:30").destination.trigger() == DailyAt(2, 30)
 
 

@@ -12,6 +12,7 @@ from lakemirror.checkpoints.state import TableProgress
 from lakemirror.sinks.txn import TxnId
 from lakemirror.supervisor.change_feed.batch_apply import BatchApply, RowWriter
 from lakemirror.supervisor.change_feed.shared_state import TableLive
+from lakemirror.supervisor.offline.replica_transactions import ReplicaRecord
 
 APP = "lakemirror/p/src__s__t/e1"
 
@@ -22,7 +23,7 @@ def _apply(store: InMemoryCheckpointStore, recorded_txn: int, recorded_through: 
                        RowWriter("p", "src.s.t", "dst.s.t", store, lambda: 0.0),
                        load_progress=lambda: progress, lag_seconds=lambda: None, clock=lambda: 100.0,
                        sleep=lambda s: None, fault=lambda point: None)
-    apply.recorded_txn, apply.recorded_through = recorded_txn, recorded_through
+    apply.record = ReplicaRecord(APP, recorded_txn, recorded_through)
     return apply
 
 
@@ -51,3 +52,11 @@ def test_an_earlier_batch_and_an_unknown_end_leave_no_row_without_a_version() ->
     _apply(store, recorded_txn=3, recorded_through=12).run(TxnId(APP, 2), 1, _unread, lambda: None)
     _apply(store, recorded_txn=3, recorded_through=None).run(TxnId(APP, 3), 1, _unread, lambda: None)
     assert store.rows == []
+
+
+def test_a_record_holds_the_batches_up_to_its_last_and_knows_the_source_version_of_that_one_only() -> None:
+    record = ReplicaRecord(APP, 3, 12)
+    assert [record.holds(b) for b in (2, 3, 4)] == [True, True, False]
+    assert [record.through_after(b) for b in (2, 3)] == [None, 12]
+    assert not ReplicaRecord(APP, None, 9).holds(0)  # bootstrapped, no batch yet: every batch is read
+

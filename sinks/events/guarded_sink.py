@@ -6,104 +6,68 @@ under the sequence guard and a transaction id, with the dead letters beside them
 twin, and the letters a :class:`~lakemirror.sinks.events.dead_letters.DeadLetterTable`) and of their
 in-memory twins (:class:`~lakemirror.sinks.events.memory_sink.MemoryEventStore`): the
 :class:`~lakemirror.supervisor.events.stream_runner.EventStreamRunner` hands it each decoded micro-batch, and
-the operator's skip and replay go through it (:mod:`lakemirror.supervisor.events.dead_letters`):
+the operator's skip and replay go through it (:mod:`lakemirror.sinks.events.letter_resolution`):
 
 1. the changes are routed by table and folded per key (:func:`lakemirror.sinks.events.guard_plan.plan_batch`,
    or the history planner); changes the planner refuses become dead letters;
 2. each replica takes one guarded write in a session of its own, under the transaction id
    ``lakemirror/<pipeline>/<source>/<table>/<epoch>`` and the batch id; a write the replica refuses
-   because of a value is bisected to its poison changes (:func:`~.dead_letters.apply_isolating`);
+   because of a value is bisected to its poison changes (:func:`~.letter_resolution.apply_isolating`);
 3. the dead letters are appended under the batch's own transaction id.
+
+Which replicas it writes is the caller's choice (``replica_for``): Delta tables
+(:mod:`lakemirror.sinks.events.delta_sink`) or the in-memory twins
+(:func:`lakemirror.sinks.events.memory_sink.memory_event_sink`).
 """
+
 
 from __future__ import annotations
 
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Protocol, Sequence, TYPE_CHECKING
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from lakemirror.sinks.event_contract import EventBatchResult, EventTxn, ExecutorWrites, ReplicaBatch
-from lakemirror.sinks.events.dead_letters import (DeadLetterRow, DeadLetterStore, DeadLetterTable, LetterReport,
-                                                  StoredLetter)
-from lakemirror.sinks.events.guard_merge import GuardedDeltaSink, GuardOutcome
+from lakemirror.sinks.events.dead_letters import DeadLetterRow, DeadLetterStore, LetterReport, StoredLetter
+from lakemirror.sinks.events.guard_merge import GuardOutcome
 from lakemirror.sinks.events.guard_plan import TablePlan, plan_batch
-from lakemirror.sinks.events.history_merge import HistoryDeltaSink
-from lakemirror.sinks.events.memory_sink import MemoryEventStore
 from lakemirror.sinks.events.history_plan import HISTORY_SCD2, HistoryTablePlan, plan_history_batch
+from lakemirror.sinks.events.letter_resolution import apply_isolating, resolve_letters
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.txn import TxnId
-from lakemirror.sources.change_event import ChangeEvent, Decoded
-from lakemirror.sources.debezium import FORMAT_DEBEZIUM
-from lakemirror.sources.event_stream import DecodedBatch, RawEvent
 from lakemirror.sinks.waits import ServerWait
-from lakemirror.supervisor.events.dead_letters import apply_isolating, resolve_letters
-from lakemirror.tables import TableLocation
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+from lakemirror.sources.change_event import ChangeEvent, Decoded
+from lakemirror.sources.event_stream import DecodedBatch, RawEvent
 
 log = logging.getLogger(__name__)
 
 
+class GuardedSinkSpec(Protocol):
+    """What the guarded event sink reads of its event source's spec
+    (:class:`lakemirror.supervisor.events.stream_spec.EventStreamSpec`)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def tables(self) -> Sequence[str] | None: ...
+    @property
+    def history(self) -> str: ...
+    @property
+    def allow_schema_evolution(self) -> bool: ...
+    @property
+    def driver_apply(self) -> bool: ...
+    @property
+    def table_workers(self) -> int: ...
+    @property
+    def purge_interval_seconds(self) -> float: ...
+    @property
+    def tombstone_horizon_seconds(self) -> float: ...
+
+
 class ReplicaWriteFailed(RuntimeError):
     """A replica's write failed for a reason no single change causes; the message names the replica."""
-
-
-@dataclass(frozen=True)
-class EventStreamSpec:
-    """Everything one event source's query needs (built from the YAML's ``source`` block)."""
-
-    name: str
-    kind: str                                   # files | kafka
-    format: str = FORMAT_DEBEZIUM               # debezium | simple
-    path: str | None = None                     # files: the directory of JSON-lines files
-    bootstrap_servers: str | None = None        # kafka
-    topics: str | None = None                   # kafka: comma-separated topics
-    topic_pattern: str | None = None            # kafka: or a pattern
-    tables: tuple[str, ...] | None = None       # event tables replicated; None: every table seen
-    key_columns: dict[str, tuple[str, ...]] = field(default_factory=dict)  # for events without a key
-    tombstone_horizon_seconds: float = 7 * 86400.0
-    purge_interval_seconds: float = 3600.0
-    allow_schema_evolution: bool = True
-    trigger_interval_seconds: float = 5.0
-    max_per_trigger: int | None = None          # files or offsets per micro-batch
-    history: str = "current"                    # current | scd2 (one row per key version: sinks.events.history_plan)
-    table_workers: int = 2                      # tables of one batch applied at the same time
-    driver_apply: bool = True                   # local replicas may take a delta-rs MERGE on the driver
-
-
-@dataclass
-class ReplicaStatus:
-    """What one replica of an event source has taken so far (status and tests)."""
-
-    batches: int = 0
-    inserted: int = 0
-    updated: int = 0
-    deleted: int = 0
-    stale: int = 0
-    replays: int = 0
-    position_basis: str = ""
-    last_ts_ms: int | None = None
-    last_event_lag_seconds: float | None = None   # the last batch's oldest change: source commit → replica commit
-
-    def add(self, table: str, batch: ReplicaBatch) -> None:
-        """Count one batch's write to the replica of ``table``."""
-        if batch.event_lags_seconds:
-            self.last_event_lag_seconds = max(batch.event_lags_seconds)
-        self.batches += 1
-        self.inserted += batch.inserted
-        self.updated += batch.updated
-        self.deleted += batch.deleted
-        self.stale += batch.stale
-        self.replays += batch.replayed
-        if batch.position_basis and batch.position_basis != self.position_basis:
-            if "last resort" in batch.position_basis:
-                log.warning("%s: events carry no log position; ordered by %s", table, batch.position_basis)
-            self.position_basis = batch.position_basis
-        if batch.last_ts_ms is not None:
-            self.last_ts_ms = max(self.last_ts_ms or 0, batch.last_ts_ms)
 
 
 def replica_batch(winners: Iterable[ChangeEvent], inserted: int, updated: int, deleted: int, stale: int,
@@ -140,33 +104,6 @@ class TableJob:
     changes: tuple[ChangeEvent, ...]
 
 
-class SessionPerName:
-    """A Spark session of its own for each replica (and the dead letters), made on first use: a
-    session's Delta transaction confs never race between replicas written side by side."""
-
-    def __init__(self, spark: "SparkSession") -> None:
-        self.spark = spark
-        self._sessions: dict[str, "SparkSession"] = {}
-
-    def __call__(self, name: str) -> "SparkSession":
-        if name not in self._sessions:
-            self._sessions[name] = self.spark.newSession()
-        return self._sessions[name]
-
-
-def delta_replicas(locate: Callable[[str], TableLocation], spec: EventStreamSpec,
-                   clock: Callable[[], float] = time.time,
-                   fault: Callable[[str], None] = lambda point: None) -> Callable[[str], GuardedTableWriter]:
-    """Each table's writer into its Delta replica at ``locate(table)``: current rows, or every
-    version of them (``history: scd2``). ``locate`` raises ValueError for a name the destination
-    cannot hold."""
-    def replica(table: str) -> GuardedTableWriter:
-        kind = HistoryDeltaSink if spec.history == HISTORY_SCD2 else GuardedDeltaSink
-        return kind(locate(table), spec.allow_schema_evolution, clock=clock, fault=fault,
-                    driver_apply=spec.driver_apply)
-    return replica
-
-
 class EventBatchApplier:
     """The guarded event sink (an :class:`~lakemirror.sinks.event_contract.EventSink`): decoded batches
     routed, folded, one guarded write per replica, dead letters (see the module docstring).
@@ -180,8 +117,9 @@ class EventBatchApplier:
     executor_writes: ExecutorWrites | None = None
     #: The letters are rows this sink reads and updates: the operator's skip and replay are offered.
     resolves_letters = True
+    letters_elsewhere = ""
 
-    def __init__(self, spec: EventStreamSpec, decoder: Callable[[RawEvent], Decoded], pipeline_id: str,
+    def __init__(self, spec: GuardedSinkSpec, decoder: Callable[[RawEvent], Decoded], pipeline_id: str,
                  replica_for: Callable[[str], GuardedTableWriter], dead_letters: DeadLetterStore,
                  session_for: Callable[[str], Any], clock: Callable[[], float] = time.time,
                  fault: Callable[[str], None] = lambda point: None,
@@ -328,26 +266,6 @@ class EventBatchApplier:
             if purged:
                 log.info("%s: purged %d tombstones older than %.0f s", table, purged,
                          self.spec.tombstone_horizon_seconds)
-
-
-def delta_event_sink(spec: EventStreamSpec, decoder: Callable[[RawEvent], Decoded], pipeline_id: str,
-                     spark: "SparkSession", locate: Callable[[str], TableLocation], dead_letters: TableLocation,
-                     clock: Callable[[], float] = time.time, fault: Callable[[str], None] = lambda point: None,
-                     on_prepare: Callable[[], None] = lambda: None) -> EventBatchApplier:
-    """The guarded event sink over Delta replicas (``locate(table)``) and the dead-letter Delta table
-    ``dead_letters``, each written in a Spark session of its own: the destination kind ``delta``."""
-    return EventBatchApplier(spec, decoder, pipeline_id, delta_replicas(locate, spec, clock, fault),
-                             DeadLetterTable(dead_letters), SessionPerName(spark), clock, fault, on_prepare)
-
-
-def memory_event_sink(spec: EventStreamSpec, decoder: Callable[[RawEvent], Decoded], pipeline_id: str,
-                      store: MemoryEventStore | None = None, clock: Callable[[], float] = time.time,
-                      fault: Callable[[str], None] = lambda point: None) -> EventBatchApplier:
-    """The guarded event sink over in-memory replicas and dead letters (``store``, a new one if None):
-    the destination kind ``memory``, and the sink the unit tests drive the event runner with."""
-    store = store if store is not None else MemoryEventStore(clock=clock)
-    return EventBatchApplier(spec, decoder, pipeline_id, store.replica_for, store.dead_letters, lambda name: None,
-                             clock, fault)
 
 
 def event_lags(changes: Iterable[ChangeEvent], committed_at: float) -> tuple[float, ...]:
