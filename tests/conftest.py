@@ -147,8 +147,8 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 
 #: The test session's JVM compiles hot code four times later than its default. A test run is hundreds
-#: of short, different queries: with the default thresholds the JIT compilers used about a third of
-#: the session's CPU on code that ran for a few seconds and never again (12% less CPU in all).
+#: of short, different queries, and with the default thresholds the JIT compilers spend much of the
+#: session's CPU on code that runs for a few seconds and never again.
 TEST_JVM_OPTIONS = "-XX:CompileThresholdScaling=4"
 
 
