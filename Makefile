@@ -17,8 +17,8 @@ run: setup
 
 # The README's test command: typecheck, unit, integration and the smoke of every real part and crash
 # mechanism. `make test-all` adds the tests marked slow (the full crash tortures, the long scenarios).
-# Both run on WORKERS pytest processes (default 2; WORKERS=0: one process), each taking a test module
-# whole, or every test of one service (tests/conftest.py: worker_group).
+# These and the single tiers run on WORKERS pytest processes (default 2; WORKERS=0: one process), each
+# taking a test module whole, or every test of one service (tests/conftest.py: worker_group).
 WORKERS ?= 2
 PARALLEL := $(if $(filter-out 0,$(WORKERS)),-n $(WORKERS) --dist loadgroup,)
 
@@ -33,13 +33,13 @@ typecheck: setup
 	scripts/typecheck.sh
 
 test-unit: setup
-	$(PYTEST) tests/unit
+	$(PYTEST) tests/unit $(PARALLEL)
 
 test-integration: setup
-	$(PYTEST) tests/integration
+	$(PYTEST) tests/integration $(PARALLEL)
 
 test-e2e: setup
-	$(PYTEST) tests/e2e
+	$(PYTEST) tests/e2e $(PARALLEL)
 
 # The full crash-torture run (>= 25 SIGKILLs); writes docs/RELIABILITY.md. KILLS=n to change; DV=1: replicas
 # with deletion vectors on, written to docs/RELIABILITY_DELETION_VECTORS.md.
