@@ -41,6 +41,19 @@ def pair() -> Iterator[tuple[FakeWorkspace, FakeWorkspace]]:
     assert src.rejected == [] and dst.rejected == []
 
 
+
+def _views_config(src: Any, dst: Any, max_attempts: int) -> Any:
+    """``lakemirror replicate`` of catalog prod's views into dr, across two fake workspaces."""
+    from lakemirror.daemon.settings.replicate import load_replicate_config
+
+    return load_replicate_config(None, data={
+        "runtime": {"mode": "databricks"}, "operations": ["uc_objects"], "retry": {"max_attempts": max_attempts},
+        "workspaces": {"source": {"host": src.server.host, "token": "x"},
+                       "target": {"host": dst.server.host, "token": "x"}},
+        "delta_sharing": {"recipient": "dr_recipient"},
+        "uc_objects": {"object_types": ["view"]},
+        "catalogs": [{"name": "prod", "target_catalog": "dr"}]})
+
 def test_views_from_sdk_lists_only_views_with_their_definitions(pair: tuple[FakeWorkspace, FakeWorkspace]) -> None:
     src, _ = pair
     views = views_from_sdk(src.client(), "prod", "sales")
@@ -63,7 +76,6 @@ def test_replicate_across_metastores_creates_the_sdk_views_rewritten_in_order(
         pair: tuple[FakeWorkspace, FakeWorkspace]) -> None:
     from lakemirror.checkpoints.audit import InMemoryAuditLog
     from lakemirror.daemon.context import ReplicateContext
-    from lakemirror.daemon.settings.replicate import load_replicate_config
     from lakemirror.sinks.sql import RecordingSql
     from lakemirror.sources.catalog import InMemoryDiscovery
     from tests.unit.test_streaming_tables import FakeSession
@@ -76,13 +88,7 @@ def test_replicate_across_metastores_creates_the_sdk_views_rewritten_in_order(
         return []
 
     sql = RecordingSql({"CREATE OR REPLACE VIEW": create})
-    config = load_replicate_config(None, data={
-        "runtime": {"mode": "databricks"}, "operations": ["uc_objects"], "retry": {"max_attempts": 2},
-        "workspaces": {"source": {"host": src.server.host, "token": "x"},
-                       "target": {"host": dst.server.host, "token": "x"}},
-        "delta_sharing": {"recipient": "dr_recipient"},
-        "uc_objects": {"object_types": ["view"]},
-        "catalogs": [{"name": "prod", "target_catalog": "dr"}]})
+    config = _views_config(src, dst, max_attempts=2)
     audit = InMemoryAuditLog()
     summary = ReplicateContext(config, out=io.StringIO()).replace(
         spark=FakeSession(sql), audit=audit, execution_user="me", sleep=lambda s: None,
@@ -109,7 +115,6 @@ def test_a_schema_whose_views_cannot_be_listed_fails_named_and_the_others_are_cr
         pair: tuple[FakeWorkspace, FakeWorkspace]) -> None:
     from lakemirror.checkpoints.audit import InMemoryAuditLog
     from lakemirror.daemon.context import ReplicateContext
-    from lakemirror.daemon.settings.replicate import load_replicate_config
     from lakemirror.sinks.sql import RecordingSql
     from lakemirror.sources.catalog import InMemoryDiscovery
     from tests.unit.test_streaming_tables import FakeSession
@@ -126,13 +131,7 @@ def test_a_schema_whose_views_cannot_be_listed_fails_named_and_the_others_are_cr
 
     src.server.dynamic = handle
     sql = RecordingSql({})
-    config = load_replicate_config(None, data={
-        "runtime": {"mode": "databricks"}, "operations": ["uc_objects"], "retry": {"max_attempts": 1},
-        "workspaces": {"source": {"host": src.server.host, "token": "x"},
-                       "target": {"host": dst.server.host, "token": "x"}},
-        "delta_sharing": {"recipient": "dr_recipient"},
-        "uc_objects": {"object_types": ["view"]},
-        "catalogs": [{"name": "prod", "target_catalog": "dr"}]})
+    config = _views_config(src, dst, max_attempts=1)
     audit = InMemoryAuditLog()
     summary = ReplicateContext(config, out=io.StringIO()).replace(
         spark=FakeSession(sql), audit=audit, execution_user="me",
