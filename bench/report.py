@@ -94,6 +94,44 @@ def _steady(n: int, goal: float, workload: str = "steady") -> Callable[[dict[str
     return figure
 
 
+def _steady_vs_loop(n: int, times: float) -> Callable[[dict[str, Any]], Figure | None]:
+    """lakemirror's p99 lag at ``n`` tables against ``times`` the delta-rs loop's, in the same run."""
+    def figure(results: dict[str, Any]) -> Figure | None:
+        runs = [r for r in results.get("steady") or [] if r.get("tables") == n]
+        lm = _one(runs, lambda r: r["system"] == "lakemirror")
+        loop = _one(runs, lambda r: r["system"] == "delta-rs CDF loop")
+        if lm is None or loop is None:
+            return None
+        ratio = lm["lag"]["p99"] / loop["lag"]["p99"]
+        return (f"p99 {lm['lag']['p99']:.2f} s, {ratio:.2f}x", f"delta-rs CDF loop p99 {loop['lag']['p99']:.2f} s",
+                ratio <= times)
+    return figure
+
+
+def _start(kind: str, n: int, limit: float) -> Callable[[dict[str, Any]], Figure | None]:
+    """Seconds from process start to every table's first applied batch, for one start of ``n`` tables."""
+    def figure(results: dict[str, Any]) -> Figure | None:
+        r = _one(results.get("startup") or [], lambda r: r["tables"] == n and r["start"] == kind)
+        if r is None or r.get("every_table_ready_s") is None:
+            return None
+        return (f"{r['every_table_ready_s']} s (Spark session ready at {r.get('spark_at', '-')} s)", "-",
+                r["every_table_ready_s"] <= limit and bool(r["replicas_equal_sources"]))
+    return figure
+
+
+def _start_memory(results: dict[str, Any]) -> Figure | None:
+    """Peak memory (Python + JVM) of the first starts: it must grow less than the number of tables."""
+    runs = sorted((r for r in results.get("startup") or [] if r["start"] == "first start" and r.get("peak_resident_mib")),
+                  key=lambda r: r["tables"])
+    if len(runs) < 2:
+        return None
+    total = {r["tables"]: sum(r["peak_resident_mib"].values()) for r in runs}
+    few, many = runs[0]["tables"], runs[-1]["tables"]
+    growth = total[many] / total[few]
+    return (", ".join(f"{n} tables {mib:,.0f} MiB" for n, mib in total.items()) + f" ({growth:.2f}x for {many // few}x the tables)",
+            "-", growth < many / few)
+
+
 def _production(subject: str, n: int) -> Callable[[dict[str, Any]], Figure | None]:
     """A ratio goal of the production workload (bench/production_report.py), sources written by delta-rs."""
     def figure(results: dict[str, Any]) -> Figure | None:
@@ -211,6 +249,13 @@ GOALS: tuple[Goal, ...] = (
     Goal("steady_4", "steady", "4 tables of 100k rows, 1% changed a second: p99 lag <= 3 s", _steady(4, 3.0)),
     Goal("steady_16", "steady", "16 tables: p99 lag <= 10 s", _steady(16, 10.0)),
     Goal("scale", "scale", "64 tables on one driver: p99 lag <= 30 s", _steady(64, 30.0, "scale")),
+    Goal("steady_16", "steady", "16 tables, default settings: p99 <= 2x the delta-rs loop's", _steady_vs_loop(16, 2.0)),
+    Goal("scale", "scale", "64 tables, default settings: p99 lag <= 10 s", _steady(64, 10.0, "scale")),
+    Goal("startup", "startup", "a new pipeline with one small table: first batch applied <= 20 s from process start",
+         _start("first start", 1, 20.0)),
+    Goal("startup", "startup", "restart, 16 tables: every table's first batch applied <= 15 s", _start("restart", 16, 15.0)),
+    Goal("startup", "startup", "restart, 64 tables: every table's first batch applied <= 30 s", _start("restart", 64, 30.0)),
+    Goal("startup", "startup", "peak memory (Python + JVM) growing less than linearly in tables", _start_memory),
     Goal("catch_up", "catch_up", "a backlog drained ahead of delta-rs", _catch_up),
     Goal("steady_cost", "steady_cost", "1% change into a 10M-row replica, warm: <= 0.10x a full refresh's CPU",
          _steady_cost),

@@ -81,6 +81,25 @@ def test_the_goals_follow_the_records() -> None:
     assert f"p99 {next(r for r in RESULTS['steady'] if r['tables'] == 4)['lag']['p99']:.2f} s" in row and "| met |" in row
 
 
+def test_the_start_goals_judge_every_table_ready_and_memory_growth() -> None:
+    from bench.report import _start, _start_memory
+
+    def start(tables: int, kind: str, ready: float, mib: float, exact: bool = True) -> dict[str, Any]:
+        return {"tables": tables, "start": kind, "every_table_ready_s": ready, "spark_at": 6.0,
+                "replicas_equal_sources": exact, "peak_resident_mib": {"python": mib / 4, "jvm": mib * 3 / 4}}
+
+    results = {"startup": [start(1, "first start", 19.0, 800), start(16, "restart", 15.5, 900),
+                           start(64, "first start", 40.0, 1700), start(64, "restart", 29.0, 1600, exact=False)]}
+    assert _start("first start", 1, 20.0)(results)[2] is True
+    assert _start("restart", 16, 15.0)(results)[2] is False       # 15.5 s against 15 s
+    assert _start("restart", 64, 30.0)(results)[2] is False       # in time, but a replica differs
+    assert _start("restart", 4, 15.0)(results) is None            # not measured: not judged
+    figure = _start_memory(results)
+    assert figure is not None and "2.12x for 64x the tables" in figure[0] and figure[2] is True
+    results["startup"][2]["peak_resident_mib"] = {"python": 100_000, "jvm": 0}
+    assert _start_memory(results)[2] is False
+
+
 def test_results_without_a_goals_workload_say_so() -> None:
     text = render({k: v for k, v in RESULTS.items() if k in ("machine", "parameters", "key_lookup")})
     assert "None of the workloads with a goal is in these results." in text and "| goal |" not in text
