@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+
+# The run's shared services, defined once: a test module must not import these again (see tests/services.py).
+from tests.integration.postgres_server import postgres  # noqa: F401
+from tests.services import broker, connect_server, s3_bucket  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -167,26 +169,3 @@ def spark() -> Iterator[Any]:
                             app_name="lakemirror-tests", s3a=s3a)
     yield session
     session.stop()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture(scope="session")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """ONE single-node KRaft Kafka broker (scripts/kafka.sh) on loopback for the whole run: its
-    ``host:port``. Each test makes topics of its own names."""
-    pytest.importorskip("kafka", reason="kafka-python is in the test extras: pip install -e '.[test]'")
-    fetched = subprocess.run([str(ROOT / "scripts" / "kafka.sh"), "fetch"], capture_output=True, text=True)
-    if fetched.returncode != 0:
-        pytest.skip(f"the broker's jars could not be resolved (scripts/kafka.sh fetch): {fetched.stderr.strip()[-200:]}")
-    folder = tmp_path_factory.mktemp("kafka")
-    port = _free_port()
-    subprocess.run([str(ROOT / "scripts" / "kafka.sh"), "start", str(folder), str(port), str(_free_port())], check=True)
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        subprocess.run([str(ROOT / "scripts" / "kafka.sh"), "stop", str(folder)], check=False)

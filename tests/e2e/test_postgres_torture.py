@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from tests.integration.postgres_server import postgres  # noqa: F401 (the session's PostgreSQL)
 from tests.torture.harness import POSTGRES_POINTS, Torture
 
 pytestmark = pytest.mark.e2e
@@ -25,7 +24,7 @@ PROGRESS_CHECKS = {"events: replica equals source", "events: each source version
 
 
 def test_killed_after_the_postgres_commit_the_replayed_batch_is_a_no_op(
-        spark: Any, tmp_path: Path, postgres: Any) -> None:  # noqa: F811
+        spark: Any, tmp_path: Path, postgres: Any) -> None:
     """The smoke of ``make test``: one SIGKILL after a batch's transaction committed and before its
     checkpoint row; the progress row committed with the data makes Spark's replay a no-op."""
     destination = postgres.destination("torture_pg_smoke", retry_seconds=5)
@@ -39,7 +38,7 @@ def test_killed_after_the_postgres_commit_the_replayed_batch_is_a_no_op(
 @pytest.mark.slow
 
 def test_killed_inside_and_after_the_postgres_transaction_the_replica_stays_exact(
-        spark: Any, tmp_path: Path, postgres: Any) -> None:  # noqa: F811
+        spark: Any, tmp_path: Path, postgres: Any) -> None:
     destination = postgres.destination("torture_pg", retry_seconds=5)
     torture = Torture(spark, tmp_path, seed=13, postgres=destination, connect=postgres.connect)
     # A daemon on a loaded 2-core machine takes minutes to start Spark: room to reach each point.

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import connect_server  # noqa: F401 (the session's Spark Connect server)
 from tests.torture.harness import Torture
 
 pytestmark = [pytest.mark.e2e, pytest.mark.connect, pytest.mark.slow]
@@ -24,7 +23,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.connect, pytest.mark.slow]
 POINTS = ("connect_before_rows", "connect_after_rows", "connect_before_rows:3", "random")
 
 
-def test_killed_inside_a_connect_round_no_row_is_lost_or_doubled(spark: Any, connect_server: str,  # noqa: F811
+def test_killed_inside_a_connect_round_no_row_is_lost_or_doubled(spark: Any, connect_server: str,
                                                                 tmp_path: Path) -> None:
     report = Torture(spark, tmp_path, seed=13, runtime={"mode": "connect", "spark_remote": connect_server}).run(
         kills=len(POINTS), points=POINTS, point_timeout=300.0)

@@ -15,14 +15,13 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import s3_bucket  # noqa: F401 (the session's S3 server, for this test)
 from tests.torture.harness import S3_POINTS, Torture
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def test_killed_at_every_crash_point_on_s3_the_replicas_stay_exact(spark: Any, tmp_path: Path,
-                                                                    s3_bucket: Any) -> None:  # noqa: F811
+                                                                    s3_bucket: Any) -> None:
     torture = Torture(spark, tmp_path, seed=23, warehouse=s3_bucket.fresh("torture"), hadoop_conf=s3_bucket.hadoop_conf)
     report = torture.run(kills=len(S3_POINTS), point_timeout=300.0)
     assert report.kill_count == len(S3_POINTS)

@@ -4,11 +4,7 @@ that runs a real pipeline (supervisor, runners, streaming queries) against a tem
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import time
-import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -22,7 +18,7 @@ from lakemirror.daemon.metrics import Metrics
 from lakemirror.delta_log.commit_files import local_log_dir
 from lakemirror.delta_log.layout import newest_commit
 from lakemirror.identifiers import TableName, quote
-from tests.integration.postgres_server import postgres  # noqa: F401 (the session's PostgreSQL, for the Postgres sink)
+from tests.services import S3Bucket
 
 pytestmark = pytest.mark.integration
 
@@ -158,94 +154,6 @@ def make_pipeline(spark: Any, tmp_path: Path) -> Iterator[Any]:
     yield make
     for p in made:
         p.stop()
-
-
-@pytest.fixture(scope="session")
-def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A Spark Connect server on loopback, started by the project's own script (Delta's jars and SQL
-    extension, no Delta Connect plugin) and stopped at the end; yields its ``sc://`` address. Started
-    only by the tests that ask for it (a second JVM, about 20 s)."""
-    import socket
-    import subprocess
-
-    script = Path(__file__).resolve().parents[2] / "scripts" / "connect-server.sh"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    logs = tmp_path_factory.mktemp("connect-server")
-    started = subprocess.run([str(script), "start", port, str(logs)], capture_output=True, text=True, check=False)
-    if started.returncode != 0:
-        raise RuntimeError(f"scripts/connect-server.sh start failed: {started.stderr.strip()[-2000:]}")
-    try:
-        yield f"sc://127.0.0.1:{port}"
-    finally:
-        subprocess.run([str(script), "stop", port, str(logs)], capture_output=True, text=True, check=False)
-
-
-# -- object storage: a local S3-compatible server (moto), once per session ---------------------
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-@dataclass(frozen=True)
-class S3Bucket:
-    """A bucket on the session's local S3 server; the Spark session's Hadoop conf points at it."""
-
-    endpoint: str
-    bucket: str
-    hadoop_conf: dict[str, str]
-
-    def uri(self, *parts: str) -> str:
-        """``s3a://<bucket>/<parts>``."""
-        return "/".join((f"s3a://{self.bucket}", *parts))
-
-    def fresh(self, name: str) -> str:
-        """A new, unused prefix of the bucket (one per test), as an ``s3a://`` URI."""
-        return self.uri(f"{name}-{uuid.uuid4().hex[:8]}")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture(scope="session")
-def s3_bucket(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Bucket]:
-    """scripts/s3-server.sh starts moto's S3 server on loopback; a bucket is created on it and the
-    shared Spark session's Hadoop configuration is pointed at it (s3a confs can be set at run
-    time; hadoop-aws itself must have been loaded at start, which tests/conftest.py does when
-    `make setup` cached it)."""
-    import boto3
-
-    if not spark._jvm.org.apache.spark.util.Utils.classIsLoadable("org.apache.hadoop.fs.s3a.S3AFileSystem"):
-        pytest.fail("hadoop-aws is not in the test session: run `make setup` (it caches the s3 jars)")
-    port = _free_port()
-    env = {"LAKEMIRROR_S3_RUN_DIR": str(tmp_path_factory.mktemp("s3-server"))}
-    script = str(REPO / "scripts" / "s3-server.sh")
-    started = subprocess.run([script, "start", str(port)], env={**os.environ, **env},
-                             capture_output=True, text=True, check=False)
-    if started.returncode != 0:
-        pytest.fail(f"scripts/s3-server.sh could not start: {started.stderr.strip()}")
-    endpoint = started.stdout.strip()
-    bucket = "lakemirror-tests"
-    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="test",
-                 aws_secret_access_key="test").create_bucket(Bucket=bucket)
-    conf = {
-        "fs.s3a.endpoint": endpoint, "fs.s3a.endpoint.region": "us-east-1",
-        "fs.s3a.path.style.access": "true", "fs.s3a.connection.ssl.enabled": "false",
-        "fs.s3a.aws.credentials.provider": "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider",
-        "fs.s3a.access.key": "test", "fs.s3a.secret.key": "test",
-    }
-    hadoop = spark._jsc.hadoopConfiguration()
-    for k, v in conf.items():
-        hadoop.set(k, v)
-    try:
-        yield S3Bucket(endpoint, bucket, conf)
-    finally:
-        for k in conf:
-            hadoop.unset(k)
-        subprocess.run([script, "stop", str(port)], env={**os.environ, **env}, check=False)
 
 
 @pytest.fixture

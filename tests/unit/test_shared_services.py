@@ -1,0 +1,32 @@
+"""The run's services (PostgreSQL, Kafka, Spark Connect, the S3 server) are session fixtures defined
+once, in tests/services.py and tests/integration/postgres_server.py, and reach tests through
+tests/conftest.py only. A test module or another conftest that imported one again would hold a second
+definition, which pytest runs as a second session fixture: a second server in the same worker (and,
+for the S3 server, the shared Spark session's fs.s3a settings pointed at it mid-run)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parents[1]
+SERVICES = {"postgres", "broker", "connect_server", "s3_bucket"}
+
+
+def test_the_shared_services_are_imported_by_the_root_conftest_only() -> None:
+    importers = {}
+    for path in TESTS.rglob("*.py"):
+        if path == TESTS / "conftest.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tests"):
+                named = SERVICES & {alias.name for alias in node.names}
+                if named:
+                    importers[str(path.relative_to(TESTS))] = sorted(named)
+    assert importers == {}, "take the fixture as a parameter instead; tests/conftest.py provides it"
+
+
+def test_the_root_conftest_provides_each_service() -> None:
+    tree = ast.parse((TESTS / "conftest.py").read_text(encoding="utf-8"))
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names}
+    assert SERVICES <= imported
