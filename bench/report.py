@@ -128,7 +128,7 @@ def _start_memory(results: dict[str, Any]) -> Figure | None:
     total = {r["tables"]: sum(r["peak_resident_mib"].values()) for r in runs}
     few, many = runs[0]["tables"], runs[-1]["tables"]
     growth = total[many] / total[few]
-    return (", ".join(f"{n} tables {mib:,.0f} MiB" for n, mib in total.items()) + f" ({growth:.2f}x for {many // few}x the tables)",
+    return (", ".join(f"{n} table{'s' if n != 1 else ''} {mib:,.0f} MiB" for n, mib in total.items()) + f" ({growth:.2f}x for {many // few}x the tables)",
             "-", growth < many / few)
 
 

@@ -3,8 +3,10 @@ a test asks for it: a Kafka broker, a Spark Connect server and an S3 server (mot
 PostgreSQL's is in ``tests/integration/postgres_server.py``.
 
 They are defined here and imported by ``tests/conftest.py`` only: a session fixture is one instance per
-definition, so a test module that imported one of them again would start a second server (and, for
-the S3 server, point the shared Spark session's ``fs.s3a.*`` settings at the second one mid-run)."""
+definition, so a test module that imported one of them again would start a second server. For the
+S3 server that also points the shared Spark session's ``fs.s3a.*`` settings at the second server
+mid-run, while Hadoop's cached s3a file system keeps writing to the first: delta-rs, which follows
+the settings, then finds no table where Spark wrote one ("No files in log segment")."""
 
 from __future__ import annotations
 

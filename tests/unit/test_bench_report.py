@@ -68,7 +68,7 @@ def test_no_lab_notebook() -> None:
     assert not re.search(r"^\| 20\d\d-\d\d-\d\d \|", REPORT, re.M), "a dated diary row"
     for gone in ("What was tried", "Diagnosis", "Next steps", "throwaway", "seed"):
         assert gone not in REPORT, gone
-    assert len(REPORT) < 64_000
+    assert len(REPORT) < 72_000  # about 4 KB a workload: a report of figures, not their history
 
 
 def test_the_goals_follow_the_records() -> None:
