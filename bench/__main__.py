@@ -52,6 +52,21 @@ def machine() -> dict[str, Any]:
 
 # -- steady lag ---------------------------------------------------------------------------------
 
+#: The baselines that run in the benchmark's process, by the names the workloads give them.
+BASELINES: dict[str, type[DeltaRsLoop]] = {"delta-rs": DeltaRsLoop, "delta-rs CDF loop": DeltaRsLoop,
+                                           "full refresh": FullRefresh}
+
+
+def baseline_runner(system: str) -> type[DeltaRsLoop]:
+    """The in-process baseline named ``system``: the delta-rs CDF loop (whose name differs between the
+    local workloads and the production rows) or the full refresh; an unknown name is an error, never
+    silently the full refresh."""
+    try:
+        return BASELINES[system]
+    except KeyError:
+        raise ValueError(f"no in-process baseline named {system!r}; known: {sorted(BASELINES)}") from None
+
+
 def steady_lag(system: str, tables: int, rows: int, seconds: float, fraction: float, trigger: float,
                seed: int, warmup: float = 0.0, site: Any = None, drain_seconds: float | None = None,
                monitor: Any = None) -> dict[str, Any]:
@@ -89,8 +104,9 @@ def steady_lag(system: str, tables: int, rows: int, seconds: float, fraction: fl
         if lakemirror:
             runner.scrape_lag()
     else:
-        runner = (DeltaRsLoop if system == "delta-rs" else FullRefresh)(
-            {t: s.path for t, s in sources.items()}, replicas, trigger if system == "delta-rs" else 0.0, options)
+        loop = baseline_runner(system)
+        runner = loop({t: s.path for t, s in sources.items()}, replicas,
+                      trigger if loop is DeltaRsLoop else 0.0, options)
         t0 = time.time()
         runner.bootstrap()
         ready = time.time() - t0

@@ -385,12 +385,12 @@ class FullRefresh(DeltaRsLoop):
     name = "full refresh"
 
     def sweep(self, table: str) -> int:
-        dt = DeltaTable(str(self.sources[table]))
+        dt = DeltaTable(str(self.sources[table]), storage_options=self.options)
         head = int(dt.version())
         if head <= self.applied[table]:
             return 0
         data = dt.to_pyarrow_table()
-        write_deltalake(str(self.replicas[table]), data, mode="overwrite")
+        write_deltalake(str(self.replicas[table]), data, mode="overwrite", storage_options=self.options)
         self.applied[table] = head
         self.events[table].append(Apply(time.time(), head))
         return data.num_rows

@@ -37,6 +37,9 @@ def worker_group(item: pytest.Item) -> str:
     return Path(str(item.fspath)).relative_to(ROOT).as_posix()
 
 
+# First among the hooks: pytest-xdist's worker reads each test's xdist_group marker in its own
+# collection hook (it suffixes the test's id with the group), so the markers must be there before it runs.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("xdist_group") is None:

@@ -187,3 +187,18 @@ def test_a_part_named_wrong_is_refused_before_anything_runs(args: list[str], mes
     with pytest.raises(SystemExit) as exited:
         main(args)
     assert exited.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_every_in_process_row_runs_the_baseline_it_names() -> None:
+    """The production loop row runs the delta-rs CDF loop (its name differs from the local workloads'
+    "delta-rs"), never the full refresh; an unknown name is refused."""
+    from bench.__main__ import baseline_runner
+    from bench.systems import DeltaRsLoop, FullRefresh
+
+    for row in ROWS.values():
+        if row.kind == "loop":
+            assert baseline_runner(row.name) is DeltaRsLoop
+    assert baseline_runner("delta-rs") is DeltaRsLoop
+    assert baseline_runner("full refresh") is FullRefresh
+    with pytest.raises(ValueError, match="no in-process baseline"):
+        baseline_runner("delta-rs loop")

@@ -31,3 +31,12 @@ def test_the_root_conftest_provides_each_service() -> None:
     tree = ast.parse((TESTS / "conftest.py").read_text(encoding="utf-8"))
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names}
     assert SERVICES <= imported
+
+
+def test_the_worker_groups_are_marked_before_xdist_reads_them() -> None:
+    """pytest-xdist's worker turns each test's xdist_group marker into its id's suffix in its own
+    collection hook; a hook that ran after it would add markers nobody reads, and every service would
+    start once per worker."""
+    from tests import conftest
+
+    assert conftest.pytest_collection_modifyitems.pytest_impl["tryfirst"] is True  # type: ignore[attr-defined]
