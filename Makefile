@@ -1,7 +1,9 @@
 # lakemirror: the two commands of the README are `make demo` and `make test`.
 # Each installs what it needs first (scripts/setup.sh is idempotent and quick once done).
 VENV := .venv/bin
-PYTEST := $(VENV)/python -m pytest
+# pytest keeps its rewritten test modules beside them (__pycache__/), also where the shell sets
+# PYTHONDONTWRITEBYTECODE: otherwise every run and every worker rewrites every test module again.
+PYTEST := PYTHONDONTWRITEBYTECODE= $(VENV)/python -m pytest
 
 .PHONY: setup demo run test test-all typecheck test-unit test-integration test-e2e torture bench clean
 

@@ -130,10 +130,11 @@ def run_key(r: dict[str, Any]) -> tuple[str, int, str]:
 
 def merge_runs(kept: Iterable[dict[str, Any]], fresh: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """The section after a partial run: each fresh run replaces the kept run of its (writer, table
-    count, system); the other kept runs stay (each keeps its own ``run_id`` and time)."""
+    count, system); the other kept runs stay (each keeps its own ``run_id`` and time), but for runs of
+    a system that is no longer one of :data:`ROWS`, which nobody could measure again."""
     fresh = list(fresh)
     replaced = {run_key(r) for r in fresh}
-    return [*(r for r in kept if run_key(r) not in replaced), *fresh]
+    return [*(r for r in kept if run_key(r) not in replaced and r["system"] in SYSTEMS), *fresh]
 
 
 def free_port() -> int:

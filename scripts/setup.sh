@@ -35,6 +35,9 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install --quiet -e '.[test,dev]'
   echo "$want" > "$stamp"
 fi
+# The product's modules and the tests' helpers compiled once: Python reads a .pyc even where
+# PYTHONDONTWRITEBYTECODE keeps it from writing one, so no start of the daemon compiles them again.
+.venv/bin/python -m compileall -q -j 0 lakemirror daemon supervisor sinks sources checkpoints tools bench tests >/dev/null
 # fetch-jars resolves only the groups not cached yet (a machine set up before the s3 group gets it alone).
 .venv/bin/lakemirror fetch-jars --check >/dev/null 2>&1 || .venv/bin/lakemirror fetch-jars
 # Debian packages the deployment tests run for real (promtool); their tests are skipped if this fails.

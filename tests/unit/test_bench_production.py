@@ -82,6 +82,12 @@ def test_rows_measured_again_replace_their_own_and_keep_the_others() -> None:
         (RECIPE, "spark", 9.0), (SPARK, "delta-rs", 6.0), (SPARK, "spark", 3.0)]
 
 
+def test_a_partial_run_drops_the_runs_of_systems_no_longer_benchmarked() -> None:
+    kept = [_run("lakemirror, S3, Spark MERGE", 4, 27.0, writer="delta-rs"), _run(LOOP, 16, 8.0, writer="delta-rs")]
+    merged = merge_runs(kept, [_run(SPARK, 4, 3.0, writer="delta-rs")])
+    assert [(r["system"], r["tables"]) for r in merged] == [(LOOP, 16), (SPARK, 4)]
+
+
 def test_the_ratio_goals_are_judged_per_writer_and_table_count() -> None:
     runs = [_run(RECIPE, 4, 20.0), _run(SPARK, 4, 9.0), _run(CONNECT, 4, 12.0), _run(LOOP, 4, 2.0),
             _run(DRIVER, 4, 2.9, apply_paths={"t00": {"path": DRIVER_PATH}}),

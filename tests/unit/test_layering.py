@@ -23,6 +23,7 @@ file names.
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from pathlib import Path
 
@@ -96,11 +97,17 @@ DELTA_LOG_IMPORTERS = frozenset({
 DELTA_LOG_NAMES = ("_delta_log", "_last_checkpoint")
 
 
+@functools.lru_cache(maxsize=None)
+def nodes(text: str) -> tuple[ast.AST, ...]:
+    """Every node of ``text``'s syntax tree: parsed and walked once per text, since several rules read
+    every module of the product."""
+    return tuple(ast.walk(ast.parse(text)))
+
+
 def imported_modules(text: str, package: tuple[str, ...]) -> list[tuple[int, str]]:
     """(line, module) of every import in ``text``; relative ones resolved against ``package``."""
-    tree = ast.parse(text)
     out: list[tuple[int, str]] = []
-    for node in ast.walk(tree):
+    for node in nodes(text):
         if isinstance(node, ast.Import):
             out += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -207,12 +214,11 @@ def delta_log_importers(root: Path) -> set[str]:
 
 def spelled_log_names(text: str) -> list[tuple[int, str]]:
     """(line, name) of each string in ``text``'s code (docstrings aside) that holds a log file name."""
-    tree = ast.parse(text)
-    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+    docstrings = {id(node.body[0].value) for node in nodes(text)
                   if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
                   and node.body and isinstance(node.body[0], ast.Expr)
                   and isinstance(node.body[0].value, ast.Constant) and isinstance(node.body[0].value.value, str)}
-    return [(node.lineno, name) for node in ast.walk(tree)
+    return [(node.lineno, name) for node in nodes(text)
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
             for name in DELTA_LOG_NAMES if name in node.value]
 
@@ -269,14 +275,13 @@ def test_a_supervisor_module_importing_a_destination_s_package_is_caught(tmp_pat
 def destination_package_names(text: str, package: tuple[str, ...]) -> list[tuple[int, str]]:
     """(line, name) of each import of a destination's package in ``text`` (``from lakemirror.sinks
     import postgres`` too), and of each string in its code (docstrings aside) that names one."""
-    tree = ast.parse(text)
     found = [(line, module) for line, module in imported_modules(text, package)]
-    found += [(node.lineno, f"{node.module}.{alias.name}") for node in ast.walk(tree)
+    found += [(node.lineno, f"{node.module}.{alias.name}") for node in nodes(text)
               if isinstance(node, ast.ImportFrom) and not node.level and node.module for alias in node.names]
-    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+    docstrings = {id(node.body[0].value) for node in nodes(text)
                   if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
                   and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
-    found += [(node.lineno, node.value) for node in ast.walk(tree)
+    found += [(node.lineno, node.value) for node in nodes(text)
               if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
     return sorted({(line, name) for line, name in found
                    if any(name == p or name.startswith(p + ".") or f"{p}." in name or name.endswith(p)
