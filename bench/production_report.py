@@ -276,6 +276,8 @@ def render(runs: list[dict[str, Any]], p: dict[str, Any], steady_table: Callable
         lines += [f"### Sources written by {writer}, {n} tables", "", *steady_table(group, base), ""]
         for r in group:
             when = time.strftime("%H:%M UTC", time.gmtime(r["measured_at"]))
+            if len({x.get("commit") for x in done}) > 1 and r.get("commit"):
+                when += f" at `{r['commit']}`"  # the section's heading names one commit of several
             lines.append(f"- {r['system']} ({when}): `uptime` at start: `{r.get('uptime_at_start', '?')}`"
                          f"{_writer(r)}{_paths(r)}{_agreement(r)}{_server(r)}.")
             astray = off_path(r)

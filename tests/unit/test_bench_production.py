@@ -208,3 +208,14 @@ def test_every_in_process_row_runs_the_baseline_it_names() -> None:
     assert baseline_runner("full refresh") is FullRefresh
     with pytest.raises(ValueError, match="no in-process baseline"):
         baseline_runner("delta-rs loop")
+
+
+def test_rows_measured_at_different_commits_each_name_their_own() -> None:
+    """The section's heading names one commit; when its rows come from several, each row says its own."""
+    p = parameters(quick=False)
+    one = "\n".join(render([_run(RECIPE, 4, 20.0, commit="aaaaaaa"), _run(SPARK, 4, 8.0, commit="aaaaaaa")], p,
+                           _steady_table))
+    assert "at `aaaaaaa`" not in one
+    two = "\n".join(render([_run(RECIPE, 4, 20.0, commit="aaaaaaa"), _run(SPARK, 4, 8.0, commit="bbbbbbb")], p,
+                           _steady_table))
+    assert "(00:00 UTC at `aaaaaaa`)" in two and "(00:00 UTC at `bbbbbbb`)" in two
