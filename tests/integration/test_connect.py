@@ -71,9 +71,10 @@ def _pipeline(remote: Any, root: Path, url: str, **settings: Any) -> ConnectPipe
 
 #: Over Connect tables take turns by default, the batch functions waiting at a gate of files beside
 #: each query's checkpoint; apply_workers 0 runs always-on queries without turns.
-#: The default (turns) in the default tier; always-on queries in the slow tier.
+#: The default (turns) in the default tier, under the end-to-end tier's time limit (a long scenario: a
+#: server round trip for every step, a replay refused then written); always-on queries in the slow tier.
 @pytest.mark.parametrize("apply_workers", [pytest.param(0, id="always-on", marks=pytest.mark.slow),
-                                           pytest.param(None, id="turns")])
+                                           pytest.param(None, id="turns", marks=pytest.mark.timeout(900))])
 def test_connect_replicates_replays_and_isolates(remote: Any, connect_server: str, tmp_path: Path,
                                                  apply_workers: int | None) -> None:
     assert not tables.has_own_jvm(remote)  # the daemon talks to the server, not to a JVM of its own
