@@ -1,7 +1,7 @@
 """The run's services (PostgreSQL, Kafka, Spark Connect, the S3 server) are session fixtures defined
 once, in tests/services.py and tests/integration/postgres_server.py, and reach tests through
 tests/conftest.py only. A test module or another conftest that imported one again would hold a second
-definition, which pytest runs as a second session fixture: a second server in the same worker (and,
+definition, which pytest runs as another session-scoped fixture: a second server in the same worker (and,
 for the S3 server, the shared Spark session's fs.s3a settings pointed at it mid-run, so that delta-rs
 looks for tables on a server Spark's cached file system does not write to)."""
 
