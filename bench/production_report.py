@@ -268,6 +268,7 @@ def render(runs: list[dict[str, Any]], p: dict[str, Any], steady_table: Callable
              "(the age of the oldest source commit not yet on the replica). The machine's two cores also run the "
              "writer and the S3 server; each run's `uptime` at its start is listed.", "",
              "### Goals", "", *goals_table(runs), ""]
+    several_commits = len({r.get("commit") for r in done}) > 1  # the heading names one of them
     groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for r in done:
         groups.setdefault((r.get("writer", "delta-rs"), int(r["tables"])), []).append(r)
@@ -276,8 +277,8 @@ def render(runs: list[dict[str, Any]], p: dict[str, Any], steady_table: Callable
         lines += [f"### Sources written by {writer}, {n} tables", "", *steady_table(group, base), ""]
         for r in group:
             when = time.strftime("%H:%M UTC", time.gmtime(r["measured_at"]))
-            if len({x.get("commit") for x in done}) > 1 and r.get("commit"):
-                when += f" at `{r['commit']}`"  # the section's heading names one commit of several
+            if several_commits and r.get("commit"):
+                when += f" at `{r['commit']}`"
             lines.append(f"- {r['system']} ({when}): `uptime` at start: `{r.get('uptime_at_start', '?')}`"
                          f"{_writer(r)}{_paths(r)}{_agreement(r)}{_server(r)}.")
             astray = off_path(r)
