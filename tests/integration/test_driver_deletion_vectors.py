@@ -50,7 +50,9 @@ def _winners(schema: pa.Schema, changes: list[tuple[Any, ...]]) -> pa.Table:
 KV = pa.schema([pa.field("k", pa.int64()), pa.field("v", pa.string())])
 
 
-@pytest.mark.parametrize("compaction", ["off", "eager"])
+#: Compaction at every turn in the slow tier; the default tier compacts in
+#: test_small_files_and_mostly_deleted_files_are_compacted_without_changing_the_data.
+@pytest.mark.parametrize("compaction", ["off", pytest.param("eager", marks=pytest.mark.slow)])
 def test_random_histories_equal_the_model_and_no_data_file_is_rewritten(spark, tmp_path, monkeypatch, compaction):
     """Inserts, updates, deletes and re-inserts over 12 batches: after each, Spark reads exactly the
     model; the counts are the MERGE's. Without compaction the replica's original data files are

@@ -21,11 +21,12 @@ pytestmark = pytest.mark.integration
 
 @pytest.mark.parametrize("settings, path", [
     ({}, "applies on the driver by a delta-rs MERGE on object storage, committed by conditional put"),
-    # In the slow tier: Spark's rewrite of a small replica is exercised in the default tier on local disk
-    # (tests/integration/test_replication.py), and Spark's writes to S3 by the Spark MERGE row below.
+    # In the slow tier: Spark's rewrite of a small replica and Spark's MERGE of change-feed batches are
+    # exercised in the default tier on local disk (tests/integration/test_replication.py), and Spark's
+    # MERGE into an S3 replica by the event replica's Spark executor below.
     pytest.param({"driver_apply": False}, "applies by rewriting the replica with Spark (driver_apply is off)",
                  marks=pytest.mark.slow),
-    ({"rewrite_below_bytes": 0}, "applies by MERGE"),
+    pytest.param({"rewrite_below_bytes": 0}, "applies by MERGE", marks=pytest.mark.slow),
 ], ids=["driver: delta-rs MERGE", "small replica: Spark rewrite", "Spark MERGE"])
 def test_a_source_and_replica_on_s3_replicate_every_kind_of_change(
         s3_pipeline: Any, caplog: pytest.LogCaptureFixture, settings: dict[str, Any], path: str) -> None:

@@ -13,6 +13,12 @@ pytestmark = pytest.mark.integration
 #: are rewritten whole by Spark; rewrite_below_bytes 0 makes every batch a Spark MERGE.
 APPLY_PATHS = pytest.mark.parametrize("apply_settings", [{}, {"driver_apply": False}, {"rewrite_below_bytes": 0}],
                                       ids=["driver", "rewrite", "merge"])
+#: The same, with Spark's two paths in the slow tier: in the default tier they take the composite-key
+#: scenario below (every kind of change, several versions in one batch, the same commit checks).
+DRIVER_PATH_FIRST = pytest.mark.parametrize("apply_settings", [
+    pytest.param({}, id="driver"),
+    pytest.param({"driver_apply": False}, id="rewrite", marks=pytest.mark.slow),
+    pytest.param({"rewrite_below_bytes": 0}, id="merge", marks=pytest.mark.slow)])
 #: The replica commits each path makes (operation, engine), after the bootstrap's.
 PATH_COMMITS = {"driver": {"MERGE by delta-rs"}, "rewrite": {"WRITE by Spark"}, "merge": {"MERGE by Spark"}}
 
@@ -30,7 +36,7 @@ def _replica_operations(pipeline, table: str) -> set[str]:
             for r in history.where("version > 1").select("operation", "engineInfo").collect()}
 
 
-@APPLY_PATHS
+@DRIVER_PATH_FIRST
 def test_inserts_updates_deletes_reach_the_replica(make_pipeline, apply_settings):
     pipeline = make_pipeline(**apply_settings)
     pipeline.create("orders", "id BIGINT NOT NULL, status STRING, amount DOUBLE")
@@ -50,6 +56,11 @@ def test_inserts_updates_deletes_reach_the_replica(make_pipeline, apply_settings
     feed = pipeline.runner("orders").batch_feed
     if _path(apply_settings) == "driver":
         assert feed is not None and feed.read_by_delta_rs >= 1, "whole-version batches are read by delta-rs"
+    _assert_batch_paths(pipeline, apply_settings)
+
+
+def _assert_batch_paths(pipeline, apply_settings: dict) -> None:
+    """The batches were read and written by the engines of the path (the batch-path metric)."""
     paths = {(s.labels["read"], s.labels["write"]) for m in pipeline.app.metrics.registry.collect()
              if m.name == "lakemirror_batch_paths" for s in m.samples if s.name.endswith("_total") and s.value > 0}
     assert paths == {"driver": {("delta-rs", "delta-rs-merge")}, "rewrite": {("spark", "spark-rewrite")},
@@ -88,6 +99,8 @@ def test_composite_keys_nulls_and_reinsert_within_one_batch(make_pipeline, apply
         from_files = planned.counts.from_commit_files if planned is not None else 0
         assert feed is not None and feed.read_by_delta_rs + from_files >= 1 and feed.read_by_spark == 0, \
             "the restart's batches (seven versions in one) were read by delta-rs"
+    assert _replica_operations(pipeline, "items") == PATH_COMMITS[_path(apply_settings)]
+    _assert_batch_paths(pipeline, apply_settings)
 
 
 def test_a_destination_that_is_the_source_under_another_name_is_refused_never_written(pipeline):
@@ -443,8 +456,10 @@ def _driver_case(spark, tmp_path, name: str, ddl: str, keys: list[str], deletion
     return source, replica, sink, feed, same
 
 
-@pytest.mark.parametrize("reader, deletion_vectors", [("spark", False), ("delta-rs", False), ("spark", True),
-                                                      ("delta-rs", True)])
+#: Each reader and each writer in the default tier; their two other pairings in the slow tier.
+@pytest.mark.parametrize("reader, deletion_vectors", [
+    ("spark", False), pytest.param("delta-rs", False, marks=pytest.mark.slow),
+    pytest.param("spark", True, marks=pytest.mark.slow), ("delta-rs", True)])
 def test_the_driver_path_quotes_odd_column_names_and_keeps_every_type(spark, tmp_path, reader, deletion_vectors):
     """Names DataFusion would misread unquoted (a double quote, a single quote, upper case) and the
     types Spark hands to Arrow (decimal, timestamp, date, binary, nested) reach the replica exact,
