@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.torture.harness import POSTGRES_POINTS, Torture
+from tests.torture.harness import POSTGRES_POINTS, SMOKE_WRITER_INTERVAL, Torture
 
 pytestmark = pytest.mark.e2e
 
@@ -28,10 +28,8 @@ def test_killed_after_the_postgres_commit_the_replayed_batch_is_a_no_op(
     """The smoke of ``make test``: one SIGKILL after a batch's transaction committed and before its
     checkpoint row; the progress row committed with the data makes Spark's replay a no-op."""
     destination = postgres.destination("torture_pg_smoke", retry_seconds=5)
-    # A source commit every 4 s, not 0.7 s: batches with changes at the point still, and the writer's
-    # Spark jobs leave the daemon's start most of the two cores.
     torture = Torture(spark, tmp_path, seed=13, postgres=destination, connect=postgres.connect,
-                      writer_interval=4.0)
+                      writer_interval=SMOKE_WRITER_INTERVAL)
     report = torture.run(kills=1, point_timeout=600, points=("after_merge",))
     assert [(k.point, k.reached) for k in report.kills] == [("after_merge", True)]
     assert set(report.checks) == PROGRESS_CHECKS

@@ -15,17 +15,15 @@ from typing import Any
 
 import pytest
 
-from tests.torture.harness import NAMED_POINTS, Torture
+from tests.torture.harness import NAMED_POINTS, SMOKE_WRITER_INTERVAL, Torture
 
 pytestmark = pytest.mark.e2e
 
 
 def test_killed_after_the_merge_the_replayed_batch_is_skipped_and_the_replica_stays_exact(
         spark: Any, tmp_path: Path) -> None:
-    # A source commit every 4 s, not 0.7 s: batches with changes at the point still, and the writer's
-    # Spark jobs leave the daemon's start most of the two cores.
-    report = Torture(spark, tmp_path, seed=11, writer_interval=4.0).run(kills=1, points=("after_merge",),
-                                                                        point_timeout=600)
+    report = Torture(spark, tmp_path, seed=11, writer_interval=SMOKE_WRITER_INTERVAL).run(
+        kills=1, points=("after_merge",), point_timeout=600)
     assert [(k.point, k.reached) for k in report.kills] == [("after_merge", True)]
     assert len(report.checks) == 6, report.checks
     assert report.batches_replayed >= 1

@@ -174,6 +174,15 @@ def s3_pipeline(spark: Any, s3_bucket: S3Bucket, tmp_path: Path) -> Iterator[Any
         p.stop()
 
 
+def lose_commit_entry(commits: Path, batch: int | str, missing_ok: bool = False) -> None:
+    """Remove ``batch``'s entry from a query's commit log (``commits``), as a crash after the batch's
+    write and before Spark's commit entry leaves the log, with the checksum file the local file system
+    keeps beside the entry (left behind, it refuses the entry's rewrite). ``missing_ok``: the entry
+    may never have been written."""
+    (commits / str(batch)).unlink(missing_ok=missing_ok)
+    (commits / f".{batch}.crc").unlink(missing_ok=True)
+
+
 def vacuum_everything(pipeline: Any, table: str) -> None:
     """VACUUM a source table with no retention, as an expired change window leaves it."""
     spark = pipeline.spark

@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from tests.integration.conftest import lose_commit_entry
+
 pytestmark = pytest.mark.integration
 
 
@@ -69,8 +71,7 @@ def test_the_recipe_replicates_exactly_skips_a_replayed_batch_and_its_progress_r
 
     # A crash after the MERGE and before Spark's commit entry: the batch runs again, Delta skips it.
     last = max(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
-    for entry in (str(last), f".{last}.crc"):  # the entry and the checksum the local file system keeps beside it
-        (checkpoint / "commits" / entry).unlink(missing_ok=True)
+    lose_commit_entry(checkpoint / "commits", last, missing_ok=True)
     replica_version = int(DeltaTable(str(target)).version())
     run(changes=False)
     assert (checkpoint / "commits" / str(last)).exists()

@@ -16,7 +16,7 @@ import pytest
 from lakemirror import tables
 from lakemirror.daemon.settings.runtime_spec import pipeline_spec
 
-from tests.integration.conftest import Pipeline
+from tests.integration.conftest import Pipeline, lose_commit_entry
 
 pytestmark = [pytest.mark.integration, pytest.mark.connect]
 
@@ -124,8 +124,7 @@ def test_connect_replicates_replays_and_isolates(remote: Any, connect_server: st
         commits = stream_dirs[0]
         # (A stop that came between the batch's row and its commit file left the file unwritten: the
         # same replay, made by the stop itself.)
-        for entry in (str(last["batch_id"]), f".{last['batch_id']}.crc"):  # and the local file system's checksum
-            (commits / entry).unlink(missing_ok=True)
+        lose_commit_entry(commits, last["batch_id"], missing_ok=True)
         p.sql("orders", "INSERT INTO {t} VALUES (6, 'f', 6)")
         p.app = p._new_app()
         p.start()

@@ -21,6 +21,7 @@ from lakemirror.identifiers import TableName
 from lakemirror.sinks.batch.clone import CLONE_VERSION_PROPERTY, DeltaCloner
 from lakemirror.sinks.batch.incremental import IncrementalSweep
 from lakemirror.sinks.batch.snapshot_copy import PIPELINE_PROPERTY, replica_properties, set_properties
+from tests.integration.conftest import lose_commit_entry
 from lakemirror.sources.catalog import LocalCatalog
 
 pytestmark = pytest.mark.integration
@@ -84,8 +85,7 @@ def test_sweeps_apply_every_change_once_and_a_second_sweep_is_a_noop(spark: Any,
     assert fourth.batches == 1 and fourth.batches_replayed == 0
     commits = sorted((tmp_path / "cp" / "p1" / "incremental" / DST.slug / f"e{fourth.epoch}" / "commits").iterdir(),
                      key=lambda p: int(p.name) if p.name.isdigit() else -1)
-    commits[-1].unlink()
-    (commits[-1].parent / f".{commits[-1].name}.crc").unlink(missing_ok=True)
+    lose_commit_entry(commits[-1].parent, commits[-1].name)
     merged = version(spark, rep)
     replay = sweep.sweep(SRC, DST)
     assert replay.batches == 1 and replay.batches_replayed == 1

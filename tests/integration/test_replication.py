@@ -11,14 +11,14 @@ pytestmark = pytest.mark.integration
 
 #: Small local replicas take batches by a delta-rs MERGE on the driver by default; without it they
 #: are rewritten whole by Spark; rewrite_below_bytes 0 makes every batch a Spark MERGE.
-APPLY_PATHS = pytest.mark.parametrize("apply_settings", [{}, {"driver_apply": False}, {"rewrite_below_bytes": 0}],
-                                      ids=["driver", "rewrite", "merge"])
-#: The same, with Spark's two paths in the slow tier: in the default tier they take the composite-key
-#: scenario below (every kind of change, several versions in one batch, the same commit checks).
-DRIVER_PATH_FIRST = pytest.mark.parametrize("apply_settings", [
-    pytest.param({}, id="driver"),
-    pytest.param({"driver_apply": False}, id="rewrite", marks=pytest.mark.slow),
-    pytest.param({"rewrite_below_bytes": 0}, id="merge", marks=pytest.mark.slow)])
+_PATH_SETTINGS = {"driver": {}, "rewrite": {"driver_apply": False}, "merge": {"rewrite_below_bytes": 0}}
+
+
+def apply_paths(*slow: str) -> pytest.MarkDecorator:
+    """Every apply path as a row of ``apply_settings``; the paths named in ``slow`` in the slow tier."""
+    return pytest.mark.parametrize("apply_settings", [
+        pytest.param(settings, id=path, marks=[pytest.mark.slow] if path in slow else [])
+        for path, settings in _PATH_SETTINGS.items()])
 #: The replica commits each path makes (operation, engine), after the bootstrap's.
 PATH_COMMITS = {"driver": {"MERGE by delta-rs"}, "rewrite": {"WRITE by Spark"}, "merge": {"MERGE by Spark"}}
 
@@ -36,7 +36,9 @@ def _replica_operations(pipeline, table: str) -> set[str]:
             for r in history.where("version > 1").select("operation", "engineInfo").collect()}
 
 
-@DRIVER_PATH_FIRST
+#: Spark's two paths in the slow tier: in the default tier they take the composite-key scenario below
+#: (every kind of change, several versions in one batch, the same commit and metric checks).
+@apply_paths("rewrite", "merge")
 def test_inserts_updates_deletes_reach_the_replica(make_pipeline, apply_settings):
     pipeline = make_pipeline(**apply_settings)
     pipeline.create("orders", "id BIGINT NOT NULL, status STRING, amount DOUBLE")
@@ -67,7 +69,7 @@ def _assert_batch_paths(pipeline, apply_settings: dict) -> None:
                      "merge": {("spark", "spark-merge")}}[_path(apply_settings)], paths
 
 
-@APPLY_PATHS
+@apply_paths()
 def test_composite_keys_nulls_and_reinsert_within_one_batch(make_pipeline, apply_settings):
     pipeline = make_pipeline(**apply_settings)
     pipeline.create("items", "order_id BIGINT NOT NULL, line INT NOT NULL, sku STRING, qty INT",

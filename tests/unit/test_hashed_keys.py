@@ -50,7 +50,7 @@ def test_hash64_is_its_definition_across_steps_layouts_and_slices(monkeypatch):
     # 600 KB of keys: about 150 steps; lengths 0 to 60, and one key longer than a step.
     lengths = rng.integers(0, 61, 20_000)
     ends = np.cumsum(lengths)
-    data = rng.bytes(int(ends[-1]))  # one buffer, sliced: random keys without 200,000 generator calls
+    data = rng.bytes(int(ends[-1]))  # one buffer, sliced: random keys without 20,000 generator calls
     values = [data[end - n:end] for end, n in zip(ends.tolist(), lengths.tolist())]
     values[1234] = b"x" * (hashed_keys.CHUNK_BYTES + 17)
     column = pa.array(values, pa.binary())
