@@ -53,7 +53,11 @@ from lakemirror.sinks.txn import BatchStats, MergeOutcome
 from lakemirror.sinks.waits import LockWait, ServerWait
 from lakemirror.sources.event_source import EventSource, event_source_for
 from lakemirror.sources.event_stream import decode_batch
-from lakemirror.sources.kafka_offsets import Offsets, offsets_behind, parse_end_offsets, progress_end_offsets
+from lakemirror.sources.change_event import ChangeEvent
+from lakemirror.sources.event_stream import RawEvent
+from lakemirror.sources.kafka_offsets import (
+    BrokerOffsets, Offsets, TopicPartition, offsets_behind, parse_end_offsets, progress_end_offsets,
+)
 from lakemirror.supervisor.control import table_state as sm
 from lakemirror.supervisor.control.classify_errors import stream_error
 from lakemirror.supervisor.control.destination_waits import WaitReport
@@ -109,9 +113,11 @@ class DeadLetterTally(EventBatchReport):
 @dataclass(frozen=True)
 class EventLagReading(LagReading):
     """Lag of an event source: ``versions_behind`` counts Kafka messages not yet applied (all partitions),
-    ``offsets_behind`` has them per topic-partition; ``lag_seconds`` is 0 when nothing is behind,
-    else at least how long the backlog has been seen (the unread events' own times are unknown until
-    read) and at least the last batch's event-time lag."""
+    ``offsets_behind`` has them per topic-partition; ``lag_seconds`` is 0 when nothing is behind, else
+    the age of the oldest message not applied: its source commit time (Debezium's ``source.ts_ms``),
+    or the broker's time of the message where it has none, read from the broker at each partition's
+    applied offset. Where the broker does not return that message in time, the lag is at least how
+    long the backlog has been seen and at least the last batch's event-time lag."""
 
     offsets_behind: dict[tuple[str, int], int] = field(default_factory=dict)
     #: The runner's applied batch id is not an offset: a batch reprices nothing (the lag still grows).
@@ -231,6 +237,9 @@ class EventStreamRunner:
         self._reported_batch = -1
         self._applied_offsets: Offsets = {}
         self._behind: Offsets = {}
+        #: When each partition's oldest unapplied message was written, by (partition, offset): read from
+        #: the broker once per position, and forgotten when the position moves.
+        self._message_times: dict[tuple[TopicPartition, int], float | None] = {}
         #: What the source recorded about itself (:mod:`.status_record`): its replicas' counts and its
         #: backlog's start carry over a restart.
         self.record = load_record(folder)
@@ -458,14 +467,53 @@ class EventStreamRunner:
             if self._behind_since is None:  # first seen: it began when the replicas were last caught up, at the earliest
                 self._behind_since = backlog_since(self.record, now)
                 self._save_record(behind_since=self._behind_since)
-            last = max((r.last_event_lag_seconds or 0.0 for r in self.replicas.values()), default=0.0)
-            lag = max(now - self._behind_since, last)
+            oldest = self._oldest_unapplied_at(broker, {tp: applied.get(tp, (beginning or {}).get(tp, 0))
+                                                        for tp, n in behind.items() if n > 0}, now)
+            if oldest is not None:
+                since, lag = oldest, now - oldest
+            else:  # the broker did not return every oldest message in time: what is known bounds it below
+                last = max((r.last_event_lag_seconds or 0.0 for r in self.replicas.values()), default=0.0)
+                since, lag = self._behind_since, max(now - self._behind_since, last)
         self._behind = behind
         reading = EventLagReading(lag, total, sum(latest.values()), sum(applied.get(tp, 0) for tp in latest),
                                   offsets_behind=behind,
-                                  oldest_unapplied_at=self._behind_since if total else None)
+                                  oldest_unapplied_at=since if total else None)
         self.last_lag = reading
         return reading
+
+    def _oldest_unapplied_at(self, broker: BrokerOffsets, positions: dict[TopicPartition, int],
+                             now: float) -> float | None:
+        """When the oldest message not yet applied was committed at its source, over the partitions
+        behind (``positions``: each one's first unapplied offset); None unless every one is known."""
+        known = {key: t for key, t in self._message_times.items() if key in positions.items()}
+        missing = {tp: offset for tp, offset in positions.items() if (tp, offset) not in known}
+        if missing:
+            try:
+                records = broker.first_records(missing)
+            except Exception as exc:  # noqa: BLE001 (lag only: the estimate stands in, the next probe asks again)
+                log.debug("%s: reading the oldest unapplied messages: %s", self.table, exc)
+                records = {}
+            for tp, offset in missing.items():
+                record = records.get(tp)
+                if record is not None:
+                    known[(tp, offset)] = self._written_at(tp, record.offset, record.key, record.value,
+                                                           record.timestamp_ms)
+        self._message_times = known
+        times = [known.get((tp, offset)) for tp, offset in positions.items()]
+        if not times or any(t is None for t in times):
+            return None
+        return min(min(t for t in times if t is not None), now)
+
+    def _written_at(self, tp: TopicPartition, offset: int, key: str | None, value: str | None,
+                    broker_ms: int | None) -> float | None:
+        """A message's source commit time if it is a change that carries one, else the broker's time."""
+        try:
+            decoded = self.source.decoder(RawEvent(value, key, tp[0], tp[1], offset))
+        except Exception:  # noqa: BLE001 (an undecodable message is the batch's dead letter, not the probe's)
+            decoded = None
+        if isinstance(decoded, ChangeEvent) and decoded.ts_ms is not None:
+            return decoded.ts_ms / 1000.0
+        return broker_ms / 1000.0 if broker_ms is not None else None
 
     def _save_record(self, **changes: Any) -> None:
         """Keep what the source knows about itself across restarts (:mod:`.status_record`)."""
@@ -558,7 +606,7 @@ class EventStreamRunner:
             shutil.rmtree(old, ignore_errors=True)
         self.applied_through = None
         self.last_lag = None
-        self._applied_offsets, self._behind, self._behind_since = {}, {}, None
+        self._applied_offsets, self._behind, self._behind_since, self._message_times = {}, {}, None, {}
         self._save_record(batch_id=None, behind_since=None)
         log.warning("%s: resync (%s): replaying the source from its earliest retained events under a new "
                     "checkpoint and epoch; the sequence guard skips what the replicas already hold", self.table, reason)

@@ -104,3 +104,52 @@ def test_debezium_topics_through_spark_kafka_source(spark: Any, broker: str, tmp
     assert [r["kind"] for r in tables.read(spark, locate("tiers")).collect()] == ["gold"]
     (letter,) = tables.read(spark, locate("_dead_letters")).collect()
     assert (letter["origin"], letter["partition"], letter["offset"], letter["value"]) == (a, 0, 4, "not an envelope")
+
+
+def test_the_lag_is_the_age_of_the_oldest_message_the_replicas_have_not_taken(broker: str, tmp_path: Path) -> None:
+    """The broker is asked for each lagging partition's first unapplied message: its source commit
+    time (or, for a message without one, the broker's time) prices the lag, in every process."""
+    from kafka import KafkaProducer
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    from lakemirror.sinks.events.memory_sink import memory_event_sink
+    from lakemirror.sources.kafka_offsets import KafkaBrokerOffsets
+
+    topic = "lagshop.public.orders"
+    KafkaAdminClient(bootstrap_servers=broker).create_topics([NewTopic(topic, 2, 1)])
+    producer = KafkaProducer(bootstrap_servers=broker)
+    now = time.time()
+    for lsn in range(4):  # partition 0: four changes committed 100, 90, 80, 70 s ago
+        value = envelope("c", lsn, {"id": lsn}, {"v": lsn}, "orders")
+        value["source"]["ts_ms"] = int((now - 100 + 10 * lsn) * 1000)
+        producer.send(topic, key=json.dumps({"id": lsn}).encode(), value=json.dumps(value).encode(), partition=0,
+                      timestamp_ms=int((now - 5) * 1000)).get(timeout=30)
+    for n in range(2):  # partition 1: messages without a source time, written 300 and 30 s ago
+        producer.send(topic, key=b"k", value=b"not json", partition=1,
+                      timestamp_ms=int((now - 300 + 270 * n) * 1000)).get(timeout=30)
+    producer.close()
+
+    offsets = KafkaBrokerOffsets(broker, topics=topic)
+    try:
+        got = offsets.first_records({(topic, 0): 2, (topic, 1): 1, })
+        assert {tp: r.offset for tp, r in got.items()} == {(topic, 0): 2, (topic, 1): 1}
+        assert json.loads(got[(topic, 0)].value or "")["source"]["lsn"] == 2 and got[(topic, 1)].value == "not json"
+        assert got[(topic, 1)].timestamp_ms == int((now - 30) * 1000)
+        assert offsets.first_records({(topic, 0): 4}) == {}, "nothing past the end"
+    finally:
+        offsets.close()
+
+    spec = EventStreamSpec("lagshop", "kafka", bootstrap_servers=broker, topics=topic)
+    source = event_source_for(spec)
+    runner = EventStreamRunner(spec, None, tmp_path, memory_event_sink(spec, source.decoder, "p"),  # type: ignore[arg-type]
+                               source=source)
+    try:
+        runner._applied_offsets = {(topic, 0): 1, (topic, 1): 2}  # as the last batch's progress said
+        reading = runner.probe_lag(now)
+        assert reading is not None and reading.offsets_behind == {(topic, 0): 3, (topic, 1): 0}
+        assert reading.oldest_unapplied_at == pytest.approx(now - 90, abs=0.01)  # lsn 1's source commit
+        runner._applied_offsets = {(topic, 0): 4, (topic, 1): 1}
+        reading = runner.probe_lag(now)
+        assert reading is not None and reading.lag_seconds == pytest.approx(30, abs=0.01)  # the broker's time
+    finally:
+        source.close()

@@ -3,6 +3,7 @@ operation and dead letters, as metrics and in status."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -13,7 +14,7 @@ from lakemirror.sinks.events.dead_letters import PENDING, SKIPPED, DeadLetterRow
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.txn import BatchStats, MergeOutcome, TxnId
 from lakemirror.sources.change_event import UPSERT, ChangeEvent, Position
-from lakemirror.sources.kafka_offsets import StaticOffsets, offsets_behind, parse_end_offsets, progress_end_offsets
+from lakemirror.sources.kafka_offsets import BrokerRecord, StaticOffsets, offsets_behind, parse_end_offsets, progress_end_offsets
 from lakemirror.sources.event_stream import RawEvent
 from lakemirror.sources.memory_events import MemoryEventSource
 from lakemirror.sinks.events.guarded_sink import event_lags
@@ -144,6 +145,77 @@ def test_a_backlog_built_up_while_the_daemon_was_down_counts_from_when_it_was_la
     again._applied_offsets = {("shop.a", 0): 5}
     reading = again.probe_lag(400.0)
     assert reading is not None and reading.versions_behind == 4 and reading.lag_seconds == 300.0
+
+
+def change(offset: int, committed_at: float | None, key: int = 1) -> BrokerRecord:
+    """A Debezium change as the broker holds it: committed at the source at ``committed_at`` (None: a
+    message without a source time), written to the broker one second later."""
+    source = {"table": "a", "schema": "public", "db": "shop", "lsn": offset, "connector": "postgresql"}
+    if committed_at is not None:
+        source["ts_ms"] = int(committed_at * 1000)
+    value = json.dumps({"before": None, "after": {"id": key}, "source": source, "op": "c"})
+    return BrokerRecord(offset, int(((committed_at or 0.0) + 1.0) * 1000), json.dumps({"id": key}), value)
+
+
+def test_under_steady_flow_the_lag_is_the_age_of_the_oldest_unapplied_message_not_of_the_first_backlog(
+        tmp_path: Path) -> None:
+    """A backlog that never empties (new messages keep arriving as batches apply) used to count from
+    the probe that first saw it, so the lag grew without end while the replicas were seconds behind."""
+    tp = ("shop.a", 0)
+    broker = StaticOffsets({tp: 3}, records={tp: [change(n, 100.0 + 10 * n) for n in range(40)]})
+    now = [103.0]
+    r = runner(tmp_path, broker, now)
+    r._applied_offsets = {tp: 0}
+    first = r.probe_lag(103.0)
+    assert first is not None and first.lag_seconds == 3.0 and first.oldest_unapplied_at == 100.0
+    for applied in range(1, 30):  # each probe: one more message applied, one more written
+        broker.end[tp] = applied + 3
+        r._applied_offsets = {tp: applied}
+        reading = r.probe_lag(103.0 + 10 * applied)
+        assert reading is not None and reading.versions_behind == 3
+        assert reading.lag_seconds == 3.0, (applied, reading)  # the oldest unapplied is 3 s old, every time
+    assert reading.lag_at(108.0 + 10 * applied) == 8.0, "it keeps growing between readings"
+    assert len(broker.asked) == 30, "each position is read from the broker once"
+    r.probe_lag(400.0)
+    assert len(broker.asked) == 30, "an unchanged position is not read again"
+
+
+def test_the_broker_time_prices_a_message_without_a_source_time_and_the_oldest_partition_wins(tmp_path: Path) -> None:
+    a0, a1 = ("shop.a", 0), ("shop.a", 1)
+    broker = StaticOffsets({a0: 6, a1: 2}, records={a0: [change(n, 200.0 + n) for n in range(6)],
+                                                    a1: [change(0, 150.0), change(1, None)]})
+    r = runner(tmp_path, broker, [0.0])
+    r._applied_offsets = {a0: 4, a1: 1}
+    reading = r.probe_lag(300.0)
+    assert reading is not None and reading.versions_behind == 3
+    # a0's oldest unapplied change was committed at 204; a1's message has no source time and was
+    # written to the broker at 1 (epoch seconds), so it prices the lag.
+    assert reading.oldest_unapplied_at == 1.0 and reading.lag_seconds == 299.0
+    r._applied_offsets = {a0: 4, a1: 2}
+    again = r.probe_lag(300.0)
+    assert again is not None and again.lag_seconds == 96.0 and again.oldest_unapplied_at == 204.0
+    assert r.probe_lag(300.0).offsets_behind == {a0: 2, a1: 0}  # type: ignore[union-attr]
+
+
+def test_a_restarted_runner_reads_the_backlogs_age_from_the_broker(tmp_path: Path) -> None:
+    """Exact from the first probe of a new process, whenever the backlog began."""
+    tp = ("shop.a", 0)
+    broker = StaticOffsets({tp: 9}, records={tp: [change(n, 50.0 + n) for n in range(9)]})
+    r = runner(tmp_path, broker, [0.0])
+    r._applied_offsets = {tp: 5}
+    reading = r.probe_lag(400.0)
+    assert reading is not None and reading.versions_behind == 4 and reading.lag_seconds == 345.0
+
+
+def test_a_message_the_broker_does_not_return_leaves_the_backlogs_seen_age(tmp_path: Path) -> None:
+    tp = ("shop.a", 0)
+    broker = StaticOffsets({tp: 5}, records={tp: []})
+    r = runner(tmp_path, broker, [0.0])
+    r.probe_lag(100.0)
+    reading = r.probe_lag(130.0)
+    assert reading is not None and reading.lag_seconds == 30.0 and reading.oldest_unapplied_at == 100.0
+    broker.records[tp] = [change(n, 10.0 + n) for n in range(5)]  # the broker answers again
+    assert r.probe_lag(140.0).lag_seconds == 130.0  # type: ignore[union-attr]
 
 
 def test_replica_counts_carry_over_a_restart_and_show_without_the_daemon(tmp_path: Path) -> None:
