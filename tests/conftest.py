@@ -28,13 +28,22 @@ SLOW_TIMEOUT = 2400
 SERVICE_GROUPS = {"broker": "kafka", "connect_server": "connect"}
 
 
-def worker_group(item: pytest.Item) -> str:
+#: Tiers whose tests share nothing costlier than a function's fixtures: their tests are handed to the
+#: workers one by one, so the run ends with both workers busy, not with one module left on one.
+UNGROUPED_TIERS = ("unit",)
+
+
+def worker_group(item: pytest.Item) -> str | None:
     """The unit a worker takes whole: a test module (its module fixtures set up once), or every test
-    of a service in :data:`SERVICE_GROUPS` (the service started once)."""
+    of a service in :data:`SERVICE_GROUPS` (the service started once); None for a test of a tier in
+    :data:`UNGROUPED_TIERS`, which any worker may take alone."""
     for fixture, group in SERVICE_GROUPS.items():
         if fixture in getattr(item, "fixturenames", ()):
             return group
-    return Path(str(item.fspath)).relative_to(ROOT).as_posix()
+    module = Path(str(item.fspath)).relative_to(ROOT)
+    if module.parts[:2] in {("tests", tier) for tier in UNGROUPED_TIERS}:
+        return None
+    return module.as_posix()
 
 
 # First among the hooks: pytest-xdist's worker reads each test's xdist_group marker in its own
@@ -42,8 +51,9 @@ def worker_group(item: pytest.Item) -> str:
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(worker_group(item)))
+        group = worker_group(item)
+        if group is not None and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(group))
         if item.get_closest_marker("timeout") is not None:
             continue
         tier = Path(str(item.fspath)).relative_to(ROOT / "tests").parts[0]

@@ -13,13 +13,12 @@ ONLY=apply_cost``), never:
 
 from __future__ import annotations
 
-import io
 import re
-import tokenize
 from pathlib import Path
 
 import pytest
 
+from tests.unit.source_nodes import prose
 from tests.unit.test_packaging import PRODUCT_FOLDERS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,17 +39,6 @@ FORBIDDEN: tuple[tuple[re.Pattern[str], str], ...] = (
 
 def product_files(root: Path = ROOT) -> list[Path]:
     return sorted(p for top in PRODUCT_FOLDERS for p in (root / top).rglob("*.py"))
-
-
-def prose(text: str) -> list[tuple[int, str]]:
-    """(line, text) of every comment and every line of every string literal in ``text``."""
-    out: list[tuple[int, str]] = []
-    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
-        if tok.type == tokenize.COMMENT:
-            out.append((tok.start[0], tok.string))
-        elif tok.type == tokenize.STRING or tok.type == getattr(tokenize, "FSTRING_MIDDLE", -1):
-            out += [(tok.start[0] + i, line) for i, line in enumerate(tok.string.splitlines())]
-    return out
 
 
 def findings(text: str, where: str = "<text>") -> list[str]:

@@ -23,11 +23,12 @@ file names.
 from __future__ import annotations
 
 import ast
-import functools
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.unit.source_nodes import nodes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -95,13 +96,6 @@ DELTA_LOG_IMPORTERS = frozenset({
 })
 #: The log's file names, spelled in code only inside ``lakemirror.delta_log`` (docstrings may name them).
 DELTA_LOG_NAMES = ("_delta_log", "_last_checkpoint")
-
-
-@functools.lru_cache(maxsize=None)
-def nodes(text: str) -> tuple[ast.AST, ...]:
-    """Every node of ``text``'s syntax tree: parsed and walked once per text, since several rules read
-    every module of the product."""
-    return tuple(ast.walk(ast.parse(text)))
 
 
 def imported_modules(text: str, package: tuple[str, ...]) -> list[tuple[int, str]]:

@@ -17,9 +17,10 @@ SERVICES = {"postgres", "broker", "connect_server", "s3_bucket"}
 def test_the_shared_services_are_imported_by_the_root_conftest_only() -> None:
     importers = {}
     for path in TESTS.rglob("*.py"):
-        if path == TESTS / "conftest.py":
+        text = path.read_text(encoding="utf-8")
+        if path == TESTS / "conftest.py" or "from tests" not in text:  # the only imports that could name one
             continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(ast.parse(text)):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tests"):
                 named = SERVICES & {alias.name for alias in node.names}
                 if named:
@@ -40,3 +41,18 @@ def test_the_worker_groups_are_marked_before_xdist_reads_them() -> None:
     from tests import conftest
 
     assert conftest.pytest_collection_modifyitems.pytest_impl["tryfirst"] is True  # type: ignore[attr-defined]
+
+
+def test_unit_tests_go_to_any_worker_one_by_one_and_the_others_by_module_or_service() -> None:
+    from types import SimpleNamespace
+
+    from tests import conftest
+
+    def item(path: str, *fixtures: str) -> object:
+        return SimpleNamespace(fspath=TESTS.parent / path, fixturenames=list(fixtures))
+
+    assert conftest.worker_group(item("tests/unit/test_layering.py", "tmp_path")) is None  # type: ignore[arg-type]
+    assert conftest.worker_group(item("tests/integration/test_replication.py", "spark")) == (  # type: ignore[arg-type]
+        "tests/integration/test_replication.py")
+    assert conftest.worker_group(item("tests/integration/test_kafka_source.py", "broker")) == "kafka"  # type: ignore[arg-type]
+    assert conftest.worker_group(item("tests/e2e/test_torture.py")) == "tests/e2e/test_torture.py"  # type: ignore[arg-type]

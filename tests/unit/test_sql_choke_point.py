@@ -10,6 +10,7 @@ import logging
 from pathlib import Path
 
 from lakemirror.sql_exec import run_sql
+from tests.unit.source_nodes import nodes
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("lakemirror", "daemon", "supervisor", "sources", "sinks", "checkpoints")
@@ -23,8 +24,7 @@ def direct_calls() -> list[str]:
         for path in sorted((ROOT / folder).rglob("*.py")):
             if path.name == "sql_exec.py":
                 continue
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-            for node in ast.walk(tree):
+            for node in nodes(path.read_text(encoding="utf-8")):
                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "sql":
                     receiver = ast.unparse(node.func.value)
                     if receiver not in EXECUTORS:
