@@ -37,8 +37,11 @@ RUN apt-get update \
 COPY --from=build /opt/lakemirror /opt/lakemirror
 ENV PATH=/opt/lakemirror/venv/bin:$PATH \
     LAKEMIRROR_JARS_DIR=/opt/lakemirror/jars \
+    LAKEMIRROR_CLASS_ARCHIVE_DIR=/opt/lakemirror/class-archive \
     LAKEMIRROR_HTTP__HOST=0.0.0.0 \
     PYTHONUNBUFFERED=1
+# The driver JVM's class archive, recorded by this stage's JVM: the embedded session maps it at each start.
+RUN lakemirror build-class-archive
 USER 10001
 WORKDIR /var/lib/lakemirror
 EXPOSE 9464

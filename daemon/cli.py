@@ -269,6 +269,20 @@ def cmd_fetch_jars(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_build_class_archive(args: argparse.Namespace) -> int:
+    import subprocess
+
+    from lakemirror.daemon.class_archive import build
+
+    try:
+        path, written = build(force=args.force)
+    except (JarsMissing, JavaMissing, RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+        print(f"build-class-archive: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"class archive {'recorded' if written else 'already recorded'}: {path}")
+    return EXIT_OK
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """The live demo: development tools (``lakemirror.tools``), imported only by this command."""
     if args.source == "debezium":
@@ -394,6 +408,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true", help="only check that the jars are cached")
     p.add_argument("--refresh", action="store_true", help="fetch every group again, even those already cached")
     p.set_defaults(func=cmd_fetch_jars)
+    p = sub.add_parser("build-class-archive", help="record the driver JVM's class archive, which every later "
+                                                   "embedded session maps to start sooner (make setup runs it)")
+    p.add_argument("--force", action="store_true", help="record it again, even if this JVM, Spark and jars have one")
+    p.set_defaults(func=cmd_build_class_archive)
     return parser
 
 

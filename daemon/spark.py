@@ -104,27 +104,45 @@ def session_confs(rt: RuntimeSettings, s3a: bool | None = None) -> dict[str, str
 
 
 def local_session(rt: RuntimeSettings, app_name: str = "lakemirror", s3a: bool | None = None,
-                  python_workers_stop: bool = False) -> "SparkSession":
+                  python_workers_stop: bool = False, class_archive: bool = True) -> "SparkSession":
     """The embedded session. ``python_workers_stop``: queries whose tasks run in Python workers
     (Real-Time Mode's ``foreach`` writer) are stopped while they run; the JVM's standard error then
-    leaves out PySpark's tracebacks of those workers' interrupted protocol (:mod:`.jvm_stderr`)."""
+    leaves out PySpark's tracebacks of those workers' interrupted protocol (:mod:`.jvm_stderr`).
+    ``class_archive``: the JVM maps the class archive recorded for it, where there is one
+    (:mod:`.class_archive`)."""
     from pyspark.sql import SparkSession
 
-    check_java()
+    java_version = check_java()
     # Python workers run this interpreter (lakemirror installed), not the first python3 on PATH:
     # Real-Time Mode's foreach writer (sinks/postgres/foreach.py) runs lakemirror code there.
     # PySpark takes the workers' interpreter from PYSPARK_PYTHON only; one set by the user wins.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.master(rt.master).appName(app_name)
+    confs = session_confs(rt, s3a)
+    if class_archive:
+        confs = with_class_archive(confs, java_version, jar_paths(rt.jars_dir))
     # Secret confs (s3a keys, passwords, tokens, a URL with a password) go through a 0600 file, not
     # the JVM's command line.
-    public, secret = split_secret_confs(session_confs(rt, s3a))
+    public, secret = split_secret_confs(confs)
     for k, v in public.items():
         builder = builder.config(k, v)
     with secret_properties_file(secret):
         if python_workers_stop and _no_context():
             _start_context(rt.master, app_name, public)
         return builder.getOrCreate()
+
+
+def with_class_archive(confs: dict[str, str], java_version: str, delta_jars: list[str]) -> dict[str, str]:
+    """``confs`` with the driver's Java options led by those mapping the class archive of this JVM,
+    Spark and Delta's jars, where one was recorded (:mod:`.class_archive`); the options after them
+    (the user's) win."""
+    from lakemirror.daemon.class_archive import archive_path, java_options
+
+    sharing = java_options(archive_path(java_version, delta_jars))
+    if not sharing:
+        return confs
+    rest = confs.get("spark.driver.extraJavaOptions", "")
+    return {**confs, "spark.driver.extraJavaOptions": f"{sharing} {rest}".strip()}
 
 
 def _no_context() -> bool:
