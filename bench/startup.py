@@ -175,6 +175,7 @@ def startup(counts: Iterable[int], rows: int, trigger: float, seed: int) -> list
     """A first start and a restart at each number of tables (see the module docstring)."""
     out: list[dict[str, Any]] = []
     imports = import_seconds()
+    archive = class_archive_recorded()
     for n in counts:
         workdir = Path(tempfile.mkdtemp(prefix=f"bench-startup-{n}-"))
         warehouse = workdir / "lakehouse"
@@ -196,13 +197,23 @@ def startup(counts: Iterable[int], rows: int, trigger: float, seed: int) -> list
         exact = all(same_rows(s.path, daemon.replica_path(t)) for t, s in sources.items())
         for result in (first, restart):
             result.update(rows_per_table=rows, trigger_seconds=trigger, import_seconds=imports,
-                          replicas_equal_sources=exact)
+                          replicas_equal_sources=exact, class_archive=archive)
             print(f"  {result['start']}: every table ready at {result['every_table_ready_s']}s "
                   f"(spark {result['spark_at']}s, streams {result['stream_at']}, first batches "
                   f"{result['first_batch_at']}), peak {result['peak_resident_mib']}", flush=True)
         out += [first, restart]
         shutil.rmtree(workdir, ignore_errors=True)
     return out
+
+
+def class_archive_recorded() -> bool:
+    """Whether the daemons measured map a class archive (``make setup`` records one; see
+    ``lakemirror.daemon.class_archive``)."""
+    from lakemirror.daemon.class_archive import archive_path
+    from lakemirror.daemon.jars import jar_paths
+    from lakemirror.daemon.spark import check_java
+
+    return archive_path(check_java(), jar_paths()).is_file()
 
 
 def _range(spread: Mapping[str, float] | None) -> str:
@@ -216,12 +227,15 @@ def _range(spread: Mapping[str, float] | None) -> str:
 def render(results: list[dict[str, Any]]) -> list[str]:
     """The section of docs/BENCHMARKS.md."""
     r0 = results[0]
+    archive = {True: " The daemon's JVM maps the class archive `make setup` records (`lakemirror build-class-archive`).",
+               False: " No class archive was recorded: the daemon's JVM loads every class at its start "
+                      "(`lakemirror build-class-archive` records one)."}.get(r0.get("class_archive"), "")
     lines = ["## Start and restart", "",
              f"Tables of {r0['rows_per_table']:,} rows on the local disk, trigger interval {r0['trigger_seconds']} s. "
              "First start: a new pipeline, every table bootstrapped and running. Restart: the daemon drained and "
              "stopped, one commit to every source, started again; a table is ready when its first batch (that "
              "commit) is applied. Seconds since the process started; over the tables: median (min-max). Import "
-             f"of the daemon's modules alone: {r0['import_seconds']} s.", "",
+             f"of the daemon's modules alone: {r0['import_seconds']} s.{archive}", "",
              "| tables | start | every table ready s | tables ready s | /status answers s | Spark session ready s "
              "(start took) | checkpoint table ready s | streams started s | stream start to first apply s | "
              "first batches applied s | peak RSS MiB (Python / JVM) | replicas exact |",
