@@ -77,6 +77,16 @@ def java_options(archive: Path) -> str:
     return f"-XX:SharedArchiveFile={archive} -Xshare:auto -Xlog:cds=off -Xlog:cds+dynamic=off"
 
 
+def recorded_java_options() -> str:
+    """The driver's Java options mapping the archive recorded for this machine's JVM, Spark and
+    Delta's jars (empty without one): for a JVM started outside :func:`~.spark.local_session`, the
+    Spark Connect server of ``scripts/connect-server.sh``."""
+    from lakemirror.daemon.jars import jar_paths
+    from lakemirror.daemon.spark import check_java
+
+    return java_options(archive_path(check_java(), jar_paths()))
+
+
 #: What the recording session does: the classes of a daemon's start and first batches.
 def _record_workload(spark: object, folder: Path) -> None:
     from lakemirror.sql_exec import run_sql

@@ -86,6 +86,12 @@ start() {
       jars="$jars,$("$python" -c 'from lakemirror.daemon.jars import jar_paths; print(",".join(jar_paths(group="s3")))')" \
         || die "hadoop-aws is not cached; run \`make setup\` (or \`lakemirror fetch-jars\`) once"
     fi
+    # The driver JVM's class archive that `make setup` records (daemon/class_archive.py), where there is one:
+    # the server's JVM maps it and starts sooner. LAKEMIRROR_CONNECT_CLASS_ARCHIVE=0 starts without it.
+    local sharing=""
+    if [ "${LAKEMIRROR_CONNECT_CLASS_ARCHIVE:-1}" != 0 ]; then
+      sharing=$("$python" -c 'from lakemirror.daemon.class_archive import recorded_java_options; print(recorded_java_options())' 2>/dev/null) || sharing=""
+    fi
     # setsid: the server outlives this script and is not killed with the caller's process group.
     SPARK_HOME="$spark_home" PYSPARK_PYTHON="$python" PYSPARK_DRIVER_PYTHON="$python" \
       setsid "$spark_home/bin/spark-submit" \
@@ -108,7 +114,7 @@ start() {
         --conf spark.log.structuredLogging.enabled=false \
         --conf "spark.python.authenticate.socketTimeout=$worker_wait" \
         --conf spark.python.unix.domain.socket.enabled=true \
-        --conf "spark.driver.extraJavaOptions=-Dlog4j2.configurationFile=$root/daemon/log4j2.properties" \
+        --conf "spark.driver.extraJavaOptions=${sharing:+$sharing }-Dlog4j2.configurationFile=$root/daemon/log4j2.properties" \
         --conf "spark.executorEnv.PYSPARK_PYTHON=$python" \
         "${extra[@]}" \
         spark-internal </dev/null >"$log_file" 2>&1 &
