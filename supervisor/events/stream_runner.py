@@ -52,9 +52,8 @@ from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.txn import BatchStats, MergeOutcome
 from lakemirror.sinks.waits import LockWait, ServerWait
 from lakemirror.sources.event_source import EventSource, event_source_for
-from lakemirror.sources.event_stream import decode_batch
 from lakemirror.sources.change_event import ChangeEvent
-from lakemirror.sources.event_stream import RawEvent
+from lakemirror.sources.event_stream import RawEvent, decode_batch
 from lakemirror.sources.kafka_offsets import (
     BrokerOffsets, Offsets, TopicPartition, offsets_behind, parse_end_offsets, progress_end_offsets,
 )
