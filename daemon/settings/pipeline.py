@@ -692,7 +692,7 @@ def load_settings(path: str | Path | None, overrides: dict[str, Any] | None = No
     return settings
 
 
-#: Variables with our prefix that are not settings: read elsewhere (jars.py, the torture harness).
+#: Variables with our prefix that are not settings: read elsewhere (jars.py, class_archive.py, the torture harness).
 OTHER_VARIABLES = ("LAKEMIRROR_JARS_DIR", "LAKEMIRROR_IVY_CACHE", "LAKEMIRROR_CLASS_ARCHIVE_DIR", "LAKEMIRROR_TEST_KILL_AT")
 
 
