@@ -209,11 +209,9 @@ def startup(counts: Iterable[int], rows: int, trigger: float, seed: int) -> list
 def class_archive_recorded() -> bool:
     """Whether the daemons measured map a class archive (``make setup`` records one; see
     ``lakemirror.daemon.class_archive``)."""
-    from lakemirror.daemon.class_archive import archive_path
-    from lakemirror.daemon.jars import jar_paths
-    from lakemirror.daemon.spark import check_java
+    from lakemirror.daemon.class_archive import recorded_archive
 
-    return archive_path(check_java(), jar_paths()).is_file()
+    return recorded_archive().is_file()
 
 
 def _range(spread: Mapping[str, float] | None) -> str:

@@ -21,7 +21,6 @@ its first Delta work start several seconds sooner (``make bench ONLY=startup`` s
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 import shutil
 import subprocess
@@ -29,8 +28,6 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Sequence
-
-log = logging.getLogger(__name__)
 
 #: The archive's name changes with what it was recorded against: the JVM (its path and version), the
 #: Spark build (PySpark's version) and Delta's jars (names and sizes). A session that loads more jars
@@ -60,14 +57,22 @@ def archive_dir() -> Path:
     return Path(env) if env else cache_root() / "class-archive"
 
 
-def archive_path(java_version: str, jars: Sequence[str], folder: Path | None = None) -> Path:
+def archive_path(java_version: str, jars: Sequence[str]) -> Path:
     """Where the archive of this JVM (``java_version``: its ``-version`` line), the installed Spark
     and Delta's ``jars`` is kept."""
     import pyspark
 
     java = os.path.realpath(shutil.which("java") or "java")
     key = archive_key(java_version, java, pyspark.__version__, jars)
-    return (folder or archive_dir()) / f"session-{key}.jsa"
+    return archive_dir() / f"session-{key}.jsa"
+
+
+def recorded_archive() -> Path:
+    """Where the archive of this machine's JVM, Spark and Delta's cached jars is (or would be) kept."""
+    from lakemirror.daemon.jars import jar_paths
+    from lakemirror.daemon.spark import check_java
+
+    return archive_path(check_java(), jar_paths())
 
 
 def java_options(archive: Path) -> str:
@@ -81,10 +86,7 @@ def recorded_java_options() -> str:
     """The driver's Java options mapping the archive recorded for this machine's JVM, Spark and
     Delta's jars (empty without one): for a JVM started outside :func:`~.spark.local_session`, the
     Spark Connect server of ``scripts/connect-server.sh``."""
-    from lakemirror.daemon.jars import jar_paths
-    from lakemirror.daemon.spark import check_java
-
-    return java_options(archive_path(check_java(), jar_paths()))
+    return java_options(recorded_archive())
 
 
 #: What the recording session does: the classes of a daemon's start and first batches.
@@ -136,10 +138,7 @@ def record(target: Path) -> None:
 def build(force: bool = False, timeout: float = 900.0) -> tuple[Path, bool]:
     """Record the archive of this machine's JVM, Spark and jars unless it exists (``force``: again);
     (its path, whether it was written now). Raises with the child's last lines when it fails."""
-    from lakemirror.daemon.jars import jar_paths
-    from lakemirror.daemon.spark import check_java
-
-    target = archive_path(check_java(), jar_paths())
+    target = recorded_archive()
     if target.is_file() and not force:
         return target, False
     target.parent.mkdir(parents=True, exist_ok=True)
