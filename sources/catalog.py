@@ -27,6 +27,7 @@ from lakemirror.errors import TerminalError
 from lakemirror.identifiers import TableName, quote, sql_string
 from lakemirror.schema import Column, columns_from_struct
 from lakemirror.sources.keys import PRIMARY_KEY_PROPERTY, parse_declared
+from lakemirror.sources.log_description import describe_from_log
 from lakemirror.sources.streaming_tables import SqlRunner, resolve_backing_table
 from lakemirror.sql_exec import run_sql
 from lakemirror.tables import TableLocation
@@ -162,6 +163,17 @@ class LocalCatalog:
                       if LOG_DIR in list_folders(spark, self._folder(catalog, schema, name)))
 
     def describe(self, spark: "SparkSession", name: TableName) -> TableInfo:
+        """The table's description, read from its log on the driver where delta-rs reads it
+        (:mod:`lakemirror.sources.log_description`), else by Spark."""
+        loc = self.locate(name)
+        logged = describe_from_log(spark, loc.path)
+        if logged is not None:
+            return TableInfo(loc, logged.table_id, logged.columns, logged.properties,
+                             parse_declared(logged.properties.get(PRIMARY_KEY_PROPERTY)))
+        return self.describe_by_spark(spark, name)
+
+    def describe_by_spark(self, spark: "SparkSession", name: TableName) -> TableInfo:
+        """The table's description as Spark reads it: ``DESCRIBE DETAIL`` and the schema of a read."""
         loc = self.locate(name)
         if not tables.exists(spark, loc):
             raise TableMissing(f"table {name} does not exist (no Delta table at {loc.path})", table=str(name))

@@ -1,6 +1,7 @@
 """A local replica's columns and facts read by delta-rs on the driver are Spark's own answers, for
 the replicas the daemon makes (Spark's writes, delta-rs's MERGEs, a change feed, properties),
-and where delta-rs cannot tell them exactly it says so and Spark is asked."""
+and where delta-rs cannot tell them exactly it says so and Spark is asked; so is a source's
+description read from its log (id, columns, properties, declared key), whatever features it has."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from deltalake import DeltaTable
 
 from lakemirror.identifiers import TableName
 from lakemirror.schema import columns_from_struct
+from lakemirror.sources.catalog import LocalCatalog
+from lakemirror.sources.log_description import describe_from_log
 from lakemirror.sinks.batch.snapshot_copy import replica_facts
 from lakemirror.sinks.merge.local_replica import LocalReplica
 from lakemirror.tables import TableLocation
@@ -69,3 +72,34 @@ def test_a_replica_with_deletion_vectors_on_leaves_its_facts_to_spark(spark: Any
     local = LocalReplica.open(loc.path)
     assert local is not None and local.facts(observable=True) is None
     assert replica_facts(spark, loc).rows == 90
+
+
+#: Sources of every shape the description must read as Spark does: every type with a change feed and a
+#: declared key; column mapping, comments and generated columns; identity, variant, deletion vectors, row
+#: tracking and v2 checkpoints; then each altered (a column added, a type widened, a property set).
+SOURCES = {
+    "types": (TYPES, "'delta.enableChangeDataFeed' = 'true', 'lakemirror.primaryKey' = 'id, i'"),
+    "mapping": ("id INT NOT NULL COMMENT 'the id', `a col` STRING, v INT GENERATED ALWAYS AS (id * 2), s SMALLINT",
+                "'delta.columnMapping.mode' = 'name', 'delta.enableTypeWidening' = 'true', 'custom.prop' = 'x'"),
+    "features": ("id BIGINT GENERATED ALWAYS AS IDENTITY, v VARIANT, n INT",
+                 "'delta.enableDeletionVectors' = 'true', 'delta.enableRowTracking' = 'true', "
+                 "'delta.checkpointPolicy' = 'v2', 'delta.checkpointInterval' = '2'"),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(SOURCES))
+def test_a_source_described_from_its_log_is_described_as_spark_does(spark: Any, tmp_path: Path, shape: str) -> None:
+    ddl, properties = SOURCES[shape]
+    catalog = LocalCatalog(tmp_path)
+    name = TableName("src", "s", shape)
+    loc = _table(spark, Path(catalog.locate(name).path or ""), ddl, properties)
+    if shape == "features":
+        spark.sql(f"INSERT INTO {loc.sql} (v, n) SELECT parse_json('{{\"a\": 1}}'), 1 FROM range(3)")
+        spark.sql(f"DELETE FROM {loc.sql} WHERE id = 1")
+    if shape == "mapping":
+        spark.sql(f"ALTER TABLE {loc.sql} ALTER COLUMN s TYPE INT")
+    spark.sql(f"ALTER TABLE {loc.sql} ADD COLUMNS (added DECIMAL(38, 6))")
+    spark.sql(f"ALTER TABLE {loc.sql} SET TBLPROPERTIES ('lakemirror.note' = 'altered')")
+
+    assert describe_from_log(spark, loc.path) is not None  # the driver read it: no Spark job
+    assert catalog.describe(spark, name) == catalog.describe_by_spark(spark, name)

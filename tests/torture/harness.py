@@ -43,6 +43,11 @@ from lakemirror.sinks.merge.delta_merge import is_txn_tag
 from lakemirror.sources.catalog import LocalCatalog
 
 LAKEMIRROR = [sys.executable, "-m", "lakemirror.daemon.cli"]
+#: The JVM options of the daemons the tortures launch: each lives for a minute or two, most of it
+#: starting, and on two cores the JIT's optimizing compiler (C2) spends more of that minute compiling
+#: code than the compiled code saves; the quick compiler alone starts the daemon and its first Delta
+#: work about a third sooner. (A long-running daemon keeps the JVM's default: there C2's code pays.)
+DAEMON_JVM_OPTIONS = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}
 NAMED_POINTS = ("bootstrap_before_snapshot", "bootstrap_after_snapshot", "before_merge", "after_merge",
                 "before_commit_log", "schema_change")
 TABLES = ("events", "pairs")
@@ -129,10 +134,11 @@ class Writer:
         self.seq += 1
         return self.seq
 
-    def step(self) -> None:
-        """One source commit per table: a random mix of operations."""
+    def step(self, op: str | None = None) -> None:
+        """One source commit per table: a random mix of operations (``op``: this operation on the
+        events table: insert, update, delete or reinsert)."""
         with self._lock:
-            self._step()
+            self._step(op)
 
     def _insert_events(self, rows: list[tuple[int, int, str]]) -> None:
         if self.extra_column:  # after the schema change, new rows fill the new column
@@ -142,9 +148,9 @@ class Writer:
             values = ", ".join(f"({i}, {s}, '{p}')" for i, s, p in rows)
             self.spark.sql(f"INSERT INTO {self.events.sql} (id, seq, payload) VALUES {values}")
 
-    def _step(self) -> None:
+    def _step(self, op: str | None = None) -> None:
         rng = self.rng
-        op = rng.choice(("insert", "insert", "update", "delete", "reinsert"))
+        op = op or rng.choice(("insert", "insert", "update", "delete", "reinsert"))
         if op == "insert" or not self.live:
             rows = []
             for _ in range(rng.randint(1, 20)):
@@ -308,8 +314,9 @@ class Torture:
             "schema_name": "torture", "checkpoint_volume": str(workdir / "ck"),
             "trigger_interval_seconds": 0.5, "lag_interval_seconds": 1, "discover_interval_seconds": 5,
             "runtime": {"warehouse": lakehouse, "shuffle_partitions": 2,
-                        **({"spark_conf": {f"spark.hadoop.{k}": v for k, v in hadoop_conf.items()}}
-                           if hadoop_conf else {}), **(runtime or {})},
+                        "spark_conf": {**DAEMON_JVM_OPTIONS,
+                                       **{f"spark.hadoop.{k}": v for k, v in (hadoop_conf or {}).items()}},
+                        **(runtime or {})},
             "http": {"port": 0}, "restart": {"base_delay_seconds": 0.5, "max_delay_seconds": 4},
             **({"replica_properties": replica_properties} if replica_properties else {}),
             **({"destination": postgres} if postgres else {})}))
@@ -353,6 +360,9 @@ class Torture:
             if progress is not None:
                 progress(len(self.report.kills), self.report.kills[-1])
         self.writer.stop()
+        # Changes after the last kill, in every table, for the last daemon to apply (the writer's last
+        # random steps may have left a table where the bootstrap read it).
+        self.writer.step("insert")
         self.report.writer_commits = self.writer.commits
         self.report.writer_ops = self.writer.seq
         self.catch_up_and_drain()

@@ -47,7 +47,7 @@ from lakemirror.sources.catalog import LocalCatalog
 from lakemirror.sources.change_event import ChangeEvent, DeadLetter
 from lakemirror.sources.event_stream import EventDecoder, RawEvent
 from lakemirror.supervisor.events.stream_runner import checkpoint_end_offsets
-from tests.torture.harness import DaemonProcess, KillRecord
+from tests.torture.harness import DAEMON_JVM_OPTIONS, DaemonProcess, KillRecord
 
 #: Every named point of the event path once, then a replica's MERGE reached a second time (the
 #: second replica of a batch, or the next batch): a kill between two replicas of one batch.
@@ -182,7 +182,8 @@ class EventTorture:
             "pipeline_id": "ktorture", "source_catalog": "src", "destination_catalog": "dst",
             "schema_name": "ktorture", "checkpoint_volume": str(workdir / "ck"),
             "trigger_interval_seconds": 0.5, "lag_interval_seconds": 1,
-            "runtime": {"warehouse": str(workdir / "lakehouse"), "shuffle_partitions": 2},
+            "runtime": {"warehouse": str(workdir / "lakehouse"), "shuffle_partitions": 2,
+                        "spark_conf": DAEMON_JVM_OPTIONS},
             "http": {"port": 0}, "restart": {"base_delay_seconds": 0.5, "max_delay_seconds": 4},
             "source": {"kind": "kafka", "name": SOURCE, "bootstrap_servers": broker,
                        "topic_pattern": f"{self.prefix}\\.public\\..*", "max_per_trigger": max_per_trigger,
