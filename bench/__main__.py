@@ -604,12 +604,12 @@ def run_workload(name: str, p: dict[str, Any], seed: int, only: dict[str, Any] |
         print("snapshot or incremental into PostgreSQL, by change fraction ...", flush=True)
         out = postgres_modes(p["modes_rows"], repeats=1 if p["modes_rows"] < 200_000 else 3, seed=seed)
     elif name == "debezium_events":
-        print(f"Debezium events into Delta, {p['debezium_events']:,} events: lakemirror and the seed recipe ...",
-              flush=True)
+        print(f"Debezium events into Delta, {p['debezium_events']:,} events: lakemirror and the Streaming CDC "
+              "recipe ...", flush=True)
         out = debezium_events(p["debezium_events"], p["debezium_max_offsets"], seed, p["debezium_steady_seconds"])
     elif name == "debezium_events_s3":
         print(f"Debezium events into Delta on S3, {p['debezium_events_s3']:,} events: lakemirror (both executors) "
-              "and the seed recipe ...", flush=True)
+              "and the Streaming CDC recipe ...", flush=True)
         out = debezium_events(p["debezium_events_s3"], p["debezium_max_offsets"], seed, 0.0, store="s3")
     elif name == "kafka_postgres_latency":
         print("latency Kafka -> PostgreSQL, Real-Time Mode and micro-batch ...", flush=True)
