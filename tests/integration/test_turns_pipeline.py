@@ -167,10 +167,12 @@ def test_queries_started_per_turn_for_batches_spark_plans_split_a_backlog_and_st
     pipeline = make_pipeline(apply_workers=1)
     _caught_up(pipeline, "VALUES (0, 'a')")
     runner = pipeline.runner("t")
-    # The launch's first turn is Spark's (it starts the query's checkpoint): it must have run before the
-    # insert, or a slow run would apply the insert in it and never plan from the commit files.
-    pipeline.tick_until(lambda: runner.last_trigger is not None and runner.has_pending() is False,
-                        what="the launch's first turn")
+    # The launch's first turn is Spark's (it starts the query's checkpoint): it must have ended before the
+    # insert, or its query, still running after its first batch, could take the insert in a batch of its
+    # own and the daemon would never plan from the commit files.
+    pipeline.tick_until(lambda: (runner.last_trigger is not None and runner.turns.wait_idle(0)
+                                 and not runner.query_running and runner.has_pending() is False),
+                        what="the launch's first turn to end")
     pipeline.sql("t", "INSERT INTO {t} VALUES (1, 'b')")  # a plain version: the daemon's own batch
     pipeline.wait_caught_up("t")
     assert runner.last_trigger == "commit files"
