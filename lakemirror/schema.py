@@ -51,3 +51,25 @@ def columns_from_delta_schema(schema: Any) -> tuple[Column, ...]:
     if not isinstance(schema, dict) or schema.get("type") != "struct":
         raise ValueError("a Delta table's schema is a struct")
     return tuple(Column(f["name"], spark_type_name(f["type"]), bool(f.get("nullable", True))) for f in schema["fields"])
+
+
+def schema_change(before: Sequence[Column], after: Sequence[Column]) -> str | None:
+    """How the columns ``after`` differ from ``before`` (added, dropped, retyped, nullability
+    changed, reordered); None when they are the same. Pure."""
+    if tuple(before) == tuple(after):
+        return None
+    old, new = {c.name: c for c in before}, {c.name: c for c in after}
+    parts = []
+    added = [n for n in new if n not in old]
+    dropped = [n for n in old if n not in new]
+    if added:
+        parts.append("added " + ", ".join(added))
+    if dropped:
+        parts.append("dropped " + ", ".join(dropped))
+    for name in (n for n in old if n in new):
+        was, now = old[name], new[name]
+        if was.type != now.type:
+            parts.append(f"{name} {was.type} is now {now.type}")
+        if was.nullable != now.nullable:
+            parts.append(f"{name} is now {'nullable' if now.nullable else 'NOT NULL'}")
+    return "; ".join(parts) or "columns reordered"

@@ -16,6 +16,7 @@ from typing import Any, Callable, ContextManager
 
 from lakemirror.checkpoints.state import StateStore, TableProgress
 from lakemirror.errors import SourceReplaced
+from lakemirror.schema import Column
 from lakemirror.sinks.contract import TableReplica
 from lakemirror.sinks.merge.planner import ColumnSelection, MergePlan, plan_merge
 from lakemirror.sources.catalog import TableInfo
@@ -36,6 +37,8 @@ class Prepared:
     plan: MergePlan
     progress: TableProgress
     retention: RetentionWindow = RetentionWindow()
+    #: The source's columns as the launch described them (the plan's own may be a selection of them).
+    source_columns: tuple[Column, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -82,4 +85,4 @@ class Preparation:
             self.fault("schema_change")
         self.mark("replica")
         log.info("table %s: key %s", self.label, key.describe())
-        return Prepared(key, plan, progress, RetentionWindow.from_properties(info.properties))
+        return Prepared(key, plan, progress, RetentionWindow.from_properties(info.properties), tuple(info.columns))

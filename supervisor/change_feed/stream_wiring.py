@@ -26,7 +26,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from lakemirror.checkpoints import stream_dir
+from lakemirror.errors import SchemaChangeRestart
 from lakemirror.object_store import delta_rs_reader, is_s3a
+from lakemirror.schema import Column, schema_change
 from lakemirror.sinks.accelerator.batch_feed import BatchFeed
 from lakemirror.sinks.merge.connect_batches import ConnectBatches, batch_job
 from lakemirror.sinks.merge.connect_gate import FileTurnGate, gate_folder
@@ -97,19 +99,26 @@ def wire_stream(session: "SparkSession", spec: PipelineSpec, slug: str, source: 
     the batches after it have outcome files whose rows are to be recorded)."""
     progress = prepared.progress
     assert progress.bootstrap_version is not None
-    stream = source.changes(progress.bootstrap_version, stream_options(spec))
-    mark("source")  # Delta's streaming source reads the source's snapshot here
+    after_version = progress.bootstrap_version
     app_id = txn_app_id(spec.pipeline_id, slug, progress.epoch)
     checkpoint = replica_transactions.stream_checkpoint(spec.checkpoint_root, spec.pipeline_id, slug, progress.epoch)
-    stream_session = stream.sparkSession
-    stream_dir.use_file_system_manager(stream_session, checkpoint)
     removed = stream_dir.remove_interrupted_writes(session, checkpoint)
     if removed:
         log.warning("table %s: removed %d unfinished checkpoint write(s) of a stopped or killed query: %s",
                     source.name, len(removed), ", ".join(removed))
-    writer = (stream.writeStream.queryName(f"lakemirror:{spec.pipeline_id}:{source.name}")
-              .option("checkpointLocation", checkpoint))
+
+    def open_stream() -> "tuple[DataStreamWriter, SparkSession]":
+        """The change stream's writer and the session its query runs in. Delta's streaming source
+        reads the source's snapshot here (seconds on a cold JVM)."""
+        stream = source.changes(after_version, stream_options(spec))
+        stream_session = stream.sparkSession
+        stream_dir.use_file_system_manager(stream_session, checkpoint)
+        return (stream.writeStream.queryName(f"lakemirror:{spec.pipeline_id}:{source.name}")
+                .option("checkpointLocation", checkpoint)), stream_session
+
     if not has_own_jvm(session):
+        writer, stream_session = open_stream()
+        mark("source")
         wiring = _connect_query(spec, source, replica, destination, prepared, app_id, writer, checkpoint, recorded)
         wiring.stream_session = stream_session
         return wiring
@@ -157,13 +166,70 @@ def wire_stream(session: "SparkSession", spec: PipelineSpec, slug: str, source: 
             gate.pass_batch(apply, batch_id)
 
     if feed_batches is not None:
-        # Turns: the daemon's batches first; a query started for the turn for those Spark plans.
-        started = writer.foreachBatch(batch_function)
-        return Wiring(turn_query=lambda once: (started.trigger(once=True) if once
-                                               else started.trigger(availableNow=True)).start(),
-                      batch_feed=feed, stream_session=stream_session, sink=sink, feed_batches=feed_batches)
+        # Turns: the daemon's batches first; a query started for the turn for those Spark plans. A
+        # restarted table whose checkpoint has logged batches applies its next ones from the commit
+        # files, so its change stream is made at the first turn Spark plans, not here: its launch
+        # does not wait for Delta's streaming source to read the source's snapshot. A new epoch's
+        # first batch is Spark's: its stream is made now, beside the other tables' launches, not in
+        # the turn the tables share. (A source read this way is never streamed through the
+        # Kernel-based source, so its query runs in the daemon's own session.)
+        stream_dir.use_file_system_manager(session, checkpoint)
+
+        def at_first_spark_turn() -> "DataStreamWriter":
+            require_launch_schema(source, prepared.source_columns)
+            return open_stream()[0].foreachBatch(batch_function)
+
+        if feed_batches.log.latest_offsets() is None:
+            turn_query = TurnQuery(at_first_spark_turn, made=open_stream()[0].foreachBatch(batch_function))
+            mark("source")
+        else:
+            turn_query = TurnQuery(at_first_spark_turn)
+        return Wiring(turn_query=turn_query, batch_feed=feed, stream_session=session, sink=sink,
+                      feed_batches=feed_batches)
+    writer, stream_session = open_stream()
+    mark("source")
     query = writer.foreachBatch(batch_function).trigger(processingTime=f"{spec.trigger_interval_seconds} seconds").start()
     return Wiring(query=query, gate=gate, batch_feed=feed, stream_session=stream_session, sink=sink)
+
+
+def require_launch_schema(source: TableChangeSource[Any], launched: "tuple[Column, ...]") -> None:
+    """Raise :class:`~lakemirror.errors.SchemaChangeRestart` when the source's columns are no longer
+    those its launch planned the table from.
+
+    A change stream made at the launch reads the schema of that moment, and Delta's streaming source
+    stops at a later commit that changes it (the table then relaunches and plans the new columns);
+    a stream made later would read the new schema from its start, and its batches would carry
+    columns the launch's plan does not write. Described the same way as at the launch (from the
+    source's log), so an unchanged table never differs."""
+    if not launched:
+        return
+    change = schema_change(launched, tuple(source.describe().columns))
+    if change is not None:
+        raise SchemaChangeRestart(f"{source.name}: the source's schema changed since the table's launch ({change}); "
+                                  f"restarting the stream to read it", table=str(source.name))
+
+
+class TurnQuery:
+    """Starts the table's query for one turn (True: a ``once`` trigger). Its writer (and so the
+    change stream) is ``made`` already, or made by ``make_writer`` at the first start."""
+
+    def __init__(self, make_writer: "Callable[[], DataStreamWriter]", made: "DataStreamWriter | None" = None) -> None:
+        self._make_writer = make_writer
+        self._writer = made
+
+    @property
+    def opened(self) -> bool:
+        """Whether the change stream has been made."""
+        return self._writer is not None
+
+    def open(self) -> "DataStreamWriter":
+        if self._writer is None:
+            self._writer = self._make_writer()
+        return self._writer
+
+    def __call__(self, once: bool) -> "StreamingQuery":
+        writer = self.open()
+        return (writer.trigger(once=True) if once else writer.trigger(availableNow=True)).start()
 
 
 def feed_mode(spec: PipelineSpec, sink: Any, source: TableLocation, remote: "tuple[str, dict[str, str]] | None",

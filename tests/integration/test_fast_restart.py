@@ -46,6 +46,12 @@ def _caught_up(p: Any, table: str) -> None:
     p.wait_caught_up(table)
 
 
+def _logged_batch(p: Any, table: str) -> None:
+    """A change applied in a batch the table's checkpoint logs (the bootstrap's rows are not one)."""
+    p.sql(table, "INSERT INTO {t} VALUES (9, 'logged')")
+    p.wait_caught_up(table)
+
+
 def test_a_restart_reuses_the_description_while_only_data_changed(pipeline: Any, caplog: Any) -> None:
     p = pipeline
     _caught_up(p, "t")
@@ -70,13 +76,37 @@ def test_a_restart_reuses_the_description_while_only_data_changed(pipeline: Any,
 def test_a_restart_after_a_schema_change_describes_the_source_again(pipeline: Any) -> None:
     p = pipeline
     _caught_up(p, "t")
+    _logged_batch(p, "t")
     p.stop()
     p.sql("t", "ALTER TABLE {t} ADD COLUMNS (note STRING)")
     p.sql("t", "INSERT INTO {t} VALUES (3, 'c', 'new column')")
     catalog = _restart(p)
     p.wait_caught_up("t")
-    assert catalog.described == ["t"], "a schema change since the last start: described again"
+    # The launch describes it again; the change stream, made at the batch Spark plans (the new
+    # column's version), checks the columns once more.
+    assert catalog.described == ["t", "t"], "a schema change since the last start: described again"
     p.assert_replica_equals_source("t")
+
+
+def test_a_column_added_after_a_restart_reaches_the_replica_before_spark_reads_the_stream(pipeline: Any) -> None:
+    """A restarted table applies its first batches from the commit files and makes its change stream
+    only at the first batch Spark plans: here the version adding a column, committed after the launch.
+    That stream would read the new schema from its start; the launch's plan has no such column, so
+    the table relaunches with it instead of applying rows without it."""
+    p = pipeline
+    _caught_up(p, "t")
+    _logged_batch(p, "t")
+    catalog = _restart(p)
+    p.sql("t", "UPDATE {t} SET v = 'b2' WHERE id = 2")  # from the commit files: no stream yet
+    p.wait_caught_up("t")
+    assert catalog.described == []
+    turn_query = p.runner("t").turns.turn_query
+    assert turn_query is not None and not turn_query.opened, "no batch Spark planned yet: no change stream"
+    p.sql("t", "ALTER TABLE {t} ADD COLUMNS (note STRING)")
+    p.sql("t", "INSERT INTO {t} VALUES (3, 'c', 'new column')")
+    p.sql("t", "UPDATE {t} SET note = 'filled' WHERE id = 1")
+    p.wait_caught_up("t")
+    p.assert_replica_equals_source("t")  # every source column, "note" among them
 
 
 def test_a_source_recreated_while_the_daemon_was_stopped_is_described_and_refused(pipeline: Any) -> None:
