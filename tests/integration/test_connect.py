@@ -76,7 +76,7 @@ def _pipeline(remote: Any, root: Path, url: str, **settings: Any) -> ConnectPipe
 @pytest.mark.parametrize("apply_workers", [pytest.param(0, id="always-on", marks=pytest.mark.slow),
                                            pytest.param(None, id="turns", marks=pytest.mark.timeout(900))])
 def test_connect_replicates_replays_and_isolates(remote: Any, connect_server: str, tmp_path: Path,
-                                                 apply_workers: int | None) -> None:
+                                                 apply_workers: int | None, caplog: Any) -> None:
     assert not tables.has_own_jvm(remote)  # the daemon talks to the server, not to a JVM of its own
     p = _pipeline(remote, tmp_path, connect_server,
                   **({} if apply_workers is None else {"apply_workers": apply_workers}))
@@ -126,11 +126,17 @@ def test_connect_replicates_replays_and_isolates(remote: Any, connect_server: st
         # same replay, made by the stop itself.)
         lose_commit_entry(commits, last["batch_id"], missing_ok=True)
         p.sql("orders", "INSERT INTO {t} VALUES (6, 'f', 6)")
+        caplog.clear()
         p.app = p._new_app()
         p.start()
         p.wait_caught_up("orders", timeout=240)
         p.assert_replica_equals_source("orders")
-        assert p.views()["orders"].retries == 0, p.views()["orders"]  # the replay is no failure
+        # The replay is no failure. A query start whose foreachBatch worker the server could not
+        # start (it did not connect back: seen on a loaded machine, both tables' workers at once) is
+        # retried, and is no failure of the replay's either.
+        worker_starts = [r for r in caplog.records if "orders failed to start: Python worker failed to connect back"
+                         in r.getMessage()]
+        assert p.views()["orders"].retries == len(worker_starts), (p.views()["orders"], caplog.text[-3000:])
         after = p.checkpoint_rows("orders")
         keys = [(r["txn_app_id"], r["batch_id"]) for r in after]
         assert len(keys) == len(set(keys)), f"a replayed batch was recorded twice: {keys}"
