@@ -175,12 +175,15 @@ def wire_stream(session: "SparkSession", spec: PipelineSpec, slug: str, source: 
         # Kernel-based source, so its query runs in the daemon's own session.)
         stream_dir.use_file_system_manager(session, checkpoint)
 
-        def at_first_spark_turn() -> "DataStreamWriter":
-            require_launch_schema(source, prepared.source_columns)
+        def make_writer() -> "DataStreamWriter":
             return open_stream()[0].foreachBatch(batch_function)
 
+        def at_first_spark_turn() -> "DataStreamWriter":
+            require_launch_schema(source, prepared.source_columns)
+            return make_writer()
+
         if feed_batches.log.latest_offsets() is None:
-            turn_query = TurnQuery(at_first_spark_turn, made=open_stream()[0].foreachBatch(batch_function))
+            turn_query = TurnQuery(at_first_spark_turn, made=make_writer())
             mark("source")
         else:
             turn_query = TurnQuery(at_first_spark_turn)
