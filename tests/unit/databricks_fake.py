@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import parse_qs, urlsplit
 
-from databricks.sdk import WorkspaceClient
-from databricks.sdk.core import Config
+if TYPE_CHECKING:  # the SDK is imported when a client is made: collecting the tests needs none of it
+    from databricks.sdk import WorkspaceClient
 
 
 class FakeJobsApi:
@@ -78,7 +78,10 @@ class FakeJobsApi:
         self.server.shutdown()
         self.server.server_close()
 
-    def client(self) -> WorkspaceClient:
+    def client(self) -> "WorkspaceClient":
+        from databricks.sdk import WorkspaceClient
+        from databricks.sdk.core import Config
+
         return WorkspaceClient(config=Config(host=self.host, token="x", auth_type="pat"))
 
     def calls(self) -> list[tuple[str, str]]:

@@ -22,14 +22,14 @@ import inspect
 import re
 import threading
 import typing
-from typing import Any, Callable
+from functools import cache
+from typing import TYPE_CHECKING, Any, Callable
 
-from databricks.sdk import WorkspaceClient
-from databricks.sdk.service import catalog as uc
-from databricks.sdk.service import pipelines as dlt
-from databricks.sdk.service import sharing
 
 from tests.unit.databricks_fake import FakeJobsApi
+
+if TYPE_CHECKING:  # the SDK is imported where a fake is used: collecting the tests needs none of it
+    from databricks.sdk import WorkspaceClient
 
 Answer = tuple[int, Any]
 
@@ -106,14 +106,18 @@ def validate_request(method: Callable[..., Any], path_params: dict[str, str], pa
 
 #: SDK methods whose JSON body is one parameter's model (``create(tag_assignment)`` sends
 #: ``tag_assignment.as_dict()``), not their parameters: the body is checked against that model.
-BODY_MODELS = {uc.EntityTagAssignmentsAPI.create: "tag_assignment", uc.EntityTagAssignmentsAPI.update: "tag_assignment"}
+@cache
+def body_models() -> dict[Callable[..., Any], str]:
+    from databricks.sdk.service import catalog as uc
+
+    return {uc.EntityTagAssignmentsAPI.create: "tag_assignment", uc.EntityTagAssignmentsAPI.update: "tag_assignment"}
 
 
 def validate_body_model(method: Callable[..., Any], path_params: dict[str, str], body: Any,
                         query: dict[str, Any]) -> None:
-    """A body that is the model of ``BODY_MODELS[method]`` (its required fields present, every field
+    """A body that is the model of ``body_models()[method]`` (its required fields present, every field
     typed), and a query of the method's other parameters."""
-    param = BODY_MODELS[method]
+    param = body_models()[method]
     model = typing.get_type_hints(method)[param]
     if not isinstance(body, dict):
         raise Invalid(f"{param}: expected an object")
@@ -179,7 +183,7 @@ class FakeWorkspace:
     def __exit__(self, *exc: Any) -> None:
         self.server.__exit__(*exc)
 
-    def client(self) -> WorkspaceClient:
+    def client(self) -> "WorkspaceClient":
         return self.server.client()
 
     def link(self, recipient_side: "FakeWorkspace") -> None:
@@ -193,6 +197,10 @@ class FakeWorkspace:
     # -- routing ----------------------------------------------------------------------------------
 
     def _route_table(self) -> list[tuple[str, re.Pattern[str], Callable[..., Any], Callable[..., Answer]]]:
+        from databricks.sdk.service import catalog as uc
+        from databricks.sdk.service import pipelines as dlt
+        from databricks.sdk.service import sharing
+
         u = "/api/2.1/unity-catalog"
         table = [
             ("GET", f"{u}/metastore_summary", uc.MetastoresAPI.summary, self._summary),
@@ -264,7 +272,7 @@ class FakeWorkspace:
                 if isinstance(body, dict) and query:
                     payload = {**{k: v[-1] for k, v in query.items()}, **body}
                 try:
-                    if sdk in BODY_MODELS:
+                    if sdk in body_models():
                         validate_body_model(sdk, params, body, {k: v[-1] for k, v in query.items()})
                         payload = {**{k: v[-1] for k, v in query.items()}, **body}
                     else:

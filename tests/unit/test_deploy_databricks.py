@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import yaml
-from databricks.bundles.jobs import Job
 
 from lakemirror.daemon.settings import Settings, load_settings, parse_set_flags
 
@@ -54,6 +53,8 @@ def test_top_level_structure() -> None:
 
 
 def test_the_job_matches_the_bundle_schema() -> None:
+    from databricks.bundles.jobs import Job
+
     job = Job.from_dict(the_job())  # raises on an unknown field, a bad enum value or a wrong shape
     assert job.continuous is not None and job.schedule is None
     assert [t.task_key for t in job.tasks] == ["lakemirror"]

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 import yaml
-from databricks.bundles.jobs import Job
 
 from lakemirror.daemon.cli import build_parser
 from lakemirror.daemon.settings.replicate import load_replicate_config
@@ -42,6 +41,8 @@ def test_the_bundle_includes_the_replicate_job_and_declares_every_variable_it_us
 
 def test_the_replicate_job_is_scheduled_and_runs_the_command() -> None:
     [(key, spec)] = load(BUNDLE_DIR / "resources" / "replicate_job.yml")["resources"]["jobs"].items()
+    from databricks.bundles.jobs import Job
+
     job = Job.from_dict(spec)  # raises on an unknown field, a bad enum value or a wrong shape
     assert job.schedule is not None and job.continuous is None
     assert spec["max_concurrent_runs"] == 1 and spec["tags"]["kind"] == "replicate"
