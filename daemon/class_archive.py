@@ -70,7 +70,7 @@ def archive_path(java_version: str, jars: Sequence[str]) -> Path:
 def recorded_archive() -> Path:
     """Where the archive of this machine's JVM, Spark and Delta's cached jars is (or would be) kept."""
     from lakemirror.daemon.jars import jar_paths
-    from lakemirror.daemon.spark import check_java
+    from lakemirror.daemon.java_check import check_java
 
     return archive_path(check_java(), jar_paths())
 

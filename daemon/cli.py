@@ -21,7 +21,7 @@ from lakemirror.daemon.exit_codes import EXIT_FAILED as EXIT_FAILED
 from lakemirror.daemon.exit_codes import EXIT_OK as EXIT_OK
 from lakemirror.daemon.jars import JarsMissing
 from lakemirror.daemon.preflight import StartupError
-from lakemirror.daemon.spark import JavaMissing
+from lakemirror.daemon.java_check import JavaMissing
 from lakemirror.errors import ConfigError
 from lakemirror.secrets import redact
 

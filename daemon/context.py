@@ -64,7 +64,7 @@ from lakemirror.daemon.settings.runtime_spec import (
 )
 from lakemirror.daemon.dr_context import disaster_recovery_operations, logged_run, run_in_phases
 from lakemirror.daemon.recovery import cut_json, recovery_points_of
-from lakemirror.daemon.spark import JavaMissing
+from lakemirror.daemon.java_check import JavaMissing
 from lakemirror.daemon.status import status_info
 from lakemirror.daemon.worker import CommandWorker
 from lakemirror.errors import ConfigError, LakemirrorError

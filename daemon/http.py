@@ -96,6 +96,10 @@ class _Server(ThreadingHTTPServer):
     past that an immediate 503), and one log line, never a traceback, when a connection breaks."""
 
     daemon_threads = True
+    #: Connections the kernel queues until the serving thread accepts them. The standard library's 5
+    #: is short of a burst (a client opening a handful at once, scrapes and probes besides): past it the
+    #: kernel drops the connection's SYN and the client tries again a second later.
+    request_queue_size = 128
 
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], max_connections: int,
                  probe_connections: int = PROBE_CONNECTIONS) -> None:

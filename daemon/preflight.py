@@ -155,7 +155,7 @@ def check_mode(runtime: Any) -> None:
     ``JarsMissing``, each one line."""
     if runtime.mode == "local":
         from lakemirror.daemon.jars import jar_paths
-        from lakemirror.daemon.spark import check_java
+        from lakemirror.daemon.java_check import check_java
 
         check_java()
         jar_paths(runtime.jars_dir)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING
 from lakemirror.daemon.settings import RuntimeSettings
 from lakemirror.daemon import spark_conf_rules
 from lakemirror.daemon.jars import jar_paths
+from lakemirror.daemon.java_check import check_java
 from lakemirror.daemon.spark_secrets import secret_properties_file, split_secret_confs
 from lakemirror.object_store import needs_s3a
 
@@ -35,28 +35,6 @@ DELTA_CONFS = {
     "spark.sql.extensions": spark_conf_rules.DELTA_EXTENSION,
     "spark.sql.catalog.spark_catalog": spark_conf_rules.DELTA_CATALOG,
 }
-
-
-class JavaMissing(RuntimeError):
-    pass
-
-
-def check_java(required_major: int = 17) -> str:
-    """Return the Java version, or raise with what to install."""
-    java = shutil.which("java")
-    if java is None:
-        raise JavaMissing(f"Java {required_major} is required and `java` is not on PATH. Install it "
-                          f"(Debian: apt-get install openjdk-{required_major}-jre-headless) or set JAVA_HOME.")
-    out = subprocess.run([java, "-version"], capture_output=True, text=True, check=False).stderr
-    match = re.search(r'version "(\d+)(?:\.(\d+))?', out)
-    if not match:
-        raise JavaMissing(f"could not read the Java version from: {out.strip()[:200]}")
-    major = int(match.group(1))
-    if major == 1 and match.group(2):
-        major = int(match.group(2))
-    if major < required_major:
-        raise JavaMissing(f"Java {major} found at {java}; Spark 4 needs Java {required_major} or newer.")
-    return out.splitlines()[0] if out else str(major)
 
 
 def spark_warehouse_dir(warehouse: str) -> str:

@@ -20,6 +20,13 @@ def nodes(text: str) -> tuple[ast.AST, ...]:
 
 
 @functools.lru_cache(maxsize=None)
+def nodes_of(text: str, *kinds: type[ast.AST]) -> tuple[ast.AST, ...]:
+    """The nodes of :func:`nodes` that are instances of ``kinds``, in the same order: a check that looks
+    at a few kinds of node walks each file's tree once, not once per call."""
+    return tuple(node for node in nodes(text) if isinstance(node, kinds))
+
+
+@functools.lru_cache(maxsize=None)
 def prose(text: str) -> tuple[tuple[int, str], ...]:
     """(line, text) of every comment and every line of every string literal in ``text``."""
     out: list[tuple[int, str]] = []

@@ -9,7 +9,7 @@ from pathlib import Path
 from lakemirror.checkpoints import layout
 from lakemirror.checkpoints.bootstrap_state import FileBootstrapStore, bootstrap_store_for
 from lakemirror.checkpoints.state import FileStateStore
-from tests.unit.source_nodes import nodes
+from tests.unit.source_nodes import nodes_of
 from tests.unit.test_packaging import PRODUCT_FOLDERS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,7 +66,7 @@ def hand_joins(text: str) -> list[int]:
     (``f"{root}/{pipeline}/{slug}/e{epoch}"``). Transaction app ids (``f"lakemirror/…/e{epoch}"``) are
     spelled alike and are not paths."""
     found = []
-    for node in nodes(text):
+    for node in nodes_of(text, ast.BinOp, ast.JoinedStr):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and isinstance(node.right, ast.Constant) \
                 and node.right.value in NAMES:
             found.append(node.lineno)

@@ -58,7 +58,7 @@ def test_the_archive_folder_variable_is_no_setting() -> None:
 
 def test_a_failed_recording_names_the_cause_and_leaves_no_archive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LAKEMIRROR_CLASS_ARCHIVE_DIR", str(tmp_path))
-    monkeypatch.setattr("lakemirror.daemon.spark.check_java", lambda: "java 17")
+    monkeypatch.setattr("lakemirror.daemon.java_check.check_java", lambda: "java 17")
     monkeypatch.setattr("lakemirror.daemon.jars.jar_paths", lambda *a, **k: [])
 
     class Done:
@@ -73,7 +73,7 @@ def test_a_failed_recording_names_the_cause_and_leaves_no_archive(tmp_path: Path
 def test_the_connect_servers_jvm_is_given_the_same_archive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """scripts/connect-server.sh asks for the options of the archive recorded for this machine."""
     monkeypatch.setenv("LAKEMIRROR_CLASS_ARCHIVE_DIR", str(tmp_path))
-    monkeypatch.setattr("lakemirror.daemon.spark.check_java", lambda: "java 17")
+    monkeypatch.setattr("lakemirror.daemon.java_check.check_java", lambda: "java 17")
     monkeypatch.setattr("lakemirror.daemon.jars.jar_paths", lambda *a, **k: ["/j/delta.jar"])
     assert class_archive.recorded_java_options() == ""
     archive_path("java 17", ["/j/delta.jar"]).write_bytes(b"recorded")

@@ -139,6 +139,24 @@ def test_stalled_connections_give_way_to_probes_and_commands_however_many_there_
         server.close()
 
 
+def test_a_burst_of_connections_waits_in_the_listen_queue_instead_of_being_dropped() -> None:
+    """The kernel queues connections the serving thread has not accepted yet; with the standard
+    library's queue of 5, the sixth connection of a burst had its SYN dropped and its client waited
+    a second (or, as here with nothing accepting, for ever) before it was let in."""
+    server = ControlServer("127.0.0.1", 0, CollectorRegistry(), lambda: [VIEW], {"pipeline_id": "main"},
+                           read_timeout_seconds=READ_TIMEOUT)  # listening, not started: nothing accepts
+    burst: list[socket.socket] = []
+    try:
+        for _ in range(64):
+            burst.append(socket.create_connection(("127.0.0.1", server.port), timeout=3.0))
+        server.start()  # now every queued connection is taken, in order, and answered
+        assert get(f"{server.url}/healthz")[0] == 200
+    finally:
+        for sock in burst:
+            sock.close()
+        server.close()
+
+
 def test_when_every_connection_is_busy_probes_use_the_reserve_and_the_rest_get_503() -> None:
     """Requests the server is working on are never cut; a probe still gets an answer from one of the
     reserved connections, and anything else an immediate 503."""

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.source_nodes import nodes
+from tests.unit.source_nodes import nodes_of
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -96,12 +96,14 @@ DELTA_LOG_IMPORTERS = frozenset({
 })
 #: The log's file names, spelled in code only inside ``lakemirror.delta_log`` (docstrings may name them).
 DELTA_LOG_NAMES = ("_delta_log", "_last_checkpoint")
+#: The nodes that may open with a docstring.
+DOCUMENTED = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 
 
 def imported_modules(text: str, package: tuple[str, ...]) -> list[tuple[int, str]]:
     """(line, module) of every import in ``text``; relative ones resolved against ``package``."""
     out: list[tuple[int, str]] = []
-    for node in nodes(text):
+    for node in nodes_of(text, ast.Import, ast.ImportFrom):
         if isinstance(node, ast.Import):
             out += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -208,11 +210,11 @@ def delta_log_importers(root: Path) -> set[str]:
 
 def spelled_log_names(text: str) -> list[tuple[int, str]]:
     """(line, name) of each string in ``text``'s code (docstrings aside) that holds a log file name."""
-    docstrings = {id(node.body[0].value) for node in nodes(text)
-                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+    docstrings = {id(node.body[0].value) for node in nodes_of(text, *DOCUMENTED)
+                  if isinstance(node, DOCUMENTED)
                   and node.body and isinstance(node.body[0], ast.Expr)
                   and isinstance(node.body[0].value, ast.Constant) and isinstance(node.body[0].value.value, str)}
-    return [(node.lineno, name) for node in nodes(text)
+    return [(node.lineno, name) for node in nodes_of(text, ast.Constant)
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
             for name in DELTA_LOG_NAMES if name in node.value]
 
@@ -270,12 +272,12 @@ def destination_package_names(text: str, package: tuple[str, ...]) -> list[tuple
     """(line, name) of each import of a destination's package in ``text`` (``from lakemirror.sinks
     import postgres`` too), and of each string in its code (docstrings aside) that names one."""
     found = [(line, module) for line, module in imported_modules(text, package)]
-    found += [(node.lineno, f"{node.module}.{alias.name}") for node in nodes(text)
+    found += [(node.lineno, f"{node.module}.{alias.name}") for node in nodes_of(text, ast.ImportFrom)
               if isinstance(node, ast.ImportFrom) and not node.level and node.module for alias in node.names]
-    docstrings = {id(node.body[0].value) for node in nodes(text)
-                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+    docstrings = {id(node.body[0].value) for node in nodes_of(text, *DOCUMENTED)
+                  if isinstance(node, DOCUMENTED)
                   and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
-    found += [(node.lineno, node.value) for node in nodes(text)
+    found += [(node.lineno, node.value) for node in nodes_of(text, ast.Constant)
               if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
     return sorted({(line, name) for line, name in found
                    if any(name == p or name.startswith(p + ".") or f"{p}." in name or name.endswith(p)

@@ -51,8 +51,30 @@ def test_unit_tests_go_to_any_worker_one_by_one_and_the_others_by_module_or_serv
     def item(path: str, *fixtures: str) -> object:
         return SimpleNamespace(fspath=TESTS.parent / path, fixturenames=list(fixtures))
 
-    assert conftest.worker_group(item("tests/unit/test_layering.py", "tmp_path")) is None  # type: ignore[arg-type]
+    assert conftest.worker_group(item("tests/unit/test_settings.py", "tmp_path")) is None  # type: ignore[arg-type]
+    assert conftest.worker_group(item("tests/unit/test_layering.py", "tmp_path")) == "source-trees"  # type: ignore[arg-type]
+    assert conftest.worker_group(item("tests/unit/test_uc_tags.py")) == "workspace-sdk"  # type: ignore[arg-type]
     assert conftest.worker_group(item("tests/integration/test_replication.py", "spark")) == (  # type: ignore[arg-type]
         "tests/integration/test_replication.py")
     assert conftest.worker_group(item("tests/integration/test_kafka_source.py", "broker")) == "kafka"  # type: ignore[arg-type]
     assert conftest.worker_group(item("tests/e2e/test_torture.py")) == "tests/e2e/test_torture.py"  # type: ignore[arg-type]
+
+
+#: What makes a unit module share a per-process cost (tests/conftest.py: SHARED_COST_GROUPS).
+SHARED_COST_IMPORTS = {"tests.unit.source_nodes": "source-trees",
+                       "tests.unit.databricks_fake": "workspace-sdk",
+                       "tests.unit.databricks_workspace_fake": "workspace-sdk"}
+
+
+def test_every_unit_module_sharing_a_per_process_cost_is_in_its_group() -> None:
+    """A module that parses the product's files or stands on the workspace SDK, left out of its group,
+    would make the other worker pay that cost again; a group naming a module that is gone groups nothing."""
+    from tests import conftest
+
+    wanted = {}
+    for path in sorted((TESTS / "unit").glob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module in SHARED_COST_IMPORTS:
+                wanted[path.stem] = SHARED_COST_IMPORTS[node.module]
+    assert len(wanted) >= 10
+    assert conftest.SHARED_COST_GROUPS == wanted

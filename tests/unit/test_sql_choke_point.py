@@ -10,7 +10,7 @@ import logging
 from pathlib import Path
 
 from lakemirror.sql_exec import run_sql
-from tests.unit.source_nodes import nodes
+from tests.unit.source_nodes import nodes_of
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("lakemirror", "daemon", "supervisor", "sources", "sinks", "checkpoints")
@@ -24,7 +24,7 @@ def direct_calls() -> list[str]:
         for path in sorted((ROOT / folder).rglob("*.py")):
             if path.name == "sql_exec.py":
                 continue
-            for node in nodes(path.read_text(encoding="utf-8")):
+            for node in nodes_of(path.read_text(encoding="utf-8"), ast.Call):
                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "sql":
                     receiver = ast.unparse(node.func.value)
                     if receiver not in EXECUTORS:
