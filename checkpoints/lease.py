@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, replace
 from enum import Enum
 from typing import Any, Callable
 
-from lakemirror.errors import TerminalError
+from lakemirror.errors import TerminalError, excerpt
 
 
 @dataclass(frozen=True)
@@ -201,6 +201,19 @@ class LeaseHeld(TerminalError):
         super().__init__(f"pipeline {pipeline_id} is already run by {who}{detail} (lease {where}){expiry}: stop "
                          f"that daemon first, or give this pipeline another pipeline_id or checkpoint_volume")
         self.pipeline_id, self.holder, self.where = pipeline_id, holder, where
+
+
+class LeaseUnreachable(TerminalError):
+    """A store of the pipeline's lease could not be read or written when the daemon started: it cannot
+    tell whether another daemon runs the pipeline, so it does not start."""
+
+    code = "lease_unreachable"
+
+    def __init__(self, pipeline_id: str, where: str, cause: BaseException) -> None:
+        super().__init__(f"pipeline {pipeline_id}: its lease at {where} could not be read or written "
+                         f"({type(cause).__name__}: {excerpt(str(cause), 300)}), so whether another daemon runs "
+                         f"it is unknown: make that store reachable")
+        self.pipeline_id, self.where = pipeline_id, where
 
 
 class LeaseLost(TerminalError):

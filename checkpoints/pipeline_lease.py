@@ -2,7 +2,8 @@
 
 Lifecycle: :meth:`PipelineLease.acquire` takes the lease in every store (the checkpoint folder's,
 and the object store's when the tables live there) or raises :class:`~.lease.LeaseHeld` naming the
-holder, having released what it took; :meth:`PipelineLease.start` renews it on a thread of its
+holder, having released what it took (:class:`~.lease.LeaseUnreachable` when a store cannot be
+read or written); :meth:`PipelineLease.start` renews it on a thread of its
 own every ``renew_seconds`` (a thread, so that a busy control loop never lets it expire);
 :meth:`PipelineLease.release` stops the thread and marks each generation released, so the next
 daemon starts at once. When a renewal finds the lease lost (:func:`~.lease.renewal`), ``on_lost``
@@ -20,7 +21,8 @@ from dataclasses import replace
 from typing import Callable, Sequence
 
 from lakemirror.checkpoints.lease import (
-    Alive, Holder, LeaseHeld, LeasePolicy, LeaseRecord, Standing, Verdict, judge, record_for, renewal, renewed,
+    Alive, Holder, LeaseHeld, LeasePolicy, LeaseRecord, LeaseUnreachable, Standing, Verdict, judge, record_for, renewal,
+    renewed,
 )
 from lakemirror.checkpoints.lease_store import LeaseStore
 
@@ -68,6 +70,14 @@ class PipelineLease:
             raise
 
     def _acquire_one(self, store: LeaseStore) -> LeaseRecord:
+        try:
+            return self._take(store)
+        except LeaseHeld:
+            raise
+        except Exception as exc:  # the store's own failure (unreachable, refused, no conditional puts)
+            raise LeaseUnreachable(self.pipeline_id, store.where, exc) from exc
+
+    def _take(self, store: LeaseStore) -> LeaseRecord:
         decision = None
         for _ in range(RACE_ATTEMPTS):
             now = self.clock()

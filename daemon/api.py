@@ -26,7 +26,8 @@ from lakemirror.daemon.settings import Settings, limits, local_path_problem, obj
 from lakemirror.daemon.databricks_pipelines import DatabricksNotConfigured, DatabricksPipelines
 from lakemirror.daemon.settings.pipeline import DAEMON_ONLY_KEYS, checkpoint_problem
 from lakemirror.checkpoints import layout
-from lakemirror.checkpoints.lease import LeaseHeld
+from lakemirror.checkpoints.lease import LeaseHeld, LeaseUnreachable
+from lakemirror.daemon.lease import unreachable_advice
 from lakemirror.daemon.pipelines import (FoldersOverlap, PipelineExists, PipelineHandle, PipelineRegistry,
                                          checkpoint_dir_to_delete, claim_folder, inside, release_folder)
 from lakemirror.daemon.routes import Match
@@ -256,6 +257,8 @@ class ContinuousSyncApi:
                 return 409, {"error": f"pipeline {pid!r} already runs in this daemon"}
             if isinstance(exc, (FoldersOverlap, LeaseHeld)):  # an overlapping folder; another daemon's lease
                 return 409, {"error": str(exc)}
+            if isinstance(exc, LeaseUnreachable):  # the lease's store: whether another daemon runs it is unknown
+                return 503, {"error": unreachable_advice(exc)}
             raise
         log.info("api: pipeline %s started", pid)
         return 201, {"job_id": handle.pipeline_id, "run_url": ""}

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from lakemirror import __version__
-from lakemirror.checkpoints.lease import LeaseHeld, LeaseLost
+from lakemirror.checkpoints.lease import LeaseHeld, LeaseLost, LeaseUnreachable
 from lakemirror.daemon import dead_letters_cli
 from lakemirror.daemon.exit_codes import EXIT_CONFIG as EXIT_CONFIG
 from lakemirror.daemon.exit_codes import EXIT_DRAIN_INCOMPLETE as EXIT_DRAIN_INCOMPLETE
@@ -475,6 +475,11 @@ def _dispatch(args: argparse.Namespace) -> int:
     except LeaseHeld as err:  # another daemon runs the pipeline: a configuration matter, like a clash of ids
         print(f"lakemirror: cannot start: {redact(str(err))}", file=sys.stderr)
         return EXIT_CONFIG
+    except LeaseUnreachable as err:
+        from lakemirror.daemon.lease import unreachable_advice
+
+        print(f"lakemirror: cannot start: {redact(unreachable_advice(err))}", file=sys.stderr)
+        return EXIT_FAILED
     except LeaseLost as err:
         print(f"lakemirror: {redact(str(err))}", file=sys.stderr)
         return EXIT_FAILED

@@ -2,10 +2,11 @@
 still runs, and where the lease lives for a configuration (:mod:`lakemirror.checkpoints.lease`).
 
 The lease always lives in the pipeline's folder of the checkpoint volume (local or mounted):
-``<checkpoint_volume>/<pipeline_id>/lease/``. When the tables live on S3 (a local-mode warehouse
-at ``s3a://``), a second copy lives beside them, at ``<warehouse>/.lakemirror/leases/<pipeline_id>/``,
-so that two daemons on two machines, each with a checkpoint volume of its own, still cannot both
-write the same replicas.
+``<checkpoint_volume>/<pipeline_id>/lease/``. A second copy lives on S3, so that two daemons on two
+machines, each with a checkpoint volume of its own, still cannot both write the same replicas: at
+``<lease.object_store>/.lakemirror/leases/<pipeline_id>/`` when that setting names a bucket (any
+runtime mode), and by default beside the tables when they live on S3 (a local-mode warehouse at
+``s3a://``), at ``<warehouse>/.lakemirror/leases/<pipeline_id>/``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any, Callable
 from urllib.parse import urlparse
 
 from lakemirror.checkpoints import layout
-from lakemirror.checkpoints.lease import Holder
+from lakemirror.checkpoints.lease import Holder, LeaseUnreachable
 from lakemirror.checkpoints.lease_store import FileLeaseStore, LeaseStore
 from lakemirror.checkpoints.pipeline_lease import PipelineLease
 from lakemirror.object_store import boto3_client_options, is_s3a
@@ -86,21 +87,40 @@ def process_alive(holder: Holder) -> bool | None:
     return True
 
 
+def object_store_lease(settings: Any) -> tuple[str, str] | None:
+    """The bucket and key prefix of the pipeline's lease on S3, or None: ``lease.object_store``, or by
+    default the warehouse's when a local-mode warehouse is on S3."""
+    where = settings.lease.object_store
+    if where == "off" or (where == "auto" and not (settings.runtime.mode == "local"
+                                                   and is_s3a(str(settings.runtime.warehouse)))):
+        return None
+    parsed = urlparse(str(settings.runtime.warehouse) if where == "auto" else where)
+    return parsed.netloc, "/".join(p for p in (parsed.path.strip("/"), OBJECT_STORE_LEASES,
+                                               settings.effective_pipeline_id) if p)
+
+
 def lease_stores(settings: Any, pipeline_dir: Path, s3_client: Callable[[dict[str, str]], Any] | None = None
                  ) -> list[LeaseStore]:
-    """The pipeline's folder, plus the object store's copy when the warehouse is on S3."""
+    """The pipeline's folder, plus the copy on S3 (:func:`object_store_lease`) where there is one."""
     stores: list[LeaseStore] = [FileLeaseStore(layout.lease_dir(pipeline_dir))]
-    warehouse = str(settings.runtime.warehouse)
-    if settings.runtime.mode == "local" and is_s3a(warehouse):
+    on_s3 = object_store_lease(settings)
+    if on_s3 is not None:
         from lakemirror.checkpoints.lease_s3 import S3LeaseStore
 
-        parsed = urlparse(warehouse)
-        prefix = "/".join(p for p in (parsed.path.strip("/"), OBJECT_STORE_LEASES, settings.effective_pipeline_id) if p)
         hadoop = {k[len("spark.hadoop."):]: str(v) for k, v in settings.runtime.spark_conf.items()
                   if k.startswith("spark.hadoop.")}
         client = (s3_client or _boto3_client)(boto3_client_options(hadoop))
-        stores.append(S3LeaseStore(client, parsed.netloc, prefix))
+        stores.append(S3LeaseStore(client, *on_s3))
     return stores
+
+
+def unreachable_advice(err: LeaseUnreachable) -> str:
+    """``err``'s message, with how the daemon reaches a lease on S3 when that is the store that failed."""
+    if not err.where.startswith("s3://"):
+        return str(err)
+    return (f"{err} with the spark.hadoop.fs.s3a.* settings of runtime.spark_conf (endpoint, region, keys) or "
+            f"boto3's default credentials, or set lease.object_store (off: the checkpoint folder's lease only, "
+            f"which does not stop a daemon of this pipeline on another machine)")
 
 
 def _boto3_client(options: dict[str, str]) -> Any:

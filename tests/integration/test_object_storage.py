@@ -7,6 +7,7 @@ lives in the bucket; the daemon's own state and the stream checkpoints stay in a
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import pytest
@@ -155,3 +156,35 @@ def test_commit_file_checks_on_s3_send_head_requests_only(spark: Any, s3_bucket:
         assert counters.get("object_metadata_request") == before["object_metadata_request"] + 10
     finally:
         fs.close()
+
+
+def test_daemons_of_one_pipeline_on_two_machines_meet_at_the_lease_on_s3(s3_bucket: Any, tmp_path: Any) -> None:
+    """Two Spark Connect daemons of one pipeline, each with a checkpoint volume of its own: their
+    folder leases never meet, the copy at ``lease.object_store`` on the S3 server does (a put with
+    ``If-None-Match: *``, which the server honours), so the second is refused naming the first."""
+    from lakemirror.checkpoints.lease import LeaseHeld
+    from lakemirror.daemon.lease import pipeline_lease
+    from lakemirror.daemon.settings import load_settings
+
+    locks = s3_bucket.fresh("locks")
+
+    def machine(name: str) -> Any:
+        settings = load_settings(None, {
+            "pipeline_id": "orders", "source_catalog": "a", "destination_catalog": "b", "schema_name": "s",
+            "checkpoint_volume": str(tmp_path / name), "lease": {"object_store": locks},
+            "runtime": {"mode": "connect", "spark_remote": "sc://spark:15002",
+                        "spark_conf": {f"spark.hadoop.{k}": v for k, v in s3_bucket.hadoop_conf.items()}}})
+        return pipeline_lease(settings, tmp_path / name / "orders", config=f"/etc/{name}.yaml",
+                              on_lost=lambda reason: None, clock=time.time)
+
+    first, second = machine("pod-a"), machine("pod-b")
+    first.acquire()
+    try:
+        with pytest.raises(LeaseHeld, match=r"config /etc/pod-a\.yaml.*\(lease s3://.*/\.lakemirror/leases/orders\)"):
+            second.acquire()
+        assert not second.held and first.held
+    finally:
+        first.release()
+    second.acquire()  # released by the first: the second starts at once
+    assert second.held
+    second.release()

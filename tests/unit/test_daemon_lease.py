@@ -98,6 +98,23 @@ def test_the_cli_exits_2_with_one_line_naming_the_holder(tmp_path: Path, first: 
     assert first.app.server.url in err[0]
 
 
+def test_a_lease_store_out_of_reach_ends_the_start_in_one_line_leaving_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An S3 endpoint nobody listens on: the daemon cannot tell whether another one runs the pipeline,
+    so it does not start, says where the lease is and how it is reached, and leaves no folder behind."""
+    path = tmp_path / "s3.yaml"
+    path.write_text(yaml.safe_dump(config(tmp_path, runtime={"warehouse": "s3a://lake/house", "spark_conf": {
+        "spark.hadoop.fs.s3a.endpoint": "http://127.0.0.1:1", "spark.hadoop.fs.s3a.access.key": "AK",
+        "spark.hadoop.fs.s3a.secret.key": "SK"}})))
+    assert main(["run", str(path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        "lakemirror: cannot start: pipeline orders: its lease at s3://lake/house/.lakemirror/leases/orders could "
+        "not be read or written (EndpointConnectionError"), err
+    assert "spark.hadoop.fs.s3a.* settings" in err[0] and "lease.object_store" in err[0] and "SK" not in err[0]
+    assert not (tmp_path / "ck").exists()
+
+
 def test_a_stopped_daemon_releases_its_lease_and_the_next_starts_at_once(tmp_path: Path, first: Running) -> None:
     first.close()
     assert first.error is None

@@ -100,3 +100,54 @@ def test_the_lease_lives_in_the_folder_and_beside_tables_on_s3(tmp_path: Path) -
     assert [s.where for s in stores] == [str(tmp_path / "ck" / "orders" / "lease"),
                                          "s3://lake/house/.lakemirror/leases/orders"]
     assert made == [{"endpoint_url": "http://127.0.0.1:9000", "addressing_style": "path"}]
+
+
+def test_lease_object_store_places_the_copy_on_s3_in_any_mode_or_nowhere(tmp_path: Path) -> None:
+    """Daemons of one pipeline on two machines (Spark Connect pods with volumes of their own) meet at
+    the bucket ``lease.object_store`` names; ``off`` keeps the folder's lease only, also beside tables on S3."""
+    base = {"pipeline_id": "orders", "source_catalog": "a", "destination_catalog": "b", "schema_name": "s",
+            "checkpoint_volume": str(tmp_path / "ck")}
+    connect = {"mode": "connect", "spark_remote": "sc://spark:15002"}
+    folder = str(tmp_path / "ck" / "orders" / "lease")
+
+    def wheres(raw: dict[str, Any]) -> list[str]:
+        return [s.where for s in lease_stores(load_settings(None, {**base, **raw}), tmp_path / "ck" / "orders",
+                                              s3_client=lambda o: object())]
+
+    assert wheres({"runtime": connect}) == [folder], "auto: the Connect server's warehouse is not the daemon's to know"
+    assert wheres({"runtime": connect, "lease": {"object_store": "s3a://lake/locks/"}}) == [
+        folder, "s3://lake/locks/.lakemirror/leases/orders"]
+    assert wheres({"runtime": {"mode": "databricks"}, "lease": {"object_store": "s3://lake"}}) == [
+        folder, "s3://lake/.lakemirror/leases/orders"]
+    assert wheres({"runtime": {"warehouse": "s3a://lake/house"}, "lease": {"object_store": "off"}}) == [folder]
+
+
+@pytest.mark.parametrize("value", ["/var/locks", "s3a://", "gs://lake/locks", "on"])
+def test_lease_object_store_is_auto_off_or_a_bucket(tmp_path: Path, value: str) -> None:
+    from lakemirror.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="lease.object_store must be auto, off or an s3a://bucket/prefix"):
+        load_settings(None, {"pipeline_id": "orders", "source_catalog": "a", "destination_catalog": "b",
+                             "schema_name": "s", "checkpoint_volume": str(tmp_path / "ck"),
+                             "lease": {"object_store": value}})
+
+
+def test_a_store_that_cannot_be_reached_refuses_the_start_naming_it_and_holds_nothing(tmp_path: Path) -> None:
+    from lakemirror.checkpoints.lease import LeaseUnreachable
+
+    class Unreachable:
+        where = "s3://lake/leases/p"
+
+        def newest(self) -> None:
+            raise ConnectionError("Could not connect to the endpoint URL: http://127.0.0.1:1/lake")
+
+    folder = FileLeaseStore(tmp_path / "lease")
+    lease = PipelineLease("p", [folder, Unreachable()], holder("a", "h1"), POLICY,  # type: ignore[list-item]
+                          lambda h: True, clock=lambda: 1000.0)
+    with pytest.raises(LeaseUnreachable, match=r"pipeline p: its lease at s3://lake/leases/p could not be read or "
+                                               r"written \(ConnectionError: Could not connect"):
+        lease.acquire()
+    assert not lease.held
+    newest = folder.newest()
+    assert newest is not None and newest.record is not None and newest.record.released, \
+        "the folder's generation taken first is given back"
