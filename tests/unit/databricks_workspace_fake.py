@@ -25,7 +25,6 @@ import typing
 from functools import cache
 from typing import TYPE_CHECKING, Any, Callable
 
-
 from tests.unit.databricks_fake import FakeJobsApi
 
 if TYPE_CHECKING:  # the SDK is imported where a fake is used: collecting the tests needs none of it

@@ -173,6 +173,23 @@ def body(tmp: Path, **kw: Any) -> dict[str, Any]:
 
 # -- pipelines --------------------------------------------------------------------------------------
 
+def test_post_whose_lease_store_is_out_of_reach_is_503_naming_it_and_leaves_no_folder(
+        daemon: Daemon, tmp_path: Path) -> None:
+    from lakemirror.checkpoints.lease import LeaseUnreachable
+
+    def unreachable(settings: Settings) -> PipelineHandle:
+        raise LeaseUnreachable(settings.effective_pipeline_id, "s3://lake/locks/.lakemirror/leases/p2",
+                               ConnectionError("Could not connect to the endpoint URL"))
+
+    daemon.api.start_pipeline = unreachable
+    code, answer = call("POST", f"{daemon.url}/api/continuous-sync", body(tmp_path))
+    assert code == 503, answer
+    assert answer["error"].startswith("pipeline p2: its lease at s3://lake/locks/.lakemirror/leases/p2 could not be "
+                                      "read or written (ConnectionError: Could not connect")
+    assert "lease.object_store" in answer["error"]
+    assert not (tmp_path / "ck" / "p2").exists() and daemon.registry.get("p2") is None
+
+
 def test_post_starts_a_second_pipeline_on_the_worker_and_get_shows_its_tables(daemon: Daemon, tmp_path: Path) -> None:
     assert call("POST", f"{daemon.url}/api/continuous-sync", body(tmp_path)) == (201, {"job_id": "p2", "run_url": ""})
     assert daemon.threads and all(t.startswith("api-worker") for t in daemon.threads)
