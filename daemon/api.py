@@ -258,7 +258,7 @@ class ContinuousSyncApi:
             if isinstance(exc, (FoldersOverlap, LeaseHeld)):  # an overlapping folder; another daemon's lease
                 return 409, {"error": str(exc)}
             if isinstance(exc, LeaseUnreachable):  # the lease's store: whether another daemon runs it is unknown
-                return 503, {"error": unreachable_advice(exc)}
+                return 503, {"error": redact(unreachable_advice(exc))}
             raise
         log.info("api: pipeline %s started", pid)
         return 201, {"job_id": handle.pipeline_id, "run_url": ""}
