@@ -24,7 +24,6 @@ from typing import Any, Protocol
 from lakemirror.checkpoints import layout
 
 
-
 #: A plan as its JSON document; its ``epoch`` field says which epoch it belongs to.
 PlanDocument = dict[str, Any]
 

@@ -19,7 +19,6 @@ MAX_BODY_BYTES = 1 << 20
 MAX_JSON_DEPTH = 64
 
 
-
 class BadRequest(Exception):
     """A request the server cannot read: ``status`` to answer and a one-line ``message``."""
 

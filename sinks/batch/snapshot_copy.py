@@ -99,7 +99,6 @@ def add_columns(spark: "SparkSession", target: TableLocation, added: Sequence[Co
     run_sql(spark, add_columns_sql(target.sql, added))
 
 
-
 # -- chunked bootstrap (lakemirror.sinks.batch.chunked_bootstrap) -----------------------------------
 
 

@@ -81,7 +81,6 @@ def test_classified_errors_are_redacted(caplog: pytest.LogCaptureFixture) -> Non
     assert TOKEN not in caplog.text
 
 
-
 #: Inputs on which a backtracking expression takes time quadratic in their length: long words (a
 #: scheme pattern restarting at each letter), words followed by ``://`` and a long user, repeated
 #: keywords. At this size quadratic work takes many minutes, past the unit tier's time limit.

@@ -41,7 +41,6 @@ def pair() -> Iterator[tuple[FakeWorkspace, FakeWorkspace]]:
     assert src.rejected == [] and dst.rejected == []
 
 
-
 def _views_config(src: Any, dst: Any, max_attempts: int) -> Any:
     """``lakemirror replicate`` of catalog prod's views into dr, across two fake workspaces."""
     from lakemirror.daemon.settings.replicate import load_replicate_config
