@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from lakemirror.checkpoints import stream_dir
 from lakemirror.errors import SchemaChangeRestart
@@ -34,7 +34,7 @@ from lakemirror.sinks.merge.connect_batches import ConnectBatches, batch_job
 from lakemirror.sinks.merge.connect_gate import FileTurnGate, gate_folder
 from lakemirror.sinks.contract import TableReplica
 from lakemirror.sinks.txn import TxnId, txn_app_id
-from lakemirror.sources.contract import TableChangeSource
+from lakemirror.sources.contract import CDF_CHANGE_TYPE, CDF_COMMIT_TIMESTAMP, CDF_COMMIT_VERSION, TableChangeSource
 from lakemirror import tables
 from lakemirror.supervisor.apply_workers.query_gate import Gate, TurnGate
 from lakemirror.supervisor.change_feed.batch_apply import BatchApply
@@ -50,6 +50,9 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming.readwriter import DataStreamWriter
 
 log = logging.getLogger(__name__)
+
+#: The columns Delta's change feed adds to a source's own.
+CHANGE_FEED_COLUMNS = (CDF_CHANGE_TYPE, CDF_COMMIT_VERSION, CDF_COMMIT_TIMESTAMP)
 
 #: The batch function's body: (sink, transaction, batch, epoch, source table id, driver reader).
 ApplyBatch = Callable[[Any, TxnId, "DataFrame", int, "str | None", Any], None]
@@ -111,6 +114,7 @@ def wire_stream(session: "SparkSession", spec: PipelineSpec, slug: str, source: 
         """The change stream's writer and the session its query runs in. Delta's streaming source
         reads the source's snapshot here (seconds on a cold JVM)."""
         stream = source.changes(after_version, stream_options(spec))
+        require_stream_columns(str(source.name), stream.columns, prepared.source_columns)
         stream_session = stream.sparkSession
         stream_dir.use_file_system_manager(stream_session, checkpoint)
         return (stream.writeStream.queryName(f"lakemirror:{spec.pipeline_id}:{source.name}")
@@ -210,6 +214,28 @@ def require_launch_schema(source: TableChangeSource[Any], launched: "tuple[Colum
     if change is not None:
         raise SchemaChangeRestart(f"{source.name}: the source's schema changed since the table's launch ({change}); "
                                   f"restarting the stream to read it", table=str(source.name))
+
+
+def require_stream_columns(table: str, stream_columns: "Sequence[str]", launched: "tuple[Column, ...]") -> None:
+    """Raise :class:`~lakemirror.errors.SchemaChangeRestart` when the change stream's data columns are
+    not those the table's launch planned from. Pure.
+
+    Delta's streaming source reads the source's schema when the stream is made, and a later version
+    that only adds a column its read schema already has does not stop it: a column added after the
+    launch described the source (while its first snapshot was copied, or between that description
+    and the stream) would be in every batch and written by no plan. The stream's own columns are
+    compared, not a second description, so no commit can fall between the two."""
+    if not launched:
+        return
+    data = [c for c in stream_columns if c not in CHANGE_FEED_COLUMNS]
+    planned = [c.name for c in launched]
+    added = [c for c in data if c not in planned]
+    dropped = [c for c in planned if c not in data]
+    if added or dropped:
+        change = "; ".join(part for part in (("added " + ", ".join(added)) if added else "",
+                                             ("dropped " + ", ".join(dropped)) if dropped else "") if part)
+        raise SchemaChangeRestart(f"{table}: the source's schema changed since the table's launch ({change}); "
+                                  f"restarting the stream to read it", table=table)
 
 
 class TurnQuery:

@@ -121,3 +121,28 @@ def test_a_source_recreated_while_the_daemon_was_stopped_is_described_and_refuse
     p.tick_until(lambda: p.views()["r"].state == "failed", what="the recreated source to be refused")
     assert catalog.described == ["r"]
     assert "dropped and recreated" in (p.views()["r"].last_error or "")
+
+
+def test_a_column_added_while_the_first_snapshot_is_copied_reaches_the_replica(pipeline: Any) -> None:
+    """A new table's launch describes the source, copies its snapshot, then makes its change stream.
+    A column added between the description and the stream (here: while the snapshot is copied, which
+    takes hours for a large table) is in the stream's schema from its start, and Delta's streaming
+    source does not stop at the version that added it; the launch's plan has no such column. The
+    table relaunches with it instead of applying rows without it."""
+    p = pipeline
+    p.create("t", "id BIGINT NOT NULL, v STRING", key="id")
+    p.sql("t", "INSERT INTO {t} VALUES (1, 'a'), (2, 'b')")
+    altered: list[str] = []
+
+    def alter_during_the_copy(point: str) -> None:
+        if point == "bootstrap_after_snapshot" and not altered:
+            altered.append(point)
+            p.sql("t", "ALTER TABLE {t} ADD COLUMNS (note STRING)")
+            p.sql("t", "INSERT INTO {t} VALUES (3, 'c', 'added while the snapshot was copied')")
+            p.sql("t", "UPDATE {t} SET note = 'filled' WHERE id = 1")
+
+    p.app = p.app.replace(fault=alter_during_the_copy)
+    p.start()
+    p.wait_caught_up("t")
+    assert altered, "the copy's fault point was reached"
+    p.assert_replica_equals_source("t")  # every source column, "note" among them, and its values
