@@ -159,6 +159,11 @@ class PostgresCycle:
     enable_change_feed: bool = False
 
     def run(self) -> CycleResult:
+        # The head first, then the description: a column added before the head is always in the
+        # plan, never left out while the versions that fill it are read. One added after the head
+        # is in the plan too; a read of it at the head gives NULLs or fails, and a failed cycle is
+        # retried with a later head.
+        head = self.source.latest_version()
         info = self.source.describe()
         opts = self.options
         key = choose_key(self.label, info.columns, configured=opts.keys, declared=info.declared_key)
@@ -167,7 +172,6 @@ class PostgresCycle:
             info = require_change_feed(self.source, info, self.label, enable=self.enable_change_feed,
                                        otherwise="; or keep the table in mode snapshot, which reads no change feed")
         replica = self.replica_for(plan)
-        head = self.source.latest_version()
         progress = self.states.load(self.slug)
         forced = self._new_epoch_reason(progress, info)
         reached = None if forced else self._reached(replica, progress)

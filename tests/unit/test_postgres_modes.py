@@ -279,6 +279,26 @@ def test_triggered_cycles_snapshot_first_then_choose_by_the_change_fraction():
     assert h.states.load("slug").bootstrap_version == 2  # a stream switched on would start after version 2
 
 
+def test_a_cycle_reads_no_version_its_description_does_not_cover():
+    """A commit (a column added, say) landing while the source is described: the cycle's versions end
+    at a head read before the description, so the plan it applies covers every version it reads."""
+    class CommittedWhileDescribed(MemorySource):
+        described_through = -1
+
+        def describe(self) -> TableInfo:
+            info = super().describe()
+            self.described_through = self.latest_version()
+            self.commit({500 + self.described_through: "committed after the description"})
+            return info
+
+    h = Harness(CommittedWhileDescribed({i: f"v{i}" for i in range(100)}))
+    for _ in range(3):
+        result = h.cycle()
+        assert result.version <= h.source.described_through, (result.version, h.source.described_through)
+    assert {k: r["v"] for k, r in h.replica.snapshot().items()} == {
+        (k,): v for k, v in h.source.versions[h.source.described_through].items()}
+
+
 def test_the_crossover_is_the_configured_fraction():
     h = Harness(hundred(), snapshot_above=0.05)
     h.cycle()
