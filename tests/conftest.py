@@ -56,7 +56,7 @@ def worker_group(item: pytest.Item) -> str | None:
             return group
     module = Path(str(item.fspath)).relative_to(ROOT)
     if module.parts[:2] in {("tests", tier) for tier in UNGROUPED_TIERS}:
-        return SHARED_COST_GROUPS.get(module.stem) if module.parts[1] == "unit" else None
+        return SHARED_COST_GROUPS.get(module.stem)
     return module.as_posix()
 
 

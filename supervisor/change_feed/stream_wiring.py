@@ -32,9 +32,10 @@ from lakemirror.schema import Column, schema_change
 from lakemirror.sinks.accelerator.batch_feed import BatchFeed
 from lakemirror.sinks.merge.connect_batches import ConnectBatches, batch_job
 from lakemirror.sinks.merge.connect_gate import FileTurnGate, gate_folder
+from lakemirror.sinks.merge.planner import CDF_COLUMNS
 from lakemirror.sinks.contract import TableReplica
 from lakemirror.sinks.txn import TxnId, txn_app_id
-from lakemirror.sources.contract import CDF_CHANGE_TYPE, CDF_COMMIT_TIMESTAMP, CDF_COMMIT_VERSION, TableChangeSource
+from lakemirror.sources.contract import TableChangeSource
 from lakemirror import tables
 from lakemirror.supervisor.apply_workers.query_gate import Gate, TurnGate
 from lakemirror.supervisor.change_feed.batch_apply import BatchApply
@@ -50,9 +51,6 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming.readwriter import DataStreamWriter
 
 log = logging.getLogger(__name__)
-
-#: The columns Delta's change feed adds to a source's own.
-CHANGE_FEED_COLUMNS = (CDF_CHANGE_TYPE, CDF_COMMIT_VERSION, CDF_COMMIT_TIMESTAMP)
 
 #: The batch function's body: (sink, transaction, batch, epoch, source table id, driver reader).
 ApplyBatch = Callable[[Any, TxnId, "DataFrame", int, "str | None", Any], None]
@@ -227,15 +225,14 @@ def require_stream_columns(table: str, stream_columns: "Sequence[str]", launched
     compared, not a second description, so no commit can fall between the two."""
     if not launched:
         return
-    data = [c for c in stream_columns if c not in CHANGE_FEED_COLUMNS]
+    data = [c for c in stream_columns if c not in CDF_COLUMNS]
     planned = [c.name for c in launched]
-    added = [c for c in data if c not in planned]
-    dropped = [c for c in planned if c not in data]
-    if added or dropped:
-        change = "; ".join(part for part in (("added " + ", ".join(added)) if added else "",
-                                             ("dropped " + ", ".join(dropped)) if dropped else "") if part)
-        raise SchemaChangeRestart(f"{table}: the source's schema changed since the table's launch ({change}); "
-                                  f"restarting the stream to read it", table=table)
+    parts = [f"{what} {', '.join(names)}" for what, names in (("added", [c for c in data if c not in planned]),
+                                                              ("dropped", [c for c in planned if c not in data]))
+             if names]
+    if parts:
+        raise SchemaChangeRestart(f"{table}: the source's schema changed since the table's launch "
+                                  f"({'; '.join(parts)}); restarting the stream to read it", table=table)
 
 
 class TurnQuery:
