@@ -5,6 +5,12 @@ saved first, then the replica is replaced by the snapshot at that version (one a
 the state says the epoch is bootstrapped. A bootstrap killed between the first two steps is redone
 at the same pinned version; one killed after the write rewrites the same snapshot. The stream of
 the epoch then starts right after the pinned version: no gap, no overlap.
+
+The copy writes the columns the launch planned from its description of the source. A column added
+after that description and before the copy's last read (between the description and the pin, or
+while a chunked copy runs) would reach the replica without its copied values, so the source is
+described again once the copy is done: a column the plan would now copy and did not makes the epoch
+pin anew and the table relaunch (:class:`~lakemirror.errors.SchemaChangeRestart`), which plans it.
 """
 
 from __future__ import annotations
@@ -14,9 +20,10 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Protocol
 
 from lakemirror.checkpoints.state import StateStore, TableProgress
-from lakemirror.errors import PinnedVersionAged
+from lakemirror.errors import PinnedVersionAged, SchemaChangeRestart
 from lakemirror.sinks.contract import TableReplica
-from lakemirror.sinks.merge.planner import MergePlan
+from lakemirror.sinks.merge.planner import ColumnSelection, MergePlan
+from lakemirror.sources.catalog import TableInfo
 from lakemirror.sources.contract import ChangeSource
 from lakemirror.sources.retention import time_travel_refused
 from lakemirror.supervisor.control import table_state as sm
@@ -57,9 +64,12 @@ class Bootstrap:
     emit: Callable[[sm.Event], None]
     #: None: the replica's own one-shot snapshot copy.
     copier: SnapshotCopier | None = None
+    #: How the source is described after the copy (default: :meth:`ChangeSource.describe`; the
+    #: runner's reads the source's log for a metadata change since the launch's description).
+    describe: Callable[[], TableInfo] | None = None
 
     def run(self, progress: TableProgress, table_id: str | None, plan: MergePlan,
-            source_properties: Mapping[str, str]) -> TableProgress:
+            source_properties: Mapping[str, str], selection: ColumnSelection = ColumnSelection()) -> TableProgress:
         """Bootstrap the epoch ``progress`` names, or a new one; the progress it leaves saved.
 
         A pinned version Delta refuses to read before anything was written (it is no longer the
@@ -87,6 +97,7 @@ class Bootstrap:
                     raise (exc.__cause__ or exc) from None
                 log.warning("%s; pinning the source's latest version instead", exc)
                 repin = True
+        self._require_copied_columns(progress, plan, selection)
         self.fault("bootstrap_after_snapshot")
         # The stream starts after ``through``: the snapshot's version, or the last change applied
         # between a chunked copy's chunks.
@@ -97,6 +108,24 @@ class Bootstrap:
         log.info("table %s: bootstrapped %s at source version %d (epoch %d; snapshot at %d)",
                  self.label, self.destination, through, progress.epoch, version)
         return progress
+
+    def _require_copied_columns(self, progress: TableProgress, plan: MergePlan, selection: ColumnSelection) -> None:
+        """Pin anew and relaunch the table when a plan made now would copy columns ``plan`` did
+        not (see the module docstring). A column added after the copy's reads costs a copy more
+        than it needs; none is ever left without its values."""
+        info = self.describe() if self.describe is not None else self.source.describe()
+        try:
+            missed = [c.name for c in selection.apply(info.columns, plan.keys) if c.name not in plan.column_names]
+            change = f"added {', '.join(missed)}" if missed else None
+        except ValueError as exc:  # a column the selection names is gone: the relaunch says so
+            change = str(exc)
+        if change is None:
+            return
+        self.states.save(self.slug, replace(progress, bootstrap_version=None))
+        if self.copier is not None:
+            self.copier.finish()
+        raise SchemaChangeRestart(f"{self.label}: the source's columns changed while its snapshot was copied "
+                                  f"({change}); copying it again at a new version", table=self.label)
 
     def _copy(self, plan: MergePlan, progress: TableProgress, version: int,
               source_properties: Mapping[str, str]) -> int:

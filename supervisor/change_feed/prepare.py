@@ -69,7 +69,8 @@ class Preparation:
         self.mark("describe")
         opts = self.options
         key = choose_key(self.label, info.columns, configured=opts.keys, declared=info.declared_key)
-        plan = plan_merge(info.columns, key.columns, ColumnSelection(opts.include_columns, opts.exclude_columns))
+        selection = ColumnSelection(opts.include_columns, opts.exclude_columns)
+        plan = plan_merge(info.columns, key.columns, selection)
         info = require_change_feed(self.source, info, self.label, enable=self.enable_change_feed)
         progress = self.states.load(self.slug)
         if progress.source_table_id and info.table_id and progress.source_table_id != info.table_id:
@@ -79,7 +80,7 @@ class Preparation:
                 table=self.label)
         if not progress.bootstrapped:
             with self.while_bootstrapping():
-                progress = self.bootstrap.run(progress, info.table_id, plan, info.properties)
+                progress = self.bootstrap.run(progress, info.table_id, plan, info.properties, selection)
             self.mark("bootstrap")
         if self.replica.prepare(plan, self.allow_schema_evolution):
             self.fault("schema_change")

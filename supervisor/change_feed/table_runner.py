@@ -561,7 +561,8 @@ class TableRunner:
         as each step ends, ``while_bootstrapping`` wraps the bootstrap."""
         ctx, label = self.ctx, str(self.source)
         bootstrap = Bootstrap(self.change_source, self.replica, ctx.states, self.slug, label, str(self.destination),
-                              ctx.fault, self.live.emit, self._chunked_copy())
+                              ctx.fault, self.live.emit, self._chunked_copy(),
+                              describe=lambda: self.description.describe(True))
         reuse = self._launches == 1  # a relaunch (a retry, a resume, a resync) describes the table afresh
         return Preparation(self.change_source, self.replica, ctx.states, self.slug, label,
                            ctx.spec.options_for(self.table), ctx.spec.allow_schema_evolution, bootstrap,

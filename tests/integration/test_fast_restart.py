@@ -146,3 +146,39 @@ def test_a_column_added_while_the_first_snapshot_is_copied_reaches_the_replica(p
     p.wait_caught_up("t")
     assert altered, "the copy's fault point was reached"
     p.assert_replica_equals_source("t")  # every source column, "note" among them, and its values
+
+
+class AlteringCatalog(CountingCatalog):
+    """The pipeline's catalog; right after it first describes the source, a column is added and filled."""
+
+    def __init__(self, inner: LocalCatalog, alter: Any) -> None:
+        super().__init__(inner)
+        self.alter = alter
+
+    def describe(self, spark: Any, name: Any) -> Any:
+        info = super().describe(spark, name)
+        if name.catalog == "src" and len(self.described) == 1:
+            self.alter()
+        return info
+
+
+def test_a_column_added_between_the_description_and_the_snapshot_is_copied_with_its_values(pipeline: Any) -> None:
+    """A new table's launch describes the source, then pins a version and copies the snapshot at it.
+    A column added in between is in the snapshot but not in the launch's plan: a copy of the planned
+    columns would leave the column's copied values behind (the stream then adds the column, empty).
+    The bootstrap sees the column once the copy is done, pins anew and the relaunch copies it."""
+    p = pipeline
+    p.create("t", "id BIGINT NOT NULL, v STRING", key="id")
+    p.sql("t", "INSERT INTO {t} VALUES (1, 'a'), (2, 'b')")
+
+    def alter() -> None:
+        p.sql("t", "ALTER TABLE {t} ADD COLUMNS (note STRING)")
+        p.sql("t", "INSERT INTO {t} VALUES (3, 'c', 'added before the pin')")
+        p.sql("t", "UPDATE {t} SET note = 'filled' WHERE id = 1")
+
+    catalog = AlteringCatalog(LocalCatalog(p.settings.runtime.warehouse), alter)
+    p.app = p.app.replace(catalog=catalog)
+    p.start()
+    p.wait_caught_up("t")
+    p.assert_replica_equals_source("t")  # "note" among the columns, with the values the copy read
+    assert p.runner("t").ctx.states.load(p.runner("t").slug).epoch == 2, "the epoch was pinned anew"

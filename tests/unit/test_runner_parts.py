@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 
-from lakemirror.errors import ChangeFeedDisabled, DestinationConflict, SchemaIncompatible, SourceReplaced
+from lakemirror.errors import (
+    ChangeFeedDisabled, DestinationConflict, SchemaChangeRestart, SchemaIncompatible, SourceReplaced,
+)
 from lakemirror.schema import Column
 from lakemirror.sinks.merge.delta_replica import evolution
 from lakemirror.sinks.memory import MemoryTableReplica
@@ -20,6 +22,7 @@ from lakemirror.sources.memory import MemoryChangeSource
 from lakemirror.supervisor.change_feed.batch_apply import Drained
 from lakemirror.supervisor.change_feed.table_runner import BatchReport, TableRunner
 from lakemirror.supervisor.control import table_state as sm
+from lakemirror.supervisor.control.pipeline_spec import TableOptions
 from tests.unit.runner_fakes import table_runner
 
 COLUMNS = (Column("id", "bigint", False), Column("v", "string"))
@@ -42,8 +45,8 @@ def dele(i: int) -> dict[str, Any]:
 
 
 def _runner(source: MemoryChangeSource | None = None, replica: MemoryTableReplica | None = None,
-            fault: Any = None, allow_schema_evolution: bool = False) -> TableRunner:
-    runner = table_runner(allow_schema_evolution=allow_schema_evolution,
+            fault: Any = None, allow_schema_evolution: bool = False, **spec: Any) -> TableRunner:
+    runner = table_runner(allow_schema_evolution=allow_schema_evolution, **spec,
                           context={"clock": lambda: 1000.0, "sleep": lambda s: None,
                                    "fault": fault or (lambda point: None)})
     runner.change_source = source or MemoryChangeSource(runner.ctx.catalog.locate(runner.source), COLUMNS, ("id",))  # type: ignore[assignment]
@@ -94,6 +97,48 @@ def test_a_bootstrap_killed_before_its_snapshot_is_redone_at_the_same_version() 
     assert _replica(restarted).bootstraps == [(1, 1)]
     replica = _replica(restarted).replica
     assert replica is not None and set(replica.rows) == {(1,)}, "version 2 comes by the stream, not the snapshot"
+
+
+def _add_note_column_at(point: str, source: list[MemoryChangeSource]) -> Any:
+    """A fault hook that adds a column ``note`` to the source at ``point`` (once) and fills it."""
+    def alter(at: str) -> None:
+        if at == point and not any(c.name == "note" for c in source[0].columns):
+            source[0].columns = (*COLUMNS, Column("note", "string"))
+            source[0].commit([{"_change_type": "insert", "id": 3, "v": "c", "note": "copied after the pin"}])
+    return alter
+
+
+def test_a_column_added_before_the_copy_ends_is_copied_with_its_values() -> None:
+    """The launch plans from its description of the source; a column added before the copy's reads
+    end would reach the replica without the values the copy read. The epoch is pinned anew and the
+    table relaunched, which plans and copies the column."""
+    holder: list[MemoryChangeSource] = []
+    runner = _runner(fault=_add_note_column_at("bootstrap_before_snapshot", holder))
+    holder.append(_source(runner))
+    _source(runner).commit([ins(1, "a")])
+    with pytest.raises(SchemaChangeRestart, match=r"t: the source's columns changed while its snapshot was copied "
+                                                   r"\(added note\)"):
+        runner.prepare()
+    refused = runner.ctx.states.load(runner.slug)
+    assert (refused.epoch, refused.bootstrap_version, refused.bootstrapped) == (1, None, False), "pinned anew"
+    _source(runner).commit([{"_change_type": "update_postimage", "id": 1, "v": "a", "note": "filled"}])
+    prepared = runner.prepare()  # the relaunch
+    assert (prepared.progress.epoch, prepared.progress.bootstrap_version, prepared.progress.bootstrapped) == (2, 3, True)
+    replica = _replica(runner).replica
+    assert replica is not None and replica.rows == {
+        (1,): {"id": 1, "v": "a", "note": "filled"}, (3,): {"id": 3, "v": "c", "note": "copied after the pin"}}
+
+
+def test_a_column_the_selection_leaves_out_does_not_restart_the_copy() -> None:
+    holder: list[MemoryChangeSource] = []
+    runner = _runner(fault=_add_note_column_at("bootstrap_before_snapshot", holder),
+                     options={"t": TableOptions(include_columns=("id", "v"))})
+    holder.append(_source(runner))
+    _source(runner).commit([ins(1, "a")])
+    prepared = runner.prepare()
+    assert (prepared.progress.epoch, prepared.progress.bootstrapped) == (1, True)
+    replica = _replica(runner).replica
+    assert replica is not None and replica.rows == {(1,): {"id": 1, "v": "a"}}, "version 2 comes by the stream"
 
 
 def test_a_source_without_change_feed_or_recreated_is_refused() -> None:
