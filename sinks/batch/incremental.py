@@ -35,15 +35,16 @@ from lakemirror import tables
 from lakemirror.checkpoints import layout
 from lakemirror.checkpoints.state import StateStore, TableProgress
 from lakemirror.delta_log.stream_offsets import applied_through_from_offset
-from lakemirror.errors import DestinationConflict, TerminalError
+from lakemirror.errors import DestinationConflict, TerminalError, TransientError
 from lakemirror.identifiers import TableName
+from lakemirror.schema import Column
 from lakemirror.sinks.batch import snapshot_copy
 from lakemirror.sinks.batch.clone import CLONE_SOURCE_ID_PROPERTY, CLONE_VERSION_PROPERTY, clone_properties
 from lakemirror.sinks.batch.operations import BatchJob, Operations
 from lakemirror.sinks.batch.sweep_batches import SweepBatches, server_outcomes
 from lakemirror.sinks.merge.connect_batches import server_batch_cause
 from lakemirror.sinks.merge.delta_merge import DeltaMergeSink
-from lakemirror.sinks.merge.planner import ColumnSelection, diff_schema, plan_merge
+from lakemirror.sinks.merge.planner import ColumnSelection, diff_schema, plan_merge, read_columns_change
 from lakemirror.sources import change_feed
 from lakemirror.sources.catalog import Catalog
 from lakemirror.sources.keys import choose_key
@@ -55,6 +56,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Action = Literal["stream", "adopt", "bootstrap"]
+#: How often one sweep is planned when the source's columns change while it is planned.
+PLANNINGS = 3
 
 
 @dataclass(frozen=True)
@@ -159,6 +162,25 @@ class IncrementalSweep:
 
     def _sweep_in(self, spark: "SparkSession", source: TableName, target: TableName, keys: Sequence[str],
                   columns: ColumnSelection, tag: str) -> SweepResult:
+        """One sweep, planned again when the source's columns change between its description and
+        the frames it reads (:class:`ColumnsMoved`), at most :data:`PLANNINGS` times."""
+        for attempt in range(1, PLANNINGS + 1):
+            try:
+                return self._sweep_planned(spark, source, target, keys, columns, tag)
+            except ColumnsMoved as moved:
+                if attempt == PLANNINGS:
+                    raise TransientError(f"{source}: the source's columns changed while each of {PLANNINGS} "
+                                         f"sweeps was planned ({moved}); the next sweep tries again",
+                                         table=str(source)) from None
+                log.info("incremental %s -> %s: the source's columns changed while the sweep was planned (%s); "
+                         "planning it again", source, target, moved)
+        raise AssertionError("unreachable")
+
+    def _sweep_planned(self, spark: "SparkSession", source: TableName, target: TableName, keys: Sequence[str],
+                       columns: ColumnSelection, tag: str) -> SweepResult:
+        src, dst = self.catalog.locate(source), self.catalog.locate(target)
+        # The version first: a snapshot at it has no column the description, read after it, lacks.
+        version = tables.latest_version(spark, src)
         info = self.catalog.describe(spark, source)
         if not info.cdf_enabled:
             raise TerminalError(f"{source}: Change Data Feed is not enabled; an incremental sweep reads it. Run: "
@@ -166,8 +188,6 @@ class IncrementalSweep:
                                 f"('delta.enableChangeDataFeed' = 'true')", table=str(source))
         key = choose_key(str(source), info.columns, configured=tuple(keys), declared=info.declared_key)
         plan = plan_merge(info.columns, key.columns, columns)
-        src, dst = self.catalog.locate(source), self.catalog.locate(target)
-        version = tables.latest_version(spark, src)
         exists = tables.exists(spark, dst)
         props = snapshot_copy.replica_properties(spark, dst) if exists else {}
         owner = props.get(snapshot_copy.PIPELINE_PROPERTY)
@@ -184,23 +204,28 @@ class IncrementalSweep:
                                         schema_breaking=diff is not None and not diff.is_additive))
         log.info("incremental %s -> %s: %s (%s)", source, target, decided.action, decided.reason)
         if decided.action != "stream":
+            snapshot = None
+            if decided.action == "bootstrap":
+                snapshot = change_feed.snapshot(spark, src, decided.start_version)
+                require_read_columns(snapshot.columns, info.columns)
             progress = progress.next_epoch(decided.start_version, info.table_id)
             self.states.save(slug, progress)
-            if decided.action == "bootstrap":
+            if snapshot is not None:
                 self.catalog.ensure_schema(spark, target.catalog, target.schema)
-                snapshot_copy.write_snapshot(change_feed.snapshot(spark, src, decided.start_version), dst,
-                                             plan.columns, clone_properties(str(source), info.table_id,
-                                                                            decided.start_version), info.properties)
+                snapshot_copy.write_snapshot(snapshot, dst, plan.columns,
+                                             clone_properties(str(source), info.table_id, decided.start_version),
+                                             info.properties)
                 mirrored = decided.start_version
             progress = replace(progress, bootstrapped=True)
             self.states.save(slug, progress)
         elif diff is not None and not diff.is_empty:
             snapshot_copy.add_columns(spark, dst, diff.added)
-        return self._stream(spark, source, target, plan, progress, -1 if mirrored is None else mirrored,
+        return self._stream(spark, source, target, plan, info.columns, progress, -1 if mirrored is None else mirrored,
                             version, decided.action, tag)
 
     def _stream(self, spark: "SparkSession", source: TableName, target: TableName, plan: Any,
-                progress: TableProgress, mirrored: int, head: int, action: Action, tag: str) -> SweepResult:
+                described: Sequence[Column], progress: TableProgress, mirrored: int, head: int, action: Action,
+                tag: str) -> SweepResult:
         assert progress.bootstrap_version is not None
         start = progress.bootstrap_version
         src, dst = self.catalog.locate(source), self.catalog.locate(target)
@@ -213,6 +238,7 @@ class IncrementalSweep:
         in_process = tables.has_own_jvm(spark)
         replica_before = -1 if in_process else tables.latest_version(spark, dst)
         stream = change_feed.change_stream(spark, src, start)
+        require_read_columns(stream.columns, described)
         with self._lock:
             if tag and tag in self._cancelled:
                 raise TerminalError(f"{source}: the incremental sweep was cancelled", table=str(source))
@@ -248,6 +274,19 @@ class IncrementalSweep:
                            len(outcomes), sum(o.stats.rows_read for o in outcomes),
                            sum(o.counts.inserted for o in outcomes), sum(o.counts.updated for o in outcomes),
                            sum(o.counts.deleted for o in outcomes), sum(int(o.replayed) for o in outcomes))
+
+
+class ColumnsMoved(Exception):
+    """A frame the sweep read has other columns than the description its plan was made from."""
+
+
+def require_read_columns(read: Sequence[str], described: Sequence[Column]) -> None:
+    """Raise :class:`ColumnsMoved` when a frame read from the source (a snapshot, a change stream)
+    has other data columns than ``described``: a commit between the description and the read
+    changed them, and rows of a column the plan lacks would be applied without it. Pure."""
+    change = read_columns_change(read, described)
+    if change is not None:
+        raise ColumnsMoved(change)
 
 
 def _offset_through(progress: Any) -> int:

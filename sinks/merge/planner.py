@@ -63,6 +63,22 @@ class ColumnSelection:
         )
 
 
+def read_columns_change(read: Sequence[str], described: Sequence[Column]) -> str | None:
+    """How the data columns of a frame read from the source (a change stream's or a snapshot's; the
+    change feed's own columns aside) differ by name from the columns a plan was made from ("added …;
+    dropped …"), or None. Pure.
+
+    A frame reads the source's schema of the moment it is made, which a commit between the
+    description and the read can change: rows of a column the plan does not have would reach no
+    replica column, so whatever read them must be planned again."""
+    data = [c for c in read if c not in CDF_COLUMNS]
+    planned = [c.name for c in described]
+    parts = [f"{what} {', '.join(names)}" for what, names in (("added", [c for c in data if c not in planned]),
+                                                              ("dropped", [c for c in planned if c not in data]))
+             if names]
+    return "; ".join(parts) or None
+
+
 @dataclass(frozen=True)
 class MergePlan:
     """Everything the executor needs to apply one batch with a single MERGE.

@@ -32,7 +32,7 @@ from lakemirror.schema import Column, schema_change
 from lakemirror.sinks.accelerator.batch_feed import BatchFeed
 from lakemirror.sinks.merge.connect_batches import ConnectBatches, batch_job
 from lakemirror.sinks.merge.connect_gate import FileTurnGate, gate_folder
-from lakemirror.sinks.merge.planner import CDF_COLUMNS
+from lakemirror.sinks.merge.planner import read_columns_change
 from lakemirror.sinks.contract import TableReplica
 from lakemirror.sinks.txn import TxnId, txn_app_id
 from lakemirror.sources.contract import TableChangeSource
@@ -225,14 +225,10 @@ def require_stream_columns(table: str, stream_columns: "Sequence[str]", launched
     compared, not a second description, so no commit can fall between the two."""
     if not launched:
         return
-    data = [c for c in stream_columns if c not in CDF_COLUMNS]
-    planned = [c.name for c in launched]
-    parts = [f"{what} {', '.join(names)}" for what, names in (("added", [c for c in data if c not in planned]),
-                                                              ("dropped", [c for c in planned if c not in data]))
-             if names]
-    if parts:
+    change = read_columns_change(stream_columns, launched)
+    if change is not None:
         raise SchemaChangeRestart(f"{table}: the source's schema changed since the table's launch "
-                                  f"({'; '.join(parts)}); restarting the stream to read it", table=table)
+                                  f"({change}); restarting the stream to read it", table=table)
 
 
 class TurnQuery:

@@ -161,3 +161,47 @@ def test_the_daemon_runs_a_scheduled_sweep_and_reconcile_with_audit_rows(make_pi
     assert registry.get_sample_value("lakemirror_subtask_runs_total", {**labels, "status": "success"}) == 2
     assert registry.get_sample_value("lakemirror_reconcile_mismatched_keys",
                                      {"pipeline": "test", "table": "archive", "kind": "different"}) == 0
+
+
+class AlterAfterDescribing(LocalCatalog):
+    """A catalog that runs ``alter`` once, right after it describes the source: a commit that lands
+    between a sweep's description and the frames it reads."""
+
+    def __init__(self, root: Path, alter: Any) -> None:
+        super().__init__(root)
+        self.alter = alter
+        self.descriptions = 0
+
+    def describe(self, spark: Any, name: Any) -> Any:
+        info = super().describe(spark, name)
+        self.descriptions += 1
+        if self.descriptions == 1:
+            self.alter()
+        return info
+
+
+@pytest.mark.parametrize("swept_before", [True, False], ids=["stream", "bootstrap"])
+def test_a_column_added_while_a_sweep_is_planned_reaches_the_replica_with_its_values(
+        spark: Any, tmp_path: Path, swept_before: bool) -> None:
+    """A sweep plans its MERGE from a description of the source, then reads a snapshot or a change
+    stream, each with the schema of its own moment. A column added in between would be read and
+    written by no plan, its values lost; the sweep plans again with it."""
+    cat = LocalCatalog(tmp_path / "lh")
+    src, rep = cat.locate(SRC), cat.locate(DST)
+    create_source(spark, src)
+    spark.sql(f"INSERT INTO {src.sql} VALUES (1, 'a', 1), (2, 'b', 2)")
+    states = FileStateStore(tmp_path / "cp" / "p1" / "incremental")
+    if swept_before:
+        IncrementalSweep(spark, cat, states, str(tmp_path / "cp"), "p1").sweep(SRC, DST)
+
+    def alter() -> None:
+        spark.sql(f"ALTER TABLE {src.sql} ADD COLUMNS (note STRING)")
+        spark.sql(f"INSERT INTO {src.sql} VALUES (3, 'c', 3, 'added while the sweep was planned')")
+        spark.sql(f"UPDATE {src.sql} SET note = 'filled' WHERE id = 1")
+
+    altering = AlterAfterDescribing(tmp_path / "lh", alter)
+    IncrementalSweep(spark, altering, states, str(tmp_path / "cp"), "p1").sweep(SRC, DST)
+    every = ("id", "v", "n", "note")
+    assert sorted(map(tuple, tables.read(spark, rep).select(*every).collect()), key=repr) == \
+        sorted(map(tuple, tables.read(spark, src).select(*every).collect()), key=repr)
+    assert altering.descriptions == 2, "planned again once"
