@@ -5,11 +5,14 @@ Delta's history reports for tables without in-commit timestamps. Asking the file
 ``stat`` (or one request to the store) where Delta's history updates the table's snapshot, a Spark
 job whenever the table has new commits. :class:`LocalCommitLog` stats a table on the driver's own
 file system; :class:`HadoopCommitLog` asks the JVM's Hadoop FileSystem, for a path-based table
-anywhere Hadoop reaches (S3 through s3a). A table known only by name has neither.
+anywhere Hadoop reaches (S3 through s3a). A table known only by name has neither. Where the
+store's times are whole seconds (S3), the commit's own time on its first line places it within
+its second (:func:`precise_commit_time`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
@@ -79,10 +82,15 @@ class HadoopCommitLog:
     one for the store; ``scripts/measure-s3-costs.py batch``).
     """
 
-    def __init__(self, fs: Any, commit_file: Callable[[int], object]) -> None:
-        """``fs``: a Hadoop ``FileSystem`` (a py4j handle); ``commit_file``: a version's file (a Hadoop ``Path``)."""
+    def __init__(self, fs: Any, commit_file: Callable[[int], object], *, read_head: bool = False) -> None:
+        """``fs``: a Hadoop ``FileSystem`` (a py4j handle); ``commit_file``: a version's file (a Hadoop
+        ``Path``); ``read_head``: a time in whole seconds is made precise from the commit's first line
+        (:func:`precise_commit_time`)."""
         self._fs = fs
         self._commit_file = commit_file
+        self._read_head = read_head
+        #: Versions' precise times by their store time (a table recreated at the path has new files).
+        self._precise: dict[int, tuple[int, float]] = {}
         self._open_probe = True               # False once the file system refuses ``openFile``
         self._newest_seen: int | None = None  # the newest version seen committed
 
@@ -97,7 +105,7 @@ class HadoopCommitLog:
             path = jvm.org.apache.hadoop.fs.Path
             log_dir = path(loc.path.rstrip("/") + "/" + LOG_DIR)
             fs = log_dir.getFileSystem(spark._jsparkSession.sessionState().newHadoopConf())
-            return cls(fs, lambda version: path(log_dir, commit_file_name(version)))
+            return cls(fs, lambda version: path(log_dir, commit_file_name(version)), read_head=True)
         except Exception:  # noqa: BLE001 (the history read remains)
             return None
 
@@ -119,7 +127,33 @@ class HadoopCommitLog:
             if _not_found(exc):
                 return None
             raise
-        return float(status.getModificationTime()) / 1000.0
+        modified_ms = int(status.getModificationTime())
+        if self._read_head and modified_ms % 1000 == 0:
+            return self._precise_time(version, modified_ms)
+        return modified_ms / 1000.0
+
+    def _precise_time(self, version: int, modified_ms: int) -> float:
+        """The commit's time read from its first line once, then kept (a probe stats its newest
+        version at every round; an idle table must not cost a read of it each time)."""
+        kept = self._precise.get(version)
+        if kept is not None and kept[0] == modified_ms:
+            return kept[1]
+        precise = precise_commit_time(modified_ms, self._head_of(version))
+        self._precise[version] = (modified_ms, precise)
+        while len(self._precise) > KEPT_TIMES:
+            del self._precise[min(self._precise)]
+        return precise
+
+    def _head_of(self, version: int) -> bytes | None:
+        """The first bytes of ``version``'s commit file (None: unreadable; the whole-second time stays)."""
+        try:
+            stream = self._fs.open(self._commit_file(version))
+            try:
+                return bytes(stream.readNBytes(HEAD_BYTES))
+            finally:
+                stream.close()
+        except Exception:  # noqa: BLE001 (a gone or unreadable file: the file's own time is kept)
+            return None
 
     def _unseen(self, version: int) -> bool:
         """Whether ``version`` is beyond the newest version seen committed (or none was seen yet)."""
@@ -139,6 +173,41 @@ class HadoopCommitLog:
                 stream.close()
                 return True
         return bool(self._fs.exists(path))
+
+
+#: How much of a commit file is read for its commit time: its first line, the ``commitInfo`` action
+#: that Delta's and delta-rs's writers put first.
+HEAD_BYTES = 16 * 1024
+#: How many versions' precise times a commit log keeps (a probe needs its newest and its oldest unapplied).
+KEPT_TIMES = 64
+
+
+def precise_commit_time(modified_ms: int, head: bytes | None) -> float:
+    """A commit's time where the store reports modification times in whole seconds (S3 and s3a: an
+    HTTP ``Last-Modified``), which puts a commit up to a second early and a lag up to a second high.
+
+    The commit's own time (``inCommitTimestamp``, else ``timestamp`` of the ``commitInfo`` on its
+    first line), taken by its writer just before the file was written, says where in that second
+    it was committed; it is used only when it lies in that second, so a writer's clock that is off
+    never moves a commit by more than the store's rounding."""
+    stamped = _commit_info_time(head)
+    if stamped is not None and modified_ms <= stamped < modified_ms + 1000:
+        return stamped / 1000.0
+    return modified_ms / 1000.0
+
+
+def _commit_info_time(head: bytes | None) -> int | None:
+    if not head:
+        return None
+    line = head.split(b"\n", 1)[0]
+    try:
+        info = json.loads(line).get("commitInfo")
+    except (ValueError, AttributeError):
+        return None  # not a whole line in the bytes read, or not an action
+    if not isinstance(info, dict):
+        return None
+    stamped = info.get("inCommitTimestamp", info.get("timestamp"))
+    return stamped if isinstance(stamped, int) and not isinstance(stamped, bool) else None
 
 
 def _not_found(exc: Exception) -> bool:

@@ -8,8 +8,9 @@
    recreated under its name while streaming: :class:`~lakemirror.errors.SourceReplaced`);
 3. apply it through the replica's batch sink under its transaction id, or skip it unread when
    the replica's own log already holds it (:mod:`lakemirror.supervisor.offline.replica_transactions`);
-4. append its checkpoint row, after the write and before Spark's commit log;
-5. report it (:class:`~lakemirror.supervisor.change_feed.shared_state.BatchReport`).
+4. move the table's applied version (what its lag is priced from) as soon as the replica holds it;
+5. append its checkpoint row, after the write and before Spark's commit log;
+6. report it (:class:`~lakemirror.supervisor.change_feed.shared_state.BatchReport`).
 
 A failure is translated once (:func:`~lakemirror.supervisor.control.classify_errors.classify`), recorded as a
 degraded checkpoint row and raised, so Spark fails the query and the supervisor sees it.
@@ -148,6 +149,10 @@ class BatchApply:
                     outcome = replica_transactions.replayed_outcome(record.through_after(txn.version))
                 else:
                     outcome = apply()
+                # The replica holds the batch from here on: its lag counts from the next version now,
+                # not once the checkpoint row below is also written (on an object store, a commit of
+                # its own that would otherwise show the replica a batch behind for its whole length).
+                self.live.advance(outcome.stats.last_version)
                 if outcome.replayed:
                     log.info("table %s: batch %d of %s was already committed to the replica (a restart "
                              "replays it); %s", label, txn.version, txn.app_id, replay_note(outcome))

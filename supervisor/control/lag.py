@@ -18,7 +18,7 @@ prices the lag, or none does and the lag is 0).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import ClassVar, Mapping
+from typing import Callable, ClassVar, Mapping
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,16 @@ class LagReading:
         lag = max(0.0, now - oldest) if oldest is not None else 0.0
         return replace(self, lag_seconds=lag, versions_behind=behind, applied_through_version=applied_through,
                        oldest_unapplied_at=oldest, unapplied_commit_times=left)
+
+
+#: The version a table's replica holds now (its runner's ``applied_through``), asked at each use.
+HeldVersion = Callable[[], "int | None"]
+
+
+def as_of(reading: LagReading, held: HeldVersion | None, now: float) -> LagReading:
+    """``reading`` at ``now`` for the replica as it is now: repriced by what ``held`` says it holds
+    (a batch that landed since the reading), or only aged (``held`` None)."""
+    return reading.repriced(held(), now) if held is not None else replace(reading, lag_seconds=reading.lag_at(now))
 
 
 def compute_lag(*, applied_through: int, latest_version: int,

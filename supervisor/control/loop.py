@@ -33,7 +33,7 @@ from lakemirror.supervisor.control.command_inbox import CommandRefused as Comman
 from lakemirror.supervisor.control.command_inbox import Draining as Draining
 from lakemirror.supervisor.control.failure_policy import REDISCOVERABLE
 from lakemirror.supervisor.control.halts import halt_all
-from lakemirror.supervisor.control.lag import LagReading
+from lakemirror.supervisor.control.lag import HeldVersion, LagReading
 from lakemirror.supervisor.control.observer import NoopObserver, Observer
 from lakemirror.supervisor.offline.recorded_tables import RecordedTable
 
@@ -355,7 +355,13 @@ class Supervisor:
             return
         repriced = reading.repriced(through, self.clock())
         self._published[name] = repriced
-        self.observer.lag_measured(name, repriced)
+        self.observer.lag_measured(name, repriced, self._held(entry))
+
+    @staticmethod
+    def _held(entry: _Table) -> HeldVersion:
+        """The version the table's replica holds when asked (a batch may land between two ticks)."""
+        runner = entry.runner
+        return lambda: runner.applied_through
 
     def _probe(self, name: str, entry: _Table, now: float) -> None:
         # Each table's reading is taken at its own moment: probes of many tables (each a read of the
@@ -370,7 +376,7 @@ class Supervisor:
             reading = self._known(name, now).reading(now)  # the runner knows nothing yet: the record does
         if reading is not None:
             self._published[name] = reading
-            self.observer.lag_measured(name, reading)
+            self.observer.lag_measured(name, reading, self._held(entry))
 
     def _seed(self, now: float) -> None:
         """List the tables the pipeline's records know at once, state ``starting`` (or ``paused``),

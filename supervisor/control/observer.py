@@ -10,14 +10,16 @@ from typing import Protocol
 
 from lakemirror.sinks.batch.bootstrap_plan import BootstrapProgress
 from lakemirror.supervisor.change_feed.table_runner import BatchReport
-from lakemirror.supervisor.control.lag import LagReading
+from lakemirror.supervisor.control.lag import HeldVersion, LagReading
 from lakemirror.supervisor.control.table_state import TableStatus
 
 
 class Observer(Protocol):
     def state_changed(self, table: str, status: TableStatus) -> None: ...
     def batch_applied(self, table: str, report: BatchReport) -> None: ...
-    def lag_measured(self, table: str, reading: LagReading) -> None: ...
+    def lag_measured(self, table: str, reading: LagReading, held: HeldVersion | None = None) -> None:
+        """A new reading of ``table``'s lag; ``held``, where given, says which version its replica holds
+        at any later moment, so that what is reported later counts the batches applied since."""
     def retry_scheduled(self, table: str, status: TableStatus) -> None: ...
     def table_removed(self, table: str) -> None: ...
     def bootstrap_progressed(self, table: str, progress: BootstrapProgress) -> None: ...
@@ -30,7 +32,7 @@ class NoopObserver:
     def batch_applied(self, table: str, report: BatchReport) -> None:
         pass
 
-    def lag_measured(self, table: str, reading: LagReading) -> None:
+    def lag_measured(self, table: str, reading: LagReading, held: HeldVersion | None = None) -> None:
         pass
 
     def retry_scheduled(self, table: str, status: TableStatus) -> None:
@@ -57,9 +59,9 @@ class Observers:
         for o in self.observers:
             o.batch_applied(table, report)
 
-    def lag_measured(self, table: str, reading: LagReading) -> None:
+    def lag_measured(self, table: str, reading: LagReading, held: HeldVersion | None = None) -> None:
         for o in self.observers:
-            o.lag_measured(table, reading)
+            o.lag_measured(table, reading, held)
 
     def retry_scheduled(self, table: str, status: TableStatus) -> None:
         for o in self.observers:

@@ -158,6 +158,41 @@ def test_commit_file_checks_on_s3_send_head_requests_only(spark: Any, s3_bucket:
         fs.close()
 
 
+def test_a_commit_time_on_s3_is_placed_within_the_stores_whole_second(spark: Any, s3_bucket: Any) -> None:
+    """S3 reports an object's time in whole seconds (a lag up to a second high); the commit's own
+    ``commitInfo`` time, read once from its first line, places it within that second."""
+    import boto3
+    import json
+
+    from lakemirror.identifiers import TableName
+    from lakemirror.tables import TableLocation
+
+    client = boto3.client("s3", endpoint_url=s3_bucket.endpoint, region_name="us-east-1", aws_access_key_id="test",
+                          aws_secret_access_key="test")
+    prefix = s3_bucket.fresh("commit_times")
+    key = prefix.split("/", 3)[3] + "/_delta_log/{:020d}.json"
+    stamped: dict[int, int] = {}
+    for version in range(3):
+        stamped[version] = int(time.time() * 1000)
+        info = {"commitInfo": {"timestamp": stamped[version], "operation": "WRITE"}}
+        client.put_object(Bucket=s3_bucket.bucket, Key=key.format(version),
+                          Body=(json.dumps(info) + "\n" + json.dumps({"add": {"path": "x"}}) + "\n").encode())
+        time.sleep(0.3)
+    log = HadoopCommitLog.for_table(spark, TableLocation(TableName("src", "s", "t"), prefix))
+    assert log is not None
+    placed = 0
+    for version, at_ms in stamped.items():
+        stored = client.head_object(Bucket=s3_bucket.bucket, Key=key.format(version))["LastModified"].timestamp()
+        assert stored == int(stored), "the store's time is whole seconds"
+        found = log.commit_time(version)
+        if int(stored) == at_ms // 1000:  # the put ended in the second it began (not across a second)
+            assert found == at_ms / 1000.0
+            placed += 1
+        else:
+            assert found == stored
+    assert placed >= 1
+
+
 def test_daemons_of_one_pipeline_on_two_machines_meet_at_the_lease_on_s3(s3_bucket: Any, tmp_path: Any) -> None:
     """Two Spark Connect daemons of one pipeline, each with a checkpoint volume of its own: their
     folder leases never meet, the copy at ``lease.object_store`` on the S3 server does (a put with

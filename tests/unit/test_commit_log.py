@@ -3,6 +3,7 @@ what the commit-file checks cost on an object store (a fake file system answerin
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 from typing import Any
 
@@ -161,3 +162,56 @@ def test_a_file_system_without_open_file_falls_back_to_exists() -> None:
     log = hadoop_log(store)
     assert log.has_commit(0) and not log.has_commit(1) and log.commit_time(1) is None
     assert store.requests.count("LIST") == 2  # the file system's own exists(): the probe stays correct
+
+
+def _commit_head(**info: Any) -> bytes:
+    return (json.dumps({"commitInfo": info}) + "\n" + json.dumps({"add": {"path": "p"}}) + "\n").encode()
+
+
+def test_a_whole_second_from_the_store_is_placed_within_its_second_by_the_commits_own_time() -> None:
+    from lakemirror.delta_log.commit_times import precise_commit_time
+
+    assert precise_commit_time(7_000, _commit_head(timestamp=7_640, operation="MERGE")) == 7.64
+    assert precise_commit_time(7_000, _commit_head(timestamp=7_100, inCommitTimestamp=7_250)) == 7.25
+    # A writer's clock off by more than the store's rounding, or nothing to read: the store's time.
+    assert precise_commit_time(7_000, _commit_head(timestamp=8_200)) == 7.0
+    assert precise_commit_time(7_000, _commit_head(timestamp=6_990)) == 7.0
+    assert precise_commit_time(7_000, None) == 7.0
+    assert precise_commit_time(7_000, b'{"commitInfo": {"timestamp": 7') == 7.0, "a cut first line"
+    assert precise_commit_time(7_000, _commit_head(timestamp="7640")) == 7.0
+    assert precise_commit_time(7_000, b'{"add": {"path": "p"}}\n') == 7.0
+
+
+class HeadReadingStore(FakeObjectStore):
+    """An object store whose times are whole seconds, with the commit files' contents."""
+
+    def __init__(self, mtimes: dict[str, int], contents: dict[str, bytes]) -> None:
+        super().__init__(mtimes)
+        self.contents = contents
+
+    def open(self, path: str) -> Any:
+        self.requests.append("GET")
+        data = self.contents[path]
+        return SimpleNamespace(readNBytes=lambda n: data[:n], close=lambda: None)
+
+
+def test_on_a_store_with_whole_second_times_a_commit_time_is_read_from_its_commit_once_per_version() -> None:
+    from lakemirror.delta_log.commit_times import HadoopCommitLog
+
+    names = [f"{v:020d}.json" for v in range(2)]
+    store = HeadReadingStore(dict(zip(names, (9_000, 10_000))),
+                             dict(zip(names, (_commit_head(timestamp=9_470), _commit_head(timestamp=10_120)))))
+    log = HadoopCommitLog(store, lambda version: f"{version:020d}.json", read_head=True)
+    cache: dict[int, float] = {}
+    head = probe_head(log.commit_time, applied_through=0, known_latest=None, cache=cache)
+    assert head == SourceHead(1, {1: 10.12})
+    assert log.commit_time(0) == 9.47 and store.requests.count("GET") == 2
+    for _ in range(5):  # an idle table's probes stat the newest version again, and read nothing more
+        assert probe_head(log.commit_time, applied_through=1, known_latest=1, cache=cache) == SourceHead(1, {1: 10.12})
+    assert store.requests.count("GET") == 2
+    # The table recreated at the path (another file, another time) is read again.
+    store.mtimes[names[1]], store.contents[names[1]] = 20_000, _commit_head(timestamp=20_300)
+    assert log.commit_time(1) == 20.3 and store.requests.count("GET") == 3
+    # Milliseconds from the store (a local or HDFS file system): nothing is read.
+    store.mtimes[names[0]] = 9_471
+    assert log.commit_time(0) == 9.471 and store.requests.count("GET") == 3

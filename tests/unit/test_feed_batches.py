@@ -168,3 +168,21 @@ def test_a_source_recreated_under_its_location_is_refused(tmp_path: Path) -> Non
     reason = feed.take()
     assert reason is not None and "table id is now" in reason, reason
     assert rows(t.replica) == [(1, "again"), (2, "B"), (3, "c")], "nothing of the new table applied"
+
+
+def test_the_applied_version_moves_once_the_replica_commits_before_the_checkpoint_row(tmp_path: Path) -> None:
+    """The lag is priced from the applied version: a replica that holds a batch is not shown a batch
+    behind while its checkpoint row is written (a commit of its own on an object store)."""
+    t = Table(tmp_path)
+    t.change()
+    feed = t.launch()
+    seen: dict[str, int | None] = {}
+    append = t.store.append
+
+    def append_seeing_the_live_version(row: Any, spark: Any = None, *, known_new: bool = False) -> None:
+        seen["while the row is written"] = feed.live.applied_through
+        append(row, spark, known_new=known_new)
+
+    t.store.append = append_seeing_the_live_version  # type: ignore[method-assign]
+    assert feed.take() is None
+    assert seen == {"while the row is written": 4} and feed.live.applied_through == 4

@@ -8,13 +8,17 @@ daemon's lag and the outside measure (daemon higher at 16 tables, lower over Spa
   while the gauge stood still;
 - a batch applied after a probe left the gauge (and ``status``) pricing lag from a commit the
   replica already held, until the next probe round;
-- every table of a probe round was priced at the round's start, seconds before its own reading.
+- every table of a probe round was priced at the round's start, seconds before its own reading;
+- a batch counted only at the supervisor's next tick (and, on the driver path, only once its
+  checkpoint row was written after the replica's commit): the daemon read higher than outside by
+  about that much on every object-store row.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from lakemirror.daemon.metrics import Metrics
@@ -24,11 +28,15 @@ from lakemirror.supervisor.control.loop import Supervisor
 from tests.unit.test_supervisor import POLICY, FakeClock, FakeRunner, RecordingObserver
 
 
-def scraped_lag(metrics: Metrics, table: str) -> float:
+def scraped_gauge(metrics: Metrics, name: str, table: str) -> float:
     for line in generate_latest(metrics.registry).decode().splitlines():
-        if line.startswith("lakemirror_lag_seconds{") and f'table="{table}"' in line:
+        if line.startswith(name + "{") and f'table="{table}"' in line:
             return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"no lag for {table}")
+    raise AssertionError(f"no {name} for {table}")
+
+
+def scraped_lag(metrics: Metrics, table: str) -> float:
+    return scraped_gauge(metrics, "lakemirror_lag_seconds", table)
 
 
 class World:
@@ -88,6 +96,24 @@ def test_a_batch_applied_after_the_probe_lowers_the_lag_at_the_next_tick() -> No
     w.sup.tick()
     assert scraped_lag(w.metrics, "a") == 0.0
     assert {v.table: v.lag_seconds for v in w.sup.views()}["a"] == 0.0
+
+
+def test_a_batch_counts_at_the_next_scrape_without_waiting_for_a_tick() -> None:
+    w = World("a", lag_interval=60.0)
+    t0 = w.clock.now
+    a = w.runners["a"]
+    a.applied_through = 10
+    a.lag_to_report = behind(10, {11: t0 - 4.0, 12: t0 - 3.0, 13: t0 - 1.0}, t0)
+    w.sup.tick()
+    assert scraped_lag(w.metrics, "a") == 4.0
+    w.clock.now += 0.3
+    a.applied_through = 12  # a batch lands; no tick runs before the scrape
+    assert scraped_lag(w.metrics, "a") == pytest.approx(1.3)
+    assert scraped_gauge(w.metrics, "lakemirror_versions_behind", "a") == 1.0
+    assert scraped_gauge(w.metrics, "lakemirror_last_applied_version", "a") == 12.0
+    a.applied_through = 13
+    assert scraped_lag(w.metrics, "a") == 0.0
+    assert scraped_gauge(w.metrics, "lakemirror_versions_behind", "a") == 0.0
 
 
 def test_each_table_is_priced_at_its_own_probe() -> None:
