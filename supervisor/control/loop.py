@@ -197,8 +197,10 @@ class Supervisor:
         if self.discover_interval is not None and now >= self._next_discovery:
             self._discover(now)
         for name, entry in list(self._tables.items()):
+            landed = False
             for item in entry.runner.poll():
                 if isinstance(item, BatchReport):
+                    landed = True
                     known = self._recorded.get(name)
                     if counts_as_batch(item, known.counted_through if known is not None else None):
                         entry.rows_applied += item.outcome.counts.total
@@ -213,6 +215,11 @@ class Supervisor:
                     self._dispatch(name, item, now)
             self._dispatch(name, sm.Tick(), now)
             self._reprice(name, entry)
+            reading = entry.runner.last_lag
+            if landed and reading is not None and not reading.versioned and now < self._next_lag:
+                # A reading in offsets (an event source) cannot be repriced by a batch: the next
+                # unapplied message's time is the broker's to say. Read it now, not a probe round later.
+                self._probe(name, entry, now)
         if now >= self._next_lag:
             self._next_lag = now + self.lag_interval
             for name, entry in list(self._tables.items()):

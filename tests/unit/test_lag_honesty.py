@@ -11,7 +11,8 @@ daemon's lag and the outside measure (daemon higher at 16 tables, lower over Spa
 - every table of a probe round was priced at the round's start, seconds before its own reading;
 - a batch counted only at the supervisor's next tick (and, on the driver path, only once its
   checkpoint row was written after the replica's commit): the daemon read higher than outside by
-  about that much on every object-store row.
+  about that much on every object-store row; an event source's reading, which a batch cannot
+  reprice, kept counting from a message the replicas held until the next probe round.
 """
 
 from __future__ import annotations
@@ -157,3 +158,30 @@ def test_an_event_source_reading_is_not_repriced_by_batch_ids() -> None:
     clock.now += 1
     sup.tick()
     assert [c for c in observer.calls if c[0] == "lag"] == [("lag", "e", 10.0)]
+
+
+def test_an_event_source_is_probed_again_as_soon_as_a_batch_lands() -> None:
+    """Its reading cannot be repriced by the batch; without a new reading the lag would keep counting
+    from a message the replicas now hold until the next probe round."""
+    from lakemirror.supervisor.events.stream_runner import EventLagReading
+
+    w = World("e", lag_interval=60.0)
+    e = w.runners["e"]
+    e.applied_through, e.lag_to_report = 3, EventLagReading(10.0, 5, 100, 95, oldest_unapplied_at=w.clock.now - 10.0)
+    w.sup.tick()
+    assert e.probes == 1 and scraped_lag(w.metrics, "e") == 10.0
+    w.clock.now += 1.0
+    e.lag_to_report = EventLagReading(0.0, 0, 100, 100)
+    w.sup.tick()
+    assert e.probes == 1, "no batch: no probe before the round"
+    e.batch(4, rows=5, at=w.clock.now)
+    w.sup.tick()
+    assert e.probes == 2 and scraped_lag(w.metrics, "e") == 0.0
+    # A change feed's reading is repriced by the batch instead: no probe.
+    w2 = World("a", lag_interval=60.0)
+    a = w2.runners["a"]
+    a.applied_through, a.lag_to_report = 10, behind(10, {11: w2.clock.now - 3.0}, w2.clock.now)
+    w2.sup.tick()
+    a.batch(11, rows=1, at=w2.clock.now)
+    w2.sup.tick()
+    assert a.probes == 1 and scraped_lag(w2.metrics, "a") == 0.0
