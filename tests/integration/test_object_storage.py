@@ -161,8 +161,9 @@ def test_commit_file_checks_on_s3_send_head_requests_only(spark: Any, s3_bucket:
 def test_a_commit_time_on_s3_is_placed_within_the_stores_whole_second(spark: Any, s3_bucket: Any) -> None:
     """S3 reports an object's time in whole seconds (a lag up to a second high); the commit's own
     ``commitInfo`` time, read once from its first line, places it within that second."""
-    import boto3
     import json
+
+    import boto3
 
     from lakemirror.identifiers import TableName
     from lakemirror.tables import TableLocation
