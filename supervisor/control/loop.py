@@ -18,6 +18,7 @@ import logging
 import random
 import threading
 import time
+import weakref
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
@@ -366,9 +367,14 @@ class Supervisor:
 
     @staticmethod
     def _held(entry: _Table) -> HeldVersion:
-        """The version the table's replica holds when asked (a batch may land between two ticks)."""
-        runner = entry.runner
-        return lambda: runner.applied_through
+        """The version the table's replica holds when asked (a batch may land between two ticks); the
+        metrics keep it, so it does not keep a removed table's runner alive (then: not known)."""
+        runner = weakref.ref(entry.runner)
+
+        def held() -> int | None:
+            alive = runner()
+            return None if alive is None else alive.applied_through
+        return held
 
     def _probe(self, name: str, entry: _Table, now: float) -> None:
         # Each table's reading is taken at its own moment: probes of many tables (each a read of the
