@@ -126,8 +126,6 @@ class Supervisor:
         self._view_lock = threading.Lock()
         self._next_lag = 0.0
         self._next_discovery = 0.0
-        #: The reading last handed to the observer, per table (a probe's, or one repriced since).
-        self._published: dict[str, LagReading] = {}
         # apply_workers > 0: running tables take turns on that many workers (supervisor.apply_workers.worker_pool);
         # 0: every runner keeps an always-on query of its own.
         self._turns = TurnPool(apply_workers, self._turn_takers, min_interval=min_turn_interval_seconds,
@@ -215,7 +213,6 @@ class Supervisor:
                         entry.bootstrap = None
                     self._dispatch(name, item, now)
             self._dispatch(name, sm.Tick(), now)
-            self._reprice(name, entry)
             reading = entry.runner.last_lag
             if landed and reading is not None and not reading.versioned and now < self._next_lag:
                 # A reading in offsets (an event source) cannot be repriced by a batch: the next
@@ -351,24 +348,11 @@ class Supervisor:
             elif action == sm.Action.LAUNCH:
                 entry.runner.launch()
 
-    def _reprice(self, name: str, entry: _Table) -> None:
-        """Publish the table's lag again, without reading the source, once a batch has applied
-        versions its last reading counted as behind: that reading would otherwise price the lag from
-        a commit the replica now holds until the next probe, a whole probe round later."""
-        reading, through = entry.runner.last_lag, entry.runner.applied_through
-        if reading is None or not reading.versioned or through is None or through <= reading.applied_through_version:
-            return
-        published = self._published.get(name)
-        if published is not None and published.applied_through_version >= through:
-            return
-        repriced = reading.repriced(through, self.clock())
-        self._published[name] = repriced
-        self.observer.lag_measured(name, repriced, self._held(entry))
-
     @staticmethod
     def _held(entry: _Table) -> HeldVersion:
-        """The version the table's replica holds when asked (a batch may land between two ticks); the
-        metrics keep it, so it does not keep a removed table's runner alive (then: not known)."""
+        """The version the table's replica holds when asked: the observer reprices the reading with it
+        (a batch applied after the probe counts at once, not a probe round later). The metrics keep
+        it, so it does not keep a removed table's runner alive (then: not known)."""
         runner = weakref.ref(entry.runner)
 
         def held() -> int | None:
@@ -388,7 +372,6 @@ class Supervisor:
         if reading is None and entry.runner.last_lag is None and name in self._recorded:
             reading = self._known(name, now).reading(now)  # the runner knows nothing yet: the record does
         if reading is not None:
-            self._published[name] = reading
             self.observer.lag_measured(name, reading, self._held(entry))
 
     def _seed(self, now: float) -> None:
