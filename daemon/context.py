@@ -16,7 +16,6 @@ scheduled sub-tasks, and runs the daemon.
 
 from __future__ import annotations
 
-import copy
 import getpass
 import json
 import logging
@@ -557,9 +556,7 @@ class DaemonContext(GlobalContext):
                                                 clock=self.clock)
         if settings.effective_checkpoint_table == self.settings.effective_checkpoint_table:
             child.replace(checkpoints=self.checkpoints)
-        metrics = copy.copy(self.metrics)  # the same collectors (one registry per process)
-        metrics.pipeline = child.spec.pipeline_id
-        return child.replace(metrics=metrics)
+        return child.replace(metrics=self.metrics.for_pipeline(child.spec.pipeline_id))
 
     def start_pipeline(self, settings: Settings) -> PipelineHandle:
         """Build, register and start a pipeline posted to the API. Runs on the worker thread."""
@@ -568,7 +565,7 @@ class DaemonContext(GlobalContext):
         try:
             if settings.source is None:
                 child.runner_context  # opens its checkpoint table now: a failure is the request's
-            handle = PipelineHandle(settings, child.supervisor, "api", on_stopped=child.lease.release)
+            handle = PipelineHandle(settings, child.supervisor, "api", on_stopped=child.posted_pipeline_stopped)
             self.pipelines.add(handle)
         except BaseException:
             child.lease.release()
@@ -578,6 +575,14 @@ class DaemonContext(GlobalContext):
         with handle.lock:
             handle.supervisor.start()
         return handle
+
+    def posted_pipeline_stopped(self) -> None:
+        """A pipeline posted to the API has stopped: give its lease back and take its series off
+        ``/metrics`` (its lag would otherwise go on ageing there)."""
+        try:
+            self.lease.release()
+        finally:
+            self.metrics.pipeline_removed()
 
     def _stop_lost_pipeline(self, handle: PipelineHandle) -> None:
         """A pipeline posted to the API lost its lease: stop it (on the worker) and forget it."""

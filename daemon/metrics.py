@@ -8,6 +8,7 @@ scheduled sub-tasks' :class:`~lakemirror.supervisor.subtasks.service.SubtaskObse
 
 from __future__ import annotations
 
+import copy
 import time
 from typing import Callable, Iterator, Mapping
 
@@ -38,6 +39,11 @@ class FeedLetterCollector(Collector):
         self.sources: list[FeedLetterCounts] = []
         #: Tables that had pending letters: shown at 0 once resolved, rather than vanishing.
         self._seen: dict[str, set[str]] = {}
+
+    def forget(self, pipeline: str) -> None:
+        """Stop asking a pipeline that no longer runs."""
+        self.sources = [s for s in self.sources if s[0] != pipeline]
+        self._seen.pop(pipeline, None)
 
     def collect(self) -> Iterator[Metric]:
         pending = GaugeMetricFamily("lakemirror_feed_dead_letters_pending", "Dead letters of a change-feed table "
@@ -153,6 +159,23 @@ class Metrics:
         r.register(self.feed_letters)
         self.build = Info("lakemirror_build", "Versions of lakemirror, Spark and Delta.", registry=r)
         self.build.info({"version": __version__, "spark": SPARK_VERSION, "delta": DELTA_VERSION})
+        #: Every labelled series family above (each has a ``pipeline`` label; most a ``table`` one).
+        self._families = [m for m in vars(self).values() if isinstance(m, (Gauge, Counter, Histogram))]
+
+    def for_pipeline(self, pipeline_id: str) -> "Metrics":
+        """The metrics of another pipeline of this process: the same collectors and registry (one
+        ``/metrics``), its own label and its own bookkeeping (two pipelines may name the same table)."""
+        other = copy.copy(self)
+        other.pipeline = pipeline_id
+        other._pending_tables, other._boot_rows_seen = {}, {}
+        return other
+
+    def pipeline_removed(self) -> None:
+        """Forget this pipeline's series (a pipeline posted to the API and stopped): a lag gauge left
+        behind would go on ageing for a pipeline that no longer runs."""
+        for family in self._families:
+            family.remove_by_labels({"pipeline": self.pipeline})
+        self.feed_letters.forget(self.pipeline)
 
     def watch_feed_letters(self, pending: Callable[[], Mapping[str, int]],
                            recorded: Callable[[], Mapping[str, int]]) -> None:
@@ -241,9 +264,6 @@ class Metrics:
 
     def retry_scheduled(self, table: str, status: TableStatus) -> None:
         self.retries.labels(**self._l(table)).inc()
-
-    def table_removed(self, table: str) -> None:
-        pass
 
     def bootstrap_progressed(self, table: str, progress: BootstrapProgress) -> None:
         lab = self._l(table)

@@ -65,9 +65,9 @@ class BootstrapBar(NoopObserver):
 
     def state_changed(self, table: str, status: TableStatus) -> None:
         if status.state != TableState.BOOTSTRAPPING:  # done, failed, paused or stopped: off the bar
-            self.table_removed(table)
+            self._off_the_bar(table)
 
-    def table_removed(self, table: str) -> None:
+    def _off_the_bar(self, table: str) -> None:
         with self.lock:
             if self.running.pop(table, None) is not None:
                 self.stream.write(CLEAR_LINE)

@@ -21,7 +21,6 @@ class Observer(Protocol):
         """A new reading of ``table``'s lag; ``held``, where given, says which version its replica holds
         at any later moment, so that what is reported later counts the batches applied since."""
     def retry_scheduled(self, table: str, status: TableStatus) -> None: ...
-    def table_removed(self, table: str) -> None: ...
     def bootstrap_progressed(self, table: str, progress: BootstrapProgress) -> None: ...
 
 
@@ -36,9 +35,6 @@ class NoopObserver:
         pass
 
     def retry_scheduled(self, table: str, status: TableStatus) -> None:
-        pass
-
-    def table_removed(self, table: str) -> None:
         pass
 
     def bootstrap_progressed(self, table: str, progress: BootstrapProgress) -> None:
@@ -66,10 +62,6 @@ class Observers:
     def retry_scheduled(self, table: str, status: TableStatus) -> None:
         for o in self.observers:
             o.retry_scheduled(table, status)
-
-    def table_removed(self, table: str) -> None:
-        for o in self.observers:
-            o.table_removed(table)
 
     def bootstrap_progressed(self, table: str, progress: BootstrapProgress) -> None:
         for o in self.observers:

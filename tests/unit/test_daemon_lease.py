@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 import pytest
 import yaml
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 
 from lakemirror.checkpoints.lease import Holder, LeaseHeld, LeaseLost, record_for
 from lakemirror.checkpoints.lease_store import FileLeaseStore
@@ -164,9 +164,12 @@ def test_a_pipeline_posted_to_the_api_takes_its_lease_and_releases_it_when_stopp
     handle = parent.start_pipeline(posted)
     newest = FileLeaseStore(folder).newest()
     assert newest is not None and newest.record is not None and not newest.record.released
+    assert 'pipeline="shop"' in generate_latest(parent.metrics.registry).decode()
     handle.stop(5)
     newest = FileLeaseStore(folder).newest()
     assert newest is not None and newest.record is not None and newest.record.released
+    assert 'pipeline="shop"' not in generate_latest(parent.metrics.registry).decode(), \
+        "a stopped pipeline's series leave /metrics with it"
     parent.worker.close(wait=False)
 
 

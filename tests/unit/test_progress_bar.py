@@ -9,6 +9,7 @@ import logging
 from lakemirror.daemon.progress_bar import CLEAR_LINE, BarAwareHandler, BootstrapBar, attach, describe
 from lakemirror.sinks.batch.bootstrap_plan import BootstrapProgress
 from lakemirror.supervisor.control.observer import NoopObserver, Observers
+from lakemirror.supervisor.control.table_state import TableStatus
 
 
 def progress(done: int, total: int = 20, rows_total: int | None = 20_000_000, now: float = 10.0) -> BootstrapProgress:
@@ -49,7 +50,7 @@ def test_the_bar_is_the_last_line_log_records_scroll_above_it_and_a_finished_boo
 
 
 def test_a_table_that_leaves_its_bootstrap_unfinished_leaves_the_bar() -> None:
-    from lakemirror.supervisor.control.table_state import TableState, TableStatus
+    from lakemirror.supervisor.control.table_state import TableState
 
     term = Terminal()
     bar = BootstrapBar(term, columns=200)
@@ -99,10 +100,10 @@ def test_observers_pass_every_event_to_each() -> None:
         def bootstrap_progressed(self, table: str, p: BootstrapProgress) -> None:
             seen.append((self.name, table))
 
-        def table_removed(self, table: str) -> None:
+        def retry_scheduled(self, table: str, status: TableStatus) -> None:
             seen.append((self.name, "-" + table))
 
     both = Observers(Recording("a"), Recording("b"))
     both.bootstrap_progressed("t", progress(1))
-    both.table_removed("t")
+    both.retry_scheduled("t", TableStatus())
     assert seen == [("a", "t"), ("b", "t"), ("a", "-t"), ("b", "-t")]

@@ -91,9 +91,6 @@ class RecordingObserver:
     def retry_scheduled(self, table: str, status: sm.TableStatus) -> None:
         self.calls.append(("retry", table, status.next_retry_at))
 
-    def table_removed(self, table: str) -> None:
-        self.calls.append(("removed", table, None))
-
     def bootstrap_progressed(self, table: str, progress: Any) -> None:
         self.calls.append(("bootstrap", table, progress.chunks_done))
 
