@@ -16,7 +16,9 @@ session's s3a settings), is appended to by delta-rs instead, with no Spark job: 
 plans and runs jobs whatever its size, in every table's turn, and on object storage it also reads
 the table's log through the store, where delta-rs writes the one commit file
 (``scripts/measure-s3-costs.py append`` times both on an S3 server). Reads stay with Spark either
-way.
+way. The delta-rs appender also compacts the table's one-row files and vacuums what they replaced
+(:mod:`lakemirror.checkpoints.table_upkeep`), so that an append costs the same after a week as after
+a minute.
 
 A table written before a column was added to :class:`~lakemirror.checkpoints.records.CheckpointRow`
 gains it with the first append (schema merge); its older rows read the column as NULL.
@@ -24,11 +26,14 @@ gains it with the first append (schema merge); its older rows read the column as
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import TYPE_CHECKING, Mapping
 
 from lakemirror import tables
 from lakemirror.checkpoints.group_commit import GroupCommit
 from lakemirror.checkpoints.records import CHECKPOINT_DDL, CheckpointRow
+from lakemirror.checkpoints.table_upkeep import REMOVED_FILE_RETENTION, RETENTION_PROPERTY, Upkeep, UpkeepSchedule
 from lakemirror.delta_log.layout import LOG_DIR, has_commits
 from lakemirror.delta_log.protocol import delta_rs_can_write
 from lakemirror.object_store import delta_rs_storage_options, delta_rs_target, delta_rs_uri, is_s3a
@@ -37,6 +42,8 @@ from lakemirror.tables import TableLocation, has_own_jvm, is_local_path, own_ses
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
 
 
 def arrow_rows(rows: list[CheckpointRow]) -> "pa.Table":
@@ -62,6 +69,7 @@ class DeltaCheckpointStore:
         self._by_delta_rs: bool | None = None  # decided by the first write, once the table exists
         self._delta_rs: tuple[str, dict[str, str]] | None = None  # delta-rs's URI and storage options
         self._group: GroupCommit[CheckpointRow] = GroupCommit(self._write)
+        self.upkeep_schedule = UpkeepSchedule()
 
     def ensure(self) -> None:
         """Create the table if it does not exist (idempotent).
@@ -99,7 +107,8 @@ class DeltaCheckpointStore:
         from deltalake import write_deltalake
 
         try:
-            write_deltalake(str(folder), arrow_rows([]), mode="append")
+            write_deltalake(str(folder), arrow_rows([]), mode="append",
+                            configuration={RETENTION_PROPERTY: REMOVED_FILE_RETENTION})
         except Exception:  # a concurrent creator won the race: fine if the table now exists
             if not has_commits(folder):
                 raise
@@ -143,11 +152,35 @@ class DeltaCheckpointStore:
             uri, storage_options = self._delta_rs  # credentials: never logged
             write_deltalake(uri, arrow_rows(rows), mode="append", schema_mode="merge",
                             storage_options=storage_options or None)
+            step = self.upkeep_schedule.appended()
+            if step is not Upkeep.NONE:
+                self._upkeep(uri, storage_options, vacuum=step is Upkeep.COMPACT_AND_VACUUM)
             return
         if self._writer_session is None:
             self._writer_session = own_session(self.spark)
         df = self._writer_session.createDataFrame([tuple(r.as_dict().values()) for r in rows], CHECKPOINT_DDL)
         tables.write(df, self.location, "append", mergeSchema="true")
+
+    def _upkeep(self, uri: str, storage_options: dict[str, str], *, vacuum: bool) -> None:
+        """Compact the table's small files (and, with ``vacuum``, delete what no version within the
+        retention reads). A failure is logged and tried again an interval later: the rows are
+        written whatever happens here."""
+        from deltalake import DeltaTable
+
+        started = time.monotonic()
+        try:
+            table = DeltaTable(uri, storage_options=storage_options or None)
+            if RETENTION_PROPERTY not in table.metadata().configuration:  # a retention set by hand stays
+                table.alter.set_table_properties({RETENTION_PROPERTY: REMOVED_FILE_RETENTION})
+            compacted = table.optimize.compact()
+            deleted = table.vacuum(dry_run=False, full=True) if vacuum else []
+        except Exception as exc:  # noqa: BLE001 (upkeep only: the appends go on)
+            log.warning("checkpoint table %s: compaction failed (tried again after %d more appends): %s",
+                        self.location.name, self.upkeep_schedule.compact_every, exc)
+            return
+        log.debug("checkpoint table %s: %s files compacted into %s, %d deleted, in %.2fs", self.location.name,
+                  compacted.get("numFilesRemoved"), compacted.get("numFilesAdded"), len(deleted),
+                  time.monotonic() - started)
 
     def _delta_rs_target(self) -> tuple[str, dict[str, str]] | None:
         """How delta-rs reaches the table, or None (Spark appends). Over Spark Connect the daemon is
