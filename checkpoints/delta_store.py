@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Mapping
 from lakemirror import tables
 from lakemirror.checkpoints.group_commit import GroupCommit
 from lakemirror.checkpoints.records import CHECKPOINT_DDL, CheckpointRow
-from lakemirror.checkpoints.table_upkeep import REMOVED_FILE_RETENTION, RETENTION_PROPERTY, Upkeep, UpkeepSchedule
+from lakemirror.checkpoints.table_upkeep import Upkeep, UpkeepSchedule, cleans_log, missing_retention
 from lakemirror.delta_log.layout import LOG_DIR, has_commits
 from lakemirror.delta_log.protocol import delta_rs_can_write
 from lakemirror.object_store import delta_rs_storage_options, delta_rs_target, delta_rs_uri, is_s3a
@@ -107,8 +107,7 @@ class DeltaCheckpointStore:
         from deltalake import write_deltalake
 
         try:
-            write_deltalake(str(folder), arrow_rows([]), mode="append",
-                            configuration={RETENTION_PROPERTY: REMOVED_FILE_RETENTION})
+            write_deltalake(str(folder), arrow_rows([]), mode="append", configuration=missing_retention({}))
         except Exception:  # a concurrent creator won the race: fine if the table now exists
             if not has_commits(folder):
                 raise
@@ -146,12 +145,13 @@ class DeltaCheckpointStore:
             self._by_delta_rs = target is not None and delta_rs_can_write(*target)
             self._delta_rs = target if self._by_delta_rs else None
         if self._by_delta_rs:
-            from deltalake import write_deltalake
+            from deltalake import PostCommitHookProperties, write_deltalake
 
             assert self._delta_rs is not None
             uri, storage_options = self._delta_rs  # credentials: never logged
             write_deltalake(uri, arrow_rows(rows), mode="append", schema_mode="merge",
-                            storage_options=storage_options or None)
+                            storage_options=storage_options or None,
+                            post_commithook_properties=PostCommitHookProperties(cleanup_expired_logs=False))
             step = self.upkeep_schedule.appended()
             if step is not Upkeep.NONE:
                 self._upkeep(uri, storage_options, vacuum=step is Upkeep.COMPACT_AND_VACUUM)
@@ -162,17 +162,21 @@ class DeltaCheckpointStore:
         tables.write(df, self.location, "append", mergeSchema="true")
 
     def _upkeep(self, uri: str, storage_options: dict[str, str], *, vacuum: bool) -> None:
-        """Compact the table's small files (and, with ``vacuum``, delete what no version within the
-        retention reads). A failure is logged and tried again an interval later: the rows are
+        """Compact the table's small files, delete its expired commit files (and, with ``vacuum``,
+        the data files no version within the retention reads). A failure is logged and tried again an interval later: the rows are
         written whatever happens here."""
         from deltalake import DeltaTable
 
         started = time.monotonic()
         try:
             table = DeltaTable(uri, storage_options=storage_options or None)
-            if RETENTION_PROPERTY not in table.metadata().configuration:  # a retention set by hand stays
-                table.alter.set_table_properties({RETENTION_PROPERTY: REMOVED_FILE_RETENTION})
+            configuration = dict(table.metadata().configuration)
+            missing = missing_retention(configuration)
+            if missing:
+                table.alter.set_table_properties(missing)
             compacted = table.optimize.compact()
+            if cleans_log(configuration):
+                table.cleanup_metadata()
             deleted = table.vacuum(dry_run=False, full=True) if vacuum else []
         except Exception as exc:  # noqa: BLE001 (upkeep only: the appends go on)
             log.warning("checkpoint table %s: compaction failed (tried again after %d more appends): %s",

@@ -9,12 +9,20 @@ keeps the table small:
 - every :data:`COMPACT_EVERY_APPENDS` appends of this process, the small files are compacted into
   one (an ``OPTIMIZE`` commit: no row changes, so a concurrent appender of another daemon never
   conflicts with it);
-- the files a compaction replaced stay readable for :data:`REMOVED_FILE_RETENTION` (the table's
-  ``delta.deletedFileRetentionDuration``, set by the appender) and then leave the table's
-  checkpoints, so neither the live files nor the remove actions pile up;
+- the files a compaction replaced stay readable for :data:`RETENTION` (the table's
+  ``delta.deletedFileRetentionDuration``, set by the appender unless set by hand) and then leave
+  the table's checkpoints, so neither the live files nor the remove actions pile up;
+- the commit files older than the same retention (``delta.logRetentionDuration``) are deleted
+  with each compaction, rather than after each append: delta-rs's clean-up after a commit lists
+  the whole log, and the appends skip it (every append otherwise lists a log that grows by a
+  commit per batch);
 - every :data:`VACUUM_EVERY_COMPACTIONS` compactions, a VACUUM deletes from storage the files no
-  version within that retention reads (a reader that began less than the retention ago is never
+  version within the retention reads (a reader that began less than the retention ago is never
   cut short).
+
+The table is lakemirror's own record, read in seconds (status, a restart, recovery points) and
+never travelled back in: a short retention costs nothing, and it bounds the log an append lists
+(a few thousand commits at the busiest).
 
 :class:`UpkeepSchedule` is the pure count; the executor is
 :meth:`lakemirror.checkpoints.delta_store.DeltaCheckpointStore._upkeep`.
@@ -30,10 +38,22 @@ from enum import Enum
 COMPACT_EVERY_APPENDS = 100
 #: Compactions between two VACUUMs (each lists the table's folder).
 VACUUM_EVERY_COMPACTIONS = 10
-#: ``delta.deletedFileRetentionDuration`` of the checkpoint table: how long a file a compaction
-#: replaced stays for readers (status, restarts and recovery points read the table in seconds).
-REMOVED_FILE_RETENTION = "interval 1 hours"
-RETENTION_PROPERTY = "delta.deletedFileRetentionDuration"
+#: The checkpoint table's ``delta.deletedFileRetentionDuration`` and ``delta.logRetentionDuration``
+#: (:data:`RETENTION_PROPERTIES`): how long a file a compaction replaced, and a commit file, stay.
+RETENTION = "interval 15 minutes"
+RETENTION_PROPERTIES = ("delta.deletedFileRetentionDuration", "delta.logRetentionDuration")
+#: ``false`` on the table keeps every commit file (as Delta's own clean-up does).
+LOG_CLEANUP_PROPERTY = "delta.enableExpiredLogCleanup"
+
+
+def missing_retention(configuration: "dict[str, str]") -> dict[str, str]:
+    """The retention properties to set on a table that has ``configuration`` (one set by hand stays)."""
+    return {name: RETENTION for name in RETENTION_PROPERTIES if name not in configuration}
+
+
+def cleans_log(configuration: "dict[str, str]") -> bool:
+    """Whether the table's expired commit files are to be deleted."""
+    return configuration.get(LOG_CLEANUP_PROPERTY, "true").strip().lower() != "false"
 
 
 class Upkeep(Enum):

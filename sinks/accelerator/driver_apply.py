@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from lakemirror.delta_rs_commits import post_commit_hooks
 from lakemirror.sinks.accelerator.arrow_changes import batch_stats, winning_changes
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.merge.planner import CDF_COLUMNS, DELETE, OP_COLUMN, SOURCE_ALIAS, TARGET_ALIAS, MergePlan
@@ -209,14 +210,16 @@ class DriverApply:
     def _merge(self, replica: Any, winners: Any, txn: TxnId) -> dict[str, Any]:
         op = f"{SOURCE_ALIAS}.{sql_name(OP_COLUMN)}"
         merger = (replica.merge(winners, self.predicate, source_alias=SOURCE_ALIAS, target_alias=TARGET_ALIAS,
-                                max_spill_size=DRIVER_MERGE_MEMORY_BYTES, commit_properties=commit_properties(txn))
+                                max_spill_size=DRIVER_MERGE_MEMORY_BYTES, commit_properties=commit_properties(txn),
+                                post_commithook_properties=post_commit_hooks(replica.version() + 1))
                   .when_matched_delete(f"{op} = '{DELETE}'")
                   .when_matched_update_all(f"{op} <> '{DELETE}'", except_cols=[OP_COLUMN])
                   .when_not_matched_insert_all(f"{op} <> '{DELETE}'", except_cols=[OP_COLUMN]))
         return dict(merger.execute())
 
     def _commit_empty(self, replica: Any, txn: TxnId) -> None:
-        replica.create_write_transaction([], "append", replica.schema(), commit_properties=commit_properties(txn))
+        replica.create_write_transaction([], "append", replica.schema(), commit_properties=commit_properties(txn),
+                                         post_commithook_properties=post_commit_hooks(replica.version() + 1))
 
     @staticmethod
     def _replayed_counts(replica: Any, txn: TxnId) -> ApplyCounts | None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Sequence
 
+from lakemirror.delta_rs_commits import post_commit_hooks
 from lakemirror.sinks.accelerator.driver_apply import DRIVER_MERGE_MEMORY_BYTES, commit_properties, sql_name
 from lakemirror.sinks.isolate import refused_by_value
 from lakemirror.sinks.events.guard_plan import OP_COLUMN, POSITION_COLUMN, POSITION_FIELDS, SCOPE_COLUMN, SCOPE_KEY, SCOPE_TABLE
@@ -179,7 +180,8 @@ class GuardedDriverMerge:
         on = " AND ".join(f"({T}.{sql_name(k)} IS NOT DISTINCT FROM {S}.{sql_name(k)})" for k in key_columns)
         try:
             metrics = dict(replica.merge(source, on, source_alias=S, target_alias=T,
-                                         max_spill_size=DRIVER_MERGE_MEMORY_BYTES, commit_properties=commit_properties(txn))
+                                         max_spill_size=DRIVER_MERGE_MEMORY_BYTES, commit_properties=commit_properties(txn),
+                                         post_commithook_properties=post_commit_hooks(read_version + 1))
                            .when_matched_delete(f"{newer} AND {op} = '{DELETE}'")
                            .when_matched_update_all(newer, except_cols=[OP_COLUMN])
                            .when_not_matched_insert_all(f"{op} <> '{DELETE}'", except_cols=[OP_COLUMN])
@@ -192,7 +194,8 @@ class GuardedDriverMerge:
                 raise  # a row the replica refuses (a CHECK constraint): the caller isolates it, on this path
             raise GuardedBatchUnfit(f"{self.replica_path}: delta-rs could not apply batch {txn.version}: {exc}") from exc
         if replica.version() == read_version:  # nothing changed a file, so delta-rs committed nothing
-            replica.create_write_transaction([], "append", replica.schema(), commit_properties=commit_properties(txn))
+            replica.create_write_transaction([], "append", replica.schema(), commit_properties=commit_properties(txn),
+                                             post_commithook_properties=post_commit_hooks(read_version + 1))
         return counts_from_metrics(metrics)
 
     def append_tombstones(self, rows: Sequence[dict[str, Any]], txn: TxnId) -> bool:
@@ -206,5 +209,6 @@ class GuardedDriverMerge:
             return False
         data = pa.Table.from_pylist(list(rows), schema=self.arrow_schema(table))
         write_deltalake(self.tombstones_path, data, mode="append", storage_options=self._tombstone_options or None,
-                        commit_properties=commit_properties(txn))
+                        commit_properties=commit_properties(txn),
+                        post_commithook_properties=post_commit_hooks(table.version() + 1))
         return True

@@ -14,7 +14,7 @@ from deltalake import DeltaTable
 from lakemirror.checkpoints.delta_store import DeltaCheckpointStore
 from lakemirror.checkpoints.offline import read_rows
 from lakemirror.checkpoints.records import CheckpointRow
-from lakemirror.checkpoints.table_upkeep import REMOVED_FILE_RETENTION, RETENTION_PROPERTY, Upkeep, UpkeepSchedule
+from lakemirror.checkpoints.table_upkeep import RETENTION, RETENTION_PROPERTIES, Upkeep, UpkeepSchedule
 from lakemirror.identifiers import TableName
 from lakemirror.tables import TableLocation
 
@@ -57,7 +57,8 @@ def test_appends_keep_the_live_file_list_short_and_every_row_once(tmp_path: Path
     path = tmp_path / "checkpoints"
     s = store(path)
     s.ensure()
-    assert DeltaTable(str(path)).metadata().configuration[RETENTION_PROPERTY] == REMOVED_FILE_RETENTION
+    configuration = DeltaTable(str(path)).metadata().configuration
+    assert [configuration[p] for p in RETENTION_PROPERTIES] == [RETENTION, RETENTION]
     for b in range(23):
         s.append(row(b), known_new=True)
     table = DeltaTable(str(path))
@@ -71,7 +72,8 @@ def test_a_retention_set_by_hand_is_kept_and_the_vacuum_deletes_what_it_no_longe
     path = tmp_path / "checkpoints"
     s = store(path)
     s.ensure()
-    DeltaTable(str(path)).alter.set_table_properties({RETENTION_PROPERTY: "interval 1 seconds"})
+    files_retention = RETENTION_PROPERTIES[0]
+    DeltaTable(str(path)).alter.set_table_properties({files_retention: "interval 1 seconds"})
     for b in range(4):
         s.append(row(b), known_new=True)
     first = {Path(u).name for u in DeltaTable(str(path)).file_uris()}
@@ -80,7 +82,7 @@ def test_a_retention_set_by_hand_is_kept_and_the_vacuum_deletes_what_it_no_longe
     for b in range(5, 10):  # the second compaction, and the vacuum
         s.append(row(b), known_new=True)
     table = DeltaTable(str(path))
-    assert table.metadata().configuration[RETENTION_PROPERTY] == "interval 1 seconds"
+    assert table.metadata().configuration[files_retention] == "interval 1 seconds"
     kept = {f.name for f in path.iterdir() if f.suffix == ".parquet"}
     assert len(first) == 4 and not first & kept, "the files the first compaction replaced are gone from storage"
     assert len(kept) == 7, "the second compaction's file, and the six it replaced a moment ago"
@@ -107,3 +109,40 @@ def test_a_failed_compaction_loses_no_row_and_is_tried_again_an_interval_later(
     assert "compaction failed (tried again after 5 more appends)" in caplog.text
     rows = read_rows(str(path), "p")
     assert rows is not None and sorted(r.batch_id for r in rows) == list(range(10))
+
+
+def commit_files(path: Path) -> list[str]:
+    return sorted(f.name for f in (path / "_delta_log").iterdir() if f.name.endswith(".json"))
+
+
+def test_appends_leave_the_logs_clean_up_to_the_compaction(tmp_path: Path) -> None:
+    """delta-rs's clean-up after a commit lists the whole log: the appends skip it, each compaction
+    runs it, and a table whose clean-up is turned off by hand keeps every commit file."""
+    path = tmp_path / "checkpoints"
+    s = store(path, compact_every=6, vacuum_every=100)
+    s.ensure()
+    DeltaTable(str(path)).alter.set_table_properties({"delta.logRetentionDuration": "interval 1 seconds",
+                                                      "delta.checkpointInterval": "2"})
+    for b in range(4):
+        s.append(row(b), known_new=True)
+    time.sleep(1.5)
+    s.append(row(4), known_new=True)  # a checkpoint, and commit files past their retention
+    before = commit_files(path)
+    assert before[0].startswith("00000000000000000000"), "the appends deleted no commit file"
+    s.append(row(5), known_new=True)  # the compaction
+    after = commit_files(path)
+    assert after and not after[0].startswith("00000000000000000000"), "the compaction's clean-up deleted them"
+    rows = read_rows(str(path), "p")
+    assert rows is not None and sorted(r.batch_id for r in rows) == list(range(6))
+
+    kept = tmp_path / "kept"
+    k = store(kept, compact_every=3, vacuum_every=100)
+    k.ensure()
+    DeltaTable(str(kept)).alter.set_table_properties({"delta.logRetentionDuration": "interval 1 seconds",
+                                                      "delta.checkpointInterval": "2",
+                                                      "delta.enableExpiredLogCleanup": "false"})
+    k.append(row(0), known_new=True)
+    time.sleep(1.5)
+    for b in range(1, 6):
+        k.append(row(b), known_new=True)
+    assert commit_files(kept)[0].startswith("00000000000000000000"), "clean-up off: every commit file stays"
