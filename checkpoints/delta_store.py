@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Mapping
 from lakemirror import tables
 from lakemirror.checkpoints.group_commit import GroupCommit
 from lakemirror.checkpoints.records import CHECKPOINT_DDL, CheckpointRow
-from lakemirror.checkpoints.table_upkeep import Upkeep, UpkeepSchedule, cleans_log, missing_retention
+from lakemirror.checkpoints.table_upkeep import Upkeep, UpkeepSchedule, missing_retention
+from lakemirror.delta_log.commit_hooks import log_cleanup_enabled
 from lakemirror.delta_log.layout import LOG_DIR, has_commits
 from lakemirror.delta_log.protocol import delta_rs_can_write
 from lakemirror.object_store import delta_rs_storage_options, delta_rs_target, delta_rs_uri, is_s3a
@@ -163,8 +164,8 @@ class DeltaCheckpointStore:
 
     def _upkeep(self, uri: str, storage_options: dict[str, str], *, vacuum: bool) -> None:
         """Compact the table's small files, delete its expired commit files (and, with ``vacuum``,
-        the data files no version within the retention reads). A failure is logged and tried again an interval later: the rows are
-        written whatever happens here."""
+        the data files no version within the retention reads). A failure is logged and tried again
+        an interval later: the rows are written whatever happens here."""
         from deltalake import DeltaTable
 
         started = time.monotonic()
@@ -175,7 +176,7 @@ class DeltaCheckpointStore:
             if missing:
                 table.alter.set_table_properties(missing)
             compacted = table.optimize.compact()
-            if cleans_log(configuration):
+            if log_cleanup_enabled(configuration):
                 table.cleanup_metadata()
             deleted = table.vacuum(dry_run=False, full=True) if vacuum else []
         except Exception as exc:  # noqa: BLE001 (upkeep only: the appends go on)

@@ -42,18 +42,11 @@ VACUUM_EVERY_COMPACTIONS = 10
 #: (:data:`RETENTION_PROPERTIES`): how long a file a compaction replaced, and a commit file, stay.
 RETENTION = "interval 15 minutes"
 RETENTION_PROPERTIES = ("delta.deletedFileRetentionDuration", "delta.logRetentionDuration")
-#: ``false`` on the table keeps every commit file (as Delta's own clean-up does).
-LOG_CLEANUP_PROPERTY = "delta.enableExpiredLogCleanup"
 
 
 def missing_retention(configuration: "dict[str, str]") -> dict[str, str]:
     """The retention properties to set on a table that has ``configuration`` (one set by hand stays)."""
     return {name: RETENTION for name in RETENTION_PROPERTIES if name not in configuration}
-
-
-def cleans_log(configuration: "dict[str, str]") -> bool:
-    """Whether the table's expired commit files are to be deleted."""
-    return configuration.get(LOG_CLEANUP_PROPERTY, "true").strip().lower() != "false"
 
 
 class Upkeep(Enum):

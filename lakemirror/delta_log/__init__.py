@@ -20,6 +20,7 @@ Modules:
 - :mod:`.data_files`: data and deletion-vector files written into a local replica.
 - :mod:`.deletion_vectors`: deletion vectors' descriptors, files and bitmaps.
 - :mod:`.protocol`: the protocol features each path that bypasses Spark handles as Spark does.
+- :mod:`.commit_hooks`: how often a delta-rs commit lakemirror makes deletes the expired commit files.
 
 What it reads:
 

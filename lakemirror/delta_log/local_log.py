@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import unquote
 
+from lakemirror.delta_log.commit_hooks import cleans_log, log_cleanup_enabled
 from lakemirror.delta_log.deletion_vectors import DvDescriptor
-from lakemirror.delta_rs_commits import cleans_log
 from lakemirror.delta_log.layout import LAST_CHECKPOINT, LOG_DIR, commit_file_name
 
 log = logging.getLogger(__name__)
@@ -190,9 +190,10 @@ DEFAULT_CHECKPOINT_INTERVAL = 10
 
 def checkpoint_if_due(table_dir: Path, version: int, config: dict[str, str]) -> None:
     """After commit ``version``, every ``delta.checkpointInterval`` commits: a checkpoint (by
-    delta-rs, which writes deletion vectors' descriptors into it), and on the checkpoint whose
-    interval holds a version where :func:`lakemirror.delta_rs_commits.cleans_log` (that clean-up
-    lists the whole log) the cleanup of expired log files, unless ``delta.enableExpiredLogCleanup`` is false. A failure is logged: a checkpoint is an optimisation, and the next interval tries again."""
+    delta-rs, which writes deletion vectors' descriptors into it); on the checkpoint whose interval
+    holds a version where :func:`lakemirror.delta_log.commit_hooks.cleans_log` (the clean-up lists the
+    whole log), also the cleanup of expired log files, unless the table turns it off. A failure is
+    logged: a checkpoint is an optimisation, and the next interval tries again."""
     interval = int(config.get("delta.checkpointInterval", DEFAULT_CHECKPOINT_INTERVAL))
     if interval <= 0 or version % interval:
         return
@@ -202,7 +203,7 @@ def checkpoint_if_due(table_dir: Path, version: int, config: dict[str, str]) -> 
         table = DeltaTable(str(table_dir))
         table.create_checkpoint()
         due = any(cleans_log(v) for v in range(version - interval + 1, version + 1))
-        if due and config.get("delta.enableExpiredLogCleanup", "true").strip().lower() != "false":
+        if due and log_cleanup_enabled(config):
             table.cleanup_metadata()
     except Exception as exc:  # noqa: BLE001 (see the docstring)
         log.warning("%s: could not write the checkpoint of version %d: %s", table_dir, version, exc)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from lakemirror.delta_rs_commits import post_commit_hooks
+from lakemirror.delta_log.commit_hooks import post_commit_hooks
 from lakemirror.sinks.accelerator.arrow_changes import batch_stats, winning_changes
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.merge.planner import CDF_COLUMNS, DELETE, OP_COLUMN, SOURCE_ALIAS, TARGET_ALIAS, MergePlan

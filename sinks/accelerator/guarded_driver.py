@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Sequence
 
-from lakemirror.delta_rs_commits import post_commit_hooks
+from lakemirror.delta_log.commit_hooks import post_commit_hooks
 from lakemirror.sinks.accelerator.driver_apply import DRIVER_MERGE_MEMORY_BYTES, commit_properties, sql_name
 from lakemirror.sinks.isolate import refused_by_value
 from lakemirror.sinks.events.guard_plan import OP_COLUMN, POSITION_COLUMN, POSITION_FIELDS, SCOPE_COLUMN, SCOPE_KEY, SCOPE_TABLE

@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
-from lakemirror.delta_rs_commits import LOG_CLEANUP_EVERY, cleans_log, post_commit_hooks
+from lakemirror.delta_log.commit_hooks import LOG_CLEANUP_EVERY, cleans_log, post_commit_hooks
 from lakemirror.schema import Column
 from lakemirror.sinks.accelerator.driver_apply import DriverApply
 from lakemirror.sinks.memory import ApplyCounts

@@ -80,6 +80,8 @@ DELTA_LOG_IMPORTERS = frozenset({
     "sources/feed_plan.py",                 # batches planned from commit files and offsets
     "sources/head_probe.py",                # lag from commit times
     "sinks/accelerator/batch_feed.py",      # a batch's versions from its offsets and commits
+    "sinks/accelerator/driver_apply.py",    # how often its commits clean the replica's log
+    "sinks/accelerator/guarded_driver.py",  # how often its commits clean the replica's log
     "sinks/accelerator/dv_compaction.py",   # compaction commits written to the local log
     "sinks/accelerator/dv_merge.py",        # deletion vectors and commits written to the local log
     "sinks/batch/incremental.py",           # applied versions from the stream's offsets

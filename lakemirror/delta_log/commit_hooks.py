@@ -6,20 +6,27 @@ off (``delta.enableExpiredLogCleanup``), deletes the commit files older than
 ``delta.logRetentionDuration``, which takes a listing of the table's whole ``_delta_log``: on
 every commit, although there is something to delete only once in a while. A replica taking a
 batch every few seconds holds tens of thousands of commit files within a week's retention, so
-that listing grew to most of each batch's cost (on object storage, one request per thousand
-files). Per-batch commits therefore run the clean-up only when the new version is a multiple of
-:data:`LOG_CLEANUP_EVERY` versions: the log holds at most that many commits past its retention.
+that listing, and with it every batch's cost, grows with the log (on object storage, a request
+per thousand files). Per-batch commits therefore run the clean-up only when the new version is a
+multiple of :data:`LOG_CLEANUP_EVERY`: the log holds at most that many commits past its retention.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 if TYPE_CHECKING:
     from deltalake import PostCommitHookProperties
 
 #: Versions between two clean-ups of a table's expired commit files.
 LOG_CLEANUP_EVERY = 100
+#: ``false`` on a table keeps every commit file (Delta's own clean-up honours it too).
+LOG_CLEANUP_PROPERTY = "delta.enableExpiredLogCleanup"
+
+
+def log_cleanup_enabled(configuration: "Mapping[str, str]") -> bool:
+    """Whether a table with these properties has its expired commit files deleted at all."""
+    return configuration.get(LOG_CLEANUP_PROPERTY, "true").strip().lower() != "false"
 
 
 def cleans_log(next_version: int) -> bool:
