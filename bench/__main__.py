@@ -682,9 +682,10 @@ def main(argv: list[str] | None = None) -> int:
         previous = {}  # never mix a smoke run's figures with a full run's
     # a full run measures every workload again; the opt-ins it does not measure are kept either way
     kept = previous if args.only else {"opt_in": previous.get("opt_in", {})}
-    extra = " ".join(argv if argv is not None else sys.argv[1:])
+    given = list(argv if argv is not None else sys.argv[1:])
+    extra = " ".join(given)
     command = ("make bench" + (" QUICK=1" if args.quick else "") + (f" ONLY={args.only}" if args.only else "")
-               + "  # python -m bench" + (f" {extra}" if extra else ""))
+               + make_args(given) + "  # python -m bench" + (f" {extra}" if extra else ""))
     results = fresh_results(kept, command, args.quick, machine(), p)
     run = run_provenance(results["command"], results["machine"])
     for name in only:
@@ -700,6 +701,21 @@ def main(argv: list[str] | None = None) -> int:
         results[name] = merge_runs(results.get(name) or [], section) if name == "production" and part_of else section
         write_report(results, args.out)  # after every workload: a run stopped half-way keeps what it measured
     return 0
+
+
+def make_args(given: list[str]) -> str:
+    """The ``ARGS=...`` of the ``make bench`` command that passes ``given`` (``--quick`` and
+    ``--only`` are its ``QUICK`` and ``ONLY``), so that a section's command reproduces its run."""
+    rest: list[str] = []
+    skip = False
+    for arg in given:
+        if skip:
+            skip = False
+        elif arg == "--only":
+            skip = True
+        elif arg != "--quick" and not arg.startswith("--only="):
+            rest.append(arg)
+    return f' ARGS="{" ".join(rest)}"' if rest else ""
 
 
 def fresh_results(kept: dict[str, Any], command: str, quick: bool, machine_now: dict[str, Any],

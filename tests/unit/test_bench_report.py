@@ -53,7 +53,8 @@ def test_every_section_says_its_command_date_commit_and_machine() -> None:
                                             for opt in RESULTS["opt_in"].values())
     assert len(provenance) == expected
     for line in provenance:
-        assert re.match(r"^\*Measured \d{4}-\d\d-\d\d \d\d:\d\d UTC at `[0-9a-f]{7}` by `make bench ONLY=[a-z0-9_,]+` "
+        assert re.match(r"^\*Measured \d{4}-\d\d-\d\d \d\d:\d\d UTC at `[0-9a-f]{7}` by `make bench ONLY=[a-z0-9_,]+"
+                        r'( ARGS="[^"`]+")?` '
                         r"on 2 cores, [\d.]+ GiB, Python [\d.]+, PySpark [\d.]+, deltalake [\d.]+, Linux \S+; "
                         r"load average [\d.]+ at start\.\*$", line), line
 
@@ -120,6 +121,15 @@ def test_a_run_keeps_the_sections_and_opt_ins_it_does_not_measure() -> None:
     fresh = fresh_results(RESULTS, "make bench ONLY=steady  # python -m bench --only steady", False, {}, {})
     assert fresh["opt_in"] == RESULTS["opt_in"] and fresh["catch_up"] == RESULTS["catch_up"]
     assert fresh_results({}, "make bench", False, {}, {})["opt_in"] == {}
+
+
+def test_the_make_command_carries_the_arguments_that_chose_the_run() -> None:
+    from bench.__main__ import make_args
+
+    assert make_args(["--only", "soak", "--soak-row", "driver"]) == ' ARGS="--soak-row driver"'
+    assert make_args(["--quick", "--only=steady"]) == ""
+    assert make_args(["--only", "production", "--rows", "driver,loop", "--tables", "4"]) == \
+        ' ARGS="--rows driver,loop --tables 4"'
 
 
 def test_each_record_of_a_run_carries_its_make_command_commit_and_machine() -> None:
