@@ -17,13 +17,7 @@ from lakemirror.checkpoints.records import CheckpointRow
 from lakemirror.checkpoints.table_upkeep import RETENTION, RETENTION_PROPERTIES, Upkeep, UpkeepSchedule
 from lakemirror.identifiers import TableName
 from lakemirror.tables import TableLocation
-
-
-class JvmSession:
-    """A session with a JVM of its own (the driver's file system is the table's) that fails any
-    Spark call: the delta-rs path must make none."""
-
-    _jvm = object()
+from tests.unit.test_checkpoint_table_ensure import JvmSession
 
 
 def store(path: Path, compact_every: int = 5, vacuum_every: int = 2) -> DeltaCheckpointStore:
