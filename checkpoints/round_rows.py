@@ -1,4 +1,4 @@
-"""Checkpoint rows of batches applied elsewhere, appended a round at a time, off the caller's thread.
+"""Checkpoint rows appended a round at a time, off the thread of the batch they record.
 
 Over Spark Connect a batch is applied on the server, and the daemon learns of it afterwards from
 the outcome file the batch function wrote (:mod:`lakemirror.sinks.merge.connect_outcomes`). Its
@@ -11,8 +11,17 @@ outcome files are still there, and the next start appends their rows
 (:class:`lakemirror.sinks.merge.connect_batches.ConnectBatches`). A crash after it doubles none:
 the next start reads the last batch the checkpoint table records and skips the files up to it.
 
-A failed append keeps the rows and is tried again (with a growing pause, at most
-``MAX_RETRY_SECONDS``); :meth:`RoundRows.flush` waits for the rows handed in so far (a drain).
+The driver's batches planned from commit files
+(:mod:`lakemirror.supervisor.change_feed.commit_file_batches`) hand their rows in too, so that an apply
+worker goes on to the next table's turn while the row is written: there the row must be durable
+before the stream's commit log records the batch (a batch the log records is never replayed, and
+its row would be lost with a crash), so the batch's owner writes its commit log from ``durable``.
+
+A failed append keeps the rows handed in without a ``failed`` callback and tries them again (with
+a growing pause, at most ``MAX_RETRY_SECONDS``): their batches are recorded elsewhere until then.
+Rows handed in with one are not tried again: ``failed`` gets the error, and the batch's owner fails
+its table, whose relaunch replays the batch and appends the row unless it is there.
+:meth:`RoundRows.flush` waits for the rows handed in so far (a drain).
 Lifecycle: the thread starts with the first row; :meth:`close` ends it after a last flush.
 """
 
@@ -38,6 +47,7 @@ LINGER_SECONDS = 0.2
 class _Pending:
     row: CheckpointRow
     durable: Callable[[], None]
+    failed: Callable[[BaseException], None] | None = None  # None: tried again until it is appended
 
 
 class RoundRows:
@@ -55,13 +65,15 @@ class RoundRows:
         #: Rows per commit so far (observability and tests).
         self.round_sizes: list[int] = []
 
-    def submit(self, row: CheckpointRow, durable: Callable[[], None] = lambda: None) -> None:
+    def submit(self, row: CheckpointRow, durable: Callable[[], None] = lambda: None,
+               failed: Callable[[BaseException], None] | None = None) -> None:
         """Queue ``row`` (a batch no earlier attempt has a row for); ``durable`` is called once it is
-        committed. Returns at once."""
+        committed, ``failed`` (if given) with the error of an append that did not commit it, which
+        is then not tried again. Returns at once."""
         with self._cond:
             if self._closed:
                 raise RuntimeError("the checkpoint row writer is closed")
-            self._pending.append(_Pending(row, durable))
+            self._pending.append(_Pending(row, durable, failed))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="checkpoint-rows", daemon=True)
                 self._thread.start()
@@ -97,18 +109,28 @@ class RoundRows:
             with self._cond:
                 group, self._pending = self._pending, []
                 self._in_flight = len(group)
+            from_server = any(p.failed is None for p in group)  # Spark Connect batches' rows
             try:
-                self.fault("connect_before_rows")
+                if from_server:
+                    self.fault("connect_before_rows")
                 self.store.append_rows([p.row for p in group])
-                self.fault("connect_after_rows")
-            except Exception as exc:  # noqa: BLE001 (kept and tried again; a crash leaves the outcome files)
-                log.warning("appending %d checkpoint row(s) failed, trying again in %.1f s: %s", len(group), delay, exc)
+                if from_server:
+                    self.fault("connect_after_rows")
+            except Exception as exc:  # noqa: BLE001 (kept and tried again, or handed to the batch's owner)
+                kept = [p for p in group if p.failed is None]  # a crash leaves their outcome files
+                for pending in group:
+                    if pending.failed is not None:
+                        pending.failed(exc)
+                if kept:
+                    log.warning("appending %d checkpoint row(s) failed, trying again in %.1f s: %s", len(kept),
+                                delay, exc)
                 with self._cond:
-                    self._pending = group + self._pending
+                    self._pending = kept + self._pending
                     self._in_flight = 0
                     self._cond.notify_all()
-                self.sleep(delay)
-                delay = min(MAX_RETRY_SECONDS, delay * 2)
+                if kept:
+                    self.sleep(delay)
+                    delay = min(MAX_RETRY_SECONDS, delay * 2)
                 continue
             delay = 0.5
             self.round_sizes.append(len(group))

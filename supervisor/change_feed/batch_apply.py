@@ -9,7 +9,8 @@
 3. apply it through the replica's batch sink under its transaction id, or skip it unread when
    the replica's own log already holds it (:mod:`lakemirror.supervisor.offline.replica_transactions`);
 4. move the table's applied version (what its lag is priced from) as soon as the replica holds it;
-5. append its checkpoint row, after the write and before Spark's commit log;
+5. append its checkpoint row, after the write and before Spark's commit log (or hand it to a writer
+   of its own, ``defer``, whose caller writes the commit log once the row is durable);
 6. report it (:class:`~lakemirror.supervisor.change_feed.shared_state.BatchReport`).
 
 A failure is translated once (:func:`~lakemirror.supervisor.control.classify_errors.classify`), recorded as a
@@ -132,9 +133,11 @@ class BatchApply:
                  lambda: self.check_same_source(source_table_id, batch), getattr(batch, "sparkSession", None))
 
     def run(self, txn: TxnId, epoch: int, apply: Callable[[], MergeOutcome], check_source: Callable[[], None],
-            spark: Any = None) -> MergeOutcome:
+            spark: Any = None, defer: Callable[[CheckpointRow], None] | None = None) -> MergeOutcome:
         """Apply one batch (``apply``, after ``check_source``) under ``txn`` and record it (see the module
-        docstring); a :class:`HandOver` raised by ``apply`` (nothing written) passes through unrecorded."""
+        docstring); a :class:`HandOver` raised by ``apply`` (nothing written) passes through unrecorded.
+        ``defer``: takes the checkpoint row of a fresh batch instead of this thread appending it (a
+        replayed batch's row is looked for and appended here either way)."""
         label = self.rows.source
         with self.lock:
             if self.live.draining:
@@ -158,10 +161,13 @@ class BatchApply:
                              "replays it); %s", label, txn.version, txn.app_id, replay_note(outcome))
                 if outcome.stats.rows_read:
                     self.fault("after_merge")
-                    # After a fresh MERGE no earlier attempt can have written this batch's row.
-                    self.rows.checkpoints.append(self.rows.batch_row(txn, epoch, outcome, started, self.lag_seconds()),
-                                                 spark, known_new=not outcome.replayed)
-                    self.fault("before_commit_log")
+                    row = self.rows.batch_row(txn, epoch, outcome, started, self.lag_seconds())
+                    if defer is not None and not outcome.replayed:
+                        defer(row)
+                    else:
+                        # After a fresh MERGE no earlier attempt can have written this batch's row.
+                        self.rows.checkpoints.append(row, spark, known_new=not outcome.replayed)
+                        self.fault("before_commit_log")
                 elif outcome.replayed and outcome.stats.last_version is not None:
                     # The replica's last batch, skipped unread: the crash that replays it may have come
                     # before its checkpoint row was appended; the row is appended unless it is there.
@@ -170,13 +176,17 @@ class BatchApply:
             except HandOver:
                 raise
             except Exception as exc:
-                self.live.batch_error = classify(exc, table=label)
-                self.rows.record_event(str(self.live.batch_error), self.load_progress(), degraded=True,
-                                       applied_through=self.live.applied_through, lag_seconds=self.lag_seconds(),
-                                       batch_id=txn.version, txn_app_id=txn.app_id)
+                self.record_failure(exc, txn)
                 raise
             self.live.batch_done(txn.version, outcome, started, self.clock())
             return outcome
+
+    def record_failure(self, exc: BaseException, txn: TxnId) -> None:
+        """Keep the failure of batch ``txn`` for the table's report and record it as a degraded row."""
+        self.live.batch_error = classify(exc, table=self.rows.source)
+        self.rows.record_event(str(self.live.batch_error), self.load_progress(), degraded=True,
+                               applied_through=self.live.applied_through, lag_seconds=self.lag_seconds(),
+                               batch_id=txn.version, txn_app_id=txn.app_id)
 
     def check_same_source(self, expected: str | None, batch: Any,
                           current: Callable[[], str | None] | None = None) -> None:

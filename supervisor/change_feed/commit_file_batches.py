@@ -11,6 +11,14 @@ transaction id and checkpoint row), with the query's own log written around it a
 (:mod:`lakemirror.checkpoints.stream_log`): its offsets before the replica's commit, its commit after
 the checkpoint row. No Spark job runs for such a batch: ``DeltaSource`` builds no snapshot.
 
+A batch's checkpoint row is handed to the pipeline's row writer
+(:class:`~lakemirror.checkpoints.round_rows.RoundRows`), which appends the rows of several tables' batches
+in one commit while the apply worker takes the next table's turn; the batch's commit is written to
+the query's log once its row is durable, and the table's next turn waits for that. A crash before
+it replays the batch: its transaction is on the replica, so nothing is written twice, and its row
+is appended unless it is there. A row that cannot be appended fails the table at its next turn,
+as a failed append in the turn did.
+
 Anything else (the epoch's first batch, a backlog, a commit that is not plain, a batch the driver does
 not take) is answered with the reason, and the turn starts the table's query for Spark to plan it
 (:mod:`lakemirror.supervisor.change_feed.turn_taker`), from the same log: a batch logged here and not applied
@@ -25,9 +33,12 @@ before its versions are taken for the old table's.
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
+from lakemirror.checkpoints.records import CheckpointRow
+from lakemirror.checkpoints.round_rows import RoundRows
 from lakemirror.checkpoints.stream_log import MIN_BATCHES_TO_RETAIN, StreamLog
 from lakemirror.delta_log.commit_files import StoreCommitActions
 from lakemirror.delta_log.stream_offsets import VersionRange
@@ -58,13 +69,44 @@ class FeedCounts:
     reasons: dict[str, int] = field(default_factory=dict)
 
 
+class RowInFlight:
+    """A batch applied whose checkpoint row the row writer is appending; once the row is durable the
+    batch's commit is written to the query's log (``commit``), and the batch is settled."""
+
+    def __init__(self, txn: TxnId, commit: Callable[[], None]) -> None:
+        self.txn = txn
+        self._commit = commit
+        self._settled = threading.Event()
+        self.handed_in = False
+        self.error: BaseException | None = None
+
+    def durable(self) -> None:
+        try:
+            self._commit()
+        except BaseException as exc:  # noqa: BLE001 (the owner's next turn raises it)
+            self.error = exc
+        self._settled.set()
+
+    def failed(self, exc: BaseException) -> None:
+        self.error = exc
+        self._settled.set()
+
+    @property
+    def settled(self) -> bool:
+        return self._settled.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._settled.wait(timeout)
+
+
 class FeedBatches:
     """The batches of one table's epoch that the daemon plans and applies (see the module docstring)."""
 
     def __init__(self, *, label: str, checkpoint: str, source: tuple[str, dict[str, str]], sink: "DeltaMergeSink",
                  apply_batch: BatchApply, app_id: str, epoch: int, after_version: int, source_table_id: str | None,
                  live: TableLive, read_range: Callable[[VersionRange], "DataFrame"], session: Any = None,
-                 window: int = ONE_BATCH_VERSIONS) -> None:
+                 window: int = ONE_BATCH_VERSIONS, rows: RoundRows | None = None) -> None:
+        """``rows``: the pipeline's row writer (None: each batch appends its row on the worker's thread)."""
         self.label = label
         self.log = StreamLog(checkpoint)
         self.feed = DriverFeed(*source)
@@ -83,10 +125,37 @@ class FeedBatches:
         self.counts = FeedCounts()
         #: The last version a batch applied and its commit file's digest (a recreated source differs).
         self._last_applied: tuple[int, str] | None = None
+        self.rows = rows
+        #: The last batch's checkpoint row while the row writer has it (None: settled and seen).
+        self._row_in_flight: RowInFlight | None = None
+
+    @property
+    def settled(self) -> bool:
+        """Whether the last batch's row is written (or failed): a turn would not wait for it."""
+        row = self._row_in_flight
+        return row is None or row.settled
+
+    def wait_settled(self, timeout: float) -> bool:
+        """Wait (at most ``timeout``) for the last batch's row. False: still being appended then."""
+        row = self._row_in_flight
+        return row is None or row.wait(max(0.0, timeout))
+
+    def _settle(self) -> None:
+        """Wait for the last batch's row and its commit in the query's log; raise what failed them
+        (recorded as the batch's failure: the table fails, and its relaunch replays the batch)."""
+        row = self._row_in_flight
+        if row is None:
+            return
+        row.wait()
+        self._row_in_flight = None
+        if row.error is not None:
+            self.apply_batch.record_failure(row.error, row.txn)
+            raise row.error
 
     def take(self) -> str | None:
         """Apply the table's next batch from the commit files: None when done (a batch applied, or the
         source has nothing new), else why Spark is to plan the turn's batch."""
+        self._settle()
         self.sink.ensure_chosen()
         if self.sink.driver is None:  # delta-rs refused a batch, or the replica outgrew the driver's limit
             return self._to_spark("the replica is no longer applied on the driver")
@@ -121,21 +190,40 @@ class FeedBatches:
                 return self._to_spark(f"the batch metadata of batch {batch.batch_id - 1} cannot be read")
             self.log.write_offsets(batch.batch_id, batch.end_offset, metadata)
         expected = self.source_table_id
+        batch_id = batch.batch_id
+
+        def commit() -> None:
+            self.log.write_commit(batch_id)
+            self.log.purge(batch_id - MIN_BATCHES_TO_RETAIN + 1)
+
+        def commit_after_row() -> None:
+            self.apply_batch.fault("before_commit_log")
+            commit()
+
+        in_flight = RowInFlight(txn, commit_after_row)
         try:
             self.apply_batch.run(
                 txn, self.epoch, lambda: self._apply(changes, txn, batch.versions),
-                lambda: self.apply_batch.check_same_source(expected, None, lambda: table_id), self.session)
+                lambda: self.apply_batch.check_same_source(expected, None, lambda: table_id), self.session,
+                defer=(lambda row: self._hand_in(row, in_flight)) if self.rows is not None else None)
         except HandOver as exc:
             # Its offsets are logged: the query Spark starts now re-runs it with them, under the same txn.
             return self._to_spark(f"batch {batch.batch_id}: {exc}")
-        self.log.write_commit(batch.batch_id)
-        self.log.purge(batch.batch_id - MIN_BATCHES_TO_RETAIN + 1)
+        if in_flight.handed_in:
+            self._row_in_flight = in_flight  # its commit is written once its row is durable
+        else:
+            commit()
         if not batch.versions.empty:
             self.live.advance(batch.versions.last)
             fingerprint = self.commits.fingerprint(batch.versions.last)
             self._last_applied = (batch.versions.last, fingerprint) if fingerprint is not None else None
         self.counts.from_commit_files += 1
         return None
+
+    def _hand_in(self, row: CheckpointRow, in_flight: RowInFlight) -> None:
+        assert self.rows is not None
+        self.rows.submit(row, in_flight.durable, in_flight.failed)
+        in_flight.handed_in = True
 
     def sink_columns(self) -> list[str]:
         driver = self.sink.driver

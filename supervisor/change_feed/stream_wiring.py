@@ -50,6 +50,8 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
     from pyspark.sql.streaming.readwriter import DataStreamWriter
 
+    from lakemirror.checkpoints.round_rows import RoundRows
+
 log = logging.getLogger(__name__)
 
 #: The batch function's body: (sink, transaction, batch, epoch, source table id, driver reader).
@@ -93,11 +95,12 @@ def stream_options(spec: PipelineSpec) -> dict[str, Any]:
 def wire_stream(session: "SparkSession", spec: PipelineSpec, slug: str, source: TableChangeSource[Any],
                 replica: TableReplica[Any], destination: TableLocation, prepared: Prepared,
                 apply_batch: ApplyBatch, recorded: Callable[[str], "int | None"],
-                mark: Callable[[str], None] = lambda step: None) -> Wiring:
+                mark: Callable[[str], None] = lambda step: None, rows: "RoundRows | None" = None) -> Wiring:
     """Start the table's query for the epoch ``prepared`` names (see the module docstring); ``mark``
     is told when the change stream is made (``source``) and the apply path chosen (``choose``).
     ``recorded``: the last batch of a transaction app id the checkpoint table holds (Spark Connect:
-    the batches after it have outcome files whose rows are to be recorded)."""
+    the batches after it have outcome files whose rows are to be recorded). ``rows``: the pipeline's
+    row writer, which appends the checkpoint rows of the batches planned from commit files."""
     progress = prepared.progress
     assert progress.bootstrap_version is not None
     after_version = progress.bootstrap_version
@@ -148,7 +151,7 @@ def wire_stream(session: "SparkSession", spec: PipelineSpec, slug: str, source: 
         feed_batches = FeedBatches(
             label=str(source.name), checkpoint=checkpoint, source=reach, sink=merge_sink, apply_batch=apply_batch,
             app_id=app_id, epoch=progress.epoch, after_version=progress.bootstrap_version,
-            source_table_id=progress.source_table_id, live=apply_batch.live, session=session,
+            source_table_id=progress.source_table_id, live=apply_batch.live, session=session, rows=rows,
             read_range=lambda versions: tables.read(session, source.location, readChangeFeed="true",
                                                     startingVersion=str(versions.first),
                                                     endingVersion=str(versions.last)))

@@ -114,8 +114,9 @@ class RunnerContext:
     replica_for: ReplicaFactory | None = None
     #: Each table's change source, ``source_for(table, session)`` (None: the source table's Delta change feed).
     source_for: SourceFactory | None = None
-    #: Appends the checkpoint rows of batches applied on a Spark Connect server, a round at a time
-    #: (made from ``checkpoints`` if None; its thread starts with the first row).
+    #: Appends the checkpoint rows of batches applied on a Spark Connect server, and of those the daemon
+    #: planned from commit files, a round at a time (made from ``checkpoints`` if None; its thread
+    #: starts with the first row).
     round_rows: RoundRows | None = None
     #: The pipeline's change-feed dead letters (counts, skip, replay); None: not counted.
     feed_letters: FeedLetterDesk | None = None
@@ -366,6 +367,12 @@ class TableRunner:
         # A turn that started before the drain ends by itself: its next batch is refused (Drained).
         self.halting = "waiting for its turn in flight"
         step(self.halting, self.turns.wait_idle(deadline - time.monotonic()))
+        feed = self.turns.feed
+        if feed is not None:
+            # The last batch's checkpoint row, appended by the pipeline's row writer, then its commit
+            # in the query's log (one not written by the deadline is replayed at the next start).
+            self.halting = "recording its last batch"
+            step(self.halting, feed.wait_settled(deadline - time.monotonic()))
         if self._connect is not None:
             # Spark Connect: the batches the server applied last are reported and their rows written
             # now (those not written by the deadline are recorded at the next start, from their files).
@@ -589,7 +596,7 @@ class TableRunner:
     def _start_stream(self, prepared: Prepared, mark: Callable[[str], None] = lambda step: None) -> None:
         wiring = wire_stream(self.session, self.ctx.spec, self.slug, self.change_source, self.replica,
                              self.ctx.catalog.locate(self.destination), prepared, self.apply_batch,
-                             self.ctx.checkpoints.last_batch, mark)
+                             self.ctx.checkpoints.last_batch, mark, self.ctx.round_rows)
         self._connect, self._connect_epoch = wiring.connect, prepared.progress.epoch
         self.batch_feed, self.stream_session, self._sink = wiring.batch_feed, wiring.stream_session, wiring.sink
         self.turns.gate, self.turns.turn_query, self.turns.feed = wiring.gate, wiring.turn_query, wiring.feed_batches

@@ -91,7 +91,9 @@ class TableTurns:
             return False
         if self.gate is not None:
             return self.gate.ready
-        return self.turn_query is not None
+        # A batch whose checkpoint row is still being appended is not yet in the query's log: the
+        # table's next batch is planned once it is.
+        return self.turn_query is not None and (self.feed is None or self.feed.settled)
 
     def has_pending(self) -> bool | None:
         """Whether the source has a commit the replica has not applied; None: cannot tell cheaply.

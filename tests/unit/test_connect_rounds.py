@@ -102,6 +102,38 @@ def test_a_failed_append_is_tried_again_and_flush_waits_for_it() -> None:
     rounds.close()
 
 
+def test_a_row_handed_in_with_a_failure_callback_is_handed_back_not_tried_again() -> None:
+    """The driver's commit-file batches fail their table instead (their relaunch replays the batch);
+    the Connect rows of the same round are kept and tried again, and only they pass the Connect
+    crash points."""
+    class RefusesOnce(InMemoryCheckpointStore):
+        refusals = 1
+
+        def append_rows(self, rows: list[CheckpointRow]) -> None:
+            if self.refusals:
+                self.refusals -= 1
+                raise OSError("the store is away")
+            super().append_rows(rows)
+
+    store = RefusesOnce()
+    gate = Gate()
+    points: list[str] = []
+    rounds = RoundRows(store, sleep=gate, fault=points.append)
+    failed: list[str] = []
+    durable: list[str] = []
+    rounds.submit(row(0, "driver"), lambda: durable.append("driver"), lambda exc: failed.append(str(exc)))
+    rounds.submit(row(0, "server"), lambda: durable.append("server"))
+    gate.go.set()
+    assert rounds.flush(10)
+    assert failed == ["the store is away"] and durable == ["server"]
+    assert [r.txn_app_id for r in store.rows] == ["server"]
+    assert points == ["connect_before_rows", "connect_before_rows", "connect_after_rows"]
+    rounds.submit(row(1, "driver"), lambda: durable.append("driver"), failed.append)  # type: ignore[arg-type]
+    assert rounds.flush(10) and durable == ["server", "driver"]
+    assert points == ["connect_before_rows", "connect_before_rows", "connect_after_rows"], "no Connect row"
+    rounds.close()
+
+
 class Daemon:
     """One run of the daemon's side of a table over Spark Connect, down to what the runner does at
     each poll (supervisor/change_feed/server_batches.py) and at its start (the checkpoint table's last batch)."""

@@ -5,6 +5,7 @@ in-memory checkpoint store."""
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,8 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from lakemirror.checkpoints.records import InMemoryCheckpointStore
+from lakemirror.checkpoints.records import CheckpointRow, InMemoryCheckpointStore
+from lakemirror.checkpoints.round_rows import RoundRows
 from lakemirror.checkpoints.state import TableProgress
 from lakemirror.checkpoints.stream_log import StreamLog
 from lakemirror.identifiers import TableName
@@ -76,7 +78,7 @@ class Table:
             self.crash_at = None
             raise Crash(point)
 
-    def launch(self, window: int = 32) -> FeedBatches:
+    def launch(self, window: int = 32, rows: RoundRows | None = None) -> FeedBatches:
         plan = plan_merge((Column("id", "bigint", False), Column("v", "string")), ["id"])
         target = TableLocation(TableName("dst", "s", "t"), str(self.replica))
         sink = DeltaMergeSink(target, plan, stable_source=True, replica_rows=3, fault=self.fault,
@@ -88,7 +90,8 @@ class Table:
                            sleep=lambda s: None, fault=self.fault)
         return FeedBatches(label="src.s.t", checkpoint=str(self.checkpoint), source=(str(self.source), {}), sink=sink,
                            apply_batch=apply, app_id=APP, epoch=1, after_version=0, source_table_id=self.table_id,
-                           live=live, read_range=lambda versions: pytest.fail("no Spark read expected"), window=window)
+                           live=live, read_range=lambda versions: pytest.fail("no Spark read expected"), window=window,
+                           rows=rows)
 
     def change(self) -> None:
         """Versions 2-4: an update, a delete, a re-insert."""
@@ -186,3 +189,91 @@ def test_the_applied_version_moves_once_the_replica_commits_before_the_checkpoin
     t.store.append = append_seeing_the_live_version  # type: ignore[method-assign]
     assert feed.take() is None
     assert seen == {"while the row is written": 4} and feed.live.applied_through == 4
+
+
+class HeldAppends(InMemoryCheckpointStore):
+    """A checkpoint store whose row writer's appends wait until let go, or fail."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = threading.Event()
+        self.refuse: Exception | None = None
+
+    def append_rows(self, rows: list[CheckpointRow]) -> None:
+        assert self.go.wait(30), "the test did not let the append go"
+        if self.refuse is not None:
+            raise self.refuse
+        super().append_rows(rows)
+
+
+def writer_launch(tmp_path: Path) -> tuple[Table, HeldAppends, RoundRows]:
+    t = Table(tmp_path)
+    store = t.store = HeldAppends()
+    return t, store, RoundRows(store, fault=t.fault, linger_seconds=0.0)
+
+
+def test_a_batch_row_is_appended_off_the_worker_and_its_commit_logged_only_once_the_row_is_durable(
+        tmp_path: Path) -> None:
+    t, store, writer = writer_launch(tmp_path)
+    feed = t.launch(rows=writer)
+    t.change()
+    assert feed.take() is None, "the turn ends once the replica holds the batch"
+    log = StreamLog(t.checkpoint)
+    assert rows(t.replica) == rows(t.source) and feed.live.applied_through == 4
+    assert not feed.settled and not store.rows
+    assert (log.latest_offsets(), log.latest_commit()) == (1, 0), "no commit before the row is durable"
+    store.go.set()
+    assert feed.wait_settled(30) and writer.flush(30)
+    assert log.latest_commit() == 1
+    [row] = batch_rows(t)
+    assert (row.batch_id, row.first_version, row.last_version) == (1, 2, 4)
+    assert t.points == ["before_merge", "after_driver_commit", "after_merge", "before_commit_log"]
+    assert writer.round_sizes == [1]
+    write_deltalake(str(t.source), pa.table({"id": [9], "v": ["later"]}, schema=SCHEMA), mode="append")
+    assert feed.take() is None and feed.wait_settled(30)
+    assert rows(t.replica) == rows(t.source) and [r.batch_id for r in batch_rows(t)] == [1, 2]
+
+
+def test_the_next_turn_of_a_table_waits_for_its_last_batchs_row(tmp_path: Path) -> None:
+    t, store, writer = writer_launch(tmp_path)
+    feed = t.launch(rows=writer)
+    t.change()
+    assert feed.take() is None
+    write_deltalake(str(t.source), pa.table({"id": [9], "v": ["later"]}, schema=SCHEMA), mode="append")
+    second = threading.Thread(target=feed.take)
+    second.start()
+    second.join(0.5)
+    assert second.is_alive(), "batch 2 is not planned while batch 1 is not in the query's log"
+    assert StreamLog(t.checkpoint).latest_offsets() == 1
+    store.go.set()
+    second.join(30)
+    assert feed.wait_settled(30) and [r.batch_id for r in batch_rows(t)] == [1, 2]
+    assert rows(t.replica) == rows(t.source)
+
+
+@pytest.mark.parametrize("failure", ["append refused", "killed before the commit log"])
+def test_a_row_not_written_fails_the_table_at_its_next_turn_and_the_relaunch_records_the_batch_once(
+        tmp_path: Path, failure: str) -> None:
+    t, store, writer = writer_launch(tmp_path)
+    feed = t.launch(rows=writer)
+    t.change()
+    if failure == "append refused":
+        store.refuse = OSError("the checkpoint table refused the append")
+    else:
+        t.crash_at = "before_commit_log"  # the row is durable, the commit log not written
+    store.go.set()
+    assert feed.take() is None and feed.wait_settled(30)
+    with pytest.raises((OSError, Crash)):
+        feed.take()
+    assert feed.settled, "the failure is reported once"
+    [degraded] = [r for r in t.store.rows if r.error is not None]
+    assert degraded.batch_id == 1 and degraded.degraded
+    assert StreamLog(t.checkpoint).latest_commit() == 0, "the batch is replayed by the relaunch"
+    store.refuse = None
+    relaunched = t.launch(rows=writer)
+    assert relaunched.take() is None and relaunched.wait_settled(30)
+    [row] = batch_rows(t)
+    assert (row.batch_id, row.first_version, row.last_version) == (1, 2, 4)
+    history = DeltaTable(str(t.replica)).history()
+    assert [h.get("userMetadata") for h in history].count(json.dumps({"batch": 1, "lakemirror_txn": APP})) == 1
+    assert StreamLog(t.checkpoint).latest_commit() == 1 and rows(t.replica) == rows(t.source)
