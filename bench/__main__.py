@@ -290,7 +290,7 @@ def _steady_table(runs: list[dict[str, Any]], base_system: str = "lakemirror") -
                     f"{d['outside_mean']:.2f} s, max {d['outside_max']:.2f} s" if d.get("outside_p50") is not None
                     else "")
             lines += ["", f"lakemirror's own `lakemirror_lag_seconds` (scraped every second, max over tables): "
-                          f"p50 {d.get('p50') or float('nan'):.2f} s, mean {d['mean']:.2f} s, max {d['max']:.2f} s "
+                          f"p50 {d['p50'] if d.get('p50') is not None else float('nan'):.2f} s, mean {d['mean']:.2f} s, max {d['max']:.2f} s "
                           f"over {d['samples']} scrapes{same}; each commit's own lag (the tables above): "
                           f"mean {r['lag']['mean']:.2f} s, max {r['lag']['max']:.2f} s. "
                           f"Time from daemon start to every replica bootstrapped and running: {r['ready_seconds']} s."]
