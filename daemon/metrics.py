@@ -20,7 +20,7 @@ from lakemirror import __version__
 from lakemirror.daemon.jars import DELTA_VERSION, SPARK_VERSION
 from lakemirror.sinks.batch.bootstrap_plan import BootstrapProgress
 from lakemirror.supervisor.change_feed.table_runner import BatchReport
-from lakemirror.supervisor.control.lag import HeldVersion, LagReading, as_of
+from lakemirror.supervisor.control.lag import CommittedAt, HeldVersion, LagReading, as_of
 from lakemirror.supervisor.control.table_state import TableState, TableStatus
 from lakemirror.supervisor.events.stream_runner import RUNNER_PREFIX, DeadLetterTally, EventBatchReport, EventLagReading
 
@@ -242,16 +242,18 @@ class Metrics:
             if done.event_lags_seconds:
                 self.event_batch_lag.labels(**lab).set(max(done.event_lags_seconds))
 
-    def lag_measured(self, table: str, reading: LagReading, held: HeldVersion | None = None) -> None:
+    def lag_measured(self, table: str, reading: LagReading, held: HeldVersion | None = None,
+                     committed_at: CommittedAt | None = None) -> None:
         lab = self._l(table)
         # The lag as of each scrape, not of the reading: between two readings of the source (a probe
         # round, slower with many tables or over Spark Connect) the oldest unapplied commit keeps
         # ageing, and a gauge set to the reading's value would show it frozen (LagReading.lag_at);
-        # and a batch that lands between two readings counts at once (``held``: the version the
-        # replica holds at the scrape), as the status API counts it.
+        # a batch that lands between two readings counts at once (``held``: the version the
+        # replica holds at the scrape), as the status API counts it; and a commit made since a
+        # reading that found the replica caught up counts at once too (``committed_at``).
         clock = self.clock
-        self.lag.labels(**lab).set_function(lambda: as_of(reading, held, clock()).lag_seconds)
-        self.behind.labels(**lab).set_function(lambda: as_of(reading, held, clock()).versions_behind)
+        self.lag.labels(**lab).set_function(lambda: as_of(reading, held, clock(), committed_at).lag_seconds)
+        self.behind.labels(**lab).set_function(lambda: as_of(reading, held, clock(), committed_at).versions_behind)
         self.last_version.labels(**lab).set_function(lambda: as_of(reading, held, clock()).applied_through_version)
         self.source_version.labels(**lab).set(reading.latest_source_version)
         if reading.retention_headroom_seconds is not None:

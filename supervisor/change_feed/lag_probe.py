@@ -10,8 +10,10 @@ it runs low.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable
 
 from lakemirror.sources.change_feed import SourceHead
 from lakemirror.delta_log.commit_times import CommitLog
@@ -24,6 +26,9 @@ log = logging.getLogger(__name__)
 
 #: The most commits a probe reads back from the source's head.
 MAX_WINDOW = 32
+#: How long an answer of :meth:`LagProbe.committed_at` that a version is not committed stands: a
+#: scrape and a status request asking at once cost one look, on an object store one request.
+NOT_COMMITTED_STANDS_SECONDS = 0.25
 
 
 class LagProbe:
@@ -39,12 +44,42 @@ class LagProbe:
         self._commit_times: dict[int, float] = {}
         self._known_latest: int | None = None
         self._headroom_low = False
+        # committed_at's answers (asked from the threads of /metrics and the status API)
+        self._asked = threading.Lock()
+        self._committed: tuple[int, float] | None = None
+        self._not_committed: tuple[int, float] | None = None  # (version, when it was looked for)
 
     def reset(self) -> None:
         """Forget what earlier probes learned (a resync: the next epoch may read another table)."""
         self.last = None
         self._commit_log, self._commit_log_opened = None, False
         self._commit_times, self._known_latest = {}, None
+        with self._asked:
+            self._committed, self._not_committed = None, None
+
+    def committed_at(self, version: int, clock: Callable[[], float] = time.monotonic) -> float | None:
+        """When ``version`` was committed, looked at in its commit file (None: not committed, or the
+        commit files are not open: before the first probe, or where they cannot be read directly).
+        Asked of the version after the one applied, when a reading says the replica is caught up."""
+        log_ = self._commit_log
+        if log_ is None:
+            return None
+        with self._asked:
+            if self._committed is not None and self._committed[0] == version:
+                return self._committed[1]
+            missing = self._not_committed
+            if missing is not None and missing[0] == version and clock() - missing[1] < NOT_COMMITTED_STANDS_SECONDS:
+                return None
+            try:
+                at = log_.commit_time(version)
+            except Exception as exc:  # noqa: BLE001 (the probe's own reading stands)
+                log.debug("table %s: looking for version %d: %s", self.label, version, exc)
+                at = None
+            if at is None:
+                self._not_committed = (version, clock())
+            else:
+                self._committed = (version, at)
+            return at
 
     def commit_files(self) -> CommitLog | None:
         """The source's commit files, opened once; None where they cannot be read directly."""

@@ -482,6 +482,11 @@ class TableRunner:
 
     # -- lag ------------------------------------------------------------------------------------
 
+    def committed_at(self, version: int) -> float | None:
+        """When source ``version`` was committed, if it is (one look at its commit file; None where the
+        commit files cannot be read directly): what a caught-up reading asks of the next version."""
+        return self.lag.committed_at(version) if "lag" in self.__dict__ else None
+
     def probe_lag(self, now: float) -> LagReading | None:
         # One reading of the applied version for the whole probe: batches advance it on the
         # stream's thread meanwhile, and commit times read for one version cannot price another

@@ -12,7 +12,10 @@ reading keeps what it needs to answer for a later moment without reading the sou
 commit time of the oldest unapplied version (:meth:`LagReading.lag_at`: the lag keeps growing
 after the reading while something is behind) and the commit times of the versions it saw
 unapplied (:meth:`LagReading.repriced`: once a batch applies some of them, the oldest one left
-prices the lag, or none does and the lag is 0).
+prices the lag, or none does and the lag is 0). A reading that says "caught up" is asked once
+more where that is cheap (:func:`as_of` with ``committed_at``: one look at the next version's
+commit file): a commit made after the probe and applied before the next one would otherwise
+never show, and with batches faster than the probe interval most commits are.
 """
 
 from __future__ import annotations
@@ -65,15 +68,35 @@ class LagReading:
         return replace(self, lag_seconds=lag, versions_behind=behind, applied_through_version=applied_through,
                        oldest_unapplied_at=oldest, unapplied_commit_times=left)
 
+    def seen(self, version: int, committed_at: float, now: float) -> "LagReading":
+        """The reading with ``version``, committed at ``committed_at``, found on the source since it was
+        taken (and not applied): it is behind from then on. A version the reading knows changes nothing."""
+        if not self.versioned or version <= self.latest_source_version:
+            return self
+        oldest = committed_at if self.oldest_unapplied_at is None else min(self.oldest_unapplied_at, committed_at)
+        return replace(self, lag_seconds=max(self.lag_seconds, now - oldest), oldest_unapplied_at=oldest,
+                       versions_behind=max(1, version - self.applied_through_version), latest_source_version=version,
+                       unapplied_commit_times={**self.unapplied_commit_times, version: committed_at})
+
 
 #: The version a table's replica holds now (its runner's ``applied_through``), asked at each use.
 HeldVersion = Callable[[], "int | None"]
+#: When a source version was committed, asked at each use: None while it is not (or where the
+#: source's commit files cannot be looked at cheaply).
+CommittedAt = Callable[[int], "float | None"]
 
 
-def as_of(reading: LagReading, held: HeldVersion | None, now: float) -> LagReading:
+def as_of(reading: LagReading, held: HeldVersion | None, now: float,
+          committed_at: CommittedAt | None = None) -> LagReading:
     """``reading`` at ``now`` for the replica as it is now: repriced by what ``held`` says it holds
-    (a batch that landed since the reading), or only aged (``held`` None)."""
-    return reading.repriced(held(), now) if held is not None else replace(reading, lag_seconds=reading.lag_at(now))
+    (a batch that landed since the reading), or only aged (``held`` None); when that says caught up,
+    ``committed_at`` (where given) is asked whether the next version has been committed since."""
+    current = reading.repriced(held(), now) if held is not None else replace(reading, lag_seconds=reading.lag_at(now))
+    if committed_at is None or not current.versioned or current.versions_behind > 0:
+        return current
+    following = current.applied_through_version + 1
+    at = committed_at(following)
+    return current if at is None else current.seen(following, at, now)
 
 
 def compute_lag(*, applied_through: int, latest_version: int,

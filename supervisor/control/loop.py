@@ -34,7 +34,7 @@ from lakemirror.supervisor.control.command_inbox import CommandRefused as Comman
 from lakemirror.supervisor.control.command_inbox import Draining as Draining
 from lakemirror.supervisor.control.failure_policy import REDISCOVERABLE
 from lakemirror.supervisor.control.halts import halt_all
-from lakemirror.supervisor.control.lag import HeldVersion, LagReading
+from lakemirror.supervisor.control.lag import CommittedAt, HeldVersion, LagReading, as_of
 from lakemirror.supervisor.control.observer import NoopObserver, Observer
 from lakemirror.supervisor.offline.recorded_tables import RecordedTable
 
@@ -360,6 +360,19 @@ class Supervisor:
             return None if alive is None else alive.applied_through
         return held
 
+    @staticmethod
+    def _committed_at(entry: _Table) -> CommittedAt | None:
+        """When a version of the table's source was committed, looked at when asked (a runner whose
+        source's commit files can be looked at cheaply: ``committed_at``), else None. Kept like ``held``."""
+        if getattr(entry.runner, "committed_at", None) is None:
+            return None
+        runner = weakref.ref(entry.runner)
+
+        def committed_at(version: int) -> float | None:
+            alive = runner()
+            return None if alive is None else alive.committed_at(version)  # type: ignore[attr-defined]
+        return committed_at
+
     def _probe(self, name: str, entry: _Table, now: float) -> None:
         # Each table's reading is taken at its own moment: probes of many tables (each a read of the
         # source's head) run one after the other, and the tick's start would be seconds off for the last.
@@ -372,7 +385,7 @@ class Supervisor:
         if reading is None and entry.runner.last_lag is None and name in self._recorded:
             reading = self._known(name, now).reading(now)  # the runner knows nothing yet: the record does
         if reading is not None:
-            self.observer.lag_measured(name, reading, self._held(entry))
+            self.observer.lag_measured(name, reading, self._held(entry), self._committed_at(entry))
 
     def _seed(self, now: float) -> None:
         """List the tables the pipeline's records know at once, state ``starting`` (or ``paused``),
@@ -410,8 +423,8 @@ class Supervisor:
             if lag is None and known is not None:  # nothing measured yet: what the records say, read again
                 known = self._known(name, now, applied=through)
                 lag = known.reading(now)
-            if lag is not None:  # as of now, and of the batches applied since the reading
-                lag = lag.repriced(through, now)
+            if lag is not None:  # as of now, of the batches applied and the commits made since the reading
+                lag = as_of(lag, lambda: through, now, self._committed_at(e))
             if through is None and known is not None:
                 through = known.applied_through
             out.append(TableView(

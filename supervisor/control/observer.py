@@ -10,16 +10,18 @@ from typing import Protocol
 
 from lakemirror.sinks.batch.bootstrap_plan import BootstrapProgress
 from lakemirror.supervisor.change_feed.table_runner import BatchReport
-from lakemirror.supervisor.control.lag import HeldVersion, LagReading
+from lakemirror.supervisor.control.lag import CommittedAt, HeldVersion, LagReading
 from lakemirror.supervisor.control.table_state import TableStatus
 
 
 class Observer(Protocol):
     def state_changed(self, table: str, status: TableStatus) -> None: ...
     def batch_applied(self, table: str, report: BatchReport) -> None: ...
-    def lag_measured(self, table: str, reading: LagReading, held: HeldVersion | None = None) -> None:
+    def lag_measured(self, table: str, reading: LagReading, held: HeldVersion | None = None,
+                     committed_at: CommittedAt | None = None) -> None:
         """A new reading of ``table``'s lag; ``held``, where given, says which version its replica holds
-        at any later moment, so that what is reported later counts the batches applied since."""
+        at any later moment, so that what is reported later counts the batches applied since, and
+        ``committed_at`` whether the source has committed a version since (``as_of``)."""
     def retry_scheduled(self, table: str, status: TableStatus) -> None: ...
     def bootstrap_progressed(self, table: str, progress: BootstrapProgress) -> None: ...
 
@@ -31,7 +33,8 @@ class NoopObserver:
     def batch_applied(self, table: str, report: BatchReport) -> None:
         pass
 
-    def lag_measured(self, table: str, reading: LagReading, held: HeldVersion | None = None) -> None:
+    def lag_measured(self, table: str, reading: LagReading, held: HeldVersion | None = None,
+                     committed_at: CommittedAt | None = None) -> None:
         pass
 
     def retry_scheduled(self, table: str, status: TableStatus) -> None:
@@ -55,9 +58,10 @@ class Observers:
         for o in self.observers:
             o.batch_applied(table, report)
 
-    def lag_measured(self, table: str, reading: LagReading, held: HeldVersion | None = None) -> None:
+    def lag_measured(self, table: str, reading: LagReading, held: HeldVersion | None = None,
+                     committed_at: CommittedAt | None = None) -> None:
         for o in self.observers:
-            o.lag_measured(table, reading, held)
+            o.lag_measured(table, reading, held, committed_at)
 
     def retry_scheduled(self, table: str, status: TableStatus) -> None:
         for o in self.observers:

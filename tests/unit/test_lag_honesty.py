@@ -185,3 +185,44 @@ def test_an_event_source_is_probed_again_as_soon_as_a_batch_lands() -> None:
     a.batch(11, rows=1, at=w2.clock.now)
     w2.sup.tick()
     assert a.probes == 1 and scraped_lag(w2.metrics, "a") == 0.0
+
+
+def test_a_commit_made_after_a_caught_up_reading_counts_at_the_next_scrape() -> None:
+    """With batches faster than the probe interval, a commit made after one probe is applied before
+    the next: the gauge and the status read 0 the whole time unless the next version is looked for
+    when asked (``committed_at``), and then count from its commit."""
+    w = World("a", lag_interval=60.0)
+    t0 = w.clock.now
+    a = w.runners["a"]
+    a.applied_through = 12
+    a.lag_to_report = behind(12, {12: t0 - 9.0}, t0)  # caught up
+    committed: dict[int, float] = {}
+    asked: list[int] = []
+
+    def committed_at(version: int) -> float | None:
+        asked.append(version)
+        return committed.get(version)
+
+    a.committed_at = committed_at  # type: ignore[attr-defined]
+    w.sup.tick()
+    assert scraped_lag(w.metrics, "a") == 0.0 and asked[-1] == 13
+    committed[13] = t0 + 1.0  # the source commits version 13; the next probe is a minute away
+    w.clock.now = t0 + 1.4
+    assert scraped_lag(w.metrics, "a") == pytest.approx(0.4)
+    assert scraped_gauge(w.metrics, "lakemirror_versions_behind", "a") == 1.0
+    view = {v.table: v for v in w.sup.views()}["a"]
+    assert view.lag_seconds == pytest.approx(0.4) and view.versions_behind == 1
+    a.applied_through = 13  # applied: 0 again, and version 14 is what is looked for
+    assert scraped_lag(w.metrics, "a") == 0.0 and asked[-1] == 14
+
+
+def test_a_reading_that_knows_of_unapplied_commits_looks_for_no_other() -> None:
+    w = World("a", lag_interval=60.0)
+    t0 = w.clock.now
+    a = w.runners["a"]
+    a.applied_through = 10
+    a.lag_to_report = behind(10, {11: t0 - 2.0}, t0)
+    asked: list[int] = []
+    a.committed_at = lambda version: asked.append(version) or None  # type: ignore[attr-defined]
+    w.sup.tick()
+    assert scraped_lag(w.metrics, "a") == 2.0 and asked == []

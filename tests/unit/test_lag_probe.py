@@ -51,3 +51,42 @@ def test_a_batch_landing_during_a_probe_does_not_mix_versions() -> None:
     assert reading.applied_through_version == 4 and reading.versions_behind == 6
     assert reading.lag_seconds == now - commit_time[5]
     assert reading.retention_headroom_seconds == commit_time[5] + RetentionWindow().seconds - now
+
+
+class _CommitFiles:
+    """Commit files looked at one version at a time, each look counted."""
+
+    def __init__(self) -> None:
+        self.times: dict[int, float] = {}
+        self.looks = 0
+
+    def has_commit(self, version: int) -> bool:
+        return version in self.times
+
+    def commit_time(self, version: int) -> float | None:
+        self.looks += 1
+        return self.times.get(version)
+
+
+def test_the_next_commit_is_looked_for_at_most_once_a_quarter_second_and_kept_once_found() -> None:
+    from lakemirror.supervisor.change_feed.lag_probe import NOT_COMMITTED_STANDS_SECONDS, LagProbe
+
+    files = _CommitFiles()
+
+    class Source:  # what the probe asks of a source here: its commit files
+        def commit_log(self) -> _CommitFiles:
+            return files
+
+    probe = LagProbe(Source(), "t", warning_seconds=60.0)  # type: ignore[arg-type]
+    now = [100.0]
+    assert probe.committed_at(5, clock=lambda: now[0]) is None and files.looks == 0, "not opened before a probe"
+    assert probe.commit_files() is files
+    assert probe.committed_at(5, clock=lambda: now[0]) is None and files.looks == 1
+    now[0] += NOT_COMMITTED_STANDS_SECONDS / 2
+    assert probe.committed_at(5, clock=lambda: now[0]) is None and files.looks == 1, "a scrape and a status at once"
+    files.times[5] = 99.5
+    now[0] += NOT_COMMITTED_STANDS_SECONDS
+    assert probe.committed_at(5, clock=lambda: now[0]) == 99.5 and files.looks == 2
+    assert probe.committed_at(5, clock=lambda: now[0]) == 99.5 and files.looks == 2, "a commit time never changes"
+    probe.reset()
+    assert probe.committed_at(5, clock=lambda: now[0]) is None, "a resync forgets what was found"

@@ -85,7 +85,7 @@ class RecordingObserver:
     def batch_applied(self, table: str, report: BatchReport) -> None:
         self.calls.append(("batch", table, report.batch_id))
 
-    def lag_measured(self, table: str, reading: LagReading, held: Any = None) -> None:
+    def lag_measured(self, table: str, reading: LagReading, held: Any = None, committed_at: Any = None) -> None:
         self.calls.append(("lag", table, reading.lag_seconds))
 
     def retry_scheduled(self, table: str, status: sm.TableStatus) -> None:
