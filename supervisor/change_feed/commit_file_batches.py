@@ -83,7 +83,7 @@ class RowInFlight:
     def durable(self) -> None:
         try:
             self._commit()
-        except BaseException as exc:  # noqa: BLE001 (the owner's next turn raises it)
+        except Exception as exc:  # noqa: BLE001 (the owner's next turn raises it)
             self.error = exc
         self._settled.set()
 
