@@ -109,6 +109,9 @@ class Pipeline:
 
     def wait_caught_up(self, *names: str, timeout: float = 120.0) -> None:
         self.tick_until(lambda: self.caught_up(*names), timeout, f"{names} to catch up")
+        for name in names:  # the checkpoint rows the pipeline's row writer holds, appended too
+            rows = getattr(getattr(self.runner(name), "ctx", None), "round_rows", None)
+            assert rows is None or rows.flush(timeout), f"{name}: the checkpoint rows were not appended"
 
     def stop(self) -> None:
         self.app.supervisor.shutdown()
