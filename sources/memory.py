@@ -26,6 +26,7 @@ class MemoryCommitLog:
     """Commit files of a :class:`MemoryChangeSource`: one per version, each with its commit time."""
 
     times: dict[int, float]
+    answers_locally = True
 
     def has_commit(self, version: int) -> bool:
         return version in self.times

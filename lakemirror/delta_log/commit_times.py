@@ -48,6 +48,9 @@ class LocalCommitLog:
     Hadoop's: the file's modification time in whole milliseconds.
     """
 
+    #: A look costs a ``stat``, no request to a store: it may be asked at every scrape.
+    answers_locally = True
+
     def __init__(self, log_dir: Path) -> None:
         self._log_dir = log_dir
 

@@ -60,9 +60,14 @@ class LagProbe:
     def committed_at(self, version: int, clock: Callable[[], float] = time.monotonic) -> float | None:
         """When ``version`` was committed, looked at in its commit file (None: not committed, or the
         commit files are not open: before the first probe, or where they cannot be read directly).
-        Asked of the version after the one applied, when a reading says the replica is caught up."""
+        Asked of the version after the one applied, when a reading says the replica is caught up.
+
+        Only commit files on the driver's own file system are looked at (one ``stat``): this is asked
+        at every scrape and status request, and on an object store each look would be requests whose
+        time the scrape waits for, for every caught-up table. There the probe's reading stands until
+        the next probe (``lag_interval_seconds``)."""
         log_ = self._commit_log
-        if log_ is None:
+        if log_ is None or not getattr(log_, "answers_locally", False):
             return None
         with self._asked:
             if self._committed is not None and self._committed[0] == version:

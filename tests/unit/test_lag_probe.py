@@ -56,6 +56,8 @@ def test_a_batch_landing_during_a_probe_does_not_mix_versions() -> None:
 class _CommitFiles:
     """Commit files looked at one version at a time, each look counted."""
 
+    answers_locally = True
+
     def __init__(self) -> None:
         self.times: dict[int, float] = {}
         self.looks = 0
@@ -90,3 +92,20 @@ def test_the_next_commit_is_looked_for_at_most_once_a_quarter_second_and_kept_on
     assert probe.committed_at(5, clock=lambda: now[0]) == 99.5 and files.looks == 2, "a commit time never changes"
     probe.reset()
     assert probe.committed_at(5, clock=lambda: now[0]) is None, "a resync forgets what was found"
+
+
+def test_commit_files_in_an_object_store_are_not_looked_at_when_asked() -> None:
+    """A scrape would wait for the requests of every caught-up table: there the probe's reading stands."""
+    from lakemirror.supervisor.change_feed.lag_probe import LagProbe
+
+    files = _CommitFiles()
+    files.answers_locally = False  # type: ignore[misc]
+    files.times[5] = 99.5
+
+    class Source:
+        def commit_log(self) -> _CommitFiles:
+            return files
+
+    probe = LagProbe(Source(), "t", warning_seconds=60.0)  # type: ignore[arg-type]
+    assert probe.commit_files() is files
+    assert probe.committed_at(5) is None and files.looks == 0
