@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 #: The most commits a probe reads back from the source's head.
 MAX_WINDOW = 32
 #: How long an answer of :meth:`LagProbe.committed_at` that a version is not committed stands: a
-#: scrape and a status request asking at once cost one look, on an object store one request.
+#: scrape and a status request asking at once cost one ``stat``.
 NOT_COMMITTED_STANDS_SECONDS = 0.25
 
 

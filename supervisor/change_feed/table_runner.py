@@ -483,8 +483,9 @@ class TableRunner:
     # -- lag ------------------------------------------------------------------------------------
 
     def committed_at(self, version: int) -> float | None:
-        """When source ``version`` was committed, if it is (one look at its commit file; None where the
-        commit files cannot be read directly): what a caught-up reading asks of the next version."""
+        """When source ``version`` was committed, if it is (one ``stat`` of its commit file; None where
+        the commit files are not on the driver's file system): what a caught-up reading asks of the
+        next version (:meth:`LagProbe.committed_at`)."""
         return self.lag.committed_at(version) if "lag" in self.__dict__ else None
 
     def probe_lag(self, now: float) -> LagReading | None:
