@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from lakemirror import tables
 from lakemirror.checkpoints.group_commit import GroupCommit
@@ -69,6 +69,7 @@ class DeltaCheckpointStore:
         self._writer_session: "SparkSession | None" = None
         self._by_delta_rs: bool | None = None  # decided by the first write, once the table exists
         self._delta_rs: tuple[str, dict[str, str]] | None = None  # delta-rs's URI and storage options
+        self._delta_rs_table: Any = None  # delta-rs's handle of the table, kept between appends
         self._group: GroupCommit[CheckpointRow] = GroupCommit(self._write)
         self.upkeep_schedule = UpkeepSchedule()
 
@@ -150,9 +151,13 @@ class DeltaCheckpointStore:
 
             assert self._delta_rs is not None
             uri, storage_options = self._delta_rs  # credentials: never logged
-            write_deltalake(uri, arrow_rows(rows), mode="append", schema_mode="merge",
-                            storage_options=storage_options or None,
-                            post_commithook_properties=PostCommitHookProperties(cleanup_expired_logs=False))
+            try:
+                write_deltalake(self._appended_table(uri, storage_options), arrow_rows(rows), mode="append",
+                                schema_mode="merge",
+                                post_commithook_properties=PostCommitHookProperties(cleanup_expired_logs=False))
+            except Exception:
+                self._delta_rs_table = None  # whatever the handle holds now, the next append loads the table
+                raise
             step = self.upkeep_schedule.appended()
             if step is not Upkeep.NONE:
                 self._upkeep(uri, storage_options, vacuum=step is Upkeep.COMPACT_AND_VACUUM)
@@ -161,6 +166,27 @@ class DeltaCheckpointStore:
             self._writer_session = own_session(self.spark)
         df = self._writer_session.createDataFrame([tuple(r.as_dict().values()) for r in rows], CHECKPOINT_DDL)
         tables.write(df, self.location, "append", mergeSchema="true")
+
+    def _appended_table(self, uri: str, storage_options: dict[str, str]) -> Any:
+        """The table the rows are appended to, loaded once and brought up to date before each append.
+
+        Loading a Delta table reads every commit file since its last checkpoint (up to a hundred
+        between delta-rs's checkpoints), on object storage one request each; an append that loaded
+        the table afresh each time made the checkpoint table's log most of the daemon's requests to
+        the store. Kept, it reads only the commits made since (a listing, and none when it wrote the
+        last one itself); delta-rs commits the append after the newest version it finds, so another
+        writer's commit meanwhile is retried past, never overwritten."""
+        from deltalake import DeltaTable
+
+        table = self._delta_rs_table
+        if table is None:
+            table = self._delta_rs_table = DeltaTable(uri, storage_options=storage_options or None)
+        else:
+            try:
+                table.update_incremental()
+            except Exception:  # noqa: BLE001 (its log was cleaned up past the kept version: load it afresh)
+                table = self._delta_rs_table = DeltaTable(uri, storage_options=storage_options or None)
+        return table
 
     def _upkeep(self, uri: str, storage_options: dict[str, str], *, vacuum: bool) -> None:
         """Compact the table's small files, delete its expired commit files (and, with ``vacuum``,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 from deltalake import DeltaTable
@@ -140,3 +141,55 @@ def test_appends_leave_the_logs_clean_up_to_the_compaction(tmp_path: Path) -> No
     for b in range(1, 6):
         k.append(row(b), known_new=True)
     assert commit_files(kept)[0].startswith("00000000000000000000"), "clean-up off: every commit file stays"
+
+
+def test_appends_load_the_table_once_and_read_only_the_commits_made_since(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loading the table reads every commit file since its last checkpoint (on object storage one
+    request each): the appender loads it once and brings it up to date before each append, also
+    past another writer's commits and a compaction's, with every row written once."""
+    import deltalake
+
+    path = tmp_path / "checkpoints"
+    s = store(path, compact_every=7, vacuum_every=100)
+    s.ensure()
+    loads: list[str] = []
+    load = deltalake.DeltaTable.__init__
+
+    def counted(self: deltalake.DeltaTable, uri: str, *args: Any, **kwargs: Any) -> None:
+        loads.append(str(uri))
+        load(self, uri, *args, **kwargs)
+
+    monkeypatch.setattr(deltalake.DeltaTable, "__init__", counted)
+    s.append(row(0), known_new=True)  # the first append looks at the table's protocol and loads it
+    first = len(loads)
+    for b in range(1, 6):
+        s.append(row(b), known_new=True)
+    assert len(loads) == first, "the appends after the first use the table they loaded"
+    deltalake.write_deltalake(str(path), deltalake.DeltaTable(str(path)).to_pyarrow_table().slice(0, 0),
+                              mode="append")  # another writer's commit: the kept table is behind it
+    first = len(loads)
+    for b in range(6, 12):
+        s.append(row(b), known_new=True)  # the seventh append compacts (a load of its own)
+    assert len(loads) == first + 1, f"only the compaction loaded the table again, not the appends: {loads}"
+    rows = read_rows(str(path), "p")
+    assert rows is not None and sorted(r.batch_id for r in rows) == list(range(12))
+    assert DeltaTable(str(path)).version() == s._delta_rs_table.version(), "the kept table is at the newest version"  # noqa: SLF001
+
+
+def test_an_append_that_fails_loads_the_table_afresh_for_the_next(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoints"
+    s = store(path)
+    s.ensure()
+    s.append(row(0), known_new=True)
+    kept = s._delta_rs_table  # noqa: SLF001
+
+    class Refusing:
+        def update_incremental(self) -> None:
+            raise OSError("the store refused the listing")
+
+    s._delta_rs_table = Refusing()  # noqa: SLF001
+    s.append(row(1), known_new=True)  # a listing that fails: the table is loaded afresh, the row written
+    assert s._delta_rs_table is not kept and s._delta_rs_table.version() == DeltaTable(str(path)).version()  # noqa: SLF001
+    rows = read_rows(str(path), "p")
+    assert rows is not None and sorted(r.batch_id for r in rows) == [0, 1]
