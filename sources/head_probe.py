@@ -29,10 +29,13 @@ CommitTime = Callable[[int], "float | None"]
 
 
 def probe_head(commit_time: CommitTime, *, applied_through: int, known_latest: int | None,
-               cache: dict[int, float], max_steps: int = 64) -> SourceHead | None:
+               cache: dict[int, float], max_steps: int = 64, restat_start: bool = True) -> SourceHead | None:
     """The newest version and the commit time of ``applied_through + 1`` (when committed).
 
     ``cache`` keeps commit times across probes (a commit's time never changes) and is updated.
+    ``restat_start``: the version the walk starts from is looked at again even when its time is
+    cached, which is what finds a table recreated under the same path with fewer versions (its
+    file is gone); without it a cached start costs nothing and only the walk forward is read.
     """
     def time_of(version: int) -> float | None:
         if version not in cache:
@@ -43,10 +46,11 @@ def probe_head(commit_time: CommitTime, *, applied_through: int, known_latest: i
         return cache[version]
 
     latest = max(applied_through, known_latest if known_latest is not None else applied_through)
-    start = commit_time(latest)  # always read afresh: a cached time cannot prove the file is there
-    if start is None:
-        return None  # the version we walk from has no commit file: recreated or cleaned up
-    cache[latest] = start
+    if restat_start or latest not in cache:
+        start = commit_time(latest)  # read afresh: a cached time cannot prove the file is there
+        if start is None:
+            return None  # the version we walk from has no commit file: recreated or cleaned up
+        cache[latest] = start
     for _ in range(max_steps):
         if time_of(latest + 1) is None:
             break

@@ -113,7 +113,12 @@ class HadoopCommitLog:
             return None
 
     def has_commit(self, version: int) -> bool:
-        """Whether ``version`` is committed: one probe of its file, never a directory listing."""
+        """Whether ``version`` is committed: one probe of its file, never a directory listing; none
+        for a version at or below the newest seen committed (the lag probe walks the table's new
+        commits every interval, and the turn pool then asks whether the version after the applied
+        one is there: a table behind its source costs no request for that answer)."""
+        if not self._unseen(version):
+            return True
         found = self._file_exists(self._commit_file(version))
         if found and self._unseen(version):
             self._newest_seen = version

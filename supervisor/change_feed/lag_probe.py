@@ -26,6 +26,11 @@ log = logging.getLogger(__name__)
 
 #: The most commits a probe reads back from the source's head.
 MAX_WINDOW = 32
+#: How many probes in a row may walk from a cached newest version without looking at its commit file
+#: again, where a look is a request to an object store: the look finds a table recreated under the
+#: same path with fewer versions (the probe then reads the history), and costs a request per table
+#: per interval; one probe in this many makes it.
+RESTAT_START_EVERY = 10
 #: How long an answer of :meth:`LagProbe.committed_at` that a version is not committed stands: a
 #: scrape and a status request asking at once cost one ``stat``.
 NOT_COMMITTED_STANDS_SECONDS = 0.25
@@ -44,6 +49,7 @@ class LagProbe:
         self._commit_times: dict[int, float] = {}
         self._known_latest: int | None = None
         self._headroom_low = False
+        self._probes = 0  # probes read from the commit files (RESTAT_START_EVERY)
         # committed_at's answers (asked from the threads of /metrics and the status API)
         self._asked = threading.Lock()
         self._committed: tuple[int, float] | None = None
@@ -125,8 +131,10 @@ class LagProbe:
         log_ = self.commit_files()
         if log_ is None:
             return None
-        return probe_head(log_.commit_time, applied_through=through,
-                          known_latest=self._known_latest, cache=self._commit_times)
+        self._probes += 1
+        restat = getattr(log_, "answers_locally", False) or self._probes % RESTAT_START_EVERY == 1
+        return probe_head(log_.commit_time, applied_through=through, known_latest=self._known_latest,
+                          cache=self._commit_times, restat_start=restat)
 
     def _warn_on_headroom(self, headroom: float) -> None:
         low = headroom < self.warning_seconds

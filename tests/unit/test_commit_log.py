@@ -154,7 +154,19 @@ def test_a_version_seen_committed_costs_one_stat_and_a_new_one_is_probed_first()
     store.requests.clear()
     assert log.commit_time(0) == 2000.0 and store.requests == ["HEAD"]
     store.mtimes.clear()  # the table recreated under the same path: a stat of a gone file still says so
-    assert log.commit_time(1) is None and not log.has_commit(0)
+    assert log.commit_time(1) is None
+
+
+def test_a_table_behind_its_source_costs_no_request_to_say_it_has_something_to_apply() -> None:
+    """The lag probe walks the new commits each interval; the turn pool's question whether the
+    version after the applied one exists is then answered from what the walk saw."""
+    store = FakeObjectStore({f"{v:020d}.json": 3_000_000 + v for v in range(6)})
+    log = hadoop_log(store)
+    head = probe_head(log.commit_time, applied_through=2, known_latest=2, cache={})
+    assert head is not None and head.latest_version == 5
+    store.requests.clear()
+    assert log.has_commit(3) and log.has_commit(5) and store.requests == []
+    assert not log.has_commit(6) and store.requests == ["HEAD"], "a version beyond the newest seen is probed"
 
 
 def test_a_file_system_without_open_file_falls_back_to_exists() -> None:

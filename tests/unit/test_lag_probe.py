@@ -109,3 +109,48 @@ def test_commit_files_in_an_object_store_are_not_looked_at_when_asked() -> None:
     probe = LagProbe(Source(), "t", warning_seconds=60.0)  # type: ignore[arg-type]
     assert probe.commit_files() is files
     assert probe.committed_at(5) is None and files.looks == 0
+
+
+def test_on_an_object_store_a_caught_up_table_costs_one_look_a_probe_and_a_recreated_one_is_still_found() -> None:
+    """Each probe walks forward from the newest version it knows; looking at that version's file again
+    is what finds a table recreated with fewer versions. On an object store that look is a request per
+    table per interval, so it is made once every ``RESTAT_START_EVERY`` probes."""
+    from lakemirror.supervisor.change_feed.lag_probe import RESTAT_START_EVERY, LagProbe
+
+    files = _CommitFiles()
+    files.answers_locally = False  # type: ignore[misc]
+    files.times.update({v: 1000.0 + v for v in range(6)})
+
+    class Source:
+        def commit_log(self) -> _CommitFiles:
+            return files
+
+        def head(self, since_version: int, window: int = 32) -> SourceHead:
+            return SourceHead(2, {2: 5002.0})  # the recreated table's history
+
+    probe = LagProbe(Source(), "t", warning_seconds=60.0)  # type: ignore[arg-type]
+    first = probe.probe(5, None, now=1010.0)
+    assert first.versions_behind == 0 and files.looks == 2, "the first probe looks at 5 and for 6"
+    files.looks = 0
+    for _ in range(RESTAT_START_EVERY - 1):
+        assert probe.probe(5, None, now=1010.0).versions_behind == 0
+    assert files.looks == RESTAT_START_EVERY - 1, "one look a probe: for the next version only"
+    files.times = {v: 5000.0 + v for v in range(3)}  # recreated under the same path, versions 0-2
+    probe.probe(5, None, now=1010.0)
+    assert probe._known_latest == 2, "the look at version 5 found it gone: the history was read"  # noqa: SLF001
+
+
+def test_on_the_drivers_disk_every_probe_looks_at_the_newest_version_again() -> None:
+    from lakemirror.supervisor.change_feed.lag_probe import LagProbe
+
+    files = _CommitFiles()
+    files.times.update({v: 1000.0 + v for v in range(6)})
+
+    class Source:
+        def commit_log(self) -> _CommitFiles:
+            return files
+
+    probe = LagProbe(Source(), "t", warning_seconds=60.0)  # type: ignore[arg-type]
+    for _ in range(3):
+        probe.probe(5, None, now=1010.0)
+    assert files.looks == 6, "a stat of 5 and one for 6 at each probe"
