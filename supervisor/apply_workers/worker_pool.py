@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Protocol, Sequence
 
 log = logging.getLogger(__name__)
@@ -79,16 +79,28 @@ def is_due(c: Candidate, now: float, min_interval: float, idle_recheck: float | 
     return (c.pending and waited >= min_interval) or waited >= idle_recheck
 
 
+def serving_order(table: str, last_ended: float | None) -> tuple[bool, float, str]:
+    """Where a table stands in line for a turn: never-served tables first, then the one whose
+    previous turn ended longest ago. Pure."""
+    return last_ended is not None, last_ended or 0.0, table
+
+
 def next_turn(candidates: Sequence[Candidate], now: float, min_interval: float,
-              idle_recheck: float | None = None) -> str | None:
+              idle_recheck: float | None = None, *,
+              look: Callable[[Candidate], bool | None] | None = None) -> str | None:
     """The due table served least recently (never-served tables first), or None.
 
     Least recently served is round robin among the tables with work: a table waits at most one
-    turn of every other busy table, whatever the number of tables."""
-    due = [c for c in candidates if is_due(c, now, min_interval, idle_recheck)]
-    if not due:
-        return None
-    return min(due, key=lambda c: (c.last_ended is not None, c.last_ended or 0.0, c.table)).table
+    turn of every other busy table, whatever the number of tables. ``look``: asked whether a
+    candidate has work, in place of its ``pending``; the candidates are asked in
+    :func:`serving_order` and only until the first due one, which is the choice (a look may be a
+    request to a store: the tables behind the choice are not asked)."""
+    for c in sorted(candidates, key=lambda c: serving_order(c.table, c.last_ended)):
+        if look is not None:
+            c = replace(c, pending=look(c))
+        if is_due(c, now, min_interval, idle_recheck):
+            return c.table
+    return None
 
 
 class TurnTaker(Protocol):
@@ -144,10 +156,13 @@ class TurnPool:
         self._stop.set()
 
     def _claim(self) -> TurnTaker | None:
+        """The turn :func:`next_turn` chooses. A table's log is looked at only as far down the line as
+        the choice needs: when the workers cannot keep up, the table first in line nearly always has
+        work, and the tables that have just had their turn are not asked again and again (on an
+        object store each look is a request) until theirs comes."""
         with self._lock:
             now = self._clock()
-            by_name = {}
-            candidates = []
+            waiting: dict[str, tuple[TurnTaker, _Served]] = {}
             for runner in self._runners():
                 if runner.table in self._busy:
                     continue
@@ -157,16 +172,19 @@ class TurnPool:
                     continue
                 if served.started is not None and now - served.started < self._min_interval:
                     continue  # not due, whatever its log says: spare the check
-                pending = self._pending_since_look(runner, served, now)
-                by_name[runner.table] = runner
-                candidates.append(Candidate(runner.table, pending, served.started, served.ended))
-            chosen = next_turn(candidates, now, self._min_interval)
+                waiting[runner.table] = (runner, served)
+
+            def look(c: Candidate) -> bool | None:
+                return self._pending_since_look(*waiting[c.table], now)
+
+            candidates = [Candidate(t, None, served.started, served.ended) for t, (_, served) in waiting.items()]
+            chosen = next_turn(candidates, now, self._min_interval, look=look)
             if chosen is None:
                 return None
             self._busy.add(chosen)
-            served = self._served[chosen]
+            runner, served = waiting[chosen]
             served.started, served.pending_seen, served.idle_seen = now, False, None
-            return by_name[chosen]
+            return runner
 
     def _pending_since_look(self, runner: TurnTaker, served: _Served, now: float) -> bool | None:
         """Whether ``runner`` has something to apply: known since a look that found it, assumed not

@@ -54,6 +54,59 @@ def test_round_robin_bounds_the_wait_to_one_turn_of_every_other_table() -> None:
     assert order[:4] == ["a", "b", "c", "d"] and order[4:8] == order[:4] and order[8:] == order[:4]
 
 
+def test_the_lazy_choice_is_the_eager_one_and_asks_only_down_to_it() -> None:
+    import random
+
+    rng = random.Random(7)
+    for _ in range(500):
+        cands = []
+        for t in "abcdefgh":
+            started = rng.choice([None, rng.uniform(0, 60)])
+            ended = None if started is None else started + rng.uniform(0, 3)
+            cands.append(Candidate(t, rng.choice([True, False, None]), started, ended))
+        now = rng.uniform(55, 70)
+        asked: list[str] = []
+
+        def look(c: Candidate) -> bool | None:
+            asked.append(c.table)
+            return c.pending
+
+        chosen = next_turn(cands, now, 1.0, look=look)
+        assert chosen == next_turn(cands, now, 1.0)
+        if chosen is not None:
+            assert asked[-1] == chosen, "nothing is asked once the choice is made"
+
+
+def test_tables_behind_the_first_due_one_in_line_are_not_looked_at() -> None:
+    """16 tables on one worker that cannot keep up, each with a new commit 3 s after its turn, and
+    turns of 0.5 s: a claim asks the table first in line (it has work by then), not the tables that
+    have just had their turn and have nothing yet."""
+    now = [0.0]
+
+    class Committing(FakeRunner):
+        checks = 0
+        served_at = 0.0
+
+        def has_pending(self) -> bool | None:
+            self.checks += 1
+            return now[0] >= self.served_at + 3.0
+
+    tables = [Committing(f"t{i:02d}") for i in range(16)]
+    pool = TurnPool(1, lambda: tables, min_interval=1.0, clock=lambda: now[0])
+    order = []
+    for _ in range(64):
+        runner = pool._claim()  # noqa: SLF001
+        assert isinstance(runner, Committing)
+        order.append(runner.table)
+        now[0] += 0.5
+        runner.served_at = now[0]
+        pool._busy.clear()  # noqa: SLF001
+        pool._served[runner.table].ended = now[0]  # noqa: SLF001
+    assert order == [t.table for t in tables] * 4, "round robin"
+    looks = sum(t.checks for t in tables)
+    assert looks == 64, f"one look a claim, not one for every waiting table ({looks})"
+
+
 class FakeRunner:
     def __init__(self, table: str, pending: bool = True, turn_seconds: float = 0.01) -> None:
         self.table = table
