@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
@@ -94,6 +95,7 @@ class HadoopCommitLog:
         self._read_head = read_head
         #: Versions' precise times by their store time (a table recreated at the path has new files).
         self._precise: dict[int, tuple[int, float]] = {}
+        self._precise_lock = threading.Lock()
         self._open_probe = True               # False once the file system refuses ``openFile``
         self._newest_seen: int | None = None  # the newest version seen committed
 
@@ -124,6 +126,11 @@ class HadoopCommitLog:
             self._newest_seen = version
         return found
 
+    def known_committed(self, version: int) -> bool:
+        """Whether ``version`` was seen committed by a look made before (the turn pool's, the lag
+        probe's): no request."""
+        return not self._unseen(version)
+
     def commit_time(self, version: int) -> float | None:
         """The commit file's modification time; None when it does not exist. A version beyond the
         newest seen committed is probed first (see the class), one seen before is stat'ed at once."""
@@ -147,9 +154,10 @@ class HadoopCommitLog:
         if kept is not None and kept[0] == modified_ms:
             return kept[1]
         precise = precise_commit_time(modified_ms, self._head_of(version))
-        self._precise[version] = (modified_ms, precise)
-        while len(self._precise) > KEPT_TIMES:
-            del self._precise[min(self._precise)]
+        with self._precise_lock:  # the lag probe's thread and a scrape's may both ask
+            self._precise[version] = (modified_ms, precise)
+            while len(self._precise) > KEPT_TIMES:
+                del self._precise[min(self._precise)]
         return precise
 
     def _head_of(self, version: int) -> bytes | None:

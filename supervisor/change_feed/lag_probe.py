@@ -68,13 +68,19 @@ class LagProbe:
         commit files are not open: before the first probe, or where they cannot be read directly).
         Asked of the version after the one applied, when a reading says the replica is caught up.
 
-        Only commit files on the driver's own file system are looked at (one ``stat``): this is asked
-        at every scrape and status request, and on an object store each look would be requests whose
-        time the scrape waits for, for every caught-up table. There the probe's reading stands until
-        the next probe (``lag_interval_seconds``)."""
+        On the driver's own file system the commit file is looked at (one ``stat``). On an object
+        store this is asked at every scrape and status request, and a look for a version nobody has
+        seen committed would be a request per caught-up table that the scrape waits for: there only
+        a version another look has already found (the turn pool's, several times a turn interval for
+        an idle table) is priced, once (its file's status and first line), and one not yet found
+        waits for the next probe (``lag_interval_seconds``)."""
         log_ = self._commit_log
-        if log_ is None or not getattr(log_, "answers_locally", False):
+        if log_ is None:
             return None
+        if not getattr(log_, "answers_locally", False):
+            known_committed = getattr(log_, "known_committed", None)
+            if known_committed is None or not known_committed(version):
+                return None
         with self._asked:
             if self._committed is not None and self._committed[0] == version:
                 return self._committed[1]

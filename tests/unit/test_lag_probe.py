@@ -111,6 +111,33 @@ def test_commit_files_in_an_object_store_are_not_looked_at_when_asked() -> None:
     assert probe.committed_at(5) is None and files.looks == 0
 
 
+def test_on_an_object_store_a_commit_the_turn_pool_found_is_priced_when_asked_and_no_other_is_looked_for() -> None:
+    """The turn pool looks for an idle table's next version several times a turn interval; once a
+    look has found it, a scrape prices it (its file's status and first line, once) instead of
+    reading 0 until the next probe. A version no look has found costs a scrape no request."""
+    from tests.unit.test_commit_log import FakeObjectStore, hadoop_log
+
+    from lakemirror.supervisor.change_feed.lag_probe import LagProbe
+
+    store = FakeObjectStore({f"{v:020d}.json": 4_000_000 + v for v in range(6)})
+    log = hadoop_log(store)
+
+    class Source:
+        def commit_log(self) -> object:
+            return log
+
+    probe = LagProbe(Source(), "t", warning_seconds=60.0)  # type: ignore[arg-type]
+    assert probe.probe(5, None, now=4010.0).versions_behind == 0
+    store.requests.clear()
+    assert probe.committed_at(6) is None and store.requests == [], "nothing seen: no request at a scrape"
+    store.mtimes[f"{6:020d}.json"] = 4_000_006
+    assert probe.committed_at(6) is None and store.requests == [], "committed, but no look has found it yet"
+    assert log.has_commit(6) and store.requests == ["HEAD"]  # the turn pool's look
+    store.requests.clear()
+    assert probe.committed_at(6) == 4000.006 and store.requests == ["HEAD"], "priced: one status"
+    assert probe.committed_at(6) == 4000.006 and store.requests == ["HEAD"], "and kept"
+
+
 def test_on_an_object_store_a_caught_up_table_costs_one_look_a_probe_and_a_recreated_one_is_still_found() -> None:
     """Each probe walks forward from the newest version it knows; looking at that version's file again
     is what finds a table recreated with fewer versions. On an object store that look is a request per
