@@ -119,7 +119,7 @@ class HadoopCommitLog:
         for a version at or below the newest seen committed (the lag probe walks the table's new
         commits every interval, and the turn pool then asks whether the version after the applied
         one is there: a table behind its source costs no request for that answer)."""
-        if not self._unseen(version):
+        if self.known_committed(version):
             return True
         found = self._file_exists(self._commit_file(version))
         if found and self._unseen(version):
