@@ -2,9 +2,10 @@
 
 Each batch of each table appends one checkpoint row: one small data file and one commit. Nothing
 else ever rewrites the table, so its file list grows by a file per batch without end (16 tables
-taking turns land several batches a second: tens of thousands of files an hour), and every append
-first loads that list: the cost of a batch grows with the daemon's uptime. So the appender itself
-keeps the table small:
+taking turns land several batches a second: tens of thousands of files an hour), the appender holds
+that list (loaded once, brought up to date before each append) and every load reads it (a restart,
+a compaction): the cost of a batch grows with the daemon's uptime. So the appender itself keeps the
+table small:
 
 - every :data:`COMPACT_EVERY_APPENDS` appends of this process, the small files are compacted into
   one (an ``OPTIMIZE`` commit: no row changes, so a concurrent appender of another daemon never
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 #: Appends between two compactions: a compaction of this many one-row files takes a fraction of a
-#: second, and the file list an append loads stays this short.
+#: second, and the file list the appender holds stays this short.
 COMPACT_EVERY_APPENDS = 100
 #: Compactions between two VACUUMs (each lists the table's folder).
 VACUUM_EVERY_COMPACTIONS = 10
