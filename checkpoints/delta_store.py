@@ -179,13 +179,13 @@ class DeltaCheckpointStore:
         from deltalake import DeltaTable
 
         table = self._delta_rs_table
-        if table is None:
-            table = self._delta_rs_table = DeltaTable(uri, storage_options=storage_options or None)
-        else:
+        if table is not None:
             try:
                 table.update_incremental()
+                return table
             except Exception:  # noqa: BLE001 (its log was cleaned up past the kept version: load it afresh)
-                table = self._delta_rs_table = DeltaTable(uri, storage_options=storage_options or None)
+                pass
+        table = self._delta_rs_table = DeltaTable(uri, storage_options=storage_options or None)
         return table
 
     def _upkeep(self, uri: str, storage_options: dict[str, str], *, vacuum: bool) -> None:

@@ -483,9 +483,9 @@ class TableRunner:
     # -- lag ------------------------------------------------------------------------------------
 
     def committed_at(self, version: int) -> float | None:
-        """When source ``version`` was committed, if it is (one ``stat`` of its commit file; None where
-        the commit files are not on the driver's file system): what a caught-up reading asks of the
-        next version (:meth:`LagProbe.committed_at`)."""
+        """When source ``version`` was committed, if it is: what a caught-up reading asks of the next
+        version (:meth:`LagProbe.committed_at`: a ``stat`` of its commit file on the driver's file
+        system; on an object store only a version another look has found, else None)."""
         return self.lag.committed_at(version) if "lag" in self.__dict__ else None
 
     def probe_lag(self, now: float) -> LagReading | None:
