@@ -8,8 +8,8 @@ records in the replica's log (a ``txn`` action) and in the commit's ``userMetada
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
 
 from lakemirror.sinks.memory import ApplyCounts
 
@@ -117,6 +117,16 @@ class MergeOutcome:
     #: How the apply path found a replayed batch already written, in words (None: Delta skipped its
     #: transaction id, or the replica's Delta log recorded it).
     replay_note: str | None = None
+    #: What the batch's commit left for after the batch is reported (a checkpoint of the replica, the
+    #: clean-up of its expired commit files: :func:`lakemirror.delta_log.commit_hooks.after_commit`),
+    #: run by :func:`run_upkeep` once the batch counts as applied; None: nothing.
+    upkeep: Callable[[], None] | None = field(default=None, compare=False, repr=False)
+
+
+def run_upkeep(outcome: MergeOutcome) -> None:
+    """Run what ``outcome``'s commit left due (never raises): once the batch counts as applied."""
+    if outcome.upkeep is not None:
+        outcome.upkeep()
 
 
 def counts_from_metrics(metrics: dict[str, Any] | None) -> ApplyCounts:

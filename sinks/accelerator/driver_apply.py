@@ -31,9 +31,9 @@ may make a table faster, never stuck.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TypedDict
 
-from lakemirror.delta_log.commit_hooks import post_commit_hooks
+from lakemirror.delta_log.commit_hooks import after_commit, deferred_hooks
 from lakemirror.sinks.accelerator.arrow_changes import batch_stats, winning_changes
 from lakemirror.sinks.memory import ApplyCounts
 from lakemirror.sinks.merge.planner import CDF_COLUMNS, DELETE, OP_COLUMN, SOURCE_ALIAS, TARGET_ALIAS, MergePlan
@@ -80,6 +80,13 @@ def commit_properties(txn: TxnId) -> Any:
                             custom_metadata={"userMetadata": txn.tag()})
 
 
+class Paths(TypedDict):
+    """Which engine read a batch and which wrote it (``MergeOutcome.read`` / ``.write``)."""
+
+    read: str
+    write: str
+
+
 class DriverUnfit(Exception):
     """delta-rs refused a batch and committed nothing: the table goes back to Spark's apply."""
 
@@ -106,6 +113,9 @@ class DriverApply:
         #: The replica's delta-rs table, brought up to date before each batch (it reads only the
         #: commits since; a sink lives for one launch of the table's stream, as does this).
         self._table: Any = None
+        #: What the last commit left due (:func:`~lakemirror.delta_log.commit_hooks.after_commit`) until
+        #: its batch's outcome runs it, else the next batch does.
+        self._upkeep: Callable[[], None] | None = None
         by_name = {c.name: c for c in plan.columns}
         # Each comparison in parentheses: delta-rs's parser binds AND tighter than IS NOT DISTINCT FROM.
         self.predicate = " AND ".join(
@@ -139,7 +149,8 @@ class DriverApply:
                       read_by: str = READ_BY_DELTA_RS) -> MergeOutcome | None:
         """Apply a batch's change rows already on the driver (``wanted_columns``, preimages left out)
         under ``txn``; None if there are more than the driver takes (nothing was written)."""
-        how = {"read": read_by, "write": WRITE_DELTA_RS if self.dv is None else WRITE_DRIVER_DV}
+        how = Paths(read=read_by, write=WRITE_DELTA_RS if self.dv is None else WRITE_DRIVER_DV)
+        self.upkeep()  # left by the last batch if its caller did not run it
         if changes.num_rows > self.max_rows:
             log.info("%s: a batch of more than %d change rows is applied by Spark, not on the driver",
                      self.path, self.max_rows)
@@ -166,10 +177,18 @@ class DriverApply:
             raise DriverUnfit(f"{self.path}: delta-rs could not apply batch {txn.version}: {exc}") from exc
         if replica.version() == read_version:
             self._commit_empty(replica, txn)  # the MERGE changed no file, so delta-rs committed nothing
+        self._upkeep = after_commit(replica, replica.version(), self.path)
         self.fault(AFTER_DRIVER_COMMIT)
-        return MergeOutcome(stats, counts_from_metrics(metrics), replayed=False, **how)
+        return MergeOutcome(stats, counts_from_metrics(metrics), replayed=False, upkeep=self.upkeep, **how)
 
-    def _apply_dv(self, winners: "pa.Table", txn: TxnId, stats: BatchStats, how: dict[str, str],
+    def upkeep(self) -> None:
+        """Run what the last commit left due (a checkpoint, the log's clean-up), once; never raises.
+        A batch's commit runs no hook itself, so that the batch counts as applied once it is visible."""
+        due, self._upkeep = self._upkeep, None
+        if due is not None:
+            due()
+
+    def _apply_dv(self, winners: "pa.Table", txn: TxnId, stats: BatchStats, how: "Paths",
                   recount: Callable[[], ApplyCounts]) -> MergeOutcome:
         """``winners`` marked in the replica by deletion vectors (:mod:`lakemirror.sinks.accelerator.dv_merge`),
         or found applied already (a replay: the counts of the commit that applied them)."""
@@ -211,7 +230,7 @@ class DriverApply:
         op = f"{SOURCE_ALIAS}.{sql_name(OP_COLUMN)}"
         merger = (replica.merge(winners, self.predicate, source_alias=SOURCE_ALIAS, target_alias=TARGET_ALIAS,
                                 max_spill_size=DRIVER_MERGE_MEMORY_BYTES, commit_properties=commit_properties(txn),
-                                post_commithook_properties=post_commit_hooks(replica.version() + 1))
+                                post_commithook_properties=deferred_hooks())
                   .when_matched_delete(f"{op} = '{DELETE}'")
                   .when_matched_update_all(f"{op} <> '{DELETE}'", except_cols=[OP_COLUMN])
                   .when_not_matched_insert_all(f"{op} <> '{DELETE}'", except_cols=[OP_COLUMN]))
@@ -219,7 +238,7 @@ class DriverApply:
 
     def _commit_empty(self, replica: Any, txn: TxnId) -> None:
         replica.create_write_transaction([], "append", replica.schema(), commit_properties=commit_properties(txn),
-                                         post_commithook_properties=post_commit_hooks(replica.version() + 1))
+                                         post_commithook_properties=deferred_hooks())
 
     @staticmethod
     def _replayed_counts(replica: Any, txn: TxnId) -> ApplyCounts | None:

@@ -11,7 +11,9 @@
 4. move the table's applied version (what its lag is priced from) as soon as the replica holds it;
 5. append its checkpoint row, after the write and before Spark's commit log (or hand it to a writer
    of its own, ``defer``, whose caller writes the commit log once the row is durable);
-6. report it (:class:`~lakemirror.supervisor.change_feed.shared_state.BatchReport`).
+6. report it (:class:`~lakemirror.supervisor.change_feed.shared_state.BatchReport`);
+7. then run what the replica's commit left due (a checkpoint: ``MergeOutcome.upkeep``), so that
+   it does not hold back the moment the batch counts as applied.
 
 A failure is translated once (:func:`~lakemirror.supervisor.control.classify_errors.classify`), recorded as a
 degraded checkpoint row and raised, so Spark fails the query and the supervisor sees it.
@@ -29,7 +31,7 @@ from lakemirror.checkpoints.records import CheckpointRow, CheckpointStore, commi
 from lakemirror.checkpoints.state import TableProgress
 from lakemirror.errors import SourceReplaced
 from lakemirror.sinks.contract import BatchSink
-from lakemirror.sinks.txn import MergeOutcome, TxnId
+from lakemirror.sinks.txn import MergeOutcome, TxnId, run_upkeep
 from lakemirror.supervisor.change_feed.shared_state import TableLive
 from lakemirror.supervisor.control.classify_errors import classify
 from lakemirror.supervisor.offline import replica_transactions
@@ -129,8 +131,9 @@ class BatchApply:
 
     def __call__(self, sink: BatchSink[Any], txn: TxnId, batch: Any, epoch: int,
                  source_table_id: str | None = None, read: Any = None) -> None:
-        self.run(txn, epoch, lambda: sink.apply(batch, txn, read),
-                 lambda: self.check_same_source(source_table_id, batch), getattr(batch, "sparkSession", None))
+        outcome = self.run(txn, epoch, lambda: sink.apply(batch, txn, read),
+                           lambda: self.check_same_source(source_table_id, batch), getattr(batch, "sparkSession", None))
+        run_upkeep(outcome)
 
     def run(self, txn: TxnId, epoch: int, apply: Callable[[], MergeOutcome], check_source: Callable[[], None],
             spark: Any = None, defer: Callable[[CheckpointRow], None] | None = None) -> MergeOutcome:

@@ -43,7 +43,7 @@ from lakemirror.checkpoints.stream_log import MIN_BATCHES_TO_RETAIN, StreamLog
 from lakemirror.delta_log.commit_files import StoreCommitActions
 from lakemirror.delta_log.stream_offsets import VersionRange
 from lakemirror.sinks.memory import ApplyCounts
-from lakemirror.sinks.txn import READ_BY_DELTA_RS, WRITE_DELTA_RS, BatchStats, MergeOutcome, TxnId
+from lakemirror.sinks.txn import READ_BY_DELTA_RS, WRITE_DELTA_RS, BatchStats, MergeOutcome, TxnId, run_upkeep
 from lakemirror.sources.driver_feed import DriverFeed, FeedTooLarge, FeedUnfit
 from lakemirror.sources.feed_plan import plan_feed_batch
 from lakemirror.supervisor.apply_workers.worker_pool import ONE_BATCH_VERSIONS
@@ -202,7 +202,7 @@ class FeedBatches:
 
         in_flight = RowInFlight(txn, commit_after_row)
         try:
-            self.apply_batch.run(
+            outcome = self.apply_batch.run(
                 txn, self.epoch, lambda: self._apply(changes, txn, batch.versions),
                 lambda: self.apply_batch.check_same_source(expected, None, lambda: table_id), self.session,
                 defer=(lambda row: self._hand_in(row, in_flight)) if self.rows is not None else None)
@@ -218,6 +218,7 @@ class FeedBatches:
             fingerprint = self.commits.fingerprint(batch.versions.last)
             self._last_applied = (batch.versions.last, fingerprint) if fingerprint is not None else None
         self.counts.from_commit_files += 1
+        run_upkeep(outcome)  # the replica's checkpoint, if due, once the batch counts as applied
         return None
 
     def _hand_in(self, row: CheckpointRow, in_flight: RowInFlight) -> None:

@@ -49,7 +49,7 @@ from lakemirror.sinks.event_contract import EventBatchResult, EventSink, EventTx
 from lakemirror.sinks.event_contract import ReplicaBatch as ReplicaBatch
 from lakemirror.sinks.events.dead_letters import LetterReport
 from lakemirror.sinks.memory import ApplyCounts
-from lakemirror.sinks.txn import BatchStats, MergeOutcome
+from lakemirror.sinks.txn import READ_BY_SPARK, WRITE_SPARK_MERGE, BatchStats, MergeOutcome
 from lakemirror.sinks.waits import LockWait, ServerWait
 from lakemirror.sources.event_source import EventSource, event_source_for
 from lakemirror.sources.change_event import ChangeEvent
@@ -346,8 +346,9 @@ class EventStreamRunner:
         self.applied_through, self.last_batch_at = batch_id, ended
         self._save_record(batch_id=batch_id, last_batch_at=ended)
         stats = BatchStats(result.events, batch_id, batch_id, None)
-        paths = {k: v for k, v in (("read", result.read), ("write", result.write)) if v is not None}
-        outcome = MergeOutcome(stats, result.counts, replayed=result.replayed, **paths)
+        outcome = MergeOutcome(stats, result.counts, replayed=result.replayed,
+                               read=result.read if result.read is not None else READ_BY_SPARK,
+                               write=result.write if result.write is not None else WRITE_SPARK_MERGE)
         latency = StreamLatency(flush_seconds=result.flush_seconds) if result.flush_seconds else None
         self._emit(EventBatchReport(self.table, batch_id, outcome, ended - started, ended, latency,
                                     source=self.spec.name, replicas=result.replicas, dead_letters=new_letters,

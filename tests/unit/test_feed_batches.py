@@ -191,6 +191,27 @@ def test_the_applied_version_moves_once_the_replica_commits_before_the_checkpoin
     assert seen == {"while the row is written": 4} and feed.live.applied_through == 4
 
 
+def test_the_replicas_checkpoint_due_at_the_batchs_version_is_written_once_the_batch_counts_as_applied(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batch's commit (the replica's version 1) is due a checkpoint: it is written after the
+    applied version moved and the row was handed on, not inside the commit that lag waits for."""
+    t = Table(tmp_path)
+    DeltaTable(str(t.replica)).alter.set_table_properties({"delta.checkpointInterval": "2"})  # version 1 of the replica
+    t.change()
+    feed = t.launch()
+    seen: list[tuple[int | None, int]] = []
+    create_checkpoint = DeltaTable.create_checkpoint
+
+    def checkpoint_seeing_the_live_version(table: DeltaTable) -> None:
+        seen.append((feed.live.applied_through, len(t.store.rows)))
+        create_checkpoint(table)
+
+    monkeypatch.setattr(DeltaTable, "create_checkpoint", checkpoint_seeing_the_live_version)
+    assert feed.take() is None
+    assert seen == [(4, 1)], "the checkpoint came after the batch counted as applied and its row"
+    assert (t.replica / "_delta_log" / f"{2:020d}.checkpoint.parquet").exists()
+
+
 class HeldAppends(InMemoryCheckpointStore):
     """A checkpoint store whose row writer's appends wait until let go, or fail."""
 
