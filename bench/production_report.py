@@ -153,8 +153,10 @@ def lag_verdicts(runs: Iterable[dict[str, Any]]) -> list[Verdict]:
                                None, why))
             continue
         measured = "; ".join(f"{stat} {a['metric']:.2f} vs {a['outside']:.2f} s" for stat, a in zip(("p50", "max"), stats))
+        clock = "" if r["daemon_metric_lag"].get("outside_clock") else \
+            "outside clock: writer's return"
         out.append(Verdict(goal, r.get("writer", "delta-rs"), int(r["tables"]), measured, f"±{LAG_AGREEMENT:.0%}",
-                           all(bool(a["agree"]) for a in stats)))
+                           all(bool(a["agree"]) for a in stats), clock))
     return out
 
 
@@ -265,7 +267,9 @@ def render(runs: list[dict[str, Any]], p: dict[str, Any], steady_table: Callable
              f"loop from its first commit; {p.get('drain', 0):.0f} s allowed to drain. A replica commit's time is "
              "its `commitInfo.timestamp`. The daemon's `lakemirror_lag_seconds` (scraped every second, the largest "
              "over tables) is compared with the same statistic taken from outside at the moments of the scrapes "
-             "(the age of the oldest source commit not yet on the replica). The machine's two cores also run the "
+             "(the age of the oldest source commit not yet on the replica, a source commit at its `commitInfo.timestamp` "
+             "as the daemon prices it; the lags above take it when the writer's call returned). The machine's two "
+             "cores also run the "
              "writer and the S3 server; each run's `uptime` at its start is listed.", "",
              "### Goals", "", *goals_table(runs), ""]
     several_commits = len({r.get("commit") for r in done}) > 1  # the heading names one of them

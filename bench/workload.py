@@ -50,6 +50,17 @@ class SourceTable:
     def table(self) -> DeltaTable:
         return DeltaTable(str(self.path), storage_options=self.storage_options)
 
+    def commit_stamps(self) -> dict[int, float]:
+        """Each version's own commit time (``inCommitTimestamp``, else ``commitInfo.timestamp``), taken by
+        its writer just before the commit file was put: the time the daemon prices a commit at, where
+        :attr:`commits` holds when the writer's call returned (after the put and any checkpoint)."""
+        stamps: dict[int, float] = {}
+        for info in self.table().history():
+            stamped = info.get("inCommitTimestamp", info.get("timestamp"))
+            if isinstance(info.get("version"), int) and isinstance(stamped, int):
+                stamps[info["version"]] = stamped / 1000.0
+        return stamps
+
     def initial_rows(self) -> pa.Table:
         ids = pa.array(range(self.rows), pa.int64())
         return pa.table({"id": ids, "v": ids, "payload": pa.array([f"p{i}" for i in range(self.rows)])})
