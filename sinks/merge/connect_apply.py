@@ -10,10 +10,8 @@ DataFrame calls, which the server plans with Delta's SQL extension:
   ``txnVersion`` confs (a replayed batch is skipped by Delta and answers with no row) and a
   ``userMetadata`` tag naming the transaction (how a replay recovers its first commit's counts);
   the confs are unset in ``finally``: they live in the table's Connect session, which the
-  client shares; without adaptive execution (:data:`SERVER_MERGE_CONFS`, restored after), and with
-  the batch copied once by Delta's ``MERGE`` (its own default) rather than read in place as the classic
-  path's is: a batch here carries the versions of a whole round of tables' turns, read from object
-  storage, and the ``MERGE`` passes over its source twice (``make bench ONLY=production``, the Connect row);
+  client shares; the batch is read in place, without adaptive execution
+  (:data:`~lakemirror.sinks.txn.STABLE_SOURCE_CONFS`, restored after);
 - a batch the replica refuses because of one row's value (a ``CHECK`` constraint, a ``NOT NULL``
   column, a value out of range) is applied without that row, found by bisecting the batch's keys, and
   the row is dead-lettered in ``_lakemirror_dead_letters`` beside the replica: the one isolation of
@@ -51,11 +49,6 @@ if TYPE_CHECKING:
 
     from lakemirror.sinks.merge.feed_letters import FeedDeadLetters, FeedLetter
     from lakemirror.tables import TableLocation
-
-
-#: The confs of a batch's MERGE on the server: the stable source's, but Delta copies the batch
-#: (``materializeSource``: Delta's default) for its two passes (see the module docstring).
-SERVER_MERGE_CONFS = {k: v for k, v in STABLE_SOURCE_CONFS.items() if k != "spark.databricks.delta.merge.materializeSource"}
 
 
 def latest_changes_sql(plan: MergePlan, view: str) -> str:
@@ -147,7 +140,8 @@ def merge_batch(job: ConnectBatchJob, batch: "DataFrame", txn: TxnId) -> MergeOu
         stats = batch_stats(session, job.view)
         if stats.rows_read == 0:
             return MergeOutcome(stats, ApplyCounts(), replayed=False)
-        with scoped_confs(session, SERVER_MERGE_CONFS):
+        # A change-feed batch is stable: the MERGE reads it in place, as the classic path's does.
+        with scoped_confs(session, STABLE_SOURCE_CONFS):
             try:
                 with transaction(session, txn):
                     answer = run_sql(session, merge_sql(job.plan, job.target_sql, job.view)).collect()

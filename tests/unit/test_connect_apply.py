@@ -82,12 +82,11 @@ class _Session:
         return type("Answer", (), {"collect": lambda self: [type("Row", (dict,), {"asDict": dict.copy})(row)]})()
 
 
-def test_the_server_merges_a_batch_copied_by_delta_without_aqe_and_restores_the_sessions_confs() -> None:
-    """No AQE, and Delta's own copy of the source (a batch carries a round's versions from object
-    storage; its MERGE passes over it twice), scoped to the MERGE: the table's Connect session is
-    the client's too."""
+def test_the_server_merges_a_stable_batch_in_place_and_restores_the_sessions_confs() -> None:
+    """The classic path's confs for a change-feed batch (no copy of the source, no AQE), scoped to
+    the MERGE: the table's Connect session is the client's too."""
     from lakemirror.sinks.merge.connect_apply import merge_batch
-    from lakemirror.sinks.txn import TXN_APP_ID, TxnId
+    from lakemirror.sinks.txn import STABLE_SOURCE_CONFS, TXN_APP_ID, TxnId
 
     session = _Session({"spark.sql.adaptive.enabled": "true"})
     batch = type("Batch", (), {"sparkSession": session, "createOrReplaceTempView": lambda self, view: None})()
@@ -96,8 +95,7 @@ def test_the_server_merges_a_batch_copied_by_delta_without_aqe_and_restores_the_
     assert (outcome.stats.min_commit_time, outcome.stats.max_commit_time) == (
         datetime(2025, 12, 31).timestamp(), datetime(2026, 1, 1).timestamp())
     merge_confs = next(confs for text, confs in session.ran if text.startswith("MERGE INTO"))
-    assert merge_confs["spark.sql.adaptive.enabled"] == "false"
-    assert "spark.databricks.delta.merge.materializeSource" not in merge_confs, "Delta's default: the source copied"
+    assert {k: merge_confs[k] for k in STABLE_SOURCE_CONFS} == STABLE_SOURCE_CONFS
     assert merge_confs[TXN_APP_ID] == "lakemirror/p/src__s__t/e1"
     assert session.conf.values == {"spark.sql.adaptive.enabled": "true"}
 
