@@ -112,9 +112,6 @@ class ApplyChoice:
     #: A driver choice for a replica with deletion vectors on: changed rows are marked deleted
     #: (:mod:`lakemirror.sinks.accelerator.dv_merge`), and the fallback is Spark's MERGE, never a rewrite.
     deletion_vectors: bool = False
-    #: A driver choice for an empty replica, whose size per row is unknown: the choice is made again
-    #: once a batch has given it rows (:class:`~lakemirror.sinks.merge.delta_merge.DeltaMergeSink`).
-    provisional: bool = False
 
     @property
     def rewrite(self) -> bool:
@@ -133,7 +130,7 @@ class ApplyChoice:
     def without_driver(self, rows: int) -> "ApplyChoice | None":
         """What a driver choice falls back to for a replica of ``rows`` rows: the rewrite while the
         replica is within ``rewrite_below_bytes``, otherwise None (MERGE)."""
-        if self.deletion_vectors or self.provisional or rows * self.bytes_per_row > self.rewrite_limit_bytes:
+        if self.deletion_vectors or rows * self.bytes_per_row > self.rewrite_limit_bytes:
             return None
         return replace(self, path=REWRITE, reason=self.reason + "; delta-rs refused it, so Spark rewrites it",
                        limit_bytes=self.rewrite_limit_bytes)
@@ -206,14 +203,6 @@ def choose_apply(facts: ReplicaFacts, batch_columns: Sequence[str], rewrite_belo
     if not facts.observable:
         return ApplyChoice(MERGE, merge + "the session does not report observed metrics (Spark Connect)")
     if facts.rows <= 0:
-        # The driver's MERGE needs no size per row to be exact; it bounds how large the replica may grow
-        # on the driver, so the choice is made again once the replica has rows.
-        not_driver = _why_not_driver(facts, batch_columns, key_types) if driver_apply and not dv else None
-        if driver_apply and not dv and not_driver is None:
-            where = "" if facts.local else " on object storage, committed by conditional put (If-None-Match)"
-            return ApplyChoice(DRIVER, f"applies on the driver by a delta-rs MERGE{where}: the replica is empty, so "
-                                       "the path is chosen again once it has rows", 0.0, limit, rewrite_below_bytes,
-                               provisional=True)
         return ApplyChoice(MERGE, merge + "the replica is empty, so its size per row (which bounds a growing "
                                           "replica's rewrites) is unknown")
     per_row = facts.size_bytes / facts.rows

@@ -89,10 +89,8 @@ class DeltaMergeSink:
         self.driver: DriverApply | None = None   # batches are MERGEd by delta-rs on the driver
         self.replica_rows = 0
         self._use(choice, replica_rows)
-        #: Asked once, by the first stable batch, for the choice and the replica's rows; asked again once
-        #: an empty replica's provisional choice has rows to measure.
+        #: Asked once, by the first stable batch, for the choice and the replica's rows.
         self._choose = choose if stable_source else None
-        self._rechoose = self._choose
 
     def _use(self, choice: ApplyChoice | None, replica_rows: int) -> None:
         small = choice if choice is not None and choice.path != MERGE and self.stable_source else None
@@ -117,12 +115,8 @@ class DeltaMergeSink:
         return (str(self.target.path), {}) if self.target.path is not None else None
 
     def _track_size(self, rows: int) -> None:
-        """Follow the replica's rows; past the small-replica limit, batches apply by MERGE. A choice made
-        for an empty replica is made again once it has rows (its size per row is known then)."""
+        """Follow the replica's rows; past the small-replica limit, batches apply by MERGE."""
         self.replica_rows = rows
-        if self.small is not None and self.small.provisional and rows > 0 and self._rechoose is not None:
-            self._use(*self._rechoose())
-            return
         if self.small is not None and not self.small.still_small(rows):
             log.info("%s: the replica has outgrown rewrite_below_bytes (%d rows, about %.0f bytes each); "
                      "its batches now apply by MERGE", self.target.name, rows, self.small.bytes_per_row)

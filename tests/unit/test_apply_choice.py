@@ -181,18 +181,3 @@ def test_an_event_replica_takes_the_driver_only_when_every_condition_holds() -> 
                       ("reachable", "does not reach the replica"), ("writable", "protocol features")]:
         choice = choose_guarded_apply(**{**ok, flag: False})
         assert choice.path == MERGE and why in choice.reason, (flag, choice.reason)
-
-
-def test_an_empty_replica_the_driver_reaches_takes_its_merge_until_it_has_rows() -> None:
-    """Its size per row is unknown, which only bounds how large it may grow on the driver: the
-    choice is provisional (made again once a batch has given it rows) and never falls back to a
-    rewrite it could not bound."""
-    empty = ReplicaFacts(0, 0, SMALL.columns, {}, True, local=True, features=(), driver_engine=True)
-    choice = choose_apply(empty, SMALL.columns, 64 * MIB, driver_apply=True, key_types=["bigint"])
-    assert choice.driver and choice.provisional and "the replica is empty" in choice.reason
-    assert choice.without_driver(10) is None
-    off = choose_apply(empty, SMALL.columns, 64 * MIB, driver_apply=False)
-    assert not off.driver and "the replica is empty" in off.reason and off.reason.startswith("applies by MERGE")
-    dv = choose_apply(replace(empty, properties={"delta.enableDeletionVectors": "true"}), SMALL.columns, 64 * MIB,
-                      driver_apply=True, key_types=["bigint"])
-    assert not dv.driver and not dv.provisional
